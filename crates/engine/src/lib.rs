@@ -1,0 +1,13 @@
+//! Numeric core of ds4server: model loading, layers, model families, state
+//! (caches and snapshots) and the decode loops. It knows nothing of HTTP or
+//! text: tokens in, logits out.
+
+pub mod decode;
+pub mod error;
+pub mod families;
+pub mod load;
+pub mod model;
+pub mod state;
+
+pub use error::EngineError;
+pub use model::{ForwardOutput, LogitsRows, Model, ModelState};
