@@ -25,8 +25,6 @@ pub enum EngineError {
     ContextOverflow { needed: usize, limit: usize },
     #[error("invalid state operation: {0}")]
     State(String),
-    #[error(transparent)]
-    Sampling(#[from] ds4_sampling::SampleError),
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
 }

@@ -3,16 +3,10 @@
 
 pub mod llama;
 
-use ds4_sampling::{Law, SamplingParams};
-
 /// What the rest of the system may know about a family.
 #[derive(Debug)]
 pub struct FamilyDescriptor {
     pub name: &'static str,
     /// `general.architecture` (GGUF) or `model_type` (config.json) values.
     pub model_types: &'static [&'static str],
-    /// The one sampling law this family is bound to.
-    pub law: Law,
-    /// Defaults for parameters a request leaves unset.
-    pub sampling_defaults: SamplingParams,
 }
