@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Regenerates the ds4-text fixtures from transformers (the oracle).
+
+    tools/oracle/.venv/bin/python tools/oracle/text/generate.py
+
+Reads tests/fixtures/text/corpus.jsonl and the default model GGUF
+(~/.cache/ds4server/models/SmolLM2-135M-Instruct.Q4_1.gguf, or $DS4_TEXT_GGUF), writes:
+
+* smollm_gguf_ids.jsonl: per corpus string, the ids of
+  `AutoTokenizer.from_pretrained(dir, gguf_file=name)` with default settings (control tokens
+  written in the text are parsed, `add_special_tokens=True`, which adds nothing because the file
+  says add_bos=false), the ids with `split_special_tokens=True` (control-token text encoded as
+  plain text), and transformers' decode of the ids.
+* pre_variants_ids.jsonl: the same vocabulary and merges with `tokenizer.ggml.pre` replaced by
+  each pre-tokenizer name we support (and one variant marking a few tokens user-defined), built
+  through transformers' own GGUF converter (`get_gguf_tokenizer` + `convert_gguf_tokenizer`).
+  No other GGUF is needed: the Rust test edits the metadata of the default model the same way.
+* smollm_chat_template.jsonl: `apply_chat_template(..., tokenize=False)` for several
+  conversations with the GGUF's template, plus small templates that exercise tojson,
+  raise_exception, trim/lstrip blocks, pycompat string methods and tools.
+"""
+import json
+import os
+import pathlib
+import sys
+
+from transformers import AutoTokenizer
+from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+FIX = ROOT / "tests/fixtures/text"
+GGUF = pathlib.Path(
+    os.environ.get("DS4_TEXT_GGUF", pathlib.Path.home() / ".cache/ds4server/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+)
+
+# Each variant: (name, pre, ids of tokens re-marked user-defined (type 4)).
+# 274 "ing", 764 "ll", 845 "own": marking them user-defined makes
+# them match whole in the text, as llama.cpp and transformers both do for type 4.
+VARIANTS = [
+    ("smollm", "smollm", []),
+    ("default", "default", []),
+    ("gpt-2", "gpt-2", []),
+    ("llama-bpe", "llama-bpe", []),
+    ("llama3", "llama3", []),
+    ("qwen2", "qwen2", []),
+    ("deepseek-v3", "deepseek-v3", []),
+    ("deepseek-llm", "deepseek-llm", []),
+    ("smollm+user-defined", "smollm", [274, 764, 845]),
+]
+
+GENERIC_TEMPLATES = {
+    # Exercises trim_blocks/lstrip_blocks (block tags on their own indented lines),
+    # loop controls, pycompat methods and the generation prompt.
+    "blocks": (
+        "{%- for m in messages %}\n"
+        "    {% if m.role == 'system' %}\n"
+        "[SYS] {{ m.content.strip() | upper }}\n"
+        "    {% else %}\n"
+        "<{{ m['role'] }}>{{ m.content.replace('\\n', ' ') }}</{{ m['role'] }}>\n"
+        "    {% endif %}\n"
+        "{% endfor %}\n"
+        "{% if add_generation_prompt %}<assistant>{% endif %}\n"
+    ),
+    # tojson (transformers' own filter: ensure_ascii=False, no HTML escaping, Python separators).
+    "tojson": (
+        "{{ bos_token }}{% if tools %}TOOLS: {{ tools | tojson }}\n"
+        "INDENTED: {{ tools[0] | tojson(indent=2) }}\n{% endif %}"
+        "{% for m in messages %}{{ m | tojson }}\n{% endfor %}{{ eos_token }}"
+    ),
+    "raise": (
+        "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+        "{{ raise_exception('Only user and assistant roles are supported, got ' + m.role) }}"
+        "{% endif %}{{ m.content }}{% endfor %}"
+    ),
+    # Python string methods through pycompat, namespace, slicing, loop vars.
+    "pycompat": (
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+        "{{ loop.index }}:{{ m.role.title() }}:{{ m.content.lower() }}|{{ m.content.split(' ')[0] }}"
+        "|{{ m.content.startswith('Hi') }}|{{ m.content[:3] }}|{{ m.content.lstrip().rstrip('!') }}\n"
+        "{% endfor %}count={{ ns.n }} last={{ messages[-1].role }}"
+    ),
+}
+
+CONVERSATIONS = {
+    "user_only": [{"role": "user", "content": "Hello!"}],
+    "system_user": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2+2?"},
+    ],
+    "multi_turn": [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a joke.\nA short one."},
+    ],
+    "system_multi_turn": [
+        {"role": "system", "content": "  Be nice!  "},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hey."},
+        {"role": "user", "content": "Unicode: 你好 😀 <b>&amp;</b> \"quoted\""},
+    ],
+}
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city, in °C",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    print(f"{len(rows)} rows -> {path.relative_to(ROOT)}")
+
+
+def main():
+    # split("\n"), not splitlines(): the corpus holds U+2028 and friends unescaped.
+    corpus = [json.loads(line) for line in (FIX / "corpus.jsonl").read_text(encoding="utf-8").split("\n") if line]
+    tok = AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name)
+    assert not tok.add_bos_token, "the default model says add_bos=false; fixtures assume it"
+
+    rows = []
+    for text in corpus:
+        ids = tok.encode(text)  # add_special_tokens=True: adds nothing for this file
+        plain = tok(text, split_special_tokens=True)["input_ids"]
+        rows.append(
+            {
+                "text": text,
+                "ids": ids,
+                "ids_plain": plain,
+                "decoded": tok.decode(ids),
+                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+            }
+        )
+    write_jsonl(FIX / "smollm_gguf_ids.jsonl", rows)
+
+    architecture, base_dict, _ = get_gguf_tokenizer(str(GGUF))
+    variant_rows = []
+    for name, pre, user_defined in VARIANTS:
+        d = dict(base_dict, pre_tokenizer_type=pre)
+        types = list(d["token_type"])
+        for i in user_defined:
+            types[i] = 4
+        d["token_type"] = types
+        backend, _ = convert_gguf_tokenizer(architecture, d)
+        ids = [backend.encode(text, add_special_tokens=False).ids for text in corpus]
+        variant_rows.append({"variant": name, "pre": pre, "user_defined": user_defined, "ids": ids})
+    write_jsonl(FIX / "pre_variants_ids.jsonl", variant_rows)
+
+    cases = []
+    for conv_name, conv in CONVERSATIONS.items():
+        for agp in (False, True):
+            out = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=agp)
+            cases.append(
+                {"name": f"gguf/{conv_name}/agp={agp}", "template": None, "messages": conv,
+                 "add_generation_prompt": agp, "tools": None, "expected": out}
+            )
+    for tname, source in GENERIC_TEMPLATES.items():
+        for conv_name, conv in CONVERSATIONS.items():
+            for agp, tools in ((False, None), (True, TOOLS if tname == "tojson" else None)):
+                case = {"name": f"{tname}/{conv_name}/agp={agp}", "template": source, "messages": conv,
+                        "add_generation_prompt": agp, "tools": tools}
+                try:
+                    case["expected"] = tok.apply_chat_template(
+                        conv, chat_template=source, tools=tools, tokenize=False, add_generation_prompt=agp
+                    )
+                except Exception as err:  # raise_exception: the message must reach the user
+                    case["error"] = str(err)
+                cases.append(case)
+    write_jsonl(FIX / "smollm_chat_template.jsonl", cases)
+    write_jsonl(
+        FIX / "smollm_special.jsonl",
+        [{"bos_token": tok.bos_token, "eos_token": tok.eos_token, "unk_token": tok.unk_token,
+          "pad_token": tok.pad_token, "vocab_size": len(tok), "chat_template": tok.chat_template}],
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
