@@ -1,1 +1,20 @@
+//! `ds4-text`: everything between text and token ids.
+//!
+//! * [`Tokenizer`]: from `tokenizer.json`/a Hugging Face directory, or from GGUF metadata
+//!   (byte-level BPE with the pre-tokenizer named by `tokenizer.ggml.pre`), matching
+//!   transformers' ids.
+//! * [`ChatTemplate`]: Jinja chat templates rendered as transformers' `apply_chat_template` does.
+//! * [`Detokenizer`]: incremental decoding that never emits half a UTF-8 character.
+//! * [`StopMatcher`]: stop strings matched across token boundaries and never emitted.
 
+pub mod chat_template;
+pub mod detokenizer;
+pub mod error;
+pub mod stop;
+pub mod tokenizer;
+
+pub use chat_template::{ChatTemplate, RenderOptions};
+pub use detokenizer::Detokenizer;
+pub use error::{Result, TextError};
+pub use stop::{StopMatcher, StopOutcome};
+pub use tokenizer::{SpecialToken, Tokenizer};
