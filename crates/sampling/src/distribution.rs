@@ -40,18 +40,30 @@ impl Distribution {
         if probs.iter().any(|p| !p.is_finite() || *p < 0.0) || probs.iter().sum::<f64>() <= 0.0 {
             return Err(DistributionError::BadMass);
         }
-        Ok(Self { ids, probs, argmax_fallback: false })
+        Ok(Self {
+            ids,
+            probs,
+            argmax_fallback: false,
+        })
     }
 
     /// Used by the laws, which produce valid data by construction.
     pub(crate) fn from_parts(ids: Vec<u32>, probs: Vec<f64>, argmax_fallback: bool) -> Self {
         debug_assert!(Self::new(ids.clone(), probs.clone()).is_ok());
-        Self { ids, probs, argmax_fallback }
+        Self {
+            ids,
+            probs,
+            argmax_fallback,
+        }
     }
 
     /// All mass on `token`.
     pub fn one_hot(token: u32) -> Self {
-        Self { ids: vec![token], probs: vec![1.0], argmax_fallback: false }
+        Self {
+            ids: vec![token],
+            probs: vec![1.0],
+            argmax_fallback: false,
+        }
     }
 
     pub fn ids(&self) -> &[u32] {
@@ -73,7 +85,9 @@ impl Distribution {
 
     /// Probability of `token` (0 outside the support).
     pub fn prob(&self, token: u32) -> f64 {
-        self.ids.binary_search(&token).map_or(0.0, |i| self.probs[i])
+        self.ids
+            .binary_search(&token)
+            .map_or(0.0, |i| self.probs[i])
     }
 
     /// Highest-probability token, lowest id on ties.

@@ -78,14 +78,18 @@ fn f32_params(params: &SamplingParams) -> F32Params {
     if min_p < 0.0 || min_p.is_nan() {
         min_p = 0.0;
     }
-    F32Params { temperature: params.temperature as f32, top_p, min_p, top_k: params.top_k }
+    F32Params {
+        temperature: params.temperature as f32,
+        top_p,
+        min_p,
+        top_k: params.top_k,
+    }
 }
 
 /// True when the law answers by argmax without drawing.
 pub(crate) fn is_greedy(params: &SamplingParams) -> bool {
-    // `!(t > 0)` also routes a NaN temperature to greedy, as ds4 would not;
-    // validation rejects NaN before it gets here.
-    !(params.temperature as f32 > 0.0)
+    // ds4's `temperature <= 0.0f` on the f32 value.
+    params.temperature as f32 <= 0.0
 }
 
 /// Everything up to the draw.
@@ -93,26 +97,34 @@ pub(crate) fn plan(row: &[f32], params: &SamplingParams, scratch: &mut Scratch) 
     let p = f32_params(params);
     scratch.ids.clear();
     scratch.weights.clear();
-    if !(p.temperature > 0.0) {
+    if p.temperature <= 0.0 {
         let (token, fallback) = argmax(row);
         return Plan::Fixed { token, fallback };
     }
     if p.top_k <= 0 {
         return full_vocab(row, &p, scratch);
     }
-    let k = usize::try_from(p.top_k).unwrap_or(TOP_K_CAP).min(TOP_K_CAP).min(row.len());
+    let k = usize::try_from(p.top_k)
+        .unwrap_or(TOP_K_CAP)
+        .min(TOP_K_CAP)
+        .min(row.len());
     top_k(row, &p, k, scratch)
 }
 
 fn fallback(row: &[f32]) -> Plan {
     let (token, _) = argmax(row);
-    Plan::Fixed { token, fallback: true }
+    Plan::Fixed {
+        token,
+        fallback: true,
+    }
 }
 
 /// Descending logit, ascending id (the insertion sort's order).
 fn desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     // Finite values only, so partial_cmp never fails; -0.0 == +0.0 ties as in C.
-    b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1))
+    b.0.partial_cmp(&a.0)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.1.cmp(&b.1))
 }
 
 /// `top_k > 0`: the top k finite logits, descending, earlier ids first on
@@ -120,7 +132,12 @@ fn desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
 /// id; a stable order by (logit desc, id asc) is the same list).
 fn top_k(row: &[f32], p: &F32Params, k: usize, s: &mut Scratch) -> Plan {
     s.cand.clear();
-    s.cand.extend(row.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| (v, i as u32)));
+    s.cand.extend(
+        row.iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (v, i as u32)),
+    );
     if s.cand.is_empty() {
         return fallback(row);
     }
@@ -137,7 +154,10 @@ fn top_k(row: &[f32], p: &F32Params, k: usize, s: &mut Scratch) -> Plan {
         sum += w;
     }
     if sum <= 0.0 || !sum.is_finite() {
-        return Plan::Fixed { token: s.cand[0].1, fallback: true };
+        return Plan::Fixed {
+            token: s.cand[0].1,
+            fallback: true,
+        };
     }
     walk(s, sum, p)
 }
@@ -161,7 +181,10 @@ fn walk(s: &mut Scratch, sum: f32, p: &F32Params) -> Plan {
     // kept >= 1: the first candidate is always kept.
     s.weights.truncate(kept);
     s.ids.extend(s.cand[..kept].iter().map(|&(_, id)| id));
-    Plan::Draw { sum: kept_sum, exhausted: s.ids[kept - 1] }
+    Plan::Draw {
+        sum: kept_sum,
+        exhausted: s.ids[kept - 1],
+    }
 }
 
 /// `top_k <= 0`: the full vocabulary, non-finite logits skipped.
@@ -202,9 +225,15 @@ fn full_vocab(row: &[f32], p: &F32Params, s: &mut Scratch) -> Plan {
         if sum <= 0.0 || !sum.is_finite() {
             s.ids.clear();
             s.weights.clear();
-            return Plan::Fixed { token: best, fallback: true };
+            return Plan::Fixed {
+                token: best,
+                fallback: true,
+            };
         }
-        return Plan::Draw { sum, exhausted: best };
+        return Plan::Draw {
+            sum,
+            exhausted: best,
+        };
     }
     // top_p < 1: the sum is accumulated in id order *before* the sort.
     s.cand.clear();
@@ -217,11 +246,18 @@ fn full_vocab(row: &[f32], p: &F32Params, s: &mut Scratch) -> Plan {
         s.cand.push((v, i as u32));
     }
     if sum <= 0.0 || !sum.is_finite() {
-        return Plan::Fixed { token: best, fallback: true };
+        return Plan::Fixed {
+            token: best,
+            fallback: true,
+        };
     }
     s.cand.sort_unstable_by(desc);
     // Same expression on the same inputs: the same weights ds4 sorted along.
-    s.weights.extend(s.cand.iter().map(|&(v, _)| ((v - max_logit) / p.temperature).exp()));
+    s.weights.extend(
+        s.cand
+            .iter()
+            .map(|&(v, _)| ((v - max_logit) / p.temperature).exp()),
+    );
     walk(s, sum, p)
 }
 
@@ -236,4 +272,42 @@ pub(crate) fn draw(ids: &[u32], weights: &[f32], sum: f32, exhausted: u32, u: f3
         }
     }
     exhausted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draw_returns_first_id_where_remainder_reaches_zero() {
+        // u*sum equal to the first weight leaves r == 0 exactly: `r <= 0`
+        // selects the first id (a `< 0` test would move to the second).
+        assert_eq!(draw(&[4, 9], &[1.0, 1.0], 2.0, 9, 0.5), 4);
+        assert_eq!(draw(&[4, 9], &[1.0, 1.0], 2.0, 9, 0.500_001), 9);
+        // Rounding can leave r > 0 after the last weight: the exhausted id.
+        assert_eq!(draw(&[4, 9], &[0.5, 0.5], 2.0, 7, 0.75), 7);
+    }
+
+    #[test]
+    fn argmax_scan_matches_ds4() {
+        assert_eq!(argmax(&[f32::NAN, 1.0, 1.0]), (1, false));
+        assert_eq!(argmax(&[0.0, f32::INFINITY, f32::NAN]), (1, false));
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), (0, true));
+        assert_eq!(argmax(&[-2e30, f32::NEG_INFINITY]), (0, true));
+    }
+
+    #[test]
+    fn tiny_f32_temperature_is_greedy() {
+        let mut p = crate::Law::Ds4.default_params();
+        p.temperature = 1e-60; // positive in f64, 0 in f32
+        assert!(is_greedy(&p));
+        let mut s = Scratch::default();
+        assert_eq!(
+            plan(&[0.0, 3.0, 1.0], &p, &mut s),
+            Plan::Fixed {
+                token: 1,
+                fallback: false
+            }
+        );
+    }
 }

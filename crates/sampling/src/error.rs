@@ -10,7 +10,12 @@ pub enum SampleError {
         "logits row is not samplable: {nan} NaN, {pos_inf} +inf and {neg_inf} -inf entries \
          out of {len}"
     )]
-    NonFiniteLogits { nan: usize, pos_inf: usize, neg_inf: usize, len: usize },
+    NonFiniteLogits {
+        nan: usize,
+        pos_inf: usize,
+        neg_inf: usize,
+        len: usize,
+    },
     /// An empty logits row.
     #[error("logits row is empty")]
     EmptyRow,

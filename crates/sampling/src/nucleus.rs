@@ -28,12 +28,14 @@ const STREAMING_TOP_K_MAX: usize = 256;
 /// Reusable buffers, so a draw over a 248k-entry row does not allocate.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Scratch {
-    /// Penalised logits, then reused for the full-vocabulary probabilities.
-    probs: Vec<f64>,
-    /// Index buffer for partial selection / full ranking.
+    /// Penalised logits (only when a penalty applies).
+    penalised: Vec<f64>,
+    /// Unnormalised weights `e = exp(l/T - m)`; `p = e/Z`.
+    weights_e: Vec<f64>,
+    /// Index buffer for partial selection.
     order: Vec<u32>,
-    /// Streaming top-k: (probability, id), best first.
-    top: Vec<(f64, u32)>,
+    /// Ranked (probability, id) pairs, then the support in id order.
+    ranked: Vec<(f64, u32)>,
     /// The support in ascending id order and its renormalised probabilities.
     pub(crate) ids: Vec<u32>,
     pub(crate) weights: Vec<f64>,
@@ -66,7 +68,12 @@ pub(crate) fn validate(row: &[f32]) -> Result<(), SampleError> {
         }
     }
     if nan > 0 || pos_inf > 0 || neg_inf == row.len() {
-        return Err(SampleError::NonFiniteLogits { nan, pos_inf, neg_inf, len: row.len() });
+        return Err(SampleError::NonFiniteLogits {
+            nan,
+            pos_inf,
+            neg_inf,
+            len: row.len(),
+        });
     }
     Ok(())
 }
@@ -85,14 +92,15 @@ pub(crate) fn plan(
     scratch: &mut Scratch,
 ) -> Result<Plan, SampleError> {
     validate(row)?;
-    let v = row.len();
-    // Step 2: penalised row in f64.
-    let l = &mut scratch.probs;
-    l.clear();
-    l.extend(row.iter().map(|&x| f64::from(x)));
+    // Step 2: penalties, in f64. Without them the f32 row is read directly
+    // (f32 -> f64 is exact), sparing a copy of the whole row.
     let presence = clamp_penalty(params.presence_penalty);
     let frequency = clamp_penalty(params.frequency_penalty);
-    if (presence != 0.0 || frequency != 0.0) && !counts.is_empty() {
+    let penalised = (presence != 0.0 || frequency != 0.0) && !counts.is_empty();
+    if penalised {
+        let l = &mut scratch.penalised;
+        l.clear();
+        l.extend(row.iter().map(|&x| f64::from(x)));
         for (token, count) in counts.iter() {
             // Counts for ids outside the row cannot be penalised (there is
             // no such logit); they are skipped, not an error.
@@ -101,106 +109,148 @@ pub(crate) fn plan(
             }
         }
     }
+    let widened = || row.iter().map(|&x| f64::from(x));
     // Step 3: greedy. The first maximum wins (lowest id on ties); validity
-    // guarantees some entry is finite, and penalties keep finite values
-    // finite, so the max is a real logit.
-    let (argmax, l_max) = first_max(l);
+    // guarantees a finite entry and penalties keep finite values finite.
+    let (argmax, l_max) = if penalised {
+        first_max(scratch.penalised.iter().copied())
+    } else {
+        first_max(widened())
+    };
     if params.temperature <= 0.0 {
         return Ok(Plan::Greedy(argmax));
     }
-    // Step 4: softmax over the full vocabulary. Division by T > 0 is
-    // monotone, so max(l/T) is exactly l_max/T.
+    // Step 4: softmax over the full vocabulary, normaliser in one pass.
     let t = params.temperature;
-    let m = l_max / t;
-    let mut z = 0.0f64;
-    if m.is_finite() {
-        for x in l.iter_mut() {
-            *x = (*x / t - m).exp();
-            z += *x;
-        }
+    let e = &mut scratch.weights_e;
+    let z = if penalised {
+        exp_weights(scratch.penalised.iter().copied(), t, l_max, e)
     } else {
-        // T so small that l_max/T overflows f64: the softmax is (and, for
-        // every T small enough to overflow, stays) its T -> 0+ limit, uniform
-        // over the tied maxima. `l/T - max(l/T)` would be inf - inf = NaN.
-        for x in l.iter_mut() {
-            *x = if *x == l_max { 1.0 } else { 0.0 };
-            z += *x;
-        }
-    }
-    for x in l.iter_mut() {
-        *x /= z;
-    }
-    let probs = &scratch.probs;
+        exp_weights(widened(), t, l_max, e)
+    };
+    let e = &scratch.weights_e;
+    let v = e.len();
 
     // Steps 5-6: rank, top-k, nucleus.
     let top_k = usize::try_from(params.top_k).unwrap_or(0);
     let top_k_active = top_k > 0 && top_k < v;
     let top_p = params.top_p;
     let nucleus_active = top_p > 0.0 && top_p < 1.0;
-    scratch.ids.clear();
+    let ranked = &mut scratch.ranked;
+    ranked.clear();
     if top_k_active {
-        let ranked = top_k_order(probs, top_k, &mut scratch.order, &mut scratch.top);
-        scratch.ids.extend(nucleus_prefix(probs, ranked, nucleus_active.then_some(top_p)));
-    } else if nucleus_active {
-        let order = &mut scratch.order;
-        order.clear();
-        order.extend((0..v as u32).filter(|&i| probs[i as usize] > 0.0));
-        order.sort_unstable_by(|&a, &b| rank_cmp(probs, a, b));
-        scratch.ids.extend(nucleus_prefix(probs, order, Some(top_p)));
+        top_k_ranked(e, z, top_k, &mut scratch.order, ranked);
     } else {
-        scratch.ids.extend((0..v as u32).filter(|&i| probs[i as usize] > 0.0));
+        ranked.extend(
+            e.iter()
+                .enumerate()
+                .filter(|(_, x)| **x > 0.0)
+                .map(|(i, x)| (x / z, i as u32)),
+        );
+        if nucleus_active {
+            ranked.sort_unstable_by(rank_cmp);
+        }
+    }
+    if nucleus_active {
+        // Keep a token iff the full-vocabulary mass accumulated before it
+        // is < top_p (so the first is always kept).
+        let mut before = 0.0f64;
+        let keep = ranked
+            .iter()
+            .take_while(|(p, _)| {
+                let keep = before < top_p;
+                before += p;
+                keep
+            })
+            .count();
+        ranked.truncate(keep);
     }
     // Step 7: support in ascending id order, renormalised.
-    scratch.ids.retain(|&i| probs[i as usize] > 0.0);
-    scratch.ids.sort_unstable();
+    ranked.retain(|(p, _)| *p > 0.0);
+    ranked.sort_unstable_by_key(|&(_, id)| id);
     let mut mass = 0.0f64;
-    for &i in &scratch.ids {
-        mass += probs[i as usize];
+    for (p, _) in ranked.iter() {
+        mass += p;
     }
+    scratch.ids.clear();
     scratch.weights.clear();
-    if scratch.ids.is_empty() || mass <= 0.0 || !mass.is_finite() {
+    if ranked.is_empty() || mass <= 0.0 || !mass.is_finite() {
         // Unreachable for a valid row (the argmax has probability 1/Z > 0
         // and is always ranked first); kept so the law is total.
-        scratch.ids.clear();
         scratch.ids.push(argmax);
         scratch.weights.push(1.0);
     } else {
-        scratch.weights.extend(scratch.ids.iter().map(|&i| probs[i as usize] / mass));
+        scratch.ids.extend(ranked.iter().map(|&(_, id)| id));
+        scratch
+            .weights
+            .extend(ranked.iter().map(|&(p, _)| p / mass));
     }
     Ok(Plan::Draw)
 }
 
-/// Index and value of the first maximum of a row (NaN-free by validation).
-fn first_max(l: &[f64]) -> (u32, f64) {
-    let mut best = 0usize;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[best] {
-            best = i;
+/// Index and value of the first maximum (NaN-free by validation).
+fn first_max(l: impl Iterator<Item = f64>) -> (u32, f64) {
+    let (mut best, mut best_v) = (0u32, f64::NEG_INFINITY);
+    for (i, x) in l.enumerate() {
+        if x > best_v || i == 0 {
+            best = i as u32;
+            best_v = x;
         }
     }
-    (best as u32, l[best])
+    (best, best_v)
+}
+
+/// `e = exp(l/T - m)` with `m = max(l/T)`, into `out`; returns `Z`, the
+/// sequential sum in id order. Division by T > 0 is monotone, so
+/// `max(l/T)` is exactly `l_max/T`.
+fn exp_weights(l: impl Iterator<Item = f64>, t: f64, l_max: f64, out: &mut Vec<f64>) -> f64 {
+    out.clear();
+    let m = l_max / t;
+    let mut z = 0.0f64;
+    if m.is_finite() {
+        out.extend(l.map(|x| {
+            let w = (x / t - m).exp();
+            z += w;
+            w
+        }));
+    } else {
+        // T so small that l_max/T overflows f64: the softmax is (and, for
+        // every T small enough to overflow, stays) its T -> 0+ limit, uniform
+        // over the tied maxima. `l/T - max(l/T)` would be inf - inf = NaN.
+        out.extend(l.map(|x| {
+            let w = if x == l_max { 1.0 } else { 0.0 };
+            z += w;
+            w
+        }));
+    }
+    z
 }
 
 /// Rank order: probability descending, lowest id first on exact ties.
 /// Probabilities are finite and >= +0, so `total_cmp` is the numeric order.
-fn rank_cmp(probs: &[f64], a: u32, b: u32) -> std::cmp::Ordering {
-    probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b))
+fn rank_cmp(a: &(f64, u32), b: &(f64, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-/// The first `k` tokens of the rank order, in rank order (`0 < k < V`).
-fn top_k_order<'a>(
-    probs: &[f64],
-    k: usize,
-    order: &'a mut Vec<u32>,
-    top: &mut Vec<(f64, u32)>,
-) -> &'a [u32] {
-    order.clear();
+/// The first `k` entries of the rank order (`0 < k < V`), as (p, id) with
+/// `p = e/z`, in rank order.
+fn top_k_ranked(e: &[f64], z: f64, k: usize, order: &mut Vec<u32>, top: &mut Vec<(f64, u32)>) {
+    top.clear();
     if k <= STREAMING_TOP_K_MAX {
         // One pass keeping the best k sorted. Ids arrive in ascending order,
         // so a later token with an equal probability ranks after every kept
         // one: it is inserted after them, and displaces nothing when full.
-        top.clear();
-        for (i, &p) in probs.iter().enumerate() {
+        //
+        // Most tokens are rejected on `e` alone: p = fl(e/z) is monotone in
+        // e, and an e more than 1e-12 (relative) below the k-th kept e
+        // cannot round to a p >= the k-th p, so the division is skipped.
+        // Anything closer is decided on the exact p.
+        let mut e_floor = f64::NEG_INFINITY;
+        for (i, &x) in e.iter().enumerate() {
+            if x < e_floor {
+                continue;
+            }
+            let p = x / z;
             if top.len() == k && p <= top[k - 1].0 {
                 continue;
             }
@@ -209,30 +259,18 @@ fn top_k_order<'a>(
                 top.pop();
             }
             top.insert(at, (p, i as u32));
+            if top.len() == k {
+                e_floor = e[top[k - 1].1 as usize] * (1.0 - 1e-12);
+            }
         }
-        order.extend(top.iter().map(|&(_, i)| i));
     } else {
-        order.extend(0..probs.len() as u32);
-        order.select_nth_unstable_by(k - 1, |&a, &b| rank_cmp(probs, a, b));
-        order.truncate(k);
-        order.sort_unstable_by(|&a, &b| rank_cmp(probs, a, b));
+        order.clear();
+        order.extend(0..e.len() as u32);
+        let key = |i: u32| (e[i as usize] / z, i);
+        order.select_nth_unstable_by(k - 1, |&a, &b| rank_cmp(&key(a), &key(b)));
+        top.extend(order[..k].iter().map(|&i| key(i)));
+        top.sort_unstable_by(rank_cmp);
     }
-    order
-}
-
-/// Step 6 over a ranked list: keep a token iff the full-vocabulary mass
-/// accumulated before it is `< top_p` (so the first is always kept).
-fn nucleus_prefix<'a>(
-    probs: &'a [f64],
-    ranked: &'a [u32],
-    top_p: Option<f64>,
-) -> impl Iterator<Item = u32> + 'a {
-    let mut before = 0.0f64;
-    ranked.iter().copied().take_while(move |&i| {
-        let keep = top_p.is_none_or(|tp| before < tp);
-        before += probs[i as usize];
-        keep
-    })
 }
 
 /// Step 8 / section 1: `Generator.choice(ids, p=weights)` given `u = random()`:
@@ -255,31 +293,31 @@ pub(crate) fn categorical_index(weights: &[f64], u: f64) -> usize {
 mod tests {
     use super::*;
 
-    /// The streaming and the partial-selection top-k must give the same
-    /// order (they are two implementations of one rank order).
+    /// The streaming top-k (with its e-prefilter) and the partial selection
+    /// must both equal a full sort by the rank order.
     #[test]
-    fn streaming_and_select_top_k_agree() {
+    fn top_k_paths_agree_with_full_sort() {
         let mut rng = crate::stream::NumpyPcg64::from_seed(7);
-        for case in 0..200 {
-            let n = 50 + case;
-            // Coarse values force many exact ties.
-            let probs: Vec<f64> = (0..n).map(|_| (rng.random() * 8.0).floor() / 8.0).collect();
-            for k in [1, 5, 20, n / 2, n - 1] {
-                let (mut o1, mut o2, mut top) = (Vec::new(), Vec::new(), Vec::new());
-                let a = top_k_order(&probs, k, &mut o1, &mut top).to_vec();
-                // Force the selection path with a full sort reference.
-                o2.extend(0..n as u32);
-                o2.sort_by(|&x, &y| rank_cmp(&probs, x, y));
-                o2.truncate(k);
-                assert_eq!(a, o2, "n={n} k={k}");
+        for case in 0..120 {
+            let n = 50 + case * 3;
+            // Coarse values force many exact ties; a non-trivial z makes
+            // distinct e's collide after division now and then.
+            let e: Vec<f64> = (0..n)
+                .map(|_| (rng.random() * 8.0).floor() / 8.0 + 1e-17)
+                .collect();
+            let z = 3.0 + rng.random();
+            let mut full: Vec<(f64, u32)> = e
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (x / z, i as u32))
+                .collect();
+            full.sort_by(rank_cmp);
+            for k in [1, 5, 20, n / 2, n - 1, 257.min(n - 1), 300.min(n - 1)] {
+                let (mut order, mut top) = (Vec::new(), Vec::new());
+                top_k_ranked(&e, z, k, &mut order, &mut top);
+                assert_eq!(top, full[..k], "n={n} k={k}");
             }
         }
-        let probs: Vec<f64> = (0..1000).map(|i| f64::from((i * 37) % 11)).collect();
-        let (mut o1, mut top) = (Vec::new(), Vec::new());
-        let sel = top_k_order(&probs, 300, &mut o1, &mut top).to_vec();
-        let mut full: Vec<u32> = (0..1000).collect();
-        full.sort_by(|&x, &y| rank_cmp(&probs, x, y));
-        assert_eq!(sel, full[..300]);
     }
 
     #[test]

@@ -50,11 +50,11 @@ impl Law {
 
     /// Whether this law reads `field` at all.
     const fn knows(self, field: Field) -> bool {
-        match (self, field) {
-            (Law::Nucleus, Field::MinP) => false,
-            (Law::Ds4, Field::PresencePenalty | Field::FrequencyPenalty) => false,
-            _ => true,
-        }
+        !matches!(
+            (self, field),
+            (Law::Nucleus, Field::MinP)
+                | (Law::Ds4, Field::PresencePenalty | Field::FrequencyPenalty)
+        )
     }
 
     /// Merge a request over `defaults`, validate, and list what was ignored.
@@ -82,7 +82,11 @@ impl Law {
             let Some(value) = value else { continue };
             if !self.knows(field) {
                 if value != 0.0 {
-                    ignored.push(IgnoredParameter { law: self, field, value });
+                    ignored.push(IgnoredParameter {
+                        law: self,
+                        field,
+                        value,
+                    });
                 }
                 continue;
             }
@@ -162,7 +166,11 @@ impl SamplingParams {
     /// contradict the law.
     pub fn validate(&self) -> Result<(), ParamError> {
         let check = |field: Field, value: f64, ok: bool| {
-            if ok { Ok(()) } else { Err(ParamError::OutOfRange { field, value }) }
+            if ok {
+                Ok(())
+            } else {
+                Err(ParamError::OutOfRange { field, value })
+            }
         };
         let t = self.temperature;
         check(Field::Temperature, t, t.is_finite() && t >= 0.0)?;

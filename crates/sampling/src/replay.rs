@@ -43,7 +43,11 @@ pub struct ReplayStats {
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error("line {line}: {message}")]
-    Malformed { line: usize, field: Option<&'static str>, message: String },
+    Malformed {
+        line: usize,
+        field: Option<&'static str>,
+        message: String,
+    },
     #[error("reading line {line}: {source}")]
     Read { line: usize, source: std::io::Error },
     #[error("writing output: {0}")]
@@ -51,7 +55,11 @@ pub enum ReplayError {
 }
 
 fn malformed(line: usize, field: &'static str, what: impl std::fmt::Display) -> ReplayError {
-    ReplayError::Malformed { line, field: Some(field), message: format!("field {field:?}: {what}") }
+    ReplayError::Malformed {
+        line,
+        field: Some(field),
+        message: format!("field {field:?}: {what}"),
+    }
 }
 
 /// Run every case of `input` under `law`, writing one result line each.
@@ -135,18 +143,26 @@ fn run_case(law: Law, case: &Case, line: usize) -> Result<CaseResult, ReplayErro
 
 impl Case {
     fn parse(law: Law, obj: &Map<String, Value>, line: usize) -> Result<Self, ReplayError> {
-        let id = obj.get("id").cloned().ok_or_else(|| malformed(line, "id", "missing"))?;
+        let id = obj
+            .get("id")
+            .cloned()
+            .ok_or_else(|| malformed(line, "id", "missing"))?;
         let logits = parse_logits(obj.get("logits"), line)?;
         let seed = match obj.get("seed") {
-            Some(v) => v.as_u64().ok_or_else(|| malformed(line, "seed", "expected an integer in [0, 2^64)"))?,
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| malformed(line, "seed", "expected an integer in [0, 2^64)"))?,
             None => return Err(malformed(line, "seed", "missing")),
         };
         let draws = match obj.get("draws") {
             None => 1,
-            Some(v) => v
-                .as_u64()
-                .filter(|&d| d <= MAX_DRAWS)
-                .ok_or_else(|| malformed(line, "draws", format!("expected an integer in [0, {MAX_DRAWS}]")))?,
+            Some(v) => v.as_u64().filter(|&d| d <= MAX_DRAWS).ok_or_else(|| {
+                malformed(
+                    line,
+                    "draws",
+                    format!("expected an integer in [0, {MAX_DRAWS}]"),
+                )
+            })?,
         };
         let mut params = law.default_params();
         for (field, slot) in [
@@ -157,14 +173,25 @@ impl Case {
             ("frequency_penalty", &mut params.frequency_penalty),
         ] {
             if let Some(v) = obj.get(field) {
-                *slot = v.as_f64().ok_or_else(|| malformed(line, field, "expected a number"))?;
+                *slot = v
+                    .as_f64()
+                    .ok_or_else(|| malformed(line, field, "expected a number"))?;
             }
         }
         if let Some(v) = obj.get("top_k") {
-            params.top_k = v.as_i64().ok_or_else(|| malformed(line, "top_k", "expected an integer"))?;
+            params.top_k = v
+                .as_i64()
+                .ok_or_else(|| malformed(line, "top_k", "expected an integer"))?;
         }
         let counts = parse_counts(obj.get("counts"), line)?;
-        Ok(Self { id, logits, seed, draws, params, counts })
+        Ok(Self {
+            id,
+            logits,
+            seed,
+            draws,
+            params,
+            counts,
+        })
     }
 }
 
@@ -175,18 +202,26 @@ fn parse_logits(v: Option<&Value>, line: usize) -> Result<Vec<f32>, ReplayError>
     items
         .iter()
         .enumerate()
-        .map(|(i, x)| match x {
-            // JSON numbers are f64; logits are f32 rows, so round once.
-            Value::Number(num) => num.as_f64().map(|f| f as f32),
-            Value::String(s) => match s.to_ascii_lowercase().as_str() {
-                "inf" | "+inf" | "infinity" | "+infinity" => Some(f32::INFINITY),
-                "-inf" | "-infinity" => Some(f32::NEG_INFINITY),
-                "nan" => Some(f32::NAN),
+        .map(|(i, x)| {
+            match x {
+                // JSON numbers are f64; logits are f32 rows, so round once.
+                Value::Number(num) => num.as_f64().map(|f| f as f32),
+                Value::String(s) => match s.to_ascii_lowercase().as_str() {
+                    "inf" | "+inf" | "infinity" | "+infinity" => Some(f32::INFINITY),
+                    "-inf" | "-infinity" => Some(f32::NEG_INFINITY),
+                    "nan" => Some(f32::NAN),
+                    _ => None,
+                },
                 _ => None,
-            },
-            _ => None,
-        }
-        .ok_or_else(|| malformed(line, "logits", format!("entry {i} is not a number, \"inf\", \"-inf\" or \"nan\""))))
+            }
+            .ok_or_else(|| {
+                malformed(
+                    line,
+                    "logits",
+                    format!("entry {i} is not a number, \"inf\", \"-inf\" or \"nan\""),
+                )
+            })
+        })
         .collect()
 }
 
@@ -196,13 +231,15 @@ fn parse_counts(v: Option<&Value>, line: usize) -> Result<TokenCounts, ReplayErr
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
             for (k, c) in map {
-                let token: u32 = k
-                    .parse()
-                    .map_err(|_| malformed(line, "counts", format!("key {k:?} is not a token id")))?;
+                let token: u32 = k.parse().map_err(|_| {
+                    malformed(line, "counts", format!("key {k:?} is not a token id"))
+                })?;
                 let count = c
                     .as_u64()
                     .and_then(|c| u32::try_from(c).ok())
-                    .ok_or_else(|| malformed(line, "counts", format!("count of {k} is not a u32")))?;
+                    .ok_or_else(|| {
+                        malformed(line, "counts", format!("count of {k} is not a u32"))
+                    })?;
                 counts.set(token, count);
             }
         }

@@ -99,29 +99,37 @@ impl Sampler {
     /// token counts (penalties; ignored by the ds4 law).
     pub fn sample(&mut self, logits: &[f32], counts: &TokenCounts) -> Result<Sampled, SampleError> {
         match self.law {
-            Law::Nucleus => {
-                match nucleus::plan(logits, &self.params, counts, &mut self.nucleus)? {
-                    nucleus::Plan::Greedy(token) => Ok(Sampled { token, argmax_fallback: false }),
-                    nucleus::Plan::Draw => {
-                        let u = self.uniform();
-                        let i = nucleus::categorical_index(&self.nucleus.weights, u);
-                        Ok(Sampled { token: self.nucleus.ids[i], argmax_fallback: false })
-                    }
+            Law::Nucleus => match nucleus::plan(logits, &self.params, counts, &mut self.nucleus)? {
+                nucleus::Plan::Greedy(token) => Ok(Sampled {
+                    token,
+                    argmax_fallback: false,
+                }),
+                nucleus::Plan::Draw => {
+                    let u = self.uniform();
+                    let i = nucleus::categorical_index(&self.nucleus.weights, u);
+                    Ok(Sampled {
+                        token: self.nucleus.ids[i],
+                        argmax_fallback: false,
+                    })
                 }
-            }
+            },
             Law::Ds4 => {
                 if logits.is_empty() {
                     return Err(SampleError::EmptyRow);
                 }
                 match ds4::plan(logits, &self.params, &mut self.ds4) {
-                    ds4::Plan::Fixed { token, fallback } => {
-                        Ok(Sampled { token, argmax_fallback: fallback })
-                    }
+                    ds4::Plan::Fixed { token, fallback } => Ok(Sampled {
+                        token,
+                        argmax_fallback: fallback,
+                    }),
                     ds4::Plan::Draw { sum, exhausted } => {
                         let u = self.uniform_f32();
                         let s = &self.ds4;
                         let token = ds4::draw(&s.ids, &s.weights, sum, exhausted, u);
-                        Ok(Sampled { token, argmax_fallback: false })
+                        Ok(Sampled {
+                            token,
+                            argmax_fallback: false,
+                        })
                     }
                 }
             }
@@ -156,8 +164,12 @@ impl Sampler {
                         // Probabilities are the f32 weights over their f64
                         // sum; the f32 draw realises them up to f32 rounding.
                         let s = &self.ds4;
-                        let mut pairs: Vec<(u32, f64)> =
-                            s.ids.iter().copied().zip(s.weights.iter().map(|&w| f64::from(w))).collect();
+                        let mut pairs: Vec<(u32, f64)> = s
+                            .ids
+                            .iter()
+                            .copied()
+                            .zip(s.weights.iter().map(|&w| f64::from(w)))
+                            .collect();
                         pairs.sort_unstable_by_key(|&(id, _)| id);
                         pairs.retain(|&(_, w)| w > 0.0);
                         if pairs.is_empty() {

@@ -56,7 +56,7 @@ pub fn residual(p: &Distribution, q: &Distribution) -> Distribution {
         }
     }
     let total: f64 = mass.iter().fold(0.0, |acc, &m| acc + m);
-    if ids.is_empty() || !(total > 0.0) || !total.is_finite() {
+    if ids.is_empty() || total <= 0.0 || !total.is_finite() {
         return p.clone();
     }
     for m in &mut mass {

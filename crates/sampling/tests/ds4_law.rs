@@ -12,5 +12,8 @@ fn ds4_fixture_tokens_and_draw_counts_match_reference() {
     assert!(stats.tokens > 5000, "{stats:?}");
     // The ds4 law never errors on a row; its fallback is flagged instead.
     assert_eq!(stats.errors, 0, "{stats:?}");
-    assert!(stats.fallbacks > 0, "fixture must cover the argmax fallback: {stats:?}");
+    assert!(
+        stats.fallbacks > 0,
+        "fixture must cover the argmax fallback: {stats:?}"
+    );
 }

@@ -11,7 +11,8 @@ fn hex_u64(v: &Value) -> u64 {
 
 #[test]
 fn pcg64_random_matches_numpy_for_first_1000_values() {
-    let data: Vec<Value> = serde_json::from_str(&common::read_fixture("pcg64_random.json")).unwrap();
+    let data: Vec<Value> =
+        serde_json::from_str(&common::read_fixture("pcg64_random.json")).unwrap();
     let seeds: Vec<u64> = data.iter().map(|d| d["seed"].as_u64().unwrap()).collect();
     assert_eq!(seeds, [0, 1, 42, (1 << 31) - 2, (1 << 40) + 7]);
     for d in &data {
@@ -28,8 +29,12 @@ fn pcg64_random_matches_numpy_for_first_1000_values() {
 
 #[test]
 fn xorshift64star_matches_c_reference() {
-    let data: Vec<Value> = serde_json::from_str(&common::read_fixture("xorshift64star.json")).unwrap();
-    assert!(data.iter().any(|d| d["seed"].as_u64() == Some(0)), "zero-state guard covered");
+    let data: Vec<Value> =
+        serde_json::from_str(&common::read_fixture("xorshift64star.json")).unwrap();
+    assert!(
+        data.iter().any(|d| d["seed"].as_u64() == Some(0)),
+        "zero-state guard covered"
+    );
     for d in &data {
         let seed = d["seed"].as_u64().unwrap();
         let outs = d["next_u64"].as_array().unwrap();
@@ -39,7 +44,11 @@ fn xorshift64star_matches_c_reference() {
         for (i, (o, u)) in outs.iter().zip(unis).enumerate() {
             assert_eq!(a.next_u64(), hex_u64(o), "seed {seed}, output {i}");
             let got = b.uniform_f32();
-            assert_eq!(u64::from(got.to_bits()), hex_u64(u), "seed {seed}, uniform {i}");
+            assert_eq!(
+                u64::from(got.to_bits()),
+                hex_u64(u),
+                "seed {seed}, uniform {i}"
+            );
             assert!((0.0..1.0).contains(&got));
         }
     }

@@ -45,7 +45,9 @@ impl SeedSequence {
             value ^ (value >> XSHIFT)
         };
         let mix = |x: u32, y: u32| -> u32 {
-            let r = MIX_MULT_L.wrapping_mul(x).wrapping_sub(MIX_MULT_R.wrapping_mul(y));
+            let r = MIX_MULT_L
+                .wrapping_mul(x)
+                .wrapping_sub(MIX_MULT_R.wrapping_mul(y));
             r ^ (r >> XSHIFT)
         };
         let mut pool = [0u32; POOL_SIZE];
@@ -106,7 +108,10 @@ impl NumpyPcg64 {
 
     /// `pcg_setseq_128_srandom_r`: the canonical PCG seeding.
     pub fn new(initstate: u128, initseq: u128) -> Self {
-        let mut rng = Self { state: 0, inc: (initseq << 1) | 1 };
+        let mut rng = Self {
+            state: 0,
+            inc: (initseq << 1) | 1,
+        };
         rng.step();
         rng.state = rng.state.wrapping_add(initstate);
         rng.step();

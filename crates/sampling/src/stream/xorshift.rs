@@ -28,7 +28,11 @@ impl XorShift64Star {
 
     /// Advance and return the scrambled output.
     pub fn next_u64(&mut self) -> u64 {
-        let mut x = if self.state == 0 { ZERO_GUARD } else { self.state };
+        let mut x = if self.state == 0 {
+            ZERO_GUARD
+        } else {
+            self.state
+        };
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
