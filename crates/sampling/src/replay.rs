@@ -6,9 +6,10 @@
 //!   "frequency_penalty", "counts": {"<token id>": count}}`.
 //! `id`, `logits` and `seed` are required; `draws` defaults to 1, a missing
 //! parameter takes the law's default, `counts` defaults to empty. Blank
-//! lines are skipped. For each case a fresh stream is created from `seed`
-//! (the ds4 law's seed is the initial xorshift state) and `draws` tokens are
-//! sampled from the same row.
+//! lines are skipped; unknown keys are an error. For each case a fresh
+//! stream is created from `seed` (the ds4 law's seed is the initial
+//! xorshift state) and `draws` tokens are sampled from the same row, with
+//! the same `counts` for every draw.
 //!
 //! Output: one line per case, `{"id", "tokens": [...], "draws": n}` where
 //! `draws` is the number of uniforms consumed (plus `"argmax_fallback":
@@ -23,6 +24,22 @@ use serde_json::{Map, Value, json};
 use crate::counts::TokenCounts;
 use crate::params::{Law, SamplingParams};
 use crate::sampler::Sampler;
+
+/// Keys a case may carry; anything else is rejected so that a typo
+/// ("temprature") cannot silently fall back to a default.
+const KNOWN_KEYS: [&str; 11] = [
+    "id",
+    "logits",
+    "seed",
+    "draws",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "counts",
+];
 
 /// Most draws one case may ask for (a guard against a typo'd huge number).
 pub const MAX_DRAWS: u64 = 1_000_000;
@@ -143,6 +160,13 @@ fn run_case(law: Law, case: &Case, line: usize) -> Result<CaseResult, ReplayErro
 
 impl Case {
     fn parse(law: Law, obj: &Map<String, Value>, line: usize) -> Result<Self, ReplayError> {
+        if let Some(key) = obj.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(ReplayError::Malformed {
+                line,
+                field: None,
+                message: format!("unknown field {key:?} (known: {})", KNOWN_KEYS.join(", ")),
+            });
+        }
         let id = obj
             .get("id")
             .cloned()

@@ -157,6 +157,11 @@ fn replay_reports_line_and_field_of_malformed_input() {
     let cases = [
         ("{not json", None, 2),
         (r#"[1,2]"#, None, 2),
+        (
+            r#"{"id":1,"logits":[1],"seed":1,"temprature":0.5}"#,
+            None,
+            2,
+        ),
         (r#"{"logits":[1],"seed":1}"#, Some("id"), 2),
         (r#"{"id":1,"logits":[1,"big"],"seed":1}"#, Some("logits"), 2),
         (r#"{"id":1,"logits":7,"seed":1}"#, Some("logits"), 2),
