@@ -28,6 +28,7 @@ enum Stream {
 pub struct Sampler {
     law: Law,
     params: SamplingParams,
+    seed: u64,
     stream: Stream,
     draws: u64,
     nucleus: nucleus::Scratch,
@@ -47,6 +48,7 @@ impl Sampler {
         Ok(Self {
             law,
             params,
+            seed,
             stream,
             draws: 0,
             nucleus: nucleus::Scratch::default(),
@@ -60,6 +62,12 @@ impl Sampler {
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// The seed this sampler's stream started from (reported back so an
+    /// answer can be replayed).
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Uniforms consumed so far.
@@ -230,6 +238,43 @@ impl Sampler {
                 }
                 ids[ids.len() - 1]
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::NumpyPcg64;
+
+    /// Nucleus law: `sample` is exactly `sample_from(distribution(..))`,
+    /// draw for draw, so speculative and plain decoding share one law.
+    #[test]
+    fn nucleus_sample_equals_sample_from_distribution() {
+        let mut rng = NumpyPcg64::from_seed(3);
+        let mut counts = TokenCounts::new();
+        counts.add(2);
+        counts.add(2);
+        for (i, top_k) in [0i64, 3, 20].into_iter().enumerate() {
+            let params = SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                top_k,
+                min_p: 0.0,
+                presence_penalty: 0.4,
+                frequency_penalty: 0.2,
+            };
+            let mut a = Sampler::new(Law::Nucleus, params, i as u64).unwrap();
+            let mut b = Sampler::new(Law::Nucleus, params, i as u64).unwrap();
+            for _ in 0..300 {
+                let row: Vec<f32> = (0..12).map(|_| (rng.random() * 4.0) as f32).collect();
+                let x = a.sample(&row, &counts).unwrap();
+                let d = b.distribution(&row, &counts).unwrap();
+                assert_eq!(x.token, b.sample_from(&d));
+            }
+            assert_eq!(a.draws_taken(), 300);
+            assert_eq!(a.draws_taken(), b.draws_taken());
+            assert_eq!(a.seed(), i as u64);
         }
     }
 }
