@@ -1,4 +1,6 @@
 //! Fixture loading shared by the integration tests.
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
