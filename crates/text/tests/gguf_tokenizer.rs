@@ -174,3 +174,38 @@ fn from_gguf_reads_the_file() {
     let err = Tokenizer::from_gguf("/nonexistent/model.gguf").expect_err("missing file");
     assert!(err.to_string().contains("/nonexistent/model.gguf"), "{err}");
 }
+
+#[test]
+fn add_bos_and_add_eos_match_transformers() {
+    let rows = read_jsonl("add_bos_eos_ids.jsonl");
+    let (header, rows) = rows.split_first().expect("header line");
+    let base = content();
+    let mut metadata = base.metadata.clone();
+    for (key, value) in header["overrides"].as_object().expect("overrides") {
+        let value = match value {
+            serde_json::Value::Bool(b) => GgufValue::Bool(*b),
+            serde_json::Value::String(s) => GgufValue::String(s.clone()),
+            other => panic!("unexpected override {other}"),
+        };
+        metadata.insert(key.clone(), value);
+    }
+    let c = Content {
+        magic: base.magic,
+        metadata,
+        tensor_infos: Default::default(),
+        tensor_data_offset: 0,
+    };
+    let tok = Tokenizer::from_gguf_content(&c, "add_bos_eos.gguf").expect("builds");
+    assert!(tok.add_bos() && tok.add_eos());
+    for row in rows {
+        let text = row["text"].as_str().expect("text");
+        let want = ids(&row["ids"]);
+        assert_eq!(tok.encode_prompt(text).expect("encode"), want, "{text:?}");
+        // encode() never adds them: the same ids without the first and last.
+        assert_eq!(
+            tok.encode(text, true).expect("encode"),
+            want[1..want.len() - 1],
+            "{text:?}"
+        );
+    }
+}

@@ -15,6 +15,9 @@ Reads tests/fixtures/text/corpus.jsonl and the default model GGUF
   each pre-tokenizer name we support (and one variant marking a few tokens user-defined), built
   through transformers' own GGUF converter (`get_gguf_tokenizer` + `convert_gguf_tokenizer`).
   No other GGUF is needed: the Rust test edits the metadata of the default model the same way.
+* add_bos_eos_ids.jsonl: a metadata-only GGUF written here (default model's tokenizer, pre
+  llama-bpe, add_bos_token and add_eos_token set) loaded by AutoTokenizer; `encode(text)` ids,
+  which then carry bos and eos.
 * smollm_chat_template.jsonl: `apply_chat_template(..., tokenize=False)` for several
   conversations with the GGUF's template, plus small templates that exercise tojson,
   raise_exception, trim/lstrip blocks, pycompat string methods and tools.
@@ -23,6 +26,9 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
+
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from transformers import AutoTokenizer
 from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
@@ -121,6 +127,35 @@ def write_jsonl(path, rows):
     print(f"{len(rows)} rows -> {path.relative_to(ROOT)}")
 
 
+# Metadata the add-bos/eos file overrides; the Rust test applies the same edits.
+ADD_BOS_EOS_OVERRIDES = {
+    "tokenizer.ggml.pre": "llama-bpe",
+    "tokenizer.ggml.add_bos_token": True,
+    "tokenizer.ggml.add_eos_token": True,
+}
+
+
+def write_tokenizer_only_gguf(path, overrides):
+    """Copies the default model's tokenizer.* and llama.* metadata (no tensors) with overrides."""
+    reader = GGUFReader(str(GGUF))
+    writer = GGUFWriter(str(path), "llama")
+    seen = set()
+    for name, field in reader.fields.items():
+        if not (name.startswith("tokenizer.") or name.startswith("llama.")):
+            continue
+        seen.add(name)
+        kind = field.types[0]
+        sub = field.types[1] if kind == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, overrides.get(name, field.contents()), kind, sub_type=sub)
+    for name, value in overrides.items():
+        if name not in seen:
+            writer.add_key_value(name, value, GGUFValueType.BOOL if isinstance(value, bool) else GGUFValueType.STRING)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def main():
     # split("\n"), not splitlines(): the corpus holds U+2028 and friends unescaped.
     corpus = [json.loads(line) for line in (FIX / "corpus.jsonl").read_text(encoding="utf-8").split("\n") if line]
@@ -154,6 +189,15 @@ def main():
         ids = [backend.encode(text, add_special_tokens=False).ids for text in corpus]
         variant_rows.append({"variant": name, "pre": pre, "user_defined": user_defined, "ids": ids})
     write_jsonl(FIX / "pre_variants_ids.jsonl", variant_rows)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tokenizer_only_gguf(pathlib.Path(tmp) / "add_bos_eos.gguf", ADD_BOS_EOS_OVERRIDES)
+        synth = AutoTokenizer.from_pretrained(tmp, gguf_file="add_bos_eos.gguf")
+        assert synth.add_bos_token
+        write_jsonl(
+            FIX / "add_bos_eos_ids.jsonl",
+            [{"overrides": ADD_BOS_EOS_OVERRIDES}] + [{"text": t, "ids": synth.encode(t)} for t in corpus],
+        )
 
     cases = []
     for conv_name, conv in CONVERSATIONS.items():

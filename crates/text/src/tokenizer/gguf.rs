@@ -144,8 +144,13 @@ fn bytes_to_unicode() -> [char; 256] {
     table
 }
 
-fn in_alphabet(token: &str, table: &[char; 256]) -> bool {
-    token.chars().all(|c| table.contains(&c))
+/// Whether every char of `token` is one of the 256 in [`bytes_to_unicode`]: the printable ranges
+/// and U+0100..=U+0143 (the 68 shifted bytes). Arithmetic, not a table scan: this runs on every
+/// vocabulary entry.
+fn in_alphabet(token: &str) -> bool {
+    token
+        .chars()
+        .all(|c| matches!(c as u32, 33..=126 | 161..=172 | 174..=323))
 }
 
 /// Reads the GGUF header and metadata (not tensor data) and builds the tokenizer.
@@ -207,7 +212,7 @@ pub(crate) fn from_gguf_content(content: &Content, path: &Path) -> Result<Tokeni
             key: tokens_key.into(),
             message: "more than 2^32 tokens".into(),
         })?;
-        let spelled = if in_alphabet(token, &table) {
+        let spelled = if in_alphabet(token) {
             (*token).to_string()
         } else {
             token.bytes().map(|b| table[usize::from(b)]).collect()
@@ -249,7 +254,7 @@ pub(crate) fn from_gguf_content(content: &Content, path: &Path) -> Result<Tokeni
     let control: Vec<AddedToken> = tokens
         .iter()
         .enumerate()
-        .filter(|&(id, t)| type_of(id) == TOKEN_TYPE_CONTROL && in_alphabet(t, &table))
+        .filter(|&(id, t)| type_of(id) == TOKEN_TYPE_CONTROL && in_alphabet(t))
         .map(|(_, t)| AddedToken::from(*t, true).normalized(false))
         .collect();
     inner
@@ -305,13 +310,17 @@ pub(crate) fn from_gguf_content(content: &Content, path: &Path) -> Result<Tokeni
         tokens.len(),
         merge_lines.len()
     );
+    let add_bos = meta.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let add_eos = meta.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     Tokenizer::assemble(TokenizerParts {
         inner,
         bos,
         eos,
         extra_stop_ids: [eot, eom].into_iter().flatten().map(|t| t.id).collect(),
-        add_bos: meta.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
-        add_eos: meta.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+        add_bos,
+        add_eos,
+        // Without either flag there is nothing to add, and no post-processor is equivalent.
+        set_post_processor: add_bos || add_eos,
         chat_template: meta.string("tokenizer.chat_template")?.map(str::to_string),
         kind,
         source: path.to_path_buf(),
@@ -330,6 +339,8 @@ mod tests {
         assert_eq!(t[b'a' as usize], 'a');
         assert_eq!(t[0], 'Ā');
         assert_eq!(t[0xAD], 'Ń');
+        assert!(t.iter().all(|c| in_alphabet(&c.to_string())));
+        assert!(!in_alphabet(" ") && !in_alphabet("\u{144}") && !in_alphabet("\u{AD}"));
         let mut sorted = t.to_vec();
         sorted.sort_unstable();
         sorted.dedup();

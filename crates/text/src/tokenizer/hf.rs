@@ -94,6 +94,7 @@ pub(crate) fn from_tokenizer_json(path: &Path) -> Result<Tokenizer> {
         extra_stop_ids: Vec::new(),
         add_bos,
         add_eos,
+        set_post_processor: false,
         chat_template: None,
         source: path.to_path_buf(),
     })
@@ -104,7 +105,10 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
     let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let bos = special(&inner, config.get("bos_token").and_then(token_text));
     let eos = special(&inner, config.get("eos_token").and_then(token_text));
-    // The flag when the config has it, else what the tokenizer.json post-processor does.
+    // The flag when the config has it (and then, as in transformers, the post-processor is
+    // rebuilt to honour it), else what the tokenizer.json post-processor does.
+    let explicit_flags =
+        config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
     let add_bos = config
         .get("add_bos_token")
         .and_then(Value::as_bool)
@@ -159,6 +163,7 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
         extra_stop_ids,
         add_bos,
         add_eos,
+        set_post_processor: explicit_flags,
         chat_template,
         kind,
         source: dir.to_path_buf(),

@@ -53,6 +53,9 @@ pub(crate) struct TokenizerParts {
     pub extra_stop_ids: Vec<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
+    /// Replace the post-processor by one adding exactly bos/eos per the flags (transformers'
+    /// `update_post_processor`, run when the flags are given explicitly).
+    pub set_post_processor: bool,
     pub chat_template: Option<String>,
     pub kind: String,
     pub source: PathBuf,
@@ -111,7 +114,7 @@ impl Tokenizer {
     }
 
     pub(crate) fn assemble(mut parts: TokenizerParts) -> Result<Self> {
-        if parts.add_bos || parts.add_eos {
+        if parts.set_post_processor {
             install_post_processor(&mut parts)?;
         }
         let mut stop_ids: Vec<u32> = parts.eos.iter().map(|t| t.id).collect();
