@@ -3,7 +3,7 @@
 
     tools/oracle/.venv/bin/python tools/oracle/text/generate.py
 
-Reads tests/fixtures/text/corpus.jsonl and the default model GGUF
+Writes the corpus (tests/fixtures/text/corpus.jsonl, from make_corpus.py), reads the default model GGUF
 (~/.cache/ds4server/models/SmolLM2-135M-Instruct.Q4_1.gguf, or $DS4_TEXT_GGUF), writes:
 
 * smollm_gguf_ids.jsonl: per corpus string, the ids of
@@ -31,6 +31,8 @@ import tempfile
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from transformers import AutoTokenizer
+
+import make_corpus  # noqa: E402  (same folder; Python puts the script's folder on sys.path)
 from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -157,6 +159,7 @@ def write_tokenizer_only_gguf(path, overrides):
 
 
 def main():
+    make_corpus.write()
     # split("\n"), not splitlines(): the corpus holds U+2028 and friends unescaped.
     corpus = [json.loads(line) for line in (FIX / "corpus.jsonl").read_text(encoding="utf-8").split("\n") if line]
     tok = AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name)

@@ -1,7 +1,7 @@
-"""Writes tests/fixtures/text/corpus.jsonl (one JSON string per line).
+"""The tokenizer test corpus, written to tests/fixtures/text/corpus.jsonl (one JSON string a line).
 
 The corpus is hand-written here rather than in the JSONL so that escapes stay readable.
-Run once when the corpus changes; generate.py reads the JSONL.
+generate.py calls `write()` first, so regenerating everything stays one command.
 """
 import json
 import pathlib
@@ -83,6 +83,13 @@ CORPUS = [
     "''quoted'' and \"double\"",
 ]
 
-out = pathlib.Path(__file__).resolve().parents[3] / "tests/fixtures/text/corpus.jsonl"
-out.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in CORPUS), encoding="utf-8")
-print(f"{len(CORPUS)} strings -> {out}")
+
+
+def write():
+    out = pathlib.Path(__file__).resolve().parents[3] / "tests/fixtures/text/corpus.jsonl"
+    out.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in CORPUS), encoding="utf-8")
+    print(f"{len(CORPUS)} strings -> {out}")
+
+
+if __name__ == "__main__":
+    write()
