@@ -87,6 +87,61 @@ GENERIC_TEMPLATES = {
         "|{{ m.content.startswith('Hi') }}|{{ m.content[:3] }}|{{ m.content.lstrip().rstrip('!') }}\n"
         "{% endfor %}count={{ ns.n }} last={{ messages[-1].role }}"
     ),
+    # A Qwen2.5-style tools template: tool schemas, assistant tool calls with `tojson`
+    # arguments, grouped tool responses, `is defined`, `default`, loop.index0 look-behind.
+    "tools": (
+        "{%- if tools %}\n"
+        "{{- '<|im_start|>system\\n' }}\n"
+        "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}\n"
+        "{{- '# Tools\\n\\n<tools>' }}\n"
+        "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}\n"
+        "{{- '\\n</tools><|im_end|>\\n' }}\n"
+        "{%- elif messages[0].role == 'system' %}\n"
+        "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n"
+        "{%- else %}\n"
+        "{{- '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}\n"
+        "{%- endif %}\n"
+        "{%- for message in messages %}\n"
+        "  {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}\n"
+        "    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n"
+        "  {%- elif message.role == 'assistant' %}\n"
+        "    {{- '<|im_start|>' + message.role }}\n"
+        "    {%- if message.content %}{{- '\\n' + message.content }}{%- endif %}\n"
+        "    {%- for tool_call in message.tool_calls | default([]) %}\n"
+        "      {%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}\n"
+        "      {{- '\\n<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' }}\n"
+        "      {{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}\n"
+        "    {%- endfor %}\n"
+        "    {{- '<|im_end|>\\n' }}\n"
+        "  {%- elif message.role == 'tool' %}\n"
+        "    {%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}\n"
+        "    {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}\n"
+        "    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}\n"
+        "  {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n"
+        "{# strftime_now: the date varies, its length does not #}{{ '' if (strftime_now('%d %b %Y') | length) == 11 else 'bad date' }}"
+    ),
+}
+
+# Conversations only the tools template can render (content null, tool calls, tool role).
+TOOL_CONVERSATIONS = {
+    "tool_calls": [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Zürich and Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}},
+                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            ],
+        },
+        {"role": "tool", "content": "{\"temp\": 3.5}"},
+        {"role": "tool", "content": "sunny, 12 °C"},
+        {"role": "assistant", "content": "Zürich 3.5 °C, Paris sunny."},
+        {"role": "user", "content": "Thanks"},
+    ],
 }
 
 CONVERSATIONS = {
@@ -211,8 +266,9 @@ def main():
                  "add_generation_prompt": agp, "tools": None, "expected": out}
             )
     for tname, source in GENERIC_TEMPLATES.items():
-        for conv_name, conv in CONVERSATIONS.items():
-            for agp, tools in ((False, None), (True, TOOLS if tname == "tojson" else None)):
+        convs = dict(CONVERSATIONS, **(TOOL_CONVERSATIONS if tname == "tools" else {}))
+        for conv_name, conv in convs.items():
+            for agp, tools in ((False, None), (True, TOOLS if tname in ("tojson", "tools") else None)):
                 case = {"name": f"{tname}/{conv_name}/agp={agp}", "template": source, "messages": conv,
                         "add_generation_prompt": agp, "tools": tools}
                 try:
