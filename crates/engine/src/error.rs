@@ -23,8 +23,12 @@ pub enum EngineError {
     Unsupported(String),
     #[error("context overflow: {needed} tokens needed, the model's context holds {limit}")]
     ContextOverflow { needed: usize, limit: usize },
+    #[error("token id {token} is outside the vocabulary ({vocab} entries)")]
+    TokenOutOfRange { token: u32, vocab: usize },
     #[error("invalid state operation: {0}")]
     State(String),
+    #[error(transparent)]
+    Sampling(#[from] ds4_sampling::SampleError),
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
 }

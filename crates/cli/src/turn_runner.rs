@@ -1,0 +1,102 @@
+//! One streamed turn, shared by `run` and `chat`: sampler setup from the
+//! family's law, the engine's decode loop, and the text pipeline.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ds4_engine::Model;
+use ds4_engine::decode::{self, CallerStop, Flow, LiveSession, TurnConfig, TurnResult};
+use ds4_sampling::{Sampler, SamplingRequest, resolve_seed};
+use ds4_text::Tokenizer;
+
+use crate::args::{GenerationArgs, SamplingArgs};
+use crate::text_output::TextStream;
+
+/// A sampler bound to the family's law, with the seed it uses and the
+/// warnings about parameters the law ignores.
+pub struct SamplerSetup {
+    pub sampler: Sampler,
+    pub seed: u64,
+    pub warnings: Vec<String>,
+}
+
+pub fn sampler_for<M: Model>(model: &M, args: &SamplingArgs) -> anyhow::Result<SamplerSetup> {
+    let descriptor = model.descriptor();
+    let request = SamplingRequest {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        min_p: args.min_p,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+    };
+    let resolved = descriptor
+        .law
+        .resolve(&descriptor.sampling_defaults, &request)?;
+    let seed = resolve_seed(args.seed, None);
+    Ok(SamplerSetup {
+        sampler: Sampler::new(descriptor.law, resolved.params, seed)?,
+        seed,
+        warnings: resolved.ignored.iter().map(|w| w.to_string()).collect(),
+    })
+}
+
+pub struct StreamedTurn {
+    pub result: TurnResult,
+    pub text: String,
+}
+
+/// Run one turn, handing each new piece of text to `emit` as soon as it is
+/// final. `cancel`, when set, stops the turn at the next token.
+pub fn stream_turn<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    generation: &GenerationArgs,
+    cancel: Option<&AtomicBool>,
+    emit: &mut dyn FnMut(&str),
+) -> anyhow::Result<StreamedTurn> {
+    let config = TurnConfig {
+        max_tokens: generation.max_tokens,
+        stop_token_ids: tokenizer.stop_token_ids().to_vec(),
+        prefill_chunk: generation.chunk,
+    };
+    let mut text = TextStream::new(tokenizer, generation.stop.clone());
+    let mut text_error = None;
+    let result = decode::generate(
+        model,
+        session,
+        prompt,
+        sampler,
+        &config,
+        &mut |_| {},
+        &mut |event| {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Flow::Stop(CallerStop::Cancelled);
+            }
+            match text.push(event.token, event.is_stop_token) {
+                Ok(piece) => {
+                    emit(&piece.text);
+                    if piece.stop_string {
+                        Flow::Stop(CallerStop::StopString)
+                    } else {
+                        Flow::Continue
+                    }
+                }
+                Err(e) => {
+                    text_error = Some(e);
+                    Flow::Stop(CallerStop::Cancelled)
+                }
+            }
+        },
+    )?;
+    if let Some(e) = text_error {
+        return Err(e);
+    }
+    emit(&text.finish()?);
+    Ok(StreamedTurn {
+        result,
+        text: text.text().to_string(),
+    })
+}

@@ -1,0 +1,104 @@
+//! What a turn is asked to do and what it reports back.
+
+use std::time::Duration;
+
+/// Limits and stop conditions of one generation turn.
+#[derive(Debug, Clone)]
+pub struct TurnConfig {
+    /// Upper bound on emitted tokens (the stop token, when hit, counts).
+    pub max_tokens: usize,
+    /// Tokens that end the turn when sampled (the family's end-of-turn ids).
+    /// They are reported to the callback but are not part of the text.
+    pub stop_token_ids: Vec<u32>,
+    /// Prefill chunk size in tokens.
+    pub prefill_chunk: usize,
+}
+
+/// A token the turn just produced.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenEvent {
+    pub token: u32,
+    /// Position of this token among the turn's emitted tokens (0-based).
+    pub index: usize,
+    /// True when the token is one of the stop tokens (the turn ends after it).
+    pub is_stop_token: bool,
+    /// The ds4 law answered a row with no finite logit by its argmax fallback.
+    pub argmax_fallback: bool,
+}
+
+/// The streaming callback's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop(CallerStop),
+}
+
+/// Why the caller stopped a turn early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerStop {
+    /// A stop string matched in the decoded text.
+    StopString,
+    /// The user or client cancelled (Ctrl+C, disconnect).
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was sampled.
+    StopToken,
+    /// `max_tokens` tokens were emitted.
+    MaxTokens,
+    /// The model's context window is full.
+    ContextFull,
+    /// The callback asked to stop.
+    Caller(CallerStop),
+}
+
+impl FinishReason {
+    /// The OpenAI-style name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::StopToken | FinishReason::Caller(CallerStop::StopString) => "stop",
+            FinishReason::MaxTokens | FinishReason::ContextFull => "length",
+            FinishReason::Caller(CallerStop::Cancelled) => "cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TurnTimings {
+    pub prefill_tokens: usize,
+    pub prefill: Duration,
+    pub decode_tokens: usize,
+    pub decode: Duration,
+}
+
+impl TurnTimings {
+    pub fn prefill_tps(&self) -> f64 {
+        rate(self.prefill_tokens, self.prefill)
+    }
+    pub fn decode_tps(&self) -> f64 {
+        rate(self.decode_tokens, self.decode)
+    }
+}
+
+fn rate(tokens: usize, time: Duration) -> f64 {
+    let secs = time.as_secs_f64();
+    if tokens == 0 || secs <= 0.0 {
+        0.0
+    } else {
+        tokens as f64 / secs
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TurnResult {
+    /// Every emitted token, the final stop token included.
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    /// Prompt tokens served from an earlier state instead of prefilled.
+    pub reused_tokens: usize,
+    pub timings: TurnTimings,
+    /// Rows the ds4 law could only answer by its argmax fallback.
+    pub argmax_fallbacks: usize,
+}
