@@ -86,6 +86,21 @@ impl ChatTemplate {
         })
     }
 
+    /// The template a tokenizer ships (GGUF `tokenizer.chat_template`, HF `chat_template`), with
+    /// its bos/eos text; `None` when it has no template.
+    pub fn for_tokenizer(tokenizer: &crate::Tokenizer) -> Result<Option<Self>> {
+        let Some(source) = tokenizer.chat_template() else {
+            return Ok(None);
+        };
+        let text = |t: Option<&crate::SpecialToken>| t.map(|t| t.text.clone()).unwrap_or_default();
+        Self::new(
+            source,
+            &text(tokenizer.bos_token()),
+            &text(tokenizer.eos_token()),
+        )
+        .map(Some)
+    }
+
     /// Renders a conversation (`[{"role": ..., "content": ...}, ...]`).
     pub fn render(&self, messages: &[Json], opts: &RenderOptions) -> Result<String> {
         let messages: Vec<Value> = messages
@@ -417,6 +432,13 @@ mod tests {
             out,
             r#"{"b": 1, "a": [1.5, null, true, "<&>"]}|{"a": [1.5, null, true, "<&>"], "b": 1}|"\u00e9\ud83d\ude00\u0001"|{"k":[1,2]}"#
         );
+    }
+
+    #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatTemplate>();
+        assert_send_sync::<crate::Tokenizer>();
     }
 
     #[test]
