@@ -166,7 +166,7 @@ fn unknown_pre_tokenizer_is_a_typed_error() {
 
 #[test]
 fn from_gguf_reads_the_file() {
-    let tok = Tokenizer::from_gguf(model_path()).expect("from_gguf");
+    let tok = Tokenizer::load(model_path()).expect("load detects GGUF");
     assert_eq!(
         tok.encode("Hello world", true).expect("encode"),
         [19556, 905]

@@ -87,11 +87,11 @@ fn named_template_list_and_missing_files() {
         None,
         None,
     );
-    let tok = Tokenizer::from_hf_dir(dir.path()).expect("loads");
+    let tok = Tokenizer::load(dir.path()).expect("loads");
     assert_eq!(tok.chat_template(), Some("d"));
     assert_eq!(tok.bos_token(), None);
 
-    let bare = Tokenizer::from_tokenizer_json(dir.path().join("tokenizer.json")).expect("loads");
+    let bare = Tokenizer::load(dir.path().join("tokenizer.json")).expect("loads");
     assert_eq!(
         bare.eos_token().map(|t| t.text.as_str()),
         Some("<|endoftext|>")

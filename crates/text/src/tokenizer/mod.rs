@@ -90,6 +90,27 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
+    /// Loads whatever `path` is: a directory (Hugging Face layout), a GGUF file (by its `GGUF`
+    /// magic), or else a `tokenizer.json`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Self::from_hf_dir(path);
+        }
+        let mut magic = [0u8; 4];
+        let io = |source| TextError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let is_gguf = std::io::Read::read_exact(&mut file, &mut magic).is_ok() && &magic == b"GGUF";
+        if is_gguf {
+            Self::from_gguf(path)
+        } else {
+            Self::from_tokenizer_json(path)
+        }
+    }
+
     /// Loads a bare `tokenizer.json` (no config: bos/eos unknown unless the vocabulary has the
     /// usual names, no chat template).
     pub fn from_tokenizer_json(path: impl AsRef<Path>) -> Result<Self> {
