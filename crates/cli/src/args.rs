@@ -25,6 +25,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Download the default model into the user cache (again, if present).
     Pull,
+    /// Measure prefill and decode speed across context lengths (CSV + SVG).
+    Bench(BenchArgs),
     /// Tools for replaying and checking individual pieces.
     #[command(subcommand)]
     Debug(DebugCommand),
@@ -185,4 +187,34 @@ pub struct SampleArgs {
     /// JSONL file, one case per line ("-" for stdin).
     #[arg(long)]
     pub cases: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// First context frontier (tokens).
+    #[arg(long, default_value_t = 512)]
+    pub ctx_start: usize,
+    /// Last context frontier (tokens).
+    #[arg(long, default_value_t = 2048)]
+    pub ctx_max: usize,
+    /// Distance between frontiers (tokens).
+    #[arg(long, default_value_t = 512)]
+    pub step: usize,
+    /// Greedy tokens decoded at each frontier.
+    #[arg(long = "gen", default_value_t = 64)]
+    pub gen_tokens: usize,
+    /// Prefill chunk size in tokens.
+    #[arg(long, default_value_t = ds4_engine::decode::DEFAULT_PREFILL_CHUNK)]
+    pub chunk: usize,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Also write the CSV here (it is always printed to stdout).
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write an SVG plot of tok/s against context here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
 }

@@ -20,11 +20,19 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Command::Bench(args) = &cli.command
+        && let Some(threads) = args.threads
+    {
+        // candle sizes its thread pool from RAYON_NUM_THREADS on first use.
+        // SAFETY: no other thread exists yet (the pool starts lazily later).
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.max(1).to_string()) };
+    }
     let outcome = match cli.command {
         Command::Run(args) => commands::run::run(args),
         Command::Chat(args) => commands::chat::chat(args),
         Command::Inspect(args) => commands::inspect::inspect(args),
         Command::Pull => commands::pull::pull(),
+        Command::Bench(args) => commands::bench::bench(args),
         Command::Debug(command) => commands::debug::debug(command),
     };
     match outcome {

@@ -52,7 +52,7 @@ impl<'t> TextStream<'t> {
         if self.stopped {
             return Ok(String::new());
         }
-        let tail = self.detokenizer.finish()?;
+        let tail = self.detokenizer.finish();
         let outcome = self.stops.push(&tail);
         let mut out = outcome.emit;
         if outcome.stopped {

@@ -334,3 +334,51 @@ fn missing_model_path_is_a_readable_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/nonexistent/model.gguf"), "{stderr}");
 }
+
+#[test]
+fn bench_writes_csv_and_svg_default_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("b.csv");
+    let svg = dir.path().join("b.svg");
+    let out = ok(bin()
+        .args([
+            "bench",
+            "--ctx-start",
+            "32",
+            "--ctx-max",
+            "80",
+            "--step",
+            "32",
+            "--gen",
+            "4",
+            "--threads",
+            "2",
+            "--csv",
+        ])
+        .arg(&csv)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap());
+    assert_eq!(std::fs::read_to_string(&csv).unwrap(), out);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes"
+    );
+    let ctx: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(ctx, ["32", "64", "80"]);
+    let prefilled: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split(',').nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        prefilled,
+        ["32", "32", "16"],
+        "only the new interval is prefilled"
+    );
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
