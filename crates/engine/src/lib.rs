@@ -2,9 +2,11 @@
 //! (caches and snapshots) and the decode loops. It knows nothing of HTTP or
 //! text: tokens in, logits out.
 
+pub mod backend;
 pub mod decode;
 pub mod error;
 pub mod families;
+pub mod layers;
 pub mod load;
 pub mod model;
 pub mod state;
