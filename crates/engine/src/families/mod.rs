@@ -2,6 +2,7 @@
 //! through the [`crate::Model`] contract and its [`FamilyDescriptor`].
 
 pub mod llama;
+pub mod qwen4_exp;
 
 use std::path::Path;
 
@@ -26,12 +27,33 @@ pub struct FamilyDescriptor {
 /// through [`with_model!`], so decode loops are monomorphised per family.
 pub enum LoadedModel {
     Llama(llama::LlamaModel),
+    Qwen4Exp(qwen4_exp::Qwen4ExpModel),
 }
 
 impl LoadedModel {
     /// Load the model at `path` (a `.gguf` file or a Hugging Face directory)
     /// on the CPU, choosing the family from its metadata.
     pub fn load(path: &Path) -> Result<Self> {
+        // A Hugging Face directory names its family in config.json
+        // `model_type`; GGUF files and llama model types go to llama.
+        if crate::load::detect(path)? == crate::load::ModelFormat::HfDir {
+            let config = path.join(crate::load::safetensors::CONFIG_FILE);
+            let text = std::fs::read_to_string(&config).map_err(|e| crate::EngineError::File {
+                path: config.clone(),
+                message: format!("cannot read: {e}"),
+            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| crate::EngineError::File {
+                    path: config.clone(),
+                    message: format!("invalid JSON: {e}"),
+                })?;
+            let model_type = json.get("model_type").and_then(|v| v.as_str());
+            if model_type.is_some_and(|t| qwen4_exp::DESCRIPTOR.model_types.contains(&t)) {
+                return Ok(LoadedModel::Qwen4Exp(
+                    qwen4_exp::Qwen4ExpModel::from_hf_dir(path)?,
+                ));
+            }
+        }
         Ok(LoadedModel::Llama(crate::load::load_llama(
             path,
             &Device::Cpu,
@@ -41,6 +63,7 @@ impl LoadedModel {
     pub fn descriptor(&self) -> &'static FamilyDescriptor {
         match self {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,
+            LoadedModel::Qwen4Exp(_) => &qwen4_exp::DESCRIPTOR,
         }
     }
 
@@ -56,6 +79,7 @@ macro_rules! with_model {
     ($loaded:expr, $model:ident => $body:expr) => {
         match $loaded {
             $crate::families::LoadedModel::Llama($model) => $body,
+            $crate::families::LoadedModel::Qwen4Exp($model) => $body,
         }
     };
 }

@@ -1,0 +1,36 @@
+//! Qwen3.8-Flash-Next (`qwen4_exp`): a hybrid MoE text model with 4-stream
+//! hyper-connections, Gated DeltaNet linear layers, QSA (block-sparse
+//! indexed) gated attention, hashed n-gram per-layer embeddings (PLE) and an
+//! MTP head. Loads Hugging Face directories (`qwen4_exp_text`, or the VL
+//! `qwen4_exp` whose vision tower is ignored), f32/bf16/f16 safetensors,
+//! computed in f32 on the CPU.
+//!
+//! One module per component: [`norms`], [`hyper_connections`],
+//! [`gated_deltanet`], [`gated_attention`] (with M-RoPE), [`qsa`] (the
+//! indexer), [`ple`], [`moe`]; [`state`] holds every cache; [`model`] wires
+//! the trunk and the MTP head and documents the MTP contract.
+
+pub mod config;
+pub mod gated_attention;
+pub mod gated_deltanet;
+pub mod hyper_connections;
+pub mod model;
+pub mod moe;
+pub mod norms;
+pub mod ple;
+pub mod qsa;
+pub mod state;
+
+pub use config::Qwen4ExpConfig;
+pub use model::{MtpOutput, Qwen4ExpModel, TrunkOutput};
+pub use state::{MtpState, Qwen4ExpState, WindowCapture};
+
+use super::FamilyDescriptor;
+use ds4_sampling::Law;
+
+pub static DESCRIPTOR: FamilyDescriptor = FamilyDescriptor {
+    name: "qwen4_exp",
+    model_types: &["qwen4_exp", "qwen4_exp_text"],
+    law: Law::Nucleus,
+    sampling_defaults: Law::Nucleus.default_params(),
+};

@@ -1,0 +1,191 @@
+//! Sparse MoE with a gated shared expert (`Qwen4ExpTextSparseMoeBlock`).
+//!
+//! ```text
+//! p      = softmax(W_gate·x)                 fp32, [T, E]
+//! top    = topk(p, k); w = top / Σ top       (renormalised when norm_topk_prob)
+//! expert = down( silu(gate·x) ⊙ up·x )       gate/up [I, H], down [H, I]
+//! out    = Σ_k w_k·expert_k(x) + sigmoid(w_sg·x)·shared(x)
+//! ```
+//!
+//! Experts load from either layout found in the wild: per expert
+//! (`experts.{e}.{gate,up,down}_proj.weight`, what `save_pretrained` writes)
+//! or fused 3-D (`experts.gate_up_proj [E, 2I, H]`, rows `[gate | up]`, and
+//! `experts.down_proj [E, H, I]`, transformers' runtime layout). Tokens are
+//! gathered per expert so each expert runs one matmul over all its tokens.
+
+use candle_core::{D, Device, Tensor};
+use candle_nn::ops::sigmoid;
+
+use super::norms::{load, to_vec};
+use crate::error::Result;
+use crate::layers::linear::Linear;
+use crate::load::safetensors::SafetensorsDir;
+
+#[derive(Debug, Clone)]
+struct Expert {
+    /// `[2I, H]`: rows `[gate | up]`.
+    gate_up: Linear,
+    down: Linear,
+}
+
+#[derive(Debug, Clone)]
+pub struct Moe {
+    router: Linear,
+    experts: Vec<Expert>,
+    shared_gate_up: Linear,
+    shared_down: Linear,
+    shared_expert_gate: Linear,
+    top_k: usize,
+    norm_topk: bool,
+    inter: usize,
+    shared_inter: usize,
+}
+
+/// Routing decisions of one forward: `[T, k]` expert ids and weights.
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+impl Moe {
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        st: &mut SafetensorsDir,
+        prefix: &str,
+        h: usize,
+        n_experts: usize,
+        top_k: usize,
+        inter: usize,
+        shared_inter: usize,
+        norm_topk: bool,
+    ) -> Result<Self> {
+        let fused = format!("{prefix}experts.gate_up_proj");
+        let experts = if st.has(&fused) {
+            let gu = load(
+                st,
+                prefix,
+                "experts.gate_up_proj",
+                &[n_experts, 2 * inter, h],
+            )?;
+            let dn = load(st, prefix, "experts.down_proj", &[n_experts, h, inter])?;
+            (0..n_experts)
+                .map(|e| {
+                    Ok(Expert {
+                        gate_up: Linear::dense(gu.get(e)?)?,
+                        down: Linear::dense(dn.get(e)?)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            (0..n_experts)
+                .map(|e| {
+                    let p = format!("{prefix}experts.{e}.");
+                    let g = load(st, &p, "gate_proj.weight", &[inter, h])?;
+                    let u = load(st, &p, "up_proj.weight", &[inter, h])?;
+                    Ok(Expert {
+                        gate_up: Linear::dense(Tensor::cat(&[g, u], 0)?)?,
+                        down: Linear::dense(load(st, &p, "down_proj.weight", &[h, inter])?)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        let sg = load(
+            st,
+            prefix,
+            "shared_expert.gate_proj.weight",
+            &[shared_inter, h],
+        )?;
+        let su = load(
+            st,
+            prefix,
+            "shared_expert.up_proj.weight",
+            &[shared_inter, h],
+        )?;
+        Ok(Self {
+            router: Linear::dense(load(st, prefix, "gate.weight", &[n_experts, h])?)?,
+            experts,
+            shared_gate_up: Linear::dense(Tensor::cat(&[sg, su], 0)?)?,
+            shared_down: Linear::dense(load(
+                st,
+                prefix,
+                "shared_expert.down_proj.weight",
+                &[h, shared_inter],
+            )?)?,
+            shared_expert_gate: Linear::dense(load(
+                st,
+                prefix,
+                "shared_expert_gate.weight",
+                &[1, h],
+            )?)?,
+            top_k,
+            norm_topk,
+            inter,
+            shared_inter,
+        })
+    }
+
+    /// Softmax router, top-k, renormalisation (host, fp32).
+    pub fn route(&self, x: &Tensor) -> Result<Routing> {
+        let logits = to_vec(&self.router.forward(x)?)?;
+        let e = self.experts.len();
+        let mut r = Routing::default();
+        let mut idx: Vec<usize> = Vec::with_capacity(e);
+        for row in logits.chunks_exact(e) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let ex: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
+            let sum: f32 = ex.iter().sum();
+            idx.clear();
+            idx.extend(0..e);
+            // Descending probability; equal probabilities keep the lower id
+            // first (torch.topk's CPU order for exact ties is unspecified).
+            idx.sort_by(|&a, &b| ex[b].total_cmp(&ex[a]).then(a.cmp(&b)));
+            let top: Vec<f32> = idx[..self.top_k].iter().map(|&i| ex[i] / sum).collect();
+            let norm: f32 = if self.norm_topk {
+                top.iter().sum()
+            } else {
+                1.0
+            };
+            for (k, &i) in idx[..self.top_k].iter().enumerate() {
+                r.experts.push(i);
+                r.weights.push(top[k] / norm);
+            }
+        }
+        Ok(r)
+    }
+
+    /// `x: [T, H]` → `[T, H]`; also returns the routing.
+    pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Routing)> {
+        let (t, h) = x.dims2()?;
+        let routing = self.route(x)?;
+        let mut out = Tensor::zeros((t, h), x.dtype(), x.device())?;
+        for (e, expert) in self.experts.iter().enumerate() {
+            let mut rows = Vec::new();
+            let mut ws = Vec::new();
+            for (j, &ex) in routing.experts.iter().enumerate() {
+                if ex == e {
+                    rows.push((j / self.top_k) as u32);
+                    ws.push(routing.weights[j]);
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            let n = rows.len();
+            let ids = Tensor::from_vec(rows, n, &Device::Cpu)?;
+            let xs = x.index_select(&ids, 0)?;
+            let gu = expert.gate_up.forward(&xs)?;
+            let act = (gu.narrow(D::Minus1, 0, self.inter)?.silu()?
+                * gu.narrow(D::Minus1, self.inter, self.inter)?)?;
+            let y = expert.down.forward(&act)?;
+            let y = y.broadcast_mul(&Tensor::from_vec(ws, (n, 1), &Device::Cpu)?)?;
+            out = out.index_add(&ids, &y, 0)?;
+        }
+        let gu = self.shared_gate_up.forward(x)?;
+        let act = (gu.narrow(D::Minus1, 0, self.shared_inter)?.silu()?
+            * gu.narrow(D::Minus1, self.shared_inter, self.shared_inter)?)?;
+        let shared = self.shared_down.forward(&act)?;
+        let g = sigmoid(&self.shared_expert_gate.forward(x)?)?;
+        Ok(((out + shared.broadcast_mul(&g)?)?, routing))
+    }
+}

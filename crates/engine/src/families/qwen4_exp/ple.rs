@@ -1,0 +1,430 @@
+//! PLE: hashed n-gram per-layer embedding (linear layers in `ple_layer_ids`).
+//!
+//! Hash (deterministic; transformers also saves the constants as int64
+//! buffers, which we recompute and do not need to read):
+//!
+//! ```text
+//! m[i]    = 2·(splitmix64(seed + 10007·pli + 0x9E3779B97F4A7C15·(i+1)) mod half) + 1,
+//!           half = max(1, ((2^63−1) // vocab) // 2),  pli = index in ple_layer_ids
+//! size_h  = the (pli·heads + h + 1)-th prime ≥ ngram_vocab_size_base; offsets cumulative
+//! s_0     = tok_t ;  s_k = tok_{t−k} if no EOS in tok_{t−k..t−1}, else EOS
+//! mixed_n = XOR_{k<n} (s_k·m[k])  (int64)  for n = 2..N
+//! id_h    = mixed_n mod size_h + off_h      heads of order 2 first, hpn per order
+//! e       = concat_h table[id_h]            [E = ple_embed_dim]
+//! ```
+//!
+//! Gate and dilated conv (`X: [T, C·H]`):
+//!
+//! ```text
+//! key = N1g(key_proj·e; norm_key) [C, H] ; val = value_proj·e [H] ; qry = N1g(X; norm_query) [C, H]
+//! g_s = ⟨key_s, qry_s⟩/√H ;  g_s ← sign(g_s)·sqrt(max(|g_s|, 1e-6))
+//! gv  = concat_s( sigmoid(g_s)·val ) ;  gvn = N1g(gv; norm_conv)
+//! out = gv + silu( Σ_{k<K} w[:,k]·gvn_{t−(K−1−k)·N} )     depthwise, dilation N
+//! ```
+//!
+//! State: the last `(K−1)·N` `gvn` rows and the last `N−1` token ids.
+//!
+//! The n-gram table is the checkpoint's shards (`ngram_embedding.shard_{i}`)
+//! concatenated on rows, or one `ngram_embedding.weight`. It is bound through
+//! [`SafetensorsDir`], which copies to f32: fine for test models; the real
+//! table (~95 GiB bf16) needs a gather straight from the memory map (see the
+//! module's report).
+
+use candle_core::{Device, Tensor};
+
+use super::config::Qwen4ExpConfig;
+use super::norms::{ZcNorm, load, load_vec, sigmoid, silu, to_vec};
+use super::state::PleCache;
+use crate::error::{EngineError, Result};
+use crate::layers::linear::Linear;
+use crate::load::safetensors::SafetensorsDir;
+
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+pub fn splitmix64(v: u64) -> u64 {
+    let mut z = v.wrapping_add(GAMMA);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn is_prime(n: u64) -> bool {
+    if n < 2 {
+        return false;
+    }
+    if n.is_multiple_of(2) {
+        return n == 2;
+    }
+    let mut d = 3;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            return false;
+        }
+        d += 2;
+    }
+    true
+}
+
+/// Hash constants of one PLE layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PleHash {
+    pub multipliers: Vec<i64>,
+    pub sizes: Vec<i64>,
+    pub offsets: Vec<i64>,
+    /// Total rows padded to `make_ngram_vocab_size_divisible_by`.
+    pub padded_rows: usize,
+    pub ngram: usize,
+    pub heads_per_ngram: usize,
+    pub eos: u32,
+}
+
+impl PleHash {
+    pub fn new(cfg: &Qwen4ExpConfig, pli: usize, eos: u32) -> Self {
+        let n = cfg.ngram_size;
+        let heads = (n - 1) * cfg.heads_per_ngram;
+        let half = (((1u64 << 63) - 1) / cfg.vocab_size.max(1) as u64 / 2).max(1);
+        let base_seed = cfg.seed.wrapping_add(10007u64.wrapping_mul(pli as u64));
+        let multipliers = (0..n)
+            .map(|i| {
+                let v = base_seed.wrapping_add(GAMMA.wrapping_mul(i as u64 + 1));
+                (2 * (splitmix64(v) % half) + 1) as i64
+            })
+            .collect();
+        // Head h of layer pli takes the (pli·heads + h + 1)-th prime after
+        // base − 1; earlier layers' heads take the smaller ones.
+        let mut prime = cfg.ngram_vocab_size_base.saturating_sub(1);
+        let mut next = || {
+            prime += 1;
+            while !is_prime(prime) {
+                prime += 1;
+            }
+            prime
+        };
+        for _ in 0..pli * heads {
+            next();
+        }
+        let sizes: Vec<i64> = (0..heads).map(|_| next() as i64).collect();
+        let mut offsets = Vec::with_capacity(heads);
+        let mut total = 0i64;
+        for &s in &sizes {
+            offsets.push(total);
+            total += s;
+        }
+        let div = cfg.ngram_vocab_divisor as i64;
+        let padded_rows = ((total + div - 1) / div * div) as usize;
+        Self {
+            multipliers,
+            sizes,
+            offsets,
+            padded_rows,
+            ngram: n,
+            heads_per_ngram: cfg.heads_per_ngram,
+            eos,
+        }
+    }
+
+    /// Table row ids `[T, heads]` for `tokens`, given the previous `N−1`
+    /// ids (`window`, oldest first; EOS at the start of a sequence), which
+    /// is advanced.
+    pub fn ids(&self, tokens: &[u32], window: &mut [u32]) -> Vec<i64> {
+        let ctx = self.ngram - 1;
+        let mut hist: Vec<u32> = Vec::with_capacity(ctx + tokens.len());
+        hist.extend_from_slice(window);
+        hist.extend_from_slice(tokens);
+        let heads = self.sizes.len();
+        let mut out = Vec::with_capacity(tokens.len() * heads);
+        let mut s = vec![0i64; self.ngram];
+        for p in ctx..hist.len() {
+            s[0] = hist[p] as i64;
+            let mut valid = true;
+            for k in 1..self.ngram {
+                // Valid while no EOS sits in hist[p−k .. p−1].
+                valid = valid && hist[p - k] != self.eos;
+                s[k] = if valid {
+                    hist[p - k] as i64
+                } else {
+                    self.eos as i64
+                };
+            }
+            for n in 2..=self.ngram {
+                let mut mixed = 0i64;
+                for (k, sk) in s.iter().enumerate().take(n) {
+                    mixed ^= sk.wrapping_mul(self.multipliers[k]);
+                }
+                let first = (n - 2) * self.heads_per_ngram;
+                for h in first..first + self.heads_per_ngram {
+                    out.push(mixed.rem_euclid(self.sizes[h]) + self.offsets[h]);
+                }
+            }
+        }
+        window.copy_from_slice(&hist[hist.len() - ctx..]);
+        out
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Ple {
+    pub hash: PleHash,
+    /// `[padded_rows, E/heads]`.
+    table: Tensor,
+    key_proj: Linear,
+    value_proj: Linear,
+    norm_key: ZcNorm,
+    norm_query: ZcNorm,
+    norm_conv: ZcNorm,
+    /// `[C·H, K]`.
+    conv_w: Vec<f32>,
+    kernel: usize,
+    c: usize,
+    h: usize,
+    e: usize,
+}
+
+impl Ple {
+    /// `prefix` ends with `ple.`.
+    pub fn load(
+        st: &mut SafetensorsDir,
+        prefix: &str,
+        cfg: &Qwen4ExpConfig,
+        pli: usize,
+    ) -> Result<Self> {
+        let eos = cfg.eos_token_id.ok_or_else(|| EngineError::Config {
+            path: st.config_path(),
+            field: "eos_token_id".into(),
+            message: "required by PLE".into(),
+        })?;
+        let hash = PleHash::new(cfg, pli, eos);
+        let (c, h, e) = (cfg.hc_count, cfg.hidden_size, cfg.ple_embed_dim);
+        let ch = c * h;
+        let heads = hash.sizes.len();
+        let dh = e / heads;
+        let emb = format!("{prefix}ple_embedding.");
+        // The int64 hash buffers carry no information beyond the config.
+        for b in [
+            "layer_multipliers",
+            "ngram_heads_vocab_sizes",
+            "ngram_heads_offsets",
+        ] {
+            st.ignore(&format!("{emb}{b}"));
+        }
+        let single = format!("{emb}ngram_embedding.weight");
+        let table = if st.has(&single) {
+            load(st, &emb, "ngram_embedding.weight", &[hash.padded_rows, dh])?
+        } else {
+            let mut parts = Vec::new();
+            let mut rows = 0;
+            for i in 0.. {
+                let name = format!("{emb}ngram_embedding.shard_{i}.weight");
+                let Some(shape) = st
+                    .entries()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, e)| e.shape.clone())
+                else {
+                    break;
+                };
+                if shape.len() != 2 || shape[1] != dh {
+                    return Err(EngineError::Tensor {
+                        path: st.file_of(&name),
+                        tensor: name,
+                        message: format!("expected [rows, {dh}], found {shape:?}"),
+                    });
+                }
+                rows += shape[0];
+                parts.push(st.tensor(&name, &shape, &Device::Cpu)?);
+            }
+            if rows != hash.padded_rows {
+                return Err(EngineError::Tensor {
+                    path: st.dir().to_path_buf(),
+                    tensor: format!("{emb}ngram_embedding.shard_*"),
+                    message: format!(
+                        "{} shards hold {rows} rows; the config implies {} (padded n-gram vocabulary)",
+                        parts.len(),
+                        hash.padded_rows
+                    ),
+                });
+            }
+            Tensor::cat(&parts, 0)?
+        };
+        Ok(Self {
+            hash,
+            table,
+            key_proj: Linear::dense(load(st, prefix, "key_proj.weight", &[ch, e])?)?,
+            value_proj: Linear::dense(load(st, prefix, "value_proj.weight", &[h, e])?)?,
+            norm_key: ZcNorm::load(st, prefix, "norm_key.weight", ch, h, cfg.rms_norm_eps)?,
+            norm_query: ZcNorm::load(st, prefix, "norm_query.weight", ch, h, cfg.rms_norm_eps)?,
+            norm_conv: ZcNorm::load(st, prefix, "norm_conv.weight", ch, h, cfg.rms_norm_eps)?,
+            conv_w: load_vec(st, prefix, "conv1d.weight", &[ch, 1, cfg.ple_conv_kernel])?,
+            kernel: cfg.ple_conv_kernel,
+            c,
+            h,
+            e,
+        })
+    }
+
+    pub fn new_cache(&self) -> PleCache {
+        PleCache {
+            gvn: vec![0.0; (self.kernel - 1) * self.hash.ngram * self.c * self.h],
+            ids: vec![self.hash.eos; self.hash.ngram - 1],
+        }
+    }
+
+    /// The PLE term added to the streams: `X: [T, C·H]` → `[T, C·H]`.
+    /// With `capture`, pushes the cache after every row.
+    pub fn forward(
+        &self,
+        xs: &Tensor,
+        tokens: &[u32],
+        cache: &mut PleCache,
+        capture: Option<&mut Vec<PleCache>>,
+    ) -> Result<Tensor> {
+        let t_len = tokens.len();
+        let (c, h) = (self.c, self.h);
+        let ch = c * h;
+        let mut ids_rows = Vec::new();
+        let ids = if capture.is_some() {
+            // Per-row id windows for the capture.
+            let mut all = Vec::new();
+            for &tok in tokens {
+                all.extend(self.hash.ids(&[tok], &mut cache.ids));
+                ids_rows.push(cache.ids.clone());
+            }
+            all
+        } else {
+            self.hash.ids(tokens, &mut cache.ids)
+        };
+        let n_ids = ids.len();
+        let idx = Tensor::from_vec(
+            ids.into_iter().map(|i| i as u32).collect::<Vec<_>>(),
+            n_ids,
+            &Device::Cpu,
+        )?;
+        let emb = self.table.index_select(&idx, 0)?.reshape((t_len, self.e))?;
+        let key = to_vec(&self.norm_key.forward(&self.key_proj.forward(&emb)?)?)?;
+        let val = to_vec(&self.value_proj.forward(&emb)?)?;
+        let qry = to_vec(&self.norm_query.forward(xs)?)?;
+        let mut gv = vec![0f32; t_len * ch];
+        let inv_sqrt_h = 1.0 / (h as f32).sqrt();
+        for t in 0..t_len {
+            for s in 0..c {
+                let o = t * ch + s * h;
+                let dot: f32 = key[o..o + h]
+                    .iter()
+                    .zip(&qry[o..o + h])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                let g = dot * inv_sqrt_h;
+                let g = g.abs().max(1e-6).sqrt() * sign(g);
+                let sg = sigmoid(g);
+                for (dst, v) in gv[o..o + h].iter_mut().zip(&val[t * h..(t + 1) * h]) {
+                    *dst = sg * v;
+                }
+            }
+        }
+        let gv_t = Tensor::from_vec(gv.clone(), (t_len, ch), xs.device())?;
+        let gvn = to_vec(&self.norm_conv.forward(&gv_t)?)?;
+        // Dilated causal conv over [history | gvn]; tap k of token t reads
+        // row t + k·N of that array.
+        let hist = cache.gvn.len() / ch;
+        let dil = self.hash.ngram;
+        let mut all = Vec::with_capacity((hist + t_len) * ch);
+        all.extend_from_slice(&cache.gvn);
+        all.extend_from_slice(&gvn);
+        let mut out = gv;
+        for t in 0..t_len {
+            for ci in 0..ch {
+                let mut acc = 0f32;
+                for k in 0..self.kernel {
+                    acc += self.conv_w[ci * self.kernel + k] * all[(t + k * dil) * ch + ci];
+                }
+                out[t * ch + ci] += silu(acc);
+            }
+        }
+        if let Some(cap) = capture {
+            for (t, ids) in ids_rows.into_iter().enumerate() {
+                let start = (t + 1) * ch;
+                cap.push(PleCache {
+                    gvn: all[start..start + hist * ch].to_vec(),
+                    ids,
+                });
+            }
+        }
+        let start = t_len * ch;
+        cache.gvn.copy_from_slice(&all[start..start + hist * ch]);
+        Ok(Tensor::from_vec(out, (t_len, ch), xs.device())?)
+    }
+}
+
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::families::qwen4_exp::config::Qwen4ExpConfig;
+    use std::path::Path;
+
+    /// The digest's tiny-model hash vectors (vocab 512, base 1000, hpn 4).
+    #[test]
+    fn qwen4_ple_hash_constants() {
+        let j = serde_json::json!({"model_type":"qwen4_exp_text","vocab_size":512,"hidden_size":64,
+            "num_hidden_layers":3,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":32,
+            "moe_intermediate_size":32,"shared_expert_intermediate_size":32,"num_experts":8,
+            "num_experts_per_tok":2,"indexer_n_heads":4,"indexer_kv_heads":1,"indexer_head_dim":16,
+            "indexer_budget":8,"indexer_compress_ratio":4,"eos_token_id":2,"ple_layer_ids":[2],
+            "ple_embed_dim":64,"ngram_size":3,"heads_per_ngram":4,"ngram_vocab_size_base":1000,
+            "rope_parameters":{"rope_type":"default","rope_theta":1e7,"partial_rotary_factor":0.25,"mrope_section":[2,1,1]}});
+        let cfg = Qwen4ExpConfig::from_hf(Path::new("c.json"), &j)
+            .unwrap()
+            .config;
+        let hash = PleHash::new(&cfg, 0, 2);
+        assert_eq!(
+            hash.multipliers,
+            vec![4295158889763781, 17440218147737327, 1270917961434445]
+        );
+        assert_eq!(
+            hash.sizes,
+            vec![1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049]
+        );
+        assert_eq!(
+            hash.offsets,
+            vec![0, 1009, 2022, 3041, 4062, 5093, 6126, 7165]
+        );
+        assert_eq!(hash.padded_rows, 8320);
+    }
+
+    /// EOS cuts the n-gram context; feeding tokens one by one through the
+    /// window equals feeding them at once.
+    #[test]
+    fn qwen4_ple_ids_segment_and_stream() {
+        let hash = PleHash {
+            multipliers: vec![3, 5, 7],
+            sizes: vec![1_000_003, 1_000_033],
+            offsets: vec![0, 1_000_003],
+            padded_rows: 0,
+            ngram: 3,
+            heads_per_ngram: 1,
+            eos: 2,
+        };
+        let toks = [10, 11, 2, 12, 13, 14];
+        let mut w = vec![2, 2];
+        let all = hash.ids(&toks, &mut w);
+        let mut w2 = vec![2, 2];
+        let one: Vec<i64> = toks.iter().flat_map(|&t| hash.ids(&[t], &mut w2)).collect();
+        assert_eq!(all, one);
+        assert_eq!(w, w2);
+        // Token 12 follows EOS: its bigram is (12, EOS), its trigram (12, EOS, EOS).
+        let bigram = (12 * 3) ^ (2 * 5);
+        let trigram = (12 * 3) ^ (2 * 5) ^ (2 * 7);
+        assert_eq!(all[3 * 2], bigram);
+        assert_eq!(all[3 * 2 + 1], trigram + 1_000_003);
+        // Token 14: (14, 13, 12), no EOS within reach.
+        assert_eq!(all[5 * 2 + 1], ((14 * 3) ^ (13 * 5) ^ (12 * 7)) + 1_000_003);
+    }
+}

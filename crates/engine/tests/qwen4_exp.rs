@@ -1,0 +1,463 @@
+//! Qwen4-Exp against transformers 5.24 (`tools/oracle/qwen4_exp`): three tiny
+//! random checkpoints (text-only / VL prefix, per-expert / fused experts,
+//! sharded / single PLE table, tied / untied, f32 / bf16), full logits at
+//! every position.
+//!
+//! Tolerance 1e-4 absolute on logits of magnitude ~2 and streams up to ~10
+//! (printed per test): both sides run f32 arithmetic in a different order (candle gemm vs
+//! torch, our sequential GDN scan vs transformers' chunked UT-transform
+//! prefill, host softmax), each step adding ~1e-7 relative error through a
+//! 4–6 layer network; observed differences are ~1e-6. A mis-wired
+//! component (a norm without its `1+w`, a swapped query/gate, a wrong QSA
+//! block) moves logits by 1e-2 or more. The bf16 reference is the f32
+//! forward of the bf16-rounded weights, which is what we compute after
+//! upcasting on load. QSA selections must be identical (the oracle asserts a
+//! clear top-k boundary gap, so a correct port cannot differ).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
+use ds4_engine::families::qwen4_exp::state::LayerCache;
+use ds4_engine::{EngineError, LogitsRows, Model, ModelState};
+use safetensors::{Dtype, SafeTensors};
+
+const TOL: f32 = 1e-4;
+const PREFILL: usize = 30;
+const FIXTURES: [&str; 3] = ["tiny_a", "tiny_b", "tiny_bf16"];
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen4_exp")
+}
+
+struct Reference(HashMap<String, (Vec<usize>, Vec<f64>)>);
+
+impl Reference {
+    fn open(name: &str) -> Self {
+        let path = fixtures().join(format!("{name}.ref.safetensors"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let st = SafeTensors::deserialize(&bytes).expect("valid reference file");
+        let mut map = HashMap::new();
+        for (k, v) in st.tensors() {
+            let vals: Vec<f64> = match v.dtype() {
+                Dtype::F32 => v
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                Dtype::I64 => v
+                    .data()
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                d => panic!("unexpected dtype {d:?}"),
+            };
+            map.insert(k, (v.shape().to_vec(), vals));
+        }
+        Self(map)
+    }
+    fn f32(&self, k: &str) -> Vec<f32> {
+        self.0[k].1.iter().map(|&x| x as f32).collect()
+    }
+    fn shape(&self, k: &str) -> Vec<usize> {
+        self.0[k].0.clone()
+    }
+    fn ids(&self, k: &str) -> Vec<u32> {
+        self.0[k].1.iter().map(|&x| x as u32).collect()
+    }
+}
+
+fn load(name: &str) -> Qwen4ExpModel {
+    Qwen4ExpModel::from_hf_dir(&fixtures().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn check(what: &str, got: &[f32], want: &[f32]) -> f32 {
+    let d = max_diff(got, want);
+    let mag = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    eprintln!("{what}: max |Δ| = {d:e} (|ref| ≤ {mag:.2})");
+    assert!(d <= TOL, "{what}: max |Δ| {d} > {TOL}");
+    d
+}
+
+#[test]
+fn qwen4_full_forward_streams_qsa_and_routing_match() {
+    for name in FIXTURES {
+        let model = load(name);
+        let r = Reference::open(name);
+        let ids = r.ids("input_ids");
+        let mut state = model.new_state();
+        let out = model
+            .forward_ext(&ids, &mut state, LogitsRows::All, true)
+            .unwrap();
+        check(
+            &format!("{name} full logits"),
+            &out.logits.logits,
+            &r.f32("logits_full"),
+        );
+        assert_eq!(state.len(), ids.len());
+        let cfg = model.config();
+        let mut qsa_layers = 0;
+        for (l, tr) in out.trace.iter().enumerate() {
+            let key = format!("layer{l}_out_streams");
+            check(&format!("{name} {key}"), &host(&tr.streams), &r.f32(&key));
+            // Every expert is used somewhere and tokens spread over several.
+            let used: BTreeSet<usize> = tr.routing.experts.iter().copied().collect();
+            assert!(used.len() >= 3, "{name} layer {l}: experts {used:?}");
+            if let Some(sel) = &tr.qsa {
+                qsa_layers += 1;
+                let want = r.ids(&format!("layer{l}_qsa_selected"));
+                let t = ids.len();
+                let mut pruned = 0;
+                let mut dropped_diag = 0;
+                for (i, keep) in sel.iter().enumerate() {
+                    let got: BTreeSet<u32> = keep.iter().copied().collect();
+                    let exp: BTreeSet<u32> = (0..t as u32)
+                        .filter(|&j| want[i * t + j as usize] == 1)
+                        .collect();
+                    assert_eq!(
+                        got, exp,
+                        "{name} layer {l} query {i}: QSA selection differs"
+                    );
+                    pruned += i + 1 - keep.len();
+                    dropped_diag += usize::from(!got.contains(&(i as u32)));
+                    assert!(keep.len() < cfg.indexer_budget + cfg.indexer_compress_ratio);
+                }
+                assert!(pruned > 0, "{name} layer {l}: QSA pruned nothing");
+                eprintln!(
+                    "{name} layer {l}: QSA identical; {pruned} pairs pruned, diagonal dropped {dropped_diag}×"
+                );
+            }
+        }
+        assert!(qsa_layers >= 2);
+        // The prompt crosses EOS segments (PLE n-gram context resets).
+        assert!(ids.iter().filter(|&&t| Some(t) == cfg.eos_token_id).count() >= 2);
+        assert!(!cfg.ple_layer_ids.is_empty());
+    }
+}
+
+#[test]
+fn qwen4_chunked_and_stepwise_match() {
+    for name in FIXTURES {
+        let model = load(name);
+        let r = Reference::open(name);
+        let ids = r.ids("input_ids");
+        // Uneven chunks through the cache.
+        let mut state = model.new_state();
+        let mut got = Vec::new();
+        let mut s = 0;
+        for n in r.ids("chunks") {
+            let n = n as usize;
+            let out = model
+                .forward(&ids[s..s + n], &mut state, LogitsRows::All)
+                .unwrap();
+            got.extend(out.logits);
+            s += n;
+        }
+        check(&format!("{name} chunked"), &got, &r.f32("logits_chunked"));
+        // Prefill then one token at a time.
+        let mut state = model.new_state();
+        let mut got = model
+            .forward(&ids[..PREFILL], &mut state, LogitsRows::Last)
+            .unwrap()
+            .logits;
+        for t in PREFILL..ids.len() {
+            got.extend(
+                model
+                    .forward(&ids[t..t + 1], &mut state, LogitsRows::Last)
+                    .unwrap()
+                    .logits,
+            );
+        }
+        check(
+            &format!("{name} prefill+steps"),
+            &got,
+            &r.f32("logits_steps"),
+        );
+        // A 4-row verify window after the prefix.
+        let mut state = model.new_state();
+        model
+            .forward(&ids[..PREFILL], &mut state, LogitsRows::Last)
+            .unwrap();
+        let w = model
+            .forward_window(&ids[PREFILL..PREFILL + 4], &mut state)
+            .unwrap();
+        check(
+            &format!("{name} verify window"),
+            &w.logits.logits,
+            &r.f32("logits_window"),
+        );
+    }
+}
+
+fn assert_states_close(what: &str, a: &[LayerCache], b: &[LayerCache]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0f32;
+    let mut cmp = |x: &[f32], y: &[f32], part: &str| {
+        assert_eq!(x.len(), y.len(), "{what}: {part} sizes differ");
+        worst = worst.max(max_diff(x, y));
+    };
+    for (la, lb) in a.iter().zip(b) {
+        match (la, lb) {
+            (LayerCache::Attn(x), LayerCache::Attn(y)) => {
+                cmp(&x.k, &y.k, "k");
+                cmp(&x.v, &y.v, "v");
+                cmp(&x.idx_raw, &y.idx_raw, "indexer keys");
+                cmp(&x.blocks, &y.blocks, "block keys");
+            }
+            (LayerCache::Linear { gdn: g1, ple: p1 }, LayerCache::Linear { gdn: g2, ple: p2 }) => {
+                cmp(&g1.conv, &g2.conv, "conv");
+                cmp(&g1.s, &g2.s, "recurrent S");
+                match (p1, p2) {
+                    (Some(p1), Some(p2)) => {
+                        cmp(&p1.gvn, &p2.gvn, "PLE conv window");
+                        assert_eq!(p1.ids, p2.ids, "{what}: PLE id window");
+                    }
+                    (None, None) => {}
+                    _ => panic!("{what}: PLE presence differs"),
+                }
+            }
+            _ => panic!("{what}: layer kinds differ"),
+        }
+    }
+    worst
+}
+
+/// Committing any prefix of a verify window leaves every cache equal to a
+/// teacher-forced run over the same tokens, and decoding continues equally.
+/// Bound 1e-5: the same per-row arithmetic, but matmuls over 4 rows vs `a`
+/// rows may block their sums differently (observed: 0).
+#[test]
+fn qwen4_verify_window_commit_equals_teacher_forced() {
+    let model = load("tiny_a");
+    let ids = Reference::open("tiny_a").ids("input_ids");
+    let window = &ids[PREFILL..PREFILL + 4];
+    let mut prefix = model.new_state();
+    model
+        .forward(&ids[..PREFILL], &mut prefix, LogitsRows::Last)
+        .unwrap();
+    let mut worst = 0f32;
+    for accepted in 0..=window.len() {
+        let mut st = prefix.snapshot();
+        let w = model.forward_window(window, &mut st).unwrap();
+        st.commit(w.capture.as_ref().unwrap(), accepted).unwrap();
+        let mut tf = prefix.snapshot();
+        if accepted > 0 {
+            model
+                .forward(&window[..accepted], &mut tf, LogitsRows::Last)
+                .unwrap();
+        }
+        assert_eq!(st.len(), PREFILL + accepted);
+        assert_eq!(st.len(), tf.len());
+        worst = worst.max(assert_states_close(
+            &format!("accepted {accepted}"),
+            st.layers(),
+            tf.layers(),
+        ));
+        // Continue both with the true next tokens.
+        let next = &ids[PREFILL + accepted..PREFILL + accepted + 3];
+        let a = model.forward(next, &mut st, LogitsRows::All).unwrap();
+        let b = model.forward(next, &mut tf, LogitsRows::All).unwrap();
+        worst = worst.max(max_diff(&a.logits, &b.logits));
+    }
+    eprintln!("verify commit vs teacher-forced: max |Δ| = {worst:e}");
+    assert!(worst <= 1e-5, "{worst}");
+    // A capture from another window length is refused.
+    let mut st = prefix.snapshot();
+    let w = model.forward_window(window, &mut st).unwrap();
+    model
+        .forward(&ids[PREFILL + 4..PREFILL + 5], &mut st, LogitsRows::Last)
+        .unwrap();
+    assert!(matches!(
+        st.commit(w.capture.as_ref().unwrap(), 2),
+        Err(EngineError::State(_))
+    ));
+}
+
+#[test]
+fn qwen4_snapshot_restore_truncate_and_size() {
+    let model = load("tiny_b");
+    let ids = Reference::open("tiny_b").ids("input_ids");
+    let mut st = model.new_state();
+    model
+        .forward(&ids[..20], &mut st, LogitsRows::Last)
+        .unwrap();
+    let snap = st.snapshot();
+    let a = model
+        .forward(&ids[20..30], &mut st, LogitsRows::All)
+        .unwrap();
+    assert_ne!(st, snap);
+    st.restore(&snap);
+    assert_eq!(st, snap);
+    let b = model
+        .forward(&ids[20..30], &mut st, LogitsRows::All)
+        .unwrap();
+    assert_eq!(a.logits, b.logits, "restore must be exact");
+    // Recurrent layers refuse truncation; a no-op truncate is fine.
+    assert!(matches!(st.truncate(10), Err(EngineError::State(_))));
+    st.truncate(30).unwrap();
+    assert_eq!(st.len(), 30);
+    // Byte size: attention caches grow per token, recurrent states don't.
+    let s30 = st.byte_size();
+    model
+        .forward(&ids[30..31], &mut st, LogitsRows::Last)
+        .unwrap();
+    let cfg = model.config();
+    let attn_layers = cfg
+        .layer_kinds
+        .iter()
+        .filter(|k| **k == ds4_engine::families::qwen4_exp::config::LayerKind::Indexed)
+        .count();
+    let per_token =
+        attn_layers * 4 * (2 * cfg.num_kv_heads * cfg.head_dim + cfg.indexer_head_dim) + 12;
+    let delta = st.byte_size() - s30;
+    // Position 30 completes no block for ratio 2 (31 tokens), so no block key.
+    assert_eq!(delta, per_token, "byte size growth per token");
+}
+
+#[test]
+fn qwen4_mtp_matches_composed_reference() {
+    for name in FIXTURES {
+        let model = load(name);
+        let r = Reference::open(name);
+        let ids = r.ids("input_ids");
+        let mut st = model.new_state();
+        let trunk = model
+            .forward_ext(&ids[..PREFILL + 1], &mut st, LogitsRows::Last, false)
+            .unwrap();
+        let mut mtp = model.new_mtp_state().expect("fixture has an MTP head");
+        // Teacher-forced prefill: row t = (token t+1, trunk streams t, position t).
+        let positions: Vec<u32> = (0..PREFILL as u32).collect();
+        let out = model
+            .mtp_forward(
+                &ids[1..PREFILL + 1],
+                &trunk.streams.narrow(0, 0, PREFILL).unwrap(),
+                &positions,
+                &mut mtp,
+                LogitsRows::All,
+            )
+            .unwrap();
+        let mut worst = check(
+            &format!("{name} MTP prefill rows"),
+            &out.logits.logits,
+            &r.f32("mtp_logits_prefill"),
+        );
+        // Depths 1..3 from trunk position 30, chaining pre-mixer streams.
+        let want = r.f32("mtp_logits_chain");
+        let vocab = r.shape("mtp_logits_chain")[1];
+        let mut x = trunk.streams.narrow(0, PREFILL, 1).unwrap();
+        for d in 0..3 {
+            let tok = ids[PREFILL + 1 + d];
+            let o = model
+                .mtp_forward(
+                    &[tok],
+                    &x,
+                    &[(PREFILL + d) as u32],
+                    &mut mtp,
+                    LogitsRows::Last,
+                )
+                .unwrap();
+            worst = worst.max(check(
+                &format!("{name} MTP depth {}", d + 1),
+                &o.logits.logits,
+                &want[d * vocab..(d + 1) * vocab],
+            ));
+            x = o.streams;
+        }
+        assert_eq!(mtp.len(), PREFILL + 3);
+        // Rolling back drafted rows is legal for the MTP's attention caches.
+        mtp.truncate(PREFILL).unwrap();
+        assert_eq!(mtp.len(), PREFILL);
+        eprintln!("{name} MTP worst {worst:e}");
+    }
+}
+
+fn rewrite(
+    src: &Path,
+    dst: &Path,
+    edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>),
+) {
+    std::fs::create_dir_all(dst).unwrap();
+    std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn qwen4_strict_binding_names_missing_and_extra_tensors() {
+    let src = fixtures().join("tiny_a");
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = "model.layers.3.linear_attn.dt_bias";
+    let dir = tmp.path().join("missing");
+    rewrite(&src, &dir, |t| t.retain(|(n, ..)| n != missing));
+    let err = Qwen4ExpModel::from_hf_dir(&dir)
+        .err()
+        .expect("missing tensor is an error");
+    assert!(
+        matches!(&err, EngineError::Tensor { tensor, .. } if tensor == missing),
+        "{err}"
+    );
+    let extra = "model.layers.0.linear_attn.surprise";
+    let dir = tmp.path().join("extra");
+    rewrite(&src, &dir, |t| {
+        t.push((extra.into(), Dtype::F32, vec![2], vec![0; 8]))
+    });
+    let err = Qwen4ExpModel::from_hf_dir(&dir)
+        .err()
+        .expect("extra tensor is an error");
+    assert!(err.to_string().contains(extra), "{err}");
+    // A shard of the n-gram table missing: rows no longer match the config.
+    let dir = tmp.path().join("shard");
+    rewrite(&src, &dir, |t| {
+        t.retain(|(n, ..)| !n.ends_with("ngram_embedding.shard_3.weight"))
+    });
+    let err = Qwen4ExpModel::from_hf_dir(&dir)
+        .err()
+        .expect("short table is an error");
+    assert!(err.to_string().contains("ngram_embedding"), "{err}");
+    // The loader picks the family from config.json.
+    let loaded = ds4_engine::families::LoadedModel::load(&src).unwrap();
+    assert_eq!(loaded.family_name(), "qwen4_exp");
+}
+
+#[test]
+fn qwen4_rejects_out_of_vocab_tokens_without_touching_state() {
+    let model = load("tiny_a");
+    let mut st = model.new_state();
+    let err = model
+        .forward(&[5, 100_000], &mut st, LogitsRows::Last)
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EngineError::TokenOutOfRange { token: 100_000, .. }
+    ));
+    assert!(st.is_empty());
+}
