@@ -435,6 +435,25 @@ def save_checkpoint(name, config, cfgd, model, mtp, out_dir, bf16):
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(saved_cfg, indent=2, sort_keys=True) + "\n")
+    save_tokenizer(out_dir, config.vocab_size)
+
+
+def save_tokenizer(out_dir, vocab):
+    """A word-level tokenizer over the tiny vocabulary (`<unk>`, `<s>`,
+    `</s>`, then `w3` … `w{V-1}`) so the CLI (`ds4server debug logits`) can
+    load the fixture directories like any model."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    names = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, vocab)]
+    tok = Tokenizer(WordLevel({n: i for i, n in enumerate(names)}, unk_token="<unk>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.add_special_tokens(names[:3])
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2) + "\n"
+    )
 
 
 def to_vl_fused(sd, config):
