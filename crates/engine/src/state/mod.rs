@@ -1,0 +1,4 @@
+//! What models remember between forwards: per-layer caches and their
+//! snapshots. (Chunked prefill over these lives in [`crate::decode`].)
+
+pub mod kv_cache;

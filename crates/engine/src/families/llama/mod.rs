@@ -1,0 +1,22 @@
+//! The dense Llama family (Llama 2/3, SmolLM, TinyLlama, ...): RMSNorm,
+//! RoPE (default, linear, llama3), grouped-query attention, SwiGLU, tied or
+//! separate output head. Loads from a GGUF file (quantized weights stay
+//! quantized) or a Hugging Face safetensors directory.
+
+pub mod config;
+pub mod model;
+
+pub use config::LlamaConfig;
+pub use model::{GgufWeights, LlamaModel, LlamaState};
+
+use super::FamilyDescriptor;
+use ds4_sampling::Law;
+
+pub static DESCRIPTOR: FamilyDescriptor = FamilyDescriptor {
+    name: "llama",
+    model_types: &["llama"],
+    // The spec binds dense Llama models to the nucleus law with its PCG64
+    // stream; the defaults are the law's own.
+    law: Law::Nucleus,
+    sampling_defaults: Law::Nucleus.default_params(),
+};

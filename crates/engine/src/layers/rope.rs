@@ -1,0 +1,178 @@
+//! Rotary position embeddings.
+//!
+//! `inv_freq[i] = 1 / theta^(2i / head_dim)`, optionally rescaled
+//! ([`RopeScaling`]); position `p` rotates pair `i` of every head by
+//! `p * inv_freq[i]`. Two pairings exist in the wild:
+//! - [`RopeLayout::HalfSplit`] (Hugging Face): pair `(x[i], x[i + d/2])`;
+//! - [`RopeLayout::Interleaved`] (GGUF, whose converter permutes the q/k
+//!   rows): pair `(x[2i], x[2i + 1])`.
+//!
+//! The cos/sin tables are computed once for the whole context (f32,
+//! `2 * context * head_dim / 2` floats: 2 MB for 8192 × 64), so a decode step
+//! only narrows them. Angles are formed as an f32 product `p * inv_freq`,
+//! the way transformers does, so positions far into the context round the
+//! same way as the reference.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    HalfSplit,
+    Interleaved,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3.1: long wavelengths divided by `factor`, short ones kept, a
+    /// smooth blend between (transformers `_compute_llama3_parameters`).
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+    /// Per-frequency divisors stored in a GGUF `rope_freqs.weight` tensor
+    /// (llama.cpp bakes llama3 scaling into it), `[head_dim / 2]`.
+    FreqFactors(Vec<f32>),
+}
+
+/// The inverse frequencies, `[head_dim / 2]`, in f32 like transformers.
+pub fn inv_freq(theta: f64, head_dim: usize, scaling: &RopeScaling) -> Vec<f32> {
+    let base = theta as f32;
+    let plain = (0..head_dim / 2).map(|i| 1.0f32 / base.powf((2 * i) as f32 / head_dim as f32));
+    match scaling {
+        RopeScaling::None => plain.collect(),
+        RopeScaling::Linear { factor } => plain.map(|f| f / *factor as f32).collect(),
+        RopeScaling::FreqFactors(ff) => plain.zip(ff).map(|(f, d)| f / d).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let (factor, low, high) = (
+                *factor as f32,
+                *low_freq_factor as f32,
+                *high_freq_factor as f32,
+            );
+            let old = *original_max_position_embeddings as f32;
+            let low_freq_wavelen = old / low;
+            let high_freq_wavelen = old / high;
+            plain
+                .map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen < high_freq_wavelen {
+                        f
+                    } else if wavelen > low_freq_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Rope {
+    /// `[max_positions, head_dim / 2]`.
+    cos: Tensor,
+    sin: Tensor,
+    layout: RopeLayout,
+    max_positions: usize,
+}
+
+impl Rope {
+    pub fn new(
+        theta: f64,
+        head_dim: usize,
+        scaling: &RopeScaling,
+        layout: RopeLayout,
+        max_positions: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let inv = inv_freq(theta, head_dim, scaling);
+        let half = inv.len();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for p in 0..max_positions {
+            for f in &inv {
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        Ok(Self {
+            cos: Tensor::from_vec(cos, (max_positions, half), device)?,
+            sin: Tensor::from_vec(sin, (max_positions, half), device)?,
+            layout,
+            max_positions,
+        })
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// The tables for positions `offset .. offset + len`, `[len, head_dim/2]`.
+    pub fn tables(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.cos.narrow(0, offset, len)?,
+            self.sin.narrow(0, offset, len)?,
+        ))
+    }
+
+    /// `x: [heads, len, head_dim]` (contiguous) with the tables of
+    /// [`Rope::tables`] → same shape.
+    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        debug_assert_eq!(x.dtype(), DType::F32);
+        let x4 = x.unsqueeze(0)?;
+        let y = match self.layout {
+            RopeLayout::HalfSplit => candle_nn::rotary_emb::rope(&x4, cos, sin)?,
+            RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(&x4, cos, sin)?,
+        };
+        y.squeeze(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_keeps_short_divides_long_and_blends_between() {
+        // theta 10000, head_dim 8: wavelengths 6.3, 63, 628, 6283 against
+        // bounds 16 (high) and 64 (low).
+        let plain = inv_freq(10_000.0, 8, &RopeScaling::None);
+        let scaled = inv_freq(
+            10_000.0,
+            8,
+            &RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 64,
+            },
+        );
+        assert_eq!(scaled[0], plain[0]);
+        assert!(scaled[1] < plain[1] && scaled[1] > plain[1] / 8.0);
+        assert!((scaled[2] - plain[2] / 8.0).abs() < 1e-9);
+        assert!((scaled[3] - plain[3] / 8.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn linear_divides_every_frequency() {
+        let plain = inv_freq(500.0, 16, &RopeScaling::None);
+        let scaled = inv_freq(500.0, 16, &RopeScaling::Linear { factor: 4.0 });
+        for (p, s) in plain.iter().zip(&scaled) {
+            assert!((p / 4.0 - s).abs() <= f32::EPSILON * p);
+        }
+    }
+}
