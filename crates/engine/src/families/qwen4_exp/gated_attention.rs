@@ -21,11 +21,11 @@
 
 use candle_core::Tensor;
 
+use super::kernels::Dense;
 use super::norms::{ZcNorm, load, sigmoid, to_vec};
 use super::qsa::Indexer;
 use super::state::AttnCache;
 use crate::error::Result;
-use crate::layers::linear::Linear;
 use crate::load::safetensors::SafetensorsDir;
 
 /// Partial interleaved M-RoPE over the first `rotary_dim` dims.
@@ -78,10 +78,10 @@ impl MRope {
 
 #[derive(Debug, Clone)]
 pub struct GatedAttention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: Dense,
+    k_proj: Dense,
+    v_proj: Dense,
+    o_proj: Dense,
     q_norm: ZcNorm,
     k_norm: ZcNorm,
     pub indexer: Indexer,
@@ -104,10 +104,10 @@ impl GatedAttention {
     ) -> Result<Self> {
         let (n_heads, dim, budget, ratio) = indexer;
         Ok(Self {
-            q_proj: Linear::dense(load(st, prefix, "q_proj.weight", &[hq * 2 * d, h])?)?,
-            k_proj: Linear::dense(load(st, prefix, "k_proj.weight", &[hkv * d, h])?)?,
-            v_proj: Linear::dense(load(st, prefix, "v_proj.weight", &[hkv * d, h])?)?,
-            o_proj: Linear::dense(load(st, prefix, "o_proj.weight", &[h, hq * d])?)?,
+            q_proj: Dense::new(load(st, prefix, "q_proj.weight", &[hq * 2 * d, h])?)?,
+            k_proj: Dense::new(load(st, prefix, "k_proj.weight", &[hkv * d, h])?)?,
+            v_proj: Dense::new(load(st, prefix, "v_proj.weight", &[hkv * d, h])?)?,
+            o_proj: Dense::new(load(st, prefix, "o_proj.weight", &[h, hq * d])?)?,
             q_norm: ZcNorm::load(st, prefix, "q_norm.weight", d, d, eps)?,
             k_norm: ZcNorm::load(st, prefix, "k_norm.weight", d, d, eps)?,
             indexer: Indexer::load(

@@ -22,25 +22,25 @@
 use candle_core::Tensor;
 
 use super::config::GateAct;
+use super::kernels::Dense;
 use super::norms::{gated_norm, load, load_vec, sigmoid, silu, softplus, to_vec};
 use super::state::GdnCache;
 use crate::error::Result;
-use crate::layers::linear::Linear;
 use crate::load::safetensors::SafetensorsDir;
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
-    in_qkv: Linear,
-    in_z: Linear,
-    in_b: Linear,
-    in_a: Linear,
+    in_qkv: Dense,
+    in_z: Dense,
+    in_b: Dense,
+    in_a: Dense,
     /// `[Cc, K]`.
     conv_w: Vec<f32>,
     /// `−exp(A_log)`, `[Hv]`.
     neg_a: Vec<f32>,
     dt_bias: Vec<f32>,
     norm_w: Vec<f32>,
-    out: Linear,
+    out: Dense,
     pub hk: usize,
     pub hv: usize,
     pub dk: usize,
@@ -177,15 +177,15 @@ impl GatedDeltaNet {
         let cc = 2 * hk * dk + hv * dv;
         let a_log = load_vec(st, prefix, "A_log", &[hv])?;
         Ok(Self {
-            in_qkv: Linear::dense(load(st, prefix, "in_proj_qkv.weight", &[cc, h])?)?,
-            in_z: Linear::dense(load(st, prefix, "in_proj_z.weight", &[hv * dv, h])?)?,
-            in_b: Linear::dense(load(st, prefix, "in_proj_b.weight", &[hv, h])?)?,
-            in_a: Linear::dense(load(st, prefix, "in_proj_a.weight", &[hv, h])?)?,
+            in_qkv: Dense::new(load(st, prefix, "in_proj_qkv.weight", &[cc, h])?)?,
+            in_z: Dense::new(load(st, prefix, "in_proj_z.weight", &[hv * dv, h])?)?,
+            in_b: Dense::new(load(st, prefix, "in_proj_b.weight", &[hv, h])?)?,
+            in_a: Dense::new(load(st, prefix, "in_proj_a.weight", &[hv, h])?)?,
             conv_w: load_vec(st, prefix, "conv1d.weight", &[cc, 1, kernel])?,
             neg_a: a_log.iter().map(|a| -a.exp()).collect(),
             dt_bias: load_vec(st, prefix, "dt_bias", &[hv])?,
             norm_w: load_vec(st, prefix, "norm.weight", &[dv])?,
-            out: Linear::dense(load(st, prefix, "out_proj.weight", &[h, hv * dv])?)?,
+            out: Dense::new(load(st, prefix, "out_proj.weight", &[h, hv * dv])?)?,
             hk,
             hv,
             dk,
@@ -282,7 +282,7 @@ impl GatedDeltaNet {
         let z = to_vec(&self.in_z.forward(x)?)?;
         let y = gated_norm(&o, &z, &self.norm_w, self.eps, self.act);
         let y = Tensor::from_vec(y, (t_len, vd), x.device())?;
-        Ok(self.out.forward(&y)?)
+        self.out.forward(&y)
     }
 }
 

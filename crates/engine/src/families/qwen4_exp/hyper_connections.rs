@@ -16,17 +16,17 @@
 use candle_core::Tensor;
 use candle_nn::ops::sigmoid;
 
+use super::kernels::Dense;
 use super::norms::{ZcNorm, load};
 use crate::error::Result;
-use crate::layers::linear::Linear;
 use crate::load::safetensors::SafetensorsDir;
 
 #[derive(Debug, Clone)]
 pub struct GatedResidual {
     norm: ZcNorm,
-    down: Linear,
-    up: Linear,
-    inject: Option<Linear>,
+    down: Dense,
+    up: Dense,
+    inject: Option<Dense>,
     c: usize,
     h: usize,
 }
@@ -45,15 +45,15 @@ impl GatedResidual {
         let ch = c * h;
         Ok(Self {
             norm: ZcNorm::load(st, prefix, "hc_norm.weight", ch, h, eps)?,
-            down: Linear::dense(load(
+            down: Dense::new(load(
                 st,
                 prefix,
                 "input_mix_weight_down.weight",
                 &[rank, ch],
             )?)?,
-            up: Linear::dense(load(st, prefix, "input_mix_weight_up.weight", &[ch, rank])?)?,
+            up: Dense::new(load(st, prefix, "input_mix_weight_up.weight", &[ch, rank])?)?,
             inject: if combine {
-                Some(Linear::dense(load(
+                Some(Dense::new(load(
                     st,
                     prefix,
                     "block_inject_weight.weight",

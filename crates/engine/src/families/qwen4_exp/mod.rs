@@ -14,6 +14,7 @@ pub mod config;
 pub mod gated_attention;
 pub mod gated_deltanet;
 pub mod hyper_connections;
+pub mod kernels;
 pub mod model;
 pub mod moe;
 pub mod norms;

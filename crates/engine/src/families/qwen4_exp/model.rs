@@ -42,6 +42,7 @@ use super::config::{LayerKind, Qwen4ExpConfig};
 use super::gated_attention::{GatedAttention, MRope};
 use super::gated_deltanet::GatedDeltaNet;
 use super::hyper_connections::GatedResidual;
+use super::kernels::Dense;
 use super::moe::{Moe, Routing};
 use super::norms::{ZcNorm, load, to_vec};
 use super::ple::Ple;
@@ -50,7 +51,6 @@ use super::state::{
 };
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
-use crate::layers::linear::Linear;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{ForwardOutput, LogitsRows, Model};
 
@@ -232,8 +232,8 @@ impl DecoderLayer {
 pub struct MtpHead {
     pre_e: ZcNorm,
     pre_h: ZcNorm,
-    fc_e: Linear,
-    fc_h: Linear,
+    fc_e: Dense,
+    fc_h: Dense,
     layer: DecoderLayer,
     mixer: GatedResidual,
 }
@@ -264,7 +264,7 @@ pub struct Qwen4ExpModel {
     cfg: Box<Qwen4ExpConfig>,
     /// `[V, H]`.
     embed: Tensor,
-    lm_head: Linear,
+    lm_head: Dense,
     layers: Vec<DecoderLayer>,
     mixer: Box<GatedResidual>,
     rope: MRope,
@@ -282,9 +282,9 @@ impl Qwen4ExpModel {
         let (h, c, eps) = (cfg.hidden_size, cfg.hc_count, cfg.rms_norm_eps);
         let embed = load(&mut st, p, "embed_tokens.weight", &[cfg.vocab_size, h])?;
         let lm_head = if cfg.tie_word_embeddings {
-            Linear::dense(embed.clone())?
+            Dense::new(embed.clone())?
         } else {
-            Linear::dense(load(&mut st, "", "lm_head.weight", &[cfg.vocab_size, h])?)?
+            Dense::new(load(&mut st, "", "lm_head.weight", &[cfg.vocab_size, h])?)?
         };
         let layers = (0..cfg.num_layers)
             .map(|l| {
@@ -318,8 +318,8 @@ impl Qwen4ExpModel {
                     c * h,
                     eps,
                 )?,
-                fc_e: Linear::dense(load(&mut st, "mtp.", "fc_embedding.weight", &[h, h])?)?,
-                fc_h: Linear::dense(load(&mut st, "mtp.", "fc_hidden.weight", &[h, h])?)?,
+                fc_e: Dense::new(load(&mut st, "mtp.", "fc_embedding.weight", &[h, h])?)?,
+                fc_h: Dense::new(load(&mut st, "mtp.", "fc_hidden.weight", &[h, h])?)?,
                 layer: DecoderLayer::load(
                     &mut st,
                     "mtp.layers.0.",

@@ -11,30 +11,35 @@
 //! (`experts.{e}.{gate,up,down}_proj.weight`, what `save_pretrained` writes)
 //! or fused 3-D (`experts.gate_up_proj [E, 2I, H]`, rows `[gate | up]`, and
 //! `experts.down_proj [E, H, I]`, transformers' runtime layout). Tokens are
-//! gathered per expert so each expert runs one matmul over all its tokens.
+//! gathered per expert so each expert runs one matmul over all its tokens;
+//! a few tokens (decode, verify windows) go through the host kernel
+//! [`super::kernels::expert_gather`] instead.
 
 use candle_core::{D, Device, Tensor};
 use candle_nn::ops::sigmoid;
 
+use super::kernels::{Dense, SMALL_ROWS, expert_gather, with_slice};
 use super::norms::{load, to_vec};
 use crate::error::Result;
-use crate::layers::linear::Linear;
 use crate::load::safetensors::SafetensorsDir;
 
 #[derive(Debug, Clone)]
 struct Expert {
-    /// `[2I, H]`: rows `[gate | up]`.
-    gate_up: Linear,
-    down: Linear,
+    /// `[2I, H]`: rows `[gate | up]` (a view of the fused tensor).
+    gate_up: Dense,
+    down: Dense,
 }
 
 #[derive(Debug, Clone)]
 pub struct Moe {
-    router: Linear,
+    router: Dense,
     experts: Vec<Expert>,
-    shared_gate_up: Linear,
-    shared_down: Linear,
-    shared_expert_gate: Linear,
+    /// `[E, 2I, H]` and `[E, H, I]`, contiguous: the host kernel's layout.
+    fused_gate_up: Tensor,
+    fused_down: Tensor,
+    shared_gate_up: Dense,
+    shared_down: Dense,
+    shared_expert_gate: Dense,
     top_k: usize,
     norm_topk: bool,
     inter: usize,
@@ -61,35 +66,38 @@ impl Moe {
         norm_topk: bool,
     ) -> Result<Self> {
         let fused = format!("{prefix}experts.gate_up_proj");
-        let experts = if st.has(&fused) {
-            let gu = load(
-                st,
-                prefix,
-                "experts.gate_up_proj",
-                &[n_experts, 2 * inter, h],
-            )?;
-            let dn = load(st, prefix, "experts.down_proj", &[n_experts, h, inter])?;
-            (0..n_experts)
-                .map(|e| {
-                    Ok(Expert {
-                        gate_up: Linear::dense(gu.get(e)?)?,
-                        down: Linear::dense(dn.get(e)?)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?
+        let (gu, dn) = if st.has(&fused) {
+            (
+                load(
+                    st,
+                    prefix,
+                    "experts.gate_up_proj",
+                    &[n_experts, 2 * inter, h],
+                )?,
+                load(st, prefix, "experts.down_proj", &[n_experts, h, inter])?,
+            )
         } else {
-            (0..n_experts)
-                .map(|e| {
-                    let p = format!("{prefix}experts.{e}.");
-                    let g = load(st, &p, "gate_proj.weight", &[inter, h])?;
-                    let u = load(st, &p, "up_proj.weight", &[inter, h])?;
-                    Ok(Expert {
-                        gate_up: Linear::dense(Tensor::cat(&[g, u], 0)?)?,
-                        down: Linear::dense(load(st, &p, "down_proj.weight", &[h, inter])?)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?
+            let mut gus = Vec::with_capacity(n_experts);
+            let mut dns = Vec::with_capacity(n_experts);
+            for e in 0..n_experts {
+                let p = format!("{prefix}experts.{e}.");
+                let g = load(st, &p, "gate_proj.weight", &[inter, h])?;
+                let u = load(st, &p, "up_proj.weight", &[inter, h])?;
+                gus.push(Tensor::cat(&[g, u], 0)?);
+                dns.push(load(st, &p, "down_proj.weight", &[h, inter])?);
+            }
+            (Tensor::stack(&gus, 0)?, Tensor::stack(&dns, 0)?)
         };
+        let (gu, dn) = (gu.contiguous()?, dn.contiguous()?);
+        // Views of one contiguous tensor: no copies.
+        let experts = (0..n_experts)
+            .map(|e| {
+                Ok(Expert {
+                    gate_up: Dense::new(gu.get(e)?)?,
+                    down: Dense::new(dn.get(e)?)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let sg = load(
             st,
             prefix,
@@ -103,16 +111,18 @@ impl Moe {
             &[shared_inter, h],
         )?;
         Ok(Self {
-            router: Linear::dense(load(st, prefix, "gate.weight", &[n_experts, h])?)?,
+            fused_gate_up: gu,
+            fused_down: dn,
+            router: Dense::new(load(st, prefix, "gate.weight", &[n_experts, h])?)?,
             experts,
-            shared_gate_up: Linear::dense(Tensor::cat(&[sg, su], 0)?)?,
-            shared_down: Linear::dense(load(
+            shared_gate_up: Dense::new(Tensor::cat(&[sg, su], 0)?)?,
+            shared_down: Dense::new(load(
                 st,
                 prefix,
                 "shared_expert.down_proj.weight",
                 &[h, shared_inter],
             )?)?,
-            shared_expert_gate: Linear::dense(load(
+            shared_expert_gate: Dense::new(load(
                 st,
                 prefix,
                 "shared_expert_gate.weight",
@@ -158,8 +168,32 @@ impl Moe {
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Routing)> {
         let (t, h) = x.dims2()?;
         let routing = self.route(x)?;
-        let mut out = Tensor::zeros((t, h), x.dtype(), x.device())?;
+        let mut out = if t <= SMALL_ROWS {
+            let x = x.contiguous()?;
+            let y = with_slice(&x, |xs| {
+                with_slice(&self.fused_gate_up, |gu| {
+                    with_slice(&self.fused_down, |dn| {
+                        expert_gather(
+                            xs,
+                            &routing.experts,
+                            &routing.weights,
+                            self.top_k,
+                            gu,
+                            dn,
+                            h,
+                            self.inter,
+                        )
+                    })
+                })
+            })???;
+            Tensor::from_vec(y, (t, h), &Device::Cpu)?
+        } else {
+            Tensor::zeros((t, h), x.dtype(), x.device())?
+        };
         for (e, expert) in self.experts.iter().enumerate() {
+            if t <= SMALL_ROWS {
+                break;
+            }
             let mut rows = Vec::new();
             let mut ws = Vec::new();
             for (j, &ex) in routing.experts.iter().enumerate() {

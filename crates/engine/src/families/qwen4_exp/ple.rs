@@ -33,10 +33,10 @@
 use candle_core::{Device, Tensor};
 
 use super::config::Qwen4ExpConfig;
+use super::kernels::Dense;
 use super::norms::{ZcNorm, load, load_vec, sigmoid, silu, to_vec};
 use super::state::PleCache;
 use crate::error::{EngineError, Result};
-use crate::layers::linear::Linear;
 use crate::load::safetensors::SafetensorsDir;
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -167,8 +167,8 @@ pub struct Ple {
     pub hash: PleHash,
     /// `[padded_rows, E/heads]`.
     table: Tensor,
-    key_proj: Linear,
-    value_proj: Linear,
+    key_proj: Dense,
+    value_proj: Dense,
     norm_key: ZcNorm,
     norm_query: ZcNorm,
     norm_conv: ZcNorm,
@@ -248,8 +248,8 @@ impl Ple {
         Ok(Self {
             hash,
             table,
-            key_proj: Linear::dense(load(st, prefix, "key_proj.weight", &[ch, e])?)?,
-            value_proj: Linear::dense(load(st, prefix, "value_proj.weight", &[h, e])?)?,
+            key_proj: Dense::new(load(st, prefix, "key_proj.weight", &[ch, e])?)?,
+            value_proj: Dense::new(load(st, prefix, "value_proj.weight", &[h, e])?)?,
             norm_key: ZcNorm::load(st, prefix, "norm_key.weight", ch, h, cfg.rms_norm_eps)?,
             norm_query: ZcNorm::load(st, prefix, "norm_query.weight", ch, h, cfg.rms_norm_eps)?,
             norm_conv: ZcNorm::load(st, prefix, "norm_conv.weight", ch, h, cfg.rms_norm_eps)?,

@@ -24,15 +24,15 @@
 use candle_core::Tensor;
 
 use super::gated_attention::MRope;
+use super::kernels::Dense;
 use super::norms::{ZcNorm, load, to_vec};
 use super::state::AttnCache;
 use crate::error::Result;
-use crate::layers::linear::Linear;
 use crate::load::safetensors::SafetensorsDir;
 
 #[derive(Debug, Clone)]
 pub struct Indexer {
-    qk: Linear,
+    qk: Dense,
     q_norm: ZcNorm,
     k_norm: ZcNorm,
     pub n_heads: usize,
@@ -101,7 +101,7 @@ impl Indexer {
         eps: f64,
     ) -> Result<Self> {
         Ok(Self {
-            qk: Linear::dense(load(
+            qk: Dense::new(load(
                 st,
                 prefix,
                 "index_qk_proj.weight",
