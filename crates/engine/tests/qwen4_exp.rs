@@ -136,6 +136,14 @@ fn qwen4_full_forward_streams_qsa_and_routing_match() {
                     assert!(keep.len() < cfg.indexer_budget + cfg.indexer_compress_ratio);
                 }
                 assert!(pruned > 0, "{name} layer {l}: QSA pruned nothing");
+                // Nothing is pruned before a query sees budget + ratio tokens.
+                let onset = cfg.indexer_budget + cfg.indexer_compress_ratio;
+                let first = sel.iter().enumerate().position(|(i, k)| k.len() < i + 1);
+                assert_eq!(
+                    first,
+                    Some(onset - 1),
+                    "{name} layer {l}: first pruned query"
+                );
                 eprintln!(
                     "{name} layer {l}: QSA identical; {pruned} pairs pruned, diagonal dropped {dropped_diag}×"
                 );
@@ -241,8 +249,14 @@ fn assert_states_close(what: &str, a: &[LayerCache], b: &[LayerCache]) -> f32 {
 /// rows may block their sums differently (observed: 0).
 #[test]
 fn qwen4_verify_window_commit_equals_teacher_forced() {
-    let model = load("tiny_a");
-    let ids = Reference::open("tiny_a").ids("input_ids");
+    for name in FIXTURES {
+        commit_case(name);
+    }
+}
+
+fn commit_case(name: &str) {
+    let model = load(name);
+    let ids = Reference::open(name).ids("input_ids");
     let window = &ids[PREFILL..PREFILL + 4];
     let mut prefix = model.new_state();
     model
@@ -272,7 +286,7 @@ fn qwen4_verify_window_commit_equals_teacher_forced() {
         let b = model.forward(next, &mut tf, LogitsRows::All).unwrap();
         worst = worst.max(max_diff(&a.logits, &b.logits));
     }
-    eprintln!("verify commit vs teacher-forced: max |Δ| = {worst:e}");
+    eprintln!("{name} verify commit vs teacher-forced: max |Δ| = {worst:e}");
     assert!(worst <= 1e-5, "{worst}");
     // A capture from another window length is refused.
     let mut st = prefix.snapshot();
