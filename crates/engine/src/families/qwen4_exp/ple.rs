@@ -24,13 +24,19 @@
 //!
 //! State: the last `(K−1)·N` `gvn` rows and the last `N−1` token ids.
 //!
-//! The n-gram table is the checkpoint's shards (`ngram_embedding.shard_{i}`)
-//! concatenated on rows, or one `ngram_embedding.weight`. It is bound through
-//! [`SafetensorsDir`], which copies to f32: fine for test models; the real
-//! table (~95 GiB bf16) needs a gather straight from the memory map (see the
-//! module's report).
+//! The n-gram table is the checkpoint's shards (`ngram_embedding.shard_{i}`,
+//! concatenated on rows) or one `ngram_embedding.weight`. The real table is
+//! ~95 GiB in bf16, so it is never copied: [`PleTable`] keeps the shards
+//! memory-mapped in their stored dtype and gathers the `heads` rows of each
+//! token, converting only those to f32.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
 
 use super::config::Qwen4ExpConfig;
 use super::kernels::Dense;
@@ -165,8 +171,8 @@ impl PleHash {
 #[derive(Debug, Clone)]
 pub struct Ple {
     pub hash: PleHash,
-    /// `[padded_rows, E/heads]`.
-    table: Tensor,
+    /// `[padded_rows, E/heads]`, memory-mapped.
+    table: PleTable,
     key_proj: Dense,
     value_proj: Dense,
     norm_key: ZcNorm,
@@ -208,43 +214,21 @@ impl Ple {
             st.ignore(&format!("{emb}{b}"));
         }
         let single = format!("{emb}ngram_embedding.weight");
-        let table = if st.has(&single) {
-            load(st, &emb, "ngram_embedding.weight", &[hash.padded_rows, dh])?
+        let names: Vec<String> = if st.has(&single) {
+            vec![single]
         } else {
-            let mut parts = Vec::new();
-            let mut rows = 0;
-            for i in 0.. {
-                let name = format!("{emb}ngram_embedding.shard_{i}.weight");
-                let Some(shape) = st
-                    .entries()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, e)| e.shape.clone())
-                else {
-                    break;
-                };
-                if shape.len() != 2 || shape[1] != dh {
-                    return Err(EngineError::Tensor {
-                        path: st.file_of(&name),
-                        tensor: name,
-                        message: format!("expected [rows, {dh}], found {shape:?}"),
-                    });
-                }
-                rows += shape[0];
-                parts.push(st.tensor(&name, &shape, &Device::Cpu)?);
-            }
-            if rows != hash.padded_rows {
-                return Err(EngineError::Tensor {
-                    path: st.dir().to_path_buf(),
-                    tensor: format!("{emb}ngram_embedding.shard_*"),
-                    message: format!(
-                        "{} shards hold {rows} rows; the config implies {} (padded n-gram vocabulary)",
-                        parts.len(),
-                        hash.padded_rows
-                    ),
-                });
-            }
-            Tensor::cat(&parts, 0)?
+            (0..)
+                .map(|i| format!("{emb}ngram_embedding.shard_{i}.weight"))
+                .take_while(|n| st.has(n))
+                .collect()
         };
+        let table = PleTable::bind(
+            st,
+            &names,
+            dh,
+            hash.padded_rows,
+            &format!("{emb}ngram_embedding"),
+        )?;
         Ok(Self {
             hash,
             table,
@@ -292,13 +276,7 @@ impl Ple {
         } else {
             self.hash.ids(tokens, &mut cache.ids)
         };
-        let n_ids = ids.len();
-        let idx = Tensor::from_vec(
-            ids.into_iter().map(|i| i as u32).collect::<Vec<_>>(),
-            n_ids,
-            &Device::Cpu,
-        )?;
-        let emb = self.table.index_select(&idx, 0)?.reshape((t_len, self.e))?;
+        let emb = Tensor::from_vec(self.table.gather(&ids), (t_len, self.e), &Device::Cpu)?;
         let key = to_vec(&self.norm_key.forward(&self.key_proj.forward(&emb)?)?)?;
         let val = to_vec(&self.value_proj.forward(&emb)?)?;
         let qry = to_vec(&self.norm_query.forward(xs)?)?;
@@ -351,6 +329,143 @@ impl Ple {
         let start = t_len * ch;
         cache.gvn.copy_from_slice(&all[start..start + hist * ch]);
         Ok(Tensor::from_vec(out, (t_len, ch), xs.device())?)
+    }
+}
+
+/// One memory-mapped piece of the n-gram table.
+#[derive(Debug, Clone)]
+struct TableShard {
+    map: Arc<Mmap>,
+    /// Byte offset of row 0 in the map.
+    start: usize,
+    /// First global row of this shard.
+    first_row: usize,
+    dtype: Dtype,
+}
+
+/// The n-gram embedding table, gathered row by row from memory-mapped
+/// checkpoint shards (f32, bf16 or f16 on disk; rows come out as f32).
+#[derive(Debug, Clone)]
+pub struct PleTable {
+    shards: Vec<TableShard>,
+    rows: usize,
+    dim: usize,
+}
+
+impl PleTable {
+    /// Bind `names` (in row order) as one `[rows, dim]` table. Shapes and
+    /// dtypes come from [`SafetensorsDir`] (which also records the tensors as
+    /// used for strict binding); only the byte range is located here, by
+    /// reading the shard's safetensors header.
+    fn bind(
+        st: &mut SafetensorsDir,
+        names: &[String],
+        dim: usize,
+        rows: usize,
+        label: &str,
+    ) -> Result<Self> {
+        let mut maps: HashMap<PathBuf, Arc<Mmap>> = HashMap::new();
+        let mut shards = Vec::with_capacity(names.len());
+        let mut total = 0;
+        for name in names {
+            let path = st.file_of(name);
+            let err = |message: String| EngineError::Tensor {
+                path: path.clone(),
+                tensor: name.clone(),
+                message,
+            };
+            let (shape, dtype) = st
+                .entries()
+                .find(|(n, _)| n == name)
+                .map(|(_, e)| (e.shape.clone(), e.dtype))
+                .ok_or_else(|| err("missing".into()))?;
+            if shape.len() != 2 || shape[1] != dim {
+                return Err(err(format!("expected [rows, {dim}], found {shape:?}")));
+            }
+            let width = match dtype {
+                Dtype::F32 => 4,
+                Dtype::BF16 | Dtype::F16 => 2,
+                other => return Err(err(format!("unsupported dtype {other:?} (f32, bf16, f16)"))),
+            };
+            let map = match maps.get(&path) {
+                Some(m) => m.clone(),
+                None => {
+                    let file =
+                        std::fs::File::open(&path).map_err(|e| err(format!("cannot open: {e}")))?;
+                    // SAFETY: read-only map of a checkpoint; SafetensorsDir
+                    // maps the same file under the same assumption.
+                    let m = Arc::new(
+                        unsafe { Mmap::map(&file) }
+                            .map_err(|e| err(format!("cannot memory-map: {e}")))?,
+                    );
+                    maps.insert(path.clone(), m.clone());
+                    m
+                }
+            };
+            let (header_len, meta) = SafeTensors::read_metadata(&map)
+                .map_err(|e| err(format!("invalid safetensors header: {e}")))?;
+            let info = meta
+                .info(name)
+                .ok_or_else(|| err("not in the shard's header".into()))?;
+            let (s, e) = info.data_offsets;
+            let start = 8 + header_len + s;
+            if e - s != shape[0] * dim * width || 8 + header_len + e > map.len() {
+                return Err(err(format!("{} data bytes for {shape:?} {dtype:?}", e - s)));
+            }
+            shards.push(TableShard {
+                map,
+                start,
+                first_row: total,
+                dtype,
+            });
+            total += shape[0];
+            st.ignore(name);
+        }
+        if total != rows {
+            return Err(EngineError::Tensor {
+                path: st.dir().to_path_buf(),
+                tensor: format!("{label}.*"),
+                message: format!(
+                    "{} tensors hold {total} rows; the config implies {rows} (padded n-gram vocabulary)",
+                    names.len()
+                ),
+            });
+        }
+        Ok(Self { shards, rows, dim })
+    }
+
+    /// Rows `ids` (each `< rows`) as f32, concatenated: `[ids.len(), dim]`.
+    pub fn gather(&self, ids: &[i64]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(ids.len() * self.dim);
+        for &id in ids {
+            let id = (id.max(0) as usize).min(self.rows - 1);
+            let s = &self.shards[self.shards.partition_point(|s| s.first_row <= id) - 1];
+            let row = id - s.first_row;
+            match s.dtype {
+                Dtype::F32 => {
+                    let b = &s.map[s.start + row * self.dim * 4..][..self.dim * 4];
+                    out.extend(
+                        b.chunks_exact(4)
+                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                    );
+                }
+                Dtype::BF16 => {
+                    let b = &s.map[s.start + row * self.dim * 2..][..self.dim * 2];
+                    out.extend(
+                        b.chunks_exact(2)
+                            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+                    );
+                }
+                _ => {
+                    let b = &s.map[s.start + row * self.dim * 2..][..self.dim * 2];
+                    out.extend(
+                        b.chunks_exact(2)
+                            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+                    );
+                }
+            }
+        }
+        out
     }
 }
 
