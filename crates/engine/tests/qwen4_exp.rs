@@ -475,3 +475,43 @@ fn qwen4_rejects_out_of_vocab_tokens_without_touching_state() {
     ));
     assert!(st.is_empty());
 }
+
+/// M-RoPE with distinct (t, h, w) positions (what image tokens carry)
+/// against transformers' rotary tables: rotating unit vectors exposes
+/// cos/sin per frequency. Bound 1e-5: f32 `sin_cos` of angles up to ~200 rad.
+#[test]
+fn qwen4_mrope_tables_match_transformers() {
+    use ds4_engine::families::qwen4_exp::gated_attention::MRope;
+    for name in FIXTURES {
+        let model = load(name);
+        let cfg = model.config();
+        let r = Reference::open(name);
+        let pos = r.ids("mrope_positions");
+        let (cos, sin) = (r.f32("mrope_cos"), r.f32("mrope_sin"));
+        let rd = cfg.rotary_dim;
+        assert_eq!(r.shape("mrope_cos"), vec![8, rd]);
+        let rope = MRope::new(cfg.rope_theta, rd, cfg.mrope_section);
+        let half = rd / 2;
+        let mut worst = 0f32;
+        let mut distinct = false;
+        for p in 0..8 {
+            let pp = [pos[p], pos[8 + p], pos[16 + p]];
+            distinct |= pp[0] != pp[1] || pp[1] != pp[2];
+            for i in 0..half {
+                let mut x = vec![0f32; rd];
+                x[i] = 1.0;
+                rope.apply(&mut x, pp);
+                for (got, want) in [
+                    (x[i], cos[p * rd + i]),
+                    (x[i + half], sin[p * rd + i]),
+                    (x[i], cos[p * rd + half + i]),
+                ] {
+                    worst = worst.max((got - want).abs());
+                }
+            }
+        }
+        assert!(distinct);
+        eprintln!("{name} M-RoPE tables: max |Δ| = {worst:e}");
+        assert!(worst <= 1e-5, "{name}: {worst}");
+    }
+}

@@ -376,6 +376,13 @@ def reference(name, cfgd, out_dir):
     assert min_gap > 1e-3, f"{name}: indexer top-k boundary tie (gap {min_gap})"
     print(f"{name}: {len(probe.gaps)} pruning top-k calls, min boundary gap {min_gap:.4g}")
 
+    # M-RoPE tables for distinct (t, h, w) positions (image-like rows).
+    mpos = torch.randint(0, 200, (3, 1, 8), generator=gen)
+    cos, sin = model.model.rotary_emb(torch.zeros(1, 8, 1), mpos)
+    ref["mrope_positions"] = mpos[:, 0].long()
+    ref["mrope_cos"] = cos[0]
+    ref["mrope_sin"] = sin[0]
+
     # Sanity: the prompt crosses EOS segments where PLE runs.
     assert (ids == EOS).sum() >= 2
 

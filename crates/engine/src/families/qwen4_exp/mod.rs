@@ -7,8 +7,9 @@
 //!
 //! One module per component: [`norms`], [`hyper_connections`],
 //! [`gated_deltanet`], [`gated_attention`] (with M-RoPE), [`qsa`] (the
-//! indexer), [`ple`], [`moe`]; [`state`] holds every cache; [`model`] wires
-//! the trunk and the MTP head and documents the MTP contract.
+//! indexer), [`ple`], [`moe`]; [`kernels`] holds the host kernels for
+//! decode-sized work; [`state`] holds every cache; [`model`] wires the trunk
+//! and the MTP head and documents the MTP contract.
 
 pub mod config;
 pub mod gated_attention;

@@ -307,6 +307,18 @@ impl Qwen4ExpModel {
             false,
         )?;
         let mtp = if st.has("mtp.fc_embedding.weight") {
+            // The head's layer is a QSA layer even when the trunk has none,
+            // so the indexer geometry must hold for it too.
+            if cfg.rotary_dim > cfg.indexer_head_dim {
+                return Err(EngineError::Config {
+                    path: st.config_path(),
+                    field: "indexer_head_dim".into(),
+                    message: format!(
+                        "the MTP head's QSA layer needs indexer_head_dim >= rotary dim {}",
+                        cfg.rotary_dim
+                    ),
+                });
+            }
             // The MTP layer is a QSA decoder layer without PLE.
             Some(Box::new(MtpHead {
                 pre_e: ZcNorm::load(&mut st, "mtp.", "pre_fc_norm_embedding.weight", h, h, eps)?,
