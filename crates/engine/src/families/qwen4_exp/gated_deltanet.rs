@@ -24,7 +24,7 @@ use candle_core::Tensor;
 use super::config::GateAct;
 use super::kernels::Dense;
 use super::norms::{gated_norm, load, load_vec, sigmoid, silu, softplus, to_vec};
-use super::state::GdnCache;
+use super::state::{GdnCache, GdnReplay};
 use crate::error::Result;
 use crate::load::safetensors::SafetensorsDir;
 
@@ -51,7 +51,7 @@ pub struct GatedDeltaNet {
 }
 
 /// Dimensions of one scan.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScanDims {
     pub hk: usize,
     pub hv: usize,
@@ -63,8 +63,7 @@ pub struct ScanDims {
 ///
 /// `q`, `k`: `[T, Hk, dk]` (already L2-normalised, `q` scaled); `v`:
 /// `[T, Hv, dv]`; `g`, `beta`: `[T, Hv]`; `s`: `[Hv, dk, dv]`; returns
-/// `o: [T, Hv, dv]`. `after_row(t, s)` sees the state after each token
-/// (verify-window capture).
+/// `o: [T, Hv, dv]`.
 #[allow(clippy::too_many_arguments)] // a kernel over flat slices
 pub fn scan(
     d: ScanDims,
@@ -74,7 +73,6 @@ pub fn scan(
     g: &[f32],
     beta: &[f32],
     s: &mut [f32],
-    mut after_row: impl FnMut(usize, &[f32]),
 ) -> Vec<f32> {
     let t_len = g.len() / d.hv;
     let r = d.hv / d.hk;
@@ -112,7 +110,6 @@ pub fn scan(
                 }
             }
         }
-        after_row(t, s);
     }
     o
 }
@@ -120,14 +117,12 @@ pub fn scan(
 /// Depthwise causal conv + silu over `u: [T, C]` with a `[K−1, C]` history
 /// window (oldest first), `w: [C, K]` (tap `K−1` multiplies the newest).
 /// Returns `[T, C]` and updates `window` to the last `K−1` rows.
-/// `after_row(t, window)` sees the window after each token.
 pub fn causal_conv(
     u: &[f32],
     window: &mut [f32],
     w: &[f32],
     channels: usize,
     kernel: usize,
-    mut after_row: impl FnMut(usize, &[f32]),
 ) -> Vec<f32> {
     let t_len = u.len() / channels;
     let hist = kernel - 1;
@@ -144,13 +139,39 @@ pub fn causal_conv(
             }
             out[t * channels + c] = silu(acc);
         }
-        if hist > 0 {
-            let start = (t + 1) * channels;
-            window.copy_from_slice(&all[start..start + hist * channels]);
-        }
-        after_row(t, window);
     }
+    let start = t_len * channels;
+    window.copy_from_slice(&all[start..start + hist * channels]);
     out
+}
+
+/// The GDN cache after the first `rows` rows of a recorded window: the
+/// conv window slides over the recorded `u` rows and the same [`scan`]
+/// replays the recorded inputs from the state before the window, so the
+/// result is bit-identical to running only those rows.
+pub fn replay(r: &GdnReplay, rows: usize) -> GdnCache {
+    let d = r.dims;
+    let cc = 2 * d.hk * d.dk + d.hv * d.dv;
+    let hist = r.kernel - 1;
+    let mut cache = r.before.clone();
+    if rows == 0 {
+        return cache;
+    }
+    let mut all = Vec::with_capacity((hist + rows) * cc);
+    all.extend_from_slice(&r.before.conv);
+    all.extend_from_slice(&r.u[..rows * cc]);
+    cache.conv.copy_from_slice(&all[rows * cc..]);
+    let (kq, kv, kg) = (rows * d.hk * d.dk, rows * d.hv * d.dv, rows * d.hv);
+    scan(
+        d,
+        &r.q[..kq],
+        &r.k[..kq],
+        &r.v[..kv],
+        &r.g[..kg],
+        &r.beta[..kg],
+        &mut cache.s,
+    );
+    cache
 }
 
 fn l2norm(x: &mut [f32], scale: f32) {
@@ -207,32 +228,20 @@ impl GatedDeltaNet {
         }
     }
 
-    /// `x: [T, H]` → `[T, H]`, advancing `cache`. With `capture`, pushes the
-    /// cache after every row.
+    /// `x: [T, H]` → `[T, H]`, advancing `cache`. With `capture`, records
+    /// what [`replay`] needs to rebuild the cache after any prefix of rows.
     pub fn forward(
         &self,
         x: &Tensor,
         cache: &mut GdnCache,
-        capture: Option<&mut Vec<GdnCache>>,
+        capture: Option<&mut Option<GdnReplay>>,
     ) -> Result<Tensor> {
         let t_len = x.dim(0)?;
         let cc = self.conv_channels();
         let (kd, vd) = (self.hk * self.dk, self.hv * self.dv);
         let u = to_vec(&self.in_qkv.forward(x)?)?;
-        let mut conv_rows: Vec<Vec<f32>> = Vec::new();
-        let want = capture.is_some();
-        let c = causal_conv(
-            &u,
-            &mut cache.conv,
-            &self.conv_w,
-            cc,
-            self.kernel,
-            |_, w| {
-                if want {
-                    conv_rows.push(w.to_vec());
-                }
-            },
-        );
+        let before = capture.is_some().then(|| cache.clone());
+        let c = causal_conv(&u, &mut cache.conv, &self.conv_w, cc, self.kernel);
         let mut q = Vec::with_capacity(t_len * kd);
         let mut k = Vec::with_capacity(t_len * kd);
         let mut v = Vec::with_capacity(t_len * vd);
@@ -268,16 +277,19 @@ impl GatedDeltaNet {
             dk: self.dk,
             dv: self.dv,
         };
-        let mut s_rows: Vec<Vec<f32>> = Vec::new();
-        let o = scan(dims, &q, &k, &v, &g, &beta, &mut cache.s, |_, s| {
-            if want {
-                s_rows.push(s.to_vec());
-            }
-        });
-        if let Some(cap) = capture {
-            for (conv, s) in conv_rows.into_iter().zip(s_rows) {
-                cap.push(GdnCache { conv, s });
-            }
+        let o = scan(dims, &q, &k, &v, &g, &beta, &mut cache.s);
+        if let (Some(cap), Some(before)) = (capture, before) {
+            *cap = Some(GdnReplay {
+                before,
+                dims,
+                kernel: self.kernel,
+                u,
+                q,
+                k,
+                v,
+                g,
+                beta,
+            });
         }
         let z = to_vec(&self.in_z.forward(x)?)?;
         let y = gated_norm(&o, &z, &self.norm_w, self.eps, self.act);
@@ -308,7 +320,7 @@ mod tests {
         let g: Vec<f32> = (0..t * 2).map(|i| -0.1 - 0.05 * f(i + 300).abs()).collect();
         let b: Vec<f32> = (0..t * 2).map(|i| 0.5 + 0.4 * f(i + 400)).collect();
         let mut s1 = vec![0f32; 12];
-        let o1 = scan(d, &q, &k, &v, &g, &b, &mut s1, |_, _| {});
+        let o1 = scan(d, &q, &k, &v, &g, &b, &mut s1);
         let mut s2 = vec![0f32; 12];
         let split = 3;
         let mut o2 = scan(
@@ -319,7 +331,6 @@ mod tests {
             &g[..split * 2],
             &b[..split * 2],
             &mut s2,
-            |_, _| {},
         );
         o2.extend(scan(
             d,
@@ -329,7 +340,6 @@ mod tests {
             &g[split * 2..],
             &b[split * 2..],
             &mut s2,
-            |_, _| {},
         ));
         assert_eq!(o1, o2);
         assert_eq!(s1, s2);

@@ -47,7 +47,8 @@ use super::moe::{Moe, Routing};
 use super::norms::{ZcNorm, load, to_vec};
 use super::ple::Ple;
 use super::state::{
-    AttnCache, GdnCache, LayerCache, MtpState, PleCache, Qwen4ExpState, RowRecurrent, WindowCapture,
+    AttnCache, GdnReplay, LayerCache, LinearCapture, MtpState, PleCache, Qwen4ExpState,
+    WindowCapture,
 };
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
@@ -79,10 +80,11 @@ pub struct LayerTrace {
     pub routing: Routing,
 }
 
-/// Per-row recurrent captures of one layer during a window forward.
+/// Window record of one linear layer while it runs.
 #[derive(Default)]
 struct LayerCapture {
-    gdn: Vec<GdnCache>,
+    gdn: Option<GdnReplay>,
+    ple_before: Option<PleCache>,
     ple: Vec<PleCache>,
 }
 
@@ -188,6 +190,9 @@ impl DecoderLayer {
         let mut qsa = None;
         match (&self.mixer, cache) {
             (Mixer::Gdn(gdn), LayerCache::Linear { gdn: gc, ple: pc }) => {
+                if let Some(cap) = capture.as_deref_mut() {
+                    cap.ple_before = pc.clone();
+                }
                 if let (Some(ple), Some(pc)) = (&self.ple, pc.as_mut()) {
                     let add =
                         ple.forward(&xs, tokens, pc, capture.as_deref_mut().map(|c| &mut c.ple))?;
@@ -245,7 +250,7 @@ pub struct TrunkOutput {
     /// Pre-mixer streams of the last decoder layer, `[T, C·H]` (what feeds
     /// the MTP head).
     pub streams: Tensor,
-    /// Per-row recurrent captures (only from [`Qwen4ExpModel::forward_window`]).
+    /// The window record (only from [`Qwen4ExpModel::forward_window`]).
     pub capture: Option<WindowCapture>,
     /// Per-layer traces (only when asked).
     pub trace: Vec<LayerTrace>,
@@ -430,8 +435,9 @@ impl Qwen4ExpModel {
     }
 
     /// A verify window: like [`Self::forward_ext`] with all logits rows, and
-    /// the recurrent state after every row captured, so that
-    /// [`Qwen4ExpState::commit`] can keep any prefix of the window.
+    /// a record of the window (recurrent state before it, the GDN scan
+    /// inputs, PLE windows per row), so that [`Qwen4ExpState::commit`] can
+    /// keep any prefix of the window.
     pub fn forward_window(&self, tokens: &[u32], state: &mut Qwen4ExpState) -> Result<TrunkOutput> {
         self.run(tokens, state, LogitsRows::All, false, true)
     }
@@ -463,11 +469,6 @@ impl Qwen4ExpModel {
         state
             .positions
             .extend((base..needed).map(|p| [p as u32; 3]));
-        let before: Vec<RowRecurrent> = if capture {
-            recurrent_of(&state.layers)
-        } else {
-            Vec::new()
-        };
         let mut caps: Vec<LayerCapture> = Vec::new();
         let mut xs = Tensor::cat(&vec![&x; self.cfg.hc_count], D::Minus1)?;
         let mut traces = Vec::new();
@@ -490,19 +491,28 @@ impl Qwen4ExpModel {
             traces.extend(tr);
         }
         let logits = self.head(&xs, &self.mixer, rows)?;
-        let capture = capture.then(|| {
-            let rows = (0..tokens.len())
-                .map(|r| {
-                    caps.iter()
-                        .map(|c| RowRecurrent {
-                            gdn: c.gdn[r].clone(),
-                            ple: c.ple.get(r).cloned(),
-                        })
-                        .collect()
+        let capture = if capture {
+            let layers = caps
+                .into_iter()
+                .map(|c| {
+                    let gdn = c.gdn.ok_or_else(|| {
+                        EngineError::State("a linear layer recorded no window replay".into())
+                    })?;
+                    Ok(LinearCapture {
+                        gdn,
+                        ple_before: c.ple_before,
+                        ple_rows: c.ple,
+                    })
                 })
-                .collect();
-            WindowCapture { base, before, rows }
-        });
+                .collect::<Result<Vec<_>>>()?;
+            Some(WindowCapture {
+                base,
+                rows: tokens.len(),
+                layers,
+            })
+        } else {
+            None
+        };
         Ok(TrunkOutput {
             logits,
             streams: xs,
@@ -573,19 +583,6 @@ impl Qwen4ExpModel {
             streams: x1,
         })
     }
-}
-
-fn recurrent_of(layers: &[LayerCache]) -> Vec<RowRecurrent> {
-    layers
-        .iter()
-        .filter_map(|l| match l {
-            LayerCache::Linear { gdn, ple } => Some(RowRecurrent {
-                gdn: gdn.clone(),
-                ple: ple.clone(),
-            }),
-            LayerCache::Attn(_) => None,
-        })
-        .collect()
 }
 
 impl Model for Qwen4ExpModel {

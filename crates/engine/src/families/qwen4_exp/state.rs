@@ -15,10 +15,12 @@
 //! each step; both are equivalent. Hyper-connections and MoE hold nothing.
 //!
 //! Recurrent layers cannot truncate: [`ModelState::truncate`] refuses unless
-//! nothing would be dropped. Speculative verify instead captures the
-//! recurrent state after every row of a window ([`WindowCapture`]) and
-//! commits an accepted prefix.
+//! nothing would be dropped. Speculative verify instead records a window
+//! ([`WindowCapture`]: the recurrent state before it plus the GDN scan inputs
+//! and PLE windows of its rows) and commits an accepted prefix by replaying
+//! that many rows: one state copy per window, not one per row.
 
+use super::gated_deltanet::{ScanDims, replay};
 use crate::error::{EngineError, Result};
 use crate::model::ModelState;
 
@@ -62,22 +64,46 @@ pub enum LayerCache {
     Attn(AttnCache),
 }
 
-/// Recurrent state of one linear layer after one row of a window.
+/// What a GDN layer needs to recompute its state after any prefix of a
+/// window: the state before it and the window's scan inputs. Replaying `a`
+/// rows through the same scan is bit-identical to having run only those
+/// rows, and costs one state copy per window instead of one per row (the
+/// real model's `S` is 3 MiB per layer).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RowRecurrent {
-    pub gdn: GdnCache,
-    pub ple: Option<PleCache>,
+pub struct GdnReplay {
+    pub before: GdnCache,
+    pub dims: ScanDims,
+    pub kernel: usize,
+    /// Raw `u` rows `[R, Cc]` (conv window replay).
+    pub u: Vec<f32>,
+    /// Scan inputs of the window rows: `q`, `k` `[R, Hk, dk]`, `v`
+    /// `[R, Hv, dv]`, `g`, `beta` `[R, Hv]`.
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub g: Vec<f32>,
+    pub beta: Vec<f32>,
 }
 
-/// Per-row captures of a multi-token forward: `rows[r][i]` is the recurrent
-/// state of the `i`-th linear layer after row `r`.
+/// Window record of one linear layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearCapture {
+    pub gdn: GdnReplay,
+    /// PLE state before the window and after each row (small: `(K−1)·N`
+    /// rows of `C·H` plus `N−1` ids).
+    pub ple_before: Option<PleCache>,
+    pub ple_rows: Vec<PleCache>,
+}
+
+/// Record of a multi-token forward ([`super::Qwen4ExpModel::forward_window`])
+/// from which [`Qwen4ExpState::commit`] keeps any prefix.
 #[derive(Debug, Clone, Default)]
 pub struct WindowCapture {
     /// State length before the window.
     pub base: usize,
-    /// Recurrent state of every linear layer before the window.
-    pub before: Vec<RowRecurrent>,
-    pub rows: Vec<Vec<RowRecurrent>>,
+    pub rows: usize,
+    /// One entry per linear layer, in layer order.
+    pub layers: Vec<LinearCapture>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -130,7 +156,7 @@ impl Qwen4ExpState {
     /// truncated, recurrent layers restored to their state after row
     /// `accepted − 1` (or before the window for `accepted == 0`).
     pub fn commit(&mut self, capture: &WindowCapture, accepted: usize) -> Result<()> {
-        let rows = capture.rows.len();
+        let rows = capture.rows;
         if self.positions.len() != capture.base + rows {
             return Err(EngineError::State(format!(
                 "window capture covers tokens {}..{} but the state holds {}",
@@ -149,11 +175,7 @@ impl Qwen4ExpState {
         }
         let keep = capture.base + accepted;
         let (kv, di, ratio) = (self.kv_width, self.idx_dim, self.ratio);
-        let mut rec = if accepted == 0 {
-            capture.before.iter()
-        } else {
-            capture.rows[accepted - 1].iter()
-        };
+        let mut rec = capture.layers.iter();
         for layer in &mut self.layers {
             match layer {
                 LayerCache::Attn(a) => a.truncate(keep, kv, di, ratio),
@@ -163,8 +185,12 @@ impl Qwen4ExpState {
                             "window capture has fewer linear layers than the state".into(),
                         )
                     })?;
-                    gdn.clone_from(&r.gdn);
-                    ple.clone_from(&r.ple);
+                    *gdn = replay(&r.gdn, accepted);
+                    *ple = if accepted == 0 {
+                        r.ple_before.clone()
+                    } else {
+                        r.ple_rows.get(accepted - 1).cloned()
+                    };
                 }
             }
         }
