@@ -424,6 +424,10 @@ impl Qwen4ExpModel {
 
     /// A trunk forward of `tokens` after everything `state` covers, with
     /// the last layer's streams and optional per-layer traces.
+    ///
+    /// Out-of-vocabulary tokens and context overflow are refused before the
+    /// state changes; any later (tensor) error leaves the state partially
+    /// advanced, so callers restore a snapshot.
     pub fn forward_ext(
         &self,
         tokens: &[u32],
