@@ -51,7 +51,7 @@ pub enum Q41Error {
 impl Q41Matrix {
     /// `data`: `n` rows of `k / 32` blocks each, as stored in GGUF.
     pub fn new(data: Arc<[u8]>, n: usize, k: usize) -> Result<Self, Q41Error> {
-        if k % BLOCK != 0 {
+        if !k.is_multiple_of(BLOCK) {
             return Err(Q41Error::RowLength { k });
         }
         let want = n * (k / BLOCK) * BLOCK_BYTES;
@@ -243,7 +243,8 @@ mod avx2 {
     use super::{BLOCK, BLOCK_BYTES, QuantizedRows, block_scales};
 
     #[inline]
-    unsafe fn hsum(v: __m256) -> f32 {
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps(v, 1);
         let s = _mm_add_ps(lo, hi);
@@ -254,6 +255,7 @@ mod avx2 {
 
     /// `u` (32 unsigned nibbles) · `q` (32 signed bytes) → 8 i32 partial sums as f32.
     #[inline]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn block_dot(u: __m256i, q: *const i8) -> __m256 {
         let qv = unsafe { _mm256_loadu_si256(q as *const __m256i) };
         // maddubs: unsigned × signed bytes → pairwise-summed i16 (no
@@ -288,7 +290,7 @@ mod avx2 {
         }
         let mut out = [0f32; T];
         for t in 0..T {
-            out[t] = unsafe { hsum(acc[t]) } + offset[t];
+            out[t] = hsum(acc[t]) + offset[t];
         }
         out
     }
