@@ -17,6 +17,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve the OpenAI- and Anthropic-compatible HTTP API.
+    Serve(ServeArgs),
     /// Generate one reply and stream it to stdout.
     Run(RunArgs),
     /// Interactive multi-turn chat that reuses the live state between turns.
@@ -121,6 +123,42 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub generation: GenerationArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default: exposing the server is a
+    /// deliberate choice).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The model id clients use (default: the model file or directory name).
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Context limit in tokens (default and maximum: the model's).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Requests that may wait behind the running one; more get 503.
+    #[arg(long, default_value_t = 16)]
+    pub max_queue: usize,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Send permissive CORS headers (browser clients).
+    #[arg(long)]
+    pub cors: bool,
+    /// Seed for requests that send none (default: a fresh one per request).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// MTP draft depth. Only 0: no supported family has an MTP head yet.
+    #[arg(long, default_value_t = 0)]
+    pub mtp_depth: u64,
+    /// Largest accepted request body in bytes.
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    pub body_limit: usize,
 }
 
 #[derive(Debug, Args)]

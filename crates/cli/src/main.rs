@@ -28,6 +28,7 @@ fn main() -> std::process::ExitCode {
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.max(1).to_string()) };
     }
     let outcome = match cli.command {
+        Command::Serve(args) => commands::serve::serve(args),
         Command::Run(args) => commands::run::run(args),
         Command::Chat(args) => commands::chat::chat(args),
         Command::Inspect(args) => commands::inspect::inspect(args),

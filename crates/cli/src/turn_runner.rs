@@ -61,6 +61,7 @@ pub fn stream_turn<M: Model>(
         max_tokens: generation.max_tokens,
         stop_token_ids: tokenizer.stop_token_ids().to_vec(),
         prefill_chunk: generation.chunk,
+        logprobs: None,
     };
     let mut text = TextStream::new(tokenizer, generation.stop.clone());
     let mut text_error = None;

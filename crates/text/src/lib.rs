@@ -6,15 +6,23 @@
 //! * [`ChatTemplate`]: Jinja chat templates rendered as transformers' `apply_chat_template` does.
 //! * [`Detokenizer`]: incremental decoding that never emits half a UTF-8 character.
 //! * [`StopMatcher`]: stop strings matched across token boundaries and never emitted.
+//! * [`TextProfile`]: a family's reasoning markers ([`ReasoningSplitter`]) and tool-call format
+//!   ([`ToolCallParser`]), both incremental.
 
 pub mod chat_template;
 pub mod detokenizer;
 pub mod error;
+pub mod profile;
+pub mod reasoning;
 pub mod stop;
 pub mod tokenizer;
+pub mod tool_calls;
 
 pub use chat_template::{ChatTemplate, RenderOptions};
 pub use detokenizer::Detokenizer;
 pub use error::{Result, TextError};
+pub use profile::TextProfile;
+pub use reasoning::{ReasoningMarkers, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopOutcome};
 pub use tokenizer::{SpecialToken, Tokenizer};
+pub use tool_calls::{ToolCallFormat, ToolCallParser, ToolEvent};

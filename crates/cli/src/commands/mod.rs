@@ -6,3 +6,4 @@ pub mod debug;
 pub mod inspect;
 pub mod pull;
 pub mod run;
+pub mod serve;

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use ds4_sampling::{Sampler, TokenCounts};
 
+use super::logprobs::token_logprobs;
 use super::prefill::{PrefillProgress, prefill};
 use super::session::LiveSession;
 use super::turn::{FinishReason, Flow, TokenEvent, TurnConfig, TurnResult, TurnTimings};
@@ -83,6 +84,9 @@ fn run<M: Model>(
             index: tokens.len() - 1,
             is_stop_token,
             argmax_fallback: sampled.argmax_fallback,
+            logprobs: config
+                .logprobs
+                .map(|top_n| token_logprobs(&logits, token, top_n)),
         });
         if is_stop_token {
             break FinishReason::StopToken;

@@ -5,11 +5,13 @@
 //! [`ds4_sampling::Sampler`].
 
 pub mod ar;
+pub mod logprobs;
 pub mod prefill;
 pub mod session;
 pub mod turn;
 
 pub use ar::generate;
+pub use logprobs::{TokenLogprobs, prompt_logprobs, token_logprobs};
 pub use prefill::{DEFAULT_PREFILL_CHUNK, PrefillProgress, prefill};
 pub use session::LiveSession;
 pub use turn::{CallerStop, FinishReason, Flow, TokenEvent, TurnConfig, TurnResult, TurnTimings};

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::logprobs::TokenLogprobs;
+
 /// Limits and stop conditions of one generation turn.
 #[derive(Debug, Clone)]
 pub struct TurnConfig {
@@ -12,10 +14,14 @@ pub struct TurnConfig {
     pub stop_token_ids: Vec<u32>,
     /// Prefill chunk size in tokens.
     pub prefill_chunk: usize,
+    /// `Some(n)`: every [`TokenEvent`] carries the token's log-probability
+    /// and the `n` most likely alternatives (see [`super::logprobs`]).
+    /// `None`: nothing is computed.
+    pub logprobs: Option<usize>,
 }
 
 /// A token the turn just produced.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TokenEvent {
     pub token: u32,
     /// Position of this token among the turn's emitted tokens (0-based).
@@ -24,6 +30,8 @@ pub struct TokenEvent {
     pub is_stop_token: bool,
     /// The ds4 law answered a row with no finite logit by its argmax fallback.
     pub argmax_fallback: bool,
+    /// Present when [`TurnConfig::logprobs`] asked for it.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// The streaming callback's answer.

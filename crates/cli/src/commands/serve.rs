@@ -1,0 +1,45 @@
+//! `ds4server serve`: load the model, start the engine worker and serve the
+//! HTTP API until Ctrl+C.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use ds4_server::ServerConfig;
+
+use crate::args::ServeArgs;
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.mtp_depth != 0 {
+        anyhow::bail!(
+            "--mtp-depth {}: no supported model family has an MTP head yet (only 0 is accepted)",
+            args.mtp_depth
+        );
+    }
+    let path = crate::model_source::resolve(args.model.model.as_deref())?;
+    let loaded = crate::model_source::load(Some(&path))?;
+    let mut config = ServerConfig::new(
+        SocketAddr::new(args.host, args.port),
+        args.model_id.unwrap_or_else(|| model_id(&path)),
+    );
+    config.ctx = args.ctx;
+    config.max_queue = args.max_queue;
+    config.api_key = args.api_key;
+    config.cors = args.cors;
+    config.seed = args.seed;
+    config.body_limit = args.body_limit;
+    let state = ds4_server::build_state(config, loaded.model, loaded.tokenizer)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(ds4_server::serve(state))?;
+    Ok(())
+}
+
+/// `SmolLM2-135M-Instruct.Q4_1.gguf` → `SmolLM2-135M-Instruct.Q4_1`.
+fn model_id(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
+    name.strip_suffix(".gguf")
+        .map_or(name.clone(), str::to_string)
+}

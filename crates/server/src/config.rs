@@ -1,0 +1,47 @@
+//! Server settings (from `ds4server serve`'s flags).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen. Loopback unless the operator says otherwise.
+    pub addr: SocketAddr,
+    /// The model id clients use (`model` in requests, `/v1/models`).
+    pub model_id: String,
+    /// Context limit in tokens; `None` means the model's own. Never above
+    /// the model's.
+    pub ctx: Option<usize>,
+    /// Requests that may wait behind the running one before new ones get 503.
+    pub max_queue: usize,
+    /// When set, every `/v1/*` request must carry it (Bearer or `x-api-key`).
+    pub api_key: Option<String>,
+    /// Send permissive CORS headers (for browser clients).
+    pub cors: bool,
+    /// The server's seed, used when a request has none.
+    pub seed: Option<u64>,
+    /// Largest accepted request body.
+    pub body_limit: usize,
+    /// Interval of SSE keep-alive comments while nothing else is sent (a long
+    /// prefill would otherwise look like a dead connection to proxies).
+    pub keep_alive: Duration,
+    /// Prefill chunk size in tokens.
+    pub prefill_chunk: usize,
+}
+
+impl ServerConfig {
+    pub fn new(addr: SocketAddr, model_id: impl Into<String>) -> Self {
+        Self {
+            addr,
+            model_id: model_id.into(),
+            ctx: None,
+            max_queue: 16,
+            api_key: None,
+            cors: false,
+            seed: None,
+            body_limit: 8 * 1024 * 1024,
+            keep_alive: Duration::from_secs(10),
+            prefill_chunk: ds4_engine::decode::DEFAULT_PREFILL_CHUNK,
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! API errors, rendered in the shape of the API that was called.
+//!
+//! OpenAI: `{"error": {"message", "type", "param", "code"}}`.
+//! Anthropic: `{"type": "error", "error": {"type", "message"}}`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// Which API's error shape to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    OpenAi,
+    Anthropic,
+}
+
+impl Flavor {
+    /// Anthropic's endpoints live under `/v1/messages`; everything else
+    /// speaks OpenAI.
+    pub fn for_path(path: &str) -> Self {
+        if path.starts_with("/v1/messages") {
+            Flavor::Anthropic
+        } else {
+            Flavor::OpenAi
+        }
+    }
+}
+
+/// What went wrong, in terms a client can act on.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// The request field at fault, when there is one.
+    pub param: Option<String>,
+    /// Machine-readable code (`context_length_exceeded`, ...).
+    pub code: Option<&'static str>,
+    /// Seconds a client should wait before retrying (503).
+    pub retry_after: Option<u64>,
+    pub flavor: Flavor,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+            flavor: Flavor::OpenAi,
+        }
+    }
+
+    /// A field with a wrong type or an out-of-range value.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::BAD_REQUEST, message);
+        e.param = Some(param.into());
+        e.code = Some("invalid_value");
+        e
+    }
+
+    /// A request that is not well-formed at all (not JSON, not UTF-8).
+    pub fn malformed(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::BAD_REQUEST, message);
+        e.code = Some("invalid_json");
+        e
+    }
+
+    pub fn context_exceeded(prompt: usize, limit: usize) -> Self {
+        let mut e = Self::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the prompt is {prompt} tokens but the context is {limit} tokens; at least one \
+                 token must be left for the reply"
+            ),
+        );
+        e.param = Some("messages".into());
+        e.code = Some("context_length_exceeded");
+        e
+    }
+
+    pub fn unknown_model(model: &str, served: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::NOT_FOUND,
+            format!("the model {model:?} does not exist; this server serves {served:?}"),
+        );
+        e.param = Some("model".into());
+        e.code = Some("model_not_found");
+        e
+    }
+
+    pub fn unauthorized() -> Self {
+        let mut e = Self::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+        );
+        e.code = Some("invalid_api_key");
+        e
+    }
+
+    pub fn queue_full(depth: usize) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is busy ({depth} requests waiting); retry shortly"),
+        );
+        e.code = Some("queue_full");
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// `detail` says which limit (the body reader knows it, we do not).
+    pub fn too_large(detail: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is too large: {detail}"),
+        );
+        e.code = Some("request_too_large");
+        e
+    }
+
+    pub fn not_found(what: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::NOT_FOUND, what);
+        e.code = Some("not_found");
+        e
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    pub fn with_flavor(mut self, flavor: Flavor) -> Self {
+        self.flavor = flavor;
+        self
+    }
+
+    /// The OpenAI `type` / Anthropic `error.type` for this error.
+    fn kind(&self) -> &'static str {
+        let anthropic = self.flavor == Flavor::Anthropic;
+        match (self.status, anthropic) {
+            (StatusCode::UNAUTHORIZED, false) => "invalid_request_error",
+            (StatusCode::UNAUTHORIZED, true) => "authentication_error",
+            (StatusCode::NOT_FOUND, true) => "not_found_error",
+            (StatusCode::PAYLOAD_TOO_LARGE, true) => "request_too_large",
+            (StatusCode::SERVICE_UNAVAILABLE, true) => "overloaded_error",
+            (StatusCode::SERVICE_UNAVAILABLE, false) => "server_error",
+            (s, true) if s.is_server_error() => "api_error",
+            (s, false) if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The JSON body (also the payload of an SSE error event).
+    pub fn body(&self) -> Value {
+        match self.flavor {
+            Flavor::OpenAi => json!({
+                "error": {
+                    "message": self.message,
+                    "type": self.kind(),
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }),
+            Flavor::Anthropic => json!({
+                "type": "error",
+                "error": { "type": self.kind(), "message": self.message },
+            }),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after
+            && let Ok(value) = HeaderValue::from_str(&secs.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
+    }
+}

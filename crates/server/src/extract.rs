@@ -1,0 +1,62 @@
+//! `ApiJson<T>`: the body extractor every endpoint uses, so malformed input
+//! gets one consistent, helpful error in the caller's API shape.
+//!
+//! Unknown fields are ignored (clients send many); a known field with a
+//! wrong type is rejected with its path (`messages[2].content`), which serde
+//! alone does not give, hence `serde_path_to_error`.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, Flavor};
+
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let flavor = Flavor::for_path(req.uri().path());
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                // The limit itself is in the message axum gives.
+                ApiError::too_large(&e.body_text()).with_flavor(flavor)
+            } else {
+                ApiError::malformed(format!(
+                    "could not read the request body: {}",
+                    e.body_text()
+                ))
+                .with_flavor(flavor)
+            }
+        })?;
+        parse(&bytes)
+            .map(ApiJson)
+            .map_err(|e| e.with_flavor(flavor))
+    }
+}
+
+/// Parse a JSON body, naming the offending field on a type error.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(ApiError::malformed(format!(
+            "the request body is not valid UTF-8 (byte {})",
+            e.valid_up_to()
+        )));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::malformed(format!("the request body is not valid JSON: {inner}"))
+        } else if path == "." || path.starts_with('[') {
+            ApiError::malformed(format!("the request body must be a JSON object: {inner}"))
+        } else {
+            ApiError::invalid(path.clone(), format!("{path}: {inner}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::malformed(format!("trailing data after the JSON body: {e}")))?;
+    Ok(value)
+}

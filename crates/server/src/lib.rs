@@ -1,0 +1,31 @@
+//! `ds4-server`: the OpenAI- and Anthropic-compatible HTTP server.
+//!
+//! One engine worker thread owns the model and the live session and runs
+//! one turn at a time; requests wait in a bounded queue. Handlers parse and
+//! validate (`extract`, `params`), render the prompt (`prompt`), admit the
+//! turn (`admission`), and turn the worker's events (`worker`) into each
+//! API's response or SSE stream (`output`, `sse`, `routes`). The crate knows
+//! nothing of tensors: it sees the engine only through `decode::generate`.
+
+mod admission;
+mod app;
+mod config;
+mod error;
+mod extract;
+mod ids;
+mod metrics;
+mod openapi;
+mod output;
+mod params;
+mod prompt;
+mod routes;
+mod sse;
+mod state;
+mod types;
+mod worker;
+
+pub use app::{Running, ServeError, build_state, router, serve, start};
+pub use config::ServerConfig;
+pub use error::{ApiError, Flavor};
+pub use openapi::ApiDoc;
+pub use state::SharedState;

@@ -1,0 +1,265 @@
+//! Prometheus counters and gauges (`GET /metrics`, text format 0.0.4).
+//!
+//! Rates are exported as token and second counters (`rate()` of one over
+//! the other is the throughput over any window), plus the last turn's rates
+//! as gauges for a quick look.
+
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::worker::TurnSummary;
+
+/// Endpoints counted separately.
+pub const ENDPOINTS: [&str; 6] = [
+    "chat_completions",
+    "completions",
+    "responses",
+    "messages",
+    "count_tokens",
+    "other",
+];
+
+#[derive(Default)]
+pub struct Metrics {
+    requests: [AtomicU64; ENDPOINTS.len()],
+    errors_4xx: AtomicU64,
+    errors_5xx: AtomicU64,
+    turns: AtomicU64,
+    failed: AtomicU64,
+    cancelled: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    rejected_queue_full: AtomicU64,
+    rejected_context: AtomicU64,
+    prefill_tokens: AtomicU64,
+    decode_tokens: AtomicU64,
+    prefill_micros: AtomicU64,
+    decode_micros: AtomicU64,
+    last_rates: Mutex<(f64, f64)>,
+}
+
+impl Metrics {
+    pub fn request(&self, endpoint: &str) {
+        let i = ENDPOINTS
+            .iter()
+            .position(|e| *e == endpoint)
+            .unwrap_or(ENDPOINTS.len() - 1);
+        self.requests[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn error(&self, status: u16) {
+        match status {
+            400..=499 => self.errors_4xx.fetch_add(1, Ordering::Relaxed),
+            _ => self.errors_5xx.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    pub fn rejected_queue_full(&self) {
+        self.rejected_queue_full.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected_context(&self) {
+        self.rejected_context.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn cancelled(&self) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn turn(&self, t: &TurnSummary) {
+        let add = |c: &AtomicU64, v: u64| {
+            c.fetch_add(v, Ordering::Relaxed);
+        };
+        add(&self.turns, 1);
+        add(&self.prompt_tokens, t.prompt_tokens as u64);
+        add(&self.completion_tokens, t.completion_tokens as u64);
+        add(&self.cached_tokens, t.cached_tokens as u64);
+        if t.cached_tokens > 0 {
+            add(&self.cache_hits, 1);
+        } else {
+            add(&self.cache_misses, 1);
+        }
+        if t.finish_reason
+            == ds4_engine::decode::FinishReason::Caller(ds4_engine::decode::CallerStop::Cancelled)
+        {
+            add(&self.cancelled, 1);
+        }
+        add(&self.prefill_tokens, t.prefill_tokens as u64);
+        add(&self.decode_tokens, t.decode_tokens as u64);
+        add(&self.prefill_micros, t.prefill.as_micros() as u64);
+        add(&self.decode_micros, t.decode.as_micros() as u64);
+        let rate = |n: usize, d: std::time::Duration| {
+            let s = d.as_secs_f64();
+            if s > 0.0 { n as f64 / s } else { 0.0 }
+        };
+        if let Ok(mut last) = self.last_rates.lock() {
+            *last = (
+                rate(t.prefill_tokens, t.prefill),
+                rate(t.decode_tokens, t.decode),
+            );
+        }
+    }
+
+    /// The exposition text; `queue_depth` is read from the worker's queue.
+    pub fn render(&self, queue_depth: usize) -> String {
+        let mut out = String::new();
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        let one = |v: u64| vec![(String::new(), v as f64)];
+        let requests: Vec<(String, f64)> = ENDPOINTS
+            .iter()
+            .zip(&self.requests)
+            .map(|(e, c)| (format!("{{endpoint=\"{e}\"}}"), get(c) as f64))
+            .collect();
+        metric(
+            "ds4_requests_total",
+            "counter",
+            "HTTP requests by endpoint.",
+            &requests,
+        );
+        metric(
+            "ds4_request_errors_total",
+            "counter",
+            "Requests answered with an error, by class.",
+            &[
+                ("{class=\"4xx\"}".into(), get(&self.errors_4xx) as f64),
+                ("{class=\"5xx\"}".into(), get(&self.errors_5xx) as f64),
+            ],
+        );
+        metric(
+            "ds4_queue_depth",
+            "gauge",
+            "Requests waiting for the engine worker.",
+            &one(queue_depth as u64),
+        );
+        metric(
+            "ds4_turns_total",
+            "counter",
+            "Generation turns completed.",
+            &one(get(&self.turns)),
+        );
+        metric(
+            "ds4_turns_failed_total",
+            "counter",
+            "Turns that failed in the engine.",
+            &one(get(&self.failed)),
+        );
+        metric(
+            "ds4_turns_cancelled_total",
+            "counter",
+            "Turns cancelled because the client disconnected.",
+            &one(get(&self.cancelled)),
+        );
+        metric(
+            "ds4_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of completed turns.",
+            &one(get(&self.prompt_tokens)),
+        );
+        metric(
+            "ds4_completion_tokens_total",
+            "counter",
+            "Generated tokens.",
+            &one(get(&self.completion_tokens)),
+        );
+        metric(
+            "ds4_cached_prompt_tokens_total",
+            "counter",
+            "Prompt tokens reused from the live session instead of prefilled.",
+            &one(get(&self.cached_tokens)),
+        );
+        metric(
+            "ds4_cache_hits_total",
+            "counter",
+            "Turns that reused at least one prompt token.",
+            &one(get(&self.cache_hits)),
+        );
+        metric(
+            "ds4_cache_misses_total",
+            "counter",
+            "Turns that reused no prompt token.",
+            &one(get(&self.cache_misses)),
+        );
+        metric(
+            "ds4_rejections_total",
+            "counter",
+            "Requests refused at admission, by reason.",
+            &[
+                (
+                    "{reason=\"queue_full\"}".into(),
+                    get(&self.rejected_queue_full) as f64,
+                ),
+                (
+                    "{reason=\"context_length_exceeded\"}".into(),
+                    get(&self.rejected_context) as f64,
+                ),
+            ],
+        );
+        metric(
+            "ds4_prefill_tokens_total",
+            "counter",
+            "Tokens prefilled.",
+            &one(get(&self.prefill_tokens)),
+        );
+        metric(
+            "ds4_prefill_seconds_total",
+            "counter",
+            "Time spent prefilling.",
+            &[(String::new(), get(&self.prefill_micros) as f64 / 1e6)],
+        );
+        metric(
+            "ds4_decode_tokens_total",
+            "counter",
+            "Tokens decoded (one forward each).",
+            &one(get(&self.decode_tokens)),
+        );
+        metric(
+            "ds4_decode_seconds_total",
+            "counter",
+            "Time spent decoding.",
+            &[(String::new(), get(&self.decode_micros) as f64 / 1e6)],
+        );
+        let (prefill, decode) = self.last_rates.lock().map(|r| *r).unwrap_or((0.0, 0.0));
+        metric(
+            "ds4_last_prefill_tokens_per_second",
+            "gauge",
+            "Prefill rate of the last turn.",
+            &[(String::new(), prefill)],
+        );
+        metric(
+            "ds4_last_decode_tokens_per_second",
+            "gauge",
+            "Decode rate of the last turn.",
+            &[(String::new(), decode)],
+        );
+        // No family served today has an MTP head: the acceptance metrics are
+        // exported (so dashboards need no change later) and are honestly 0.
+        metric(
+            "ds4_mtp_draft_tokens_total",
+            "counter",
+            "MTP draft tokens proposed (no MTP head in the served family).",
+            &one(0),
+        );
+        metric(
+            "ds4_mtp_accepted_tokens_total",
+            "counter",
+            "MTP draft tokens accepted.",
+            &one(0),
+        );
+        out
+    }
+}

@@ -1,0 +1,23 @@
+//! The OpenAPI document, generated from the handlers' `#[utoipa::path]`
+//! annotations and the request/response types' schemas.
+
+use utoipa::OpenApi;
+
+use crate::routes;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "ds4server",
+        description = "OpenAI- and Anthropic-compatible inference API. Unknown request fields are ignored; known fields with wrong types or out-of-range values are rejected with a message naming the field."
+    ),
+    paths(
+        routes::info::health,
+        routes::info::list_models,
+        routes::info::get_model,
+        routes::info::metrics,
+        routes::info::openapi,
+        routes::chat::chat_completions,
+    )
+)]
+pub struct ApiDoc;

@@ -1,0 +1,200 @@
+//! Validation shared by every API: ranges of the sampling fields, `n`,
+//! `mtp_depth`, stop strings. One place, so the same field is judged the
+//! same way whichever API carries it.
+
+use ds4_sampling::SamplingRequest;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+
+/// A stop field: one string or a list.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// At most this many stop strings (OpenAI allows 4; Anthropic more).
+const MAX_STOPS: usize = 16;
+
+pub fn stops(field: &str, stop: Option<StopField>) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s],
+        Some(StopField::Many(v)) => v,
+    };
+    if list.len() > MAX_STOPS {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "{field}: at most {MAX_STOPS} stop sequences (got {})",
+                list.len()
+            ),
+        ));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field}: stop sequences must not be empty"),
+        ));
+    }
+    Ok(list)
+}
+
+fn range(field: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid(
+            field,
+            format!("{field} = {x} is out of range: it must be between {lo} and {hi}"),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// The sampling fields every API shares, as the request gave them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SamplingFields {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+}
+
+impl SamplingFields {
+    /// API-level ranges (OpenAI's documented ones); the family's law then
+    /// checks its own and reports what it ignores.
+    pub fn validate(self) -> Result<SamplingRequest, ApiError> {
+        let top_k = match self.top_k {
+            Some(k) if k < -1 => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!(
+                        "top_k = {k} is out of range: use -1 or 0 to disable, or a positive count"
+                    ),
+                ));
+            }
+            other => other,
+        };
+        Ok(SamplingRequest {
+            temperature: range("temperature", self.temperature, 0.0, 2.0)?,
+            top_p: range("top_p", self.top_p, 0.0, 1.0)?,
+            top_k,
+            min_p: range("min_p", self.min_p, 0.0, 1.0)?,
+            presence_penalty: range("presence_penalty", self.presence_penalty, -2.0, 2.0)?,
+            frequency_penalty: range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?,
+        })
+    }
+}
+
+/// Only one choice per request: the worker runs one turn at a time and
+/// several samples of one prompt are several requests.
+pub fn n(n: Option<u64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(other) => Err(ApiError::invalid(
+            "n",
+            format!("n = {other} is not supported: this server returns exactly one choice (n = 1)"),
+        )),
+    }
+}
+
+/// `mtp_depth` (extension): no served family has an MTP head yet, so only
+/// 0 is honest; anything else is refused rather than silently ignored.
+pub fn mtp_depth(depth: Option<u64>) -> Result<(), ApiError> {
+    match depth {
+        None | Some(0) => Ok(()),
+        Some(d) => Err(ApiError::invalid(
+            "mtp_depth",
+            format!("mtp_depth = {d}: this model family has no MTP head (only 0 is accepted)"),
+        )),
+    }
+}
+
+/// A requested output limit: at least 1.
+pub fn max_tokens(field: &str, v: Option<u64>) -> Result<Option<u64>, ApiError> {
+    match v {
+        Some(0) => Err(ApiError::invalid(
+            field,
+            format!("{field} must be at least 1"),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// `top_logprobs`: at most 20 alternatives (OpenAI's limit).
+pub fn top_logprobs(field: &str, v: Option<u64>) -> Result<usize, ApiError> {
+    match v {
+        Some(k) if k > 20 => Err(ApiError::invalid(
+            field,
+            format!("{field} = {k} is out of range: at most 20"),
+        )),
+        other => Ok(other.unwrap_or(0) as usize),
+    }
+}
+
+/// A reasoning switch (`reasoning_effort`, `reasoning.effort`, Anthropic
+/// `thinking`): passed to the template for families that reason; for the
+/// others a request to reason is reported as ignored, not silently dropped.
+pub fn reasoning(
+    profile: &ds4_text::TextProfile,
+    field: &str,
+    on: Option<bool>,
+    warnings: &mut Vec<String>,
+) -> Option<bool> {
+    match (profile.reasoning, on) {
+        (Some(_), on) => on,
+        (None, Some(true)) => {
+            warnings.push(format!(
+                "{field} was ignored: the {} family does not produce separate reasoning",
+                profile.family
+            ));
+            None
+        }
+        (None, _) => None,
+    }
+}
+
+/// `reasoning_effort` / `reasoning.effort` values: on or off.
+pub fn effort(field: &str, effort: Option<&str>) -> Result<Option<bool>, ApiError> {
+    match effort {
+        None => Ok(None),
+        Some("none" | "minimal") => Ok(Some(false)),
+        Some("low" | "medium" | "high") => Ok(Some(true)),
+        Some(other) => Err(ApiError::invalid(
+            field,
+            format!("{field} = {other:?}: expected one of none, minimal, low, medium, high"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_name_the_field() {
+        let e = SamplingFields {
+            temperature: Some(1e300),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = SamplingFields {
+            top_p: Some(-0.5),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.message.contains("top_p"), "{}", e.message);
+        assert!(SamplingFields::default().validate().is_ok());
+        assert!(n(Some(2)).is_err() && n(Some(1)).is_ok());
+        assert!(mtp_depth(Some(2)).unwrap_err().message.contains("MTP"));
+        assert!(max_tokens("max_tokens", Some(0)).is_err());
+        assert!(stops("stop", Some(StopField::Many(vec![String::new()]))).is_err());
+    }
+}

@@ -1,0 +1,178 @@
+//! Chat prompts: API messages (already converted to the chat-template shape
+//! `{"role", "content", "tool_calls", ...}`) rendered with the model's
+//! template, tools included, and tokenized.
+
+use ds4_text::{RenderOptions, ToolCallFormat};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// A function the model may call.
+#[derive(Debug, Clone)]
+pub struct FunctionTool {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Value,
+}
+
+impl FunctionTool {
+    /// The OpenAI/transformers tool shape templates expect.
+    fn to_template(&self) -> Value {
+        json!({
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description.clone().unwrap_or_default(),
+                "parameters": self.parameters,
+            }
+        })
+    }
+}
+
+/// A conversation to render.
+#[derive(Debug, Default)]
+pub struct ChatTurn {
+    pub messages: Vec<Value>,
+    pub tools: Vec<FunctionTool>,
+    /// Reasoning on/off for templates that take `enable_thinking`.
+    pub enable_thinking: Option<bool>,
+}
+
+pub struct RenderedPrompt {
+    pub tokens: Vec<u32>,
+    /// The template opened the reasoning block itself (the reply starts
+    /// inside it).
+    pub reasoning_open: bool,
+}
+
+pub fn render(state: &AppState, mut turn: ChatTurn) -> Result<RenderedPrompt, ApiError> {
+    let template = state.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template; use /v1/completions with a raw prompt",
+        )
+    })?;
+    let format = state.profile.tool_calls;
+    if !turn.tools.is_empty() && format.is_none() {
+        return Err(ApiError::invalid(
+            "tools",
+            format!(
+                "tools are not supported for the {} family (no known tool-call format)",
+                state.descriptor.name
+            ),
+        ));
+    }
+    for m in &mut turn.messages {
+        normalise(m, state.template_has_tools, format);
+    }
+    let mut opts = RenderOptions {
+        add_generation_prompt: true,
+        ..RenderOptions::default()
+    };
+    if !turn.tools.is_empty() {
+        if state.template_has_tools {
+            opts.tools = Some(turn.tools.iter().map(FunctionTool::to_template).collect());
+        } else if let Some(format) = format {
+            describe_tools(&mut turn.messages, &turn.tools, format);
+        }
+    }
+    if let Some(on) = turn.enable_thinking {
+        opts.extra.insert("enable_thinking".into(), Value::Bool(on));
+    }
+    let text = template.render(&turn.messages, &opts).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("the chat template refused the conversation: {e}"),
+        )
+    })?;
+    let reasoning_open = state
+        .profile
+        .reasoning
+        .is_some_and(|m| text.trim_end().ends_with(m.open));
+    // The template writes BOS and control tokens as text; parse them.
+    let tokens = state.count_tokens(&text)?;
+    Ok(RenderedPrompt {
+        tokens,
+        reasoning_open,
+    })
+}
+
+/// Make a message safe for templates written for transformers: content is
+/// always a string, tool-call arguments are objects. A template that cannot
+/// render tool calls sees them written in the family's format instead, so
+/// the model still sees what it called.
+fn normalise(m: &mut Value, template_has_tools: bool, format: Option<ToolCallFormat>) {
+    let Some(obj) = m.as_object_mut() else { return };
+    if obj.get("content").is_none_or(Value::is_null) {
+        obj.insert("content".into(), Value::String(String::new()));
+    }
+    let Some(calls) = obj.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for call in calls.iter_mut() {
+        if let Some(f) = call.get_mut("function")
+            && let Some(args) = f.get("arguments").and_then(Value::as_str)
+            && let Ok(parsed) = serde_json::from_str::<Value>(args)
+        {
+            f["arguments"] = parsed;
+        }
+    }
+    if template_has_tools {
+        return;
+    }
+    let written: Vec<String> = calls
+        .iter()
+        .map(|c| write_call(&c["function"]["name"], &c["function"]["arguments"], format))
+        .collect();
+    obj.remove("tool_calls");
+    if let Some(Value::String(content)) = obj.get_mut("content") {
+        for w in written {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(&w);
+        }
+    }
+}
+
+fn write_call(name: &Value, args: &Value, format: Option<ToolCallFormat>) -> String {
+    match format {
+        Some(ToolCallFormat::Hermes) | None => {
+            format!(
+                "<tool_call>\n{}\n</tool_call>",
+                json!({"name": name, "arguments": args})
+            )
+        }
+        Some(ToolCallFormat::Llama3Json) => json!({"name": name, "parameters": args}).to_string(),
+    }
+}
+
+/// For templates without tool support: describe the tools and the format in
+/// the system message (the wording of the llama 3.1 and Hermes templates).
+fn describe_tools(messages: &mut Vec<Value>, tools: &[FunctionTool], format: ToolCallFormat) {
+    let list: Vec<String> = tools.iter().map(|t| t.to_template().to_string()).collect();
+    let text = match format {
+        ToolCallFormat::Llama3Json => format!(
+            "You have access to the following functions. To call a function, respond with only \
+             a JSON object of the form {{\"name\": function name, \"parameters\": dictionary of \
+             argument name and its value}}. Do not use variables.\n\n{}",
+            list.join("\n\n")
+        ),
+        ToolCallFormat::Hermes => format!(
+            "You may call one or more functions to assist with the user query.\n\nYou are \
+             provided with function signatures within <tools></tools> XML tags:\n<tools>\n{}\n\
+             </tools>\n\nFor each function call, return a json object with function name and \
+             arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": \
+             <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>",
+            list.join("\n")
+        ),
+    };
+    match messages.first_mut() {
+        Some(first) if first["role"] == "system" => {
+            let content = first["content"].as_str().unwrap_or_default();
+            first["content"] = Value::String(format!("{content}\n\n{text}"));
+        }
+        _ => messages.insert(0, json!({"role": "system", "content": text})),
+    }
+}

@@ -1,0 +1,6 @@
+//! HTTP handlers: thin functions over typed extractors. Each validates its
+//! request into a [`crate::admission::Generation`], admits it, and turns the
+//! worker's events into its API's response or SSE stream.
+
+pub mod chat;
+pub mod info;

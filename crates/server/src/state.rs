@@ -1,0 +1,49 @@
+//! What every handler shares: the worker's queue, the tokenizer and chat
+//! template, the family's text profile and sampling law, limits, metrics.
+
+use std::sync::Arc;
+
+use ds4_engine::families::FamilyDescriptor;
+use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::worker::WorkerHandle;
+
+pub struct AppState {
+    pub config: ServerConfig,
+    pub worker: WorkerHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    /// The template renders `tools` itself; otherwise the server describes
+    /// them in the system message, in the family's tool-call format.
+    pub template_has_tools: bool,
+    pub profile: TextProfile,
+    pub descriptor: &'static FamilyDescriptor,
+    /// Effective context: `--ctx`, capped at the model's.
+    pub ctx: usize,
+    pub metrics: Arc<Metrics>,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    /// A request naming another model is refused; naming none is fine.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.config.model_id => {
+                Err(ApiError::unknown_model(m, &self.config.model_id))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn count_tokens(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.tokenizer
+            .encode(text, true)
+            .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
+    }
+}
