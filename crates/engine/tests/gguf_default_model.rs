@@ -8,18 +8,27 @@
 //!   order only; the bound is 1e-3, and argmax and every greedy continuation
 //!   must be identical. This pins the architecture (RoPE pairing, GQA
 //!   grouping, norms, tied head) exactly.
-//! - `GgufWeights::Quantized` (the served path): candle rounds activations
-//!   to Q8_1 (8-bit, one scale per 32 values) before every Q4_1 dot product
-//!   and to Q8_0 for the Q8_0 head, as llama.cpp does. Weights are the same,
-//!   so every difference is activation rounding. SmolLM2 has a few
-//!   high-magnitude channels; a 32-value block holding one gets a coarse
-//!   scale, and the error compounds over 30 blocks. Measured: max |Δlogit|
-//!   1.47, max |Δlogprob| of the reference top-32 0.83, max |Δ log-sum-exp|
-//!   0.56; argmax differs at 7 of 250 positions, all with a reference
-//!   top-1/top-2 margin ≤ 0.23. Bounds: |Δlogit| ≤ 2.0, |Δlogprob| and
-//!   |Δlse| ≤ 1.25 (measured × ~1.4 for other CPUs' summation orders), argmax
-//!   equal wherever the reference margin exceeds 0.5, at most 4% of
-//!   positions flipped.
+//! - `GgufWeights::Quantized` (the served path): activations are rounded
+//!   to 8 bits per 32-value block before every quantized dot product (our
+//!   AVX2 Q4_1 kernel for the Q4_1 matrices, candle's Q8_0 kernel for the
+//!   tied Q8_0 head), as llama.cpp does. Weights are the same, so every
+//!   difference is activation rounding. SmolLM2 has a few high-magnitude
+//!   channels; a 32-value block holding one gets a coarse scale, and the
+//!   error compounds over 30 blocks. Measured: max |Δlogit| 0.96, max
+//!   |Δlogprob| of the reference top-32 0.76, max |Δ log-sum-exp| 0.57
+//!   (candle's own Q4_1 kernel, which also rounds the activation scales to
+//!   f16: 1.47 / 0.83 / 0.56); argmax differs at 6 of 250 positions, all
+//!   with a reference top-1/top-2 margin ≤ 0.15. Bounds: |Δlogit| ≤ 1.5,
+//!   |Δlogprob| and |Δlse| ≤ 1.0, argmax equal wherever the reference margin
+//!   exceeds 0.5, at most 4% of positions flipped.
+//!
+//! Greedy continuations: with dequantized weights all 8 are identical over
+//! 64 tokens. Quantized, free-running greedy reaches a reference near tie
+//! within 64 tokens on most prompts (measured: 1 of 8 identical, the others
+//! diverging at reference margins 0.014–0.26) and then continues as a
+//! different text; so the always-run check is teacher-forced (every one of
+//! the 64 reference tokens must be our argmax unless its reference margin is
+//! ≤ 0.5), and the free-running one is an ignored test for release builds.
 
 mod common;
 
@@ -29,9 +38,9 @@ use ds4_engine::families::llama::{GgufWeights, LlamaModel};
 use ds4_engine::load::load_llama;
 use ds4_engine::{LogitsRows, Model, ModelState};
 
-const LOGIT_TOL: f32 = 2.0;
+const LOGIT_TOL: f32 = 1.5;
 const FLIP_MARGIN: f32 = 0.5;
-const LOGPROB_TOL: f64 = 1.25;
+const LOGPROB_TOL: f64 = 1.0;
 const DEQUANT_LOGIT_TOL: f32 = 1e-3;
 
 fn model() -> LlamaModel {
@@ -150,9 +159,13 @@ struct Greedy {
 /// Free-running greedy decode of every fixture prompt; returns how many of
 /// the continuations are identical and, for the others, where they diverge
 /// and the reference's top-1/top-2 margin there.
-fn greedy(model: &LlamaModel, label: &str) -> (usize, usize) {
+fn greedy_cases() -> Vec<Greedy> {
     let text = std::fs::read_to_string(fixtures().join("gguf_greedy.json")).unwrap();
-    let cases: Vec<Greedy> = serde_json::from_str(&text).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn greedy(model: &LlamaModel, label: &str) -> (usize, usize) {
+    let cases = greedy_cases();
     let mut identical = 0;
     for (c, case) in cases.iter().enumerate() {
         let mut state = model.new_state();
@@ -176,10 +189,16 @@ fn greedy(model: &LlamaModel, label: &str) -> (usize, usize) {
             .position(|(a, b)| a != b)
         {
             None => identical += 1,
-            Some(at) => eprintln!(
-                "{label} greedy prompt {c}: diverges at token {at} (reference top-1/top-2 margin {:.4})",
-                case.margins[at]
-            ),
+            Some(at) => {
+                eprintln!(
+                    "{label} greedy prompt {c}: diverges at token {at} (reference top-1/top-2 margin {:.4})",
+                    case.margins[at]
+                );
+                assert!(
+                    case.margins[at] <= FLIP_MARGIN,
+                    "divergence at a clear reference choice"
+                );
+            }
         }
     }
     eprintln!(
@@ -203,11 +222,47 @@ fn default_model_dequantized_greedy_continuations_match_transformers() {
 
 #[test]
 fn default_model_greedy_continuations_match_transformers() {
-    // Quantized activations move logits by up to ~1.5 (see the module
-    // comment), and 64 free-running steps almost always meet a reference
-    // margin below that somewhere: a continuation then diverges at a near
-    // tie and carries on as different, equally plausible text. We require
-    // what we measured (2 of 8) and print every divergence with its margin.
-    let (identical, _) = greedy(&model(), "quantized");
-    assert!(identical >= 2, "only {identical} continuations identical");
+    // Teacher-forced: one forward over prompt + reference continuation; at
+    // every continuation position our argmax must be the reference token
+    // unless the reference itself had a near tie there.
+    let model = model();
+    let (mut agree, mut total, mut ties) = (0, 0, Vec::new());
+    for (c, case) in greedy_cases().iter().enumerate() {
+        let n = case.continuation.len();
+        let input: Vec<u32> = case
+            .prompt
+            .iter()
+            .chain(&case.continuation[..n - 1])
+            .copied()
+            .collect();
+        let mut state = model.new_state();
+        let out = model.forward(&input, &mut state, LogitsRows::All).unwrap();
+        for i in 0..n {
+            let ours = argmax(out.row(case.prompt.len() - 1 + i)) as u32;
+            total += 1;
+            if ours == case.continuation[i] {
+                agree += 1;
+            } else {
+                ties.push((c, i, case.margins[i]));
+                assert!(
+                    case.margins[i] <= FLIP_MARGIN,
+                    "prompt {c} token {i}: argmax {ours} != {} at reference margin {}",
+                    case.continuation[i],
+                    case.margins[i]
+                );
+            }
+        }
+    }
+    eprintln!(
+        "teacher-forced greedy: {agree} of {total} tokens agree; differing at near ties {ties:?}"
+    );
+    assert!(ties.len() * 25 <= total, "{} of {total} differ", ties.len());
+}
+
+#[test]
+#[ignore = "free-running decode of 8 x 64 tokens: run with --release --run-ignored"]
+fn default_model_free_running_greedy() {
+    // Every divergence must start at a reference near tie.
+    let (identical, n) = greedy(&model(), "quantized");
+    assert!(identical >= 1, "{identical} of {n} identical");
 }

@@ -8,8 +8,8 @@
 //! everywhere. With quantized weights the activations are rounded to 8 bits
 //! before every matmul, and a 1-ulp difference upstream can flip one
 //! rounding and move logits by up to the quantization error itself
-//! (measured 0.77 after 10 identical positions): there we hold windows to the
-//! quantized-parity bound (2.0) and argmax wherever the margin exceeds 0.5.
+//! (measured 0.77 with candle's Q4_1 kernel after 10 bit-identical positions): there we hold windows to the
+//! quantized-parity bound (1.5) and argmax wherever the margin exceeds 0.5.
 //!
 //! Snapshot, restore and truncate are compared against a fresh state fed
 //! the same windows, which performs the identical arithmetic: those logits
@@ -199,6 +199,6 @@ fn default_model_windows_and_snapshots_agree() {
     windows_agree(&model, &toks, 24, 1e-3, 0.0);
     drop(model);
     let model = load_llama(&path, &Device::Cpu).unwrap();
-    windows_agree(&model, &toks, 24, 2.0, 0.5);
+    windows_agree(&model, &toks, 24, 1.5, 0.5);
     snapshots_agree(&model, &toks);
 }
