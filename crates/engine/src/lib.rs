@@ -12,4 +12,7 @@ pub mod model;
 pub mod state;
 
 pub use error::EngineError;
-pub use model::{ForwardOutput, LogitsRows, Model, ModelState};
+pub use model::{
+    ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory, MtpStep,
+    VerifyWindow, WindowRecord,
+};

@@ -1,7 +1,9 @@
 //! The model contract: the only surface the decode loops, the session layer
 //! and the CLI see of a family.
 
-use crate::error::Result;
+use std::any::Any;
+
+use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 
 /// Which rows of a forward's logits the caller needs. Prefill chunks only
@@ -46,6 +48,23 @@ pub trait ModelState: Send {
     fn truncate(&mut self, n: usize) -> Result<()>;
     /// Bytes of tensor data held (what a snapshot costs).
     fn byte_size(&self) -> usize;
+    /// Become a copy of `snapshot` (taken from the same model).
+    fn restore(&mut self, snapshot: &Self)
+    where
+        Self: Sized,
+    {
+        *self = snapshot.snapshot();
+    }
+    /// Keep exactly the first `accepted` rows of the verify window recorded
+    /// in `window` (which must be the last forward on this state): every
+    /// cache ends as if only those rows had been forwarded. Families without
+    /// verify windows refuse.
+    fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
+        let _ = (window, accepted);
+        Err(EngineError::Unsupported(
+            "this model state has no verify-window commit".into(),
+        ))
+    }
 }
 
 pub trait Model: Send + Sync {
@@ -64,4 +83,123 @@ pub trait Model: Send + Sync {
         state: &mut Self::State,
         rows: LogitsRows,
     ) -> Result<ForwardOutput>;
+
+    // ---- Speculative decoding (families with an MTP head). The defaults
+    // describe a family without one; the AR path never calls these. ----
+
+    /// The family's MTP contract, `None` when the model has no MTP head.
+    fn mtp_contract(&self) -> Option<MtpContract> {
+        None
+    }
+    /// Like [`Model::forward`], also returning the hidden of every new row
+    /// (`[tokens.len(), width]`), the input of the MTP head.
+    fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        state: &mut Self::State,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, Hidden)> {
+        let _ = (tokens, state, rows);
+        Err(no_mtp(self.descriptor().name, "forward_hidden"))
+    }
+    /// A verify window: all logits rows, all hidden rows and the record
+    /// [`ModelState::commit`] keeps a prefix of.
+    fn forward_window(&self, tokens: &[u32], state: &mut Self::State) -> Result<VerifyWindow> {
+        let _ = (tokens, state);
+        Err(no_mtp(self.descriptor().name, "forward_window"))
+    }
+    /// A fresh, empty MTP history.
+    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+        None
+    }
+    /// Append MTP rows: `tokens[i]` with `hidden[i]` (`[n, width]`, trunk
+    /// hidden or the previous depth's output) at position `history.len() +
+    /// i`. Returns the last row's logits and output hidden.
+    fn mtp_forward(
+        &self,
+        tokens: &[u32],
+        hidden: &Hidden,
+        history: &mut dyn MtpHistory,
+    ) -> Result<MtpStep> {
+        let _ = (tokens, hidden, history);
+        Err(no_mtp(self.descriptor().name, "mtp_forward"))
+    }
+}
+
+/// A block of hidden rows `[rows, width]` that a family's MTP head reads
+/// (which hidden it is — before or after the final norm, before or after a
+/// hyper-connection collapse — is the family's [`MtpContract`]).
+pub type Hidden = candle_core::Tensor;
+
+/// What a family's MTP head promises the decode loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MtpContract {
+    /// Draft depth used when a request does not choose one.
+    pub default_depth: usize,
+    /// Deepest draft chain the family supports (requests are refused above).
+    pub max_depth: usize,
+    /// Which trunk hidden feeds the head (documentation for tooling).
+    pub hidden: &'static str,
+}
+
+/// A family's record of a verify window (opaque to the decode loop): what
+/// [`ModelState::commit`] needs to keep any prefix of the window.
+pub struct WindowRecord(Box<dyn Any + Send>);
+
+impl WindowRecord {
+    pub fn new<T: Any + Send>(record: T) -> Self {
+        Self(Box::new(record))
+    }
+
+    /// The family's own record type, or `None` for another family's record.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for WindowRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WindowRecord(..)")
+    }
+}
+
+/// A (K+1)-row verify forward: logits of every row, the hidden of every row
+/// (what the MTP history is appended with) and the window record.
+#[derive(Debug)]
+pub struct VerifyWindow {
+    pub logits: ForwardOutput,
+    /// `[rows, width]`.
+    pub hidden: Hidden,
+    pub record: WindowRecord,
+}
+
+/// One MTP head call: the logits row of its last input row and that row's
+/// output hidden `[1, width]` (the next depth's input).
+#[derive(Debug, Clone)]
+pub struct MtpStep {
+    pub logits: Vec<f32>,
+    pub hidden: Hidden,
+}
+
+/// The MTP head's own cache (the "MTP history"). Row `t` combines the trunk
+/// hidden of position `t` with the token at `t + 1`, at position `t`; rows
+/// are appended at `len()`. Drafted rows are dropped with
+/// [`MtpHistory::truncate`].
+pub trait MtpHistory: Send {
+    /// Rows the history covers.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Keep the first `n` rows.
+    fn truncate(&mut self, n: usize) -> Result<()>;
+    /// An independent deep copy.
+    fn boxed_clone(&self) -> Box<dyn MtpHistory>;
+    fn byte_size(&self) -> usize;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+fn no_mtp(name: &str, what: &str) -> EngineError {
+    EngineError::Unsupported(format!("{name}: the model has no MTP head ({what})"))
 }

@@ -7,7 +7,10 @@ use ds4_sampling::{Sampler, TokenCounts};
 use super::logprobs::token_logprobs;
 use super::prefill::{PrefillProgress, prefill};
 use super::session::LiveSession;
-use super::turn::{FinishReason, Flow, TokenEvent, TurnConfig, TurnResult, TurnTimings};
+use super::turn::{
+    CallerStop, FinalState, FinishReason, Flow, TokenEvent, TokenSource, TurnConfig, TurnResult,
+    TurnTimings,
+};
 use crate::error::Result;
 use crate::model::{LogitsRows, Model};
 
@@ -15,9 +18,14 @@ use crate::model::{LogitsRows, Model};
 ///
 /// The session's state is rewound to its longest exact prefix with `prompt`
 /// and only the rest is prefilled. `on_token` sees every emitted token as it
-/// is produced and may stop the turn. When the turn returns, the session
-/// covers the prompt plus every emitted token except the last one (which was
-/// never fed back: its logits are not needed). If any forward fails the
+/// is produced and may stop the turn.
+///
+/// Exits and the final commit: on a stop token, a stop string or
+/// `max_tokens` the last emitted token gets exactly one final forward, so
+/// the session covers exactly `prompt + emitted` and keeps that forward's
+/// logits row ([`FinalState::Complete`]). On cancellation no further forward
+/// runs and on a full context none can: the session stays consistent but
+/// one token short ([`FinalState::Partial`]). If any forward fails the
 /// session is reset, so a half-updated state is never reused.
 pub fn generate<M: Model>(
     model: &M,
@@ -48,17 +56,29 @@ fn run<M: Model>(
     on_token: &mut dyn FnMut(TokenEvent) -> Flow,
 ) -> Result<TurnResult> {
     let reused = session.rewind_for(model, prompt);
+    // The AR loop does not keep the MTP history in step.
+    *session.mtp_mut() = None;
     let fresh = &prompt[reused..];
     let prefill_start = Instant::now();
-    let mut logits = prefill(
-        model,
-        session.state_mut(),
-        fresh,
-        config.prefill_chunk,
-        on_prefill,
-    )?
-    .logits;
+    let mut logits = if fresh.is_empty() {
+        // The session covers the whole prompt and kept its last logits.
+        session
+            .last_logits()
+            .map(<[f32]>::to_vec)
+            .ok_or_else(|| crate::EngineError::State("the prompt is empty".into()))?
+    } else {
+        session.set_last_logits(None);
+        prefill(
+            model,
+            session.state_mut(),
+            fresh,
+            config.prefill_chunk,
+            on_prefill,
+        )?
+        .logits
+    };
     session.record(fresh);
+    session.set_last_logits(Some(logits.clone()));
     let mut timings = TurnTimings {
         prefill_tokens: fresh.len(),
         prefill: prefill_start.elapsed(),
@@ -87,26 +107,45 @@ fn run<M: Model>(
             logprobs: config
                 .logprobs
                 .map(|top_n| token_logprobs(&logits, token, top_n)),
+            source: TokenSource::Sampled,
         });
-        if is_stop_token {
-            break FinishReason::StopToken;
-        }
-        if let Flow::Stop(why) = flow {
-            break FinishReason::Caller(why);
-        }
-        if tokens.len() >= config.max_tokens {
-            break FinishReason::MaxTokens;
+        let exit = if is_stop_token {
+            Some(FinishReason::StopToken)
+        } else if let Flow::Stop(why) = flow {
+            Some(FinishReason::Caller(why))
+        } else if tokens.len() >= config.max_tokens {
+            Some(FinishReason::MaxTokens)
+        } else {
+            None
+        };
+        if exit == Some(FinishReason::Caller(CallerStop::Cancelled)) {
+            // Cancelled: no further forward; the state stays one short.
+            break FinishReason::Caller(CallerStop::Cancelled);
         }
         if session.tokens().len() + 1 > model.context_length() {
-            break FinishReason::ContextFull;
+            break exit.unwrap_or(FinishReason::ContextFull);
         }
+        // The forward of the token just emitted: the next step's input, or
+        // the turn's one final commit when `exit` is set.
+        session.set_last_logits(None);
         logits = model
             .forward(&[token], session.state_mut(), LogitsRows::Last)?
             .logits;
         session.record(&[token]);
+        session.set_last_logits(Some(logits.clone()));
         timings.decode_tokens += 1;
+        if let Some(reason) = exit {
+            break reason;
+        }
     };
     timings.decode = decode_start.elapsed();
+    let final_state = if finish_reason != FinishReason::Caller(CallerStop::Cancelled)
+        && session.tokens().len() == prompt.len() + tokens.len()
+    {
+        FinalState::Complete
+    } else {
+        FinalState::Partial
+    };
 
     Ok(TurnResult {
         tokens,
@@ -114,5 +153,7 @@ fn run<M: Model>(
         reused_tokens: reused,
         timings,
         argmax_fallbacks: fallbacks,
+        final_state,
+        mtp: None,
     })
 }

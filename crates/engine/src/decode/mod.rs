@@ -6,12 +6,17 @@
 
 pub mod ar;
 pub mod logprobs;
+pub mod mtp;
 pub mod prefill;
 pub mod session;
 pub mod turn;
 
 pub use ar::generate;
 pub use logprobs::{TokenLogprobs, prompt_logprobs, token_logprobs};
+pub use mtp::{MtpStats, generate_auto, generate_mtp, resolve_mtp_depth};
 pub use prefill::{DEFAULT_PREFILL_CHUNK, PrefillProgress, prefill};
 pub use session::LiveSession;
-pub use turn::{CallerStop, FinishReason, Flow, TokenEvent, TurnConfig, TurnResult, TurnTimings};
+pub use turn::{
+    CallerStop, FinalState, FinishReason, Flow, TokenEvent, TokenSource, TurnConfig, TurnResult,
+    TurnTimings,
+};

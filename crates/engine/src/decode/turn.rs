@@ -32,6 +32,22 @@ pub struct TokenEvent {
     pub argmax_fallback: bool,
     /// Present when [`TurnConfig::logprobs`] asked for it.
     pub logprobs: Option<TokenLogprobs>,
+    /// Where the token came from (AR sample, or its role in an MTP cycle).
+    pub source: TokenSource,
+}
+
+/// How a token was produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSource {
+    /// Sampled from the last trunk logits (every AR token; an MTP turn's
+    /// first primary).
+    Sampled,
+    /// An MTP draft accepted at depth position `n` (1-based).
+    Draft(usize),
+    /// The correction drawn from the residual after a rejected draft.
+    Residual,
+    /// Sampled from the last verify row after every draft was accepted.
+    Bonus,
 }
 
 /// The streaming callback's answer.
@@ -109,4 +125,23 @@ pub struct TurnResult {
     pub timings: TurnTimings,
     /// Rows the ds4 law could only answer by its argmax fallback.
     pub argmax_fallbacks: usize,
+    /// What the session covers now (see [`FinalState`]).
+    pub final_state: FinalState,
+    /// Speculative statistics (MTP turns only).
+    pub mtp: Option<super::mtp::MtpStats>,
+}
+
+/// What the live session holds when a turn returns `Ok`. (A turn that
+/// returns `Err` has reset the session: it holds nothing.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalState {
+    /// The session covers exactly `prompt + emitted` (the last emitted token
+    /// got its one final forward), its last logits row, and for MTP turns the
+    /// MTP history of one row less. Safe to bank under that key.
+    Complete,
+    /// The session is consistent (its token list says exactly what it
+    /// covers) but does not cover every emitted token: the turn was
+    /// cancelled (never marked complete, whatever it covers) or the context
+    /// was full so the last token could not be forwarded.
+    Partial,
 }

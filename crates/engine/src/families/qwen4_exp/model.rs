@@ -53,7 +53,10 @@ use super::state::{
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::load::safetensors::SafetensorsDir;
-use crate::model::{ForwardOutput, LogitsRows, Model};
+use crate::model::{
+    ForwardOutput, Hidden, LogitsRows, Model, MtpContract, MtpHistory, MtpStep, VerifyWindow,
+    WindowRecord,
+};
 
 #[derive(Debug, Clone)]
 enum Mixer {
@@ -622,4 +625,69 @@ impl Model for Qwen4ExpModel {
     ) -> Result<ForwardOutput> {
         Ok(self.run(tokens, state, rows, false, false)?.logits)
     }
+
+    // The speculative contract delegates to the family's own API (see the
+    // module docs for the MTP contract).
+
+    fn mtp_contract(&self) -> Option<MtpContract> {
+        self.has_mtp().then_some(MtpContract {
+            default_depth: MTP_DEFAULT_DEPTH,
+            max_depth: MTP_MAX_DEPTH,
+            hidden: "pre-mixer streams of the last decoder layer [C*H], before the final hyper-connection mixer",
+        })
+    }
+
+    fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        state: &mut Qwen4ExpState,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, Hidden)> {
+        let out = self.forward_ext(tokens, state, rows, false)?;
+        Ok((out.logits, out.streams))
+    }
+
+    fn forward_window(&self, tokens: &[u32], state: &mut Qwen4ExpState) -> Result<VerifyWindow> {
+        let out = Qwen4ExpModel::forward_window(self, tokens, state)?;
+        let capture = out
+            .capture
+            .ok_or_else(|| EngineError::State("a verify window recorded no capture".into()))?;
+        Ok(VerifyWindow {
+            logits: out.logits,
+            hidden: out.streams,
+            record: WindowRecord::new(capture),
+        })
+    }
+
+    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+        self.new_mtp_state()
+            .map(|s| Box::new(s) as Box<dyn MtpHistory>)
+    }
+
+    fn mtp_forward(
+        &self,
+        tokens: &[u32],
+        hidden: &Hidden,
+        history: &mut dyn MtpHistory,
+    ) -> Result<MtpStep> {
+        let state = history
+            .as_any_mut()
+            .downcast_mut::<MtpState>()
+            .ok_or_else(|| EngineError::State("not a qwen4_exp MTP history".into()))?;
+        let base = state.len() as u32;
+        let positions: Vec<u32> = (base..base + tokens.len() as u32).collect();
+        let out =
+            Qwen4ExpModel::mtp_forward(self, tokens, hidden, &positions, state, LogitsRows::Last)?;
+        let n = out.streams.dim(0)?;
+        Ok(MtpStep {
+            logits: out.logits.last_row().to_vec(),
+            hidden: out.streams.narrow(0, n - 1, 1)?,
+        })
+    }
 }
+
+/// Draft depth when a request leaves it unset.
+pub const MTP_DEFAULT_DEPTH: usize = 2;
+/// Deepest chain: verify windows up to 8 rows stay on the host kernels
+/// whose per-row arithmetic equals a single-row forward.
+pub const MTP_MAX_DEPTH: usize = 7;

@@ -22,7 +22,9 @@
 
 use super::gated_deltanet::{ScanDims, replay};
 use crate::error::{EngineError, Result};
-use crate::model::ModelState;
+use std::any::Any;
+
+use crate::model::{ModelState, MtpHistory, WindowRecord};
 
 /// GDN layer state.
 #[derive(Debug, Clone, PartialEq)]
@@ -234,6 +236,13 @@ impl ModelState for Qwen4ExpState {
         Ok(())
     }
 
+    fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
+        let capture = window
+            .downcast_ref::<WindowCapture>()
+            .ok_or_else(|| EngineError::State("not a qwen4_exp verify-window record".into()))?;
+        Qwen4ExpState::commit(self, capture, accepted)
+    }
+
     fn byte_size(&self) -> usize {
         let mut b = self.positions.len() * 12;
         for layer in &self.layers {
@@ -291,5 +300,38 @@ impl MtpState {
             LayerCache::Linear { .. } => 0,
         };
         cache + 12 * self.positions.len()
+    }
+}
+
+impl MtpState {
+    /// The head's QSA layer cache (for tests comparing states).
+    pub fn cache(&self) -> &LayerCache {
+        &self.cache
+    }
+}
+
+impl MtpHistory for MtpState {
+    fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    fn truncate(&mut self, n: usize) -> Result<()> {
+        MtpState::truncate(self, n)
+    }
+
+    fn boxed_clone(&self) -> Box<dyn MtpHistory> {
+        Box::new(self.clone())
+    }
+
+    fn byte_size(&self) -> usize {
+        MtpState::byte_size(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
