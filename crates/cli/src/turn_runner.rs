@@ -45,18 +45,25 @@ pub struct StreamedTurn {
     pub text: String,
 }
 
+/// How a turn runs: its limits and stop strings, and an optional flag that
+/// stops it at the next token (Ctrl+C in `chat`).
+pub struct TurnOptions<'a> {
+    pub generation: &'a GenerationArgs,
+    pub cancel: Option<&'a AtomicBool>,
+}
+
 /// Run one turn, handing each new piece of text to `emit` as soon as it is
-/// final. `cancel`, when set, stops the turn at the next token.
+/// final.
 pub fn stream_turn<M: Model>(
     model: &M,
     session: &mut LiveSession<M>,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     sampler: &mut Sampler,
-    generation: &GenerationArgs,
-    cancel: Option<&AtomicBool>,
+    options: &TurnOptions<'_>,
     emit: &mut dyn FnMut(&str),
 ) -> anyhow::Result<StreamedTurn> {
+    let TurnOptions { generation, cancel } = *options;
     let config = TurnConfig {
         max_tokens: generation.max_tokens,
         stop_token_ids: tokenizer.stop_token_ids().to_vec(),

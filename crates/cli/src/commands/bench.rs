@@ -140,6 +140,9 @@ pub fn to_csv(rows: &[Row]) -> String {
     out
 }
 
+/// A plotted line: its name, colour and the value it takes from a row.
+type Series = (&'static str, plotters::style::RGBColor, fn(&Row) -> f64);
+
 /// Prefill and decode tok/s against context length, as an SVG line chart.
 fn plot(rows: &[Row], path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
@@ -163,7 +166,7 @@ fn plot(rows: &[Row], path: &Path) -> anyhow::Result<()> {
         .x_desc("context tokens")
         .y_desc("tokens / s")
         .draw()?;
-    let series: [(&str, RGBColor, fn(&Row) -> f64); 2] = [
+    let series: [Series; 2] = [
         ("prefill", BLUE, |r| r.prefill_tps),
         ("decode", RED, |r| r.gen_tps),
     ];

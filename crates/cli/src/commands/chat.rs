@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::args::ChatArgs;
 use crate::prompt;
-use crate::turn_runner::{sampler_for, stream_turn};
+use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
 const HELP: &str = "\
 Type a message and press Enter.
@@ -93,8 +93,10 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
             tokenizer,
             &prompt_ids,
             &mut setup.sampler,
-            &args.generation,
-            Some(&interrupted),
+            &TurnOptions {
+                generation: &args.generation,
+                cancel: Some(&interrupted),
+            },
             &mut |piece| {
                 let _ = stdout.write_all(piece.as_bytes());
                 let _ = stdout.flush();

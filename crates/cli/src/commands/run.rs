@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::args::RunArgs;
 use crate::prompt;
-use crate::turn_runner::{sampler_for, stream_turn};
+use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let loaded = crate::model_source::load(args.model.model.as_deref())?;
@@ -55,8 +55,10 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
         tokenizer,
         &prompt,
         &mut setup.sampler,
-        &args.generation,
-        None,
+        &TurnOptions {
+            generation: &args.generation,
+            cancel: None,
+        },
         &mut |piece| {
             if !args.json && !piece.is_empty() {
                 // A closed stdout (e.g. `| head`) must not abort generation
