@@ -74,6 +74,10 @@ pub struct GenerationArgs {
     /// Prefill chunk size in tokens.
     #[arg(long, default_value_t = ds4_engine::decode::DEFAULT_PREFILL_CHUNK)]
     pub chunk: usize,
+    /// MTP speculative draft depth (0 = plain autoregressive decoding).
+    /// Default: the family's (AR for models without an MTP head).
+    #[arg(long)]
+    pub mtp_depth: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -72,12 +72,13 @@ pub fn stream_turn<M: Model>(
     };
     let mut text = TextStream::new(tokenizer, generation.stop.clone());
     let mut text_error = None;
-    let result = decode::generate(
+    let result = decode::generate_auto(
         model,
         session,
         prompt,
         sampler,
         &config,
+        generation.mtp_depth,
         &mut |_| {},
         &mut |event| {
             if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {

@@ -82,6 +82,17 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
             "decode_tokens": timings.decode_tokens,
             "decode_tps": timings.decode_tps(),
             "argmax_fallbacks": turn.result.argmax_fallbacks,
+            "final_state": format!("{:?}", turn.result.final_state).to_lowercase(),
+            "mtp": turn.result.mtp.as_ref().map(|m| json!({
+                "depth": m.depth,
+                "cycles": m.cycles,
+                "drafted": m.drafted,
+                "accepted": m.accepted,
+                "bonus": m.bonus,
+                "verify_rows": m.verify_rows,
+                "acceptance_rate": m.acceptance_rate(),
+                "mean_accepted_len": m.mean_accepted_len(),
+            })),
         });
         writeln!(stdout, "{report}")?;
     } else {
@@ -94,6 +105,18 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
             timings.prefill_tps(),
             timings.decode_tps()
         );
+        if let Some(m) = &turn.result.mtp {
+            eprintln!(
+                "[MTP depth {}: {} cycles, accepted {}/{} drafts ({:.1}%), mean accepted length {:.2}, bonus {}]",
+                m.depth,
+                m.cycles,
+                m.accepted_total(),
+                m.drafted_total(),
+                100.0 * m.acceptance_rate(),
+                m.mean_accepted_len(),
+                m.bonus
+            );
+        }
     }
     Ok(())
 }
