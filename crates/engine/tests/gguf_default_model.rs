@@ -36,7 +36,7 @@ use candle_core::Device;
 use common::{Reference, argmax, fixtures};
 use ds4_engine::families::llama::{GgufWeights, LlamaModel};
 use ds4_engine::load::load_llama;
-use ds4_engine::{LogitsRows, Model, ModelState};
+use ds4_engine::{LogitsRows, Model};
 
 const LOGIT_TOL: f32 = 1.5;
 const FLIP_MARGIN: f32 = 0.5;
