@@ -30,6 +30,7 @@ pub struct Admitted {
     pub events: mpsc::UnboundedReceiver<WorkEvent>,
     pub seed: u64,
     pub warnings: Vec<String>,
+    pub prompt_tokens: usize,
 }
 
 pub fn admit(state: &AppState, mut g: Generation) -> Result<Admitted, ApiError> {
@@ -57,6 +58,7 @@ pub fn admit(state: &AppState, mut g: Generation) -> Result<Admitted, ApiError> 
     let sampler = Sampler::new(descriptor.law, resolved.params, seed)
         .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
     let (tx, rx) = mpsc::unbounded_channel();
+    let prompt_tokens = g.prompt.len();
     let job = Job {
         prompt: g.prompt,
         sampler,
@@ -71,6 +73,7 @@ pub fn admit(state: &AppState, mut g: Generation) -> Result<Admitted, ApiError> 
             events: rx,
             seed,
             warnings: g.warnings,
+            prompt_tokens,
         }),
         Err(Rejected::QueueFull) => {
             state.metrics.rejected_queue_full();

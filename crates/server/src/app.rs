@@ -71,6 +71,13 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/models", get(routes::info::list_models))
         .route("/v1/models/{id}", get(routes::info::get_model))
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
+        .route("/v1/completions", post(routes::completions::completions))
+        .route("/v1/responses", post(routes::responses::responses))
+        .route("/v1/messages", post(routes::messages::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(routes::messages::count_tokens),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     let mut app = Router::new()
         .route("/health", get(routes::info::health))

@@ -18,6 +18,10 @@ use crate::routes;
         routes::info::metrics,
         routes::info::openapi,
         routes::chat::chat_completions,
+        routes::completions::completions,
+        routes::responses::responses,
+        routes::messages::messages,
+        routes::messages::count_tokens,
     )
 )]
 pub struct ApiDoc;

@@ -206,3 +206,75 @@ impl Collected {
         Ok(c)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::TurnSummary;
+    use ds4_engine::decode::FinishReason;
+    use std::time::Duration;
+
+    fn summary() -> TurnSummary {
+        TurnSummary {
+            finish_reason: FinishReason::StopToken,
+            prompt_tokens: 3,
+            completion_tokens: 9,
+            cached_tokens: 0,
+            stop_token: true,
+            stop_sequence: None,
+            prefill_tokens: 3,
+            prefill: Duration::ZERO,
+            decode_tokens: 8,
+            decode: Duration::ZERO,
+            first_token: None,
+        }
+    }
+
+    /// Feed a scripted model output one character per token through the
+    /// worker's event channel and collect what the API would report.
+    async fn scripted(family: &str, tools: bool, open: bool, output: &str) -> Collected {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, ch) in output.chars().enumerate() {
+            let token = TokenOut {
+                id: i as u32,
+                logprobs: None,
+            };
+            tx.send(WorkEvent::Delta {
+                text: ch.to_string(),
+                token,
+            })
+            .unwrap();
+        }
+        tx.send(WorkEvent::Tail(String::new())).unwrap();
+        tx.send(WorkEvent::Finished(summary())).unwrap();
+        let parser = OutputParser::new(&TextProfile::for_family(family), tools, open);
+        Collected::run(TurnStream::new(rx, parser)).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn qwen_reasoning_and_hermes_calls_streamed_token_by_token() {
+        let out = "<think>\nThe user wants weather.\n</think>\n\nChecking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let c = scripted("qwen4_exp", true, false, out).await;
+        assert_eq!(c.reasoning, "\nThe user wants weather.\n");
+        assert_eq!(c.text, "Checking.");
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "get_weather");
+        assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
+        assert!(c.tool_calls[0].id.starts_with("call_"));
+        // The template opened the block: output starts inside reasoning.
+        let c = scripted("qwen4_exp", false, true, "hmm</think>Hi").await;
+        assert_eq!((c.reasoning.as_str(), c.text.as_str()), ("hmm", "Hi"));
+    }
+
+    #[tokio::test]
+    async fn llama_json_calls_only_when_tools_were_offered() {
+        let out = "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}";
+        let c = scripted("llama", true, false, out).await;
+        assert_eq!(c.text, "");
+        assert_eq!(c.tool_calls[0].name, "add");
+        assert_eq!(c.tool_calls[0].arguments, "{\"a\": 1, \"b\": 2}");
+        let c = scripted("llama", false, false, out).await;
+        assert_eq!(c.text, out);
+        assert!(c.tool_calls.is_empty() && c.reasoning.is_empty());
+    }
+}

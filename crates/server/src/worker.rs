@@ -68,6 +68,8 @@ pub struct TurnSummary {
     pub cached_tokens: usize,
     /// Whether the last token was a stop token (not text).
     pub stop_token: bool,
+    /// The stop string that ended the turn, if one did.
+    pub stop_sequence: Option<String>,
     pub prefill_tokens: usize,
     pub prefill: Duration,
     pub decode_tokens: usize,
@@ -163,7 +165,9 @@ impl<M: Model> Worker<'_, M> {
         let start = Instant::now();
         let mut first_token = None;
         let mut detok = Detokenizer::new(self.tokenizer, true);
-        let mut stops = StopMatcher::new(std::mem::take(&mut job.stops));
+        let stop_strings = std::mem::take(&mut job.stops);
+        let mut stops = StopMatcher::new(stop_strings.clone());
+        let mut matched = None;
         let mut started = false;
         let mut stop_token = false;
         let reusable = self
@@ -193,7 +197,11 @@ impl<M: Model> Worker<'_, M> {
                     String::new()
                 } else {
                     match detok.push(event.token) {
-                        Ok(fresh) => stops.push(&fresh).emit,
+                        Ok(fresh) => {
+                            let outcome = stops.push(&fresh);
+                            matched = matched.or(outcome.matched);
+                            outcome.emit
+                        }
                         Err(_) => String::new(),
                     }
                 };
@@ -215,6 +223,7 @@ impl<M: Model> Worker<'_, M> {
             Ok(result) => {
                 if !stops.stopped() {
                     let tail = stops.push(&detok.finish());
+                    matched = matched.or(tail.matched);
                     let mut text = tail.emit;
                     if !tail.stopped {
                         text.push_str(&stops.finish());
@@ -227,6 +236,15 @@ impl<M: Model> Worker<'_, M> {
                     completion_tokens: result.tokens.len(),
                     cached_tokens: result.reused_tokens,
                     stop_token,
+                    // StopMatcher ignores empty strings, so its index is into
+                    // the non-empty ones (the API rejects empty ones anyway).
+                    stop_sequence: matched.and_then(|i| {
+                        stop_strings
+                            .iter()
+                            .filter(|s| !s.is_empty())
+                            .nth(i)
+                            .cloned()
+                    }),
                     prefill_tokens: result.timings.prefill_tokens,
                     prefill: result.timings.prefill,
                     decode_tokens: result.timings.decode_tokens,

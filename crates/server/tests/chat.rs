@@ -101,7 +101,7 @@ async fn default_model_chat_non_streaming_usage_seed_replay_and_cache() {
         usage["prompt_tokens"].as_u64().unwrap(),
         usage["completion_tokens"].as_u64().unwrap(),
     );
-    assert!(p > 5 && c >= 1 && c <= 16);
+    assert!(p > 5 && (1..=16).contains(&c));
     assert_eq!(usage["total_tokens"].as_u64().unwrap(), p + c);
     assert_eq!(usage["seed"], 1234);
     assert_eq!(

@@ -33,6 +33,9 @@ enum Phase {
     /// Nothing but whitespace seen: an opening marker may still come.
     Start,
     Reasoning,
+    /// Just after the closing marker: blank text before the answer is
+    /// dropped (the answer conventionally starts after a blank line).
+    AfterClose,
     Answer,
 }
 
@@ -76,16 +79,21 @@ impl ReasoningSplitter {
                         let reasoning: String = self.held.drain(..at).collect();
                         self.held.drain(..self.markers.close.len());
                         push(&mut out, Split::Reasoning(reasoning));
-                        // The answer conventionally starts after a blank line.
-                        let rest = self.held.trim_start().to_string();
-                        self.held = rest;
-                        self.phase = Phase::Answer;
+                        self.phase = Phase::AfterClose;
                         continue;
                     }
                     let keep = partial_suffix(&self.held, self.markers.close);
                     let ready: String = self.held.drain(..self.held.len() - keep).collect();
                     push(&mut out, Split::Reasoning(ready));
                     return out;
+                }
+                Phase::AfterClose => {
+                    let rest = self.held.trim_start().to_string();
+                    self.held = rest;
+                    if self.held.is_empty() {
+                        return out;
+                    }
+                    self.phase = Phase::Answer;
                 }
                 Phase::Answer => {
                     let text = std::mem::take(&mut self.held);
@@ -103,6 +111,7 @@ impl ReasoningSplitter {
         match self.phase {
             Phase::Reasoning => push(&mut out, Split::Reasoning(held)),
             Phase::Start | Phase::Answer => push(&mut out, Split::Text(held)),
+            Phase::AfterClose => {}
         }
         out
     }

@@ -109,7 +109,7 @@ impl ToolCallParser {
         match self.phase {
             Phase::Outside | Phase::Text => text(&mut out, held),
             Phase::Header => text(&mut out, self.framing_prefix() + &held),
-            Phase::Whole => self.whole_call(&mut out, &held),
+            Phase::Whole => self.whole_call(&mut out, &held, ""),
             Phase::Args | Phase::Tail => out.push(ToolEvent::End {
                 index: self.calls - 1,
             }),
@@ -229,7 +229,7 @@ impl ToolCallParser {
                     return false;
                 };
                 let call: String = self.held.drain(..at + HERMES_CLOSE.len()).collect();
-                self.whole_call(out, &call[..at]);
+                self.whole_call(out, &call[..at], HERMES_CLOSE);
                 self.phase = Phase::Outside;
                 true
             }
@@ -240,15 +240,16 @@ impl ToolCallParser {
                     return false;
                 }
                 let call: String = self.held.drain(..used).collect();
-                self.whole_call(out, &call);
+                self.whole_call(out, &call, "");
                 self.phase = Phase::Outside;
                 true
             }
         }
     }
 
-    /// A complete call in any key order, or text if it is not one.
-    fn whole_call(&mut self, out: &mut Vec<ToolEvent>, raw: &str) {
+    /// A complete call in any key order, or text if it is not one (then
+    /// with its framing restored: `closing` is the close tag consumed).
+    fn whole_call(&mut self, out: &mut Vec<ToolEvent>, raw: &str, closing: &str) {
         let parsed: Option<(String, String)> = serde_json::from_str::<Value>(raw.trim())
             .ok()
             .and_then(|v| {
@@ -264,7 +265,7 @@ impl ToolCallParser {
                 out.push(ToolEvent::Arguments { index, delta });
                 out.push(ToolEvent::End { index });
             }
-            None => text(out, self.framing_prefix() + raw),
+            None => text(out, self.framing_prefix() + raw + closing),
         }
     }
 }

@@ -3,4 +3,7 @@
 //! worker's events into its API's response or SSE stream.
 
 pub mod chat;
+pub mod completions;
 pub mod info;
+pub mod messages;
+pub mod responses;

@@ -1,0 +1,141 @@
+//! `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct MessagesRequest {
+    pub model: Option<String>,
+    pub messages: Vec<InputMessage>,
+    pub system: Option<SystemPrompt>,
+    /// Required by `/v1/messages` (not by `count_tokens`).
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub stop_sequences: Option<Vec<String>>,
+    pub stream: Option<bool>,
+    pub tools: Option<Vec<AnthropicTool>>,
+    #[schema(value_type = Object)]
+    pub tool_choice: Option<Value>,
+    pub thinking: Option<Thinking>,
+    /// Extension: the sampler's seed (reported back in `usage.seed`).
+    pub seed: Option<u64>,
+    /// Extension; only families whose law has min_p use it.
+    pub min_p: Option<f64>,
+    /// Extension: MTP draft depth (0 only).
+    pub mtp_depth: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum SystemPrompt {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AnthropicRole {
+    User,
+    Assistant,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct InputMessage {
+    pub role: AnthropicRole,
+    pub content: InputContent,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum InputContent {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// A content block. One struct for every block type (the `type` field
+/// says which fields apply) so a wrong block gets a precise error.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct Block {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+    /// `thinking` blocks.
+    pub thinking: Option<String>,
+    /// `tool_use` blocks.
+    pub id: Option<String>,
+    pub name: Option<String>,
+    #[schema(value_type = Object)]
+    pub input: Option<Value>,
+    /// `tool_result` blocks.
+    pub tool_use_id: Option<String>,
+    #[schema(value_type = Object)]
+    pub content: Option<Value>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct AnthropicTool {
+    pub name: String,
+    pub description: Option<String>,
+    #[schema(value_type = Object)]
+    pub input_schema: Option<Value>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct Thinking {
+    /// `enabled` or `disabled`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub budget_tokens: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageResponse {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub role: &'static str,
+    pub model: String,
+    pub content: Vec<OutputBlock>,
+    pub stop_reason: Option<&'static str>,
+    pub stop_sequence: Option<String>,
+    pub usage: AnthropicUsage,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputBlock {
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[schema(value_type = Object)]
+        input: Value,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AnthropicUsage {
+    pub input_tokens: usize,
+    pub output_tokens: usize,
+    pub cache_read_input_tokens: usize,
+    pub cache_creation_input_tokens: usize,
+    /// Extension: the sampler's seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenCount {
+    pub input_tokens: usize,
+}

@@ -1,0 +1,109 @@
+//! `POST /v1/responses` (OpenAI Responses, as Codex uses it).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ResponsesRequest {
+    pub model: Option<String>,
+    pub input: ResponseInput,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<u64>,
+    pub stream: Option<bool>,
+    pub tools: Option<Vec<ResponseTool>>,
+    #[schema(value_type = Object)]
+    pub tool_choice: Option<Value>,
+    pub reasoning: Option<ReasoningConfig>,
+    /// Stored conversations are not kept; a request must carry its input.
+    pub previous_response_id: Option<String>,
+    pub mtp_depth: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ResponseInput {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+/// An input item. One struct for every item type (`type` says which
+/// fields apply; a missing `type` with a `role` is a message).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct InputItem {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub role: Option<String>,
+    #[schema(value_type = Object)]
+    pub content: Option<Value>,
+    pub call_id: Option<String>,
+    pub name: Option<String>,
+    pub arguments: Option<String>,
+    pub output: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ResponseTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    #[schema(value_type = Object)]
+    pub parameters: Option<Value>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ReasoningConfig {
+    pub effort: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResponseObject {
+    pub id: String,
+    pub object: &'static str,
+    pub created_at: u64,
+    /// `in_progress`, `completed`, `incomplete` or `failed`.
+    pub status: &'static str,
+    #[schema(value_type = Object)]
+    pub incomplete_details: Option<Value>,
+    #[schema(value_type = Object)]
+    pub error: Option<Value>,
+    pub model: String,
+    #[schema(value_type = Vec<Object>)]
+    pub output: Vec<Value>,
+    pub usage: Option<ResponseUsage>,
+    pub parallel_tool_calls: bool,
+    pub tool_choice: &'static str,
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<Value>,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResponseUsage {
+    pub input_tokens: usize,
+    pub input_tokens_details: InputTokensDetails,
+    pub output_tokens: usize,
+    pub output_tokens_details: OutputTokensDetails,
+    pub total_tokens: usize,
+    /// Extension: the sampler's seed.
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct InputTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OutputTokensDetails {
+    pub reasoning_tokens: usize,
+}
