@@ -241,7 +241,7 @@ fn mtp_greedy_equals_ar_tokens_and_state() {
     let mut drafted = 0;
     for name in ["tiny_a", "tiny_b"] {
         let model = load(name);
-        for p in 0..5u64 {
+        for p in 0..4u64 {
             let prompt = prompt(p, 4 + 3 * p as usize);
             let cfg = config(14, vec![]);
             let mut ar = LiveSession::new(&model);
@@ -312,7 +312,7 @@ fn mtp_exit_matrix_banks_teacher_forced_state() {
                     temperature,
                     p,
                     depth,
-                    &config(16, vec![]),
+                    &config(12, vec![]),
                     None,
                 );
                 let toks = r.unwrap().tokens;
@@ -338,7 +338,7 @@ fn mtp_exit_matrix_banks_teacher_forced_state() {
                         temperature,
                         p,
                         depth,
-                        &config(16, vec![]),
+                        &config(12, vec![]),
                         None,
                     )
                     .0
@@ -354,10 +354,10 @@ fn mtp_exit_matrix_banks_teacher_forced_state() {
                     let (cfg, stop_at) = match route {
                         Route::StopToken => (config(16, vec![reference[i]]), None),
                         Route::StopString => {
-                            (config(16, vec![]), Some((i, CallerStop::StopString)))
+                            (config(12, vec![]), Some((i, CallerStop::StopString)))
                         }
                         Route::MaxTokens => (config(i + 1, vec![]), None),
-                        Route::Cancel => (config(16, vec![]), Some((i, CallerStop::Cancelled))),
+                        Route::Cancel => (config(12, vec![]), Some((i, CallerStop::Cancelled))),
                     };
                     let what =
                         format!("T={temperature} depth {depth} kind {kind} index {i} {route:?}");

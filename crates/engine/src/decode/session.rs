@@ -135,7 +135,7 @@ impl<M: Model> LiveSession<M> {
     pub fn is_consistent(&self) -> bool {
         let mtp_ok = self.mtp.as_ref().is_none_or(|m| {
             m.history.len() + 1 == self.tokens.len().max(1)
-                && (m.hidden.is_some() == !self.tokens.is_empty())
+                && (m.hidden.is_some() != self.tokens.is_empty())
         });
         self.state.len() == self.tokens.len() && mtp_ok
     }
