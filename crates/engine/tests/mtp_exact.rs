@@ -546,3 +546,150 @@ fn reference_cycle(s: &mut Sampler, k: usize) -> Vec<u32> {
     }
     out
 }
+
+/// Exit routes on the toy, where bonus tokens are frequent: every route ×
+/// depth 1..3 × greedy / T = 0.6 × (first primary, accepted draft, residual,
+/// bonus). The banked session must equal the teacher-forced one exactly:
+/// trunk tokens, MTP rows `(token_t, token_{t+1})`, last hidden and logits.
+#[test]
+fn mtp_toy_exit_matrix_including_bonus() {
+    use ds4_engine::decode::{CallerStop, FinalState, FinishReason, TokenSource};
+    let mut covered = std::collections::BTreeSet::new();
+    for temperature in [0.0, 0.6] {
+        for depth in 1..=3usize {
+            for seed in 0..40u64 {
+                let prompt = [(seed % 3) as u32, (seed / 3 % 3) as u32];
+                let params_ = params(temperature, Law::Nucleus);
+                let run = |cfg: &TurnConfig, stop_at: Option<(usize, CallerStop)>| {
+                    let mut s = Sampler::new(Law::Nucleus, params_, seed).unwrap();
+                    let mut session = LiveSession::new(&Toy);
+                    let mut src = Vec::new();
+                    let r = decode::generate_mtp(
+                        &Toy,
+                        &mut session,
+                        &prompt,
+                        &mut s,
+                        cfg,
+                        depth,
+                        &mut |_| {},
+                        &mut |e| {
+                            src.push(e.source);
+                            match stop_at {
+                                Some((i, why)) if i == e.index => Flow::Stop(why),
+                                _ => Flow::Continue,
+                            }
+                        },
+                    )
+                    .unwrap();
+                    (r, session, src)
+                };
+                let free = TurnConfig {
+                    max_tokens: 8,
+                    stop_token_ids: vec![],
+                    prefill_chunk: 16,
+                    logprobs: None,
+                };
+                let (r, _, src) = run(&free, None);
+                for (i, source) in src.iter().enumerate() {
+                    let kind = match source {
+                        TokenSource::Sampled => 0,
+                        TokenSource::Draft(_) => 1,
+                        TokenSource::Residual => 2,
+                        TokenSource::Bonus => 3,
+                    };
+                    let routes: [(TurnConfig, Option<(usize, CallerStop)>, FinishReason); 4] = [
+                        (
+                            TurnConfig {
+                                max_tokens: i + 1,
+                                ..free.clone()
+                            },
+                            None,
+                            FinishReason::MaxTokens,
+                        ),
+                        (
+                            free.clone(),
+                            Some((i, CallerStop::StopString)),
+                            FinishReason::Caller(CallerStop::StopString),
+                        ),
+                        (
+                            free.clone(),
+                            Some((i, CallerStop::Cancelled)),
+                            FinishReason::Caller(CallerStop::Cancelled),
+                        ),
+                        (
+                            TurnConfig {
+                                stop_token_ids: vec![r.tokens[i]],
+                                ..free.clone()
+                            },
+                            None,
+                            FinishReason::StopToken,
+                        ),
+                    ];
+                    for (ri, (cfg, stop_at, want)) in routes.into_iter().enumerate() {
+                        if ri == 3 && r.tokens[..i].contains(&r.tokens[i]) {
+                            continue;
+                        }
+                        let (got, session, _) = run(&cfg, stop_at);
+                        let what =
+                            format!("T={temperature} depth {depth} seed {seed} index {i} {want:?}");
+                        assert_eq!(got.tokens, r.tokens[..=i], "{what}");
+                        assert_eq!(got.finish_reason, want, "{what}");
+                        let mut full = prompt.to_vec();
+                        full.extend(&got.tokens);
+                        let toks = session.tokens().to_vec();
+                        if ri == 2 {
+                            assert_eq!(got.final_state, FinalState::Partial, "{what}");
+                            assert!(
+                                full.starts_with(&toks) && toks.len() + 1 >= full.len(),
+                                "{what}"
+                            );
+                        } else {
+                            assert_eq!(got.final_state, FinalState::Complete, "{what}");
+                            assert_eq!(toks, full, "{what}");
+                        }
+                        // Teacher-forced comparison, exact.
+                        assert_eq!(session.state().0, toks, "{what}");
+                        let h = session
+                            .mtp_history()
+                            .unwrap()
+                            .as_any()
+                            .downcast_ref::<ToyHistory>()
+                            .unwrap();
+                        let want_rows: Vec<(u32, u32)> =
+                            toks.windows(2).map(|w| (w[0], w[1])).collect();
+                        assert_eq!(h.0, want_rows, "{what}: MTP history");
+                        assert_eq!(
+                            hidden_tokens(session.mtp_hidden().unwrap()),
+                            [*toks.last().unwrap()]
+                        );
+                        let n = toks.len();
+                        assert_eq!(
+                            session.last_logits().unwrap(),
+                            &target(toks[n - 2], toks[n - 1])[..],
+                            "{what}"
+                        );
+                        covered.insert((temperature.to_bits(), depth, kind, ri));
+                    }
+                }
+            }
+        }
+    }
+    // Every (temperature, depth, point kind, route) combination was reached,
+    // except a greedy bonus at depth 3: the greedy toy never accepts three
+    // drafts in a row (its drafter's argmax differs too often).
+    for t in [0.0f64, 0.6] {
+        for depth in 1..=3usize {
+            for kind in 0..4 {
+                for route in 0..4 {
+                    if t == 0.0 && depth == 3 && kind == 3 {
+                        continue;
+                    }
+                    assert!(
+                        covered.contains(&(t.to_bits(), depth, kind, route)),
+                        "T={t} depth {depth} kind {kind} route {route} not reached"
+                    );
+                }
+            }
+        }
+    }
+}
