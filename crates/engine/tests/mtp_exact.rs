@@ -547,6 +547,13 @@ fn reference_cycle(s: &mut Sampler, k: usize) -> Vec<u32> {
     out
 }
 
+/// A turn config, the callback's stop (index, why), the expected finish.
+type Route = (
+    TurnConfig,
+    Option<(usize, ds4_engine::decode::CallerStop)>,
+    ds4_engine::decode::FinishReason,
+);
+
 /// Exit routes on the toy, where bonus tokens are frequent: every route ×
 /// depth 1..3 × greedy / T = 0.6 × (first primary, accepted draft, residual,
 /// bonus). The banked session must equal the teacher-forced one exactly:
@@ -597,7 +604,7 @@ fn mtp_toy_exit_matrix_including_bonus() {
                         TokenSource::Residual => 2,
                         TokenSource::Bonus => 3,
                     };
-                    let routes: [(TurnConfig, Option<(usize, CallerStop)>, FinishReason); 4] = [
+                    let routes: [Route; 4] = [
                         (
                             TurnConfig {
                                 max_tokens: i + 1,
