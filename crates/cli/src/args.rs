@@ -157,9 +157,11 @@ pub struct ServeArgs {
     /// Seed for requests that send none (default: a fresh one per request).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// MTP draft depth. Only 0: no supported family has an MTP head yet.
-    #[arg(long, default_value_t = 0)]
-    pub mtp_depth: u64,
+    /// MTP draft depth for requests that send no `mtp_depth` (0 = plain
+    /// AR decoding). Default: the family's (AR for a model without an MTP
+    /// head). A depth the model cannot run is refused at startup.
+    #[arg(long)]
+    pub mtp_depth: Option<usize>,
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub body_limit: usize,

@@ -21,6 +21,8 @@ pub struct Generation {
     pub stops: Vec<String>,
     pub logprobs: Option<usize>,
     pub prompt_logprobs: Option<usize>,
+    /// The request's `mtp_depth` (already checked against the model).
+    pub mtp_depth: Option<usize>,
     /// Warnings found while parsing (e.g. ignored reasoning controls).
     pub warnings: Vec<String>,
 }
@@ -66,6 +68,7 @@ pub fn admit(state: &AppState, mut g: Generation) -> Result<Admitted, ApiError> 
         stops: g.stops,
         logprobs: g.logprobs,
         prompt_logprobs: g.prompt_logprobs,
+        mtp_depth: g.mtp_depth.or(state.config.mtp_depth),
         events: tx,
     };
     match state.worker.submit(job) {

@@ -28,6 +28,8 @@ pub enum ServeError {
     Template(#[from] ds4_text::TextError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("--mtp-depth: {0}")]
+    Mtp(String),
 }
 
 /// Build the shared state and start the engine worker.
@@ -38,6 +40,10 @@ pub fn build_state(
 ) -> Result<SharedState, ServeError> {
     let descriptor = model.descriptor();
     let model_ctx = ds4_engine::with_model!(&model, m => m.context_length());
+    let mtp = ds4_engine::with_model!(&model, m => m.mtp_contract());
+    if let Some(d) = config.mtp_depth {
+        crate::params::mtp_depth(mtp, Some(d as u64)).map_err(|e| ServeError::Mtp(e.message))?;
+    }
     let ctx = config.ctx.map_or(model_ctx, |c| c.min(model_ctx));
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     let template_has_tools = tokenizer
@@ -56,6 +62,7 @@ pub fn build_state(
         profile: TextProfile::for_family(descriptor.name),
         descriptor,
         ctx,
+        mtp,
         template,
         template_has_tools,
         tokenizer,

@@ -27,6 +27,9 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// Prefill chunk size in tokens.
     pub prefill_chunk: usize,
+    /// MTP draft depth for requests that do not choose one; `None` takes
+    /// the family's default (AR for a model without an MTP head).
+    pub mtp_depth: Option<usize>,
 }
 
 impl ServerConfig {
@@ -42,6 +45,7 @@ impl ServerConfig {
             body_limit: 8 * 1024 * 1024,
             keep_alive: Duration::from_secs(10),
             prefill_chunk: ds4_engine::decode::DEFAULT_PREFILL_CHUNK,
+            mtp_depth: None,
         }
     }
 }

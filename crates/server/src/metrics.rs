@@ -39,6 +39,8 @@ pub struct Metrics {
     decode_tokens: AtomicU64,
     prefill_micros: AtomicU64,
     decode_micros: AtomicU64,
+    mtp_drafted: AtomicU64,
+    mtp_accepted: AtomicU64,
     last_rates: Mutex<(f64, f64)>,
 }
 
@@ -91,6 +93,10 @@ impl Metrics {
             == ds4_engine::decode::FinishReason::Caller(ds4_engine::decode::CallerStop::Cancelled)
         {
             add(&self.cancelled, 1);
+        }
+        if let Some(m) = &t.mtp {
+            add(&self.mtp_drafted, m.drafted_total() as u64);
+            add(&self.mtp_accepted, m.accepted_total() as u64);
         }
         add(&self.prefill_tokens, t.prefill_tokens as u64);
         add(&self.decode_tokens, t.decode_tokens as u64);
@@ -246,19 +252,18 @@ impl Metrics {
             "Decode rate of the last turn.",
             &[(String::new(), decode)],
         );
-        // No family served today has an MTP head: the acceptance metrics are
-        // exported (so dashboards need no change later) and are honestly 0.
+        // 0 for a model without an MTP head (or with MTP turned off).
         metric(
             "ds4_mtp_draft_tokens_total",
             "counter",
-            "MTP draft tokens proposed (no MTP head in the served family).",
-            &one(0),
+            "MTP draft tokens proposed.",
+            &one(get(&self.mtp_drafted)),
         );
         metric(
             "ds4_mtp_accepted_tokens_total",
             "counter",
-            "MTP draft tokens accepted.",
-            &one(0),
+            "MTP draft tokens accepted (acceptance = accepted / drafted).",
+            &one(get(&self.mtp_accepted)),
         );
         out
     }

@@ -227,6 +227,7 @@ mod tests {
             decode_tokens: 8,
             decode: Duration::ZERO,
             first_token: None,
+            mtp: None,
         }
     }
 

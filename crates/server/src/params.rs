@@ -102,15 +102,29 @@ pub fn n(n: Option<u64>) -> Result<(), ApiError> {
     }
 }
 
-/// `mtp_depth` (extension): no served family has an MTP head yet, so only
-/// 0 is honest; anything else is refused rather than silently ignored.
-pub fn mtp_depth(depth: Option<u64>) -> Result<(), ApiError> {
-    match depth {
-        None | Some(0) => Ok(()),
-        Some(d) => Err(ApiError::invalid(
+/// `mtp_depth` (extension) against the model's MTP contract: `None` keeps
+/// the server's default, 0 is plain AR decoding, and a depth the model
+/// cannot run (no MTP head, or above the family's maximum) is refused
+/// rather than silently ignored.
+pub fn mtp_depth(
+    contract: Option<ds4_engine::model::MtpContract>,
+    depth: Option<u64>,
+) -> Result<Option<usize>, ApiError> {
+    match (depth, contract) {
+        (None, _) => Ok(None),
+        (Some(0), _) => Ok(Some(0)),
+        (Some(d), None) => Err(ApiError::invalid(
             "mtp_depth",
             format!("mtp_depth = {d}: this model family has no MTP head (only 0 is accepted)"),
         )),
+        (Some(d), Some(c)) if d > c.max_depth as u64 => Err(ApiError::invalid(
+            "mtp_depth",
+            format!(
+                "mtp_depth = {d} is above this family's maximum draft depth {}",
+                c.max_depth
+            ),
+        )),
+        (Some(d), Some(_)) => Ok(Some(d as usize)),
     }
 }
 
@@ -193,7 +207,25 @@ mod tests {
         assert!(e.message.contains("top_p"), "{}", e.message);
         assert!(SamplingFields::default().validate().is_ok());
         assert!(n(Some(2)).is_err() && n(Some(1)).is_ok());
-        assert!(mtp_depth(Some(2)).unwrap_err().message.contains("MTP"));
+        assert!(
+            mtp_depth(None, Some(2))
+                .unwrap_err()
+                .message
+                .contains("MTP")
+        );
+        assert_eq!(mtp_depth(None, Some(0)).unwrap(), Some(0));
+        let head = ds4_engine::model::MtpContract {
+            default_depth: 1,
+            max_depth: 3,
+            hidden: "h",
+        };
+        assert_eq!(mtp_depth(Some(head), Some(3)).unwrap(), Some(3));
+        assert!(
+            mtp_depth(Some(head), Some(4))
+                .unwrap_err()
+                .message
+                .contains("maximum")
+        );
         assert!(max_tokens("max_tokens", Some(0)).is_err());
         assert!(stops("stop", Some(StopField::Many(vec![String::new()]))).is_err());
     }

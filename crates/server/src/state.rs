@@ -23,6 +23,8 @@ pub struct AppState {
     pub descriptor: &'static FamilyDescriptor,
     /// Effective context: `--ctx`, capped at the model's.
     pub ctx: usize,
+    /// The model's MTP head, if it has one.
+    pub mtp: Option<ds4_engine::model::MtpContract>,
     pub metrics: Arc<Metrics>,
     /// Unix time the server started (the model's `created`).
     pub created: u64,

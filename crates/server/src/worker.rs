@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, FinishReason, Flow, LiveSession, TokenLogprobs, TurnConfig,
+    self, CallerStop, FinishReason, Flow, LiveSession, MtpStats, TokenLogprobs, TurnConfig,
 };
 use ds4_engine::families::LoadedModel;
 use ds4_sampling::Sampler;
@@ -30,6 +30,8 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Also compute the prompt tokens' logprobs (`echo` + `logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// `None`: the family's default (AR without an MTP head).
+    pub mtp_depth: Option<usize>,
     pub events: mpsc::UnboundedSender<WorkEvent>,
 }
 
@@ -76,6 +78,8 @@ pub struct TurnSummary {
     pub decode: Duration,
     /// From dequeue to the first token.
     pub first_token: Option<Duration>,
+    /// Speculative statistics when the turn ran MTP.
+    pub mtp: Option<MtpStats>,
 }
 
 /// The request side of the queue.
@@ -180,12 +184,13 @@ impl<M: Model> Worker<'_, M> {
         let _ = events.send(WorkEvent::Started {
             cached_tokens: reusable.min(job.prompt.len().saturating_sub(1)),
         });
-        let result = decode::generate(
+        let result = decode::generate_auto(
             self.model,
             &mut self.session,
             &job.prompt,
             &mut job.sampler,
             &config,
+            job.mtp_depth,
             &mut |_| {},
             &mut |event| {
                 if !started {
@@ -250,6 +255,7 @@ impl<M: Model> Worker<'_, M> {
                     decode_tokens: result.timings.decode_tokens,
                     decode: result.timings.decode,
                     first_token,
+                    mtp: result.mtp,
                 };
                 self.metrics.turn(&summary);
                 let _ = events.send(WorkEvent::Finished(summary));

@@ -66,6 +66,10 @@ async fn default_model_health_models_metrics_openapi() {
     );
     assert!(text.contains("ds4_turns_total 1"));
     assert!(text.contains("ds4_queue_depth 0"));
+    assert!(
+        text.contains("ds4_mtp_draft_tokens_total 0"),
+        "no MTP head: nothing drafted"
+    );
 
     let (status, err) = s.get("/v1/nothing").await;
     assert_eq!(status, 404);

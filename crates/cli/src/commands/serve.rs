@@ -9,12 +9,6 @@ use ds4_server::ServerConfig;
 use crate::args::ServeArgs;
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    if args.mtp_depth != 0 {
-        anyhow::bail!(
-            "--mtp-depth {}: no supported model family has an MTP head yet (only 0 is accepted)",
-            args.mtp_depth
-        );
-    }
     let path = crate::model_source::resolve(args.model.model.as_deref())?;
     let loaded = crate::model_source::load(Some(&path))?;
     let mut config = ServerConfig::new(
@@ -27,6 +21,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.cors = args.cors;
     config.seed = args.seed;
     config.body_limit = args.body_limit;
+    config.mtp_depth = args.mtp_depth;
     let state = ds4_server::build_state(config, loaded.model, loaded.tokenizer)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

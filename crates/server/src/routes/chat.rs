@@ -67,7 +67,7 @@ pub async fn chat_completions(
 fn plan(state: &SharedState, req: ChatCompletionRequest) -> Result<Plan, ApiError> {
     state.check_model(req.model.as_deref())?;
     params::n(req.n)?;
-    params::mtp_depth(req.mtp_depth)?;
+    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
     let max_tokens = match req.max_completion_tokens {
         Some(m) => params::max_tokens("max_completion_tokens", Some(m))?,
         None => params::max_tokens("max_tokens", req.max_tokens)?,
@@ -117,6 +117,7 @@ fn plan(state: &SharedState, req: ChatCompletionRequest) -> Result<Plan, ApiErro
             stops: params::stops("stop", req.stop)?,
             logprobs,
             prompt_logprobs: None,
+            mtp_depth,
             warnings,
         },
         stream: req.stream.unwrap_or(false),

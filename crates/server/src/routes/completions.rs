@@ -37,7 +37,7 @@ pub async fn completions(
     state.check_model(req.model.as_deref())?;
     params::n(req.n)?;
     params::n(req.best_of).map_err(|_| ApiError::invalid("best_of", "best_of must be 1"))?;
-    params::mtp_depth(req.mtp_depth)?;
+    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
@@ -80,6 +80,7 @@ pub async fn completions(
             stops: params::stops("stop", req.stop)?,
             logprobs,
             prompt_logprobs: logprobs.filter(|_| echo),
+            mtp_depth,
             warnings: Vec::new(),
         },
     )?;

@@ -63,7 +63,7 @@ pub async fn count_tokens(
 
 async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiError> {
     state.check_model(req.model.as_deref())?;
-    params::mtp_depth(req.mtp_depth)?;
+    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
     let Some(max_tokens) = req.max_tokens else {
         return Err(ApiError::invalid(
             "max_tokens",
@@ -97,6 +97,7 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
             stops,
             logprobs: None,
             prompt_logprobs: None,
+            mtp_depth,
             warnings,
         },
     )?;

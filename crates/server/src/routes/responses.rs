@@ -34,7 +34,7 @@ pub async fn responses(
 ) -> Result<Response, ApiError> {
     state.metrics.request("responses");
     state.check_model(req.model.as_deref())?;
-    params::mtp_depth(req.mtp_depth)?;
+    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
     if req.previous_response_id.is_some() {
         return Err(ApiError::invalid(
             "previous_response_id",
@@ -84,6 +84,7 @@ pub async fn responses(
             stops: Vec::new(),
             logprobs: None,
             prompt_logprobs: None,
+            mtp_depth,
             warnings,
         },
     )?;

@@ -17,6 +17,27 @@ pub struct Usage {
     pub seed: u64,
     /// Extension: where the time went.
     pub timings: Timings,
+    /// Extension: speculative decoding statistics (null for AR turns).
+    pub mtp: Option<MtpUsage>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MtpUsage {
+    pub depth: usize,
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+    pub acceptance_rate: f64,
+}
+
+impl MtpUsage {
+    pub fn of(s: &TurnSummary) -> Option<Self> {
+        s.mtp.as_ref().map(|m| Self {
+            depth: m.depth,
+            drafted_tokens: m.drafted_total(),
+            accepted_tokens: m.accepted_total(),
+            acceptance_rate: m.acceptance_rate(),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -58,6 +79,7 @@ impl Usage {
             },
             seed,
             timings: Timings::of(s),
+            mtp: MtpUsage::of(s),
         }
     }
 }
