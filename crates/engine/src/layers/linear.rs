@@ -2,13 +2,12 @@
 //! or a dense f32 weight; both are candle [`QMatMul`]s so that a layer does
 //! not care which it holds.
 //!
-//! For quantized weights the activations are quantized to 8 bits per
-//! 32-value block before the integer dot product, as llama.cpp does (candle:
-//! Q8_1 / Q8_0 with f16 scales; our Q4_1 kernel: f32 scales); that is the
-//! main source of difference against a dequantized-f32 reference.
-//!
-//! Q4_1 weights on the CPU go to [`crate::backend::cpu::q4_1`] (AVX2),
-//! because candle runs Q4_1 with its scalar reference kernel.
+//! Q4_1 and Q8_0 weights on the CPU go to
+//! [`crate::backend::cpu::block_matmul`], which keeps activations in f32 and
+//! so equals dequantized weights times the activations (up to f32 summation
+//! order). Other quantized types use candle's kernels, which round the
+//! activations to 8 bits per 32-value block as llama.cpp does — the main
+//! source of difference against a dequantized-f32 reference.
 
 use std::sync::Arc;
 
@@ -16,14 +15,14 @@ use candle_core::Module;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Result, Tensor};
 
-use crate::backend::cpu::q4_1::Q41Matrix;
+use crate::backend::cpu::block_matmul::{BlockFormat, BlockMatrix};
 
 #[derive(Debug, Clone)]
 enum Kernel {
     /// candle: dense f32 (`Tensor`) or its quantized types.
     Candle(QMatMul),
-    /// Our AVX2 Q4_1 kernel.
-    Q41(Q41Matrix),
+    /// Our f32-activation kernel for Q4_1 / Q8_0.
+    Block(BlockMatrix),
 }
 
 #[derive(Debug, Clone)]
@@ -52,13 +51,18 @@ impl Linear {
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
                 Kernel::Candle(QMatMul::Tensor(w.dequantize(&w.device())?))
             }
-            GgmlDType::Q4_1 if w.device().is_cpu() => {
+            dtype @ (GgmlDType::Q4_1 | GgmlDType::Q8_0) if w.device().is_cpu() => {
+                let format = if dtype == GgmlDType::Q4_1 {
+                    BlockFormat::Q4_1
+                } else {
+                    BlockFormat::Q8_0
+                };
                 // The bytes are copied once; the QTensor is dropped after
                 // loading, so memory is not doubled.
                 let bytes: Arc<[u8]> = Arc::from(w.data()?.as_ref());
-                let m = Q41Matrix::new(bytes, out_dim, in_dim)
+                let m = BlockMatrix::new(bytes, format, out_dim, in_dim)
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-                Kernel::Q41(m)
+                Kernel::Block(m)
             }
             _ => Kernel::Candle(QMatMul::QTensor(w)),
         };
@@ -73,7 +77,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match &self.w {
             Kernel::Candle(w) => w.forward(x),
-            Kernel::Q41(w) => x.contiguous()?.apply_op1_no_bwd(w),
+            Kernel::Block(w) => x.contiguous()?.apply_op1_no_bwd(w),
         }
     }
 }

@@ -1,3 +1,3 @@
 //! CPU kernels candle lacks or runs slowly.
 
-pub mod q4_1;
+pub mod block_matmul;
