@@ -11,7 +11,7 @@ use super::gguf::{GgufFile, describe, value_as_f64, value_as_usize};
 use super::safetensors::SafetensorsDir;
 use super::{ModelFormat, detect};
 use crate::error::Result;
-use crate::families::llama;
+use crate::families::{llama, qwen4_exp};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TensorInfo {
@@ -40,7 +40,7 @@ pub struct ModelInfo {
 }
 
 fn family_of(arch: &str) -> Option<&'static str> {
-    [&llama::DESCRIPTOR]
+    [&llama::DESCRIPTOR, &qwen4_exp::DESCRIPTOR]
         .into_iter()
         .find(|d| d.model_types.contains(&arch))
         .map(|d| d.name)
