@@ -260,6 +260,11 @@ async fn default_model_chat_error_paths_keep_the_server_serving() {
     let cases: Vec<(Vec<u8>, u16, &str)> = vec![
         (b"{not json".to_vec(), 400, "not valid JSON"),
         (b"".to_vec(), 400, "not valid JSON"),
+        (
+            b"{\"temperature\": NaN, \"messages\": []}".to_vec(),
+            400,
+            "not valid JSON",
+        ),
         (b"[1,2]".to_vec(), 400, "JSON object"),
         (
             b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(),
@@ -555,4 +560,30 @@ async fn default_model_queue_full_gets_503_with_retry_after() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn default_model_keep_alive_comments_during_prefill() {
+    let s = start_with(|c| {
+        c.keep_alive = std::time::Duration::from_millis(10);
+        c.prefill_chunk = 64;
+    })
+    .await;
+    let body = chat(json!({"temperature": 0, "max_tokens": 2, "stream": true,
+        "messages": user(&"The quick brown fox jumps over the lazy dog. ".repeat(60))}));
+    let r = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    // Comments are ignored by SSE clients; they keep proxies from timing
+    // out while a long prompt is prefilled.
+    assert!(
+        text.contains(": keep-alive") || text.contains(":keep-alive"),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("data: [DONE]"));
 }
