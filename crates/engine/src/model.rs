@@ -5,6 +5,7 @@ use std::any::Any;
 
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
+use crate::state::table::NamedTensor;
 
 /// Which rows of a forward's logits the caller needs. Prefill chunks only
 /// need the last row; `debug logits` and speculative verify need all rows.
@@ -63,6 +64,22 @@ pub trait ModelState: Send {
         let _ = (window, accepted);
         Err(EngineError::Unsupported(
             "this model state has no verify-window commit".into(),
+        ))
+    }
+    /// Every cache as host tensors (valid rows only), in a fixed order: what
+    /// a checkpoint file stores. Families that cannot serialise refuse.
+    fn export(&self) -> Result<Vec<NamedTensor>> {
+        Err(EngineError::Unsupported(
+            "this model state cannot be exported".into(),
+        ))
+    }
+    /// Rebuild from [`ModelState::export`]'s table. `self` must be a fresh
+    /// state of the same model (its shapes are what the table is checked
+    /// against); on error it is left unspecified and must be discarded.
+    fn import(&mut self, tensors: Vec<NamedTensor>) -> Result<()> {
+        let _ = tensors;
+        Err(EngineError::Unsupported(
+            "this model state cannot be imported".into(),
         ))
     }
 }
@@ -198,6 +215,19 @@ pub trait MtpHistory: Send {
     fn byte_size(&self) -> usize;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Like [`ModelState::export`], for the MTP head's cache.
+    fn export(&self) -> Result<Vec<NamedTensor>> {
+        Err(EngineError::Unsupported(
+            "this MTP history cannot be exported".into(),
+        ))
+    }
+    /// Like [`ModelState::import`]: `self` is a fresh history of the model.
+    fn import(&mut self, tensors: Vec<NamedTensor>) -> Result<()> {
+        let _ = tensors;
+        Err(EngineError::Unsupported(
+            "this MTP history cannot be imported".into(),
+        ))
+    }
 }
 
 fn no_mtp(name: &str, what: &str) -> EngineError {

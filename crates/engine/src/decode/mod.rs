@@ -15,7 +15,7 @@ pub use ar::generate;
 pub use logprobs::{TokenLogprobs, prompt_logprobs, token_logprobs};
 pub use mtp::{MtpStats, generate_auto, generate_mtp, resolve_mtp_depth};
 pub use prefill::{DEFAULT_PREFILL_CHUNK, PrefillProgress, prefill};
-pub use session::LiveSession;
+pub use session::{LiveSession, SessionImage};
 pub use turn::{
     CallerStop, FinalState, FinishReason, Flow, TokenEvent, TokenSource, TurnConfig, TurnResult,
     TurnTimings,

@@ -10,8 +10,9 @@
 //! than the trunk: row `t` needs the token at `t + 1`) and the trunk hidden
 //! of the last position (the input of the next MTP row).
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::model::{Hidden, Model, ModelState, MtpHistory};
+use crate::state::table::{NamedTensor, TableReader, TensorData};
 
 /// The MTP side of a session: `history.len() + 1 == tokens.len()` and
 /// `hidden` is the trunk hidden of the last covered position (both empty for
@@ -155,4 +156,137 @@ impl<M: Model> LiveSession<M> {
         *self = other.snapshot();
         Ok(())
     }
+
+    /// Bytes a snapshot of this session holds.
+    pub fn byte_size(&self) -> usize {
+        self.state.byte_size()
+            + self.mtp.as_ref().map_or(0, |m| m.history.byte_size())
+            + 4 * self.last_logits.as_ref().map_or(0, Vec::len)
+            + 4 * self.tokens.len()
+    }
+
+    /// Everything needed to continue this session, as host tensors: the
+    /// model state (`state/…`), the MTP history and last trunk hidden
+    /// (`mtp/…`, `mtp_hidden`) and the last logits row (`last_logits`).
+    pub fn export(&self) -> Result<SessionImage> {
+        if !self.is_consistent() {
+            return Err(EngineError::State(
+                "cannot export a session whose state and tokens disagree".into(),
+            ));
+        }
+        let mut tensors: Vec<NamedTensor> = self
+            .state
+            .export()?
+            .into_iter()
+            .map(|t| t.prefixed("state/"))
+            .collect();
+        if let Some(logits) = &self.last_logits {
+            tensors.push(NamedTensor::f32(
+                "last_logits",
+                vec![logits.len()],
+                logits.clone(),
+            ));
+        }
+        if let Some(m) = &self.mtp {
+            tensors.extend(m.history.export()?.into_iter().map(|t| t.prefixed("mtp/")));
+            if let Some(h) = &m.hidden {
+                let shape = h.dims().to_vec();
+                let data = h.flatten_all()?.to_vec1::<f32>()?;
+                tensors.push(NamedTensor::f32("mtp_hidden", shape, data));
+            }
+        }
+        Ok(SessionImage {
+            tokens: self.tokens.clone(),
+            covered: self.state.len(),
+            tensors,
+        })
+    }
+
+    /// Rebuild a session of `model` from [`LiveSession::export`]'s image.
+    /// Every table is checked against the model's fresh state, and the
+    /// rebuilt session must cover exactly the image's tokens.
+    pub fn import(model: &M, image: SessionImage) -> Result<Self> {
+        if image.covered != image.tokens.len() {
+            return Err(EngineError::State(format!(
+                "session image keys {} tokens but its state covers {}",
+                image.tokens.len(),
+                image.covered
+            )));
+        }
+        let mut state_t = Vec::new();
+        let mut mtp_t = Vec::new();
+        let mut last_logits = None;
+        let mut hidden = None;
+        for t in image.tensors {
+            if let Some(name) = t.name.strip_prefix("state/") {
+                let name = name.to_string();
+                state_t.push(NamedTensor { name, ..t });
+            } else if let Some(name) = t.name.strip_prefix("mtp/") {
+                let name = name.to_string();
+                mtp_t.push(NamedTensor { name, ..t });
+            } else if t.name == "last_logits" {
+                let mut r = TableReader::new(vec![t], "session");
+                last_logits = Some(r.f32("last_logits", model.vocab_size())?);
+            } else if t.name == "mtp_hidden" {
+                let (shape, data) = match t.data {
+                    TensorData::F32(d) => (t.shape, d),
+                    TensorData::U32(_) => {
+                        return Err(EngineError::State(
+                            "session: `mtp_hidden` is not f32".into(),
+                        ));
+                    }
+                };
+                if shape.iter().product::<usize>() != data.len() {
+                    return Err(EngineError::State(
+                        "session: `mtp_hidden` shape disagrees with its data".into(),
+                    ));
+                }
+                // Hidden rows live on the host (CPU backend).
+                hidden = Some(Hidden::from_vec(data, shape, &candle_core::Device::Cpu)?);
+            } else {
+                return Err(EngineError::State(format!(
+                    "session: unknown tensor `{}` in the image",
+                    t.name
+                )));
+            }
+        }
+        let mut state = model.new_state();
+        state.import(state_t)?;
+        let mtp = if mtp_t.is_empty() {
+            None
+        } else {
+            let mut history = model.new_mtp_history().ok_or_else(|| {
+                EngineError::State(
+                    "session image has an MTP history but the model has no MTP head".into(),
+                )
+            })?;
+            history.import(mtp_t)?;
+            Some(MtpSide { history, hidden })
+        };
+        let session = Self {
+            state,
+            tokens: image.tokens,
+            last_logits,
+            mtp,
+        };
+        if !session.is_consistent() {
+            return Err(EngineError::State(format!(
+                "session image covers {} tokens but its state holds {}",
+                session.tokens.len(),
+                session.state.len()
+            )));
+        }
+        Ok(session)
+    }
+}
+
+/// A session as host tensors (see [`LiveSession::export`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionImage {
+    /// Exactly the tokens the state covers.
+    pub tokens: Vec<u32>,
+    /// Tokens the model state covers (equal to `tokens.len()` for an image
+    /// that can be imported; a file claiming otherwise is refused early).
+    pub covered: usize,
+    pub tensors: Vec<NamedTensor>,
 }

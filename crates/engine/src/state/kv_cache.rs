@@ -187,6 +187,71 @@ impl KvCache {
         })
     }
 
+    /// The valid rows of every layer as host tensors `kv.{l}.k` / `kv.{l}.v`,
+    /// `[kv_heads, len, head_dim]`.
+    pub fn export(&self) -> Result<Vec<crate::state::table::NamedTensor>> {
+        use crate::state::table::NamedTensor;
+        let shape = vec![self.kv_heads, self.len, self.head_dim];
+        let mut out = Vec::with_capacity(2 * self.num_layers);
+        for l in 0..self.num_layers {
+            let (k, v) = match self.layers.get(l) {
+                Some(layer) if self.len > 0 => (
+                    layer.k.narrow(1, 0, self.len)?.flatten_all()?.to_vec1()?,
+                    layer.v.narrow(1, 0, self.len)?.flatten_all()?.to_vec1()?,
+                ),
+                _ => (Vec::new(), Vec::new()),
+            };
+            out.push(NamedTensor::f32(format!("kv.{l}.k"), shape.clone(), k));
+            out.push(NamedTensor::f32(format!("kv.{l}.v"), shape.clone(), v));
+        }
+        Ok(out)
+    }
+
+    /// Fill an empty cache from [`KvCache::export`]'s tensors.
+    pub fn import(&mut self, tensors: Vec<crate::state::table::NamedTensor>) -> Result<()> {
+        use crate::state::table::TableReader;
+        if self.len != 0 {
+            return Err(EngineError::State(
+                "kv cache import needs an empty cache".into(),
+            ));
+        }
+        let mut r = TableReader::new(tensors, "kv cache");
+        // The position count is the middle dimension of every tensor.
+        let rows = match r.peek_shape() {
+            Some(s) if s.len() == 3 => s[1],
+            _ => {
+                return Err(EngineError::State(
+                    "kv cache: `kv.0.k` is not `[kv_heads, len, head_dim]`".into(),
+                ));
+            }
+        };
+        if rows > self.max_len {
+            return Err(EngineError::ContextOverflow {
+                needed: rows,
+                limit: self.max_len,
+            });
+        }
+        let n = self.kv_heads * rows * self.head_dim;
+        let mut layers = Vec::with_capacity(self.num_layers);
+        for l in 0..self.num_layers {
+            let k = r.f32(&format!("kv.{l}.k"), n)?;
+            let v = r.f32(&format!("kv.{l}.v"), n)?;
+            layers.push((k, v));
+        }
+        r.finish()?;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.reserve(rows)?;
+        let shape = (self.kv_heads, rows, self.head_dim);
+        for (l, (k, v)) in layers.into_iter().enumerate() {
+            let k = Tensor::from_vec(k, shape, &self.device)?;
+            let v = Tensor::from_vec(v, shape, &self.device)?;
+            self.write(l, &k, &v)?;
+        }
+        self.advance(rows)
+    }
+
     /// Bytes of cache memory held (allocated capacity, all layers, k and v).
     pub fn byte_size(&self) -> usize {
         2 * self.num_layers

@@ -147,6 +147,14 @@ impl ModelState for LlamaState {
     fn byte_size(&self) -> usize {
         self.kv.byte_size()
     }
+
+    fn export(&self) -> Result<Vec<crate::state::table::NamedTensor>> {
+        self.kv.export()
+    }
+
+    fn import(&mut self, tensors: Vec<crate::state::table::NamedTensor>) -> Result<()> {
+        self.kv.import(tensors)
+    }
 }
 
 fn gguf_f32(g: &mut GgufFile, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {

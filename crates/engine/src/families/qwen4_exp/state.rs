@@ -25,6 +25,7 @@ use crate::error::{EngineError, Result};
 use std::any::Any;
 
 use crate::model::{ModelState, MtpHistory, WindowRecord};
+use crate::state::table::{NamedTensor, TableReader};
 
 /// GDN layer state.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,6 +136,59 @@ impl AttnCache {
     fn bytes(&self) -> usize {
         4 * (self.k.len() + self.v.len() + self.idx_raw.len() + self.blocks.len())
     }
+
+    fn export(&self, p: &str, n: usize, kv: usize, di: usize, out: &mut Vec<NamedTensor>) {
+        let nb = self.blocks.len() / di.max(1);
+        out.push(NamedTensor::f32(
+            format!("{p}.k"),
+            vec![n, kv],
+            self.k.clone(),
+        ));
+        out.push(NamedTensor::f32(
+            format!("{p}.v"),
+            vec![n, kv],
+            self.v.clone(),
+        ));
+        out.push(NamedTensor::f32(
+            format!("{p}.idx_raw"),
+            vec![n, di],
+            self.idx_raw.clone(),
+        ));
+        out.push(NamedTensor::f32(
+            format!("{p}.blocks"),
+            vec![nb, di],
+            self.blocks.clone(),
+        ));
+    }
+
+    /// Read `n` positions' caches; lengths follow from `n`, so a table whose
+    /// attention caches disagree with its positions is refused.
+    fn import(
+        r: &mut TableReader,
+        p: &str,
+        n: usize,
+        kv: usize,
+        di: usize,
+        ratio: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            k: r.f32(&format!("{p}.k"), n * kv)?,
+            v: r.f32(&format!("{p}.v"), n * kv)?,
+            idx_raw: r.f32(&format!("{p}.idx_raw"), n * di)?,
+            blocks: r.f32(&format!("{p}.blocks"), (n / ratio.max(1)) * di)?,
+        })
+    }
+}
+
+fn export_positions(positions: &[[u32; 3]]) -> NamedTensor {
+    let flat = positions.iter().flat_map(|p| p.iter().copied()).collect();
+    NamedTensor::u32("positions", vec![positions.len(), 3], flat)
+}
+
+fn import_positions(r: &mut TableReader) -> Result<Vec<[u32; 3]>> {
+    let n = r.peek_rows("positions")?;
+    let flat = r.u32("positions", n.saturating_mul(3))?;
+    Ok(flat.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
 }
 
 impl Qwen4ExpState {
@@ -243,6 +297,87 @@ impl ModelState for Qwen4ExpState {
         Qwen4ExpState::commit(self, capture, accepted)
     }
 
+    fn export(&self) -> Result<Vec<NamedTensor>> {
+        let n = self.positions.len();
+        let (kv, di) = (self.kv_width, self.idx_dim);
+        let mut out = vec![export_positions(&self.positions)];
+        for (i, layer) in self.layers.iter().enumerate() {
+            match layer {
+                LayerCache::Attn(a) => a.export(&format!("l{i}"), n, kv, di, &mut out),
+                LayerCache::Linear { gdn, ple } => {
+                    let c = gdn.conv.len();
+                    out.push(NamedTensor::f32(
+                        format!("l{i}.conv"),
+                        vec![c],
+                        gdn.conv.clone(),
+                    ));
+                    out.push(NamedTensor::f32(
+                        format!("l{i}.s"),
+                        vec![gdn.s.len()],
+                        gdn.s.clone(),
+                    ));
+                    if let Some(p) = ple {
+                        let g = p.gvn.len();
+                        out.push(NamedTensor::f32(
+                            format!("l{i}.ple_gvn"),
+                            vec![g],
+                            p.gvn.clone(),
+                        ));
+                        let d = p.ids.len();
+                        out.push(NamedTensor::u32(
+                            format!("l{i}.ple_ids"),
+                            vec![d],
+                            p.ids.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn import(&mut self, tensors: Vec<NamedTensor>) -> Result<()> {
+        if !self.positions.is_empty() {
+            return Err(EngineError::State(
+                "qwen4_exp: import needs a fresh state".into(),
+            ));
+        }
+        let mut r = TableReader::new(tensors, "qwen4_exp state");
+        let positions = import_positions(&mut r)?;
+        let n = positions.len();
+        let (kv, di, ratio) = (self.kv_width, self.idx_dim, self.ratio);
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            // The fresh layer's fixed sizes are the model's: a table from a
+            // differently shaped model fails here.
+            *layer = match layer {
+                LayerCache::Attn(_) => LayerCache::Attn(AttnCache::import(
+                    &mut r,
+                    &format!("l{i}"),
+                    n,
+                    kv,
+                    di,
+                    ratio,
+                )?),
+                LayerCache::Linear { gdn, ple } => LayerCache::Linear {
+                    gdn: GdnCache {
+                        conv: r.f32(&format!("l{i}.conv"), gdn.conv.len())?,
+                        s: r.f32(&format!("l{i}.s"), gdn.s.len())?,
+                    },
+                    ple: match ple {
+                        Some(p) => Some(PleCache {
+                            gvn: r.f32(&format!("l{i}.ple_gvn"), p.gvn.len())?,
+                            ids: r.u32(&format!("l{i}.ple_ids"), p.ids.len())?,
+                        }),
+                        None => None,
+                    },
+                },
+            };
+        }
+        r.finish()?;
+        self.positions = positions;
+        Ok(())
+    }
+
     fn byte_size(&self) -> usize {
         let mut b = self.positions.len() * 12;
         for layer in &self.layers {
@@ -333,5 +468,38 @@ impl MtpHistory for MtpState {
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+
+    fn export(&self) -> Result<Vec<NamedTensor>> {
+        let n = self.positions.len();
+        let mut out = vec![export_positions(&self.positions)];
+        if let LayerCache::Attn(a) = &self.cache {
+            a.export("mtp", n, self.kv_width, self.idx_dim, &mut out);
+        }
+        Ok(out)
+    }
+
+    fn import(&mut self, tensors: Vec<NamedTensor>) -> Result<()> {
+        if !self.positions.is_empty() {
+            return Err(EngineError::State(
+                "qwen4_exp MTP: import needs a fresh history".into(),
+            ));
+        }
+        let mut r = TableReader::new(tensors, "qwen4_exp MTP history");
+        let positions = import_positions(&mut r)?;
+        let n = positions.len();
+        if matches!(self.cache, LayerCache::Attn(_)) {
+            self.cache = LayerCache::Attn(AttnCache::import(
+                &mut r,
+                "mtp",
+                n,
+                self.kv_width,
+                self.idx_dim,
+                self.ratio,
+            )?);
+        }
+        r.finish()?;
+        self.positions = positions;
+        Ok(())
     }
 }
