@@ -32,6 +32,41 @@ pub enum Command {
     /// Tools for replaying and checking individual pieces.
     #[command(subcommand)]
     Debug(DebugCommand),
+    /// Show or clear the session checkpoint store.
+    #[command(subcommand)]
+    Sessions(SessionsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// List the checkpoints (any model) with their size, key length and age.
+    List(CheckpointDirArg),
+    /// Remove every checkpoint in the store.
+    Clear(CheckpointDirArg),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct CheckpointDirArg {
+    /// The checkpoint directory. Default: the user cache's `checkpoints`.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+/// Durable session checkpoints for `run` and `chat` (off unless asked for).
+#[derive(Debug, Args, Clone)]
+pub struct CheckpointArgs {
+    /// Reuse and save session checkpoints in DIR (without DIR: the user
+    /// cache's `checkpoints`). A prompt that extends a saved session only
+    /// prefills the new tokens.
+    #[arg(long, value_name = "DIR", num_args = 0..=1)]
+    pub checkpoint_dir: Option<Option<PathBuf>>,
+    /// Disk budget of the store in MiB (least recently used files go first).
+    #[arg(long, default_value_t = 4096)]
+    pub checkpoint_budget_mib: u64,
+    /// Save a turn only when its session covers at least this many tokens
+    /// (short prompts are cheaper to prefill than to load).
+    #[arg(long, default_value_t = 256)]
+    pub checkpoint_min_tokens: usize,
 }
 
 #[derive(Debug, Args)]
@@ -114,6 +149,8 @@ pub struct RunArgs {
     /// instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +164,8 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub generation: GenerationArgs,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
 }
 
 #[derive(Debug, Args)]

@@ -35,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Command::Pull => commands::pull::pull(),
         Command::Bench(args) => commands::bench::bench(args),
         Command::Debug(command) => commands::debug::debug(command),
+        Command::Sessions(command) => commands::sessions::sessions(command),
     };
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,

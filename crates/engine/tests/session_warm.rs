@@ -248,3 +248,33 @@ fn qwen4_exp_cancel_then_continue_equals_uncancelled() {
     cancel_then_continue(&qwen("tiny_a"), 0, 128);
     cancel_then_continue(&qwen("tiny_a"), 2, 128);
 }
+
+/// The disk store follows the bank's rule: an attention-only (llama) state
+/// is truncated to a shorter shared prefix, a recurrent one is not.
+#[test]
+fn store_truncates_only_attention_only_states() {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama/tiny/f32_tied");
+    let llama = ds4_engine::load::load_llama(&dir, &candle_core::Device::Cpu).unwrap();
+    let qwen = qwen("tiny_a");
+    let p: Vec<u32> = prompt(8, 30, 90);
+    for (name, reusable) in [("llama", true), ("qwen", false)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::open(tmp.path(), identity(name), u64::MAX).unwrap();
+        let mut diverged = p[..20].to_vec();
+        diverged.push(1);
+        let got = if name == "llama" {
+            let mut live = LiveSession::new(&llama);
+            run_turn(&llama, &mut live, &p, 0, 4, None);
+            store.save(&live).unwrap();
+            store.lookup(&llama, &diverged).map(|s| s.tokens().len())
+        } else {
+            let mut live = LiveSession::new(&qwen);
+            run_turn(&qwen, &mut live, &p, 0, 4, None);
+            store.save(&live).unwrap();
+            store.lookup(&qwen, &diverged).map(|s| s.tokens().len())
+        };
+        assert_eq!(got, reusable.then_some(20), "{name}");
+        assert!(store.rejections().is_empty());
+    }
+}

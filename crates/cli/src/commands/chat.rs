@@ -42,6 +42,11 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
 
     let mut editor = rustyline::DefaultEditor::new()?;
     let mut session = LiveSession::new(model);
+    let mut checkpoints = crate::commands::sessions::Checkpoints::open(
+        &args.checkpoints,
+        args.model.model.as_deref(),
+        model,
+    )?;
     let mut messages = initial_messages(args);
     loop {
         let line = match editor.readline(">>> ") {
@@ -86,6 +91,10 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
             }
         };
         interrupted.store(false, Ordering::Relaxed);
+        // A fresh conversation may continue one saved by an earlier run.
+        if let (true, Some(c)) = (session.tokens().is_empty(), checkpoints.as_mut()) {
+            session = c.session_for(model, &prompt_ids);
+        }
         let mut stdout = std::io::stdout().lock();
         let turn = stream_turn(
             model,
@@ -116,12 +125,19 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
                     t.decode_tps()
                 );
                 messages.push(prompt::message("assistant", &turn.text));
+                if let Some(c) = checkpoints.as_mut() {
+                    c.after_turn(&session, turn.result.final_state);
+                }
             }
             Err(e) => {
                 eprintln!("error: {e:#}");
                 messages.pop();
             }
         }
+    }
+    // Clean shutdown: keep whatever consistent state the conversation holds.
+    if let Some(c) = checkpoints.as_mut() {
+        c.on_exit(&session);
     }
     Ok(())
 }

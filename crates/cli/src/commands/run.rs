@@ -47,7 +47,15 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
     for warning in &setup.warnings {
         eprintln!("warning: {warning}");
     }
-    let mut session = LiveSession::new(model);
+    let mut checkpoints = crate::commands::sessions::Checkpoints::open(
+        &args.checkpoints,
+        args.model.model.as_deref(),
+        model,
+    )?;
+    let mut session = match checkpoints.as_mut() {
+        Some(c) => c.session_for(model, &prompt),
+        None => LiveSession::new(model),
+    };
     let mut stdout = std::io::stdout().lock();
     let turn = stream_turn(
         model,
@@ -68,6 +76,9 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
             }
         },
     )?;
+    if let Some(c) = checkpoints.as_mut() {
+        c.after_turn(&session, turn.result.final_state);
+    }
     let timings = turn.result.timings;
     if args.json {
         let report = json!({
@@ -77,6 +88,7 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
             "finish_reason": turn.result.finish_reason.as_str(),
             "seed": setup.seed,
             "warnings": setup.warnings,
+            "reused_tokens": turn.result.reused_tokens,
             "prefill_tokens": timings.prefill_tokens,
             "prefill_tps": timings.prefill_tps(),
             "decode_tokens": timings.decode_tokens,

@@ -129,39 +129,58 @@ impl CheckpointStore {
             .join(format!("{}-{}.{EXTENSION}", fnv_hex(&bytes), tokens.len()))
     }
 
-    /// The longest stored session whose tokens are an exact prefix of
-    /// `prompt`, loaded and fully validated. A file that fails is removed,
-    /// counted, and the next candidate tried; `None` means a cold start.
+    /// The stored session sharing the longest exact prefix with `prompt`,
+    /// loaded, fully validated and rewound to that prefix (see
+    /// [`LiveSession::rewind_for`]). A session that is a prefix of `prompt`
+    /// is used whole; one that only shares a shorter prefix is used only if
+    /// its state can be truncated (attention-only families; a recurrent
+    /// state is restorable only at its stored end). A file that fails is
+    /// removed, counted, and the next candidate tried; `None` means a cold
+    /// start.
     pub fn lookup<M: Model>(&mut self, model: &M, prompt: &[u32]) -> Option<LiveSession<M>> {
-        loop {
-            let best = self
-                .entries
-                .iter()
-                .filter(|e| !e.tokens.is_empty() && prompt.starts_with(&e.tokens))
-                .max_by_key(|e| e.tokens.len())?
-                .path
-                .clone();
-            let loaded = format::read(&best, &self.identity).and_then(|image| {
+        let mut order: Vec<(usize, PathBuf)> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let common = e
+                    .tokens
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (common, e.path.clone())
+            })
+            .filter(|(c, _)| *c > 0)
+            .collect();
+        order.sort_by(|a, b| b.cmp(a));
+        for (_, path) in order {
+            let loaded = format::read(&path, &self.identity).and_then(|image| {
                 LiveSession::import(model, image).map_err(|e| CheckpointError {
-                    path: best.clone(),
+                    path: path.clone(),
                     reason: RejectReason::BadState,
                     detail: e.to_string(),
                 })
             });
-            match loaded {
-                Ok(session) => {
-                    let now = SystemTime::now();
-                    if let Ok(f) = fs::File::options().write(true).open(&best) {
-                        let _ = f.set_modified(now);
-                    }
-                    if let Some(e) = self.entries.iter_mut().find(|e| e.path == best) {
-                        e.last_used = now;
-                    }
-                    return Some(session);
+            let mut session = match loaded {
+                Ok(s) => s,
+                Err(e) => {
+                    self.reject(e);
+                    continue;
                 }
-                Err(e) => self.reject(e),
+            };
+            if session.rewind_for(model, prompt) == 0 {
+                continue;
             }
+            let now = SystemTime::now();
+            if let Ok(f) = fs::File::options().write(true).open(&path) {
+                let _ = f.set_modified(now);
+            }
+            if let Some(e) = self.entries.iter_mut().find(|e| e.path == path) {
+                e.last_used = now;
+            }
+            return Some(session);
         }
+        None
     }
 
     /// Write `session` as a checkpoint (replacing one with the same key),
