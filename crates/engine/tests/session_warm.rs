@@ -278,3 +278,33 @@ fn store_truncates_only_attention_only_states() {
         assert!(store.rejections().is_empty());
     }
 }
+
+/// Boundaries every N tokens make a hybrid prompt that diverges part way
+/// restorable at the last boundary before the divergence, and the turn from
+/// there is bit-identical to one from a session prefilled to that boundary
+/// without the bank.
+#[test]
+fn qwen4_exp_boundaries_every_n_tokens() {
+    let model = qwen("tiny_a");
+    let a = prompt(9, 40, 128);
+    let mut bank = SessionBank::new(usize::MAX);
+    let mut s = LiveSession::new(&model);
+    bank.prefill_with_boundaries(&model, &mut s, &a, 16, 2048)
+        .unwrap();
+    let mut keys: Vec<usize> = bank.keys().map(<[u32]>::len).collect();
+    keys.sort();
+    assert_eq!(keys, vec![16, 32, 40]);
+    let mut b = a[..35].to_vec();
+    b.extend(prompt(10, 6, 128));
+    let hit = bank.fetch(&model, &b).unwrap();
+    assert_eq!(hit.reused, 32);
+    let mut warm = hit.session;
+    let (_, w) = run_turn(&model, &mut warm, &b, 0, 6, None);
+
+    let mut reference = LiveSession::new(&model);
+    SessionBank::new(0)
+        .prefill_with_boundaries(&model, &mut reference, &a[..32], 16, 2048)
+        .unwrap();
+    let (_, r) = run_turn(&model, &mut reference, &b, 0, 6, None);
+    assert_eq!(w, r);
+}

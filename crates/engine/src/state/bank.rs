@@ -10,7 +10,8 @@
 //! The bank holds deep copies: the live session is never shared with it, so
 //! a turn in progress cannot be evicted from under itself.
 
-use crate::decode::LiveSession;
+use crate::decode::{LiveSession, prefill};
+use crate::error::Result;
 use crate::model::Model;
 
 struct Entry<M: Model> {
@@ -139,5 +140,43 @@ impl<M: Model> SessionBank<M> {
             }
         }
         None
+    }
+
+    /// Extend `session` with `tokens` (no sampling), banking a boundary
+    /// snapshot whenever the session length reaches a multiple of `every`
+    /// and at the end. For hybrid families these boundaries are the only
+    /// restore points inside a long prompt, so a later prompt that diverges
+    /// part way still reuses all but less than `every` tokens. The MTP
+    /// history is not kept in step here (the session drops it, as an AR
+    /// turn does). On error the session is reset.
+    pub fn prefill_with_boundaries(
+        &mut self,
+        model: &M,
+        session: &mut LiveSession<M>,
+        tokens: &[u32],
+        every: usize,
+        chunk: usize,
+    ) -> Result<()> {
+        let every = every.max(1);
+        *session.mtp_mut() = None;
+        let mut rest = tokens;
+        while !rest.is_empty() {
+            let len = session.tokens().len();
+            let next = (len / every + 1) * every;
+            let (seg, tail) = rest.split_at((next - len).min(rest.len()));
+            match prefill(model, session.state_mut(), seg, chunk, &mut |_| {}) {
+                Ok(out) => {
+                    session.record(seg);
+                    session.set_last_logits(Some(out.last_row().to_vec()));
+                }
+                Err(e) => {
+                    session.reset(model);
+                    return Err(e);
+                }
+            }
+            self.insert(session);
+            rest = tail;
+        }
+        Ok(())
     }
 }
