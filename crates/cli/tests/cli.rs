@@ -214,16 +214,12 @@ fn debug_logits_modes_agree_default_model() {
         for row in 0..16 {
             let a = &one[row * 49152..(row + 1) * 49152];
             let b = &other[row * 49152..(row + 1) * 49152];
-            assert_eq!(argmax(a), argmax(b), "row {row}");
-            // Chunking changes only the order of f32 reductions inside the
-            // attention softmax and the batch shape of quantized matmuls;
-            // differences stay far below the logit gaps that decide tokens.
-            let max_diff = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            assert!(max_diff < 0.05, "row {row}: max |diff| {max_diff}");
+            // Every kernel on the CPU path computes a row the same way
+            // whatever the window (backend::cpu::{block_matmul, attention}),
+            // so chunked and stepped runs equal one forward bit for bit —
+            // the property that makes a warm turn equal a cold one.
+            assert_eq!(a, b, "row {row} differs between chunkings");
+            assert_eq!(argmax(a), argmax(b));
         }
     }
 }

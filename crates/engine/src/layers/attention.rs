@@ -7,7 +7,11 @@
 //! group: no copy of the cache per query head, and no broadcast matmul
 //! (slow in candle on CPU). Scores and softmax are in f32.
 //!
-//! The causal mask is built only for multi-token windows: query `i` sees
+//! On the CPU, scores, softmax and the weighted sum run in
+//! [`crate::backend::cpu::attention`], whose per-query result does not
+//! depend on the window size (warm == cold bit for bit). Elsewhere the
+//! batched candle path below is used; there the causal mask is built only
+//! for multi-token windows: query `i` sees
 //! keys `0 ..= offset + i`. It is `[t, offset + t]` and broadcast over heads;
 //! the scores themselves are `[heads, t, offset + t]`, which bounds the
 //! useful prefill chunk size on long contexts.
@@ -16,6 +20,7 @@ use candle_core::{Device, Result, Tensor};
 
 use super::linear::Linear;
 use super::rope::Rope;
+use crate::backend::cpu::attention::CausalAttention;
 use crate::state::kv_cache::KvCache;
 
 #[derive(Debug, Clone)]
@@ -62,18 +67,25 @@ impl Attention {
 
         // Scale q (t·d values) rather than the scores (t·total values).
         let q = (q * (1.0 / (d as f64).sqrt()))?.reshape((kvh, group * t, d))?;
-        let scores = q.matmul(&k_all.t()?)?; // [kvh, group * t, total]
-        let scores = if t > 1 {
-            let mask = causal_mask(t, offset, x.device())?; // [t, total]
-            scores
-                .reshape((kvh, group, t, total))?
-                .broadcast_add(&mask)?
-                .reshape((kvh, group * t, total))?
+        let y = if x.device().is_cpu() {
+            // Row-independent kernel: a query's output does not depend on
+            // how the sequence was chunked, so warm turns equal cold ones
+            // bit for bit (see backend::cpu::attention).
+            q.apply_op3_no_bwd(&k_all, &v_all, &CausalAttention { offset, t })?
         } else {
-            scores
+            let scores = q.matmul(&k_all.t()?)?; // [kvh, group * t, total]
+            let scores = if t > 1 {
+                let mask = causal_mask(t, offset, x.device())?; // [t, total]
+                scores
+                    .reshape((kvh, group, t, total))?
+                    .broadcast_add(&mask)?
+                    .reshape((kvh, group * t, total))?
+            } else {
+                scores
+            };
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            probs.matmul(&v_all)? // [kvh, group * t, d]
         };
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let y = probs.matmul(&v_all)?; // [kvh, group * t, d]
         let y = y
             .reshape((h, t, d))?
             .transpose(0, 1)?

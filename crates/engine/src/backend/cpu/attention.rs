@@ -1,0 +1,258 @@
+//! Causal attention whose result for a query does not depend on how the
+//! sequence was split into forwards.
+//!
+//! A warm turn (earlier tokens from the cache, the rest prefilled) must give
+//! bit-identical logits to a cold turn that prefills everything at once.
+//! Batched matmuls cannot promise that: the reduction order of a GEMM
+//! depends on the matrix shapes, so the same query row summed inside a
+//! 40-row chunk and as a single decode row can differ in the last bit, and
+//! a greedy near tie then flips. Here every query row is computed by the
+//! same sequential code whatever the chunk: scores `q·k_j` for the visible
+//! keys in order, a max-subtracted softmax summed in order, and the weighted
+//! sum of values in order. The linear layers around it use
+//! [`super::block_matmul`], which is row-independent in the same way.
+//!
+//! Inputs (f32): `q [kv_heads, group·t, d]` already scaled by `1/√d`, with
+//! row `g·t + i` the query of group member `g` at window position `i`;
+//! `k`, `v` `[kv_heads, offset + t, d]` (rows may be strided views of the
+//! cache). Query `i` sees keys `0 ..= offset + i`.
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
+
+#[derive(Debug, Clone, Copy)]
+pub struct CausalAttention {
+    /// Cached positions before this window.
+    pub offset: usize,
+    /// Positions in this window.
+    pub t: usize,
+}
+
+/// Element accessor for a 3-D strided f32 tensor whose last dim is contiguous.
+struct View<'a> {
+    data: &'a [f32],
+    start: usize,
+    strides: [usize; 2],
+}
+
+impl View<'_> {
+    fn row(&self, a: usize, b: usize, d: usize) -> &[f32] {
+        let at = self.start + a * self.strides[0] + b * self.strides[1];
+        &self.data[at..at + d]
+    }
+}
+
+fn view<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    what: &str,
+) -> candle_core::Result<(View<'a>, [usize; 3])> {
+    let CpuStorage::F32(data) = storage else {
+        candle_core::bail!("causal-attention: {what} must be f32");
+    };
+    let dims = layout.shape().dims();
+    let stride = layout.stride();
+    if dims.len() != 3 || stride[2] != 1 {
+        candle_core::bail!("causal-attention: {what} must be 3-D with a contiguous last dim");
+    }
+    Ok((
+        View {
+            data,
+            start: layout.start_offset(),
+            strides: [stride[0], stride[1]],
+        },
+        [dims[0], dims[1], dims[2]],
+    ))
+}
+
+impl CustomOp3 for CausalAttention {
+    fn name(&self) -> &'static str {
+        "causal-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        qs: &CpuStorage,
+        ql: &Layout,
+        ks: &CpuStorage,
+        kl: &Layout,
+        vs: &CpuStorage,
+        vl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (q, [kvh, rows, d]) = view(qs, ql, "q")?;
+        let (k, [kvh_k, total, d_k]) = view(ks, kl, "k")?;
+        let (v, [kvh_v, total_v, d_v]) = view(vs, vl, "v")?;
+        let (t, offset) = (self.t, self.offset);
+        if kvh_k != kvh || kvh_v != kvh || d_k != d || d_v != d || total_v != total {
+            candle_core::bail!("causal-attention: q, k, v shapes disagree");
+        }
+        if t == 0 || rows % t != 0 || total != offset + t {
+            candle_core::bail!("causal-attention: {rows} query rows, window {t}, {total} keys");
+        }
+        let mut y = vec![0f32; kvh * rows * d];
+        let y_ptr = SendPtr(y.as_mut_ptr());
+        let pool = candle_core::utils::barrier_pool();
+        // One work item per (kv head, query row); each writes its own row of y.
+        pool.execute_chunked(kvh * rows, |range| {
+            let y_ptr = &y_ptr;
+            let mut scores = vec![0f32; total];
+            let mut acc = vec![0f32; d];
+            for item in range {
+                let (h, r) = (item / rows, item % rows);
+                let visible = offset + r % t + 1;
+                let qr = q.row(h, r, d);
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores[..visible].iter_mut().enumerate() {
+                    *s = dot(qr, k.row(h, j, d));
+                    max = max.max(*s);
+                }
+                let mut sum = 0f32;
+                for s in &mut scores[..visible] {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                acc.fill(0.0);
+                for (j, &p) in scores[..visible].iter().enumerate() {
+                    for (a, &x) in acc.iter_mut().zip(v.row(h, j, d)) {
+                        *a += p * x;
+                    }
+                }
+                let inv = 1.0 / sum;
+                // SAFETY: row (h, r) of y is written by this work item only.
+                let out =
+                    unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add((h * rows + r) * d), d) };
+                for (o, a) in out.iter_mut().zip(&acc) {
+                    *o = a * inv;
+                }
+            }
+        });
+        Ok((CpuStorage::F32(y), Shape::from((kvh, rows, d))))
+    }
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: work items write disjoint rows (see `cpu_fwd`).
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
+/// A fixed-order dot product (8 interleaved partial sums, then summed in a
+/// fixed tree), the same for every call whatever the batch.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            lanes[l] = a[c * 8 + l].mul_add(b[c * 8 + l], lanes[l]);
+        }
+    }
+    let mut s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for i in chunks * 8..a.len() {
+        s = a[i].mul_add(b[i], s);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    fn random(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Softmax attention in f64 for one query row.
+    fn reference(q: &[f32], k: &[f32], v: &[f32], visible: usize, d: usize) -> Vec<f64> {
+        let s: Vec<f64> = (0..visible)
+            .map(|j| (0..d).map(|e| q[e] as f64 * k[j * d + e] as f64).sum())
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = p.iter().sum();
+        (0..d)
+            .map(|e| {
+                (0..visible)
+                    .map(|j| p[j] * v[j * d + e] as f64)
+                    .sum::<f64>()
+                    / z
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_f64_softmax_attention_and_ignores_chunking() {
+        let (kvh, group, d, total) = (2, 3, 16, 11);
+        let dev = Device::Cpu;
+        let kd = random(kvh * total * d, 1);
+        let vd = random(kvh * total * d, 2);
+        let k = Tensor::from_vec(kd.clone(), (kvh, total, d), &dev).unwrap();
+        let v = Tensor::from_vec(vd.clone(), (kvh, total, d), &dev).unwrap();
+        // Per (head, group member, position) query vectors.
+        let qd = random(kvh * group * total * d, 3);
+        let query = |h: usize, g: usize, pos: usize| {
+            let at = ((h * group + g) * total + pos) * d;
+            &qd[at..at + d]
+        };
+        // Run the sequence as windows [0..4), [4..5), [5..11) and as one.
+        let run = |splits: &[(usize, usize)]| -> Vec<Vec<f32>> {
+            let mut out = vec![vec![0f32; d]; kvh * group * total];
+            for &(offset, t) in splits {
+                let mut qw = Vec::new();
+                for h in 0..kvh {
+                    for g in 0..group {
+                        for i in 0..t {
+                            qw.extend_from_slice(query(h, g, offset + i));
+                        }
+                    }
+                }
+                let q = Tensor::from_vec(qw, (kvh, group * t, d), &dev).unwrap();
+                let kw = k.narrow(1, 0, offset + t).unwrap();
+                let vw = v.narrow(1, 0, offset + t).unwrap();
+                let y = q
+                    .apply_op3_no_bwd(&kw, &vw, &CausalAttention { offset, t })
+                    .unwrap();
+                let y: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
+                for h in 0..kvh {
+                    for g in 0..group {
+                        for i in 0..t {
+                            let row = (h * group + g) * t + i;
+                            out[(h * group + g) * total + offset + i] =
+                                y[row * d..(row + 1) * d].to_vec();
+                        }
+                    }
+                }
+            }
+            out
+        };
+        let whole = run(&[(0, total)]);
+        let split = run(&[(0, 4), (4, 1), (5, 6)]);
+        assert_eq!(whole, split, "chunking must not change a single bit");
+        for h in 0..kvh {
+            for g in 0..group {
+                for pos in 0..total {
+                    let want = reference(
+                        query(h, g, pos),
+                        &kd[h * total * d..],
+                        &vd[h * total * d..],
+                        pos + 1,
+                        d,
+                    );
+                    let got = &whole[(h * group + g) * total + pos];
+                    for (a, b) in got.iter().zip(&want) {
+                        assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}
