@@ -17,6 +17,7 @@
 //! `k`, `v` `[kv_heads, offset + t, d]` (rows may be strided views of the
 //! cache). Query `i` sees keys `0 ..= offset + i`.
 
+use super::SendPtr;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 
 #[derive(Debug, Clone, Copy)]
@@ -128,11 +129,6 @@ impl CustomOp3 for CausalAttention {
         Ok((CpuStorage::F32(y), Shape::from((kvh, rows, d))))
     }
 }
-
-struct SendPtr(*mut f32);
-// SAFETY: work items write disjoint rows (see `cpu_fwd`).
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
 
 /// A fixed-order dot product (8 interleaved partial sums, then summed in a
 /// fixed tree), the same for every call whatever the batch.

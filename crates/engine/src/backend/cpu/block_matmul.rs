@@ -21,6 +21,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use super::SendPtr;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use half::f16;
 
@@ -188,11 +189,6 @@ thread_local! {
     /// Decoded weight rows (`COLUMNS × k` f32), reused across calls.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
-
-struct SendPtr(*mut f32);
-// SAFETY: workers write disjoint elements (see `BlockMatrix::matmul`).
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
 
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
