@@ -44,6 +44,7 @@ fn session<M: Model>(model: &M, prompt: &[u32], depth: usize) -> LiveSession<M> 
         stop_token_ids: vec![],
         prefill_chunk: 2048,
         logprobs: None,
+        cancel: Default::default(),
     };
     decode::generate_auto(
         model,

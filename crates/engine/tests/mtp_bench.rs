@@ -28,6 +28,7 @@ fn mtp_bench_vs_ar() {
         stop_token_ids: vec![],
         prefill_chunk: 2048,
         logprobs: None,
+        cancel: Default::default(),
     };
     for temperature in [0.0, 0.6] {
         let mut ar_tokens = Vec::new();

@@ -255,6 +255,7 @@ fn config() -> TurnConfig {
         stop_token_ids: vec![STOP],
         prefill_chunk: 16,
         logprobs: None,
+        cancel: Default::default(),
     }
 }
 
@@ -595,6 +596,7 @@ fn mtp_toy_exit_matrix_including_bonus() {
                     stop_token_ids: vec![],
                     prefill_chunk: 16,
                     logprobs: None,
+                    cancel: Default::default(),
                 };
                 let (r, _, src) = run(&free, None);
                 for (i, source) in src.iter().enumerate() {

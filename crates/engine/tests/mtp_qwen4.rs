@@ -58,6 +58,7 @@ fn config(max_tokens: usize, stop: Vec<u32>) -> TurnConfig {
         stop_token_ids: stop,
         prefill_chunk: 2048,
         logprobs: None,
+        cancel: Default::default(),
     }
 }
 

@@ -32,6 +32,7 @@ fn first_token<M: Model>(
         stop_token_ids: vec![],
         prefill_chunk: decode::DEFAULT_PREFILL_CHUNK,
         logprobs: None,
+        cancel: Default::default(),
     };
     let mut at = None;
     let r = decode::generate(

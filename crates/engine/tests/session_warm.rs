@@ -68,6 +68,7 @@ fn run_turn<M: Model>(
         stop_token_ids: vec![],
         prefill_chunk: 2048,
         logprobs: Some(4),
+        cancel: Default::default(),
     };
     let mut lp = Vec::new();
     let r = decode::generate_auto(
@@ -199,6 +200,7 @@ fn cancel_then_continue<M: Model>(model: &M, depth: usize, vocab: u32) {
             stop_token_ids: vec![],
             prefill_chunk: 2048,
             logprobs: None,
+            cancel: Default::default(),
         };
         decode::generate_auto(
             model,

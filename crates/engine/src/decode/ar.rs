@@ -67,18 +67,27 @@ fn run<M: Model>(
             .map(<[f32]>::to_vec)
             .ok_or_else(|| crate::EngineError::State("the prompt is empty".into()))?
     } else {
-        session.set_last_logits(None);
-        prefill(
-            model,
-            session.state_mut(),
-            fresh,
-            config.prefill_chunk,
-            on_prefill,
-        )?
-        .logits
+        match prefill_cancellable(model, session, fresh, config, on_prefill)? {
+            Some(logits) => logits,
+            None => {
+                // Cancelled between chunks: the session covers the chunks
+                // that ran (with their last logits), nothing was emitted.
+                return Ok(TurnResult {
+                    tokens: Vec::new(),
+                    finish_reason: FinishReason::Caller(CallerStop::Cancelled),
+                    reused_tokens: reused,
+                    timings: TurnTimings {
+                        prefill_tokens: session.tokens().len() - reused,
+                        prefill: prefill_start.elapsed(),
+                        ..TurnTimings::default()
+                    },
+                    argmax_fallbacks: 0,
+                    final_state: FinalState::Partial,
+                    mtp: None,
+                });
+            }
+        }
     };
-    session.record(fresh);
-    session.set_last_logits(Some(logits.clone()));
     let mut timings = TurnTimings {
         prefill_tokens: fresh.len(),
         prefill: prefill_start.elapsed(),
@@ -90,6 +99,11 @@ fn run<M: Model>(
     let mut tokens = Vec::new();
     let mut fallbacks = 0;
     let finish_reason = loop {
+        if config.cancel.is_cancelled() {
+            // Cancelled before this token was sampled: the session covers
+            // `prompt + emitted` but the turn is not claimed.
+            break FinishReason::Caller(CallerStop::Cancelled);
+        }
         if tokens.len() >= config.max_tokens {
             break FinishReason::MaxTokens;
         }
@@ -113,6 +127,8 @@ fn run<M: Model>(
             Some(FinishReason::StopToken)
         } else if let Flow::Stop(why) = flow {
             Some(FinishReason::Caller(why))
+        } else if config.cancel.is_cancelled() {
+            Some(FinishReason::Caller(CallerStop::Cancelled))
         } else if tokens.len() >= config.max_tokens {
             Some(FinishReason::MaxTokens)
         } else {
@@ -156,4 +172,47 @@ fn run<M: Model>(
         final_state,
         mtp: None,
     })
+}
+
+/// Prefill `fresh` into the session chunk by chunk, recording each chunk as
+/// soon as it ran and checking the cancel token before each one. Returns the
+/// last logits row, or `None` when cancelled (the session then covers the
+/// chunks that ran and keeps the last one's logits row, if any).
+fn prefill_cancellable<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    fresh: &[u32],
+    config: &TurnConfig,
+    on_prefill: &mut dyn FnMut(PrefillProgress),
+) -> Result<Option<Vec<f32>>> {
+    let needed = session.tokens().len() + fresh.len();
+    if needed > model.context_length() {
+        return Err(crate::EngineError::ContextOverflow {
+            needed,
+            limit: model.context_length(),
+        });
+    }
+    let chunk = config.prefill_chunk.max(1);
+    let start = Instant::now();
+    let mut logits = None;
+    for (i, piece) in fresh.chunks(chunk).enumerate() {
+        if config.cancel.is_cancelled() {
+            return Ok(None);
+        }
+        session.set_last_logits(None);
+        let row = prefill(model, session.state_mut(), piece, chunk, &mut |_| {})?
+            .last_row()
+            .to_vec();
+        session.record(piece);
+        session.set_last_logits(Some(row.clone()));
+        logits = Some(row);
+        on_prefill(PrefillProgress {
+            done: (i * chunk + piece.len()).min(fresh.len()),
+            total: fresh.len(),
+            elapsed: start.elapsed(),
+        });
+    }
+    logits
+        .map(Some)
+        .ok_or_else(|| crate::EngineError::State("prefill produced no logits".into()))
 }

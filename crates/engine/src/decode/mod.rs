@@ -17,6 +17,6 @@ pub use mtp::{MtpStats, generate_auto, generate_mtp, resolve_mtp_depth};
 pub use prefill::{DEFAULT_PREFILL_CHUNK, PrefillProgress, prefill};
 pub use session::{LiveSession, SessionImage};
 pub use turn::{
-    CallerStop, FinalState, FinishReason, Flow, TokenEvent, TokenSource, TurnConfig, TurnResult,
-    TurnTimings,
+    CallerStop, CancelToken, FinalState, FinishReason, Flow, TokenEvent, TokenSource, TurnConfig,
+    TurnResult, TurnTimings,
 };

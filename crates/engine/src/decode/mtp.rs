@@ -286,6 +286,8 @@ impl<M: Model> Turn<'_, M> {
             Some(FinishReason::StopToken)
         } else if let Flow::Stop(why) = flow {
             Some(FinishReason::Caller(why))
+        } else if self.config.cancel.is_cancelled() {
+            Some(FinishReason::Caller(CallerStop::Cancelled))
         } else if self.tokens.len() >= self.config.max_tokens {
             Some(FinishReason::MaxTokens)
         } else {
@@ -301,12 +303,14 @@ impl<M: Model> Turn<'_, M> {
     }
 
     /// Rewind, make sure the MTP history is in step (else start over), and
-    /// prefill the new prompt tokens through trunk and head.
+    /// prefill the new prompt tokens through trunk and head. `None`: the
+    /// cancel token was set before a chunk; the session covers the chunks
+    /// that ran (trunk, head and last logits in step).
     fn prefill(
         &mut self,
         prompt: &[u32],
         on_prefill: &mut dyn FnMut(PrefillProgress),
-    ) -> Result<(usize, Last)> {
+    ) -> Result<(usize, Option<Last>)> {
         let model = self.model;
         let mut reused = self.session.rewind_for(model, prompt);
         if self.session.mtp_mut().is_none() {
@@ -336,7 +340,7 @@ impl<M: Model> Turn<'_, M> {
                 .hidden
                 .clone()
                 .ok_or_else(|| state_err("the session kept no hidden"))?;
-            return Ok((reused, Last { logits, hidden }));
+            return Ok((reused, Some(Last { logits, hidden })));
         }
         let needed = self.session.tokens().len() + fresh.len();
         if needed > model.context_length() {
@@ -350,6 +354,10 @@ impl<M: Model> Turn<'_, M> {
         let start = Instant::now();
         let mut last = None;
         for (i, piece) in fresh.chunks(chunk).enumerate() {
+            if self.config.cancel.is_cancelled() {
+                return Ok((reused, None));
+            }
+            self.session.set_last_logits(None);
             let (out, hidden) =
                 model.forward_hidden(piece, self.session.state_mut(), LogitsRows::Last)?;
             self.session.record(piece);
@@ -369,6 +377,7 @@ impl<M: Model> Turn<'_, M> {
                 model.mtp_forward(toks, &rows, side.history.as_mut())?;
             }
             side.hidden = Some(hidden.narrow(0, piece.len() - 1, 1)?);
+            self.session.set_last_logits(Some(out.last_row().to_vec()));
             last = Some(out);
             on_prefill(PrefillProgress {
                 done: (i * chunk + piece.len()).min(fresh.len()),
@@ -386,7 +395,7 @@ impl<M: Model> Turn<'_, M> {
             .hidden
             .clone()
             .ok_or_else(|| state_err("prefill produced no hidden"))?;
-        Ok((reused, Last { logits, hidden }))
+        Ok((reused, Some(Last { logits, hidden })))
     }
 
     fn run(
@@ -395,7 +404,22 @@ impl<M: Model> Turn<'_, M> {
         on_prefill: &mut dyn FnMut(PrefillProgress),
     ) -> Result<TurnResult> {
         let prefill_start = Instant::now();
-        let (reused, mut last) = self.prefill(prompt, on_prefill)?;
+        let (reused, last) = self.prefill(prompt, on_prefill)?;
+        let Some(mut last) = last else {
+            return Ok(TurnResult {
+                tokens: Vec::new(),
+                finish_reason: FinishReason::Caller(CallerStop::Cancelled),
+                reused_tokens: reused,
+                timings: TurnTimings {
+                    prefill_tokens: self.session.tokens().len() - reused,
+                    prefill: prefill_start.elapsed(),
+                    ..TurnTimings::default()
+                },
+                argmax_fallbacks: 0,
+                final_state: FinalState::Partial,
+                mtp: Some(self.stats),
+            });
+        };
         let mut timings = TurnTimings {
             prefill_tokens: prompt.len() - reused,
             prefill: prefill_start.elapsed(),

@@ -1,8 +1,39 @@
 //! What a turn is asked to do and what it reports back.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::logprobs::TokenLogprobs;
+
+/// A shared flag that stops a turn from outside the decode loop (a client
+/// disconnect, Ctrl+C). Cloning shares the flag. The loops check it between
+/// prefill chunks and after every emitted token; a cancelled turn leaves the
+/// session consistent for exactly what it processed (see
+/// [`FinishReason::Caller`] with [`CallerStop::Cancelled`] and
+/// [`FinalState::Partial`]).
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ask the turn to stop at its next check.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Clear the flag (a token reused for the next turn, as `chat` does).
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
 
 /// Limits and stop conditions of one generation turn.
 #[derive(Debug, Clone)]
@@ -18,6 +49,8 @@ pub struct TurnConfig {
     /// and the `n` most likely alternatives (see [`super::logprobs`]).
     /// `None`: nothing is computed.
     pub logprobs: Option<usize>,
+    /// Stops the turn between prefill chunks or tokens when set.
+    pub cancel: CancelToken,
 }
 
 /// A token the turn just produced.

@@ -9,6 +9,25 @@
 //!
 //! The bank holds deep copies: the live session is never shared with it, so
 //! a turn in progress cannot be evicted from under itself.
+//!
+//! ## Eviction by usefulness
+//!
+//! When the bank is over its memory budget it drops the entry with the
+//! lowest *usefulness*
+//!
+//! ```text
+//! usefulness = (tokens / bytes) × (1 + hits) / (1 + age)
+//! ```
+//!
+//! where `tokens` is the prefix the entry can save a later prompt from
+//! prefilling, `bytes` what it costs to keep, `hits` how often it was
+//! reused, and `age` the number of bank operations (inserts and hits) since
+//! it was last inserted or hit. So a snapshot that keeps paying off outlives
+//! a newer one nobody asked for, recency still wins between equally used
+//! ones, and per byte a long hybrid snapshot (fixed-size recurrent state) is
+//! worth more than a short one. The entry just inserted is never the victim
+//! of its own insertion (unless it alone exceeds the budget, when it is not
+//! kept at all).
 
 use crate::decode::{LiveSession, prefill};
 use crate::error::Result;
@@ -75,54 +94,95 @@ impl<M: Model> SessionBank<M> {
         if bytes > self.budget {
             return false;
         }
-        self.entries.retain(|e| e.session.tokens() != snap.tokens());
+        // A snapshot replacing one with the same key keeps its hit count.
+        let mut hits = 0;
+        self.entries.retain(|e| {
+            let same = e.session.tokens() == snap.tokens();
+            if same {
+                hits = e.hits;
+            }
+            !same
+        });
         self.entries.push(Entry {
             session: snap,
             bytes,
-            hits: 0,
+            hits,
             last_used: self.clock,
         });
         while self.total_bytes() > self.budget {
-            self.evict_one();
+            // The new entry is last; it fits alone (checked above).
+            let Some(victim) = self.least_useful(self.entries.len() - 1) else {
+                break;
+            };
+            self.entries.remove(victim);
         }
         true
     }
 
-    /// Drop the least useful snapshot: fewest hits per byte among the least
-    /// recently used half breaks ties toward keeping snapshots that keep
-    /// paying off; recency dominates.
-    fn evict_one(&mut self) {
-        let victim = self
-            .entries
+    /// Usefulness of an entry (see the module docs); higher is kept longer.
+    fn usefulness(&self, e: &Entry<M>) -> f64 {
+        let tokens = e.session.tokens().len() as f64;
+        let bytes = e.bytes.max(1) as f64;
+        let age = self.clock.saturating_sub(e.last_used) as f64;
+        tokens / bytes * (1.0 + e.hits as f64) / (1.0 + age)
+    }
+
+    /// The entry to evict: the least useful one other than `protect`.
+    fn least_useful(&self, protect: usize) -> Option<usize> {
+        self.entries
             .iter()
             .enumerate()
-            .min_by_key(|(_, e)| (e.last_used, e.hits))
-            .map(|(i, _)| i);
-        if let Some(i) = victim {
-            self.entries.remove(i);
-        }
+            .filter(|&(i, _)| i != protect)
+            .map(|(i, e)| (i, self.usefulness(e)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)
+    }
+
+    /// How often each banked snapshot was reused, by key length (tests,
+    /// diagnostics).
+    pub fn hits(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.entries
+            .iter()
+            .map(|e| (e.session.tokens().len(), e.hits))
     }
 
     /// The best reusable snapshot for `prompt`, as a fresh deep copy rewound
     /// to the reused prefix (see [`LiveSession::rewind_for`]: a session
     /// covering the whole prompt keeps its last logits and samples at once).
     pub fn fetch(&mut self, model: &M, prompt: &[u32]) -> Option<BankHit<M>> {
+        self.fetch_better(model, prompt, 0, false)
+    }
+
+    /// The longest prefix any banked snapshot shares with `prompt` (an upper
+    /// bound on what [`SessionBank::fetch`] can reuse; no copy is made).
+    pub fn best_common(&self, prompt: &[u32]) -> usize {
+        self.entries
+            .iter()
+            .map(|e| common_prefix(e.session.tokens(), prompt))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Like [`SessionBank::fetch`], but only a hit reusing more than
+    /// `better_than` tokens counts (no copy is made of snapshots that cannot
+    /// beat it), and with `needs_mtp` only snapshots whose MTP history is in
+    /// step with the trunk qualify (an MTP turn rebuilds any other session
+    /// from scratch).
+    pub fn fetch_better(
+        &mut self,
+        model: &M,
+        prompt: &[u32],
+        better_than: usize,
+        needs_mtp: bool,
+    ) -> Option<BankHit<M>> {
         // Candidates by the prefix they could serve, longest first.
         let mut order: Vec<(usize, usize)> = self
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| {
-                let common = e
-                    .session
-                    .tokens()
-                    .iter()
-                    .zip(prompt)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                (common, i)
-            })
-            .filter(|&(c, _)| c > 0)
+            .filter(|(_, e)| !needs_mtp || e.session.mtp_history().is_some())
+            .map(|(i, e)| (common_prefix(e.session.tokens(), prompt), i))
+            .filter(|&(c, _)| c > better_than)
             .collect();
         order.sort_by(|a, b| b.cmp(a));
         for (_, i) in order {
@@ -131,7 +191,8 @@ impl<M: Model> SessionBank<M> {
             // prefix; a recurrent state that would need truncating resets
             // instead (reuse 0), which is a miss for this entry.
             let reused = session.rewind_for(model, prompt);
-            if reused > 0 {
+            let in_step = !needs_mtp || session.mtp_history().is_some();
+            if reused > better_than && in_step {
                 self.clock += 1;
                 let e = &mut self.entries[i];
                 e.hits += 1;
@@ -179,4 +240,9 @@ impl<M: Model> SessionBank<M> {
         }
         Ok(())
     }
+}
+
+/// Length of the longest common prefix of two token lists.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

@@ -5,3 +5,4 @@ pub mod bank;
 pub mod checkpoint;
 pub mod kv_cache;
 pub mod table;
+pub mod warm;

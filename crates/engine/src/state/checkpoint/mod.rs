@@ -65,3 +65,38 @@ pub fn fingerprint_path(path: &Path) -> std::io::Result<String> {
     }
     Ok(fnv_hex(text.as_bytes()))
 }
+
+/// What a checkpoint of the model at `model_path` must match: the weights
+/// file(s), the tokenizer and chat template (inside the GGUF, or the
+/// directory's tokenizer files), the family and the engine's state format.
+pub fn identity(model_path: &Path, family: &str) -> crate::error::Result<Identity> {
+    let io_err = |e: std::io::Error| crate::error::EngineError::File {
+        path: model_path.to_path_buf(),
+        message: format!("fingerprinting the model for checkpoints: {e}"),
+    };
+    let model = fingerprint_path(model_path).map_err(io_err)?;
+    let tokenizer = if model_path.is_dir() {
+        let mut bytes = Vec::new();
+        for name in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+        ] {
+            if let Ok(b) = std::fs::read(model_path.join(name)) {
+                bytes.extend_from_slice(name.as_bytes());
+                bytes.extend_from_slice(&b);
+            }
+        }
+        fnv_hex(&bytes)
+    } else {
+        // A GGUF carries its tokenizer and template: the file fingerprint
+        // covers them.
+        format!("gguf:{model}")
+    };
+    Ok(Identity {
+        model,
+        tokenizer,
+        family: family.to_string(),
+        state_version: STATE_FORMAT_VERSION,
+    })
+}

@@ -1,0 +1,343 @@
+//! The session cache: one owner for everything that lets a turn start warm
+//! — the live session, the in-memory [`SessionBank`] and, optionally, the
+//! on-disk [`CheckpointStore`]. `run`, `chat` and the server's engine worker
+//! all go through it, so they follow one policy.
+//!
+//! ## Policy
+//!
+//! Before a turn ([`SessionCache::prepare`]):
+//!
+//! 1. If the prompt does not extend the live session, the live state is
+//!    *retired*: banked (unless the bank already holds it) and, when it
+//!    covers at least `min_tokens`, saved to disk (unless already saved) —
+//!    the "eviction of the live state" save trigger. The live session is then
+//!    rewound to its longest reusable prefix (attention-only states truncate,
+//!    recurrent ones restart cold).
+//! 2. The longest exact-prefix state wins: live, then the bank, then disk,
+//!    each consulted only if it can beat what the previous ones offer
+//!    (no copy or file read otherwise). An MTP turn only counts sessions
+//!    whose MTP history is in step (it rebuilds any other from scratch).
+//! 3. Otherwise the turn is cold.
+//!
+//! After a turn ([`SessionCache::finish`]): the consistent session is banked
+//! (a cancelled turn's too: it covers exactly what it processed), and saved
+//! to disk when the turn left it [`FinalState::Complete`] and it covers at
+//! least `min_tokens` ("end of a turn whose prompt is long enough"). On a
+//! clean shutdown ([`SessionCache::shutdown`]) the live session is saved if
+//! long enough and not yet on disk.
+//!
+//! Disk and bank failures never fail a turn: a checkpoint that cannot be
+//! written costs a later cold prefill, and is logged and counted.
+
+use std::path::PathBuf;
+
+use ds4_sampling::Sampler;
+
+use super::bank::{SessionBank, common_prefix};
+use super::checkpoint::{self, CheckpointStore};
+use crate::decode::{
+    self, FinalState, Flow, LiveSession, PrefillProgress, TokenEvent, TurnConfig, TurnResult,
+};
+use crate::error::{EngineError, Result};
+use crate::model::Model;
+
+/// Durable checkpoints for a [`SessionCache`].
+#[derive(Debug, Clone)]
+pub struct CheckpointConfig {
+    /// The store's directory (created if missing).
+    pub dir: PathBuf,
+    /// The model file or directory, fingerprinted into the identity.
+    pub model_path: PathBuf,
+    /// Disk budget in bytes.
+    pub budget: u64,
+    /// Save only sessions covering at least this many tokens (shorter ones
+    /// are cheaper to prefill than to load).
+    pub min_tokens: usize,
+}
+
+/// Where a turn's starting state came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSource {
+    Live,
+    Bank,
+    Disk,
+    Cold,
+}
+
+impl CacheSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheSource::Live => "live",
+            CacheSource::Bank => "bank",
+            CacheSource::Disk => "disk",
+            CacheSource::Cold => "cold",
+        }
+    }
+}
+
+/// What [`SessionCache::prepare`] set up for the turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prepared {
+    pub source: CacheSource,
+    /// Prompt tokens the turn reuses (equal to the turn's
+    /// [`TurnResult::reused_tokens`]).
+    pub cached_tokens: usize,
+}
+
+/// Counters since the cache was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub live_hits: u64,
+    pub bank_hits: u64,
+    pub disk_hits: u64,
+    pub misses: u64,
+    /// Prompt tokens reused, summed over turns.
+    pub cached_tokens: u64,
+    pub saves: u64,
+    pub save_failures: u64,
+}
+
+impl CacheStats {
+    pub fn hits(&self) -> u64 {
+        self.live_hits + self.bank_hits + self.disk_hits
+    }
+}
+
+pub struct SessionCache<M: Model> {
+    live: LiveSession<M>,
+    bank: SessionBank<M>,
+    store: Option<CheckpointStore>,
+    min_tokens: usize,
+    /// The bank holds the live session as it is now.
+    live_banked: bool,
+    /// The store holds the live session as it is now (or a longer session
+    /// it was truncated from).
+    live_saved: bool,
+    stats: CacheStats,
+}
+
+impl<M: Model> SessionCache<M> {
+    /// A cache with a bank of `bank_budget` bytes and no disk store.
+    pub fn new(model: &M, bank_budget: usize) -> Self {
+        Self {
+            live: LiveSession::new(model),
+            bank: SessionBank::new(bank_budget),
+            store: None,
+            min_tokens: usize::MAX,
+            live_banked: false,
+            live_saved: false,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// A cache with a bank and, when `checkpoints` is given, the store in
+    /// its directory (index rebuilt from the files, identity from the model
+    /// path and family).
+    pub fn open(
+        model: &M,
+        bank_budget: usize,
+        checkpoints: Option<&CheckpointConfig>,
+    ) -> Result<Self> {
+        let mut cache = Self::new(model, bank_budget);
+        if let Some(c) = checkpoints {
+            let id = checkpoint::identity(&c.model_path, model.descriptor().name)?;
+            let store =
+                CheckpointStore::open(&c.dir, id, c.budget).map_err(|e| EngineError::File {
+                    path: c.dir.clone(),
+                    message: format!("opening the checkpoint store: {e}"),
+                })?;
+            cache.store = Some(store);
+            cache.min_tokens = c.min_tokens;
+        }
+        Ok(cache)
+    }
+
+    /// Use `store` for checkpoints of sessions of at least `min_tokens`.
+    pub fn with_store(mut self, store: CheckpointStore, min_tokens: usize) -> Self {
+        self.store = Some(store);
+        self.min_tokens = min_tokens;
+        self
+    }
+
+    /// The live session (the turn runs on it after [`SessionCache::prepare`]).
+    pub fn live(&self) -> &LiveSession<M> {
+        &self.live
+    }
+
+    pub fn live_mut(&mut self) -> &mut LiveSession<M> {
+        // Whatever the caller does, the copies may no longer match.
+        self.live_banked = false;
+        self.live_saved = false;
+        &mut self.live
+    }
+
+    pub fn bank(&self) -> &SessionBank<M> {
+        &self.bank
+    }
+
+    pub fn store(&self) -> Option<&CheckpointStore> {
+        self.store.as_ref()
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// Checkpoint files refused so far, by reason (empty without a store).
+    pub fn rejections(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.store
+            .as_ref()
+            .map(|s| s.rejections().clone())
+            .unwrap_or_default()
+    }
+
+    /// Set the live session up for a turn on `prompt` (see the module docs)
+    /// and report where it came from. `mtp_depth` is the request's, as for
+    /// [`decode::generate_auto`].
+    pub fn prepare(&mut self, model: &M, prompt: &[u32], mtp_depth: Option<usize>) -> Prepared {
+        let needs_mtp = decode::resolve_mtp_depth(model, mtp_depth).is_ok_and(|d| d > 0);
+        let in_step = |s: &LiveSession<M>| !needs_mtp || s.mtp_history().is_some();
+        let live_len = self.live.tokens().len();
+        let common = common_prefix(self.live.tokens(), prompt);
+        let extends =
+            common == live_len && (common < prompt.len() || self.live.last_logits().is_some());
+        if live_len > 0 && !extends {
+            self.retire_live();
+        }
+        let reused = self.live.rewind_for(model, prompt);
+        if reused < live_len {
+            self.live_banked = false;
+            self.live_saved &= reused > 0;
+        }
+        let mut best = if in_step(&self.live) { reused } else { 0 };
+        let mut source = if best > 0 {
+            CacheSource::Live
+        } else {
+            CacheSource::Cold
+        };
+        if self.bank.best_common(prompt) > best
+            && let Some(hit) = self.bank.fetch_better(model, prompt, best, needs_mtp)
+        {
+            best = hit.reused;
+            source = CacheSource::Bank;
+            self.live = hit.session;
+            self.live_banked = true;
+            self.live_saved = false;
+        }
+        if let Some(store) = self.store.as_mut() {
+            let on_disk = store
+                .entries()
+                .iter()
+                .map(|e| common_prefix(&e.tokens, prompt))
+                .max()
+                .unwrap_or(0);
+            if on_disk > best
+                && let Some(session) = store.lookup(model, prompt)
+                && session.tokens().len() > best
+                && in_step(&session)
+            {
+                best = session.tokens().len();
+                source = CacheSource::Disk;
+                self.live = session;
+                self.live_banked = false;
+                self.live_saved = true;
+            }
+        }
+        match source {
+            CacheSource::Live => self.stats.live_hits += 1,
+            CacheSource::Bank => self.stats.bank_hits += 1,
+            CacheSource::Disk => self.stats.disk_hits += 1,
+            CacheSource::Cold => self.stats.misses += 1,
+        }
+        self.stats.cached_tokens += best as u64;
+        Prepared {
+            source,
+            cached_tokens: best,
+        }
+    }
+
+    /// Bank the finished turn's session and save it when the turn completed
+    /// and it is long enough (see the module docs). `None`: the turn failed
+    /// (the decode loop reset the session; nothing to keep).
+    pub fn finish(&mut self, turn: Option<&TurnResult>) {
+        self.live_banked = false;
+        self.live_saved = false;
+        let Some(turn) = turn else {
+            return;
+        };
+        if self.live.tokens().is_empty() || !self.live.is_consistent() {
+            return;
+        }
+        self.live_banked = self.bank.insert(&self.live);
+        if turn.final_state == FinalState::Complete {
+            self.save_live();
+        }
+    }
+
+    /// One turn through the cache: [`SessionCache::prepare`],
+    /// [`decode::generate_auto`] on the live session, [`SessionCache::finish`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(
+        &mut self,
+        model: &M,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        config: &TurnConfig,
+        mtp_depth: Option<usize>,
+        on_prefill: &mut dyn FnMut(PrefillProgress),
+        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+    ) -> (Prepared, Result<TurnResult>) {
+        let prepared = self.prepare(model, prompt, mtp_depth);
+        let result = decode::generate_auto(
+            model,
+            &mut self.live,
+            prompt,
+            sampler,
+            config,
+            mtp_depth,
+            on_prefill,
+            on_token,
+        );
+        self.finish(result.as_ref().ok());
+        (prepared, result)
+    }
+
+    /// Clean shutdown: save the live session if it is long enough and not
+    /// on disk yet.
+    pub fn shutdown(&mut self) {
+        if self.live.is_consistent() {
+            self.save_live();
+        }
+    }
+
+    /// The live session is about to be replaced: keep it in the bank and,
+    /// if long enough, on disk.
+    fn retire_live(&mut self) {
+        if !self.live.is_consistent() {
+            return;
+        }
+        if !self.live_banked {
+            self.live_banked = self.bank.insert(&self.live);
+        }
+        self.save_live();
+    }
+
+    fn save_live(&mut self) {
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        if self.live_saved || self.live.tokens().len() < self.min_tokens.max(1) {
+            return;
+        }
+        match store.save(&self.live) {
+            Ok(_) => {
+                self.stats.saves += 1;
+                self.live_saved = true;
+            }
+            Err(e) => {
+                self.stats.save_failures += 1;
+                tracing::warn!("checkpoint not saved: {e}");
+            }
+        }
+    }
+}
