@@ -52,15 +52,21 @@ pub struct CheckpointDirArg {
     pub checkpoint_dir: Option<PathBuf>,
 }
 
-/// Durable session checkpoints for `run` and `chat` (off unless asked for).
+/// The session cache: the in-memory bank and durable checkpoints (off
+/// unless asked for), shared by `run`, `chat` and `serve`.
 #[derive(Debug, Args, Clone)]
 pub struct CheckpointArgs {
+    /// Memory budget in MiB of the session bank (earlier sessions kept for
+    /// prompts that branch off them; the least useful go first).
+    #[arg(long, default_value_t = 1024)]
+    pub bank_budget_mib: usize,
     /// Reuse and save session checkpoints in DIR (without DIR: the user
     /// cache's `checkpoints`). A prompt that extends a saved session only
     /// prefills the new tokens.
     #[arg(long, value_name = "DIR", num_args = 0..=1)]
     pub checkpoint_dir: Option<Option<PathBuf>>,
-    /// Disk budget of the store in MiB (least recently used files go first).
+    /// Disk budget of the checkpoint store in MiB (least recently used files
+    /// go first).
     #[arg(long, default_value_t = 4096)]
     pub checkpoint_budget_mib: u64,
     /// Save a turn only when its session covers at least this many tokens
@@ -204,6 +210,8 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub body_limit: usize,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
 }
 
 #[derive(Debug, Args)]

@@ -1,10 +1,10 @@
 //! One streamed turn, shared by `run` and `chat`: sampler setup from the
 //! family's law, the engine's decode loop, and the text pipeline.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use ds4_engine::Model;
-use ds4_engine::decode::{self, CallerStop, Flow, LiveSession, TurnConfig, TurnResult};
+use ds4_engine::decode::{
+    self, CallerStop, CancelToken, Flow, LiveSession, TurnConfig, TurnResult,
+};
 use ds4_sampling::{Sampler, SamplingRequest, resolve_seed};
 use ds4_text::Tokenizer;
 
@@ -45,11 +45,11 @@ pub struct StreamedTurn {
     pub text: String,
 }
 
-/// How a turn runs: its limits and stop strings, and an optional flag that
-/// stops it at the next token (Ctrl+C in `chat`).
+/// How a turn runs: its limits and stop strings, and an optional token that
+/// stops it at the next prefill chunk or token (Ctrl+C in `chat`).
 pub struct TurnOptions<'a> {
     pub generation: &'a GenerationArgs,
-    pub cancel: Option<&'a AtomicBool>,
+    pub cancel: Option<&'a CancelToken>,
 }
 
 /// Run one turn, handing each new piece of text to `emit` as soon as it is
@@ -69,6 +69,7 @@ pub fn stream_turn<M: Model>(
         stop_token_ids: tokenizer.stop_token_ids().to_vec(),
         prefill_chunk: generation.chunk,
         logprobs: None,
+        cancel: cancel.cloned().unwrap_or_default(),
     };
     let mut text = TextStream::new(tokenizer, generation.stop.clone());
     let mut text_error = None;
@@ -80,23 +81,18 @@ pub fn stream_turn<M: Model>(
         &config,
         generation.mtp_depth,
         &mut |_| {},
-        &mut |event| {
-            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                return Flow::Stop(CallerStop::Cancelled);
+        &mut |event| match text.push(event.token, event.is_stop_token) {
+            Ok(piece) => {
+                emit(&piece.text);
+                if piece.stop_string {
+                    Flow::Stop(CallerStop::StopString)
+                } else {
+                    Flow::Continue
+                }
             }
-            match text.push(event.token, event.is_stop_token) {
-                Ok(piece) => {
-                    emit(&piece.text);
-                    if piece.stop_string {
-                        Flow::Stop(CallerStop::StopString)
-                    } else {
-                        Flow::Continue
-                    }
-                }
-                Err(e) => {
-                    text_error = Some(e);
-                    Flow::Stop(CallerStop::Cancelled)
-                }
+            Err(e) => {
+                text_error = Some(e);
+                Flow::Stop(CallerStop::Cancelled)
             }
         },
     )?;

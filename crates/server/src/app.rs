@@ -30,6 +30,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("--mtp-depth: {0}")]
     Mtp(String),
+    #[error("{0}")]
+    Worker(String),
 }
 
 /// Build the shared state and start the engine worker.
@@ -56,8 +58,13 @@ pub fn build_state(
         tokenizer.clone(),
         config.max_queue,
         config.prefill_chunk,
+        worker::CacheSettings {
+            bank_budget: config.bank_budget,
+            checkpoints: config.checkpoints.clone(),
+        },
         metrics.clone(),
-    )?;
+    )
+    .map_err(ServeError::Worker)?;
     Ok(Arc::new(AppState {
         profile: TextProfile::for_family(descriptor.name),
         descriptor,
@@ -151,18 +158,48 @@ async fn count_errors(State(state): State<SharedState>, request: Request, next: 
 pub struct Running {
     pub addr: SocketAddr,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    state: SharedState,
+}
+
+impl Running {
+    /// Shut down as `serve` does on a signal: stop accepting, let running
+    /// requests finish, then save the live session (with checkpoints on)
+    /// and stop the engine worker.
+    pub async fn shutdown(self) -> std::io::Result<()> {
+        let _ = self.stop.send(());
+        let served = self
+            .task
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.state.worker.shutdown().await;
+        served
+    }
 }
 
 /// Bind and start serving in the background (tests use port 0).
 pub async fn start(state: SharedState) -> Result<Running, ServeError> {
     let listener = tokio::net::TcpListener::bind(state.config.addr).await?;
     let addr = listener.local_addr()?;
-    let app = router(state);
-    let task = tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(Running { addr, task })
+    let app = router(state.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(Running {
+        addr,
+        task,
+        stop,
+        state,
+    })
 }
 
-/// Serve until Ctrl+C.
+/// Serve until Ctrl+C or SIGTERM; then let running requests finish and save
+/// the live session (clean shutdown).
 pub async fn serve(state: SharedState) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(state.config.addr).await?;
     let addr = listener.local_addr()?;
@@ -171,10 +208,32 @@ pub async fn serve(state: SharedState) -> Result<(), ServeError> {
         "ds4server listening on http://{addr} (model {})",
         state.config.model_id
     );
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+    axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(shutdown_signal())
         .await?;
+    eprintln!("ds4server: shutting down");
+    state.worker.shutdown().await;
     Ok(())
+}
+
+/// Ctrl+C, or SIGTERM on Unix (what `kill` and service managers send).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => ctrl_c.await,
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
 }

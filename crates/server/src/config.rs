@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub use ds4_engine::state::warm::CheckpointConfig;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Where to listen. Loopback unless the operator says otherwise.
@@ -30,6 +32,11 @@ pub struct ServerConfig {
     /// MTP draft depth for requests that do not choose one; `None` takes
     /// the family's default (AR for a model without an MTP head).
     pub mtp_depth: Option<usize>,
+    /// Memory budget in bytes of the session bank (earlier sessions kept
+    /// for prompts that branch off them).
+    pub bank_budget: usize,
+    /// Durable session checkpoints (`--checkpoint-dir`); `None`: memory only.
+    pub checkpoints: Option<CheckpointConfig>,
 }
 
 impl ServerConfig {
@@ -46,6 +53,8 @@ impl ServerConfig {
             keep_alive: Duration::from_secs(10),
             prefill_chunk: ds4_engine::decode::DEFAULT_PREFILL_CHUNK,
             mtp_depth: None,
+            bank_budget: 1 << 30,
+            checkpoints: None,
         }
     }
 }

@@ -25,7 +25,7 @@ mod types;
 mod worker;
 
 pub use app::{Running, ServeError, build_state, router, serve, start};
-pub use config::ServerConfig;
+pub use config::{CheckpointConfig, ServerConfig};
 pub use error::{ApiError, Flavor};
 pub use openapi::ApiDoc;
 pub use state::SharedState;

@@ -8,6 +8,10 @@ use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::collections::BTreeMap;
+
+use ds4_engine::state::warm::CacheStats;
+
 use crate::worker::TurnSummary;
 
 /// Endpoints counted separately.
@@ -42,6 +46,9 @@ pub struct Metrics {
     mtp_drafted: AtomicU64,
     mtp_accepted: AtomicU64,
     last_rates: Mutex<(f64, f64)>,
+    /// The session cache's own counters and the checkpoint store's refused
+    /// files by reason (snapshots of the worker's totals).
+    cache: Mutex<(CacheStats, BTreeMap<&'static str, u64>)>,
 }
 
 impl Metrics {
@@ -74,6 +81,13 @@ impl Metrics {
 
     pub fn failed(&self) {
         self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The worker's session cache totals after a turn.
+    pub fn cache(&self, stats: &CacheStats, rejections: &BTreeMap<&'static str, u64>) {
+        if let Ok(mut c) = self.cache.lock() {
+            *c = (*stats, rejections.clone());
+        }
     }
 
     pub fn turn(&self, t: &TurnSummary) {
@@ -185,7 +199,7 @@ impl Metrics {
         metric(
             "ds4_cached_prompt_tokens_total",
             "counter",
-            "Prompt tokens reused from the live session instead of prefilled.",
+            "Prompt tokens reused from a cached state (live, bank or disk) instead of prefilled.",
             &one(get(&self.cached_tokens)),
         );
         metric(
@@ -199,6 +213,39 @@ impl Metrics {
             "counter",
             "Turns that reused no prompt token.",
             &one(get(&self.cache_misses)),
+        );
+        let (cache, rejected) = self.cache.lock().map(|c| c.clone()).unwrap_or_default();
+        metric(
+            "ds4_cache_hits_by_source_total",
+            "counter",
+            "Turns that started from a cached state, by where it came from (live session, bank, checkpoint on disk).",
+            &[
+                ("{source=\"live\"}".into(), cache.live_hits as f64),
+                ("{source=\"bank\"}".into(), cache.bank_hits as f64),
+                ("{source=\"disk\"}".into(), cache.disk_hits as f64),
+            ],
+        );
+        let rejected: Vec<(String, f64)> = rejected
+            .iter()
+            .map(|(reason, n)| (format!("{{reason=\"{reason}\"}}"), *n as f64))
+            .collect();
+        metric(
+            "ds4_checkpoint_rejections_total",
+            "counter",
+            "Checkpoint files refused (and removed), by reason; the request was served cold.",
+            &rejected,
+        );
+        metric(
+            "ds4_checkpoint_saves_total",
+            "counter",
+            "Session checkpoints written.",
+            &one(cache.saves),
+        );
+        metric(
+            "ds4_checkpoint_save_failures_total",
+            "counter",
+            "Session checkpoints that could not be written.",
+            &one(cache.save_failures),
         );
         metric(
             "ds4_rejections_total",

@@ -1,19 +1,23 @@
-//! The engine worker: one OS thread that owns the model and the live
-//! session and runs one turn at a time. Requests reach it through a bounded
-//! queue (full → 503); each job streams its events back on its own channel.
-//! A job whose receiver is gone (client disconnected) is cancelled at its
-//! next token, or skipped if it never started; the session stays consistent
-//! because `decode::generate` always leaves it covering exactly the tokens
-//! it has processed.
+//! The engine worker: one OS thread that owns the model and the session
+//! cache (live session, bank, optional checkpoint store: the engine's
+//! [`SessionCache`], the same policy `run` and `chat` use) and runs one turn
+//! at a time. Requests reach it through a bounded queue (full → 503); each
+//! job streams its events back on its own channel. A job whose receiver is
+//! gone (client disconnected) is cancelled through its [`CancelToken`] at
+//! the next prefill chunk or token, or skipped if it never started; the
+//! session stays consistent because the decode loops always leave it
+//! covering exactly the tokens they processed. On shutdown the worker saves
+//! the live session (clean-shutdown checkpoint trigger).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, FinishReason, Flow, LiveSession, MtpStats, TokenLogprobs, TurnConfig,
+    self, CallerStop, CancelToken, FinishReason, Flow, MtpStats, TokenLogprobs, TurnConfig,
 };
 use ds4_engine::families::LoadedModel;
+use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
 use ds4_sampling::Sampler;
 use ds4_text::{Detokenizer, StopMatcher, Tokenizer};
 use tokio::sync::mpsc;
@@ -82,10 +86,16 @@ pub struct TurnSummary {
     pub mtp: Option<MtpStats>,
 }
 
+/// What the queue carries: a job, or the request to save and stop.
+enum Msg {
+    Job(Box<Job>),
+    Shutdown(tokio::sync::oneshot::Sender<()>),
+}
+
 /// The request side of the queue.
 #[derive(Clone)]
 pub struct WorkerHandle {
-    queue: mpsc::Sender<Job>,
+    queue: mpsc::Sender<Msg>,
 }
 
 /// Why a job was not queued.
@@ -96,55 +106,98 @@ pub enum Rejected {
 
 impl WorkerHandle {
     pub fn submit(&self, job: Job) -> Result<(), Rejected> {
-        self.queue.try_send(job).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => Rejected::QueueFull,
-            mpsc::error::TrySendError::Closed(_) => Rejected::WorkerGone,
-        })
+        self.queue
+            .try_send(Msg::Job(Box::new(job)))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => Rejected::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => Rejected::WorkerGone,
+            })
     }
 
     /// Jobs waiting (not counting the running one).
     pub fn depth(&self) -> usize {
         self.queue.max_capacity() - self.queue.capacity()
     }
+
+    /// Let the queued jobs run, then save the live session (when checkpoints
+    /// are on) and stop the worker. Later submissions are refused.
+    pub async fn shutdown(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.queue.send(Msg::Shutdown(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
 }
 
-/// Start the worker thread. It runs until every handle is dropped.
+/// The session cache's settings.
+pub struct CacheSettings {
+    pub bank_budget: usize,
+    pub checkpoints: Option<CheckpointConfig>,
+}
+
+/// Start the worker thread (it opens the session cache first: a checkpoint
+/// store that cannot be opened fails the start). It runs until
+/// [`WorkerHandle::shutdown`] or until every handle is dropped.
 pub fn spawn(
     model: Arc<LoadedModel>,
     tokenizer: Arc<Tokenizer>,
     max_queue: usize,
     prefill_chunk: usize,
+    cache: CacheSettings,
     metrics: Arc<Metrics>,
-) -> std::io::Result<WorkerHandle> {
+) -> Result<WorkerHandle, String> {
     let (tx, rx) = mpsc::channel(max_queue.max(1));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("engine-worker".into())
         .spawn(move || {
             ds4_engine::with_model!(&*model, m => {
-                Worker { model: m, session: LiveSession::new(m), tokenizer: &tokenizer, prefill_chunk, metrics: &metrics }.run(rx)
+                match SessionCache::open(m, cache.bank_budget, cache.checkpoints.as_ref()) {
+                    Ok(cache) => {
+                        let _ = ready_tx.send(Ok(()));
+                        Worker { model: m, cache, tokenizer: &tokenizer, prefill_chunk, metrics: &metrics }.run(rx)
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                    }
+                }
             })
-        })?;
+        })
+        .map_err(|e| format!("starting the engine worker: {e}"))?;
+    ready_rx
+        .recv()
+        .map_err(|_| "the engine worker stopped while starting".to_string())??;
     Ok(WorkerHandle { queue: tx })
 }
 
 struct Worker<'a, M: Model> {
     model: &'a M,
-    session: LiveSession<M>,
+    cache: SessionCache<M>,
     tokenizer: &'a Tokenizer,
     prefill_chunk: usize,
     metrics: &'a Metrics,
 }
 
 impl<M: Model> Worker<'_, M> {
-    fn run(mut self, mut queue: mpsc::Receiver<Job>) {
-        while let Some(job) = queue.blocking_recv() {
-            if job.events.is_closed() {
-                // The client left while the job waited.
-                self.metrics.cancelled();
-                continue;
+    fn run(mut self, mut queue: mpsc::Receiver<Msg>) {
+        while let Some(msg) = queue.blocking_recv() {
+            match msg {
+                Msg::Job(job) if job.events.is_closed() => {
+                    // The client left while the job waited.
+                    self.metrics.cancelled();
+                }
+                Msg::Job(job) => self.turn(*job),
+                Msg::Shutdown(done) => {
+                    self.cache.shutdown();
+                    self.metrics
+                        .cache(&self.cache.stats(), &self.cache.rejections());
+                    let _ = done.send(());
+                    return;
+                }
             }
-            self.turn(job);
         }
+        // Every handle dropped: still a clean end.
+        self.cache.shutdown();
     }
 
     fn turn(&mut self, mut job: Job) {
@@ -160,11 +213,13 @@ impl<M: Model> Worker<'_, M> {
                 }
             }
         }
+        let cancel = CancelToken::new();
         let config = TurnConfig {
             max_tokens: job.max_tokens,
             stop_token_ids: self.tokenizer.stop_token_ids().to_vec(),
             prefill_chunk: self.prefill_chunk,
             logprobs: job.logprobs,
+            cancel: cancel.clone(),
         };
         let start = Instant::now();
         let mut first_token = None;
@@ -174,24 +229,26 @@ impl<M: Model> Worker<'_, M> {
         let mut matched = None;
         let mut started = false;
         let mut stop_token = false;
-        let reusable = self
-            .session
-            .tokens()
-            .iter()
-            .zip(&job.prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
+        // The longest exact-prefix state (live, bank, disk) becomes the live
+        // session; what it covers is exactly what the turn reuses.
+        let prepared = self.cache.prepare(self.model, &job.prompt, job.mtp_depth);
         let _ = events.send(WorkEvent::Started {
-            cached_tokens: reusable.min(job.prompt.len().saturating_sub(1)),
+            cached_tokens: prepared.cached_tokens,
         });
         let result = decode::generate_auto(
             self.model,
-            &mut self.session,
+            self.cache.live_mut(),
             &job.prompt,
             &mut job.sampler,
             &config,
             job.mtp_depth,
-            &mut |_| {},
+            &mut |_| {
+                // A client that left during a long prefill stops it at the
+                // next chunk.
+                if events.is_closed() {
+                    cancel.cancel();
+                }
+            },
             &mut |event| {
                 if !started {
                     started = true;
@@ -215,6 +272,7 @@ impl<M: Model> Worker<'_, M> {
                     logprobs: event.logprobs,
                 };
                 if events.send(WorkEvent::Delta { text, token }).is_err() {
+                    cancel.cancel();
                     return Flow::Stop(CallerStop::Cancelled);
                 }
                 if stops.stopped() {
@@ -224,6 +282,9 @@ impl<M: Model> Worker<'_, M> {
                 }
             },
         );
+        self.cache.finish(result.as_ref().ok());
+        self.metrics
+            .cache(&self.cache.stats(), &self.cache.rejections());
         match result {
             Ok(result) => {
                 if !stops.stopped() {

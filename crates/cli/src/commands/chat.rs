@@ -3,22 +3,21 @@
 //! last one (the new user message and the template around it).
 
 use std::io::Write;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use ds4_engine::Model;
-use ds4_engine::decode::LiveSession;
+use ds4_engine::decode::CancelToken;
 use ds4_text::Tokenizer;
 use rustyline::error::ReadlineError;
 use serde_json::Value;
 
 use crate::args::ChatArgs;
+use crate::commands::sessions::CacheSettings;
 use crate::prompt;
 use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
 const HELP: &str = "\
 Type a message and press Enter.
-  /reset   forget the conversation (and the cached state)
+  /reset   forget the conversation (its state stays in the session cache)
   /help    this text
   /exit    quit (or Ctrl+D)
 Ctrl+C during a reply stops it; the partial reply stays in the conversation.";
@@ -29,10 +28,10 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
 }
 
 fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> anyhow::Result<()> {
-    let interrupted = Arc::new(AtomicBool::new(false));
+    let interrupted = CancelToken::new();
     {
         let flag = interrupted.clone();
-        ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))?;
+        ctrlc::set_handler(move || flag.cancel())?;
     }
     let mut setup = sampler_for(model, &args.sampling)?;
     for warning in &setup.warnings {
@@ -41,12 +40,8 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
     eprintln!("seed {} — /help for commands", setup.seed);
 
     let mut editor = rustyline::DefaultEditor::new()?;
-    let mut session = LiveSession::new(model);
-    let mut checkpoints = crate::commands::sessions::Checkpoints::open(
-        &args.checkpoints,
-        args.model.model.as_deref(),
-        model,
-    )?;
+    let model_path = crate::model_source::resolve(args.model.model.as_deref())?;
+    let mut cache = CacheSettings::from_args(&args.checkpoints, &model_path)?.open(model)?;
     let mut messages = initial_messages(args);
     loop {
         let line = match editor.readline(">>> ") {
@@ -71,7 +66,6 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
             }
             "/reset" => {
                 messages = initial_messages(args);
-                session.reset(model);
                 eprintln!("(conversation cleared)");
                 continue;
             }
@@ -90,15 +84,13 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
                 continue;
             }
         };
-        interrupted.store(false, Ordering::Relaxed);
-        // A fresh conversation may continue one saved by an earlier run.
-        if let (true, Some(c)) = (session.tokens().is_empty(), checkpoints.as_mut()) {
-            session = c.session_for(model, &prompt_ids);
-        }
+        interrupted.reset();
+        // The live session, a banked one, or one saved by an earlier run.
+        cache.prepare(model, &prompt_ids, args.generation.mtp_depth);
         let mut stdout = std::io::stdout().lock();
         let turn = stream_turn(
             model,
-            &mut session,
+            cache.live_mut(),
             tokenizer,
             &prompt_ids,
             &mut setup.sampler,
@@ -112,6 +104,7 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
             },
         );
         let _ = writeln!(stdout);
+        cache.finish(turn.as_ref().ok().map(|t| &t.result));
         match turn {
             Ok(turn) => {
                 let t = turn.result.timings;
@@ -125,9 +118,6 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
                     t.decode_tps()
                 );
                 messages.push(prompt::message("assistant", &turn.text));
-                if let Some(c) = checkpoints.as_mut() {
-                    c.after_turn(&session, turn.result.final_state);
-                }
             }
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -136,9 +126,7 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
         }
     }
     // Clean shutdown: keep whatever consistent state the conversation holds.
-    if let Some(c) = checkpoints.as_mut() {
-        c.on_exit(&session);
-    }
+    cache.shutdown();
     Ok(())
 }
 

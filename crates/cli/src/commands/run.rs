@@ -4,11 +4,11 @@ use std::io::Write;
 
 use anyhow::Context;
 use ds4_engine::Model;
-use ds4_engine::decode::LiveSession;
 use ds4_text::Tokenizer;
 use serde_json::json;
 
 use crate::args::RunArgs;
+use crate::commands::sessions::CacheSettings;
 use crate::prompt;
 use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
@@ -47,19 +47,13 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
     for warning in &setup.warnings {
         eprintln!("warning: {warning}");
     }
-    let mut checkpoints = crate::commands::sessions::Checkpoints::open(
-        &args.checkpoints,
-        args.model.model.as_deref(),
-        model,
-    )?;
-    let mut session = match checkpoints.as_mut() {
-        Some(c) => c.session_for(model, &prompt),
-        None => LiveSession::new(model),
-    };
+    let model_path = crate::model_source::resolve(args.model.model.as_deref())?;
+    let mut cache = CacheSettings::from_args(&args.checkpoints, &model_path)?.open(model)?;
+    let prepared = cache.prepare(model, &prompt, args.generation.mtp_depth);
     let mut stdout = std::io::stdout().lock();
     let turn = stream_turn(
         model,
-        &mut session,
+        cache.live_mut(),
         tokenizer,
         &prompt,
         &mut setup.sampler,
@@ -75,10 +69,11 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
                 let _ = stdout.flush();
             }
         },
-    )?;
-    if let Some(c) = checkpoints.as_mut() {
-        c.after_turn(&session, turn.result.final_state);
-    }
+    );
+    cache.finish(turn.as_ref().ok().map(|t| &t.result));
+    let turn = turn?;
+    // Clean exit: a turn that did not complete is still saved if long enough.
+    cache.shutdown();
     let timings = turn.result.timings;
     if args.json {
         let report = json!({
@@ -89,6 +84,7 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
             "seed": setup.seed,
             "warnings": setup.warnings,
             "reused_tokens": turn.result.reused_tokens,
+            "cache_source": prepared.source.as_str(),
             "prefill_tokens": timings.prefill_tokens,
             "prefill_tps": timings.prefill_tps(),
             "decode_tokens": timings.decode_tokens,

@@ -1,5 +1,6 @@
 //! `ds4server serve`: load the model, start the engine worker and serve the
-//! HTTP API until Ctrl+C.
+//! HTTP API until Ctrl+C or SIGTERM (then the live session is saved when
+//! checkpoints are on).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -7,6 +8,7 @@ use std::path::Path;
 use ds4_server::ServerConfig;
 
 use crate::args::ServeArgs;
+use crate::commands::sessions::CacheSettings;
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let path = crate::model_source::resolve(args.model.model.as_deref())?;
@@ -22,6 +24,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.seed = args.seed;
     config.body_limit = args.body_limit;
     config.mtp_depth = args.mtp_depth;
+    let cache = CacheSettings::from_args(&args.checkpoints, &path)?;
+    config.bank_budget = cache.bank_budget;
+    config.checkpoints = cache.checkpoints;
     let state = ds4_server::build_state(config, loaded.model, loaded.tokenizer)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,15 +1,13 @@
-//! `ds4server sessions list|clear`, and the checkpoint store `run` and
-//! `chat` open with `--checkpoint-dir`.
+//! `ds4server sessions list|clear`, and the session cache settings `run`,
+//! `chat` and `serve` share (`--bank-budget-mib`, `--checkpoint-dir`, ...).
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use anyhow::Context;
 use ds4_engine::Model;
-use ds4_engine::decode::{FinalState, LiveSession};
-use ds4_engine::state::checkpoint::{
-    self, CheckpointStore, Identity, STATE_FORMAT_VERSION, fingerprint_path, fnv_hex,
-};
+use ds4_engine::state::checkpoint;
+use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
 
 use crate::args::{CheckpointArgs, CheckpointDirArg, SessionsCommand};
 
@@ -61,94 +59,40 @@ pub fn sessions(command: SessionsCommand) -> anyhow::Result<()> {
     }
 }
 
-/// What a checkpoint must match: the weights file(s), the tokenizer and chat
-/// template (in the GGUF, or the directory's tokenizer files), the family
-/// and the engine's state format.
-pub fn identity(model_path: &Path, family: &str) -> anyhow::Result<Identity> {
-    let model = fingerprint_path(model_path)
-        .with_context(|| format!("fingerprinting {}", model_path.display()))?;
-    let tokenizer = if model_path.is_dir() {
-        let mut bytes = Vec::new();
-        for name in [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "chat_template.jinja",
-        ] {
-            if let Ok(b) = std::fs::read(model_path.join(name)) {
-                bytes.extend_from_slice(name.as_bytes());
-                bytes.extend_from_slice(&b);
-            }
-        }
-        fnv_hex(&bytes)
-    } else {
-        // A GGUF carries its tokenizer and template: the file fingerprint
-        // covers them.
-        format!("gguf:{model}")
-    };
-    Ok(Identity {
-        model,
-        tokenizer,
-        family: family.to_string(),
-        state_version: STATE_FORMAT_VERSION,
-    })
+/// The session cache settings of `run`, `chat` and `serve`: the bank's
+/// memory budget and, with `--checkpoint-dir`, the store.
+pub struct CacheSettings {
+    pub bank_budget: usize,
+    pub checkpoints: Option<CheckpointConfig>,
 }
 
-/// The store `run`/`chat` use, when `--checkpoint-dir` was given.
-pub struct Checkpoints {
-    store: CheckpointStore,
-    min_tokens: usize,
-}
-
-impl Checkpoints {
-    pub fn open<M: Model>(
-        args: &CheckpointArgs,
-        model_arg: Option<&Path>,
-        model: &M,
-    ) -> anyhow::Result<Option<Self>> {
-        let Some(dir) = &args.checkpoint_dir else {
-            return Ok(None);
+impl CacheSettings {
+    pub fn from_args(args: &CheckpointArgs, model_path: &Path) -> anyhow::Result<Self> {
+        let checkpoints = match &args.checkpoint_dir {
+            None => None,
+            Some(dir) => Some(CheckpointConfig {
+                dir: match dir {
+                    Some(d) => d.clone(),
+                    None => default_dir()?,
+                },
+                model_path: model_path.to_path_buf(),
+                budget: args.checkpoint_budget_mib.saturating_mul(1 << 20),
+                min_tokens: args.checkpoint_min_tokens,
+            }),
         };
-        let dir = match dir {
-            Some(d) => d.clone(),
-            None => default_dir()?,
-        };
-        let path = crate::model_source::resolve(model_arg)?;
-        let id = identity(&path, model.descriptor().name)?;
-        let budget = args.checkpoint_budget_mib.saturating_mul(1 << 20);
-        let store = CheckpointStore::open(&dir, id, budget)
-            .with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
-        Ok(Some(Self {
-            store,
-            min_tokens: args.checkpoint_min_tokens,
-        }))
+        Ok(Self {
+            bank_budget: args.bank_budget_mib.saturating_mul(1 << 20),
+            checkpoints,
+        })
     }
 
-    /// The longest saved session that `prompt` extends, or a fresh one.
-    pub fn session_for<M: Model>(&mut self, model: &M, prompt: &[u32]) -> LiveSession<M> {
-        self.store
-            .lookup(model, prompt)
-            .unwrap_or_else(|| LiveSession::new(model))
-    }
-
-    /// Save `session` after a turn that left it complete and long enough.
-    /// A failed save costs only a later cold prefill: it is reported, not
-    /// fatal.
-    pub fn after_turn<M: Model>(&mut self, session: &LiveSession<M>, state: FinalState) {
-        if state != FinalState::Complete || session.tokens().len() < self.min_tokens {
-            return;
-        }
-        if let Err(e) = self.store.save(session) {
-            eprintln!("warning: checkpoint not saved: {e}");
-        }
-    }
-
-    /// Save whatever consistent state the session holds (clean shutdown).
-    pub fn on_exit<M: Model>(&mut self, session: &LiveSession<M>) {
-        if session.tokens().len() >= self.min_tokens
-            && session.is_consistent()
-            && let Err(e) = self.store.save(session)
-        {
-            eprintln!("warning: checkpoint not saved: {e}");
-        }
+    /// Open the cache for `model` (the store's index is rebuilt from its
+    /// files).
+    pub fn open<M: Model>(&self, model: &M) -> anyhow::Result<SessionCache<M>> {
+        Ok(SessionCache::open(
+            model,
+            self.bank_budget,
+            self.checkpoints.as_ref(),
+        )?)
     }
 }
