@@ -2,11 +2,12 @@
 //! context, gets its sampler from the family's law and a seed, and is put on
 //! the worker's queue (or refused with 503 when the queue is full).
 
-use ds4_sampling::{Sampler, SamplingRequest, resolve_seed};
+use ds4_sampling::{Law, Sampler, SamplingParams, SamplingRequest, resolve_seed};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::output::Budget;
+use crate::state::{AppState, SharedState};
 use crate::worker::{Job, Rejected, WorkEvent};
 
 /// What every API asks of the engine, once parsed and validated.
@@ -23,6 +24,10 @@ pub struct Generation {
     pub prompt_logprobs: Option<usize>,
     /// The request's `mtp_depth` (already checked against the model).
     pub mtp_depth: Option<usize>,
+    /// Reasoning tokens allowed before the block is closed (Anthropic
+    /// `thinking.budget_tokens`, validated; only for families that mark
+    /// reasoning).
+    pub reasoning_budget: Option<usize>,
     /// Warnings found while parsing (e.g. ignored reasoning controls).
     pub warnings: Vec<String>,
 }
@@ -33,9 +38,11 @@ pub struct Admitted {
     pub seed: u64,
     pub warnings: Vec<String>,
     pub prompt_tokens: usize,
+    /// Set when the turn runs under a reasoning budget.
+    pub budget: Option<Budget>,
 }
 
-pub fn admit(state: &AppState, mut g: Generation) -> Result<Admitted, ApiError> {
+pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiError> {
     if g.prompt.is_empty() {
         return Err(ApiError::invalid(g.prompt_field, "the prompt is empty"));
     }
@@ -57,31 +64,88 @@ pub fn admit(state: &AppState, mut g: Generation) -> Result<Admitted, ApiError> 
     g.warnings
         .extend(resolved.ignored.iter().map(ToString::to_string));
     let seed = resolve_seed(g.seed, state.config.seed);
-    let sampler = Sampler::new(descriptor.law, resolved.params, seed)
-        .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    let prompt_tokens = g.prompt.len();
-    let job = Job {
-        prompt: g.prompt,
-        sampler,
-        max_tokens,
+    let plan = JobPlan {
+        law: descriptor.law,
+        params: resolved.params,
         stops: g.stops,
         logprobs: g.logprobs,
-        prompt_logprobs: g.prompt_logprobs,
         mtp_depth: g.mtp_depth.or(state.config.mtp_depth),
-        events: tx,
     };
-    match state.worker.submit(job) {
-        Ok(()) => Ok(Admitted {
-            events: rx,
-            seed,
-            warnings: g.warnings,
-            prompt_tokens,
-        }),
-        Err(Rejected::QueueFull) => {
-            state.metrics.rejected_queue_full();
-            Err(ApiError::queue_full(state.worker.depth()))
+    // Under a budget the first job stops at the budget; the output stream
+    // then closes the reasoning and continues (`output::Budget`).
+    let budget = match (g.reasoning_budget, state.profile.reasoning) {
+        (Some(b), Some(markers)) if b < max_tokens => {
+            let close = format!("{}\n\n", markers.close);
+            let close_ids = state.count_tokens(&close)?;
+            let (state, plan, prompt) = (state.clone(), plan.clone(), g.prompt.clone());
+            Some(Budget {
+                tokens: b,
+                max_tokens,
+                prompt,
+                close,
+                close_ids,
+                resubmit: Box::new(move |prompt, max_tokens| {
+                    // A stream of its own: the continuation does not replay
+                    // the reasoning's draws.
+                    let seed = seed ^ 0x9e37_79b9_7f4a_7c15;
+                    plan.submit(&state, prompt, max_tokens, None, seed)
+                        .map_err(|e| e.message)
+                }),
+            })
         }
-        Err(Rejected::WorkerGone) => Err(ApiError::internal("the engine worker has stopped")),
+        _ => None,
+    };
+    let first_max = budget.as_ref().map_or(max_tokens, |b| b.tokens);
+    let prompt_tokens = g.prompt.len();
+    let events = plan.submit(state, g.prompt, first_max, g.prompt_logprobs, seed)?;
+    Ok(Admitted {
+        events,
+        seed,
+        warnings: g.warnings,
+        prompt_tokens,
+        budget,
+    })
+}
+
+/// Everything a job needs besides its prompt and limit.
+#[derive(Clone)]
+struct JobPlan {
+    law: Law,
+    params: SamplingParams,
+    stops: Vec<String>,
+    logprobs: Option<usize>,
+    mtp_depth: Option<usize>,
+}
+
+impl JobPlan {
+    fn submit(
+        &self,
+        state: &AppState,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        prompt_logprobs: Option<usize>,
+        seed: u64,
+    ) -> Result<mpsc::UnboundedReceiver<WorkEvent>, ApiError> {
+        let sampler = Sampler::new(self.law, self.params, seed)
+            .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let job = Job {
+            prompt,
+            sampler,
+            max_tokens,
+            stops: self.stops.clone(),
+            logprobs: self.logprobs,
+            prompt_logprobs,
+            mtp_depth: self.mtp_depth,
+            events: tx,
+        };
+        match state.worker.submit(job) {
+            Ok(()) => Ok(rx),
+            Err(Rejected::QueueFull) => {
+                state.metrics.rejected_queue_full();
+                Err(ApiError::queue_full(state.worker.depth()))
+            }
+            Err(Rejected::WorkerGone) => Err(ApiError::internal("the engine worker has stopped")),
+        }
     }
 }

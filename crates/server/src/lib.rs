@@ -2,9 +2,11 @@
 //!
 //! One engine worker thread owns the model and the live session and runs
 //! one turn at a time; requests wait in a bounded queue. Handlers parse and
-//! validate (`extract`, `params`), render the prompt (`prompt`), admit the
-//! turn (`admission`), and turn the worker's events (`worker`) into each
-//! API's response or SSE stream (`output`, `sse`, `routes`). The crate knows
+//! validate (`extract`, `params`), render the prompt (`prompt`), and hand
+//! the shared request layer (`request`) the common parameters: it admits
+//! the turn (`admission`), turns the worker's events (`worker`) into items
+//! (`output`) and collects them or drives the route's SSE writer (`sse`);
+//! each route (`routes`) only maps its API's shapes. The crate knows
 //! nothing of tensors: it sees the engine only through `decode::generate`.
 
 mod admission;
@@ -18,6 +20,7 @@ mod openapi;
 mod output;
 mod params;
 mod prompt;
+mod request;
 mod routes;
 mod sse;
 mod state;

@@ -3,7 +3,7 @@
 //! by token, plus the turn's end. Streaming writers and the non-streaming
 //! collector consume the same [`Item`]s, so both report the same thing.
 
-use ds4_engine::decode::TokenLogprobs;
+use ds4_engine::decode::{FinishReason, TokenLogprobs};
 use ds4_text::{ReasoningSplitter, Split, TextProfile, ToolCallParser, ToolEvent};
 use tokio::sync::mpsc;
 
@@ -57,6 +57,13 @@ impl OutputParser {
         }
     }
 
+    /// Inside an open reasoning block (the model has not closed it yet).
+    pub fn in_reasoning(&self) -> bool {
+        self.reasoning
+            .as_ref()
+            .is_some_and(ReasoningSplitter::in_reasoning)
+    }
+
     pub fn push(&mut self, text: &str, out: &mut Vec<Item>) {
         let splits = match &mut self.reasoning {
             Some(r) => r.push(text),
@@ -108,11 +115,46 @@ impl OutputParser {
     }
 }
 
+/// A reasoning budget (Anthropic `thinking.budget_tokens`). The engine's
+/// token callback can stop a turn but not force tokens, so the budget is
+/// kept in two jobs: the first is limited to `tokens`; when it used them
+/// all with the reasoning block still open, the block is closed by
+/// appending the family's closing marker to what was generated, and a
+/// second job continues from there with what is left of `max_tokens`. The
+/// live session covers the first job's tokens exactly, so the second only
+/// prefills the marker. What the client sees is one turn: one reasoning
+/// block, closed, then the answer; usage counts the marker as output.
+pub struct Budget {
+    pub tokens: usize,
+    /// The whole turn's limit (already clamped to the context).
+    pub max_tokens: usize,
+    pub prompt: Vec<u32>,
+    /// The closing marker as text (what the parser sees) and as tokens
+    /// (what the model sees).
+    pub close: String,
+    pub close_ids: Vec<u32>,
+    /// Queue the continuation: (prompt, max_tokens) → its events.
+    #[allow(clippy::type_complexity)]
+    pub resubmit: Box<
+        dyn FnOnce(Vec<u32>, usize) -> Result<mpsc::UnboundedReceiver<WorkEvent>, String> + Send,
+    >,
+}
+
+/// The first job of a budgeted turn, once it has ended.
+struct Carried {
+    summary: TurnSummary,
+    injected: usize,
+}
+
 /// A turn's events as [`Item`]s.
 pub struct TurnStream {
     events: mpsc::UnboundedReceiver<WorkEvent>,
     parser: OutputParser,
     done: bool,
+    budget: Option<Budget>,
+    /// The tokens generated so far (kept only under a budget).
+    generated: Vec<u32>,
+    carried: Option<Carried>,
 }
 
 impl TurnStream {
@@ -121,7 +163,15 @@ impl TurnStream {
             events,
             parser,
             done: false,
+            budget: None,
+            generated: Vec::new(),
+            carried: None,
         }
+    }
+
+    pub fn with_budget(mut self, budget: Option<Budget>) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// The next batch of items; `None` after the turn ended.
@@ -131,17 +181,30 @@ impl TurnStream {
         }
         let mut out = Vec::new();
         match self.events.recv().await {
+            // A continuation's start is not a new turn.
+            Some(WorkEvent::Started { .. }) if self.carried.is_some() => {}
             Some(WorkEvent::Started { .. }) => out.push(Item::Started),
             Some(WorkEvent::PromptLogprobs(lps)) => out.push(Item::PromptLogprobs(lps)),
             Some(WorkEvent::Delta { text, token }) => {
+                if self.budget.is_some() {
+                    self.generated.push(token.id);
+                }
                 self.parser.push(&text, &mut out);
                 out.push(Item::Token(token));
             }
             Some(WorkEvent::Tail(text)) => self.parser.push(&text, &mut out),
             Some(WorkEvent::Finished(summary)) => {
-                self.parser.finish(&mut out);
-                out.push(Item::Finished(summary));
-                self.done = true;
+                if let Some(budget) = self.budget.take() {
+                    return Some(match self.continue_past(budget, summary, &mut out) {
+                        None => out,
+                        Some(summary) => self.finish(summary, out),
+                    });
+                }
+                let summary = match self.carried.take() {
+                    Some(first) => merge(first, summary),
+                    None => summary,
+                };
+                return Some(self.finish(summary, out));
             }
             Some(WorkEvent::Failed(message)) => {
                 out.push(Item::Failed(message));
@@ -153,6 +216,76 @@ impl TurnStream {
             }
         }
         Some(out)
+    }
+
+    fn finish(&mut self, summary: TurnSummary, mut out: Vec<Item>) -> Vec<Item> {
+        self.parser.finish(&mut out);
+        out.push(Item::Finished(summary));
+        self.done = true;
+        out
+    }
+
+    /// The first job of a budgeted turn ended: queue the continuation when
+    /// it stopped at the budget with room left, closing the reasoning if it
+    /// is still open. Some: the turn is over (with this summary).
+    fn continue_past(
+        &mut self,
+        budget: Budget,
+        summary: TurnSummary,
+        out: &mut Vec<Item>,
+    ) -> Option<TurnSummary> {
+        let at_budget = matches!(summary.finish_reason, FinishReason::MaxTokens)
+            && summary.completion_tokens >= budget.tokens;
+        let left = budget.max_tokens.saturating_sub(summary.completion_tokens);
+        let close = if self.parser.in_reasoning() {
+            budget.close_ids.as_slice()
+        } else {
+            &[]
+        };
+        // At least one token must be left to generate after the marker.
+        if !at_budget || left <= close.len() {
+            return Some(summary);
+        }
+        let mut prompt = budget.prompt;
+        prompt.extend_from_slice(&self.generated);
+        prompt.extend_from_slice(close);
+        let injected = close.len();
+        match (budget.resubmit)(prompt, left - injected) {
+            Ok(events) => {
+                if injected > 0 {
+                    self.parser.push(&budget.close, out);
+                }
+                self.events = events;
+                self.carried = Some(Carried { summary, injected });
+                None
+            }
+            Err(message) => {
+                out.push(Item::Failed(format!(
+                    "could not continue after the reasoning budget: {message}"
+                )));
+                self.done = true;
+                None
+            }
+        }
+    }
+}
+
+/// One summary for a turn that ran as two jobs (see [`Budget`]).
+fn merge(first: Carried, second: TurnSummary) -> TurnSummary {
+    let a = first.summary;
+    TurnSummary {
+        finish_reason: second.finish_reason,
+        prompt_tokens: a.prompt_tokens,
+        completion_tokens: a.completion_tokens + first.injected + second.completion_tokens,
+        cached_tokens: a.cached_tokens,
+        stop_token: second.stop_token,
+        stop_sequence: second.stop_sequence,
+        prefill_tokens: a.prefill_tokens + second.prefill_tokens,
+        prefill: a.prefill + second.prefill,
+        decode_tokens: a.decode_tokens + second.decode_tokens,
+        decode: a.decode + second.decode,
+        first_token: a.first_token,
+        mtp: second.mtp.or(a.mtp),
     }
 }
 
@@ -210,46 +343,14 @@ impl Collected {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::TurnSummary;
-    use ds4_engine::decode::FinishReason;
-    use std::time::Duration;
-
-    fn summary() -> TurnSummary {
-        TurnSummary {
-            finish_reason: FinishReason::StopToken,
-            prompt_tokens: 3,
-            completion_tokens: 9,
-            cached_tokens: 0,
-            stop_token: true,
-            stop_sequence: None,
-            prefill_tokens: 3,
-            prefill: Duration::ZERO,
-            decode_tokens: 8,
-            decode: Duration::ZERO,
-            first_token: None,
-            mtp: None,
-        }
-    }
+    use crate::request::scripted;
 
     /// Feed a scripted model output one character per token through the
     /// worker's event channel and collect what the API would report.
     async fn scripted(family: &str, tools: bool, open: bool, output: &str) -> Collected {
-        let (tx, rx) = mpsc::unbounded_channel();
-        for (i, ch) in output.chars().enumerate() {
-            let token = TokenOut {
-                id: i as u32,
-                logprobs: None,
-            };
-            tx.send(WorkEvent::Delta {
-                text: ch.to_string(),
-                token,
-            })
-            .unwrap();
-        }
-        tx.send(WorkEvent::Tail(String::new())).unwrap();
-        tx.send(WorkEvent::Finished(summary())).unwrap();
-        let parser = OutputParser::new(&TextProfile::for_family(family), tools, open);
-        Collected::run(TurnStream::new(rx, parser)).await.unwrap()
+        Collected::run(scripted::stream(family, tools, open, output))
+            .await
+            .unwrap()
     }
 
     #[tokio::test]
@@ -277,5 +378,69 @@ mod tests {
         let c = scripted("llama", false, false, out).await;
         assert_eq!(c.text, out);
         assert!(c.tool_calls.is_empty() && c.reasoning.is_empty());
+    }
+
+    /// A budgeted turn whose continuation is scripted too: the first job
+    /// writes `first` and stops at the budget, the second writes `second`.
+    /// Returns what the client sees and the continuation's prompt.
+    async fn budgeted(
+        open: bool,
+        first: &str,
+        second: &str,
+        max_tokens: usize,
+    ) -> (Collected, Option<(Vec<u32>, usize)>) {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = asked.clone();
+        let second = second.to_string();
+        let budget = Budget {
+            tokens: first.chars().count(),
+            max_tokens,
+            prompt: vec![100, 101],
+            close: "</think>\n\n".into(),
+            close_ids: vec![900, 901],
+            resubmit: Box::new(move |prompt, max| {
+                *seen.lock().unwrap() = Some((prompt, max));
+                Ok(scripted::events(&second, FinishReason::StopToken))
+            }),
+        };
+        let parser = OutputParser::new(&TextProfile::for_family("qwen4_exp"), false, open);
+        let stream = TurnStream::new(scripted::events(first, FinishReason::MaxTokens), parser)
+            .with_budget(Some(budget));
+        let c = Collected::run(stream).await.unwrap();
+        let asked = asked.lock().unwrap().take();
+        (c, asked)
+    }
+
+    #[tokio::test]
+    async fn reasoning_budget_closes_the_block_and_continues() {
+        // Still reasoning when the budget (6 tokens) is spent: the marker is
+        // appended for the model and the answer follows in the same turn.
+        let (c, asked) = budgeted(true, "abcdef", "Answer.", 20).await;
+        assert_eq!(c.reasoning, "abcdef");
+        assert_eq!(c.text, "Answer.");
+        let (prompt, max) = asked.expect("a continuation");
+        assert_eq!(prompt, [100, 101, 0, 1, 2, 3, 4, 5, 900, 901]);
+        assert_eq!(max, 20 - 6 - 2);
+        let s = c.summary.unwrap();
+        assert_eq!(s.completion_tokens, 6 + 2 + 7);
+        assert_eq!(s.prompt_tokens, 3);
+        assert!(matches!(s.finish_reason, FinishReason::StopToken));
+
+        // The model closed its reasoning within the budget: nothing is
+        // injected, the turn just continues.
+        let (c, asked) = budgeted(false, "<think>a</think>Hi", " there", 40).await;
+        assert_eq!((c.reasoning.as_str(), c.text.as_str()), ("a", "Hi there"));
+        let (prompt, max) = asked.unwrap();
+        assert_eq!(prompt.len(), 2 + 18);
+        assert_eq!(max, 40 - 18);
+
+        // No room after the marker: the turn ends at the budget.
+        let (c, asked) = budgeted(true, "abcdef", "never", 8).await;
+        assert!(asked.is_none());
+        assert_eq!(c.reasoning, "abcdef");
+        assert!(matches!(
+            c.summary.unwrap().finish_reason,
+            FinishReason::MaxTokens
+        ));
     }
 }

@@ -65,9 +65,10 @@ pub struct SamplingFields {
 }
 
 impl SamplingFields {
-    /// API-level ranges (OpenAI's documented ones); the family's law then
+    /// API-level ranges (OpenAI's documented ones; `temperature` up to
+    /// `max_temperature`, which is 1 for Anthropic); the family's law then
     /// checks its own and reports what it ignores.
-    pub fn validate(self) -> Result<SamplingRequest, ApiError> {
+    pub fn validate(self, max_temperature: f64) -> Result<SamplingRequest, ApiError> {
         let top_k = match self.top_k {
             Some(k) if k < -1 => {
                 return Err(ApiError::invalid(
@@ -80,7 +81,7 @@ impl SamplingFields {
             other => other,
         };
         Ok(SamplingRequest {
-            temperature: range("temperature", self.temperature, 0.0, 2.0)?,
+            temperature: range("temperature", self.temperature, 0.0, max_temperature)?,
             top_p: range("top_p", self.top_p, 0.0, 1.0)?,
             top_k,
             min_p: range("min_p", self.min_p, 0.0, 1.0)?,
@@ -172,6 +173,35 @@ pub fn reasoning(
     }
 }
 
+/// Anthropic's smallest thinking budget.
+pub const MIN_THINKING_BUDGET: u64 = 1024;
+
+/// Anthropic `thinking.budget_tokens`: at least 1024 and below `max_tokens`
+/// (Anthropic's rules). `None` when thinking is not enabled.
+pub fn thinking_budget(
+    budget: Option<u64>,
+    enabled: bool,
+    max_tokens: u64,
+) -> Result<Option<usize>, ApiError> {
+    let field = "thinking.budget_tokens";
+    match (enabled, budget) {
+        (false, _) => Ok(None),
+        (true, None) => Err(ApiError::invalid(
+            field,
+            format!("{field}: field required when thinking.type is \"enabled\""),
+        )),
+        (true, Some(b)) if b < MIN_THINKING_BUDGET => Err(ApiError::invalid(
+            field,
+            format!("{field} = {b} is out of range: it must be at least {MIN_THINKING_BUDGET}"),
+        )),
+        (true, Some(b)) if b >= max_tokens => Err(ApiError::invalid(
+            field,
+            format!("{field} = {b} must be less than max_tokens ({max_tokens})"),
+        )),
+        (true, Some(b)) => Ok(Some(b as usize)),
+    }
+}
+
 /// `reasoning_effort` / `reasoning.effort` values: on or off.
 pub fn effort(field: &str, effort: Option<&str>) -> Result<Option<bool>, ApiError> {
     match effort {
@@ -195,17 +225,24 @@ mod tests {
             temperature: Some(1e300),
             ..Default::default()
         }
-        .validate()
+        .validate(2.0)
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
+        let anthropic = SamplingFields {
+            temperature: Some(1.5),
+            ..Default::default()
+        };
+        assert!(anthropic.validate(2.0).is_ok());
+        let e = anthropic.validate(1.0).unwrap_err();
+        assert!(e.message.contains("temperature") && e.message.contains("between 0 and 1"));
         let e = SamplingFields {
             top_p: Some(-0.5),
             ..Default::default()
         }
-        .validate()
+        .validate(2.0)
         .unwrap_err();
         assert!(e.message.contains("top_p"), "{}", e.message);
-        assert!(SamplingFields::default().validate().is_ok());
+        assert!(SamplingFields::default().validate(2.0).is_ok());
         assert!(n(Some(2)).is_err() && n(Some(1)).is_ok());
         assert!(
             mtp_depth(None, Some(2))
@@ -228,5 +265,16 @@ mod tests {
         );
         assert!(max_tokens("max_tokens", Some(0)).is_err());
         assert!(stops("stop", Some(StopField::Many(vec![String::new()]))).is_err());
+        assert_eq!(thinking_budget(Some(5), false, 10).unwrap(), None);
+        for (b, needle) in [
+            (None, "required"),
+            (Some(1023), "at least 1024"),
+            (Some(4096), "less than max_tokens"),
+        ] {
+            let e = thinking_budget(b, true, 4096).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("thinking.budget_tokens"));
+            assert!(e.message.contains(needle), "{}", e.message);
+        }
+        assert_eq!(thinking_budget(Some(1024), true, 4096).unwrap(), Some(1024));
     }
 }

@@ -76,9 +76,6 @@ async fn default_model_anthropic_messages_and_count_tokens() {
     let (status, count) = s.post("/v1/messages/count_tokens", &body).await;
     assert_eq!(status, 200, "{count}");
     let input_tokens = count["input_tokens"].as_u64().unwrap();
-    // Warm first: the engine's cold (many-row) and warm (one-row) prefills
-    // do not agree bit for bit, so streamed and not are compared warm.
-    let _ = s.post("/v1/messages", &body).await;
     let (status, m) = s.post("/v1/messages", &body).await;
     assert_eq!(status, 200, "{m}");
     assert_eq!(m["type"], "message");
@@ -147,6 +144,67 @@ async fn default_model_anthropic_messages_and_count_tokens() {
             400,
             "image",
         ),
+        // Anthropic's temperature is 0..1 (OpenAI's is 0..2).
+        (
+            json!({"max_tokens": 5, "messages": user("hi"), "temperature": 1.5}),
+            400,
+            "temperature = 1.5",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("hi"), "top_p": -1}),
+            400,
+            "top_p",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("hi"), "top_k": -7}),
+            400,
+            "top_k",
+        ),
+        (
+            json!({"max_tokens": -5, "messages": user("hi")}),
+            400,
+            "max_tokens",
+        ),
+        (
+            json!({"max_tokens": 5e40, "messages": user("hi")}),
+            400,
+            "max_tokens",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("hi"), "seed": -1}),
+            400,
+            "seed",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("hi"), "stop_sequences": [""]}),
+            400,
+            "stop_sequences",
+        ),
+        (
+            json!({"max_tokens": 4096, "messages": user("hi"), "thinking": {"type": "enabled", "budget_tokens": 100}}),
+            400,
+            "thinking.budget_tokens = 100",
+        ),
+        (
+            json!({"max_tokens": 2000, "messages": user("hi"), "thinking": {"type": "enabled", "budget_tokens": 2000}}),
+            400,
+            "less than max_tokens",
+        ),
+        (
+            json!({"max_tokens": 2000, "messages": user("hi"), "thinking": {"type": "enabled", "budget_tokens": -1}}),
+            400,
+            "thinking.budget_tokens",
+        ),
+        (
+            json!({"max_tokens": 2000, "messages": user("hi"), "thinking": {"type": "enabled"}}),
+            400,
+            "thinking.budget_tokens",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user("hi"), "thinking": {"type": "sometimes"}}),
+            400,
+            "thinking.type",
+        ),
     ] {
         let (got, err) = s.post("/v1/messages", &body).await;
         assert_eq!(got, status, "{body}: {err}");
@@ -157,6 +215,52 @@ async fn default_model_anthropic_messages_and_count_tokens() {
             "{err}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn default_model_anthropic_warnings_for_what_is_not_applied() {
+    let s = start().await;
+    // Temperature 1 is Anthropic's maximum, and valid.
+    let (status, ok) = s
+        .post(
+            "/v1/messages",
+            &json!({"max_tokens": 3, "temperature": 1.0, "seed": 5, "messages": user("hi")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{ok}");
+    // The llama family has no reasoning markers: thinking and its budget
+    // are reported as not applied, streamed or not.
+    // (Stop sequences keep the reply short: the budget needs max_tokens > 1024.)
+    let body = json!({"max_tokens": 1025, "messages": user("hi"), "temperature": 0,
+        "thinking": {"type": "enabled", "budget_tokens": 1024}, "min_p": 0.1,
+        "stop_sequences": [".", "!", "?", "\n"]});
+    let (status, m) = s.post("/v1/messages", &body).await;
+    assert_eq!(status, 200, "{m}");
+    let warnings = m["warnings"].to_string();
+    assert!(warnings.contains("thinking was ignored"), "{warnings}");
+    assert!(
+        warnings.contains("budget_tokens = 1024 was not applied"),
+        "{warnings}"
+    );
+    // min_p is not part of the llama family's nucleus law.
+    assert!(warnings.contains("min_p"), "{warnings}");
+    assert!(
+        m["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] != "thinking")
+    );
+    let mut streaming = body.clone();
+    streaming["stream"] = json!(true);
+    let (_, events) = s.post_sse("/v1/messages", &streaming).await;
+    let start: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert!(
+        start["message"]["warnings"]
+            .to_string()
+            .contains("budget_tokens"),
+        "{start}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

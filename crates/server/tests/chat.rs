@@ -85,15 +85,12 @@ async fn default_model_health_models_metrics_openapi() {
 async fn default_model_chat_non_streaming_usage_seed_replay_and_cache() {
     let s = start().await;
     let body = chat(json!({"temperature": 0.9, "seed": 1234, "max_completion_tokens": 16}));
-    // A cold turn first: its prompt logits come from a many-row prefill,
-    // while every later turn with this prompt reuses all but the last token
-    // and prefills one row. The engine's batched and single-row kernels do
-    // not agree bit for bit (reported), so replay is compared warm to warm.
-    let (status, cold) = s.post("/v1/chat/completions", &body).await;
-    assert_eq!(status, 200, "{cold}");
-    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // The first request is cold (a many-row prefill), the second reuses all
+    // but the last prompt token; the CPU kernels are row-independent, so
+    // both must give the same text for the same seed.
     let (status, a) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{a}");
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(a["object"], "chat.completion");
     assert_eq!(a["model"], MODEL_ID);
     let choice = &a["choices"][0];
@@ -108,19 +105,14 @@ async fn default_model_chat_non_streaming_usage_seed_replay_and_cache() {
     assert!(p > 5 && (1..=16).contains(&c));
     assert_eq!(usage["total_tokens"].as_u64().unwrap(), p + c);
     assert_eq!(usage["seed"], 1234);
-    assert_eq!(
-        usage["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap(),
-        p - 1
-    );
     let reason = choice["finish_reason"].as_str().unwrap();
     assert!(
         reason == "stop" || (reason == "length" && c == 16),
         "{reason} {c}"
     );
 
-    // Same seed, same text; the second turn reuses the prompt's prefix.
+    // Same seed, same text (cold then warm); the second turn reuses the
+    // prompt's prefix.
     let (_, b) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(b["choices"][0]["message"]["content"], text.as_str());
     assert_eq!(
@@ -145,8 +137,6 @@ async fn default_model_chat_non_streaming_usage_seed_replay_and_cache() {
 async fn default_model_chat_streaming_matches_non_streaming() {
     let s = start().await;
     let body = chat(json!({"temperature": 0.7, "seed": 99}));
-    // Warm the session first (see the replay test: cold and warm differ).
-    let _ = s.post("/v1/chat/completions", &body).await;
     let (_, full) = s.post("/v1/chat/completions", &body).await;
     let mut stream_body = body.clone();
     stream_body["stream"] = json!(true);
@@ -196,8 +186,6 @@ async fn default_model_chat_streaming_matches_non_streaming() {
 #[tokio::test(flavor = "multi_thread")]
 async fn default_model_stop_sequences_and_logprobs() {
     let s = start().await;
-    let warm = chat(json!({"temperature": 0, "max_tokens": 1}));
-    let _ = s.post("/v1/chat/completions", &warm).await;
     let (_, greedy) = s
         .post(
             "/v1/chat/completions",
@@ -488,19 +476,36 @@ async fn default_model_disconnect_mid_stream_then_same_prefix() {
     assert_eq!(r.status(), 200);
     let mut stream = r.bytes_stream();
     let mut seen = String::new();
-    while seen.matches("data:").count() < 4 {
+    // The role chunk, then at least six content chunks (whole events).
+    while seen.matches("\"content\":").count() < 7 || !seen.ends_with("\n\n") {
         seen.push_str(&String::from_utf8_lossy(
             &stream.next().await.unwrap().unwrap(),
         ));
     }
     drop(stream);
-    // The turn is cancelled; the next request with the same prefix works and
-    // reuses the state the cancelled turn left behind.
+    let streamed: String = common::parse_sse(&seen)
+        .iter()
+        .filter_map(|(_, d)| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    // The turn is cancelled; the next request with the same prefix works,
+    // reuses the state the cancelled turn left behind, and (greedy) says
+    // what the cancelled stream had started to say.
     let mut again = body.clone();
     again["stream"] = json!(false);
     again["max_tokens"] = json!(4);
     let (status, done) = s.post("/v1/chat/completions", &again).await;
     assert_eq!(status, 200, "{done}");
+    let text = done["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!text.is_empty());
+    assert!(
+        streamed.starts_with(text),
+        "after the disconnect: {text:?}; before: {streamed:?}"
+    );
     let usage = &done["usage"];
     assert_eq!(
         usage["prompt_tokens_details"]["cached_tokens"]

@@ -104,6 +104,12 @@ impl ReasoningSplitter {
         }
     }
 
+    /// Whether the text so far is inside the reasoning block (opened and
+    /// not yet closed).
+    pub fn in_reasoning(&self) -> bool {
+        self.phase == Phase::Reasoning
+    }
+
     /// End of output: release what was held back.
     pub fn finish(&mut self) -> Vec<Split> {
         let held = std::mem::take(&mut self.held);

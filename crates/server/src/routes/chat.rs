@@ -1,30 +1,19 @@
 //! `POST /v1/chat/completions`.
 
-use axum::Json;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
-use crate::admission::{Generation, admit};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::ids::{new_id, unix_now};
-use crate::output::{Collected, Item, OutputParser, TurnStream};
+use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::prompt::{self, ChatTurn, FunctionTool};
-use crate::sse::{self, SseSender};
+use crate::prompt::{ChatTurn, FunctionTool};
+use crate::request::{Common, Finished, Head, Turn, Writer, openai_tool_choice};
+use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::types::chat::*;
 use crate::types::common::{LogprobEntry, Usage, finish_reason};
-
-/// What a validated request asks for beyond the generation itself.
-struct Plan {
-    generation: Generation,
-    stream: bool,
-    include_usage: bool,
-    tools: bool,
-    reasoning_open: bool,
-}
 
 #[utoipa::path(
     post,
@@ -42,47 +31,36 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     state.metrics.request("chat_completions");
-    let plan = plan(&state, req)?;
-    let admitted = admit(&state, plan.generation)?;
-    let parser = OutputParser::new(&state.profile, plan.tools, plan.reasoning_open);
-    let turn = TurnStream::new(admitted.events, parser);
-    let head = Head {
-        id: new_id("chatcmpl-"),
-        created: unix_now(),
-        model: state.config.model_id.clone(),
-        seed: admitted.seed,
-        warnings: admitted.warnings,
-    };
-    if plan.stream {
-        let tokenizer = state.tokenizer.clone();
-        let include_usage = plan.include_usage;
-        return Ok(sse::respond(state.config.keep_alive, move |tx| {
-            stream(tx, turn, head, include_usage, tokenizer)
-        }));
-    }
-    let c = Collected::run(turn).await.map_err(ApiError::internal)?;
-    Ok(Json(complete(&state, head, c)?).into_response())
-}
-
-fn plan(state: &SharedState, req: ChatCompletionRequest) -> Result<Plan, ApiError> {
-    state.check_model(req.model.as_deref())?;
-    params::n(req.n)?;
-    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
+    let include_usage = req
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
     let max_tokens = match req.max_completion_tokens {
-        Some(m) => params::max_tokens("max_completion_tokens", Some(m))?,
-        None => params::max_tokens("max_tokens", req.max_tokens)?,
+        Some(m) => ("max_completion_tokens", Some(m)),
+        None => ("max_tokens", req.max_tokens),
     };
-    let sampling = SamplingFields {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
+    let mut checked = Common {
+        model: req.model,
+        sampling: SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+        },
+        max_temperature: 2.0,
+        seed: req.seed,
+        max_tokens,
+        stop: ("stop", req.stop),
+        n: req.n,
+        mtp_depth: req.mtp_depth,
+        stream: req.stream,
     }
-    .validate()?;
+    .check(&state)?;
     let top = params::top_logprobs("top_logprobs", req.top_logprobs)?;
-    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+    let g = &mut checked.generation;
+    g.logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (true, _) => Some(top),
         (false, Some(_)) => {
             return Err(ApiError::invalid(
@@ -92,64 +70,32 @@ fn plan(state: &SharedState, req: ChatCompletionRequest) -> Result<Plan, ApiErro
         }
         (false, None) => None,
     };
-    let mut warnings = Vec::new();
     let effort = params::effort("reasoning_effort", req.reasoning_effort.as_deref())?;
     let enable_thinking =
-        params::reasoning(&state.profile, "reasoning_effort", effort, &mut warnings);
-    let tools = tools(req.tools, req.tool_choice.as_ref())?;
-    let messages = messages(req.messages)?;
-    let has_tools = !tools.is_empty();
-    let rendered = prompt::render(
-        state,
-        ChatTurn {
-            messages,
-            tools,
-            enable_thinking,
-        },
-    )?;
-    Ok(Plan {
-        generation: Generation {
-            prompt: rendered.tokens,
-            prompt_field: "messages",
-            sampling,
-            seed: req.seed,
-            max_tokens,
-            stops: params::stops("stop", req.stop)?,
-            logprobs,
-            prompt_logprobs: None,
-            mtp_depth,
-            warnings,
-        },
-        stream: req.stream.unwrap_or(false),
-        include_usage: req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
-        tools: has_tools,
-        reasoning_open: rendered.reasoning_open,
-    })
+        params::reasoning(&state.profile, "reasoning_effort", effort, &mut g.warnings);
+    let conversation = ChatTurn {
+        messages: messages(req.messages)?,
+        tools: tools(req.tools, req.tool_choice.as_ref())?,
+        enable_thinking,
+    };
+    let output = checked.render(&state, "messages", conversation)?;
+    let turn = Turn::start(&state, checked, output, "chatcmpl-")?;
+    let tokenizer = state.tokenizer.clone();
+    turn.respond(
+        &state,
+        |tx, head| ChunkWriter::new(tx, head, include_usage, tokenizer),
+        |head, done| complete(&state, head, done),
+    )
+    .await
 }
 
-/// Function tools, unless `tool_choice` turns them off. Forcing a call
-/// (`required` or a named function) needs constrained decoding, which this
-/// server does not have: refused rather than pretended.
+/// Function tools, unless `tool_choice` turns them off.
 pub fn tools(
     tools: Option<Vec<ChatTool>>,
     choice: Option<&Value>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
-    match choice {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" => {}
-        Some(Value::String(s)) if s == "none" => return Ok(Vec::new()),
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!(
-                    "tool_choice {other} is not supported: only \"auto\" and \"none\" (forcing a \
-                     call needs constrained decoding)"
-                ),
-            ));
-        }
+    if !openai_tool_choice(choice)? {
+        return Ok(Vec::new());
     }
     let mut out = Vec::new();
     for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
@@ -162,14 +108,8 @@ pub fn tools(
                 ),
             ));
         }
-        out.push(FunctionTool {
-            name: t.function.name,
-            description: t.function.description,
-            parameters: t
-                .function
-                .parameters
-                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-        });
+        let f = t.function;
+        out.push(FunctionTool::new(f.name, f.description, f.parameters));
     }
     Ok(out)
 }
@@ -223,18 +163,8 @@ fn messages(messages: Vec<ChatMessage>) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
-struct Head {
-    id: String,
-    created: u64,
-    model: String,
-    seed: u64,
-    warnings: Vec<String>,
-}
-
-fn complete(state: &SharedState, head: Head, c: Collected) -> Result<ChatCompletion, ApiError> {
-    let summary = c
-        .summary
-        .ok_or_else(|| ApiError::internal("the turn ended without a summary"))?;
+fn complete(state: &SharedState, head: Head, done: Finished) -> ChatCompletion {
+    let Finished { output: c, summary } = done;
     let tool_calls: Vec<ToolCall> = c
         .tool_calls
         .into_iter()
@@ -261,7 +191,7 @@ fn complete(state: &SharedState, head: Head, c: Collected) -> Result<ChatComplet
                 .collect(),
         });
     let reason = finish_reason(&summary, !tool_calls.is_empty());
-    Ok(ChatCompletion {
+    ChatCompletion {
         id: head.id,
         object: "chat.completion",
         created: head.created,
@@ -279,108 +209,160 @@ fn complete(state: &SharedState, head: Head, c: Collected) -> Result<ChatComplet
         }],
         usage: Usage::of(&summary, head.seed),
         warnings: head.warnings,
-    })
+    }
 }
 
-async fn stream(
+/// Chat completion chunks: text, reasoning and logprobs of one worker
+/// event go out as one chunk; tool calls as their own deltas.
+pub struct ChunkWriter {
     tx: SseSender,
-    mut turn: TurnStream,
     head: Head,
     include_usage: bool,
     tokenizer: std::sync::Arc<ds4_text::Tokenizer>,
-) {
-    let chunk = |delta: Delta, logprobs: Option<ChoiceLogprobs>, finish: Option<&'static str>| {
+    called_tools: bool,
+    text: String,
+    reasoning: String,
+    lps: Vec<LogprobEntry>,
+    out: Vec<ChatCompletionChunk>,
+}
+
+impl ChunkWriter {
+    pub fn new(
+        tx: SseSender,
+        head: Head,
+        include_usage: bool,
+        tokenizer: std::sync::Arc<ds4_text::Tokenizer>,
+    ) -> Self {
+        Self {
+            tx,
+            head,
+            include_usage,
+            tokenizer,
+            called_tools: false,
+            text: String::new(),
+            reasoning: String::new(),
+            lps: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+
+    fn chunk(
+        &self,
+        delta: Delta,
+        logprobs: Option<ChoiceLogprobs>,
+        finish: Option<&'static str>,
+    ) -> ChatCompletionChunk {
         ChatCompletionChunk {
-            id: head.id.clone(),
+            id: self.head.id.clone(),
             object: "chat.completion.chunk",
-            created: head.created,
-            model: head.model.clone(),
+            created: self.head.created,
+            model: self.head.model.clone(),
             choices: vec![ChunkChoice {
                 index: 0,
                 delta,
                 logprobs,
                 finish_reason: finish,
             }],
-            usage: include_usage.then_some(None),
+            usage: self.include_usage.then_some(None),
             warnings: Vec::new(),
         }
-    };
-    let mut first = chunk(
-        Delta {
+    }
+
+    /// Pending text/reasoning/logprobs into one chunk.
+    fn flush(&mut self) {
+        if self.text.is_empty() && self.reasoning.is_empty() && self.lps.is_empty() {
+            return;
+        }
+        let delta = Delta {
+            content: (!self.text.is_empty()).then(|| std::mem::take(&mut self.text)),
+            reasoning_content: (!self.reasoning.is_empty())
+                .then(|| std::mem::take(&mut self.reasoning)),
+            ..Delta::default()
+        };
+        let logprobs = (!self.lps.is_empty()).then(|| ChoiceLogprobs {
+            content: std::mem::take(&mut self.lps),
+        });
+        let c = self.chunk(delta, logprobs, None);
+        self.out.push(c);
+    }
+
+    /// Flush, then push `delta` as its own chunk (text before a call goes
+    /// out before it).
+    fn push(&mut self, delta: Delta, finish: Option<&'static str>) {
+        self.flush();
+        let c = self.chunk(delta, None, finish);
+        self.out.push(c);
+    }
+
+    async fn send_all(&mut self) -> bool {
+        self.flush();
+        for c in std::mem::take(&mut self.out) {
+            if !self.tx.json(None, &c).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl Writer for ChunkWriter {
+    async fn open(&mut self) -> bool {
+        let role = Delta {
             role: Some("assistant"),
             content: Some(String::new()),
             ..Delta::default()
-        },
-        None,
-        None,
-    );
-    first.warnings = head.warnings.clone();
-    if !tx.json(None, &first).await {
-        return;
+        };
+        let mut first = self.chunk(role, None, None);
+        first.warnings = self.head.warnings.clone();
+        self.tx.json(None, &first).await
     }
-    let mut called_tools = false;
-    while let Some(items) = turn.next().await {
-        let mut text = String::new();
-        let mut reasoning = String::new();
-        let mut lps = Vec::new();
-        let mut out = Vec::new();
-        for item in items {
-            match item {
-                Item::Text(t) => text.push_str(&t),
-                Item::Reasoning(r) => reasoning.push_str(&r),
-                Item::Token(t) => {
-                    if let Some(lp) = &t.logprobs
-                        && !tokenizer.stop_token_ids().contains(&t.id)
-                    {
-                        lps.push(LogprobEntry::of(&tokenizer, lp));
-                    }
-                }
-                Item::ToolStart { index, id, name } => {
-                    called_tools = true;
-                    // Text before the call goes out before it.
-                    flush(&mut out, &chunk, &mut text, &mut reasoning, &mut lps);
-                    out.push(chunk(
-                        tool_delta(index, Some(id), Some(name), String::new()),
-                        None,
-                        None,
-                    ));
-                }
-                Item::ToolArgs { index, delta } => {
-                    flush(&mut out, &chunk, &mut text, &mut reasoning, &mut lps);
-                    out.push(chunk(tool_delta(index, None, None, delta), None, None));
-                }
-                Item::ToolEnd { .. } | Item::Started | Item::PromptLogprobs(_) => {}
-                Item::Finished(summary) => {
-                    flush(&mut out, &chunk, &mut text, &mut reasoning, &mut lps);
-                    let reason = finish_reason(&summary, called_tools);
-                    out.push(chunk(Delta::default(), None, Some(reason)));
-                    if include_usage {
-                        let mut last = chunk(Delta::default(), None, None);
-                        last.choices.clear();
-                        last.usage = Some(Some(Usage::of(&summary, head.seed)));
-                        out.push(last);
-                    }
-                }
-                Item::Failed(message) => {
-                    flush(&mut out, &chunk, &mut text, &mut reasoning, &mut lps);
-                    for c in out.drain(..) {
-                        if !tx.json(None, &c).await {
-                            return;
-                        }
-                    }
-                    let _ = tx.error(&ApiError::internal(message)).await;
-                    return;
+
+    async fn item(&mut self, item: Item) -> bool {
+        match item {
+            Item::Text(t) => self.text.push_str(&t),
+            Item::Reasoning(r) => self.reasoning.push_str(&r),
+            Item::Token(t) => {
+                if let Some(lp) = &t.logprobs
+                    && !self.tokenizer.stop_token_ids().contains(&t.id)
+                {
+                    self.lps.push(LogprobEntry::of(&self.tokenizer, lp));
                 }
             }
-        }
-        flush(&mut out, &chunk, &mut text, &mut reasoning, &mut lps);
-        for c in out {
-            if !tx.json(None, &c).await {
-                return;
+            Item::ToolStart { index, id, name } => {
+                self.called_tools = true;
+                self.push(tool_delta(index, Some(id), Some(name), String::new()), None);
+            }
+            Item::ToolArgs { index, delta } => {
+                self.push(tool_delta(index, None, None, delta), None);
+            }
+            Item::ToolEnd { .. } | Item::Started | Item::PromptLogprobs(_) => {}
+            Item::Finished(summary) => {
+                let reason = finish_reason(&summary, self.called_tools);
+                self.push(Delta::default(), Some(reason));
+                if self.include_usage {
+                    let mut last = self.chunk(Delta::default(), None, None);
+                    last.choices.clear();
+                    last.usage = Some(Some(Usage::of(&summary, self.head.seed)));
+                    self.out.push(last);
+                }
+            }
+            Item::Failed(message) => {
+                if self.send_all().await {
+                    let _ = self.tx.error(&ApiError::internal(message)).await;
+                }
+                return false;
             }
         }
+        true
     }
-    let _ = tx.done().await;
+
+    async fn batch_end(&mut self) -> bool {
+        self.send_all().await
+    }
+
+    async fn close(self) {
+        let _ = self.tx.done().await;
+    }
 }
 
 fn tool_delta(index: usize, id: Option<String>, name: Option<String>, arguments: String) -> Delta {
@@ -395,24 +377,104 @@ fn tool_delta(index: usize, id: Option<String>, name: Option<String>, arguments:
     }
 }
 
-/// Turn pending text/reasoning/logprobs into one chunk.
-fn flush(
-    out: &mut Vec<ChatCompletionChunk>,
-    chunk: &impl Fn(Delta, Option<ChoiceLogprobs>, Option<&'static str>) -> ChatCompletionChunk,
-    text: &mut String,
-    reasoning: &mut String,
-    lps: &mut Vec<LogprobEntry>,
-) {
-    if text.is_empty() && reasoning.is_empty() && lps.is_empty() {
-        return;
+#[cfg(test)]
+mod tests {
+    //! Tool-call parsing and streaming in each family's format, from
+    //! scripted model output through the real chunk writer.
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::request::scripted;
+
+    fn tokenizer() -> Arc<ds4_text::Tokenizer> {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen4_exp/tiny_a"
+        );
+        Arc::new(ds4_text::Tokenizer::from_hf_dir(dir).unwrap())
     }
-    let delta = Delta {
-        content: (!text.is_empty()).then(|| std::mem::take(text)),
-        reasoning_content: (!reasoning.is_empty()).then(|| std::mem::take(reasoning)),
-        ..Delta::default()
-    };
-    let logprobs = (!lps.is_empty()).then(|| ChoiceLogprobs {
-        content: std::mem::take(lps),
-    });
-    out.push(chunk(delta, logprobs, None));
+
+    /// The chunks of a scripted turn, and the reassembled reasoning, text
+    /// and tool calls (id, name, arguments) as a client would build them.
+    async fn chunks(family: &str, output: &str) -> (Vec<Value>, String, String, Vec<[String; 3]>) {
+        let tk = tokenizer();
+        let events = scripted::sse(scripted::stream(family, true, false, output), |tx| {
+            ChunkWriter::new(tx, scripted::head(), true, tk)
+        })
+        .await;
+        assert_eq!(events.last().unwrap().1, "[DONE]");
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| e.1.clone())
+            .collect();
+        let (mut reasoning, mut text, mut calls) = (String::new(), String::new(), Vec::new());
+        for c in &chunks {
+            let Some(delta) = c["choices"].get(0).map(|ch| &ch["delta"]) else {
+                continue;
+            };
+            reasoning += delta["reasoning_content"].as_str().unwrap_or("");
+            text += delta["content"].as_str().unwrap_or("");
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                let i = call["index"].as_u64().unwrap() as usize;
+                if let Some(id) = call["id"].as_str() {
+                    assert_eq!(i, calls.len(), "calls start in order");
+                    assert_eq!(call["type"], "function");
+                    let name = call["function"]["name"].as_str().unwrap().to_string();
+                    calls.push([id.to_string(), name, String::new()]);
+                }
+                calls[i][2] += call["function"]["arguments"].as_str().unwrap();
+            }
+        }
+        (chunks, reasoning, text, calls)
+    }
+
+    #[tokio::test]
+    async fn hermes_calls_stream_as_tool_call_deltas() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        let (chunks, reasoning, text, calls) = chunks("qwen4_exp", out).await;
+        assert_eq!(reasoning, "Weather needed.");
+        // The newline between the two calls is text in the Hermes parser.
+        assert_eq!(text.trim_end(), "Let me check.");
+        assert_eq!(calls.len(), 2);
+        assert!(calls[0][0].starts_with("call_") && calls[0][0] != calls[1][0]);
+        assert_eq!(
+            calls[0][1..],
+            ["get_weather".to_string(), "{\"city\": \"Oslo\"}".into()]
+        );
+        assert_eq!(calls[1][1..], ["get_time".to_string(), "{}".into()]);
+        // Arguments arrive as they are generated: several deltas, not one.
+        let arg_deltas = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["delta"]["tool_calls"][0]["id"].is_null())
+            .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+            .count();
+        assert!(arg_deltas > 2, "{arg_deltas}");
+        let finish: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .map(|c| &c["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, [&json!("tool_calls")]);
+        let last = chunks.last().unwrap();
+        assert_eq!(last["choices"], json!([]));
+        assert_eq!(last["usage"]["seed"], 7);
+    }
+
+    #[tokio::test]
+    async fn llama_json_call_streams_as_tool_call_deltas() {
+        let out = "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}";
+        let (_, reasoning, text, calls) = chunks("llama", out).await;
+        assert_eq!((reasoning.as_str(), text.as_str()), ("", ""));
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            calls[0][1..],
+            ["add".to_string(), "{\"a\": 1, \"b\": 2}".into()]
+        );
+        // Plain text stays text in the llama format.
+        let (_, _, text, calls) = chunks("llama", "Two plus two is four.").await;
+        assert_eq!(text, "Two plus two is four.");
+        assert!(calls.is_empty());
+    }
 }

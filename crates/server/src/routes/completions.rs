@@ -2,20 +2,18 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use ds4_engine::decode::TokenLogprobs;
 use ds4_text::Tokenizer;
 use serde_json::json;
 
-use crate::admission::{Generation, admit};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::ids::{new_id, unix_now};
-use crate::output::{Collected, Item, OutputParser, TurnStream};
+use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::sse::{self, SseSender};
+use crate::request::{Common, Finished, Head, Output, Turn, Writer};
+use crate::sse::SseSender;
 use crate::state::{AppState, SharedState};
 use crate::types::common::{Usage, finish_reason, token_text};
 use crate::types::completions::*;
@@ -34,10 +32,30 @@ pub async fn completions(
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     state.metrics.request("completions");
-    state.check_model(req.model.as_deref())?;
-    params::n(req.n)?;
+    let include_usage = req
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let mut checked = Common {
+        model: req.model,
+        sampling: SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+        },
+        max_temperature: 2.0,
+        seed: req.seed,
+        max_tokens: ("max_tokens", Some(req.max_tokens.unwrap_or(16))),
+        stop: ("stop", req.stop),
+        n: req.n,
+        mtp_depth: req.mtp_depth,
+        stream: req.stream,
+    }
+    .check(&state)?;
     params::n(req.best_of).map_err(|_| ApiError::invalid("best_of", "best_of must be 1"))?;
-    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
@@ -55,60 +73,42 @@ pub async fn completions(
     };
     let echo = req.echo.unwrap_or(false);
     let prompt = prompt_tokens(&state, req.prompt)?;
-    let sampling = SamplingFields {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-    }
-    .validate()?;
-    let max_tokens = params::max_tokens("max_tokens", Some(req.max_tokens.unwrap_or(16)))?;
     let prompt_text = state
         .tokenizer
         .decode(&prompt, false)
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let admitted = admit(
-        &state,
-        Generation {
-            prompt: prompt.clone(),
-            prompt_field: "prompt",
-            sampling,
-            seed: req.seed,
-            max_tokens,
-            stops: params::stops("stop", req.stop)?,
-            logprobs,
-            prompt_logprobs: logprobs.filter(|_| echo),
-            mtp_depth,
-            warnings: Vec::new(),
-        },
-    )?;
-    let turn = TurnStream::new(
-        admitted.events,
-        OutputParser::new(&ds4_text::TextProfile::for_family(""), false, false),
-    );
-    let head = Head {
-        id: new_id("cmpl-"),
-        created: unix_now(),
-        model: state.config.model_id.clone(),
-        seed: admitted.seed,
-        warnings: admitted.warnings,
-        echo: echo.then_some(prompt_text),
+    let g = &mut checked.generation;
+    g.prompt = prompt.clone();
+    g.prompt_field = "prompt";
+    g.logprobs = logprobs;
+    g.prompt_logprobs = logprobs.filter(|_| echo);
+    let output = Output {
+        raw: true,
+        ..Output::default()
+    };
+    let turn = Turn::start(&state, checked, output, "cmpl-")?;
+    let echo = Echo {
+        text: echo.then_some(prompt_text),
         prompt,
     };
-    if req.stream.unwrap_or(false) {
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
-        let tokenizer = state.tokenizer.clone();
-        return Ok(sse::respond(state.config.keep_alive, move |tx| {
-            stream(tx, turn, head, include_usage, tokenizer)
-        }));
-    }
-    let c = Collected::run(turn).await.map_err(ApiError::internal)?;
-    Ok(Json(complete(&state, head, c)?).into_response())
+    let tokenizer = state.tokenizer.clone();
+    let echo_json = echo.clone();
+    turn.respond(
+        &state,
+        |tx, head| ChunkWriter {
+            tx,
+            head,
+            echo,
+            include_usage,
+            stops: tokenizer.stop_token_ids().to_vec(),
+            tokenizer,
+            offset: 0,
+            text: String::new(),
+            lps: None,
+        },
+        |head, done| complete(&state, head, echo_json, done),
+    )
+    .await
 }
 
 /// The prompt as token ids: text is tokenized as transformers' `encode`
@@ -158,13 +158,10 @@ fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
         .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
 }
 
-struct Head {
-    id: String,
-    created: u64,
-    model: String,
-    seed: u64,
-    warnings: Vec<String>,
-    echo: Option<String>,
+/// The prompt, echoed when the request asked for it.
+#[derive(Clone)]
+struct Echo {
+    text: Option<String>,
     prompt: Vec<u32>,
 }
 
@@ -195,15 +192,13 @@ fn finite(x: f32) -> f32 {
     if x.is_finite() { x } else { -9999.0 }
 }
 
-fn complete(state: &AppState, head: Head, c: Collected) -> Result<Completion, ApiError> {
-    let summary = c
-        .summary
-        .ok_or_else(|| ApiError::internal("the turn ended without a summary"))?;
+fn complete(state: &AppState, head: Head, echo: Echo, done: Finished) -> Completion {
+    let Finished { output: c, summary } = done;
     let stops = state.tokenizer.stop_token_ids();
     let logprobs = c.tokens.iter().any(|t| t.logprobs.is_some()).then(|| {
         let mut out = CompletionLogprobs::default();
         let mut offset = 0;
-        if head.echo.is_some() {
+        if echo.text.is_some() {
             let prompt_lps = c
                 .prompt_logprobs
                 .iter()
@@ -212,7 +207,7 @@ fn complete(state: &AppState, head: Head, c: Collected) -> Result<Completion, Ap
             legacy_logprobs(
                 &state.tokenizer,
                 &mut out,
-                head.prompt.iter().copied().zip(prompt_lps),
+                echo.prompt.iter().copied().zip(prompt_lps),
                 &mut offset,
             );
         }
@@ -224,11 +219,11 @@ fn complete(state: &AppState, head: Head, c: Collected) -> Result<Completion, Ap
         legacy_logprobs(&state.tokenizer, &mut out, generated, &mut offset);
         out
     });
-    let text = match head.echo {
+    let text = match echo.text {
         Some(p) => p + &c.text,
         None => c.text,
     };
-    Ok(Completion {
+    Completion {
         id: head.id,
         object: "text_completion",
         created: head.created,
@@ -241,103 +236,116 @@ fn complete(state: &AppState, head: Head, c: Collected) -> Result<Completion, Ap
         }],
         usage: Some(Usage::of(&summary, head.seed)),
         warnings: head.warnings,
-    })
+    }
 }
 
-async fn stream(
+/// Completion chunks: the text and logprobs of one worker event per chunk.
+struct ChunkWriter {
     tx: SseSender,
-    mut turn: TurnStream,
     head: Head,
+    echo: Echo,
     include_usage: bool,
     tokenizer: Arc<Tokenizer>,
-) {
-    let chunk =
-        |text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>| {
-            Completion {
-                id: head.id.clone(),
-                object: "text_completion",
-                created: head.created,
-                model: head.model.clone(),
-                choices: vec![CompletionChoice {
-                    text,
-                    index: 0,
-                    logprobs,
-                    finish_reason: finish,
-                }],
-                usage: None,
-                warnings: Vec::new(),
-            }
-        };
-    let mut offset = 0;
-    let mut first = chunk(head.echo.clone().unwrap_or_default(), None, None);
-    first.warnings = head.warnings.clone();
-    if !tx.json(None, &first).await {
-        return;
-    }
-    let stops = tokenizer.stop_token_ids().to_vec();
-    while let Some(items) = turn.next().await {
-        let mut text = String::new();
-        let mut lps: Option<CompletionLogprobs> = None;
-        for item in items {
-            match item {
-                Item::Text(t) | Item::Reasoning(t) => text.push_str(&t),
-                Item::Token(t) if t.logprobs.is_some() && !stops.contains(&t.id) => {
-                    let out = lps.get_or_insert_with(CompletionLogprobs::default);
-                    legacy_logprobs(
-                        &tokenizer,
-                        out,
-                        std::iter::once((t.id, t.logprobs)),
-                        &mut offset,
-                    );
-                }
-                Item::PromptLogprobs(p) => {
-                    let mut out = CompletionLogprobs::default();
-                    let entries = head
-                        .prompt
-                        .iter()
-                        .copied()
-                        .zip(p.into_iter().chain(std::iter::repeat(None)));
-                    legacy_logprobs(&tokenizer, &mut out, entries, &mut offset);
-                    if !tx.json(None, &chunk(String::new(), Some(out), None)).await {
-                        return;
-                    }
-                }
-                Item::Finished(summary) => {
-                    if (!text.is_empty() || lps.is_some())
-                        && !tx
-                            .json(None, &chunk(std::mem::take(&mut text), lps.take(), None))
-                            .await
-                    {
-                        return;
-                    }
-                    if !tx
-                        .json(
-                            None,
-                            &chunk(String::new(), None, Some(finish_reason(&summary, false))),
-                        )
-                        .await
-                    {
-                        return;
-                    }
-                    if include_usage {
-                        let mut last = chunk(String::new(), None, None);
-                        last.choices.clear();
-                        last.usage = Some(Usage::of(&summary, head.seed));
-                        if !tx.json(None, &last).await {
-                            return;
-                        }
-                    }
-                }
-                Item::Failed(message) => {
-                    let _ = tx.error(&ApiError::internal(message)).await;
-                    return;
-                }
-                _ => {}
-            }
-        }
-        if (!text.is_empty() || lps.is_some()) && !tx.json(None, &chunk(text, lps, None)).await {
-            return;
+    stops: Vec<u32>,
+    offset: usize,
+    text: String,
+    lps: Option<CompletionLogprobs>,
+}
+
+impl ChunkWriter {
+    fn chunk(
+        &self,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish: Option<&'static str>,
+    ) -> Completion {
+        Completion {
+            id: self.head.id.clone(),
+            object: "text_completion",
+            created: self.head.created,
+            model: self.head.model.clone(),
+            choices: vec![CompletionChoice {
+                text,
+                index: 0,
+                logprobs,
+                finish_reason: finish,
+            }],
+            usage: None,
+            warnings: Vec::new(),
         }
     }
-    let _ = tx.done().await;
+
+    /// Pending text and logprobs as one chunk.
+    async fn flush(&mut self) -> bool {
+        if self.text.is_empty() && self.lps.is_none() {
+            return true;
+        }
+        let (text, lps) = (std::mem::take(&mut self.text), self.lps.take());
+        let c = self.chunk(text, lps, None);
+        self.tx.json(None, &c).await
+    }
+}
+
+impl Writer for ChunkWriter {
+    async fn open(&mut self) -> bool {
+        let mut first = self.chunk(self.echo.text.clone().unwrap_or_default(), None, None);
+        first.warnings = self.head.warnings.clone();
+        self.tx.json(None, &first).await
+    }
+
+    async fn item(&mut self, item: Item) -> bool {
+        match item {
+            Item::Text(t) | Item::Reasoning(t) => self.text.push_str(&t),
+            Item::Token(t) if t.logprobs.is_some() && !self.stops.contains(&t.id) => {
+                let out = self.lps.get_or_insert_with(CompletionLogprobs::default);
+                legacy_logprobs(
+                    &self.tokenizer,
+                    out,
+                    std::iter::once((t.id, t.logprobs)),
+                    &mut self.offset,
+                );
+            }
+            Item::PromptLogprobs(p) => {
+                let mut out = CompletionLogprobs::default();
+                let entries = self
+                    .echo
+                    .prompt
+                    .iter()
+                    .copied()
+                    .zip(p.into_iter().chain(std::iter::repeat(None)));
+                legacy_logprobs(&self.tokenizer, &mut out, entries, &mut self.offset);
+                let c = self.chunk(String::new(), Some(out), None);
+                return self.tx.json(None, &c).await;
+            }
+            Item::Finished(summary) => {
+                if !self.flush().await {
+                    return false;
+                }
+                let c = self.chunk(String::new(), None, Some(finish_reason(&summary, false)));
+                if !self.tx.json(None, &c).await {
+                    return false;
+                }
+                if self.include_usage {
+                    let mut last = self.chunk(String::new(), None, None);
+                    last.choices.clear();
+                    last.usage = Some(Usage::of(&summary, self.head.seed));
+                    return self.tx.json(None, &last).await;
+                }
+            }
+            Item::Failed(message) => {
+                let _ = self.tx.error(&ApiError::internal(message)).await;
+                return false;
+            }
+            _ => {}
+        }
+        true
+    }
+
+    async fn batch_end(&mut self) -> bool {
+        self.flush().await
+    }
+
+    async fn close(self) {
+        let _ = self.tx.done().await;
+    }
 }

@@ -2,17 +2,16 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
-use crate::admission::{Generation, admit};
 use crate::error::{ApiError, Flavor};
 use crate::extract::ApiJson;
-use crate::ids::new_id;
-use crate::output::{Collected, Item, OutputParser, TurnStream};
+use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::prompt::{self, ChatTurn, FunctionTool, RenderedPrompt};
-use crate::sse::{self, SseSender};
+use crate::prompt::{self, ChatTurn, FunctionTool};
+use crate::request::{Common, Finished, Head, Turn, Writer};
+use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::types::anthropic::*;
 use crate::worker::TurnSummary;
@@ -51,9 +50,9 @@ pub async fn count_tokens(
     let count = || -> Result<TokenCount, ApiError> {
         state.check_model(req.model.as_deref())?;
         let mut warnings = Vec::new();
-        let rendered = render(&state, &req, &mut warnings)?;
+        let (turn, _) = conversation(&state, &req, None, &mut warnings)?;
         Ok(TokenCount {
-            input_tokens: rendered.tokens.len(),
+            input_tokens: prompt::render(&state, turn)?.tokens.len(),
         })
     };
     count()
@@ -62,64 +61,43 @@ pub async fn count_tokens(
 }
 
 async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiError> {
-    state.check_model(req.model.as_deref())?;
-    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
     let Some(max_tokens) = req.max_tokens else {
         return Err(ApiError::invalid(
             "max_tokens",
             "max_tokens: field required",
         ));
     };
-    let max_tokens = params::max_tokens("max_tokens", Some(max_tokens))?;
-    let sampling = SamplingFields {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        ..SamplingFields::default()
-    }
-    .validate()?;
-    let mut warnings = Vec::new();
-    let rendered = render(&state, &req, &mut warnings)?;
-    let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty()) && !tool_choice_none(&req);
-    let stops = params::stops(
-        "stop_sequences",
-        req.stop_sequences.map(params::StopField::Many),
-    )?;
-    let admitted = admit(
-        &state,
-        Generation {
-            prompt: rendered.tokens,
-            prompt_field: "messages",
-            sampling,
-            seed: req.seed,
-            max_tokens,
-            stops,
-            logprobs: None,
-            prompt_logprobs: None,
-            mtp_depth,
-            warnings,
+    let mut checked = Common {
+        model: req.model.clone(),
+        sampling: SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            ..SamplingFields::default()
         },
-    )?;
-    let parser = OutputParser::new(&state.profile, has_tools, rendered.reasoning_open);
-    let turn = TurnStream::new(admitted.events, parser);
-    let head = Head {
-        id: new_id("msg_"),
-        model: state.config.model_id.clone(),
-        seed: admitted.seed,
-        prompt_tokens: admitted.prompt_tokens,
-        warnings: admitted.warnings,
-    };
-    if req.stream.unwrap_or(false) {
-        return Ok(sse::respond(state.config.keep_alive, move |tx| {
-            stream(tx, turn, head)
-        }));
+        max_temperature: 1.0,
+        seed: req.seed,
+        max_tokens: ("max_tokens", Some(max_tokens)),
+        stop: (
+            "stop_sequences",
+            req.stop_sequences.clone().map(params::StopField::Many),
+        ),
+        n: None,
+        mtp_depth: req.mtp_depth,
+        stream: req.stream,
     }
-    let c = Collected::run(turn).await.map_err(ApiError::internal)?;
-    let summary = c
-        .summary
-        .clone()
-        .ok_or_else(|| ApiError::internal("the turn ended without a summary"))?;
+    .check(&state)?;
+    let g = &mut checked.generation;
+    let (turn, budget) = conversation(&state, &req, Some(max_tokens), &mut g.warnings)?;
+    g.reasoning_budget = budget;
+    let output = checked.render(&state, "messages", turn)?;
+    let turn = Turn::start(&state, checked, output, "msg_")?;
+    turn.respond(&state, BlockWriter::new, complete).await
+}
+
+fn complete(head: Head, done: Finished) -> MessageResponse {
+    let Finished { output: c, summary } = done;
     let mut content = Vec::new();
     if !c.reasoning.is_empty() {
         content.push(OutputBlock::Thinking {
@@ -137,7 +115,7 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
             input: tool_input(&call.arguments),
         });
     }
-    Ok(Json(MessageResponse {
+    MessageResponse {
         id: head.id,
         kind: "message",
         role: "assistant",
@@ -145,10 +123,9 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
         content,
         stop_reason: Some(stop_reason(&summary, !c.tool_calls.is_empty())),
         stop_sequence: summary.stop_sequence.clone(),
-        usage: usage(&summary, Some(head.seed)),
+        usage: AnthropicUsage::of(&summary, Some(head.seed)),
         warnings: head.warnings,
-    })
-    .into_response())
+    }
 }
 
 fn tool_choice_none(req: &MessagesRequest) -> bool {
@@ -157,12 +134,15 @@ fn tool_choice_none(req: &MessagesRequest) -> bool {
         .is_some_and(|c| c["type"] == "none")
 }
 
-/// The conversation in the chat-template shape, rendered and tokenized.
-fn render(
+/// The conversation in the chat-template shape. Also checks `thinking`
+/// and returns the reasoning budget to enforce (`max_tokens` is `None` for
+/// count_tokens, which has no output).
+fn conversation(
     state: &SharedState,
     req: &MessagesRequest,
+    max_tokens: Option<u64>,
     warnings: &mut Vec<String>,
-) -> Result<RenderedPrompt, ApiError> {
+) -> Result<(ChatTurn, Option<usize>), ApiError> {
     let mut messages = Vec::new();
     match &req.system {
         None => {}
@@ -190,23 +170,32 @@ fn render(
             ));
         }
     };
+    let budget = match max_tokens {
+        Some(max) => params::thinking_budget(
+            req.thinking.as_ref().and_then(|t| t.budget_tokens),
+            on == Some(true),
+            max,
+        )?,
+        None => None,
+    };
     let enable_thinking = params::reasoning(&state.profile, "thinking", on, warnings);
-    if enable_thinking == Some(true)
-        && let Some(budget) = req.thinking.as_ref().and_then(|t| t.budget_tokens)
+    // Without reasoning markers there is no reasoning to budget.
+    if let Some(b) = budget
+        && enable_thinking != Some(true)
     {
         warnings.push(format!(
-            "thinking.budget_tokens = {budget} is not enforced: reasoning ends when the model \
-             ends it (max_tokens still applies)"
+            "thinking.budget_tokens = {b} was not applied: the {} family has no reasoning \
+             markers",
+            state.profile.family
         ));
     }
-    prompt::render(
-        state,
-        ChatTurn {
-            messages,
-            tools,
-            enable_thinking,
-        },
-    )
+    let budget = budget.filter(|_| enable_thinking == Some(true));
+    let turn = ChatTurn {
+        messages,
+        tools,
+        enable_thinking,
+    };
+    Ok((turn, budget))
 }
 
 fn tools(req: &MessagesRequest) -> Result<Vec<FunctionTool>, ApiError> {
@@ -231,13 +220,12 @@ fn tools(req: &MessagesRequest) -> Result<Vec<FunctionTool>, ApiError> {
         .tools
         .iter()
         .flatten()
-        .map(|t| FunctionTool {
-            name: t.name.clone(),
-            description: t.description.clone(),
-            parameters: t
-                .input_schema
-                .clone()
-                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        .map(|t| {
+            FunctionTool::new(
+                t.name.clone(),
+                t.description.clone(),
+                t.input_schema.clone(),
+            )
         })
         .collect())
 }
@@ -326,24 +314,6 @@ fn stop_reason(s: &TurnSummary, tool_use: bool) -> &'static str {
     }
 }
 
-fn usage(s: &TurnSummary, seed: Option<u64>) -> AnthropicUsage {
-    AnthropicUsage {
-        input_tokens: s.prompt_tokens,
-        output_tokens: s.completion_tokens,
-        cache_read_input_tokens: s.cached_tokens,
-        cache_creation_input_tokens: 0,
-        seed,
-    }
-}
-
-struct Head {
-    id: String,
-    model: String,
-    seed: u64,
-    prompt_tokens: usize,
-    warnings: Vec<String>,
-}
-
 /// Which content block is open in the stream.
 #[derive(PartialEq)]
 enum Open {
@@ -353,19 +323,34 @@ enum Open {
     Tool,
 }
 
-struct Blocks<'a> {
-    tx: &'a SseSender,
+/// Anthropic's stream: `message_start`, content blocks opened, filled and
+/// closed as the output changes kind, then `message_delta` and
+/// `message_stop`.
+struct BlockWriter {
+    tx: SseSender,
+    head: Head,
     open: Open,
     index: usize,
+    tool_use: bool,
 }
 
-impl Blocks<'_> {
+impl BlockWriter {
+    fn new(tx: SseSender, head: Head) -> Self {
+        Self {
+            tx,
+            head,
+            open: Open::None,
+            index: 0,
+            tool_use: false,
+        }
+    }
+
     /// Make sure a block of `kind` is open (closing another); false: client gone.
     async fn ensure(&mut self, kind: Open, start: Value) -> bool {
         if self.open == kind && kind != Open::Tool {
             return true;
         }
-        if !self.close().await {
+        if !self.close_block().await {
             return false;
         }
         self.open = kind;
@@ -386,7 +371,7 @@ impl Blocks<'_> {
             .await
     }
 
-    async fn close(&mut self) -> bool {
+    async fn close_block(&mut self) -> bool {
         if self.open == Open::None {
             return true;
         }
@@ -409,87 +394,150 @@ impl Blocks<'_> {
     }
 }
 
-async fn stream(tx: SseSender, mut turn: TurnStream, head: Head) {
-    let start = json!({
-        "type": "message_start",
-        "message": {
-            "id": head.id, "type": "message", "role": "assistant", "model": head.model,
-            "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": head.prompt_tokens, "output_tokens": 0},
-            "warnings": head.warnings,
-        }
-    });
-    if !tx.json(Some("message_start"), &start).await
-        || !tx.json(Some("ping"), &json!({"type": "ping"})).await
-    {
-        return;
+impl Writer for BlockWriter {
+    async fn open(&mut self) -> bool {
+        let h = &self.head;
+        let start = json!({
+            "type": "message_start",
+            "message": {
+                "id": h.id, "type": "message", "role": "assistant", "model": h.model,
+                "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": h.prompt_tokens, "output_tokens": 0},
+                "warnings": h.warnings,
+            }
+        });
+        self.tx.json(Some("message_start"), &start).await
+            && self.tx.json(Some("ping"), &json!({"type": "ping"})).await
     }
-    let mut blocks = Blocks {
-        tx: &tx,
-        open: Open::None,
-        index: 0,
-    };
-    let mut tool_use = false;
-    while let Some(items) = turn.next().await {
-        for item in items {
-            let ok = match item {
-                Item::Reasoning(r) => {
-                    blocks
-                        .ensure(Open::Thinking, json!({"type": "thinking", "thinking": ""}))
+
+    async fn item(&mut self, item: Item) -> bool {
+        match item {
+            Item::Reasoning(r) => {
+                self.ensure(Open::Thinking, json!({"type": "thinking", "thinking": ""}))
+                    .await
+                    && self
+                        .delta(json!({"type": "thinking_delta", "thinking": r}))
                         .await
-                        && blocks
-                            .delta(json!({"type": "thinking_delta", "thinking": r}))
-                            .await
-                }
-                Item::Text(t) => {
-                    blocks
-                        .ensure(Open::Text, json!({"type": "text", "text": ""}))
+            }
+            Item::Text(t) => {
+                self.ensure(Open::Text, json!({"type": "text", "text": ""}))
+                    .await
+                    && self.delta(json!({"type": "text_delta", "text": t})).await
+            }
+            Item::ToolStart { id, name, .. } => {
+                self.tool_use = true;
+                self.ensure(
+                    Open::Tool,
+                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                )
+                .await
+            }
+            Item::ToolArgs { delta, .. } => {
+                self.delta(json!({"type": "input_json_delta", "partial_json": delta}))
+                    .await
+            }
+            Item::ToolEnd { .. } => self.close_block().await,
+            Item::Started | Item::Token(_) | Item::PromptLogprobs(_) => true,
+            Item::Finished(summary) => {
+                let reason = stop_reason(&summary, self.tool_use);
+                let delta = json!({
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": summary.stop_sequence},
+                    "usage": AnthropicUsage::of(&summary, Some(self.head.seed)),
+                });
+                self.close_block().await
+                    && self.tx.json(Some("message_delta"), &delta).await
+                    && self
+                        .tx
+                        .json(Some("message_stop"), &json!({"type": "message_stop"}))
                         .await
-                        && blocks.delta(json!({"type": "text_delta", "text": t})).await
-                }
-                Item::ToolStart { id, name, .. } => {
-                    tool_use = true;
-                    blocks
-                        .ensure(
-                            Open::Tool,
-                            json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
-                        )
-                        .await
-                }
-                Item::ToolArgs { delta, .. } => {
-                    blocks
-                        .delta(json!({"type": "input_json_delta", "partial_json": delta}))
-                        .await
-                }
-                Item::ToolEnd { .. } => blocks.close().await,
-                Item::Started | Item::Token(_) | Item::PromptLogprobs(_) => true,
-                Item::Finished(summary) => {
-                    let reason = stop_reason(&summary, tool_use);
-                    blocks.close().await
-                        && tx
-                            .json(
-                                Some("message_delta"),
-                                &json!({
-                                    "type": "message_delta",
-                                    "delta": {"stop_reason": reason, "stop_sequence": summary.stop_sequence},
-                                    "usage": usage(&summary, Some(head.seed)),
-                                }),
-                            )
-                            .await
-                        && tx
-                            .json(Some("message_stop"), &json!({"type": "message_stop"}))
-                            .await
-                }
-                Item::Failed(message) => {
-                    let _ = tx
-                        .error(&ApiError::internal(message).with_flavor(Flavor::Anthropic))
-                        .await;
-                    false
-                }
-            };
-            if !ok {
-                return;
+            }
+            Item::Failed(message) => {
+                let _ = self
+                    .tx
+                    .error(&ApiError::internal(message).with_flavor(Flavor::Anthropic))
+                    .await;
+                false
             }
         }
+    }
+
+    async fn close(self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    //! Thinking and tool_use blocks in each family's format, from scripted
+    //! model output through the real block writer.
+
+    use super::*;
+    use crate::request::scripted;
+
+    /// The event names and, per content block, its start and the
+    /// concatenated deltas.
+    async fn blocks(family: &str, output: &str) -> (Vec<String>, Vec<(Value, String)>, Value) {
+        let events = scripted::sse(scripted::stream(family, true, false, output), |tx| {
+            BlockWriter::new(tx, scripted::head())
+        })
+        .await;
+        let names: Vec<String> = events.iter().map(|e| e.0.clone().unwrap()).collect();
+        let mut blocks: Vec<(Value, String)> = Vec::new();
+        let mut delta = Value::Null;
+        for (name, data) in &events {
+            match name.as_deref() {
+                Some("content_block_start") => {
+                    assert_eq!(data["index"], blocks.len());
+                    blocks.push((data["content_block"].clone(), String::new()));
+                }
+                Some("content_block_delta") => {
+                    let d = &data["delta"];
+                    let piece = ["thinking", "text", "partial_json"]
+                        .iter()
+                        .find_map(|k| d[*k].as_str())
+                        .unwrap_or("");
+                    let i = data["index"].as_u64().unwrap() as usize;
+                    blocks[i].1 += piece;
+                }
+                Some("message_delta") => delta = data.clone(),
+                _ => {}
+            }
+        }
+        (names, blocks, delta)
+    }
+
+    #[tokio::test]
+    async fn hermes_thinking_text_and_tool_use_blocks() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let (names, blocks, delta) = blocks("qwen4_exp", out).await;
+        assert_eq!(names[..2], ["message_start", "ping"]);
+        assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks[0].0["type"], "thinking");
+        assert_eq!(blocks[0].1, "Weather needed.");
+        assert_eq!(blocks[1].0["type"], "text");
+        assert_eq!(blocks[1].1, "Let me check.");
+        assert_eq!(blocks[2].0["type"], "tool_use");
+        assert_eq!(blocks[2].0["name"], "get_weather");
+        assert!(blocks[2].0["id"].as_str().unwrap().starts_with("call_"));
+        let input: Value = serde_json::from_str(&blocks[2].1).unwrap();
+        assert_eq!(input, json!({"city": "Oslo"}));
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+        assert_eq!(delta["usage"]["seed"], 7);
+        // Every block that starts stops.
+        let starts = names.iter().filter(|n| *n == "content_block_start").count();
+        let stops = names.iter().filter(|n| *n == "content_block_stop").count();
+        assert_eq!(starts, stops);
+    }
+
+    #[tokio::test]
+    async fn llama_json_tool_use_block() {
+        let out = "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}";
+        let (_, blocks, delta) = blocks("llama", out).await;
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0].0["type"], "tool_use");
+        assert_eq!(blocks[0].0["name"], "add");
+        let input: Value = serde_json::from_str(&blocks[0].1).unwrap();
+        assert_eq!(input, json!({"a": 1, "b": 2}));
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
     }
 }

@@ -1,19 +1,18 @@
 //! `POST /v1/responses`: the Responses API request and its SSE lifecycle
 //! (`response.created` … `response.completed`, every event numbered).
 
-use axum::Json;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
-use crate::admission::{Generation, admit};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::ids::{new_id, unix_now};
-use crate::output::{Collected, Item, OutputParser, TurnStream};
+use crate::ids::new_id;
+use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::prompt::{self, ChatTurn, FunctionTool};
-use crate::sse::{self, SseSender};
+use crate::prompt::{ChatTurn, FunctionTool};
+use crate::request::{Common, Finished, Turn, Writer, openai_tool_choice};
+use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::types::responses::*;
 use crate::worker::TurnSummary;
@@ -33,8 +32,24 @@ pub async fn responses(
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     state.metrics.request("responses");
-    state.check_model(req.model.as_deref())?;
-    let mtp_depth = params::mtp_depth(state.mtp, req.mtp_depth)?;
+    let mut checked = Common {
+        model: req.model,
+        sampling: SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            ..SamplingFields::default()
+        },
+        max_temperature: 2.0,
+        seed: req.seed,
+        max_tokens: ("max_output_tokens", req.max_output_tokens),
+        stop: ("stop", None),
+        n: None,
+        mtp_depth: req.mtp_depth,
+        stream: req.stream,
+    }
+    .check(&state)?;
     if req.previous_response_id.is_some() {
         return Err(ApiError::invalid(
             "previous_response_id",
@@ -42,64 +57,34 @@ pub async fn responses(
              conversation in input",
         ));
     }
-    let sampling = SamplingFields {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        ..SamplingFields::default()
-    }
-    .validate()?;
-    let max_tokens = params::max_tokens("max_output_tokens", req.max_output_tokens)?;
-    let mut warnings = Vec::new();
+    let g = &mut checked.generation;
     let effort = params::effort(
         "reasoning.effort",
         req.reasoning.as_ref().and_then(|r| r.effort.as_deref()),
     )?;
     let enable_thinking =
-        params::reasoning(&state.profile, "reasoning.effort", effort, &mut warnings);
-    let tools = tools(req.tools, req.tool_choice.as_ref())?;
-    let has_tools = !tools.is_empty();
+        params::reasoning(&state.profile, "reasoning.effort", effort, &mut g.warnings);
     let mut messages = Vec::new();
     if let Some(i) = &req.instructions {
         messages.push(json!({"role": "system", "content": i}));
     }
     input_messages(req.input, &mut messages)?;
-    let rendered = prompt::render(
-        &state,
-        ChatTurn {
-            messages,
-            tools,
-            enable_thinking,
-        },
-    )?;
-    let admitted = admit(
-        &state,
-        Generation {
-            prompt: rendered.tokens,
-            prompt_field: "input",
-            sampling,
-            seed: req.seed,
-            max_tokens,
-            stops: Vec::new(),
-            logprobs: None,
-            prompt_logprobs: None,
-            mtp_depth,
-            warnings,
-        },
-    )?;
-    let turn = TurnStream::new(
-        admitted.events,
-        OutputParser::new(&state.profile, has_tools, rendered.reasoning_open),
-    );
+    let conversation = ChatTurn {
+        messages,
+        tools: tools(req.tools, req.tool_choice.as_ref())?,
+        enable_thinking,
+    };
+    let output = checked.render(&state, "input", conversation)?;
+    let has_tools = output.tools;
+    let turn = Turn::start(&state, checked, output, "resp_")?;
     let shell = ResponseObject {
-        id: new_id("resp_"),
+        id: turn.head.id.clone(),
         object: "response",
-        created_at: unix_now(),
+        created_at: turn.head.created,
         status: "in_progress",
         incomplete_details: None,
         error: None,
-        model: state.config.model_id.clone(),
+        model: turn.head.model.clone(),
         output: Vec::new(),
         usage: None,
         parallel_tool_calls: false,
@@ -107,19 +92,20 @@ pub async fn responses(
         tools: Vec::new(),
         instructions: req.instructions,
         max_output_tokens: req.max_output_tokens,
-        warnings: admitted.warnings,
+        warnings: turn.head.warnings.clone(),
     };
-    let seed = admitted.seed;
-    if req.stream.unwrap_or(false) {
-        return Ok(sse::respond(state.config.keep_alive, move |tx| {
-            stream(tx, turn, shell, seed)
-        }));
-    }
-    let c = Collected::run(turn).await.map_err(ApiError::internal)?;
-    let summary = c
-        .summary
-        .clone()
-        .ok_or_else(|| ApiError::internal("the turn ended without a summary"))?;
+    let seed = turn.head.seed;
+    let whole = shell.clone();
+    turn.respond(
+        &state,
+        move |tx, _| ItemWriter::new(tx, shell, seed),
+        move |_, done| complete(whole, done, seed),
+    )
+    .await
+}
+
+fn complete(shell: ResponseObject, done: Finished, seed: u64) -> ResponseObject {
+    let Finished { output: c, summary } = done;
     let mut output = Vec::new();
     if !c.reasoning.is_empty() {
         output.push(reasoning_item(&new_id("rs_"), &c.reasoning));
@@ -136,23 +122,15 @@ pub async fn responses(
             "completed",
         ));
     }
-    Ok(Json(finish(shell, output, &summary, seed)).into_response())
+    finish(shell, output, &summary, seed)
 }
 
 fn tools(
     tools: Option<Vec<ResponseTool>>,
     choice: Option<&Value>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
-    match choice {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" => {}
-        Some(Value::String(s)) if s == "none" => return Ok(Vec::new()),
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!("tool_choice {other} is not supported: only \"auto\" and \"none\""),
-            ));
-        }
+    if !openai_tool_choice(choice)? {
+        return Ok(Vec::new());
     }
     let mut out = Vec::new();
     for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
@@ -167,13 +145,7 @@ fn tools(
                 format!("tools[{i}].name is required"),
             )
         })?;
-        out.push(FunctionTool {
-            name,
-            description: t.description,
-            parameters: t
-                .parameters
-                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-        });
+        out.push(FunctionTool::new(name, t.description, t.parameters));
     }
     Ok(out)
 }
@@ -283,28 +255,17 @@ fn finish(mut r: ResponseObject, output: Vec<Value>, s: &TurnSummary, seed: u64)
     r.status = if truncated { "incomplete" } else { "completed" };
     r.incomplete_details = truncated.then(|| json!({"reason": "max_output_tokens"}));
     r.output = output;
-    r.usage = Some(ResponseUsage {
-        input_tokens: s.prompt_tokens,
-        input_tokens_details: InputTokensDetails {
-            cached_tokens: s.cached_tokens,
-        },
-        output_tokens: s.completion_tokens,
-        output_tokens_details: OutputTokensDetails {
-            reasoning_tokens: 0,
-        },
-        total_tokens: s.prompt_tokens + s.completion_tokens,
-        seed,
-    });
+    r.usage = Some(ResponseUsage::of(s, seed));
     r
 }
 
 /// Numbers every event, as the Responses stream requires.
-struct Events<'a> {
-    tx: &'a SseSender,
+struct Events {
+    tx: SseSender,
     seq: u64,
 }
 
-impl Events<'_> {
+impl Events {
     async fn send(&mut self, kind: &str, mut body: Value) -> bool {
         body["type"] = json!(kind);
         body["sequence_number"] = json!(self.seq);
@@ -332,13 +293,28 @@ enum Current {
     },
 }
 
-struct Writer<'a> {
-    ev: Events<'a>,
+/// The Responses stream: `response.created`, output items added, filled
+/// and done as the output changes kind, then `response.completed` (or
+/// `incomplete` / `failed`).
+struct ItemWriter {
+    ev: Events,
     current: Current,
     output: Vec<Value>,
+    shell: ResponseObject,
+    seed: u64,
 }
 
-impl Writer<'_> {
+impl ItemWriter {
+    fn new(tx: SseSender, shell: ResponseObject, seed: u64) -> Self {
+        Self {
+            ev: Events { tx, seq: 0 },
+            current: Current::None,
+            output: Vec::new(),
+            shell,
+            seed,
+        }
+    }
+
     fn index(&self) -> usize {
         self.output.len()
     }
@@ -499,57 +475,141 @@ impl Writer<'_> {
     }
 }
 
-async fn stream(tx: SseSender, mut turn: TurnStream, shell: ResponseObject, seed: u64) {
-    let mut w = Writer {
-        ev: Events { tx: &tx, seq: 0 },
-        current: Current::None,
-        output: Vec::new(),
-    };
-    if !w
-        .ev
-        .send("response.created", json!({"response": shell}))
-        .await
-        || !w
-            .ev
-            .send("response.in_progress", json!({"response": shell}))
-            .await
-    {
-        return;
+impl Writer for ItemWriter {
+    async fn open(&mut self) -> bool {
+        let shell = json!({"response": self.shell});
+        self.ev.send("response.created", shell.clone()).await
+            && self.ev.send("response.in_progress", shell).await
     }
-    while let Some(items) = turn.next().await {
-        for item in items {
-            let ok = match item {
-                Item::Text(t) => w.text(t).await,
-                Item::Reasoning(r) => w.reasoning(r).await,
-                Item::ToolStart { id, name, .. } => w.call(id, name).await,
-                Item::ToolArgs { delta, .. } => w.arguments(delta).await,
-                Item::ToolEnd { .. } => w.close().await,
-                Item::Started | Item::Token(_) | Item::PromptLogprobs(_) => true,
-                Item::Finished(summary) => {
-                    if !w.close().await {
-                        return;
-                    }
-                    let done = finish(shell.clone(), std::mem::take(&mut w.output), &summary, seed);
-                    let kind = if done.status == "completed" {
-                        "response.completed"
-                    } else {
-                        "response.incomplete"
-                    };
-                    w.ev.send(kind, json!({"response": done})).await
+
+    async fn item(&mut self, item: Item) -> bool {
+        match item {
+            Item::Text(t) => self.text(t).await,
+            Item::Reasoning(r) => self.reasoning(r).await,
+            Item::ToolStart { id, name, .. } => self.call(id, name).await,
+            Item::ToolArgs { delta, .. } => self.arguments(delta).await,
+            Item::ToolEnd { .. } => self.close().await,
+            Item::Started | Item::Token(_) | Item::PromptLogprobs(_) => true,
+            Item::Finished(summary) => {
+                if !self.close().await {
+                    return false;
                 }
-                Item::Failed(message) => {
-                    let mut failed = shell.clone();
-                    failed.status = "failed";
-                    failed.error = Some(json!({"code": "server_error", "message": message}));
-                    let _ =
-                        w.ev.send("response.failed", json!({"response": failed}))
-                            .await;
-                    return;
-                }
-            };
-            if !ok {
-                return;
+                let output = std::mem::take(&mut self.output);
+                let done = finish(self.shell.clone(), output, &summary, self.seed);
+                let kind = if done.status == "completed" {
+                    "response.completed"
+                } else {
+                    "response.incomplete"
+                };
+                self.ev.send(kind, json!({"response": done})).await
+            }
+            Item::Failed(message) => {
+                let mut failed = self.shell.clone();
+                failed.status = "failed";
+                failed.error = Some(json!({"code": "server_error", "message": message}));
+                let _ = self
+                    .ev
+                    .send("response.failed", json!({"response": failed}))
+                    .await;
+                false
             }
         }
+    }
+
+    async fn close(self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    //! Reasoning, message and function_call items in each family's format,
+    //! from scripted model output through the real item writer.
+
+    use super::*;
+    use crate::request::scripted;
+
+    fn shell() -> ResponseObject {
+        ResponseObject {
+            id: "resp_1".into(),
+            object: "response",
+            created_at: 0,
+            status: "in_progress",
+            incomplete_details: None,
+            error: None,
+            model: "m".into(),
+            output: Vec::new(),
+            usage: None,
+            parallel_tool_calls: false,
+            tool_choice: "auto",
+            tools: Vec::new(),
+            instructions: None,
+            max_output_tokens: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    async fn events(family: &str, output: &str) -> Vec<Value> {
+        let events = scripted::sse(scripted::stream(family, true, false, output), |tx| {
+            ItemWriter::new(tx, shell(), 7)
+        })
+        .await;
+        for (i, (name, data)) in events.iter().enumerate() {
+            assert_eq!(data["sequence_number"], i as u64);
+            assert_eq!(name.as_deref(), data["type"].as_str());
+        }
+        events.into_iter().map(|e| e.1).collect()
+    }
+
+    fn joined(events: &[Value], kind: &str) -> String {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| e["delta"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn hermes_reasoning_message_and_function_call_items() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let ev = events("qwen4_exp", out).await;
+        assert_eq!(
+            joined(&ev, "response.reasoning_text.delta"),
+            "Weather needed."
+        );
+        assert_eq!(joined(&ev, "response.output_text.delta"), "Let me check.");
+        assert_eq!(
+            joined(&ev, "response.function_call_arguments.delta"),
+            "{\"city\": \"Oslo\"}"
+        );
+        let done = ev.last().unwrap();
+        assert_eq!(done["type"], "response.completed");
+        let output = done["response"]["output"].as_array().unwrap();
+        let kinds: Vec<&str> = output.iter().map(|o| o["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+        assert_eq!(output[2]["name"], "get_weather");
+        assert_eq!(output[2]["arguments"], "{\"city\": \"Oslo\"}");
+        assert!(output[2]["call_id"].as_str().unwrap().starts_with("call_"));
+        let added = ev
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.added")
+            .count();
+        let item_done = ev
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.done")
+            .count();
+        assert_eq!((added, item_done), (3, 3));
+    }
+
+    #[tokio::test]
+    async fn llama_json_function_call_item() {
+        let out = "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}";
+        let ev = events("llama", out).await;
+        assert_eq!(
+            joined(&ev, "response.function_call_arguments.delta"),
+            "{\"a\": 1, \"b\": 2}"
+        );
+        let output = ev.last().unwrap()["response"]["output"].clone();
+        assert_eq!(output.as_array().unwrap().len(), 1);
+        assert_eq!(output[0]["type"], "function_call");
+        assert_eq!(output[0]["name"], "add");
     }
 }

@@ -135,6 +135,18 @@ pub struct AnthropicUsage {
     pub seed: Option<u64>,
 }
 
+impl AnthropicUsage {
+    pub fn of(s: &crate::worker::TurnSummary, seed: Option<u64>) -> Self {
+        Self {
+            input_tokens: s.prompt_tokens,
+            output_tokens: s.completion_tokens,
+            cache_read_input_tokens: s.cached_tokens,
+            cache_creation_input_tokens: 0,
+            seed,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TokenCount {
     pub input_tokens: usize,

@@ -98,6 +98,23 @@ pub struct ResponseUsage {
     pub seed: u64,
 }
 
+impl ResponseUsage {
+    pub fn of(s: &crate::worker::TurnSummary, seed: u64) -> Self {
+        Self {
+            input_tokens: s.prompt_tokens,
+            input_tokens_details: InputTokensDetails {
+                cached_tokens: s.cached_tokens,
+            },
+            output_tokens: s.completion_tokens,
+            output_tokens_details: OutputTokensDetails {
+                reasoning_tokens: 0,
+            },
+            total_tokens: s.prompt_tokens + s.completion_tokens,
+            seed,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct InputTokensDetails {
     pub cached_tokens: usize,
