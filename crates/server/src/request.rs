@@ -240,10 +240,28 @@ impl FunctionTool {
     }
 }
 
-/// OpenAI's `tool_choice` (chat and responses): whether tools are offered.
-/// Forcing a call (`required` or a named function) needs constrained
-/// decoding, which this server does not have: refused rather than pretended.
-pub fn openai_tool_choice(choice: Option<&Value>) -> Result<bool, ApiError> {
+/// OpenAI's tools (chat and responses) under its `tool_choice`: `map`
+/// turns the i-th declared tool into a function tool (`None`: skipped).
+pub fn openai_tools<T>(
+    tools: Option<Vec<T>>,
+    choice: Option<&Value>,
+    map: impl Fn(usize, T) -> Result<Option<FunctionTool>, ApiError>,
+) -> Result<Vec<FunctionTool>, ApiError> {
+    if !openai_tool_choice(choice)? {
+        return Ok(Vec::new());
+    }
+    tools
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, t)| map(i, t).transpose())
+        .collect()
+}
+
+/// OpenAI's `tool_choice`: whether tools are offered. Forcing a call
+/// (`required` or a named function) needs constrained decoding, which this
+/// server does not have: refused rather than pretended.
+fn openai_tool_choice(choice: Option<&Value>) -> Result<bool, ApiError> {
     match choice {
         None | Some(Value::Null) => Ok(true),
         Some(Value::String(s)) if s == "auto" => Ok(true),

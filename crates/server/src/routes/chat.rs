@@ -9,7 +9,7 @@ use crate::extract::ApiJson;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
 use crate::prompt::{ChatTurn, FunctionTool};
-use crate::request::{Common, Finished, Head, Turn, Writer, openai_tool_choice};
+use crate::request::{Common, Finished, Head, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::types::chat::*;
@@ -94,11 +94,7 @@ pub fn tools(
     tools: Option<Vec<ChatTool>>,
     choice: Option<&Value>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
-    if !openai_tool_choice(choice)? {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
+    openai_tools(tools, choice, |i, t| {
         if t.kind != "function" {
             return Err(ApiError::invalid(
                 format!("tools[{i}].type"),
@@ -109,9 +105,8 @@ pub fn tools(
             ));
         }
         let f = t.function;
-        out.push(FunctionTool::new(f.name, f.description, f.parameters));
-    }
-    Ok(out)
+        Ok(Some(FunctionTool::new(f.name, f.description, f.parameters)))
+    })
 }
 
 /// The messages in the chat-template shape.

@@ -11,7 +11,7 @@ use crate::ids::new_id;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
 use crate::prompt::{ChatTurn, FunctionTool};
-use crate::request::{Common, Finished, Turn, Writer, openai_tool_choice};
+use crate::request::{Common, Finished, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::types::responses::*;
@@ -129,15 +129,11 @@ fn tools(
     tools: Option<Vec<ResponseTool>>,
     choice: Option<&Value>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
-    if !openai_tool_choice(choice)? {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
-        // Codex also offers built-in tools (web_search, ...) the model cannot
-        // run here; only function tools are offered to the model.
+    openai_tools(tools, choice, |i, t| {
+        // Codex also offers built-in tools (web_search, ...) the model
+        // cannot run here; only function tools are offered to the model.
         if t.kind != "function" {
-            continue;
+            return Ok(None);
         }
         let name = t.name.ok_or_else(|| {
             ApiError::invalid(
@@ -145,9 +141,8 @@ fn tools(
                 format!("tools[{i}].name is required"),
             )
         })?;
-        out.push(FunctionTool::new(name, t.description, t.parameters));
-    }
-    Ok(out)
+        Ok(Some(FunctionTool::new(name, t.description, t.parameters)))
+    })
 }
 
 /// Input items as template messages. Consecutive function calls join one
