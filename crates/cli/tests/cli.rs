@@ -308,7 +308,10 @@ fn chat_reuses_the_live_state_default_model() {
     // prompt again reuses its prefix of the earlier live state (an
     // attention-only state truncates), and the reply is what the cold first
     // turn said (greedy; warm equals cold).
-    assert!(reused[2] > 20, "the cache serves the restarted prompt: {stderr}");
+    assert!(
+        reused[2] > 20,
+        "the cache serves the restarted prompt: {stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let replies: Vec<&str> = stdout.lines().filter(|l| !l.is_empty()).collect();
     assert!(replies.len() >= 3, "{stdout}");
