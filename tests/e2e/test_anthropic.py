@@ -34,7 +34,6 @@ def test_streaming_matches():
         max_tokens=16,
         extra_body=GREEDY,
     )
-    client.messages.create(**{**kwargs, "max_tokens": 1})  # warm
     full = client.messages.create(**kwargs)
     with client.messages.stream(**kwargs) as stream:
         text = "".join(stream.text_stream)
@@ -51,7 +50,6 @@ def test_stop_sequences_and_seed():
         max_tokens=30,
         extra_body=GREEDY,
     )
-    client.messages.create(**{**kwargs, "max_tokens": 1})  # warm
     text = client.messages.create(**kwargs).content[0].text
     word = text.split()[2]
     r = client.messages.create(**kwargs, stop_sequences=[word])
