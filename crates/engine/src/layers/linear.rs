@@ -57,10 +57,9 @@ impl Linear {
                 } else {
                     BlockFormat::Q8_0
                 };
-                // The bytes are copied once; the QTensor is dropped after
+                // The bytes are repacked once; the QTensor is dropped after
                 // loading, so memory is not doubled.
-                let bytes: Arc<[u8]> = Arc::from(w.data()?.as_ref());
-                let m = BlockMatrix::new(bytes, format, out_dim, in_dim)
+                let m = BlockMatrix::new(&w.data()?, format, out_dim, in_dim)
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
                 Kernel::Block(m)
             }

@@ -1,0 +1,665 @@
+//! Matrix product with block-quantized GGUF weights and f32 activations:
+//! `y[m, n] = x[m, k] · W[n, k]ᵀ`, for W in Q4_1 or Q8_0 blocks.
+//!
+//! candle's quantized matmul rounds the activations to 8 bits per 32-value
+//! block (as llama.cpp does) and has no SIMD path at all for Q4_1, the
+//! default model's type. Rounding activations is what made greedy decoding
+//! drift from the transformers reference on near ties (SmolLM2 has a few
+//! very large activation channels, so a block holding one gets a coarse
+//! scale). This kernel keeps the activations in f32. A block's weights are
+//! `d·u_i + m` (Q4_1) or `d·q_i` (Q8_0), so the product with the
+//! dequantized weights factors exactly as
+//!
+//! `y = Σ_b d_b · (Σ_i u_bi · x_bi) + Σ_b m_b · (Σ_i x_bi)`
+//!
+//! which is what is computed, in f32: the inner sums use the small integer
+//! quants directly (no per-weight scale arithmetic), and the block sums of
+//! `x` are computed once per activation row and shared by every weight row.
+//! The result equals dequantized weights times activations up to f32
+//! rounding of the additions.
+//!
+//! Bit-exactness across paths is a contract: an output element is computed
+//! by the same operations in the same order whether it comes from a decode
+//! step (one activation row: quants are unpacked straight into registers)
+//! or from a prefill window (quants are unpacked once into an L1 buffer and
+//! reused for every row). So a prompt prefilled in one window, in chunks or
+//! token by token gives identical bits, and warm turns equal cold ones.
+//!
+//! The GGUF blocks are repacked at load into separate arrays of scales,
+//! minima and quants (same bytes in total), so scales convert eight at a
+//! time and quants load aligned to their block. Work is split over groups
+//! of output rows on candle's persistent CPU pool, so this op uses the same
+//! threads as every other candle op.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use super::SendPtr;
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod avx2;
+#[cfg_attr(
+    all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ),
+    allow(dead_code)
+)]
+mod portable;
+
+/// Values per block (both formats).
+pub const BLOCK: usize = 32;
+
+/// The block formats this kernel reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// 20 bytes: `d: f16, m: f16, qs: [u8; 16]`; value `i` is `d·u_i + m`
+    /// with `u_i` the low nibble of `qs[i]` for `i < 16`, else the high
+    /// nibble of `qs[i - 16]`.
+    Q4_1,
+    /// 34 bytes: `d: f16, qs: [i8; 32]`; value `i` is `d·qs[i]`.
+    Q8_0,
+}
+
+impl BlockFormat {
+    /// Bytes of one block as stored in GGUF.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q4_1 => 20,
+            BlockFormat::Q8_0 => 34,
+        }
+    }
+
+    /// Bytes of one block's quants.
+    const fn quant_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q4_1 => 16,
+            BlockFormat::Q8_0 => 32,
+        }
+    }
+
+    const fn has_min(self) -> bool {
+        matches!(self, BlockFormat::Q4_1)
+    }
+}
+
+/// A block-quantized weight matrix `[n, k]`, repacked by field.
+#[derive(Debug, Clone)]
+pub struct BlockMatrix {
+    format: BlockFormat,
+    n: usize,
+    k: usize,
+    /// `d` of every block as f16 bits, interleaved by row group: group `g`
+    /// (rows `4g ..`, `cols` of them) holds `[k / 32, cols]` — block `b` of
+    /// each of its rows in turn, so decode reads one sequential stream.
+    scales: Arc<[u16]>,
+    /// `m` of every block (Q4_1) as f16 bits, row-major `[n, k / 32]` (it
+    /// is read once per row); empty for Q8_0.
+    mins: Arc<[u16]>,
+    /// Quants, interleaved like `scales`: `[k / 32, cols, quant_bytes]` per
+    /// group.
+    quants: Arc<[u8]>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockMatrixError {
+    #[error("{format:?} rows of {k} values are not a multiple of {BLOCK}")]
+    RowLength { format: BlockFormat, k: usize },
+    #[error("{format:?} data holds {got} bytes, a [{n}, {k}] matrix needs {want}")]
+    DataLength {
+        format: BlockFormat,
+        n: usize,
+        k: usize,
+        got: usize,
+        want: usize,
+    },
+    #[error("cannot stack matrices of different formats or row lengths")]
+    Mismatch,
+}
+
+/// One row group of a matrix (rows `j0 .. j0 + cols`): the kernels' view.
+pub(crate) struct RowGroup<'a> {
+    format: BlockFormat,
+    k: usize,
+    cols: usize,
+    scales: &'a [u16],
+    mins: &'a [u16],
+    quants: &'a [u8],
+}
+
+impl RowGroup<'_> {
+    /// Minima of row `c` of the group (empty for formats without them).
+    fn mins_of(&self, c: usize) -> &[u16] {
+        let nb = self.k / BLOCK;
+        if self.format.has_min() {
+            &self.mins[c * nb..(c + 1) * nb]
+        } else {
+            &[]
+        }
+    }
+}
+
+/// Per-thread buffers: scales as f32 and, for prefill, unpacked quants.
+#[derive(Default)]
+pub(crate) struct GroupScratch {
+    scales: Vec<f32>,
+    weights: Vec<f32>,
+    /// One row group's results for every activation row.
+    out: Vec<f32>,
+}
+
+impl GroupScratch {
+    #[cfg_attr(
+        not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma",
+            target_feature = "f16c"
+        )),
+        allow(dead_code)
+    )]
+    fn buffers(&mut self, scales: usize, weights: usize) -> (&mut [f32], &mut [f32]) {
+        if self.scales.len() < scales {
+            self.scales.resize(scales, 0.0);
+        }
+        if self.weights.len() < weights {
+            self.weights.resize(weights, 0.0);
+        }
+        (&mut self.scales[..scales], &mut self.weights[..weights])
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<GroupScratch> = RefCell::new(GroupScratch::default());
+}
+
+/// Output rows computed together: each activation block is loaded once for
+/// all of them.
+const COLUMNS: usize = 4;
+
+/// Up to this many activation rows, quants are unpacked in registers for
+/// each row; beyond, once into a buffer shared by all rows.
+const FUSED_MAX_ROWS: usize = 1;
+
+impl BlockMatrix {
+    /// `data`: `n` rows of `k / 32` blocks each, as stored in GGUF.
+    pub fn new(
+        data: &[u8],
+        format: BlockFormat,
+        n: usize,
+        k: usize,
+    ) -> Result<Self, BlockMatrixError> {
+        if !k.is_multiple_of(BLOCK) {
+            return Err(BlockMatrixError::RowLength { format, k });
+        }
+        let blocks = n * (k / BLOCK);
+        let want = blocks * format.block_bytes();
+        if data.len() != want {
+            return Err(BlockMatrixError::DataLength {
+                format,
+                n,
+                k,
+                got: data.len(),
+                want,
+            });
+        }
+        let nb = k / BLOCK;
+        let bb = format.block_bytes();
+        let f16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+        Ok(Self::pack(format, n, k, |j, b| {
+            let block = &data[(j * nb + b) * bb..(j * nb + b + 1) * bb];
+            match format {
+                BlockFormat::Q4_1 => (f16_at(block, 0), f16_at(block, 2), &block[4..20]),
+                BlockFormat::Q8_0 => (f16_at(block, 0), 0, &block[2..34]),
+            }
+        }))
+    }
+
+    /// Lay out the blocks `block(j, b) = (d, m, quants)` in this type's
+    /// interleaved order.
+    fn pack<'a>(
+        format: BlockFormat,
+        n: usize,
+        k: usize,
+        block: impl Fn(usize, usize) -> (u16, u16, &'a [u8]),
+    ) -> Self {
+        let nb = k / BLOCK;
+        let blocks = n * nb;
+        let mut scales = Vec::with_capacity(blocks);
+        let mut mins = Vec::with_capacity(if format.has_min() { blocks } else { 0 });
+        let mut quants = Vec::with_capacity(blocks * format.quant_bytes());
+        for j0 in (0..n).step_by(COLUMNS) {
+            let cols = COLUMNS.min(n - j0);
+            for b in 0..nb {
+                for c in 0..cols {
+                    let (d, _, q) = block(j0 + c, b);
+                    scales.push(d);
+                    quants.extend_from_slice(q);
+                }
+            }
+        }
+        if format.has_min() {
+            for j in 0..n {
+                for b in 0..nb {
+                    mins.push(block(j, b).1);
+                }
+            }
+        }
+        Self {
+            format,
+            n,
+            k,
+            scales: scales.into(),
+            mins: mins.into(),
+            quants: quants.into(),
+        }
+    }
+
+    /// Block `b` of row `j`: `(d, m, quants)` (`m` is 0 for Q8_0).
+    fn block(&self, j: usize, b: usize) -> (u16, u16, &[u8]) {
+        let nb = self.k / BLOCK;
+        let j0 = j - j % COLUMNS;
+        let cols = COLUMNS.min(self.n - j0);
+        let at = j0 * nb + b * cols + (j - j0);
+        let qb = self.format.quant_bytes();
+        let m = if self.format.has_min() {
+            self.mins[j * nb + b]
+        } else {
+            0
+        };
+        (self.scales[at], m, &self.quants[at * qb..(at + 1) * qb])
+    }
+
+    /// The rows of `parts`, in order, as one matrix: one pass over the
+    /// activations (and one pool dispatch) for several projections.
+    pub fn stack(parts: &[&BlockMatrix]) -> Result<Self, BlockMatrixError> {
+        let Some(first) = parts.first() else {
+            return Err(BlockMatrixError::Mismatch);
+        };
+        if parts
+            .iter()
+            .any(|p| p.format != first.format || p.k != first.k)
+        {
+            return Err(BlockMatrixError::Mismatch);
+        }
+        // Row `j` of the stack is row `j - start` of the part holding it.
+        let starts: Vec<usize> = parts
+            .iter()
+            .scan(0, |start, p| {
+                let s = *start;
+                *start += p.n;
+                Some(s)
+            })
+            .collect();
+        let n = parts.iter().map(|p| p.n).sum();
+        Ok(Self::pack(first.format, n, first.k, |j, b| {
+            let i = starts.partition_point(|&s| s <= j) - 1;
+            parts[i].block(j - starts[i], b)
+        }))
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// The row group starting at row `j0` (a multiple of [`COLUMNS`]).
+    fn group(&self, j0: usize) -> RowGroup<'_> {
+        let nb = self.k / BLOCK;
+        let cols = COLUMNS.min(self.n - j0);
+        let qb = self.format.quant_bytes();
+        let mins = if self.format.has_min() {
+            &self.mins[j0 * nb..(j0 + cols) * nb]
+        } else {
+            &self.mins[..0]
+        };
+        RowGroup {
+            format: self.format,
+            k: self.k,
+            cols,
+            scales: &self.scales[j0 * nb..(j0 + cols) * nb],
+            mins,
+            quants: &self.quants[j0 * nb * qb..(j0 + cols) * nb * qb],
+        }
+    }
+
+    /// `y[m, n] = x[m, k] · Wᵀ` on plain row-major slices.
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), m * self.k, "x must be [m, k]");
+        assert_eq!(y.len(), m * self.n, "y must be [m, n]");
+        let n = self.n;
+        let mut sx = vec![0f32; m * (self.k / BLOCK)];
+        block_sums(x, &mut sx);
+        let sx = &sx[..];
+        let y_ptr = SendPtr(y.as_mut_ptr());
+        let groups = n.div_ceil(COLUMNS);
+        let pool = candle_core::utils::barrier_pool();
+        // Each work item owns a range of row groups, so no two workers
+        // write the same element of `y`.
+        pool.execute_chunked(groups, |range| {
+            let y_ptr = &y_ptr;
+            SCRATCH.with(|scratch| {
+                let scratch = &mut *scratch.borrow_mut();
+                let mut out = std::mem::take(&mut scratch.out);
+                out.resize(m * COLUMNS, 0.0);
+                for group in range {
+                    let j0 = group * COLUMNS;
+                    let cols = COLUMNS.min(n - j0);
+                    let out = &mut out[..m * cols];
+                    self.group_times(j0, cols, x, sx, m, scratch, out);
+                    for r in 0..m {
+                        for c in 0..cols {
+                            // SAFETY: (r, j0 + c) is in bounds and written
+                            // only by this group.
+                            unsafe { *y_ptr.0.add(r * n + j0 + c) = out[r * cols + c] };
+                        }
+                    }
+                }
+                scratch.out = out;
+            });
+        });
+    }
+
+    /// Rows `j0 .. j0 + cols` times all `m` activation rows:
+    /// `out[r * cols + c]`.
+    #[allow(clippy::too_many_arguments)]
+    fn group_times(
+        &self,
+        j0: usize,
+        cols: usize,
+        x: &[f32],
+        sx: &[f32],
+        m: usize,
+        scratch: &mut GroupScratch,
+        out: &mut [f32],
+    ) {
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma",
+            target_feature = "f16c"
+        ))]
+        {
+            use avx2::{Q4, Q8, rows};
+            let fused = m <= FUSED_MAX_ROWS;
+            let g = self.group(j0);
+            debug_assert_eq!(g.cols, cols);
+            // SAFETY: the cfg guarantees the CPU features; `g` holds `cols`
+            // rows of this matrix's format, `x`/`sx` hold `m` rows and `out`
+            // `m * cols` values.
+            unsafe {
+                let (x, sx, s, o) = (x, sx, scratch, out);
+                match (self.format, cols) {
+                    (BlockFormat::Q4_1, 4) => rows::<4, Q4>(&g, x, sx, m, fused, s, o),
+                    (BlockFormat::Q4_1, 3) => rows::<3, Q4>(&g, x, sx, m, fused, s, o),
+                    (BlockFormat::Q4_1, 2) => rows::<2, Q4>(&g, x, sx, m, fused, s, o),
+                    (BlockFormat::Q4_1, _) => rows::<1, Q4>(&g, x, sx, m, fused, s, o),
+                    (BlockFormat::Q8_0, 4) => rows::<4, Q8>(&g, x, sx, m, fused, s, o),
+                    (BlockFormat::Q8_0, 3) => rows::<3, Q8>(&g, x, sx, m, fused, s, o),
+                    (BlockFormat::Q8_0, 2) => rows::<2, Q8>(&g, x, sx, m, fused, s, o),
+                    (BlockFormat::Q8_0, _) => rows::<1, Q8>(&g, x, sx, m, fused, s, o),
+                }
+            }
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma",
+            target_feature = "f16c"
+        )))]
+        portable::rows(&self.group(j0), x, sx, m, scratch, out);
+    }
+}
+
+fn block_sums(x: &[f32], sums: &mut [f32]) {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    // SAFETY: the cfg guarantees the features at compile time.
+    unsafe {
+        avx2::block_sums(x, sums)
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )))]
+    portable::block_sums(x, sums)
+}
+
+/// The candle op: `x [.., k]` (f32, contiguous) → `y [.., n]`.
+impl CustomOp1 for BlockMatrix {
+    fn name(&self) -> &'static str {
+        "block-quantized-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(data) = storage else {
+            candle_core::bail!("block-quantized-matmul expects f32 activations");
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("block-quantized-matmul expects contiguous activations");
+        };
+        let dims = layout.shape().dims();
+        let Some((&k, outer)) = dims.split_last() else {
+            candle_core::bail!("block-quantized-matmul expects at least one dimension");
+        };
+        if k != self.k {
+            candle_core::bail!(
+                "block-quantized-matmul: activations have {k} columns, weights {}",
+                self.k
+            );
+        }
+        let m: usize = outer.iter().product();
+        let mut y = vec![0f32; m * self.n];
+        self.matmul(&data[start..end], m, &mut y);
+        let mut out_dims = outer.to_vec();
+        out_dims.push(self.n);
+        Ok((CpuStorage::F32(y), Shape::from(out_dims)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    fn random(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn quantized(format: BlockFormat, n: usize, k: usize, seed: u64) -> (QTensor, BlockMatrix) {
+        let w = Tensor::from_vec(random(n * k, seed), (n, k), &Device::Cpu).unwrap();
+        let dtype = match format {
+            BlockFormat::Q4_1 => GgmlDType::Q4_1,
+            BlockFormat::Q8_0 => GgmlDType::Q8_0,
+        };
+        let q = QTensor::quantize(&w, dtype).unwrap();
+        let ours = BlockMatrix::new(&q.data().unwrap(), format, n, k).unwrap();
+        (q, ours)
+    }
+
+    /// Weight `(j, i)` from the repacked fields, as dequantization computes it.
+    fn weight(w: &BlockMatrix, j: usize, i: usize) -> f32 {
+        let (d, m, q) = w.block(j, i / BLOCK);
+        let (d, i) = (half::f16::from_bits(d).to_f32(), i % BLOCK);
+        match w.format {
+            BlockFormat::Q4_1 => {
+                let u = if i < 16 { q[i] & 0x0F } else { q[i - 16] >> 4 };
+                d * u as f32 + half::f16::from_bits(m).to_f32()
+            }
+            BlockFormat::Q8_0 => d * (q[i] as i8) as f32,
+        }
+    }
+
+    #[test]
+    fn repacked_fields_reproduce_dequantization_bit_for_bit() {
+        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            let (n, k) = (7, 96);
+            let (q, w) = quantized(format, n, k, 11);
+            let dense: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for j in 0..n {
+                let row: Vec<f32> = (0..k).map(|i| weight(&w, j, i)).collect();
+                assert_eq!(row, dense[j * k..(j + 1) * k], "{format:?} row {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn decode_and_prefill_paths_agree_bit_for_bit() {
+        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            // n = 38: full row groups and a partial one.
+            let (n, k, m) = (38, 320, 6);
+            let (_, w) = quantized(format, n, k, 21);
+            let x = random(m * k, 22);
+            let mut window = vec![0f32; m * n];
+            w.matmul(&x, m, &mut window);
+            for r in 0..m {
+                let mut step = vec![0f32; n];
+                w.matmul(&x[r * k..(r + 1) * k], 1, &mut step);
+                let same = step
+                    .iter()
+                    .zip(&window[r * n..(r + 1) * n])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{format:?} row {r}: one-row and window results differ"
+                );
+            }
+            for split in 1..m {
+                let mut parts = vec![0f32; m * n];
+                let (a, b) = parts.split_at_mut(split * n);
+                w.matmul(&x[..split * k], split, a);
+                w.matmul(&x[split * k..], m - split, b);
+                assert!(
+                    parts
+                        .iter()
+                        .zip(&window)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{format:?} split at {split}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stacked_rows_give_the_parts_results() {
+        let k = 128;
+        let (_, a) = quantized(BlockFormat::Q4_1, 9, k, 31);
+        let (_, b) = quantized(BlockFormat::Q4_1, 6, k, 32);
+        let both = BlockMatrix::stack(&[&a, &b]).unwrap();
+        assert_eq!((both.rows(), both.cols()), (15, k));
+        let x = random(3 * k, 33);
+        let mut ya = vec![0f32; 3 * 9];
+        let mut yb = vec![0f32; 3 * 6];
+        let mut y = vec![0f32; 3 * 15];
+        a.matmul(&x, 3, &mut ya);
+        b.matmul(&x, 3, &mut yb);
+        both.matmul(&x, 3, &mut y);
+        for r in 0..3 {
+            assert_eq!(y[r * 15..r * 15 + 9], ya[r * 9..(r + 1) * 9]);
+            assert_eq!(y[r * 15 + 9..(r + 1) * 15], yb[r * 6..(r + 1) * 6]);
+        }
+        let (_, c) = quantized(BlockFormat::Q8_0, 4, k, 34);
+        assert!(matches!(
+            BlockMatrix::stack(&[&a, &c]),
+            Err(BlockMatrixError::Mismatch)
+        ));
+    }
+
+    #[test]
+    fn equals_dequantized_matmul_in_f64() {
+        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            // n = 37 leaves a partial column group; m covers decode and prefill.
+            let (n, k) = (37, 256);
+            let (q, w) = quantized(format, n, k, 3);
+            let dense: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for m in [1, 2, 5] {
+                let x = random(m * k, 4 + m as u64);
+                let mut got = vec![0f32; m * n];
+                w.matmul(&x, m, &mut got);
+                for r in 0..m {
+                    for j in 0..n {
+                        let exact: f64 = (0..k)
+                            .map(|i| dense[j * k + i] as f64 * x[r * k + i] as f64)
+                            .sum();
+                        // Only f32 rounding of 256 products and their sum:
+                        // |error| <= k·eps·Σ|w·x| ≈ 256 · 6e-8 · 64 ≈ 1e-3
+                        // in the worst case, ~1e-5 in practice.
+                        let g = got[r * n + j] as f64;
+                        assert!(
+                            (g - exact).abs() < 1e-4,
+                            "{format:?} m={m} ({r},{j}): {g} vs {exact}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn custom_op_keeps_leading_dims() {
+        let (n, k) = (8, 64);
+        let (_, w) = quantized(BlockFormat::Q4_1, n, k, 5);
+        let x = Tensor::from_vec(random(2 * 3 * k, 6), (2, 3, k), &Device::Cpu).unwrap();
+        let y = x.apply_op1_no_bwd(&w).unwrap();
+        assert_eq!(y.dims(), &[2, 3, n]);
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert!(matches!(
+            BlockMatrix::new(&[0u8; 20], BlockFormat::Q4_1, 1, 30),
+            Err(BlockMatrixError::RowLength { .. })
+        ));
+        assert!(matches!(
+            BlockMatrix::new(&[0u8; 33], BlockFormat::Q8_0, 1, 32),
+            Err(BlockMatrixError::DataLength { .. })
+        ));
+    }
+}
