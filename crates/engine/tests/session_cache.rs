@@ -195,11 +195,8 @@ fn default_model_warm_equals_single_prefill_cold_ar() {
     warm_vs_single_prefill_cold(&default_model(), 0, 49152, true);
 }
 
-/// qwen4_exp's dense matmuls take candle's GEMM above 8 rows and host dot
-/// products below (`families/qwen4_exp/kernels.rs`), so a one-forward
-/// prefill and a warm continuation differ in the last ulps: same tokens,
-/// logits within 1e-5. The bit-exact versions below are ignored until the
-/// family's kernels are row-independent.
+/// qwen4_exp, close: same tokens, logits within 1e-5 (kept as a readable
+/// diagnostic next to the bit-exact versions below).
 #[test]
 fn qwen4_exp_warm_vs_single_prefill_cold_ar() {
     warm_vs_single_prefill_cold(&qwen(), 0, 128, false);
@@ -210,14 +207,14 @@ fn qwen4_exp_warm_vs_single_prefill_cold_mtp() {
     warm_vs_single_prefill_cold(&qwen(), 2, 128, false);
 }
 
+/// qwen4_exp's kernels are row-independent (`families/qwen4_exp/matmul.rs`,
+/// `kernels.rs`): warm == cold bit for bit, AR and MTP.
 #[test]
-#[ignore = "qwen4_exp kernels are not row-independent yet (candle GEMM above 8 rows)"]
 fn qwen4_exp_warm_equals_single_prefill_cold_bit_exact_ar() {
     warm_vs_single_prefill_cold(&qwen(), 0, 128, true);
 }
 
 #[test]
-#[ignore = "qwen4_exp kernels are not row-independent yet (candle GEMM above 8 rows)"]
 fn qwen4_exp_warm_equals_single_prefill_cold_bit_exact_mtp() {
     warm_vs_single_prefill_cold(&qwen(), 2, 128, true);
 }

@@ -7,8 +7,9 @@
 //!
 //! One module per component: [`norms`], [`hyper_connections`],
 //! [`gated_deltanet`], [`gated_attention`] (with M-RoPE), [`qsa`] (the
-//! indexer), [`ple`], [`moe`]; [`kernels`] holds the host kernels for
-//! decode-sized work; [`state`] holds every cache; [`model`] wires the trunk
+//! indexer), [`ple`], [`moe`]; [`kernels`] and [`matmul`] hold the row-independent host
+//! kernels (a token's bits never depend on how many rows share its
+//! forward); [`state`] holds every cache; [`model`] wires the trunk
 //! and the MTP head and documents the MTP contract.
 
 pub mod config;
@@ -16,6 +17,7 @@ pub mod gated_attention;
 pub mod gated_deltanet;
 pub mod hyper_connections;
 pub mod kernels;
+pub mod matmul;
 pub mod model;
 pub mod moe;
 pub mod norms;

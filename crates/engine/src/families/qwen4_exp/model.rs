@@ -688,6 +688,7 @@ impl Model for Qwen4ExpModel {
 
 /// Draft depth when a request leaves it unset.
 pub const MTP_DEFAULT_DEPTH: usize = 2;
-/// Deepest chain: verify windows up to 8 rows stay on the host kernels
-/// whose per-row arithmetic equals a single-row forward.
+/// Deepest chain: verify windows of up to 8 rows. (Any window size gives
+/// each row the bits of a single-row forward: the kernels are
+/// row-independent.)
 pub const MTP_MAX_DEPTH: usize = 7;

@@ -10,30 +10,22 @@
 //! Experts load from either layout found in the wild: per expert
 //! (`experts.{e}.{gate,up,down}_proj.weight`, what `save_pretrained` writes)
 //! or fused 3-D (`experts.gate_up_proj [E, 2I, H]`, rows `[gate | up]`, and
-//! `experts.down_proj [E, H, I]`, transformers' runtime layout). Tokens are
-//! gathered per expert so each expert runs one matmul over all its tokens;
-//! a few tokens (decode, verify windows) go through the host kernel
-//! [`super::kernels::expert_gather`] instead.
+//! `experts.down_proj [E, H, I]`, transformers' runtime layout), kept fused
+//! for the host kernel [`super::kernels::expert_gather`]: tokens gathered
+//! per expert, one row-independent matmul per expert and projection.
 
 use candle_core::{D, Device, Tensor};
 use candle_nn::ops::sigmoid;
 
-use super::kernels::{Dense, SMALL_ROWS, expert_gather, with_slice};
+use super::kernels::{Dense, expert_gather, with_slice};
 use super::norms::{load, to_vec};
 use crate::error::Result;
 use crate::load::safetensors::SafetensorsDir;
 
 #[derive(Debug, Clone)]
-struct Expert {
-    /// `[2I, H]`: rows `[gate | up]` (a view of the fused tensor).
-    gate_up: Dense,
-    down: Dense,
-}
-
-#[derive(Debug, Clone)]
 pub struct Moe {
     router: Dense,
-    experts: Vec<Expert>,
+    n_experts: usize,
     /// `[E, 2I, H]` and `[E, H, I]`, contiguous: the host kernel's layout.
     fused_gate_up: Tensor,
     fused_down: Tensor,
@@ -89,15 +81,6 @@ impl Moe {
             (Tensor::stack(&gus, 0)?, Tensor::stack(&dns, 0)?)
         };
         let (gu, dn) = (gu.contiguous()?, dn.contiguous()?);
-        // Views of one contiguous tensor: no copies.
-        let experts = (0..n_experts)
-            .map(|e| {
-                Ok(Expert {
-                    gate_up: Dense::new(gu.get(e)?)?,
-                    down: Dense::new(dn.get(e)?)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
         let sg = load(
             st,
             prefix,
@@ -114,7 +97,7 @@ impl Moe {
             fused_gate_up: gu,
             fused_down: dn,
             router: Dense::new(load(st, prefix, "gate.weight", &[n_experts, h])?)?,
-            experts,
+            n_experts,
             shared_gate_up: Dense::new(Tensor::cat(&[sg, su], 0)?)?,
             shared_down: Dense::new(load(
                 st,
@@ -138,7 +121,7 @@ impl Moe {
     /// Softmax router, top-k, renormalisation (host, fp32).
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = to_vec(&self.router.forward(x)?)?;
-        let e = self.experts.len();
+        let e = self.n_experts;
         let mut r = Routing::default();
         let mut idx: Vec<usize> = Vec::with_capacity(e);
         for row in logits.chunks_exact(e) {
@@ -168,58 +151,29 @@ impl Moe {
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Routing)> {
         let (t, h) = x.dims2()?;
         let routing = self.route(x)?;
-        let mut out = if t <= SMALL_ROWS {
-            let x = x.contiguous()?;
-            let y = with_slice(&x, |xs| {
-                with_slice(&self.fused_gate_up, |gu| {
-                    with_slice(&self.fused_down, |dn| {
-                        expert_gather(
-                            xs,
-                            &routing.experts,
-                            &routing.weights,
-                            self.top_k,
-                            gu,
-                            dn,
-                            h,
-                            self.inter,
-                        )
-                    })
+        let x = x.contiguous()?;
+        let y = with_slice(&x, |xs| {
+            with_slice(&self.fused_gate_up, |gu| {
+                with_slice(&self.fused_down, |dn| {
+                    expert_gather(
+                        xs,
+                        &routing.experts,
+                        &routing.weights,
+                        self.top_k,
+                        gu,
+                        dn,
+                        h,
+                        self.inter,
+                    )
                 })
-            })???;
-            Tensor::from_vec(y, (t, h), &Device::Cpu)?
-        } else {
-            Tensor::zeros((t, h), x.dtype(), x.device())?
-        };
-        for (e, expert) in self.experts.iter().enumerate() {
-            if t <= SMALL_ROWS {
-                break;
-            }
-            let mut rows = Vec::new();
-            let mut ws = Vec::new();
-            for (j, &ex) in routing.experts.iter().enumerate() {
-                if ex == e {
-                    rows.push((j / self.top_k) as u32);
-                    ws.push(routing.weights[j]);
-                }
-            }
-            if rows.is_empty() {
-                continue;
-            }
-            let n = rows.len();
-            let ids = Tensor::from_vec(rows, n, &Device::Cpu)?;
-            let xs = x.index_select(&ids, 0)?;
-            let gu = expert.gate_up.forward(&xs)?;
-            let act = (gu.narrow(D::Minus1, 0, self.inter)?.silu()?
-                * gu.narrow(D::Minus1, self.inter, self.inter)?)?;
-            let y = expert.down.forward(&act)?;
-            let y = y.broadcast_mul(&Tensor::from_vec(ws, (n, 1), &Device::Cpu)?)?;
-            out = out.index_add(&ids, &y, 0)?;
-        }
-        let gu = self.shared_gate_up.forward(x)?;
+            })
+        })???;
+        let out = Tensor::from_vec(y, (t, h), &Device::Cpu)?;
+        let gu = self.shared_gate_up.forward(&x)?;
         let act = (gu.narrow(D::Minus1, 0, self.shared_inter)?.silu()?
             * gu.narrow(D::Minus1, self.shared_inter, self.shared_inter)?)?;
         let shared = self.shared_down.forward(&act)?;
-        let g = sigmoid(&self.shared_expert_gate.forward(x)?)?;
+        let g = sigmoid(&self.shared_expert_gate.forward(&x)?)?;
         Ok(((out + shared.broadcast_mul(&g)?)?, routing))
     }
 }
