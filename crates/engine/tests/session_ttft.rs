@@ -111,3 +111,91 @@ fn default_model_ttft_warm_vs_cold_4k() {
     let _ = cold_tok; // a cold 4K prefill differs by chunking, not compared here
     assert!(mem < cold && disk < cold);
 }
+
+/// Checkpoint size of the tiny `qwen4_exp` fixture per 1K tokens (a
+/// measurement; ignored in CI). The fixture's context (256) is raised to
+/// 4096 in a copy of its config so that ≥ 1K-token sessions exist; RoPE
+/// and every cache are position-generic. Sizes at 1K, 2K and 3K tokens,
+/// AR (trunk state only) and MTP (plus the head's history); the slope is
+/// the per-token growth (attention K/V, indexer keys, positions), the
+/// intercept the fixed recurrent state (GDN, PLE windows).
+#[test]
+#[ignore = "measurement: checkpoint bytes of a qwen4_exp session per 1K tokens"]
+fn qwen4_exp_checkpoint_bytes_per_1k_tokens() {
+    use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen4_exp/tiny_a");
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let cfg_path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = 4096.into();
+    std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let model = Qwen4ExpModel::from_hf_dir(dir.path()).unwrap();
+    let vocab = model.vocab_size() as u32;
+    let store_dir = tempfile::tempdir().unwrap();
+    let id = Identity {
+        model: "tiny_a".into(),
+        tokenizer: "tiny_a".into(),
+        family: "qwen4_exp".into(),
+        state_version: STATE_FORMAT_VERSION,
+    };
+    let mut store = CheckpointStore::open(store_dir.path(), id, u64::MAX).unwrap();
+    for depth in [0usize, 2] {
+        let mut sizes = Vec::new();
+        for k in 1..=3u32 {
+            let p: Vec<u32> = (0..k * 1024)
+                .map(|i| 3 + i.wrapping_mul(2_654_435_761) % (vocab - 3))
+                .collect();
+            let mut s = LiveSession::new(&model);
+            let cfg = TurnConfig {
+                max_tokens: 1,
+                stop_token_ids: vec![],
+                prefill_chunk: decode::DEFAULT_PREFILL_CHUNK,
+                logprobs: None,
+                cancel: Default::default(),
+            };
+            let mut sampler = Sampler::new(
+                Law::Nucleus,
+                SamplingParams {
+                    temperature: 0.0,
+                    ..Law::Nucleus.default_params()
+                },
+                1,
+            )
+            .unwrap();
+            decode::generate_auto(
+                &model,
+                &mut s,
+                &p,
+                &mut sampler,
+                &cfg,
+                Some(depth),
+                &mut |_| {},
+                &mut |_| Flow::Continue,
+            )
+            .unwrap();
+            let file = store.save(&s).unwrap();
+            let bytes = std::fs::metadata(&file).unwrap().len();
+            eprintln!(
+                "qwen4_exp tiny_a depth {depth}: {} tokens, checkpoint {bytes} bytes \
+                 ({:.1} KiB per 1K tokens overall), in memory {} bytes",
+                s.tokens().len(),
+                bytes as f64 / s.tokens().len() as f64 * 1000.0 / 1024.0,
+                s.byte_size()
+            );
+            sizes.push((s.tokens().len() as f64, bytes as f64));
+        }
+        let (a, b) = (sizes[0], sizes[2]);
+        let slope = (b.1 - a.1) / (b.0 - a.0);
+        eprintln!(
+            "qwen4_exp tiny_a depth {depth}: {:.1} KiB per 1K tokens (slope 1K→3K), fixed {:.1} KiB",
+            slope * 1000.0 / 1024.0,
+            (a.1 - slope * a.0) / 1024.0
+        );
+    }
+}
