@@ -115,15 +115,22 @@ pub(super) fn block_sums(x: &[f32], sums: &mut [f32]) {
     }
 }
 
-/// `hsum(acc) + Σ_b m_b·sx_b`: the minimum's share is one dot product of
-/// the row's minima with the activation's block sums.
+/// `hsum(acc) + Σ_b m_b·sx_b` (the second term for formats with minima).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn finish<Q: Quants>(acc: __m256, mins: &[u16], sx: &[f32]) -> f32 {
     let dot = hsum(acc);
-    if !Q::HAS_MIN {
-        return dot;
+    if Q::HAS_MIN {
+        dot + min_share(mins, sx)
+    } else {
+        dot
     }
+}
+
+/// The minima's share of a row's result: one dot product of the row's
+/// minima with the activation's block sums, in a fixed order.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn min_share(mins: &[u16], sx: &[f32]) -> f32 {
     let nb = sx.len();
     let mut macc = _mm256_setzero_ps();
     let mut b = 0;
@@ -139,7 +146,7 @@ fn finish<Q: Quants>(acc: __m256, mins: &[u16], sx: &[f32]) -> f32 {
     for (&m, &s) in mins[b..nb].iter().zip(&sx[b..nb]) {
         share += half::f16::from_bits(m).to_f32() * s;
     }
-    dot + share
+    share
 }
 
 /// The `R` rows of `g` times `m` activation rows: `out[r * R + c]`.

@@ -44,6 +44,13 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
     target_feature = "f16c"
 ))]
 mod avx2;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod avx512;
 #[cfg_attr(
     all(
         target_arch = "x86_64",
@@ -54,6 +61,55 @@ mod avx2;
     allow(dead_code)
 )]
 mod portable;
+
+/// Which kernels this process runs. One process uses one set for every
+/// matrix, so results never mix summation orders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Plain Rust (no AVX2 at build time).
+    Portable,
+    /// AVX2 + FMA + F16C (the build baseline, x86-64-v3).
+    Avx2,
+    /// AVX-512F, detected at run time.
+    Avx512,
+}
+
+/// The kernels in use: the widest the CPU has, unless the environment
+/// variable `DS4_CPU_KERNELS=avx2` asks for the baseline (for example to
+/// reproduce, bit for bit, results from a machine without AVX-512).
+pub fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        let wanted = std::env::var("DS4_CPU_KERNELS").unwrap_or_default();
+        detect(wanted.trim())
+    })
+}
+
+fn detect(wanted: &str) -> Isa {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    {
+        if wanted != "avx2" && std::arch::is_x86_feature_detected!("avx512f") {
+            Isa::Avx512
+        } else {
+            Isa::Avx2
+        }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )))]
+    {
+        let _ = wanted;
+        Isa::Portable
+    }
+}
 
 /// Values per block (both formats).
 pub const BLOCK: usize = 32;
@@ -187,6 +243,15 @@ const COLUMNS: usize = 4;
 
 /// Up to this many activation rows, quants are unpacked in registers for
 /// each row; beyond, once into a buffer shared by all rows.
+#[cfg_attr(
+    not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )),
+    allow(dead_code)
+)]
 const FUSED_MAX_ROWS: usize = 1;
 
 impl BlockMatrix {
@@ -340,6 +405,10 @@ impl BlockMatrix {
 
     /// `y[m, n] = x[m, k] · Wᵀ` on plain row-major slices.
     pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        self.matmul_with(isa(), x, m, y)
+    }
+
+    fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
         assert_eq!(x.len(), m * self.k, "x must be [m, k]");
         assert_eq!(y.len(), m * self.n, "y must be [m, n]");
         let n = self.n;
@@ -361,7 +430,7 @@ impl BlockMatrix {
                     let j0 = group * COLUMNS;
                     let cols = COLUMNS.min(n - j0);
                     let out = &mut out[..m * cols];
-                    self.group_times(j0, cols, x, sx, m, scratch, out);
+                    self.group_times(isa, j0, cols, x, sx, m, scratch, out);
                     for r in 0..m {
                         for c in 0..cols {
                             // SAFETY: (r, j0 + c) is in bounds and written
@@ -380,6 +449,7 @@ impl BlockMatrix {
     #[allow(clippy::too_many_arguments)]
     fn group_times(
         &self,
+        isa: Isa,
         j0: usize,
         cols: usize,
         x: &[f32],
@@ -399,11 +469,26 @@ impl BlockMatrix {
             let fused = m <= FUSED_MAX_ROWS;
             let g = self.group(j0);
             debug_assert_eq!(g.cols, cols);
-            // SAFETY: the cfg guarantees the CPU features; `g` holds `cols`
+            // SAFETY: the cfg guarantees AVX2/FMA/F16C and `isa()` picks
+            // AVX-512 only when the CPU reports it; `g` holds `cols`
             // rows of this matrix's format, `x`/`sx` hold `m` rows and `out`
             // `m * cols` values.
             unsafe {
                 let (x, sx, s, o) = (x, sx, scratch, out);
+                if isa == Isa::Avx512 {
+                    use avx512::rows;
+                    match (self.format, cols) {
+                        (BlockFormat::Q4_1, 4) => rows::<4, Q4>(&g, x, sx, m, fused, s, o),
+                        (BlockFormat::Q4_1, 3) => rows::<3, Q4>(&g, x, sx, m, fused, s, o),
+                        (BlockFormat::Q4_1, 2) => rows::<2, Q4>(&g, x, sx, m, fused, s, o),
+                        (BlockFormat::Q4_1, _) => rows::<1, Q4>(&g, x, sx, m, fused, s, o),
+                        (BlockFormat::Q8_0, 4) => rows::<4, Q8>(&g, x, sx, m, fused, s, o),
+                        (BlockFormat::Q8_0, 3) => rows::<3, Q8>(&g, x, sx, m, fused, s, o),
+                        (BlockFormat::Q8_0, 2) => rows::<2, Q8>(&g, x, sx, m, fused, s, o),
+                        (BlockFormat::Q8_0, _) => rows::<1, Q8>(&g, x, sx, m, fused, s, o),
+                    }
+                    return;
+                }
                 match (self.format, cols) {
                     (BlockFormat::Q4_1, 4) => rows::<4, Q4>(&g, x, sx, m, fused, s, o),
                     (BlockFormat::Q4_1, 3) => rows::<3, Q4>(&g, x, sx, m, fused, s, o),
@@ -422,7 +507,10 @@ impl BlockMatrix {
             target_feature = "fma",
             target_feature = "f16c"
         )))]
-        portable::rows(&self.group(j0), x, sx, m, scratch, out);
+        {
+            let _ = (isa, cols);
+            portable::rows(&self.group(j0), x, sx, m, scratch, out);
+        }
     }
 }
 
@@ -489,6 +577,15 @@ mod tests {
 
     use super::*;
 
+    /// Every kernel set this CPU can run.
+    fn isas() -> Vec<Isa> {
+        let mut all = vec![detect("avx2")];
+        if detect("") != all[0] {
+            all.push(detect(""));
+        }
+        all
+    }
+
     fn random(len: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
         (0..len)
@@ -546,16 +643,19 @@ mod tests {
 
     #[test]
     fn decode_and_prefill_paths_agree_bit_for_bit() {
-        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+        for (isa, format) in isas()
+            .into_iter()
+            .flat_map(|i| [(i, BlockFormat::Q4_1), (i, BlockFormat::Q8_0)])
+        {
             // n = 38: full row groups and a partial one.
             let (n, k, m) = (38, 320, 6);
             let (_, w) = quantized(format, n, k, 21);
             let x = random(m * k, 22);
             let mut window = vec![0f32; m * n];
-            w.matmul(&x, m, &mut window);
+            w.matmul_with(isa, &x, m, &mut window);
             for r in 0..m {
                 let mut step = vec![0f32; n];
-                w.matmul(&x[r * k..(r + 1) * k], 1, &mut step);
+                w.matmul_with(isa, &x[r * k..(r + 1) * k], 1, &mut step);
                 let same = step
                     .iter()
                     .zip(&window[r * n..(r + 1) * n])
@@ -568,14 +668,14 @@ mod tests {
             for split in 1..m {
                 let mut parts = vec![0f32; m * n];
                 let (a, b) = parts.split_at_mut(split * n);
-                w.matmul(&x[..split * k], split, a);
-                w.matmul(&x[split * k..], m - split, b);
+                w.matmul_with(isa, &x[..split * k], split, a);
+                w.matmul_with(isa, &x[split * k..], m - split, b);
                 assert!(
                     parts
                         .iter()
                         .zip(&window)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{format:?} split at {split}"
+                    "{isa:?} {format:?} split at {split}"
                 );
             }
         }
@@ -619,10 +719,10 @@ mod tests {
                 .unwrap()
                 .to_vec1()
                 .unwrap();
-            for m in [1, 2, 5] {
+            for (isa, m) in isas().into_iter().flat_map(|i| [(i, 1), (i, 2), (i, 5)]) {
                 let x = random(m * k, 4 + m as u64);
                 let mut got = vec![0f32; m * n];
-                w.matmul(&x, m, &mut got);
+                w.matmul_with(isa, &x, m, &mut got);
                 for r in 0..m {
                     for j in 0..n {
                         let exact: f64 = (0..k)
@@ -634,7 +734,7 @@ mod tests {
                         let g = got[r * n + j] as f64;
                         assert!(
                             (g - exact).abs() < 1e-4,
-                            "{format:?} m={m} ({r},{j}): {g} vs {exact}"
+                            "{isa:?} {format:?} m={m} ({r},{j}): {g} vs {exact}"
                         );
                     }
                 }
