@@ -42,10 +42,13 @@ if [ ! -x "$bench_bin" ]; then
     cmake --build build --target llama-bench -j"$(nproc)" >&2)
 fi
 
-# One llama-bench run: prints "prefill_tps decode_tps".
+# One llama-bench measurement: prints "prefill_tps decode_tps". Prefill
+# starts from an empty context; decode runs at depth `prompt`, as ds4server's
+# does (it decodes after the prompt), so attention costs the same for both.
 llamacpp() {
-  "$bench_bin" -m "$model" -p "$prompt" -n "$gen" -t "$threads" -r 1 -o csv 2>/dev/null |
-    python3 -c '
+  { "$bench_bin" -m "$model" -p "$prompt" -n 0 -t "$threads" -r 1 -o csv 2>/dev/null
+    "$bench_bin" -m "$model" -p 0 -n "$gen" -d "$prompt" -t "$threads" -r 1 -o csv 2>/dev/null | tail -n +2
+  } | python3 -c '
 import csv, sys
 pp = tg = None
 for row in csv.DictReader(sys.stdin):
@@ -76,4 +79,4 @@ for i in $(seq 1 "$pairs"); do
 done
 median() { printf "%s\n" "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 echo "median ratio (ds4server / llama.cpp): prefill $(median "${pre_ratios[@]}"), decode $(median "${dec_ratios[@]}")"
-echo "(prompt $prompt tokens, $gen generated, $threads threads; ds4server decodes at depth $prompt, llama-bench at depth 0)"
+echo "(prompt $prompt tokens, $gen generated at depth $prompt, $threads threads)"
