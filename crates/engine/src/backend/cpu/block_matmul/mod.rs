@@ -465,39 +465,50 @@ impl BlockMatrix {
             target_feature = "f16c"
         ))]
         {
-            use avx2::{Q4, Q8, rows};
+            use avx2::{Q4, Q8};
             let fused = m <= FUSED_MAX_ROWS;
             let g = self.group(j0);
             debug_assert_eq!(g.cols, cols);
+            // One monomorphised kernel per (format, group width).
+            macro_rules! dispatch {
+                ($kernels:ident) => {
+                    match (self.format, cols) {
+                        (BlockFormat::Q4_1, 4) => {
+                            $kernels::rows::<4, Q4>(&g, x, sx, m, fused, scratch, out)
+                        }
+                        (BlockFormat::Q4_1, 3) => {
+                            $kernels::rows::<3, Q4>(&g, x, sx, m, fused, scratch, out)
+                        }
+                        (BlockFormat::Q4_1, 2) => {
+                            $kernels::rows::<2, Q4>(&g, x, sx, m, fused, scratch, out)
+                        }
+                        (BlockFormat::Q4_1, _) => {
+                            $kernels::rows::<1, Q4>(&g, x, sx, m, fused, scratch, out)
+                        }
+                        (BlockFormat::Q8_0, 4) => {
+                            $kernels::rows::<4, Q8>(&g, x, sx, m, fused, scratch, out)
+                        }
+                        (BlockFormat::Q8_0, 3) => {
+                            $kernels::rows::<3, Q8>(&g, x, sx, m, fused, scratch, out)
+                        }
+                        (BlockFormat::Q8_0, 2) => {
+                            $kernels::rows::<2, Q8>(&g, x, sx, m, fused, scratch, out)
+                        }
+                        (BlockFormat::Q8_0, _) => {
+                            $kernels::rows::<1, Q8>(&g, x, sx, m, fused, scratch, out)
+                        }
+                    }
+                };
+            }
             // SAFETY: the cfg guarantees AVX2/FMA/F16C and `isa()` picks
             // AVX-512 only when the CPU reports it; `g` holds `cols`
             // rows of this matrix's format, `x`/`sx` hold `m` rows and `out`
             // `m * cols` values.
             unsafe {
-                let (x, sx, s, o) = (x, sx, scratch, out);
                 if isa == Isa::Avx512 {
-                    use avx512::rows;
-                    match (self.format, cols) {
-                        (BlockFormat::Q4_1, 4) => rows::<4, Q4>(&g, x, sx, m, fused, s, o),
-                        (BlockFormat::Q4_1, 3) => rows::<3, Q4>(&g, x, sx, m, fused, s, o),
-                        (BlockFormat::Q4_1, 2) => rows::<2, Q4>(&g, x, sx, m, fused, s, o),
-                        (BlockFormat::Q4_1, _) => rows::<1, Q4>(&g, x, sx, m, fused, s, o),
-                        (BlockFormat::Q8_0, 4) => rows::<4, Q8>(&g, x, sx, m, fused, s, o),
-                        (BlockFormat::Q8_0, 3) => rows::<3, Q8>(&g, x, sx, m, fused, s, o),
-                        (BlockFormat::Q8_0, 2) => rows::<2, Q8>(&g, x, sx, m, fused, s, o),
-                        (BlockFormat::Q8_0, _) => rows::<1, Q8>(&g, x, sx, m, fused, s, o),
-                    }
-                    return;
-                }
-                match (self.format, cols) {
-                    (BlockFormat::Q4_1, 4) => rows::<4, Q4>(&g, x, sx, m, fused, s, o),
-                    (BlockFormat::Q4_1, 3) => rows::<3, Q4>(&g, x, sx, m, fused, s, o),
-                    (BlockFormat::Q4_1, 2) => rows::<2, Q4>(&g, x, sx, m, fused, s, o),
-                    (BlockFormat::Q4_1, _) => rows::<1, Q4>(&g, x, sx, m, fused, s, o),
-                    (BlockFormat::Q8_0, 4) => rows::<4, Q8>(&g, x, sx, m, fused, s, o),
-                    (BlockFormat::Q8_0, 3) => rows::<3, Q8>(&g, x, sx, m, fused, s, o),
-                    (BlockFormat::Q8_0, 2) => rows::<2, Q8>(&g, x, sx, m, fused, s, o),
-                    (BlockFormat::Q8_0, _) => rows::<1, Q8>(&g, x, sx, m, fused, s, o),
+                    dispatch!(avx512)
+                } else {
+                    dispatch!(avx2)
                 }
             }
         }
