@@ -47,6 +47,12 @@ pub trait ModelState: Send {
     /// Forget everything after the first `n` tokens. Families with recurrent
     /// state return an error instead of a wrong state.
     fn truncate(&mut self, n: usize) -> Result<()>;
+    /// Whether [`ModelState::truncate`] can go back to any shorter prefix.
+    /// States that cannot (recurrent layers) are reusable only at the
+    /// boundaries a session cache stored.
+    fn can_truncate(&self) -> bool {
+        true
+    }
     /// Bytes of tensor data held (what a snapshot costs).
     fn byte_size(&self) -> usize;
     /// Become a copy of `snapshot` (taken from the same model).

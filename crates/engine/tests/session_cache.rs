@@ -445,3 +445,56 @@ fn session_cache_policy_live_bank_disk_cold() {
     );
     assert_eq!(restarted.stats().disk_hits, 1);
 }
+
+/// A regenerated or edited reply branches at the end of the prompt. A
+/// recurrent state cannot be truncated back there, so the cache banks the
+/// end-of-prompt state of every turn; the branch starts from it, and its
+/// tokens, logprobs and final logits equal a cold turn's bit for bit (AR and
+/// MTP, tiny qwen4_exp).
+#[test]
+fn qwen4_exp_branch_at_the_end_of_the_prompt_starts_from_the_boundary() {
+    let model = qwen();
+    for depth in [0, 2] {
+        let mut cache = SessionCache::new(&model, usize::MAX);
+        let p = prompt(30, 37, 128);
+        let turn_in = |cache: &mut SessionCache<Qwen4ExpModel>, prompt: &[u32], seed: u64| {
+            let cancel = CancelToken::new();
+            let mut lp = Vec::new();
+            let params = SamplingParams {
+                temperature: 0.8,
+                ..Law::Nucleus.default_params()
+            };
+            let mut s = Sampler::new(Law::Nucleus, params, seed).unwrap();
+            let (prepared, r) = cache.generate(
+                &model,
+                prompt,
+                &mut s,
+                &config(6, 16, &cancel),
+                Some(depth),
+                &mut |_| {},
+                &mut |e| {
+                    lp.push(e.logprobs.expect("logprobs requested").logprob.to_bits());
+                    Flow::Continue
+                },
+            );
+            let r = r.unwrap();
+            assert_eq!(r.final_state, FinalState::Complete);
+            let last = cache.live().last_logits().map(bits).unwrap_or_default();
+            (prepared, r.tokens, lp, last)
+        };
+        let (first, reply, ..) = turn_in(&mut cache, &p, 1);
+        assert_eq!(first.source, CacheSource::Cold);
+        assert_eq!(cache.stats().prompt_boundaries, 1);
+        // Regenerate: same prompt, another seed. The live session (prompt +
+        // reply) cannot be truncated back; the banked boundary serves the
+        // whole prompt, with its kept last logits.
+        let (again, tokens, lp, last) = turn_in(&mut cache, &p, 2);
+        assert_eq!(again.source, CacheSource::Bank, "depth {depth}");
+        assert_eq!(again.cached_tokens, p.len(), "depth {depth}");
+        let mut cold = SessionCache::new(&model, usize::MAX);
+        let (c, ctokens, clp, clast) = turn_in(&mut cold, &p, 2);
+        assert_eq!(c.source, CacheSource::Cold);
+        assert_eq!((tokens, lp, last), (ctokens, clp, clast), "depth {depth}");
+        assert_ne!(reply.len(), 0);
+    }
+}

@@ -19,6 +19,10 @@
 //!    whose MTP history is in step (it rebuilds any other from scratch).
 //! 3. Otherwise the turn is cold.
 //!
+//! During a turn on a state that cannot be truncated (recurrent layers),
+//! the end-of-prompt state is banked before decoding starts, so a later
+//! prompt that branches there (a regenerated or edited reply) starts warm.
+//!
 //! After a turn ([`SessionCache::finish`]): the consistent session is banked
 //! (a cancelled turn's too: it covers exactly what it processed), and saved
 //! to disk when the turn left it [`FinalState::Complete`] and it covers at
@@ -39,7 +43,7 @@ use crate::decode::{
     self, FinalState, Flow, LiveSession, PrefillProgress, TokenEvent, TurnConfig, TurnResult,
 };
 use crate::error::{EngineError, Result};
-use crate::model::Model;
+use crate::model::{Model, ModelState};
 
 /// Durable checkpoints for a [`SessionCache`].
 #[derive(Debug, Clone)]
@@ -95,6 +99,8 @@ pub struct CacheStats {
     pub cached_tokens: u64,
     pub saves: u64,
     pub save_failures: u64,
+    /// End-of-prompt states banked for states that cannot be truncated.
+    pub prompt_boundaries: u64,
 }
 
 impl CacheStats {
@@ -288,7 +294,68 @@ impl<M: Model> SessionCache<M> {
         on_token: &mut dyn FnMut(TokenEvent) -> Flow,
     ) -> (Prepared, Result<TurnResult>) {
         let prepared = self.prepare(model, prompt, mtp_depth);
-        let result = decode::generate_auto(
+        let fresh = prompt.len() > prepared.cached_tokens;
+        let result = if fresh && config.max_tokens > 0 && !self.live.state().can_truncate() {
+            self.generate_from_prompt_boundary(
+                model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
+            )
+        } else {
+            decode::generate_auto(
+                model,
+                &mut self.live,
+                prompt,
+                sampler,
+                config,
+                mtp_depth,
+                on_prefill,
+                on_token,
+            )
+        };
+        self.finish(result.as_ref().ok());
+        (prepared, result)
+    }
+
+    /// A turn on a state that cannot be truncated, in two steps: prefill
+    /// the prompt (a zero-token turn), bank that end-of-prompt boundary,
+    /// then decode from it. A later prompt that branches at the end of this
+    /// one (a regenerated or edited reply) then starts from the boundary
+    /// instead of cold. The second step finds the whole prompt and its last
+    /// logits in the session and prefills nothing, so the tokens and bits
+    /// are those of a one-step turn.
+    #[allow(clippy::too_many_arguments)]
+    fn generate_from_prompt_boundary(
+        &mut self,
+        model: &M,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        config: &TurnConfig,
+        mtp_depth: Option<usize>,
+        on_prefill: &mut dyn FnMut(PrefillProgress),
+        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+    ) -> Result<TurnResult> {
+        let prefill_only = TurnConfig {
+            max_tokens: 0,
+            ..config.clone()
+        };
+        let first = decode::generate_auto(
+            model,
+            &mut self.live,
+            prompt,
+            sampler,
+            &prefill_only,
+            mtp_depth,
+            on_prefill,
+            &mut |_| Flow::Continue,
+        )?;
+        if first.final_state != FinalState::Complete {
+            // Cancelled during the prefill: report it as this turn.
+            return Ok(first);
+        }
+        if self.live.is_consistent() {
+            self.bank.insert(&self.live);
+            self.stats.prompt_boundaries += 1;
+        }
+        let mut second = decode::generate_auto(
             model,
             &mut self.live,
             prompt,
@@ -297,9 +364,11 @@ impl<M: Model> SessionCache<M> {
             mtp_depth,
             on_prefill,
             on_token,
-        );
-        self.finish(result.as_ref().ok());
-        (prepared, result)
+        )?;
+        second.reused_tokens = first.reused_tokens;
+        second.timings.prefill_tokens = first.timings.prefill_tokens;
+        second.timings.prefill = first.timings.prefill;
+        Ok(second)
     }
 
     /// Clean shutdown: save the live session if it is long enough and not

@@ -260,6 +260,10 @@ impl ModelState for Qwen4ExpState {
         self.positions.len()
     }
 
+    fn can_truncate(&self) -> bool {
+        !self.has_recurrent()
+    }
+
     fn snapshot(&self) -> Self {
         self.clone()
     }
