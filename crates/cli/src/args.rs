@@ -60,6 +60,13 @@ pub struct CheckpointArgs {
     /// prompts that branch off them; the least useful go first).
     #[arg(long, default_value_t = 1024)]
     pub bank_budget_mib: usize,
+    /// For models whose state cannot be cut back (recurrent layers), bank
+    /// the prefill state every N prompt tokens (and always at the end of
+    /// the prompt), so a prompt that diverges inside a shared prefix
+    /// starts from the last boundary before the divergence. 0: only at the
+    /// end of each prompt.
+    #[arg(long, value_name = "N", default_value_t = ds4_engine::state::warm::DEFAULT_BOUNDARY_EVERY)]
+    pub boundary_every: usize,
     /// Reuse and save session checkpoints in DIR (without DIR: the user
     /// cache's `checkpoints`). A prompt that extends a saved session only
     /// prefills the new tokens.

@@ -2,9 +2,8 @@
 //! family's law, the engine's decode loop, and the text pipeline.
 
 use ds4_engine::Model;
-use ds4_engine::decode::{
-    self, CallerStop, CancelToken, Flow, LiveSession, TurnConfig, TurnResult,
-};
+use ds4_engine::decode::{CallerStop, CancelToken, Flow, TurnConfig, TurnResult};
+use ds4_engine::state::warm::SessionCache;
 use ds4_sampling::{Sampler, SamplingRequest, resolve_seed};
 use ds4_text::Tokenizer;
 
@@ -56,7 +55,7 @@ pub struct TurnOptions<'a> {
 /// final.
 pub fn stream_turn<M: Model>(
     model: &M,
-    session: &mut LiveSession<M>,
+    cache: &mut SessionCache<M>,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     sampler: &mut Sampler,
@@ -73,9 +72,8 @@ pub fn stream_turn<M: Model>(
     };
     let mut text = TextStream::new(tokenizer, generation.stop.clone());
     let mut text_error = None;
-    let result = decode::generate_auto(
+    let result = cache.decode_turn(
         model,
-        session,
         prompt,
         sampler,
         &config,

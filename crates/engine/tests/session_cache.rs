@@ -498,3 +498,47 @@ fn qwen4_exp_branch_at_the_end_of_the_prompt_starts_from_the_boundary() {
         assert_ne!(reply.len(), 0);
     }
 }
+
+/// With a boundary every 16 tokens, a prompt that diverges from an earlier
+/// one at token 20 reuses the first 16 (the last boundary before the
+/// divergence) and still equals a cold turn bit for bit (AR and MTP).
+#[test]
+fn qwen4_exp_divergent_prompt_reuses_the_last_boundary_before_it() {
+    let model = qwen();
+    for depth in [0, 2] {
+        let run = |cache: &mut SessionCache<Qwen4ExpModel>, prompt: &[u32]| {
+            let cancel = CancelToken::new();
+            let mut lp = Vec::new();
+            let (prepared, r) = cache.generate(
+                &model,
+                prompt,
+                &mut sampler(0.8),
+                &config(5, 8, &cancel),
+                Some(depth),
+                &mut |_| {},
+                &mut |e| {
+                    lp.push(e.logprobs.expect("logprobs requested").logprob.to_bits());
+                    Flow::Continue
+                },
+            );
+            let r = r.unwrap();
+            assert_eq!(r.final_state, FinalState::Complete);
+            assert_eq!(r.reused_tokens, prepared.cached_tokens);
+            assert_eq!(r.timings.prefill_tokens, prompt.len() - r.reused_tokens);
+            let last = cache.live().last_logits().map(bits).unwrap_or_default();
+            (prepared, r.tokens, lp, last)
+        };
+        let mut cache = SessionCache::new(&model, usize::MAX).with_boundary_every(16);
+        let p = prompt(40, 37, 128);
+        run(&mut cache, &p);
+        assert_eq!(cache.stats().prompt_boundaries, 3, "16, 32 and 37");
+        let mut q = p[..20].to_vec();
+        q.extend(prompt(41, 10, 128));
+        let (warm, tokens, lp, last) = run(&mut cache, &q);
+        assert_eq!((warm.source, warm.cached_tokens), (CacheSource::Bank, 16));
+        let mut cold = SessionCache::new(&model, usize::MAX).with_boundary_every(16);
+        let (c, ctokens, clp, clast) = run(&mut cold, &q);
+        assert_eq!(c.source, CacheSource::Cold);
+        assert_eq!((tokens, lp, last), (ctokens, clp, clast), "depth {depth}");
+    }
+}

@@ -60,6 +60,7 @@ pub fn build_state(
         config.prefill_chunk,
         worker::CacheSettings {
             bank_budget: config.bank_budget,
+            boundary_every: config.boundary_every,
             checkpoints: config.checkpoints.clone(),
         },
         metrics.clone(),

@@ -35,6 +35,9 @@ pub struct ServerConfig {
     /// Memory budget in bytes of the session bank (earlier sessions kept
     /// for prompts that branch off them).
     pub bank_budget: usize,
+    /// Prefill boundary distance for states that cannot be truncated
+    /// (`--boundary-every`; 0: only at the end of each prompt).
+    pub boundary_every: usize,
     /// Durable session checkpoints (`--checkpoint-dir`); `None`: memory only.
     pub checkpoints: Option<CheckpointConfig>,
 }
@@ -54,6 +57,7 @@ impl ServerConfig {
             prefill_chunk: ds4_engine::decode::DEFAULT_PREFILL_CHUNK,
             mtp_depth: None,
             bank_budget: 1 << 30,
+            boundary_every: ds4_engine::state::warm::DEFAULT_BOUNDARY_EVERY,
             checkpoints: None,
         }
     }

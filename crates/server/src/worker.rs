@@ -132,6 +132,7 @@ impl WorkerHandle {
 /// The session cache's settings.
 pub struct CacheSettings {
     pub bank_budget: usize,
+    pub boundary_every: usize,
     pub checkpoints: Option<CheckpointConfig>,
 }
 
@@ -148,12 +149,14 @@ pub fn spawn(
 ) -> Result<WorkerHandle, String> {
     let (tx, rx) = mpsc::channel(max_queue.max(1));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let boundary_every = cache.boundary_every;
     std::thread::Builder::new()
         .name("engine-worker".into())
         .spawn(move || {
             ds4_engine::with_model!(&*model, m => {
                 match SessionCache::open(m, cache.bank_budget, cache.checkpoints.as_ref()) {
                     Ok(cache) => {
+                        let cache = cache.with_boundary_every(boundary_every);
                         let _ = ready_tx.send(Ok(()));
                         Worker { model: m, cache, tokenizer: &tokenizer, prefill_chunk, metrics: &metrics }.run(rx)
                     }
@@ -235,9 +238,8 @@ impl<M: Model> Worker<'_, M> {
         let _ = events.send(WorkEvent::Started {
             cached_tokens: prepared.cached_tokens,
         });
-        let result = decode::generate_auto(
+        let result = self.cache.decode_turn(
             self.model,
-            self.cache.live_mut(),
             &job.prompt,
             &mut job.sampler,
             &config,

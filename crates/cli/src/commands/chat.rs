@@ -90,7 +90,7 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
         let mut stdout = std::io::stdout().lock();
         let turn = stream_turn(
             model,
-            cache.live_mut(),
+            &mut cache,
             tokenizer,
             &prompt_ids,
             &mut setup.sampler,

@@ -53,7 +53,7 @@ fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyho
     let mut stdout = std::io::stdout().lock();
     let turn = stream_turn(
         model,
-        cache.live_mut(),
+        &mut cache,
         tokenizer,
         &prompt,
         &mut setup.sampler,

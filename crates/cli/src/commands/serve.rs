@@ -26,6 +26,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.mtp_depth = args.mtp_depth;
     let cache = CacheSettings::from_args(&args.checkpoints, &path)?;
     config.bank_budget = cache.bank_budget;
+    config.boundary_every = cache.boundary_every;
     config.checkpoints = cache.checkpoints;
     let state = ds4_server::build_state(config, loaded.model, loaded.tokenizer)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -63,6 +63,7 @@ pub fn sessions(command: SessionsCommand) -> anyhow::Result<()> {
 /// memory budget and, with `--checkpoint-dir`, the store.
 pub struct CacheSettings {
     pub bank_budget: usize,
+    pub boundary_every: usize,
     pub checkpoints: Option<CheckpointConfig>,
 }
 
@@ -82,6 +83,7 @@ impl CacheSettings {
         };
         Ok(Self {
             bank_budget: args.bank_budget_mib.saturating_mul(1 << 20),
+            boundary_every: args.boundary_every,
             checkpoints,
         })
     }
@@ -89,10 +91,9 @@ impl CacheSettings {
     /// Open the cache for `model` (the store's index is rebuilt from its
     /// files).
     pub fn open<M: Model>(&self, model: &M) -> anyhow::Result<SessionCache<M>> {
-        Ok(SessionCache::open(
-            model,
-            self.bank_budget,
-            self.checkpoints.as_ref(),
-        )?)
+        Ok(
+            SessionCache::open(model, self.bank_budget, self.checkpoints.as_ref())?
+                .with_boundary_every(self.boundary_every),
+        )
     }
 }

@@ -20,8 +20,10 @@
 //! 3. Otherwise the turn is cold.
 //!
 //! During a turn on a state that cannot be truncated (recurrent layers),
-//! the end-of-prompt state is banked before decoding starts, so a later
-//! prompt that branches there (a regenerated or edited reply) starts warm.
+//! the prefill stops at every `boundary_every`-th prompt token and at the
+//! end of the prompt to bank those states before decoding starts, so a
+//! later prompt that branches there (a regenerated or edited reply, another
+//! question on a shared long prefix) starts warm.
 //!
 //! After a turn ([`SessionCache::finish`]): the consistent session is banked
 //! (a cancelled turn's too: it covers exactly what it processed), and saved
@@ -41,6 +43,7 @@ use super::bank::{SessionBank, common_prefix};
 use super::checkpoint::{self, CheckpointStore};
 use crate::decode::{
     self, FinalState, Flow, LiveSession, PrefillProgress, TokenEvent, TurnConfig, TurnResult,
+    TurnTimings,
 };
 use crate::error::{EngineError, Result};
 use crate::model::{Model, ModelState};
@@ -119,8 +122,16 @@ pub struct SessionCache<M: Model> {
     /// The store holds the live session as it is now (or a longer session
     /// it was truncated from).
     live_saved: bool,
+    /// Bank a boundary every this many prompt tokens on states that cannot
+    /// be truncated (0: only at the end of each prompt).
+    boundary_every: usize,
     stats: CacheStats,
 }
+
+/// Default distance between banked prefill boundaries of states that cannot
+/// be truncated: a prompt that diverges from an earlier one inside a long
+/// shared part reuses up to the last boundary before the divergence.
+pub const DEFAULT_BOUNDARY_EVERY: usize = 2048;
 
 impl<M: Model> SessionCache<M> {
     /// A cache with a bank of `bank_budget` bytes and no disk store.
@@ -132,8 +143,16 @@ impl<M: Model> SessionCache<M> {
             min_tokens: usize::MAX,
             live_banked: false,
             live_saved: false,
+            boundary_every: DEFAULT_BOUNDARY_EVERY,
             stats: CacheStats::default(),
         }
+    }
+
+    /// Bank a prefill boundary every `n` prompt tokens on states that
+    /// cannot be truncated (0: only at the end of each prompt).
+    pub fn with_boundary_every(mut self, n: usize) -> Self {
+        self.boundary_every = n;
+        self
     }
 
     /// A cache with a bank and, when `checkpoints` is given, the store in
@@ -294,8 +313,30 @@ impl<M: Model> SessionCache<M> {
         on_token: &mut dyn FnMut(TokenEvent) -> Flow,
     ) -> (Prepared, Result<TurnResult>) {
         let prepared = self.prepare(model, prompt, mtp_depth);
-        let fresh = prompt.len() > prepared.cached_tokens;
-        let result = if fresh && config.max_tokens > 0 && !self.live.state().can_truncate() {
+        let result = self.decode_turn(
+            model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
+        );
+        self.finish(result.as_ref().ok());
+        (prepared, result)
+    }
+
+    /// The turn itself, on the live session [`SessionCache::prepare`] set
+    /// up: [`decode::generate_auto`], except that on a state that cannot be
+    /// truncated the end-of-prompt state is banked first (see
+    /// `generate_from_prompt_boundary`). Call [`SessionCache::finish`] after.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_turn(
+        &mut self,
+        model: &M,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        config: &TurnConfig,
+        mtp_depth: Option<usize>,
+        on_prefill: &mut dyn FnMut(PrefillProgress),
+        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+    ) -> Result<TurnResult> {
+        let covered = common_prefix(self.live.tokens(), prompt);
+        if covered < prompt.len() && config.max_tokens > 0 && !self.live.state().can_truncate() {
             self.generate_from_prompt_boundary(
                 model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
             )
@@ -310,18 +351,17 @@ impl<M: Model> SessionCache<M> {
                 on_prefill,
                 on_token,
             )
-        };
-        self.finish(result.as_ref().ok());
-        (prepared, result)
+        }
     }
 
-    /// A turn on a state that cannot be truncated, in two steps: prefill
-    /// the prompt (a zero-token turn), bank that end-of-prompt boundary,
-    /// then decode from it. A later prompt that branches at the end of this
-    /// one (a regenerated or edited reply) then starts from the boundary
-    /// instead of cold. The second step finds the whole prompt and its last
-    /// logits in the session and prefills nothing, so the tokens and bits
-    /// are those of a one-step turn.
+    /// A turn on a state that cannot be truncated, in steps: prefill the
+    /// prompt as zero-token turns that stop at every `boundary_every`-th
+    /// token and at the end of the prompt, banking each of those boundary
+    /// states, then decode from the last. A later prompt that branches at
+    /// one of them (a regenerated or edited reply, or a shared long prefix)
+    /// starts there instead of cold. The decode step finds the whole prompt
+    /// and its last logits in the session and prefills nothing; the kernels
+    /// are row-independent, so the tokens and bits are a one-step turn's.
     #[allow(clippy::too_many_arguments)]
     fn generate_from_prompt_boundary(
         &mut self,
@@ -337,25 +377,44 @@ impl<M: Model> SessionCache<M> {
             max_tokens: 0,
             ..config.clone()
         };
-        let first = decode::generate_auto(
-            model,
-            &mut self.live,
-            prompt,
-            sampler,
-            &prefill_only,
-            mtp_depth,
-            on_prefill,
-            &mut |_| Flow::Continue,
-        )?;
-        if first.final_state != FinalState::Complete {
-            // Cancelled during the prefill: report it as this turn.
-            return Ok(first);
+        let reused = common_prefix(self.live.tokens(), prompt);
+        let started = std::time::Instant::now();
+        let n = self.boundary_every;
+        let mut ends: Vec<usize> = match reused.checked_div(n) {
+            Some(whole) => ((whole + 1) * n..prompt.len()).step_by(n).collect(),
+            None => Vec::new(),
+        };
+        ends.push(prompt.len());
+        for end in ends {
+            let step = decode::generate_auto(
+                model,
+                &mut self.live,
+                &prompt[..end],
+                sampler,
+                &prefill_only,
+                mtp_depth,
+                on_prefill,
+                &mut |_| Flow::Continue,
+            )?;
+            if step.final_state != FinalState::Complete {
+                // Cancelled during the prefill: that is this turn.
+                return Ok(TurnResult {
+                    reused_tokens: reused,
+                    timings: TurnTimings {
+                        prefill_tokens: self.live.tokens().len() - reused,
+                        prefill: started.elapsed(),
+                        ..TurnTimings::default()
+                    },
+                    ..step
+                });
+            }
+            if self.live.is_consistent() {
+                self.bank.insert(&self.live);
+                self.stats.prompt_boundaries += 1;
+            }
         }
-        if self.live.is_consistent() {
-            self.bank.insert(&self.live);
-            self.stats.prompt_boundaries += 1;
-        }
-        let mut second = decode::generate_auto(
+        let prefill = started.elapsed();
+        let mut turn = decode::generate_auto(
             model,
             &mut self.live,
             prompt,
@@ -365,10 +424,10 @@ impl<M: Model> SessionCache<M> {
             on_prefill,
             on_token,
         )?;
-        second.reused_tokens = first.reused_tokens;
-        second.timings.prefill_tokens = first.timings.prefill_tokens;
-        second.timings.prefill = first.timings.prefill;
-        Ok(second)
+        turn.reused_tokens = reused;
+        turn.timings.prefill_tokens = prompt.len() - reused;
+        turn.timings.prefill = prefill;
+        Ok(turn)
     }
 
     /// Clean shutdown: save the live session if it is long enough and not
