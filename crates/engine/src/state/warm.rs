@@ -300,7 +300,7 @@ impl<M: Model> SessionCache<M> {
     }
 
     /// One turn through the cache: [`SessionCache::prepare`],
-    /// [`decode::generate_auto`] on the live session, [`SessionCache::finish`].
+    /// [`SessionCache::decode_turn`], [`SessionCache::finish`].
     #[allow(clippy::too_many_arguments)]
     pub fn generate(
         &mut self,
@@ -322,7 +322,8 @@ impl<M: Model> SessionCache<M> {
 
     /// The turn itself, on the live session [`SessionCache::prepare`] set
     /// up: [`decode::generate_auto`], except that on a state that cannot be
-    /// truncated the end-of-prompt state is banked first (see
+    /// truncated the prefill boundaries (every `boundary_every` tokens and
+    /// the end of the prompt) are banked first (see
     /// `generate_from_prompt_boundary`). Call [`SessionCache::finish`] after.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_turn(

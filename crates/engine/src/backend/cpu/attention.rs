@@ -154,7 +154,7 @@ fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
     ))]
     {
         // SAFETY: the cfg guarantees AVX2 and FMA at compile time.
-        unsafe { avx2::dot4(a, b) }
+        unsafe { avx2::dots(a, b) }
     }
     #[cfg(not(all(
         target_arch = "x86_64",
@@ -178,7 +178,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     ))]
     {
         // SAFETY: the cfg guarantees AVX2 and FMA at compile time.
-        unsafe { avx2::dot4(a, [b, b, b, b])[0] }
+        unsafe { avx2::dots(a, [b])[0] }
     }
     #[cfg(not(all(
         target_arch = "x86_64",
@@ -212,11 +212,11 @@ mod avx2 {
 
     /// `dot` of `a` with each of `b` (all at least `a.len()` long).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    pub(super) fn dots<const N: usize>(a: &[f32], b: [&[f32]; N]) -> [f32; N] {
         let n = a.len();
         assert!(b.iter().all(|b| b.len() >= n));
         let chunks = n / 8;
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm256_setzero_ps(); N];
         for c in 0..chunks {
             // SAFETY: c * 8 + 8 <= n <= every length.
             unsafe {

@@ -177,8 +177,6 @@ pub enum BlockMatrixError {
         got: usize,
         want: usize,
     },
-    #[error("cannot stack matrices of different formats or row lengths")]
-    Mismatch,
 }
 
 /// One row group of a matrix (rows `j0 .. j0 + cols`): the kernels' view.
@@ -235,6 +233,9 @@ impl GroupScratch {
 
 thread_local! {
     static SCRATCH: RefCell<GroupScratch> = RefCell::new(GroupScratch::default());
+    /// Block sums of the activations of the current call (no allocation
+    /// per decode step).
+    static BLOCK_SUMS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Output rows computed together: each activation block is loaded once for
@@ -328,59 +329,12 @@ impl BlockMatrix {
         }
     }
 
-    /// Block `b` of row `j`: `(d, m, quants)` (`m` is 0 for Q8_0).
-    fn block(&self, j: usize, b: usize) -> (u16, u16, &[u8]) {
-        let nb = self.k / BLOCK;
-        let j0 = j - j % COLUMNS;
-        let cols = COLUMNS.min(self.n - j0);
-        let at = j0 * nb + b * cols + (j - j0);
-        let qb = self.format.quant_bytes();
-        let m = if self.format.has_min() {
-            self.mins[j * nb + b]
-        } else {
-            0
-        };
-        (self.scales[at], m, &self.quants[at * qb..(at + 1) * qb])
-    }
-
-    /// The rows of `parts`, in order, as one matrix: one pass over the
-    /// activations (and one pool dispatch) for several projections.
-    pub fn stack(parts: &[&BlockMatrix]) -> Result<Self, BlockMatrixError> {
-        let Some(first) = parts.first() else {
-            return Err(BlockMatrixError::Mismatch);
-        };
-        if parts
-            .iter()
-            .any(|p| p.format != first.format || p.k != first.k)
-        {
-            return Err(BlockMatrixError::Mismatch);
-        }
-        // Row `j` of the stack is row `j - start` of the part holding it.
-        let starts: Vec<usize> = parts
-            .iter()
-            .scan(0, |start, p| {
-                let s = *start;
-                *start += p.n;
-                Some(s)
-            })
-            .collect();
-        let n = parts.iter().map(|p| p.n).sum();
-        Ok(Self::pack(first.format, n, first.k, |j, b| {
-            let i = starts.partition_point(|&s| s <= j) - 1;
-            parts[i].block(j - starts[i], b)
-        }))
-    }
-
     pub fn rows(&self) -> usize {
         self.n
     }
 
     pub fn cols(&self) -> usize {
         self.k
-    }
-
-    pub fn format(&self) -> BlockFormat {
-        self.format
     }
 
     /// The row group starting at row `j0` (a multiple of [`COLUMNS`]).
@@ -411,10 +365,18 @@ impl BlockMatrix {
     fn matmul_with(&self, isa: Isa, x: &[f32], m: usize, y: &mut [f32]) {
         assert_eq!(x.len(), m * self.k, "x must be [m, k]");
         assert_eq!(y.len(), m * self.n, "y must be [m, n]");
-        let n = self.n;
-        let mut sx = vec![0f32; m * (self.k / BLOCK)];
+        // The calling thread's buffer, taken out for the call: the pool
+        // runs part of the work on this thread, which borrows `SCRATCH`.
+        let mut sx = BLOCK_SUMS.take();
+        sx.clear();
+        sx.resize(m * (self.k / BLOCK), 0.0);
         block_sums(x, &mut sx);
-        let sx = &sx[..];
+        self.run_groups(isa, x, &sx, m, y);
+        BLOCK_SUMS.set(sx);
+    }
+
+    fn run_groups(&self, isa: Isa, x: &[f32], sx: &[f32], m: usize, y: &mut [f32]) {
+        let n = self.n;
         let y_ptr = SendPtr(y.as_mut_ptr());
         let groups = n.div_ceil(COLUMNS);
         let pool = candle_core::utils::barrier_pool();
@@ -620,9 +582,30 @@ mod tests {
         (q, ours)
     }
 
+    /// Block `b` of row `j`: `(d, m, quants)` (`m` is 0 for Q8_0).
+    fn block(w: &BlockMatrix, j: usize, b: usize) -> (u16, u16, &[u8]) {
+        let nb = w.k / BLOCK;
+        let j0 = j - j % COLUMNS;
+        let cols = COLUMNS.min(w.n - j0);
+        let at = j0 * nb + b * cols + (j - j0);
+        let qb = w.format.quant_bytes();
+        let m = if w.format.has_min() {
+            w.mins[j * nb + b]
+        } else {
+            0
+        };
+        (w.scales[at], m, &w.quants[at * qb..(at + 1) * qb])
+    }
+
+    /// candle's dequantization of `q`, flattened.
+    fn dequantized(q: &QTensor) -> Vec<f32> {
+        let t = q.dequantize(&Device::Cpu).unwrap();
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
     /// Weight `(j, i)` from the repacked fields, as dequantization computes it.
     fn weight(w: &BlockMatrix, j: usize, i: usize) -> f32 {
-        let (d, m, q) = w.block(j, i / BLOCK);
+        let (d, m, q) = block(w, j, i / BLOCK);
         let (d, i) = (half::f16::from_bits(d).to_f32(), i % BLOCK);
         match w.format {
             BlockFormat::Q4_1 => {
@@ -638,13 +621,7 @@ mod tests {
         for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
             let (n, k) = (7, 96);
             let (q, w) = quantized(format, n, k, 11);
-            let dense: Vec<f32> = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let dense = dequantized(&q);
             for j in 0..n {
                 let row: Vec<f32> = (0..k).map(|i| weight(&w, j, i)).collect();
                 assert_eq!(row, dense[j * k..(j + 1) * k], "{format:?} row {j}");
@@ -693,43 +670,12 @@ mod tests {
     }
 
     #[test]
-    fn stacked_rows_give_the_parts_results() {
-        let k = 128;
-        let (_, a) = quantized(BlockFormat::Q4_1, 9, k, 31);
-        let (_, b) = quantized(BlockFormat::Q4_1, 6, k, 32);
-        let both = BlockMatrix::stack(&[&a, &b]).unwrap();
-        assert_eq!((both.rows(), both.cols()), (15, k));
-        let x = random(3 * k, 33);
-        let mut ya = vec![0f32; 3 * 9];
-        let mut yb = vec![0f32; 3 * 6];
-        let mut y = vec![0f32; 3 * 15];
-        a.matmul(&x, 3, &mut ya);
-        b.matmul(&x, 3, &mut yb);
-        both.matmul(&x, 3, &mut y);
-        for r in 0..3 {
-            assert_eq!(y[r * 15..r * 15 + 9], ya[r * 9..(r + 1) * 9]);
-            assert_eq!(y[r * 15 + 9..(r + 1) * 15], yb[r * 6..(r + 1) * 6]);
-        }
-        let (_, c) = quantized(BlockFormat::Q8_0, 4, k, 34);
-        assert!(matches!(
-            BlockMatrix::stack(&[&a, &c]),
-            Err(BlockMatrixError::Mismatch)
-        ));
-    }
-
-    #[test]
     fn equals_dequantized_matmul_in_f64() {
         for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
             // n = 37 leaves a partial column group; m covers decode and prefill.
             let (n, k) = (37, 256);
             let (q, w) = quantized(format, n, k, 3);
-            let dense: Vec<f32> = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let dense = dequantized(&q);
             for (isa, m) in isas().into_iter().flat_map(|i| [(i, 1), (i, 2), (i, 5)]) {
                 let x = random(m * k, 4 + m as u64);
                 let mut got = vec![0f32; m * n];
