@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use candle_core::Device;
 use ds4_engine::load::load_llama;
 use ds4_engine::{LogitsRows, Model};
 
@@ -19,7 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompt_len: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(42);
     let decode_len: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(128);
     let t0 = Instant::now();
-    let model = load_llama(&path, &Device::Cpu)?;
+    let model = load_llama(&path)?;
     eprintln!(
         "loaded {} in {:.2}s",
         path.display(),

@@ -25,7 +25,6 @@
 
 mod common;
 
-use candle_core::Device;
 use common::{Reference, argmax, fixtures};
 use ds4_engine::families::llama::{GgufWeights, LlamaModel};
 use ds4_engine::load::load_llama;
@@ -38,7 +37,7 @@ const DEQUANT_LOGIT_TOL: f32 = 1e-3;
 
 fn model() -> LlamaModel {
     let path = ds4_models::default_model_path().expect("default model available");
-    load_llama(&path, &Device::Cpu).expect("default model loads")
+    load_llama(&path).expect("default model loads")
 }
 
 /// Agreement of one model with the logits fixture.
@@ -97,8 +96,7 @@ fn parity(model: &LlamaModel) -> Parity {
 #[test]
 fn default_model_dequantized_logits_match_transformers_closely() {
     let path = ds4_models::default_model_path().expect("default model available");
-    let model =
-        LlamaModel::from_gguf_with(&path, GgufWeights::DequantizeF32, &Device::Cpu).unwrap();
+    let model = LlamaModel::from_gguf_with(&path, GgufWeights::DequantizeF32).unwrap();
     let p = parity(&model);
     eprintln!("dequantized f32: {p:?}");
     assert!(p.flips.is_empty(), "argmax differs: {:?}", p.flips);
@@ -207,8 +205,7 @@ fn default_model_dequantized_greedy_continuations_match_transformers() {
     // must be identical (the smallest reference margin along these paths is
     // 7e-3, two orders above the measured logit error of 9e-5).
     let path = ds4_models::default_model_path().expect("default model available");
-    let model =
-        LlamaModel::from_gguf_with(&path, GgufWeights::DequantizeF32, &Device::Cpu).unwrap();
+    let model = LlamaModel::from_gguf_with(&path, GgufWeights::DequantizeF32).unwrap();
     let (identical, n) = greedy(&model, "dequantized f32");
     assert_eq!(identical, n);
 }

@@ -14,8 +14,8 @@ use ds4_engine::decode::{
     TurnResult,
 };
 use ds4_engine::families::FamilyDescriptor;
-use ds4_engine::families::qwen4_exp::state::LayerCache;
 use ds4_engine::families::qwen4_exp::{MtpState, Qwen4ExpModel, Qwen4ExpState};
+use ds4_engine::state::table::{NamedTensor, TensorData};
 use ds4_engine::{
     EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
     MtpStep, VerifyWindow,
@@ -103,30 +103,19 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-fn layer_diff(what: &str, a: &LayerCache, b: &LayerCache) -> f32 {
-    match (a, b) {
-        (LayerCache::Attn(x), LayerCache::Attn(y)) => [
-            max_diff(&x.k, &y.k),
-            max_diff(&x.v, &y.v),
-            max_diff(&x.idx_raw, &y.idx_raw),
-            max_diff(&x.blocks, &y.blocks),
-        ]
-        .into_iter()
-        .fold(0f32, f32::max),
-        (LayerCache::Linear { gdn: g1, ple: p1 }, LayerCache::Linear { gdn: g2, ple: p2 }) => {
-            let mut d = max_diff(&g1.conv, &g2.conv).max(max_diff(&g1.s, &g2.s));
-            match (p1, p2) {
-                (Some(p1), Some(p2)) => {
-                    assert_eq!(p1.ids, p2.ids, "{what}: PLE id window");
-                    d = d.max(max_diff(&p1.gvn, &p2.gvn));
-                }
-                (None, None) => {}
-                _ => panic!("{what}: PLE presence differs"),
-            }
-            d
+/// Largest difference between two exported state tables (names, shapes
+/// and integer tensors must match exactly).
+fn table_diff(what: &str, a: Vec<NamedTensor>, b: Vec<NamedTensor>) -> f32 {
+    assert_eq!(a.len(), b.len(), "{what}: table sizes");
+    let mut d = 0f32;
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape), "{what}");
+        match (&x.data, &y.data) {
+            (TensorData::F32(p), TensorData::F32(q)) => d = d.max(max_diff(p, q)),
+            (p, q) => assert_eq!(p, q, "{what}: {}", x.name),
         }
-        _ => panic!("{what}: layer kinds differ"),
     }
+    d
 }
 
 fn host(t: &Tensor) -> Vec<f32> {
@@ -148,13 +137,14 @@ fn teacher(model: &Qwen4ExpModel, tokens: &[u32]) -> Teacher {
         .forward_ext(tokens, &mut state, LogitsRows::Last, false)
         .unwrap();
     let n = tokens.len();
+    let ch = model.config().hc_count * model.config().hidden_size;
     let mut mtp = model.new_mtp_state().unwrap();
     if n > 1 {
         let pos: Vec<u32> = (0..n as u32 - 1).collect();
         model
             .mtp_forward(
                 &tokens[1..],
-                &out.streams.narrow(0, 0, n - 1).unwrap(),
+                &out.streams[..(n - 1) * ch].to_vec(),
                 &pos,
                 &mut mtp,
                 LogitsRows::Last,
@@ -165,7 +155,7 @@ fn teacher(model: &Qwen4ExpModel, tokens: &[u32]) -> Teacher {
         state,
         mtp,
         logits: out.logits.last_row().to_vec(),
-        hidden: host(&out.streams.narrow(0, n - 1, 1).unwrap()),
+        hidden: out.streams[(n - 1) * ch..].to_vec(),
     }
 }
 
@@ -182,10 +172,7 @@ fn assert_banked(model: &Qwen4ExpModel, session: &LiveSession<Qwen4ExpModel>, wh
     let t = teacher(model, session.tokens());
     let st = session.state();
     assert_eq!(st.len(), session.tokens().len());
-    let mut worst = 0f32;
-    for (i, (a, b)) in st.layers().iter().zip(t.state.layers()).enumerate() {
-        worst = worst.max(layer_diff(&format!("{what} layer {i}"), a, b));
-    }
+    let mut worst = table_diff(what, st.export().unwrap(), t.state.export().unwrap());
     let hist = session
         .mtp_history()
         .expect("an MTP turn keeps its history");
@@ -194,8 +181,11 @@ fn assert_banked(model: &Qwen4ExpModel, session: &LiveSession<Qwen4ExpModel>, wh
         session.tokens().len(),
         "{what}: MTP history length"
     );
-    let hist = hist.as_any().downcast_ref::<MtpState>().unwrap();
-    worst = worst.max(layer_diff(what, hist.cache(), t.mtp.cache()));
+    worst = worst.max(table_diff(
+        what,
+        hist.export().unwrap(),
+        MtpHistory::export(&t.mtp).unwrap(),
+    ));
     worst = worst.max(max_diff(session.last_logits().unwrap(), &t.logits));
     worst = worst.max(max_diff(&host(session.mtp_hidden().unwrap()), &t.hidden));
     assert!(

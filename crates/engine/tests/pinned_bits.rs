@@ -20,7 +20,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use candle_core::Device;
 use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig};
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::load::load_llama;
@@ -200,7 +199,7 @@ fn turn_and_checkpoint<M: Model>(
 #[test]
 fn pinned_bits_default_model() {
     let path = ds4_models::default_model_path().expect("default model available");
-    let model = load_llama(&path, &Device::Cpu).expect("default model loads");
+    let model = load_llama(&path).expect("default model loads");
     let p = prompt(model.vocab_size());
     let mut rec = Record::default();
     trunk(&model, &p, &mut rec);

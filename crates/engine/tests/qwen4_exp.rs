@@ -17,9 +17,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use candle_core::Tensor;
-use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
-use ds4_engine::families::qwen4_exp::state::LayerCache;
+use ds4_engine::families::qwen4_exp::{Qwen4ExpModel, Qwen4ExpState};
+use ds4_engine::state::table::TensorData;
 use ds4_engine::{EngineError, LogitsRows, Model, ModelState};
 use safetensors::{Dtype, SafeTensors};
 
@@ -80,10 +79,6 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-fn host(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
 fn check(what: &str, got: &[f32], want: &[f32]) -> f32 {
     let d = max_diff(got, want);
     let mag = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -112,7 +107,7 @@ fn qwen4_full_forward_streams_qsa_and_routing_match() {
         let mut qsa_layers = 0;
         for (l, tr) in out.trace.iter().enumerate() {
             let key = format!("layer{l}_out_streams");
-            check(&format!("{name} {key}"), &host(&tr.streams), &r.f32(&key));
+            check(&format!("{name} {key}"), &tr.streams, &r.f32(&key));
             // Every expert is used somewhere and tokens spread over several.
             let used: BTreeSet<usize> = tr.routing.experts.iter().copied().collect();
             assert!(used.len() >= 3, "{name} layer {l}: experts {used:?}");
@@ -210,34 +205,15 @@ fn qwen4_chunked_and_stepwise_match() {
     }
 }
 
-fn assert_states_close(what: &str, a: &[LayerCache], b: &[LayerCache]) -> f32 {
-    assert_eq!(a.len(), b.len());
+fn assert_states_close(what: &str, a: &Qwen4ExpState, b: &Qwen4ExpState) -> f32 {
+    let (a, b) = (a.export().unwrap(), b.export().unwrap());
+    assert_eq!(a.len(), b.len(), "{what}: table sizes");
     let mut worst = 0f32;
-    let mut cmp = |x: &[f32], y: &[f32], part: &str| {
-        assert_eq!(x.len(), y.len(), "{what}: {part} sizes differ");
-        worst = worst.max(max_diff(x, y));
-    };
-    for (la, lb) in a.iter().zip(b) {
-        match (la, lb) {
-            (LayerCache::Attn(x), LayerCache::Attn(y)) => {
-                cmp(&x.k, &y.k, "k");
-                cmp(&x.v, &y.v, "v");
-                cmp(&x.idx_raw, &y.idx_raw, "indexer keys");
-                cmp(&x.blocks, &y.blocks, "block keys");
-            }
-            (LayerCache::Linear { gdn: g1, ple: p1 }, LayerCache::Linear { gdn: g2, ple: p2 }) => {
-                cmp(&g1.conv, &g2.conv, "conv");
-                cmp(&g1.s, &g2.s, "recurrent S");
-                match (p1, p2) {
-                    (Some(p1), Some(p2)) => {
-                        cmp(&p1.gvn, &p2.gvn, "PLE conv window");
-                        assert_eq!(p1.ids, p2.ids, "{what}: PLE id window");
-                    }
-                    (None, None) => {}
-                    _ => panic!("{what}: PLE presence differs"),
-                }
-            }
-            _ => panic!("{what}: layer kinds differ"),
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape), "{what}");
+        match (&x.data, &y.data) {
+            (TensorData::F32(p), TensorData::F32(q)) => worst = worst.max(max_diff(p, q)),
+            (p, q) => assert_eq!(p, q, "{what}: {}", x.name),
         }
     }
     worst
@@ -278,8 +254,8 @@ fn commit_case(name: &str) {
         assert_eq!(st.len(), tf.len());
         worst = worst.max(assert_states_close(
             &format!("accepted {accepted}"),
-            st.layers(),
-            tf.layers(),
+            &st,
+            &tf,
         ));
         // Continue both with the true next tokens.
         let next = &ids[PREFILL + accepted..PREFILL + accepted + 3];
@@ -313,9 +289,9 @@ fn qwen4_snapshot_restore_truncate_and_size() {
     let a = model
         .forward(&ids[20..30], &mut st, LogitsRows::All)
         .unwrap();
-    assert_ne!(st, snap);
+    assert_ne!(st.export().unwrap(), snap.export().unwrap());
     st.restore(&snap);
-    assert_eq!(st, snap);
+    assert_eq!(st.export().unwrap(), snap.export().unwrap());
     let b = model
         .forward(&ids[20..30], &mut st, LogitsRows::All)
         .unwrap();
@@ -353,12 +329,13 @@ fn qwen4_mtp_matches_composed_reference() {
             .forward_ext(&ids[..PREFILL + 1], &mut st, LogitsRows::Last, false)
             .unwrap();
         let mut mtp = model.new_mtp_state().expect("fixture has an MTP head");
+        let ch = model.config().hc_count * model.config().hidden_size;
         // Teacher-forced prefill: row t = (token t+1, trunk streams t, position t).
         let positions: Vec<u32> = (0..PREFILL as u32).collect();
         let out = model
             .mtp_forward(
                 &ids[1..PREFILL + 1],
-                &trunk.streams.narrow(0, 0, PREFILL).unwrap(),
+                &trunk.streams[..PREFILL * ch].to_vec(),
                 &positions,
                 &mut mtp,
                 LogitsRows::All,
@@ -372,7 +349,7 @@ fn qwen4_mtp_matches_composed_reference() {
         // Depths 1..3 from trunk position 30, chaining pre-mixer streams.
         let want = r.f32("mtp_logits_chain");
         let vocab = r.shape("mtp_logits_chain")[1];
-        let mut x = trunk.streams.narrow(0, PREFILL, 1).unwrap();
+        let mut x = trunk.streams[PREFILL * ch..(PREFILL + 1) * ch].to_vec();
         for d in 0..3 {
             let tok = ids[PREFILL + 1 + d];
             let o = model
@@ -482,7 +459,8 @@ fn qwen4_rejects_out_of_vocab_tokens_without_touching_state() {
 /// cos/sin per frequency. Bound 1e-5: f32 `sin_cos` of angles up to ~200 rad.
 #[test]
 fn qwen4_mrope_tables_match_transformers() {
-    use ds4_engine::families::qwen4_exp::gated_attention::MRope;
+    use ds4_engine::backend::CpuOps;
+    use ds4_engine::layers::rope::MRope;
     for name in FIXTURES {
         let model = load(name);
         let cfg = model.config();
@@ -498,10 +476,12 @@ fn qwen4_mrope_tables_match_transformers() {
         for p in 0..8 {
             let pp = [pos[p], pos[8 + p], pos[16 + p]];
             distinct |= pp[0] != pp[1] || pp[1] != pp[2];
+            let t = rope.tables(&CpuOps, &[pp]).unwrap();
             for i in 0..half {
+                // Rotating the unit vector e_i gives (cos, sin) of frequency i.
                 let mut x = vec![0f32; rd];
                 x[i] = 1.0;
-                rope.apply(&mut x, pp);
+                t.apply(&CpuOps, &mut x, rd).unwrap();
                 for (got, want) in [
                     (x[i], cos[p * rd + i]),
                     (x[i + half], sin[p * rd + i]),
@@ -579,10 +559,8 @@ fn qwen4_mtp_speculative_greedy_equals_plain_greedy() {
     while out.len() < n_new {
         let base = st.len() as u32; // position of out.last()
         let d1 = argmax(head.logits.last_row());
-        let last_streams = head
-            .streams
-            .narrow(0, head.streams.dim(0).unwrap() - 1, 1)
-            .unwrap();
+        let ch = model.config().hc_count * model.config().hidden_size;
+        let last_streams = head.streams[head.streams.len() - ch..].to_vec();
         let deep = model
             .mtp_forward(&[d1], &last_streams, &[base], &mut mtp, LogitsRows::Last)
             .unwrap();
@@ -606,7 +584,7 @@ fn qwen4_mtp_speculative_greedy_equals_plain_greedy() {
         mtp.truncate(base as usize).unwrap();
         let toks: Vec<u32> = out[out.len() - 1 - matches..].to_vec();
         let pos: Vec<u32> = (base..=base + matches as u32).collect();
-        let streams = w.streams.narrow(0, 0, matches + 1).unwrap();
+        let streams = w.streams[..(matches + 1) * ch].to_vec();
         head = model
             .mtp_forward(&toks, &streams, &pos, &mut mtp, LogitsRows::Last)
             .unwrap();
@@ -626,27 +604,16 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Every cache of two states, bit for bit.
-fn assert_states_identical(what: &str, a: &[LayerCache], b: &[LayerCache]) {
-    for (l, (la, lb)) in a.iter().zip(b).enumerate() {
-        match (la, lb) {
-            (LayerCache::Attn(x), LayerCache::Attn(y)) => {
-                for (p, q, part) in [
-                    (&x.k, &y.k, "k"),
-                    (&x.v, &y.v, "v"),
-                    (&x.idx_raw, &y.idx_raw, "indexer keys"),
-                    (&x.blocks, &y.blocks, "block keys"),
-                ] {
-                    assert_eq!(bits(p), bits(q), "{what}: layer {l} {part}");
-                }
+fn assert_states_identical(what: &str, a: &Qwen4ExpState, b: &Qwen4ExpState) {
+    let (a, b) = (a.export().unwrap(), b.export().unwrap());
+    assert_eq!(a.len(), b.len(), "{what}: table sizes");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape), "{what}");
+        match (&x.data, &y.data) {
+            (TensorData::F32(p), TensorData::F32(q)) => {
+                assert_eq!(bits(p), bits(q), "{what}: {}", x.name)
             }
-            (LayerCache::Linear { gdn: g1, ple: p1 }, LayerCache::Linear { gdn: g2, ple: p2 }) => {
-                assert_eq!(bits(&g1.conv), bits(&g2.conv), "{what}: layer {l} conv");
-                assert_eq!(bits(&g1.s), bits(&g2.s), "{what}: layer {l} S");
-                if let (Some(p1), Some(p2)) = (p1, p2) {
-                    assert_eq!(bits(&p1.gvn), bits(&p2.gvn), "{what}: layer {l} PLE");
-                }
-            }
-            _ => panic!("{what}: layer kinds differ"),
+            (p, q) => assert_eq!(p, q, "{what}: {}", x.name),
         }
     }
 }
@@ -678,7 +645,7 @@ fn qwen4_rows_are_bit_identical_across_chunkings() {
             .forward_ext(&ids, &mut one, LogitsRows::All, false)
             .unwrap();
         let want = bits(&whole.logits.logits);
-        let want_streams = bits(&host(&whole.streams));
+        let want_streams = bits(&whole.streams);
         let row = whole.logits.vocab;
         let srow = want_streams.len() / len;
         for chunk in [1, 2, 3, 8, 9, 33] {
@@ -689,15 +656,11 @@ fn qwen4_rows_are_bit_identical_across_chunkings() {
                     .forward_ext(c, &mut st, LogitsRows::All, false)
                     .unwrap();
                 got.extend(bits(&out.logits.logits));
-                streams.extend(bits(&host(&out.streams)));
+                streams.extend(bits(&out.streams));
             }
             assert_eq!(got, want, "{name}: chunks of {chunk}, logits");
             assert_eq!(streams, want_streams, "{name}: chunks of {chunk}, streams");
-            assert_states_identical(
-                &format!("{name} chunks of {chunk}"),
-                st.layers(),
-                one.layers(),
-            );
+            assert_states_identical(&format!("{name} chunks of {chunk}"), &st, &one);
         }
         // Verify windows after a 100-token prefix, then commit all rows.
         let base = 100;
@@ -735,14 +698,14 @@ fn qwen4_rows_are_bit_identical_across_chunkings() {
                 let out = model
                     .mtp_forward(
                         &ids[s + 1..e + 1],
-                        &whole.streams.narrow(0, s, e - s).unwrap(),
+                        &whole.streams[s * srow..e * srow].to_vec(),
                         &positions[s..e],
                         &mut mtp,
                         LogitsRows::All,
                     )
                     .unwrap();
                 got.extend(bits(&out.logits.logits));
-                got.extend(bits(&host(&out.streams)));
+                got.extend(bits(&out.streams));
                 s = e;
             }
             got

@@ -17,7 +17,6 @@
 
 mod common;
 
-use candle_core::Device;
 use common::{argmax, max_abs_diff, tiny};
 use ds4_engine::decode::prefill;
 use ds4_engine::families::llama::{GgufWeights, LlamaModel, LlamaState};
@@ -134,20 +133,20 @@ fn snapshots_agree(model: &LlamaModel, toks: &[u32]) {
 
 #[test]
 fn tiny_windows_agree() {
-    let model = load_llama(&tiny("f32_untied"), &Device::Cpu).unwrap();
+    let model = load_llama(&tiny("f32_untied")).unwrap();
     // Chunks of 7 put every window at an odd offset into the causal mask.
     windows_agree(&model, &tokens(100, 96), 7, 5e-5, 0.0);
 }
 
 #[test]
 fn tiny_snapshot_restore_truncate_match_recompute() {
-    let model = load_llama(&tiny("rope_llama3"), &Device::Cpu).unwrap();
+    let model = load_llama(&tiny("rope_llama3")).unwrap();
     snapshots_agree(&model, &tokens(90, 96));
 }
 
 #[test]
 fn tiny_context_overflow_and_bad_tokens_are_errors() {
-    let model = load_llama(&tiny("f32_tied"), &Device::Cpu).unwrap();
+    let model = load_llama(&tiny("f32_tied")).unwrap();
     let mut s = model.new_state();
     model
         .forward(&tokens(120, 96), &mut s, LogitsRows::Last)
@@ -173,7 +172,7 @@ fn tiny_context_overflow_and_bad_tokens_are_errors() {
 
 #[test]
 fn tiny_prefill_in_chunks_reports_progress() {
-    let model = load_llama(&tiny("f32_untied"), &Device::Cpu).unwrap();
+    let model = load_llama(&tiny("f32_untied")).unwrap();
     let toks = tokens(50, 96);
     let mut s = model.new_state();
     let mut seen = Vec::new();
@@ -192,13 +191,12 @@ fn tiny_prefill_in_chunks_reports_progress() {
 fn default_model_windows_and_snapshots_agree() {
     let path = ds4_models::default_model_path().expect("default model available");
     let toks = tokens(64, 49152);
-    let model =
-        LlamaModel::from_gguf_with(&path, GgufWeights::DequantizeF32, &Device::Cpu).unwrap();
+    let model = LlamaModel::from_gguf_with(&path, GgufWeights::DequantizeF32).unwrap();
     // (Cache regrowth is covered by the kv_cache unit tests; stepping is
     // slow in debug builds, so the window stays short.)
     windows_agree(&model, &toks, 24, 1e-3, 0.0);
     drop(model);
-    let model = load_llama(&path, &Device::Cpu).unwrap();
+    let model = load_llama(&path).unwrap();
     windows_agree(&model, &toks, 24, 1.5, 0.5);
     snapshots_agree(&model, &toks);
 }

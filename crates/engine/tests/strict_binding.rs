@@ -7,7 +7,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
 use common::tiny;
 use ds4_engine::EngineError;
 use ds4_engine::load::{ModelFormat, detect, inspect, load_llama};
@@ -70,7 +69,7 @@ fn rewrite(file: &Path, edit: impl FnOnce(&mut BTreeMap<String, Raw>)) {
 }
 
 fn load_err(dir: &Path) -> (EngineError, String) {
-    let e = load_llama(dir, &Device::Cpu).expect_err("broken checkpoint must not load");
+    let e = load_llama(dir).expect_err("broken checkpoint must not load");
     let msg = e.to_string();
     (e, msg)
 }

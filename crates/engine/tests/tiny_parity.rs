@@ -13,7 +13,6 @@
 
 mod common;
 
-use candle_core::Device;
 use common::{Reference, max_abs_diff, tiny};
 use ds4_engine::load::load_llama;
 use ds4_engine::{LogitsRows, Model, ModelState};
@@ -21,7 +20,7 @@ use ds4_engine::{LogitsRows, Model, ModelState};
 const TOL: f32 = 1e-4;
 
 fn check_variant(variant: &str) -> f32 {
-    let model = load_llama(&tiny(variant), &Device::Cpu).expect("tiny checkpoint loads");
+    let model = load_llama(&tiny(variant)).expect("tiny checkpoint loads");
     let reference = Reference::open(
         &common::fixtures()
             .join("tiny")

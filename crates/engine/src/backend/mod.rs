@@ -1,5 +1,391 @@
-//! Device-specific kernels behind candle custom ops. Each op has a CPU
-//! implementation first; a CUDA or Metal implementation plugs into the same
-//! op (`cuda_fwd` / `metal_fwd`) without changing the layers that call it.
+//! The op inventory: the short, explicit list of device-neutral operations
+//! every family's forward is written against, and its backends.
+//!
+//! A family holds its weights as [`Backend::Matrix`] / [`Backend::Buf`] and
+//! calls only the methods of [`Backend`] (statically dispatched: a model is
+//! generic over its backend). It never names a device, an ISA or a host copy:
+//! the one read-back of a forward is the logits rows its caller asked for
+//! ([`Backend::download`]), and export/import of a state go through host
+//! tensors. Caches are `Buf`s that grow with [`Backend::append`].
+//!
+//! The list is the porting checklist of the next backend. Every op states
+//! the order in which each output element is reduced; that order depends on
+//! the reduction length alone, never on the number of rows in the call, so a
+//! token's bits do not depend on the prefill chunk, decode step or verify
+//! window it ran in (`shared/specs/backend.md`, "Exactness"). [`cpu`] is the
+//! reference implementation.
+//!
+//! | group | ops |
+//! |---|---|
+//! | memory | `upload`, `download`, `zeros`, `len`, `rows`, `append`, `truncate`, `concat_cols`, `split_cols` |
+//! | weights | `matrix`, `experts`, `table` + `gather_rows` (embedding) |
+//! | linear | `matmul` (f32 and block formats, 1..N rows), `experts_swiglu` (gathered routed experts) |
+//! | routing | `route_softmax_topk` |
+//! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm` |
+//! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, scaled) |
+//! | recurrent | `causal_conv_silu`, `delta_rule_scan` |
+//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `attention_gathered` |
+//! | element-wise | `add`, `mul`, `affine`, `silu`, `sigmoid`, `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams` |
 
 pub mod cpu;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use candle_core::quantized::QTensor;
+
+use crate::error::Result;
+
+pub use cpu::CpuOps;
+
+/// Which backend and kernel set produced a state: part of every checkpoint's
+/// identity, because bits differ between backends and kernel sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendId {
+    /// `cpu`, `cuda`, …
+    pub backend: &'static str,
+    /// The kernel set (`avx2`, `avx512`, `portable`, `sm_90a`, …).
+    pub kernels: String,
+}
+
+impl std::fmt::Display for BackendId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.backend, self.kernels)
+    }
+}
+
+/// A weight as read from a file, before a backend places it.
+#[derive(Debug, Clone)]
+pub enum HostWeight {
+    /// Row-major f32 on the host (safetensors, or a float GGUF tensor).
+    F32(Tensor),
+    /// A block-quantized GGUF tensor, kept quantized.
+    Gguf(Arc<QTensor>),
+}
+
+/// Dimensions of one delta-rule scan: `Hk` key heads of `dk`, `Hv` value
+/// heads of `dv` (value head `j` reads key head `j / (Hv/Hk)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanDims {
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// The activation applied to the gate of a gated RMSNorm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateAct {
+    Sigmoid,
+    Silu,
+}
+
+/// How the two halves of a RoPE pair are laid out in a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Dim `i` pairs with `i + R/2` (GPT-NeoX / transformers).
+    HalfSplit,
+    /// Dim `2i` pairs with `2i + 1` (GGUF llama).
+    Interleaved,
+}
+
+/// Geometry of a cache of attention keys/values: `[P, heads·d]` token-major
+/// rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heads {
+    pub heads: usize,
+    pub dim: usize,
+}
+
+/// The QSA block selection's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexerShape {
+    /// Indexer query heads.
+    pub heads: usize,
+    /// Indexer head dim.
+    pub dim: usize,
+    /// Tokens per block.
+    pub ratio: usize,
+    /// Complete blocks kept per query.
+    pub block_topk: usize,
+}
+
+/// The op inventory (see the module docs). `rows` is always the number of
+/// tokens in the call; every op is row-independent.
+pub trait Backend: Clone + Send + Sync + Debug + 'static {
+    /// f32 values on the device: activations `[rows, width]` row-major,
+    /// caches, small weights.
+    type Buf: Clone + Send + Sync + Debug;
+    /// A weight matrix `[out, in]` (f32 or block-quantized).
+    type Matrix: Send + Sync + Debug;
+    /// A stack of expert matrices `[E, out, in]` (f32).
+    type Experts: Send + Sync + Debug;
+    /// An embedding table `[V, width]` (f32 or block-quantized), read by rows.
+    type Table: Send + Sync + Debug;
+    /// Per-token kept key indices of a sparse selection.
+    type Selection: Clone + Send + Sync + Debug;
+    /// Per-token routed experts and weights, `[rows, k]` each.
+    type Routing: Clone + Send + Sync + Debug;
+
+    /// The backend and kernel set (part of a checkpoint's identity).
+    fn id(&self) -> BackendId;
+
+    // ---- memory ----
+
+    fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
+    /// The one read-back: logits rows, and state export.
+    fn download(&self, x: &Self::Buf) -> Result<Vec<f32>>;
+    fn zeros(&self, n: usize) -> Result<Self::Buf>;
+    fn len(&self, x: &Self::Buf) -> usize;
+    /// Rows `first .. first + count` of `x: [_, width]`, copied.
+    fn rows(&self, x: &Self::Buf, width: usize, first: usize, count: usize) -> Result<Self::Buf>;
+    /// `dst ← [dst | src]` (a cache growing by rows).
+    fn append(&self, dst: &mut Self::Buf, src: &Self::Buf) -> Result<()>;
+    /// Keep the first `n` values.
+    fn truncate(&self, dst: &mut Self::Buf, n: usize) -> Result<()>;
+    /// Row-wise concatenation: `parts[i]: [rows, w_i]` → `[rows, Σ w_i]`.
+    fn concat_cols(&self, parts: &[(&Self::Buf, usize)], rows: usize) -> Result<Self::Buf>;
+    /// Split every row of `x: [rows, repeats·Σ parts]`, viewed as `repeats`
+    /// consecutive groups of `parts`, into one `[rows, repeats·parts[i]]`
+    /// buffer per part (e.g. per-head `[q_h | gate_h]` with `repeats = H`).
+    fn split_cols(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        parts: &[usize],
+        repeats: usize,
+    ) -> Result<Vec<Self::Buf>>;
+
+    // ---- weights ----
+
+    /// Place a weight matrix `[out, in]` on the device.
+    fn matrix(&self, w: HostWeight, out: usize, inp: usize) -> Result<Self::Matrix>;
+    /// A stack of `E` f32 matrices `[E, out, in]` (contiguous).
+    fn experts(&self, w: Tensor, e: usize, out: usize, inp: usize) -> Result<Self::Experts>;
+    /// Place an embedding table `[V, width]` on the device.
+    fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<Self::Table>;
+    /// Embedding lookup: rows `ids` of `table`, dequantized to f32 exactly
+    /// (ids are checked by the caller).
+    fn gather_rows(&self, table: &Self::Table, ids: &[u32]) -> Result<Self::Buf>;
+
+    // ---- linear algebra ----
+
+    /// `y[r, j] = Σ_i x[r, i]·w[j, i]`, `x: [rows, in]` → `[rows, out]`.
+    /// f32 weights: eight FMA lanes over `⌊in/8⌋` blocks in order, lanes
+    /// summed `((0+4)+(2+6))+((1+5)+(3+7))`, then the tail by FMA in order.
+    /// Block formats: the block kernel's documented order
+    /// ([`cpu::block_matmul`]).
+    fn matmul(&self, x: &Self::Buf, rows: usize, w: &Self::Matrix) -> Result<Self::Buf>;
+    /// Routed SwiGLU experts: `out[t] = Σ_k w[t,k]·down_e(silu(g)⊙u)`,
+    /// `[g | u] = gate_up_e·x_t`, `e = routing[t,k]`; each projection is a
+    /// [`Backend::matmul`] row, the `k` slots summed in slot order from 0.
+    fn experts_swiglu(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        routing: &Self::Routing,
+        gate_up: &Self::Experts,
+        down: &Self::Experts,
+    ) -> Result<Self::Buf>;
+
+    // ---- routing ----
+
+    /// Softmax over `E` logits per row (max-subtracted, sum in expert order),
+    /// the `k` most probable experts (ties: lower index first), weights
+    /// `p_e / Σ_top p` when `renormalise`, else `p_e`.
+    fn route_softmax_topk(
+        &self,
+        logits: &Self::Buf,
+        rows: usize,
+        experts: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<Self::Routing>;
+    /// The routing on the host (`[rows·k]` experts and weights), for traces.
+    fn routing_to_host(&self, r: &Self::Routing) -> Result<(Vec<usize>, Vec<f32>)>;
+
+    // ---- norms ----
+
+    /// Llama RMSNorm per row of `width`: `x / sqrt(Σx²/n + eps) · w`, the
+    /// sum of squares in order.
+    fn rms_norm(&self, x: &Self::Buf, width: usize, w: &Self::Buf, eps: f32) -> Result<Self::Buf>;
+    /// Zero-centred grouped RMSNorm: statistics per `group`-slice of each
+    /// `width` row, `(x · 1/sqrt(mean(x²)+eps)) · scale` with `scale = 1+w`;
+    /// the sum of squares is eight lanes × four accumulators over blocks of
+    /// 32, then the tail in order (the reference is candle's `sum`).
+    fn rms_norm_grouped(
+        &self,
+        x: &Self::Buf,
+        width: usize,
+        group: usize,
+        scale: &Self::Buf,
+        eps: f64,
+    ) -> Result<Self::Buf>;
+    /// In place, per `dim`-slice (one head): `x · 1/sqrt(Σx²/dim + eps) ·
+    /// scale`, the sum in order.
+    fn rms_norm_heads(
+        &self,
+        x: &mut Self::Buf,
+        dim: usize,
+        scale: &Self::Buf,
+        eps: f32,
+    ) -> Result<()>;
+    /// In place, per `dim`-slice: `x · (1/sqrt(Σx² + 1e-6) · scale)`.
+    fn l2_norm_heads(&self, x: &mut Self::Buf, dim: usize, scale: f32) -> Result<()>;
+    /// `w · (o · 1/sqrt(Σo²/dim + eps)) · act(z)` per `dim`-slice.
+    fn gated_rms_norm(
+        &self,
+        o: &Self::Buf,
+        z: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        act: GateAct,
+    ) -> Result<Self::Buf>;
+
+    // ---- position ----
+
+    /// Rotate the first `2·half` dims of every `head_dim` head of `x:
+    /// [rows, heads·head_dim]`, row `r` by `cos/sin[r·half ..]` (tables
+    /// `[rows, half]` made by [`crate::layers::rope`]): `(a, b) ← (a·cos −
+    /// b·sin, b·cos + a·sin)`.
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        head_dim: usize,
+        cos: &Self::Buf,
+        sin: &Self::Buf,
+        half: usize,
+        layout: RopeLayout,
+    ) -> Result<()>;
+
+    // ---- recurrent ----
+
+    /// Depthwise (dilated) causal conv + SiLU over `u: [rows, C]` with a
+    /// `[(K−1)·dilation, C]` window (oldest first; slid to the last rows),
+    /// `w: [C, K]`: `a = Σ_k w[c,k]·u[t − (K−1−k)·dilation, c]` summed over
+    /// `k` in order from 0, then `a·σ(a)`.
+    fn causal_conv_silu(
+        &self,
+        u: &Self::Buf,
+        window: &mut Self::Buf,
+        w: &Self::Buf,
+        channels: usize,
+        kernel: usize,
+        dilation: usize,
+    ) -> Result<Self::Buf>;
+    /// The gated delta rule, token by token (never a chunked form): per value
+    /// head `S ← S·exp(g); S ← S + k ⊗ β(v − kᵀS); o = qᵀS`, `q,k: [rows, Hk,
+    /// dk]`, `v: [rows, Hv, dv]`, `g, β: [rows, Hv]`, `S: [Hv, dk, dv]`
+    /// updated; returns `o: [rows, Hv, dv]`.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule_scan(
+        &self,
+        d: ScanDims,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        g: &Self::Buf,
+        beta: &Self::Buf,
+        s: &mut Self::Buf,
+    ) -> Result<Self::Buf>;
+
+    // ---- attention ----
+
+    /// Causal attention over a cache: `q: [rows, Hq·d]` (already scaled),
+    /// `k, v: [offset + rows, Hkv·d]` (this window's rows written first);
+    /// query `i` sees keys `0 ..= offset + i`; query head `h` reads kv head
+    /// `h / (Hq/Hkv)`. Per (query, head): dots in key order, max, `exp(s −
+    /// max)` summed in key order, `Σ p·v` in key order, times `1/Σ`.
+    fn attention_causal(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        offset: usize,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Self::Buf>;
+    /// Mean of each complete block of `ratio` rows of `raw: [P, dim]`, for
+    /// blocks `first .. last`: `(0 + r_0 + … + r_{ratio−1}) / ratio`.
+    fn block_keys(
+        &self,
+        raw: &Self::Buf,
+        dim: usize,
+        ratio: usize,
+        first: usize,
+        last: usize,
+    ) -> Result<Self::Buf>;
+    /// QSA selection for `rows` queries `q: [rows, heads·dim]` at token
+    /// indices `base ..`: block `j` scores `Σ_h relu(q_h·kb_j) / √dim`
+    /// (sequential dots, heads summed in order); the `block_topk` best blocks
+    /// (ties: lower index) and the incomplete tail, ascending.
+    fn indexer_select(
+        &self,
+        q: &Self::Buf,
+        blocks: &Self::Buf,
+        base: usize,
+        shape: IndexerShape,
+    ) -> Result<Self::Selection>;
+    /// The selection on the host, for traces.
+    fn selection_to_host(&self, s: &Self::Selection) -> Result<Vec<Vec<u32>>>;
+    /// Softmax attention of each query over its selected keys only (`q:
+    /// [rows, Hq·d]` unscaled, `k, v: [P, Hkv·d]`): sequential dots times
+    /// `1/√d`, max, `exp(s − max)` summed in key order, `o += (p/Σ)·v` in key
+    /// order.
+    fn attention_gathered(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        keep: &Self::Selection,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Self::Buf>;
+
+    // ---- element-wise ----
+
+    fn add(&self, a: &Self::Buf, b: &Self::Buf) -> Result<Self::Buf>;
+    fn mul(&self, a: &Self::Buf, b: &Self::Buf) -> Result<Self::Buf>;
+    /// `x·mul + add` (f32).
+    fn affine(&self, x: &Self::Buf, mul: f32, add: f32) -> Result<Self::Buf>;
+    /// `x / (1 + exp(−x))`.
+    fn silu(&self, x: &Self::Buf) -> Result<Self::Buf>;
+    /// `1 / (exp(−x) + 1)`.
+    fn sigmoid(&self, x: &Self::Buf) -> Result<Self::Buf>;
+    /// `gu: [rows, 2·I]` rows `[g | u]` → `silu(g)·u`, `[rows, I]`.
+    fn swiglu(&self, gu: &Self::Buf, inter: usize) -> Result<Self::Buf>;
+    /// Per-head decay of the gated delta rule: `a: [rows, H]` →
+    /// `neg_a[h]·softplus(a + dt_bias[h])` (softplus linear above 20).
+    fn softplus_decay(
+        &self,
+        a: &Self::Buf,
+        neg_a: &Self::Buf,
+        dt_bias: &Self::Buf,
+    ) -> Result<Self::Buf>;
+    /// `x[r, j]·s[r]`, `x: [rows, width]`, `s: [rows]`.
+    fn scale_rows(&self, x: &Self::Buf, s: &Self::Buf, width: usize) -> Result<Self::Buf>;
+    /// Qwen's PLE gate per stream: `g = ⟨key_s, qry_s⟩/√H` (sequential
+    /// dot), `g ← sign(g)·sqrt(max(|g|, 1e-6))`, `out_s = σ(g)·val`; `key,
+    /// qry: [rows, C·H]`, `val: [rows, H]`.
+    fn ple_gate(
+        &self,
+        key: &Self::Buf,
+        qry: &Self::Buf,
+        val: &Self::Buf,
+        c: usize,
+        h: usize,
+    ) -> Result<Self::Buf>;
+    /// Hyper-connection streams: `x: [rows, H]` → `[rows, C·H]` (`C` copies).
+    fn tile_streams(&self, x: &Self::Buf, c: usize, h: usize) -> Result<Self::Buf>;
+    /// `x: [rows, C·H]` → `(0 + x_0 + … + x_{C−1})·(1/C)`, `[rows, H]`.
+    fn mean_streams(&self, x: &Self::Buf, c: usize, h: usize) -> Result<Self::Buf>;
+    /// `X + concat_s(inj_s·y)`: `X [rows, C·H]`, `y [rows, H]`, `inj [rows, C]`.
+    fn inject_streams(
+        &self,
+        xs: &Self::Buf,
+        y: &Self::Buf,
+        inj: &Self::Buf,
+        c: usize,
+    ) -> Result<Self::Buf>;
+}

@@ -6,7 +6,6 @@ pub mod qwen4_exp;
 
 use std::path::Path;
 
-use candle_core::Device;
 use ds4_sampling::{Law, SamplingParams};
 
 use crate::error::Result;
@@ -54,10 +53,7 @@ impl LoadedModel {
                 ));
             }
         }
-        Ok(LoadedModel::Llama(crate::load::load_llama(
-            path,
-            &Device::Cpu,
-        )?))
+        Ok(LoadedModel::Llama(crate::load::load_llama(path)?))
     }
 
     pub fn descriptor(&self) -> &'static FamilyDescriptor {

@@ -1,21 +1,21 @@
 //! SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
 
-use candle_core::{Result, Tensor};
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::layers::linear::Linear;
 
-use super::linear::Linear;
-
-#[derive(Debug, Clone)]
-pub struct SwiGlu {
-    pub gate: Linear,
-    pub up: Linear,
-    pub down: Linear,
+#[derive(Debug)]
+pub struct SwiGlu<B: Backend> {
+    pub gate: Linear<B>,
+    pub up: Linear<B>,
+    pub down: Linear<B>,
 }
 
-impl SwiGlu {
+impl<B: Backend> SwiGlu<B> {
     /// `x: [rows, hidden]` → `[rows, hidden]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = candle_nn::ops::silu(&self.gate.forward(x)?)?;
-        let u = self.up.forward(x)?;
-        self.down.forward(&(g * u)?)
+    pub fn forward(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<B::Buf> {
+        let g = ops.silu(&self.gate.forward(ops, x, rows)?)?;
+        let u = self.up.forward(ops, x, rows)?;
+        self.down.forward(ops, &ops.mul(&g, &u)?, rows)
     }
 }

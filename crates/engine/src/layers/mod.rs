@@ -1,9 +1,14 @@
-//! Building blocks shared by families. A layer is a plain struct holding its
-//! tensors; `forward` documents its shapes; caches are passed in, never
-//! stored in the layer.
+//! Building blocks shared by families, written against the op inventory
+//! ([`crate::backend::Backend`]). A layer is a plain struct holding its
+//! weights (bound through [`crate::load::binder::Binder`]); `forward`
+//! documents its shapes; caches are passed in, never stored in the layer.
 
 pub mod attention;
+pub mod delta_rule;
+pub mod hyper_connections;
+pub mod indexer;
 pub mod linear;
 pub mod mlp;
-pub mod rms_norm;
+pub mod moe;
+pub mod norms;
 pub mod rope;

@@ -13,13 +13,9 @@
 //! the way transformers does, so positions far into the context round the
 //! same way as the reference.
 
-use candle_core::{DType, Device, Result, Tensor};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
-    HalfSplit,
-    Interleaved,
-}
+use crate::backend::Backend;
+pub use crate::backend::RopeLayout;
+use crate::error::{EngineError, Result};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
@@ -80,23 +76,24 @@ pub fn inv_freq(theta: f64, head_dim: usize, scaling: &RopeScaling) -> Vec<f32> 
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Rope {
-    /// `[max_positions, head_dim / 2]`.
-    cos: Tensor,
-    sin: Tensor,
+/// Precomputed tables for positions `0..max_positions` on the device.
+#[derive(Debug)]
+pub struct Rope<B: Backend> {
+    cos: B::Buf,
+    sin: B::Buf,
+    half: usize,
     layout: RopeLayout,
     max_positions: usize,
 }
 
-impl Rope {
+impl<B: Backend> Rope<B> {
     pub fn new(
+        ops: &B,
         theta: f64,
         head_dim: usize,
         scaling: &RopeScaling,
         layout: RopeLayout,
         max_positions: usize,
-        device: &Device,
     ) -> Result<Self> {
         let inv = inv_freq(theta, head_dim, scaling);
         let half = inv.len();
@@ -110,8 +107,9 @@ impl Rope {
             }
         }
         Ok(Self {
-            cos: Tensor::from_vec(cos, (max_positions, half), device)?,
-            sin: Tensor::from_vec(sin, (max_positions, half), device)?,
+            cos: ops.upload(&cos)?,
+            sin: ops.upload(&sin)?,
+            half,
             layout,
             max_positions,
         })
@@ -121,24 +119,98 @@ impl Rope {
         self.max_positions
     }
 
-    /// The tables for positions `offset .. offset + len`, `[len, head_dim/2]`.
-    pub fn tables(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
-        Ok((
-            self.cos.narrow(0, offset, len)?,
-            self.sin.narrow(0, offset, len)?,
-        ))
+    /// The tables of positions `offset .. offset + len`.
+    pub fn tables(&self, ops: &B, offset: usize, len: usize) -> Result<RopeRows<B>> {
+        if offset + len > self.max_positions {
+            return Err(EngineError::ContextOverflow {
+                needed: offset + len,
+                limit: self.max_positions,
+            });
+        }
+        Ok(RopeRows {
+            cos: ops.rows(&self.cos, self.half, offset, len)?,
+            sin: ops.rows(&self.sin, self.half, offset, len)?,
+            half: self.half,
+            layout: self.layout,
+        })
+    }
+}
+
+/// Per-row cos/sin tables `[rows, half]` for one forward.
+#[derive(Debug)]
+pub struct RopeRows<B: Backend> {
+    pub cos: B::Buf,
+    pub sin: B::Buf,
+    pub half: usize,
+    pub layout: RopeLayout,
+}
+
+impl<B: Backend> RopeRows<B> {
+    /// Rotate every `head_dim` head of `x: [rows, heads·head_dim]` in place.
+    pub fn apply(&self, ops: &B, x: &mut B::Buf, head_dim: usize) -> Result<()> {
+        ops.rope(x, head_dim, &self.cos, &self.sin, self.half, self.layout)
+    }
+}
+
+/// Partial interleaved M-RoPE over the first `rotary_dim` dims (Qwen): a
+/// frequency `i` takes the h position when `i ≡ 1 (mod 3)` and `i <
+/// 3·section[1]`, the w position when `i ≡ 2 (mod 3)` and `i <
+/// 3·section[2]`, else t (the interleaved layout; transformers ignores
+/// `mrope_interleaved`). `inv_freq_i = θ^(−2i/R)` in f64, rounded to f32.
+/// Text tokens have t = h = w.
+#[derive(Debug, Clone)]
+pub struct MRope {
+    inv_freq: Vec<f32>,
+    /// Which of (t, h, w) drives each frequency.
+    axis: Vec<usize>,
+    pub rotary_dim: usize,
+}
+
+impl MRope {
+    pub fn new(theta: f64, rotary_dim: usize, section: [usize; 3]) -> Self {
+        let half = rotary_dim / 2;
+        // transformers: 1 / base^(arange(0, R, 2) / R) in f32.
+        let inv_freq = (0..half)
+            .map(|i| (1.0 / theta.powf((2 * i) as f64 / rotary_dim as f64)) as f32)
+            .collect();
+        let axis = (0..half)
+            .map(|i| {
+                if i % 3 == 1 && i < 3 * section[1] {
+                    1
+                } else if i % 3 == 2 && i < 3 * section[2] {
+                    2
+                } else {
+                    0
+                }
+            })
+            .collect();
+        Self {
+            inv_freq,
+            axis,
+            rotary_dim,
+        }
     }
 
-    /// `x: [heads, len, head_dim]` (contiguous) with the tables of
-    /// [`Rope::tables`] → same shape.
-    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        debug_assert_eq!(x.dtype(), DType::F32);
-        let x4 = x.unsqueeze(0)?;
-        let y = match self.layout {
-            RopeLayout::HalfSplit => candle_nn::rotary_emb::rope(&x4, cos, sin)?,
-            RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(&x4, cos, sin)?,
-        };
-        y.squeeze(0)
+    /// The tables of `positions` (one row each): angle `pos[axis_i] as f32
+    /// · inv_freq_i`, half-split pairs.
+    pub fn tables<B: Backend>(&self, ops: &B, positions: &[[u32; 3]]) -> Result<RopeRows<B>> {
+        let half = self.rotary_dim / 2;
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for pos in positions {
+            for i in 0..half {
+                let f = pos[self.axis[i]] as f32 * self.inv_freq[i];
+                let (s, c) = f.sin_cos();
+                cos.push(c);
+                sin.push(s);
+            }
+        }
+        Ok(RopeRows {
+            cos: ops.upload(&cos)?,
+            sin: ops.upload(&sin)?,
+            half,
+            layout: RopeLayout::HalfSplit,
+        })
     }
 }
 

@@ -3,14 +3,13 @@
 //!
 //! Entry points: [`detect`], [`inspect::inspect`], [`load_llama`].
 
+pub mod binder;
 pub mod gguf;
 pub mod inspect;
 pub mod safetensors;
 
 use std::io::Read;
 use std::path::Path;
-
-use candle_core::Device;
 
 use crate::error::{EngineError, Result};
 use crate::families::llama::LlamaModel;
@@ -56,10 +55,11 @@ pub fn detect(path: &Path) -> Result<ModelFormat> {
     }
 }
 
-/// Load a llama-family model from a `.gguf` file or a Hugging Face directory.
-pub fn load_llama(path: &Path, device: &Device) -> Result<LlamaModel> {
+/// Load a llama-family model from a `.gguf` file or a Hugging Face
+/// directory, on the CPU.
+pub fn load_llama(path: &Path) -> Result<LlamaModel> {
     match detect(path)? {
-        ModelFormat::Gguf => LlamaModel::from_gguf(path, device),
-        ModelFormat::HfDir => LlamaModel::from_hf_dir(path, device),
+        ModelFormat::Gguf => LlamaModel::from_gguf(path),
+        ModelFormat::HfDir => LlamaModel::from_hf_dir(path),
     }
 }

@@ -4,5 +4,6 @@
 pub mod bank;
 pub mod checkpoint;
 pub mod kv_cache;
+pub mod rows;
 pub mod table;
 pub mod warm;

@@ -18,21 +18,14 @@
 //! cache). Query `i` sees keys `0 ..= offset + i`.
 
 use super::SendPtr;
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 
-#[derive(Debug, Clone, Copy)]
-pub struct CausalAttention {
-    /// Cached positions before this window.
-    pub offset: usize,
-    /// Positions in this window.
-    pub t: usize,
-}
-
-/// Element accessor for a 3-D strided f32 tensor whose last dim is contiguous.
-struct View<'a> {
-    data: &'a [f32],
-    start: usize,
-    strides: [usize; 2],
+/// A 3-D f32 view `[a, b, d]` with a contiguous last dim: element rows at
+/// `start + a·strides[0] + b·strides[1]`.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub data: &'a [f32],
+    pub start: usize,
+    pub strides: [usize; 2],
 }
 
 impl View<'_> {
@@ -42,109 +35,80 @@ impl View<'_> {
     }
 }
 
-fn view<'a>(
-    storage: &'a CpuStorage,
-    layout: &Layout,
-    what: &str,
-) -> candle_core::Result<(View<'a>, [usize; 3])> {
-    let CpuStorage::F32(data) = storage else {
-        candle_core::bail!("causal-attention: {what} must be f32");
-    };
-    let dims = layout.shape().dims();
-    let stride = layout.stride();
-    if dims.len() != 3 || stride[2] != 1 {
-        candle_core::bail!("causal-attention: {what} must be 3-D with a contiguous last dim");
-    }
-    Ok((
-        View {
-            data,
-            start: layout.start_offset(),
-            strides: [stride[0], stride[1]],
-        },
-        [dims[0], dims[1], dims[2]],
-    ))
-}
-
-impl CustomOp3 for CausalAttention {
-    fn name(&self) -> &'static str {
-        "causal-attention"
-    }
-
-    fn cpu_fwd(
-        &self,
-        qs: &CpuStorage,
-        ql: &Layout,
-        ks: &CpuStorage,
-        kl: &Layout,
-        vs: &CpuStorage,
-        vl: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (q, [kvh, rows, d]) = view(qs, ql, "q")?;
-        let (k, [kvh_k, total, d_k]) = view(ks, kl, "k")?;
-        let (v, [kvh_v, total_v, d_v]) = view(vs, vl, "v")?;
-        let (t, offset) = (self.t, self.offset);
-        if kvh_k != kvh || kvh_v != kvh || d_k != d || d_v != d || total_v != total {
-            candle_core::bail!("causal-attention: q, k, v shapes disagree");
-        }
-        if t == 0 || rows % t != 0 || total != offset + t {
-            candle_core::bail!("causal-attention: {rows} query rows, window {t}, {total} keys");
-        }
-        let mut y = vec![0f32; kvh * rows * d];
-        let y_ptr = SendPtr(y.as_mut_ptr());
-        let pool = candle_core::utils::barrier_pool();
-        // One work item per (kv head, query row); each writes its own row of y.
-        pool.execute_chunked(kvh * rows, |range| {
-            let y_ptr = &y_ptr;
-            let mut scores = vec![0f32; total];
-            let mut acc = vec![0f32; d];
-            for item in range {
-                let (h, r) = (item / rows, item % rows);
-                let visible = offset + r % t + 1;
-                let qr = q.row(h, r, d);
-                // Four keys at a time: independent sums hide the FMA
-                // latency; each key's sum is still `dot`'s.
-                let mut j = 0;
-                while j + 4 <= visible {
-                    let keys = [
-                        k.row(h, j, d),
-                        k.row(h, j + 1, d),
-                        k.row(h, j + 2, d),
-                        k.row(h, j + 3, d),
-                    ];
-                    scores[j..j + 4].copy_from_slice(&dot4(qr, keys));
-                    j += 4;
-                }
-                for (j, s) in scores[..visible].iter_mut().enumerate().skip(j) {
-                    *s = dot(qr, k.row(h, j, d));
-                }
-                let max = scores[..visible]
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let mut sum = 0f32;
-                for s in &mut scores[..visible] {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                acc.fill(0.0);
-                for (j, &p) in scores[..visible].iter().enumerate() {
-                    for (a, &x) in acc.iter_mut().zip(v.row(h, j, d)) {
-                        *a += p * x;
-                    }
-                }
-                let inv = 1.0 / sum;
-                // SAFETY: row (h, r) of y is written by this work item only.
-                let out =
-                    unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add((h * rows + r) * d), d) };
-                for (o, a) in out.iter_mut().zip(&acc) {
-                    *o = a * inv;
+/// Causal attention of `rows = group·t` query rows per kv head.
+///
+/// `q[h, r]` is the query of group member `r / t` at window position
+/// `r % t` for kv head `h`; `k[h, j]`, `v[h, j]` for `j < offset + t`. The
+/// output row `(h, r)` is written at `y[h·y_strides[0] + r·... ]` through
+/// `out_row(h, r)`, an offset into `y` (so callers choose the layout).
+#[allow(clippy::too_many_arguments)]
+pub fn causal_attention(
+    q: View<'_>,
+    k: View<'_>,
+    v: View<'_>,
+    kvh: usize,
+    rows: usize,
+    t: usize,
+    offset: usize,
+    d: usize,
+    y: &mut [f32],
+    out_row: impl Fn(usize, usize) -> usize + Sync,
+) {
+    let total = offset + t;
+    let y_ptr = SendPtr(y.as_mut_ptr());
+    let y_len = y.len();
+    let pool = candle_core::utils::barrier_pool();
+    // One work item per (kv head, query row); each writes its own row of y.
+    pool.execute_chunked(kvh * rows, |range| {
+        let y_ptr = &y_ptr;
+        let mut scores = vec![0f32; total];
+        let mut acc = vec![0f32; d];
+        for item in range {
+            let (h, r) = (item / rows, item % rows);
+            let visible = offset + r % t + 1;
+            let qr = q.row(h, r, d);
+            // Four keys at a time: independent sums hide the FMA
+            // latency; each key's sum is still `dot`'s.
+            let mut j = 0;
+            while j + 4 <= visible {
+                let keys = [
+                    k.row(h, j, d),
+                    k.row(h, j + 1, d),
+                    k.row(h, j + 2, d),
+                    k.row(h, j + 3, d),
+                ];
+                scores[j..j + 4].copy_from_slice(&dot4(qr, keys));
+                j += 4;
+            }
+            for (j, s) in scores[..visible].iter_mut().enumerate().skip(j) {
+                *s = dot(qr, k.row(h, j, d));
+            }
+            let max = scores[..visible]
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let mut sum = 0f32;
+            for s in &mut scores[..visible] {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            acc.fill(0.0);
+            for (j, &p) in scores[..visible].iter().enumerate() {
+                for (a, &x) in acc.iter_mut().zip(v.row(h, j, d)) {
+                    *a += p * x;
                 }
             }
-        });
-        Ok((CpuStorage::F32(y), Shape::from((kvh, rows, d))))
-    }
+            let inv = 1.0 / sum;
+            let at = out_row(h, r);
+            assert!(at + d <= y_len, "attention output row out of bounds");
+            // SAFETY: in bounds (checked above); each (h, r) owns its row.
+            let out = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(at), d) };
+            for (o, a) in out.iter_mut().zip(&acc) {
+                *o = a * inv;
+            }
+        }
+    });
 }
 
-/// [`dot`] of `a` with four vectors at once, bit-identical to four calls.
 #[inline]
 fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
     #[cfg(all(
@@ -242,8 +206,6 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Tensor};
-
     use super::*;
 
     fn random(len: usize, seed: u64) -> Vec<f32> {
@@ -307,11 +269,8 @@ mod tests {
     #[test]
     fn matches_f64_softmax_attention_and_ignores_chunking() {
         let (kvh, group, d, total) = (2, 3, 16, 11);
-        let dev = Device::Cpu;
         let kd = random(kvh * total * d, 1);
         let vd = random(kvh * total * d, 2);
-        let k = Tensor::from_vec(kd.clone(), (kvh, total, d), &dev).unwrap();
-        let v = Tensor::from_vec(vd.clone(), (kvh, total, d), &dev).unwrap();
         // Per (head, group member, position) query vectors.
         let qd = random(kvh * group * total * d, 3);
         let query = |h: usize, g: usize, pos: usize| {
@@ -330,13 +289,27 @@ mod tests {
                         }
                     }
                 }
-                let q = Tensor::from_vec(qw, (kvh, group * t, d), &dev).unwrap();
-                let kw = k.narrow(1, 0, offset + t).unwrap();
-                let vw = v.narrow(1, 0, offset + t).unwrap();
-                let y = q
-                    .apply_op3_no_bwd(&kw, &vw, &CausalAttention { offset, t })
-                    .unwrap();
-                let y: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
+                let rows = group * t;
+                fn view(data: &[f32], rows_per_head: usize, d: usize) -> View<'_> {
+                    View {
+                        data,
+                        start: 0,
+                        strides: [rows_per_head * d, d],
+                    }
+                }
+                let mut y = vec![0f32; kvh * rows * d];
+                causal_attention(
+                    view(&qw, rows, d),
+                    view(&kd, total, d),
+                    view(&vd, total, d),
+                    kvh,
+                    rows,
+                    t,
+                    offset,
+                    d,
+                    &mut y,
+                    |h, r| (h * rows + r) * d,
+                );
                 for h in 0..kvh {
                     for g in 0..group {
                         for i in 0..t {

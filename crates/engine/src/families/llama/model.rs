@@ -6,22 +6,19 @@
 //! [`LogitsRows::Last`] (the head is the largest matmul; a prefill chunk
 //! needs only its last row) or `t` for [`LogitsRows::All`].
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
-use candle_core::{Device, Tensor};
 
 use super::config::LlamaConfig;
+use crate::backend::{Backend, CpuOps, HostWeight};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::attention::Attention;
 use crate::layers::linear::Linear;
 use crate::layers::mlp::SwiGlu;
-use crate::layers::rms_norm::RmsNorm;
+use crate::layers::norms::RmsNorm;
 use crate::layers::rope::{Rope, RopeScaling};
 use crate::load::ModelFormat;
+use crate::load::binder::Binder;
 use crate::load::gguf::GgufFile;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{ForwardOutput, LogitsRows, Model, ModelState};
@@ -32,93 +29,41 @@ use crate::state::kv_cache::KvCache;
 /// we recompute from the config.
 pub const HF_IGNORED: &[&str] = &["rotary_emb.inv_freq"];
 
-/// Token embedding table.
 #[derive(Debug)]
-enum Embedding {
-    /// `[vocab, hidden]` f32.
-    Dense(Tensor),
-    /// A block-quantized GGUF table (Q8_0 in the default model). Rows are
-    /// dequantized on lookup: the whole table in f32 would take 113 MB for
-    /// SmolLM2 (more than the 98 MB model), for a saving of ~600 multiply-adds
-    /// per token. The quantized table also serves as the tied output head.
-    Quantized {
-        table: Arc<QTensor>,
-        dtype: GgmlDType,
-        row_bytes: usize,
-    },
-}
-
-impl Embedding {
-    /// `tokens: [t]` → `[t, hidden]` f32.
-    fn lookup(
-        &self,
-        tokens: &[u32],
-        vocab: usize,
-        hidden: usize,
-        device: &Device,
-    ) -> Result<Tensor> {
-        if let Some(&bad) = tokens.iter().find(|&&tok| tok as usize >= vocab) {
-            return Err(EngineError::TokenOutOfRange { token: bad, vocab });
-        }
-        match self {
-            Embedding::Dense(table) => {
-                let ids = Tensor::from_slice(tokens, tokens.len(), device)?;
-                Ok(table.index_select(&ids, 0)?)
-            }
-            Embedding::Quantized {
-                table,
-                dtype,
-                row_bytes,
-            } => {
-                // On CPU `data()` borrows the table; on a GPU it would copy it
-                // to the host, so a GPU backend must gather on the device.
-                let data = table.data()?;
-                let mut rows = Vec::with_capacity(tokens.len() * row_bytes);
-                for &tok in tokens {
-                    let start = tok as usize * row_bytes;
-                    rows.extend_from_slice(&data[start..start + row_bytes]);
-                }
-                let storage = QStorage::from_data(Cow::Owned(rows), device, *dtype)?;
-                let q = QTensor::new(storage, (tokens.len(), hidden))?;
-                Ok(q.dequantize(device)?)
-            }
-        }
-    }
+struct Block<B: Backend> {
+    attn_norm: RmsNorm<B>,
+    attn: Attention<B>,
+    mlp_norm: RmsNorm<B>,
+    mlp: SwiGlu<B>,
 }
 
 #[derive(Debug)]
-struct Block {
-    attn_norm: RmsNorm,
-    attn: Attention,
-    mlp_norm: RmsNorm,
-    mlp: SwiGlu,
-}
-
-#[derive(Debug)]
-pub struct LlamaModel {
+pub struct LlamaModel<B: Backend = CpuOps> {
+    ops: B,
     cfg: LlamaConfig,
     source: PathBuf,
     format: ModelFormat,
-    embed: Embedding,
-    blocks: Vec<Block>,
-    norm: RmsNorm,
-    head: Linear,
-    rope: Rope,
-    device: Device,
+    /// `[vocab, hidden]`. A block-quantized GGUF table (Q8_0 in the default
+    /// model) stays quantized and is dequantized row by row on lookup: the
+    /// whole table in f32 would take 113 MB for SmolLM2 (more than the 98 MB
+    /// model), for a saving of ~600 multiply-adds per token.
+    embed: B::Table,
+    blocks: Vec<Block<B>>,
+    norm: RmsNorm<B>,
+    head: Linear<B>,
+    rope: Rope<B>,
 }
 
 /// What a llama model remembers: the KV cache of every layer.
-#[derive(Debug)]
-pub struct LlamaState {
-    pub kv: KvCache,
+#[derive(Debug, Clone)]
+pub struct LlamaState<B: Backend = CpuOps> {
+    pub kv: KvCache<B>,
 }
 
-impl LlamaState {
+impl<B: Backend> LlamaState<B> {
     /// Like [`ModelState::snapshot`], reporting allocation failures.
     pub fn try_snapshot(&self) -> Result<Self> {
-        Ok(Self {
-            kv: self.kv.snapshot()?,
-        })
+        Ok(self.clone())
     }
 
     /// Become an independent copy of `snap` (which stays usable).
@@ -128,16 +73,13 @@ impl LlamaState {
     }
 }
 
-impl ModelState for LlamaState {
+impl<B: Backend> ModelState for LlamaState<B> {
     fn len(&self) -> usize {
         self.kv.len()
     }
 
     fn snapshot(&self) -> Self {
-        // The only failure is allocating the copy (out of memory), which the
-        // contract gives no way to report; see `try_snapshot`.
-        self.try_snapshot()
-            .expect("allocating a kv-cache snapshot failed (out of memory)")
+        self.clone()
     }
 
     fn truncate(&mut self, n: usize) -> Result<()> {
@@ -157,16 +99,12 @@ impl ModelState for LlamaState {
     }
 }
 
-fn gguf_f32(g: &mut GgufFile, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
-    let q = g.tensor(name, shape, device)?;
-    Ok(q.dequantize(device)?)
-}
-
 /// How GGUF matrices are bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GgufWeights {
-    /// Keep block-quantized weights quantized (candle's quantized matmul,
-    /// activations rounded to Q8 like llama.cpp). The fast path.
+    /// Keep block-quantized weights quantized (Q4_1 / Q8_0 run with f32
+    /// activations; other block types through candle's kernels, which round
+    /// activations to Q8 like llama.cpp). The fast path.
     #[default]
     Quantized,
     /// Dequantize every matrix to f32 once at load (4-8x the memory). The
@@ -175,25 +113,90 @@ pub enum GgufWeights {
     DequantizeF32,
 }
 
-fn gguf_linear(
-    g: &mut GgufFile,
+/// A linear layer `{name}.weight` bound as `mode` says.
+fn linear<B: Backend>(
+    w: &mut Binder<'_, B>,
     name: &str,
-    shape: &[usize],
+    out: usize,
+    inp: usize,
     mode: GgufWeights,
-    device: &Device,
-) -> Result<Linear> {
-    let q = g.tensor(name, shape, device)?;
-    bind_gguf_linear(Arc::new(q), mode, device)
+) -> Result<Linear<B>> {
+    match mode {
+        GgufWeights::Quantized => w.linear(name, out, inp),
+        GgufWeights::DequantizeF32 => {
+            let t = w.tensor(&format!("{name}.weight"), &[out, inp])?;
+            w.linear_from(HostWeight::F32(t), out, inp)
+        }
+    }
 }
 
-fn bind_gguf_linear(q: Arc<QTensor>, mode: GgufWeights, device: &Device) -> Result<Linear> {
-    Ok(match mode {
-        GgufWeights::Quantized => Linear::quantized(q)?,
-        GgufWeights::DequantizeF32 => Linear::dense(q.dequantize(device)?)?,
-    })
+/// Tensor names of the two layouts a llama checkpoint comes in.
+struct Names {
+    embed: &'static str,
+    head: &'static str,
+    norm: &'static str,
+    block: fn(usize) -> String,
+    attn_norm: &'static str,
+    mlp_norm: &'static str,
+    /// q, k, v, o, gate, up, down.
+    proj: [&'static str; 7],
 }
 
-impl LlamaModel {
+const GGUF_NAMES: Names = Names {
+    embed: "token_embd.weight",
+    head: "output",
+    norm: "output_norm.weight",
+    block: |i| format!("blk.{i}"),
+    attn_norm: "attn_norm.weight",
+    mlp_norm: "ffn_norm.weight",
+    proj: [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ],
+};
+
+const HF_NAMES: Names = Names {
+    embed: "model.embed_tokens.weight",
+    head: "lm_head",
+    norm: "model.norm.weight",
+    block: |i| format!("model.layers.{i}"),
+    attn_norm: "input_layernorm.weight",
+    mlp_norm: "post_attention_layernorm.weight",
+    proj: [
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ],
+};
+
+impl LlamaModel<CpuOps> {
+    /// Load from a `.gguf` file on the CPU, keeping quantized weights
+    /// quantized.
+    pub fn from_gguf(path: &Path) -> Result<Self> {
+        Self::load_gguf(path, GgufWeights::Quantized, CpuOps)
+    }
+
+    /// Load from a `.gguf` file on the CPU, binding matrices as `mode` says.
+    pub fn from_gguf_with(path: &Path, mode: GgufWeights) -> Result<Self> {
+        Self::load_gguf(path, mode, CpuOps)
+    }
+
+    /// Load from a Hugging Face directory on the CPU.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        Self::load_hf(dir, CpuOps)
+    }
+}
+
+impl<B: Backend> LlamaModel<B> {
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
     }
@@ -206,202 +209,108 @@ impl LlamaModel {
         self.format
     }
 
-    pub fn device(&self) -> &Device {
-        &self.device
+    pub fn ops(&self) -> &B {
+        &self.ops
     }
 
-    /// Load from a `.gguf` file, keeping quantized weights quantized.
-    pub fn from_gguf(path: &Path, device: &Device) -> Result<Self> {
-        Self::from_gguf_with(path, GgufWeights::Quantized, device)
-    }
-
-    /// Load from a `.gguf` file, binding matrices as `mode` says.
-    pub fn from_gguf_with(path: &Path, mode: GgufWeights, device: &Device) -> Result<Self> {
+    /// Load from a `.gguf` file onto `ops`, binding matrices as `mode` says.
+    pub fn load_gguf(path: &Path, mode: GgufWeights, ops: B) -> Result<Self> {
         let mut g = GgufFile::open(path)?;
         let mut cfg = LlamaConfig::from_gguf(&g)?;
-        let (hidden, d) = (cfg.hidden_size, cfg.head_dim);
-
         if g.has_tensor("rope_freqs.weight") {
-            let f = gguf_f32(&mut g, "rope_freqs.weight", &[d / 2], device)?;
+            let f = WeightSource::read_f32(&mut g, "rope_freqs.weight", &[cfg.head_dim / 2])?;
             cfg.rope_scaling = RopeScaling::FreqFactors(f.to_vec1::<f32>()?);
         }
+        let model = Self::bind(cfg, &mut g, &GGUF_NAMES, mode, path, ModelFormat::Gguf, ops)?;
+        g.finish()?;
+        Ok(model)
+    }
 
-        let embd = g.tensor("token_embd.weight", &[cfg.vocab_size, hidden], device)?;
-        let embd = Arc::new(embd);
-        let embed = match embd.dtype() {
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                Embedding::Dense(embd.dequantize(device)?)
-            }
-            dtype => {
-                let row_bytes = hidden / dtype.block_size() * dtype.type_size();
-                if hidden % dtype.block_size() != 0 {
-                    return Err(EngineError::Tensor {
-                        path: path.to_path_buf(),
-                        tensor: "token_embd.weight".into(),
-                        message: format!("rows of {hidden} are not whole {dtype:?} blocks"),
-                    });
-                }
-                Embedding::Quantized {
-                    table: embd.clone(),
-                    dtype,
-                    row_bytes,
-                }
-            }
-        };
-        let head = if cfg.tie_word_embeddings {
-            bind_gguf_linear(embd, mode, device)?
-        } else {
-            gguf_linear(
-                &mut g,
-                "output.weight",
-                &[cfg.vocab_size, hidden],
-                mode,
-                device,
-            )?
-        };
-        let norm = RmsNorm::new(
-            gguf_f32(&mut g, "output_norm.weight", &[hidden], device)?,
-            cfg.rms_norm_eps,
-        );
+    /// Load from a Hugging Face directory (`config.json` + safetensors).
+    pub fn load_hf(dir: &Path, ops: B) -> Result<Self> {
+        let mut st = SafetensorsDir::open(dir)?;
+        let cfg = LlamaConfig::from_hf(&st.config_path(), st.config())?;
+        if cfg.tie_word_embeddings {
+            // transformers re-ties after loading, discarding a stored copy.
+            st.ignore("lm_head.weight");
+        }
+        let model = Self::bind(
+            cfg,
+            &mut st,
+            &HF_NAMES,
+            GgufWeights::Quantized,
+            dir,
+            ModelFormat::HfDir,
+            ops,
+        )?;
+        st.finish(HF_IGNORED)?;
+        Ok(model)
+    }
 
+    fn bind(
+        cfg: LlamaConfig,
+        src: &mut dyn WeightSource,
+        n: &Names,
+        mode: GgufWeights,
+        source: &Path,
+        format: ModelFormat,
+        ops: B,
+    ) -> Result<Self> {
+        let (hidden, d) = (cfg.hidden_size, cfg.head_dim);
         let (qd, kvd, ffn) = (
             cfg.num_heads * d,
             cfg.num_kv_heads * d,
             cfg.intermediate_size,
         );
+        let eps = cfg.rms_norm_eps;
+        let mut w = Binder::new(src, &ops);
+        let embd = w.raw(n.embed, &[cfg.vocab_size, hidden])?;
+        let embed = w.ops().table(embd.clone(), cfg.vocab_size, hidden)?;
+        let head = if cfg.tie_word_embeddings {
+            let embd = match (mode, embd) {
+                (GgufWeights::DequantizeF32, HostWeight::Gguf(q)) => {
+                    HostWeight::F32(q.dequantize(&q.device())?)
+                }
+                (_, embd) => embd,
+            };
+            w.linear_from(embd, cfg.vocab_size, hidden)?
+        } else {
+            linear(&mut w, n.head, cfg.vocab_size, hidden, mode)?
+        };
+        let norm = RmsNorm::load(&mut w, n.norm, hidden, eps)?;
         let mut blocks = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let mut b = w.pp(&(n.block)(i));
+            let [q, k, v, o, gate, up, down] = n.proj;
             blocks.push(Block {
-                attn_norm: RmsNorm::new(
-                    gguf_f32(&mut g, &n("attn_norm"), &[hidden], device)?,
-                    cfg.rms_norm_eps,
-                ),
+                attn_norm: RmsNorm::load(&mut b, n.attn_norm, hidden, eps)?,
                 attn: Attention {
-                    q: gguf_linear(&mut g, &n("attn_q"), &[qd, hidden], mode, device)?,
-                    k: gguf_linear(&mut g, &n("attn_k"), &[kvd, hidden], mode, device)?,
-                    v: gguf_linear(&mut g, &n("attn_v"), &[kvd, hidden], mode, device)?,
-                    o: gguf_linear(&mut g, &n("attn_output"), &[hidden, qd], mode, device)?,
+                    q: linear(&mut b, q, qd, hidden, mode)?,
+                    k: linear(&mut b, k, kvd, hidden, mode)?,
+                    v: linear(&mut b, v, kvd, hidden, mode)?,
+                    o: linear(&mut b, o, hidden, qd, mode)?,
                     num_heads: cfg.num_heads,
                     num_kv_heads: cfg.num_kv_heads,
                     head_dim: d,
                 },
-                mlp_norm: RmsNorm::new(
-                    gguf_f32(&mut g, &n("ffn_norm"), &[hidden], device)?,
-                    cfg.rms_norm_eps,
-                ),
+                mlp_norm: RmsNorm::load(&mut b, n.mlp_norm, hidden, eps)?,
                 mlp: SwiGlu {
-                    gate: gguf_linear(&mut g, &n("ffn_gate"), &[ffn, hidden], mode, device)?,
-                    up: gguf_linear(&mut g, &n("ffn_up"), &[ffn, hidden], mode, device)?,
-                    down: gguf_linear(&mut g, &n("ffn_down"), &[hidden, ffn], mode, device)?,
+                    gate: linear(&mut b, gate, ffn, hidden, mode)?,
+                    up: linear(&mut b, up, ffn, hidden, mode)?,
+                    down: linear(&mut b, down, hidden, ffn, mode)?,
                 },
             });
         }
-        g.finish()?;
-        Self::assemble(
-            cfg,
-            path,
-            ModelFormat::Gguf,
-            embed,
-            blocks,
-            norm,
-            head,
-            device,
-        )
-    }
-
-    /// Load from a Hugging Face directory (`config.json` + safetensors).
-    pub fn from_hf_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let mut st = SafetensorsDir::open(dir)?;
-        let cfg = LlamaConfig::from_hf(&st.config_path(), st.config())?;
-        let (hidden, d) = (cfg.hidden_size, cfg.head_dim);
-        let embed = st.tensor(
-            "model.embed_tokens.weight",
-            &[cfg.vocab_size, hidden],
-            device,
-        )?;
-        let head = if cfg.tie_word_embeddings {
-            // transformers re-ties after loading, discarding a stored copy.
-            st.ignore("lm_head.weight");
-            Linear::dense(embed.clone())?
-        } else {
-            Linear::dense(st.tensor("lm_head.weight", &[cfg.vocab_size, hidden], device)?)?
-        };
-        let norm = RmsNorm::new(
-            st.tensor("model.norm.weight", &[hidden], device)?,
-            cfg.rms_norm_eps,
-        );
-        let (qd, kvd, ffn) = (
-            cfg.num_heads * d,
-            cfg.num_kv_heads * d,
-            cfg.intermediate_size,
-        );
-        let mut blocks = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
-            let n = |s: &str| format!("model.layers.{i}.{s}.weight");
-            let mut lin = |s: &str, shape: &[usize]| -> Result<Linear> {
-                Ok(Linear::dense(st.tensor(&n(s), shape, device)?)?)
-            };
-            let attn = Attention {
-                q: lin("self_attn.q_proj", &[qd, hidden])?,
-                k: lin("self_attn.k_proj", &[kvd, hidden])?,
-                v: lin("self_attn.v_proj", &[kvd, hidden])?,
-                o: lin("self_attn.o_proj", &[hidden, qd])?,
-                num_heads: cfg.num_heads,
-                num_kv_heads: cfg.num_kv_heads,
-                head_dim: d,
-            };
-            let mlp = SwiGlu {
-                gate: lin("mlp.gate_proj", &[ffn, hidden])?,
-                up: lin("mlp.up_proj", &[ffn, hidden])?,
-                down: lin("mlp.down_proj", &[hidden, ffn])?,
-            };
-            blocks.push(Block {
-                attn_norm: RmsNorm::new(
-                    st.tensor(&n("input_layernorm"), &[hidden], device)?,
-                    cfg.rms_norm_eps,
-                ),
-                attn,
-                mlp_norm: RmsNorm::new(
-                    st.tensor(&n("post_attention_layernorm"), &[hidden], device)?,
-                    cfg.rms_norm_eps,
-                ),
-                mlp,
-            });
-        }
-        st.finish(HF_IGNORED)?;
-        Self::assemble(
-            cfg,
-            dir,
-            ModelFormat::HfDir,
-            Embedding::Dense(embed),
-            blocks,
-            norm,
-            head,
-            device,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        cfg: LlamaConfig,
-        source: &Path,
-        format: ModelFormat,
-        embed: Embedding,
-        blocks: Vec<Block>,
-        norm: RmsNorm,
-        head: Linear,
-        device: &Device,
-    ) -> Result<Self> {
         let rope = Rope::new(
+            &ops,
             cfg.rope_theta,
             cfg.head_dim,
             &cfg.rope_scaling,
             cfg.rope_layout,
             cfg.context_length,
-            device,
         )?;
         Ok(Self {
+            ops,
             cfg,
             source: source.to_path_buf(),
             format,
@@ -410,13 +319,29 @@ impl LlamaModel {
             norm,
             head,
             rope,
-            device: device.clone(),
         })
+    }
+
+    /// The layers over `x: [t, hidden]`, appending to `kv` (not advanced).
+    fn layers(&self, mut x: B::Buf, t: usize, kv: &mut KvCache<B>) -> Result<B::Buf> {
+        let ops = &self.ops;
+        let rope = self.rope.tables(ops, kv.len(), t)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let h = b
+                .attn
+                .forward(ops, &b.attn_norm.forward(ops, &x)?, t, &rope, kv, i)?;
+            x = ops.add(&x, &h)?;
+            let h = b.mlp.forward(ops, &b.mlp_norm.forward(ops, &x)?, t)?;
+            x = ops.add(&x, &h)?;
+        }
+        Ok(x)
     }
 }
 
-impl Model for LlamaModel {
-    type State = LlamaState;
+use crate::load::binder::WeightSource;
+
+impl<B: Backend> Model for LlamaModel<B> {
+    type State = LlamaState<B>;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR
@@ -430,70 +355,67 @@ impl Model for LlamaModel {
         self.cfg.context_length
     }
 
-    fn new_state(&self) -> LlamaState {
+    fn new_state(&self) -> LlamaState<B> {
         LlamaState {
             kv: KvCache::new(
+                &self.ops,
                 self.cfg.num_layers,
                 self.cfg.num_kv_heads,
                 self.cfg.head_dim,
                 self.cfg.context_length,
-                &self.device,
-            ),
+            )
+            .expect("allocating an empty kv cache"),
         }
     }
 
     fn forward(
         &self,
         tokens: &[u32],
-        state: &mut LlamaState,
+        state: &mut LlamaState<B>,
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
+        let ops = &self.ops;
         let t = tokens.len();
         if t == 0 {
             return Err(EngineError::State(
                 "forward needs at least one token".into(),
             ));
         }
-        let offset = state.len();
-        let total = offset + t;
+        let total = state.len() + t;
         if total > self.cfg.context_length {
             return Err(EngineError::ContextOverflow {
                 needed: total,
                 limit: self.cfg.context_length,
             });
         }
-        let mut x = self.embed.lookup(
-            tokens,
-            self.cfg.vocab_size,
-            self.cfg.hidden_size,
-            &self.device,
-        )?;
-        state.kv.reserve(total)?;
-        let (cos, sin) = self.rope.tables(offset, t)?;
-        for (i, b) in self.blocks.iter().enumerate() {
-            let h = b.attn.forward(
-                &b.attn_norm.forward(&x)?,
-                &self.rope,
-                &cos,
-                &sin,
-                &mut state.kv,
-                i,
-            )?;
-            x = x.add(&h)?;
-            let h = b.mlp.forward(&b.mlp_norm.forward(&x)?)?;
-            x = x.add(&h)?;
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&tok| tok as usize >= self.cfg.vocab_size)
+        {
+            return Err(EngineError::TokenOutOfRange {
+                token: bad,
+                vocab: self.cfg.vocab_size,
+            });
         }
-        state.kv.advance(t)?;
-        let x = match rows {
-            LogitsRows::Last => x.narrow(0, t - 1, 1)?,
-            LogitsRows::All => x,
+        let x = ops.gather_rows(&self.embed, tokens)?;
+        // A forward that fails half way leaves the cache as it was.
+        let x = match self.layers(x, t, &mut state.kv) {
+            Ok(x) => x,
+            Err(e) => {
+                state.kv.rollback()?;
+                return Err(e);
+            }
         };
-        let logits = self.head.forward(&self.norm.forward(&x)?)?;
-        let (rows, vocab) = logits.dims2()?;
+        state.kv.advance(t)?;
+        let (x, n) = match rows {
+            LogitsRows::Last => (ops.rows(&x, self.cfg.hidden_size, t - 1, 1)?, 1),
+            LogitsRows::All => (x, t),
+        };
+        let logits = self.head.forward(ops, &self.norm.forward(ops, &x)?, n)?;
         Ok(ForwardOutput {
-            logits: logits.flatten_all()?.to_vec1::<f32>()?,
-            rows,
-            vocab,
+            logits: ops.download(&logits)?,
+            rows: n,
+            vocab: self.cfg.vocab_size,
         })
     }
 }

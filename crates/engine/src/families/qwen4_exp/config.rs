@@ -26,11 +26,7 @@ pub enum LayerKind {
 }
 
 /// Activation of the GDN output gate (`output_gate_type`, or `hidden_act`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateAct {
-    Sigmoid,
-    Silu,
-}
+pub use crate::backend::GateAct;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qwen4ExpConfig {

@@ -10,91 +10,40 @@
 //! ```
 //!
 //! Attention runs only over the selected tokens (≤ budget + ratio − 1 per
-//! query), on the host: that is the point of QSA and avoids materialising a
-//! dense masked `[Hq, T, P+T]` score tensor.
+//! query) through the backend's gathered attention: that is the point of QSA
+//! and avoids materialising a dense masked `[Hq, T, P+T]` score tensor.
 //!
-//! RoPE: `R = int(D·partial_rotary_factor)`, `inv_freq_i = θ^(−2i/R)`,
-//! half-split rotation of the first `R` dims. M-RoPE: frequency `i` takes the
-//! h position when `i ≡ 1 (mod 3)` and `i < 3·section[1]`, the w position when
-//! `i ≡ 2 (mod 3)` and `i < 3·section[2]`, else t (the interleaved layout;
-//! transformers ignores `mrope_interleaved`). Text tokens have t = h = w.
+//! RoPE: `R = int(D·partial_rotary_factor)`, half-split rotation of the first
+//! `R` dims with the interleaved M-RoPE of [`crate::layers::rope::MRope`].
 
-use candle_core::Tensor;
-
-use super::kernels::Dense;
-use super::norms::{ZcNorm, load, sigmoid, to_vec};
-use super::qsa::Indexer;
 use super::state::AttnCache;
+use crate::backend::{Backend, Heads};
 use crate::error::Result;
-use crate::load::safetensors::SafetensorsDir;
+use crate::layers::indexer::Indexer;
+use crate::layers::linear::Linear;
+use crate::layers::norms::ZcNorm;
+use crate::layers::rope::{MRope, RopeRows};
+use crate::load::binder::Binder;
 
-/// Partial interleaved M-RoPE over the first `rotary_dim` dims.
-#[derive(Debug, Clone)]
-pub struct MRope {
-    inv_freq: Vec<f32>,
-    /// Which of (t, h, w) drives each frequency.
-    axis: Vec<usize>,
-    pub rotary_dim: usize,
-}
-
-impl MRope {
-    pub fn new(theta: f64, rotary_dim: usize, section: [usize; 3]) -> Self {
-        let half = rotary_dim / 2;
-        // transformers: 1 / base^(arange(0, R, 2) / R) in f32.
-        let inv_freq = (0..half)
-            .map(|i| (1.0 / theta.powf((2 * i) as f64 / rotary_dim as f64)) as f32)
-            .collect();
-        let axis = (0..half)
-            .map(|i| {
-                if i % 3 == 1 && i < 3 * section[1] {
-                    1
-                } else if i % 3 == 2 && i < 3 * section[2] {
-                    2
-                } else {
-                    0
-                }
-            })
-            .collect();
-        Self {
-            inv_freq,
-            axis,
-            rotary_dim,
-        }
-    }
-
-    /// Rotate the first `rotary_dim` values of `x` in place for position
-    /// `pos = (t, h, w)`.
-    pub fn apply(&self, x: &mut [f32], pos: [u32; 3]) {
-        let half = self.rotary_dim / 2;
-        for i in 0..half {
-            let f = pos[self.axis[i]] as f32 * self.inv_freq[i];
-            let (sin, cos) = f.sin_cos();
-            let (a, b) = (x[i], x[i + half]);
-            x[i] = a * cos - b * sin;
-            x[i + half] = b * cos + a * sin;
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct GatedAttention {
-    q_proj: Dense,
-    k_proj: Dense,
-    v_proj: Dense,
-    o_proj: Dense,
-    q_norm: ZcNorm,
-    k_norm: ZcNorm,
-    pub indexer: Indexer,
+#[derive(Debug)]
+pub struct GatedAttention<B: Backend> {
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    o_proj: Linear<B>,
+    q_norm: ZcNorm<B>,
+    k_norm: ZcNorm<B>,
+    pub indexer: Indexer<B>,
     hq: usize,
     hkv: usize,
     d: usize,
 }
 
-impl GatedAttention {
+impl<B: Backend> GatedAttention<B> {
+    /// Bound under `w`'s scope (`…self_attn`).
     #[allow(clippy::too_many_arguments)]
     pub fn load(
-        st: &mut SafetensorsDir,
-        prefix: &str,
+        w: &mut Binder<'_, B>,
         h: usize,
         hq: usize,
         hkv: usize,
@@ -104,22 +53,13 @@ impl GatedAttention {
     ) -> Result<Self> {
         let (n_heads, dim, budget, ratio) = indexer;
         Ok(Self {
-            q_proj: Dense::new(load(st, prefix, "q_proj.weight", &[hq * 2 * d, h])?)?,
-            k_proj: Dense::new(load(st, prefix, "k_proj.weight", &[hkv * d, h])?)?,
-            v_proj: Dense::new(load(st, prefix, "v_proj.weight", &[hkv * d, h])?)?,
-            o_proj: Dense::new(load(st, prefix, "o_proj.weight", &[h, hq * d])?)?,
-            q_norm: ZcNorm::load(st, prefix, "q_norm.weight", d, d, eps)?,
-            k_norm: ZcNorm::load(st, prefix, "k_norm.weight", d, d, eps)?,
-            indexer: Indexer::load(
-                st,
-                &format!("{prefix}indexer."),
-                h,
-                n_heads,
-                dim,
-                budget,
-                ratio,
-                eps,
-            )?,
+            q_proj: w.linear("q_proj", hq * 2 * d, h)?,
+            k_proj: w.linear("k_proj", hkv * d, h)?,
+            v_proj: w.linear("v_proj", hkv * d, h)?,
+            o_proj: w.linear("o_proj", h, hq * d)?,
+            q_norm: ZcNorm::load(w, "q_norm.weight", d, d, eps)?,
+            k_norm: ZcNorm::load(w, "k_norm.weight", d, d, eps)?,
+            indexer: Indexer::load(&mut w.pp("indexer"), h, n_heads, dim, budget, ratio, eps)?,
             hq,
             hkv,
             d,
@@ -130,72 +70,52 @@ impl GatedAttention {
         self.hkv * self.d
     }
 
+    pub fn new_cache(&self, ops: &B) -> Result<AttnCache<B>> {
+        AttnCache::new(ops, self.kv_width(), self.indexer.shape.dim)
+    }
+
     /// `x: [T, H]` → `[T, H]`. `positions` covers every cached token plus the
-    /// `T` new ones. Returns the QSA selection of every new query too.
+    /// `T` new ones; `q_rope` holds the new rows' tables. Returns the QSA
+    /// selection of every new query too.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        x: &Tensor,
-        cache: &mut AttnCache,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        cache: &mut AttnCache<B>,
         positions: &[[u32; 3]],
         rope: &MRope,
-    ) -> Result<(Tensor, Vec<Vec<u32>>)> {
-        let t_len = x.dim(0)?;
-        let (hq, hkv, d) = (self.hq, self.hkv, self.d);
-        let kvw = hkv * d;
-        let base = cache.k.len() / kvw;
-        let selected = self.indexer.forward(x, cache, positions, rope)?;
-
-        let qg = to_vec(&self.q_proj.forward(x)?)?;
-        let mut k = to_vec(&self.k_proj.forward(x)?)?;
-        let v = to_vec(&self.v_proj.forward(x)?)?;
-        for (i, row) in k.chunks_exact_mut(kvw).enumerate() {
-            for head in row.chunks_exact_mut(d) {
-                self.k_norm.apply_host(head);
-                rope.apply(head, positions[base + i]);
-            }
-        }
-        cache.k.extend_from_slice(&k);
-        cache.v.extend_from_slice(&v);
-
-        let scale = 1.0 / (d as f32).sqrt();
-        let group = hq / hkv;
-        let mut out = vec![0f32; t_len * hq * d];
-        let mut q = vec![0f32; d];
-        let mut w = Vec::new();
-        for (i, keep) in selected.iter().enumerate() {
-            for h in 0..hq {
-                let src = &qg[(i * hq + h) * 2 * d..];
-                q.copy_from_slice(&src[..d]);
-                self.q_norm.apply_host(&mut q);
-                rope.apply(&mut q, positions[base + i]);
-                let kvh = h / group;
-                w.clear();
-                let mut max = f32::NEG_INFINITY;
-                for &j in keep {
-                    let kj = &cache.k[j as usize * kvw + kvh * d..][..d];
-                    let s = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    max = max.max(s);
-                    w.push(s);
-                }
-                let mut sum = 0f32;
-                for s in w.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let o = &mut out[(i * hq + h) * d..][..d];
-                for (&j, &p) in keep.iter().zip(&w) {
-                    let vj = &cache.v[j as usize * kvw + kvh * d..][..d];
-                    for (a, b) in o.iter_mut().zip(vj) {
-                        *a += p / sum * b;
-                    }
-                }
-                let gate = &src[d..2 * d];
-                for (a, g) in o.iter_mut().zip(gate) {
-                    *a *= sigmoid(*g);
-                }
-            }
-        }
-        let y = Tensor::from_vec(out, (t_len, hq * d), x.device())?;
-        Ok((self.o_proj.forward(&y)?, selected))
+        q_rope: &RopeRows<B>,
+    ) -> Result<(B::Buf, B::Selection)> {
+        let (hq, d) = (self.hq, self.d);
+        let selected =
+            self.indexer
+                .forward(ops, x, rows, &mut cache.indexer, positions, rope, q_rope)?;
+        let qg = self.q_proj.forward(ops, x, rows)?;
+        let mut parts = ops.split_cols(&qg, rows, &[d, d], hq)?;
+        let gate = parts.pop().expect("two parts");
+        let mut q = parts.pop().expect("two parts");
+        let mut k = self.k_proj.forward(ops, x, rows)?;
+        let v = self.v_proj.forward(ops, x, rows)?;
+        self.k_norm.apply_heads(ops, &mut k)?;
+        q_rope.apply(ops, &mut k, d)?;
+        cache.k.append(ops, &k)?;
+        cache.v.append(ops, &v)?;
+        self.q_norm.apply_heads(ops, &mut q)?;
+        q_rope.apply(ops, &mut q, d)?;
+        let o = ops.attention_gathered(
+            &q,
+            cache.k.buf(),
+            cache.v.buf(),
+            &selected,
+            hq,
+            Heads {
+                heads: self.hkv,
+                dim: d,
+            },
+        )?;
+        let y = ops.mul(&o, &ops.sigmoid(&gate)?)?;
+        Ok((self.o_proj.forward(ops, &y, rows)?, selected))
     }
 }

@@ -5,24 +5,21 @@
 //! `qwen4_exp` whose vision tower is ignored), f32/bf16/f16 safetensors,
 //! computed in f32 on the CPU.
 //!
-//! One module per component: [`norms`], [`hyper_connections`],
-//! [`gated_deltanet`], [`gated_attention`] (with M-RoPE), [`qsa`] (the
-//! indexer), [`ple`], [`moe`]; [`kernels`] and [`matmul`] hold the row-independent host
-//! kernels (a token's bits never depend on how many rows share its
-//! forward); [`state`] holds every cache; [`model`] wires the trunk
-//! and the MTP head and documents the MTP contract.
+//! Written against the op inventory ([`crate::backend::Backend`]): the
+//! model is generic over its backend. Family modules: [`gated_deltanet`]
+//! (projections around the shared delta rule), [`gated_attention`] (QSA
+//! attention over the shared indexer), [`ple`], [`moe`] (the shared experts
+//! and softmax router plus Qwen's shared expert); [`state`] holds every
+//! cache; [`model`] wires the trunk and the MTP head and documents the MTP
+//! contract. Norms, hyper-connections, M-RoPE, the delta rule, experts and
+//! the indexer are shared layers in [`crate::layers`].
 
 pub mod config;
 pub mod gated_attention;
 pub mod gated_deltanet;
-pub mod hyper_connections;
-pub mod kernels;
-pub mod matmul;
 pub mod model;
 pub mod moe;
-pub mod norms;
 pub mod ple;
-pub mod qsa;
 pub mod state;
 
 pub use config::Qwen4ExpConfig;

@@ -36,78 +36,97 @@
 
 use std::path::Path;
 
-use candle_core::{D, Device, Tensor};
-
 use super::config::{LayerKind, Qwen4ExpConfig};
-use super::gated_attention::{GatedAttention, MRope};
+use super::gated_attention::GatedAttention;
 use super::gated_deltanet::GatedDeltaNet;
-use super::hyper_connections::GatedResidual;
-use super::kernels::Dense;
 use super::moe::{Moe, Routing};
-use super::norms::{ZcNorm, load, to_vec};
 use super::ple::Ple;
 use super::state::{
-    AttnCache, GdnReplay, LayerCache, LinearCapture, MtpState, PleCache, Qwen4ExpState,
-    WindowCapture,
+    AttnCache, LayerCache, LinearCapture, MtpState, PleCache, Qwen4ExpState, WindowCapture,
 };
+use crate::backend::{Backend, CpuOps};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
+use crate::layers::delta_rule::DeltaReplay;
+use crate::layers::hyper_connections::{GatedResidual, HyperConnection};
+use crate::layers::linear::Linear;
+use crate::layers::norms::ZcNorm;
+use crate::layers::rope::{MRope, RopeRows};
+use crate::load::binder::Binder;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
     ForwardOutput, Hidden, LogitsRows, Model, MtpContract, MtpHistory, MtpStep, VerifyWindow,
     WindowRecord,
 };
 
-#[derive(Debug, Clone)]
-enum Mixer {
-    Gdn(GatedDeltaNet),
-    Attn(GatedAttention),
+#[derive(Debug)]
+enum Mixer<B: Backend> {
+    Gdn(GatedDeltaNet<B>),
+    Attn(GatedAttention<B>),
 }
 
-#[derive(Debug, Clone)]
-pub struct DecoderLayer {
-    ple: Option<Ple>,
-    mixer: Mixer,
-    moe: Moe,
-    attn_hc: GatedResidual,
-    mlp_hc: GatedResidual,
+#[derive(Debug)]
+pub struct DecoderLayer<B: Backend> {
+    ple: Option<Ple<B>>,
+    mixer: Mixer<B>,
+    moe: Moe<B>,
+    attn_hc: GatedResidual<B>,
+    mlp_hc: GatedResidual<B>,
 }
 
-/// What one layer did, for tests and `debug` tooling.
+/// What one layer did, for tests and `debug` tooling (read back to the
+/// host only when a trace is asked for).
 #[derive(Debug, Clone)]
 pub struct LayerTrace {
     /// Output streams `[T, C·H]`.
-    pub streams: Tensor,
+    pub streams: Vec<f32>,
     /// Kept token indices per new query (attention layers).
     pub qsa: Option<Vec<Vec<u32>>>,
     pub routing: Routing,
 }
 
 /// Window record of one linear layer while it runs.
-#[derive(Default)]
-struct LayerCapture {
-    gdn: Option<GdnReplay>,
-    ple_before: Option<PleCache>,
-    ple: Vec<PleCache>,
+struct LayerCapture<B: Backend> {
+    gdn: Option<DeltaReplay<B>>,
+    ple_before: Option<PleCache<B>>,
+    ple: Vec<PleCache<B>>,
 }
 
-impl DecoderLayer {
+impl<B: Backend> Default for LayerCapture<B> {
+    fn default() -> Self {
+        Self {
+            gdn: None,
+            ple_before: None,
+            ple: Vec::new(),
+        }
+    }
+}
+
+/// The per-forward position inputs of a decoder layer.
+struct Positions<'a, B: Backend> {
+    /// Every cached token plus the new ones.
+    all: &'a [[u32; 3]],
+    rope: &'a MRope,
+    /// Tables of the new rows.
+    rows: &'a RopeRows<B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
     fn load(
-        st: &mut SafetensorsDir,
-        p: &str,
+        w: &mut Binder<'_, B>,
+        config_path: &Path,
         cfg: &Qwen4ExpConfig,
         kind: LayerKind,
         pli: Option<usize>,
     ) -> Result<Self> {
         let (h, c, eps) = (cfg.hidden_size, cfg.hc_count, cfg.rms_norm_eps);
         let ple = match pli {
-            Some(i) => Some(Ple::load(st, &format!("{p}ple."), cfg, i)?),
+            Some(i) => Some(Ple::load(&mut w.pp("ple"), config_path, cfg, i)?),
             None => None,
         };
         let mixer = match kind {
             LayerKind::Linear => Mixer::Gdn(GatedDeltaNet::load(
-                st,
-                &format!("{p}linear_attn."),
+                &mut w.pp("linear_attn"),
                 h,
                 cfg.linear_num_key_heads,
                 cfg.linear_num_value_heads,
@@ -118,8 +137,7 @@ impl DecoderLayer {
                 eps,
             )?),
             LayerKind::Indexed => Mixer::Attn(GatedAttention::load(
-                st,
-                &format!("{p}self_attn."),
+                &mut w.pp("self_attn"),
                 h,
                 cfg.num_heads,
                 cfg.num_kv_heads,
@@ -137,8 +155,7 @@ impl DecoderLayer {
             ple,
             mixer,
             moe: Moe::load(
-                st,
-                &format!("{p}mlp."),
+                &mut w.pp("mlp"),
                 h,
                 cfg.num_experts,
                 cfg.num_experts_per_tok,
@@ -147,8 +164,7 @@ impl DecoderLayer {
                 cfg.norm_topk_prob,
             )?,
             attn_hc: GatedResidual::load(
-                st,
-                &format!("{p}attn_hyper_connection."),
+                &mut w.pp("attn_hyper_connection"),
                 c,
                 h,
                 cfg.hc_lowrank,
@@ -156,8 +172,7 @@ impl DecoderLayer {
                 true,
             )?,
             mlp_hc: GatedResidual::load(
-                st,
-                &format!("{p}mlp_hyper_connection."),
+                &mut w.pp("mlp_hyper_connection"),
                 c,
                 h,
                 cfg.hc_lowrank,
@@ -167,13 +182,22 @@ impl DecoderLayer {
         })
     }
 
-    fn new_cache(&self) -> LayerCache {
-        match &self.mixer {
+    fn new_cache(&self, ops: &B) -> Result<LayerCache<B>> {
+        Ok(match &self.mixer {
             Mixer::Gdn(g) => LayerCache::Linear {
-                gdn: g.new_cache(),
-                ple: self.ple.as_ref().map(|p| p.new_cache()),
+                gdn: g.new_cache(ops)?,
+                ple: self.ple.as_ref().map(|p| p.new_cache(ops)).transpose()?,
             },
-            Mixer::Attn(_) => LayerCache::Attn(AttnCache::default()),
+            Mixer::Attn(a) => LayerCache::Attn(a.new_cache(ops)?),
+        })
+    }
+
+    fn attn_cache(&self, ops: &B) -> Result<AttnCache<B>> {
+        match &self.mixer {
+            Mixer::Attn(a) => a.new_cache(ops),
+            Mixer::Gdn(_) => Err(EngineError::State(
+                "the MTP head's layer is not an attention layer".into(),
+            )),
         }
     }
 
@@ -181,14 +205,15 @@ impl DecoderLayer {
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
-        xs: &Tensor,
+        ops: &B,
+        xs: &B::Buf,
         tokens: &[u32],
-        cache: &mut LayerCache,
-        positions: &[[u32; 3]],
-        rope: &MRope,
-        mut capture: Option<&mut LayerCapture>,
+        cache: &mut LayerCache<B>,
+        pos: &Positions<'_, B>,
+        mut capture: Option<&mut LayerCapture<B>>,
         trace: bool,
-    ) -> Result<(Tensor, Option<LayerTrace>)> {
+    ) -> Result<(B::Buf, Option<LayerTrace>)> {
+        let rows = tokens.len();
         let mut xs = xs.clone();
         let mut qsa = None;
         match (&self.mixer, cache) {
@@ -197,22 +222,27 @@ impl DecoderLayer {
                     cap.ple_before = pc.clone();
                 }
                 if let (Some(ple), Some(pc)) = (&self.ple, pc.as_mut()) {
-                    let add =
-                        ple.forward(&xs, tokens, pc, capture.as_deref_mut().map(|c| &mut c.ple))?;
-                    xs = (xs + add)?;
+                    let add = ple.forward(
+                        ops,
+                        &xs,
+                        tokens,
+                        pc,
+                        capture.as_deref_mut().map(|c| &mut c.ple),
+                    )?;
+                    xs = ops.add(&xs, &add)?;
                 }
-                let (x, inj) = self.attn_hc.mix(&xs)?;
-                let y = gdn.forward(&x, gc, capture.map(|c| &mut c.gdn))?;
+                let (x, inj) = self.attn_hc.mix(ops, &xs, rows)?;
+                let y = gdn.forward(ops, &x, rows, gc, capture.map(|c| &mut c.gdn))?;
                 xs = self
                     .attn_hc
-                    .combine(&xs, &y, &inj.expect("combining module"))?;
+                    .combine(ops, &xs, &y, &inj.expect("combining module"))?;
             }
             (Mixer::Attn(attn), LayerCache::Attn(ac)) => {
-                let (x, inj) = self.attn_hc.mix(&xs)?;
-                let (y, sel) = attn.forward(&x, ac, positions, rope)?;
+                let (x, inj) = self.attn_hc.mix(ops, &xs, rows)?;
+                let (y, sel) = attn.forward(ops, &x, rows, ac, pos.all, pos.rope, pos.rows)?;
                 xs = self
                     .attn_hc
-                    .combine(&xs, &y, &inj.expect("combining module"))?;
+                    .combine(ops, &xs, &y, &inj.expect("combining module"))?;
                 qsa = Some(sel);
             }
             _ => {
@@ -221,40 +251,45 @@ impl DecoderLayer {
                 ));
             }
         }
-        let (x, inj) = self.mlp_hc.mix(&xs)?;
-        let (y, routing) = self.moe.forward(&x)?;
+        let (x, inj) = self.mlp_hc.mix(ops, &xs, rows)?;
+        let (y, routing) = self.moe.forward(ops, &x, rows)?;
         xs = self
             .mlp_hc
-            .combine(&xs, &y, &inj.expect("combining module"))?;
-        let tr = trace.then(|| LayerTrace {
-            streams: xs.clone(),
-            qsa,
-            routing,
-        });
+            .combine(ops, &xs, &y, &inj.expect("combining module"))?;
+        let tr = if trace {
+            let (experts, weights) = ops.routing_to_host(&routing)?;
+            Some(LayerTrace {
+                streams: ops.download(&xs)?,
+                qsa: qsa.map(|s| ops.selection_to_host(&s)).transpose()?,
+                routing: Routing { experts, weights },
+            })
+        } else {
+            None
+        };
         Ok((xs, tr))
     }
 }
 
 /// The MTP head (see the module docs for its contract).
-#[derive(Debug, Clone)]
-pub struct MtpHead {
-    pre_e: ZcNorm,
-    pre_h: ZcNorm,
-    fc_e: Dense,
-    fc_h: Dense,
-    layer: DecoderLayer,
-    mixer: GatedResidual,
+#[derive(Debug)]
+pub struct MtpHead<B: Backend> {
+    pre_e: ZcNorm<B>,
+    pre_h: ZcNorm<B>,
+    fc_e: Linear<B>,
+    fc_h: Linear<B>,
+    layer: DecoderLayer<B>,
+    mixer: GatedResidual<B>,
 }
 
 /// A trunk forward with everything the decode loops and tests may need.
 #[derive(Debug)]
-pub struct TrunkOutput {
+pub struct TrunkOutput<B: Backend = CpuOps> {
     pub logits: ForwardOutput,
     /// Pre-mixer streams of the last decoder layer, `[T, C·H]` (what feeds
-    /// the MTP head).
-    pub streams: Tensor,
+    /// the MTP head), on the device.
+    pub streams: B::Buf,
     /// The window record (only from [`Qwen4ExpModel::forward_window`]).
-    pub capture: Option<WindowCapture>,
+    pub capture: Option<WindowCapture<B>>,
     /// Per-layer traces (only when asked).
     pub trace: Vec<LayerTrace>,
 }
@@ -262,104 +297,41 @@ pub struct TrunkOutput {
 /// An MTP call's logits and pre-mixer streams `[n, C·H]` (the next depth's
 /// input).
 #[derive(Debug)]
-pub struct MtpOutput {
+pub struct MtpOutput<B: Backend = CpuOps> {
     pub logits: ForwardOutput,
-    pub streams: Tensor,
+    pub streams: B::Buf,
 }
 
 // Large parts are boxed so that `LoadedModel` stays small.
-pub struct Qwen4ExpModel {
+pub struct Qwen4ExpModel<B: Backend = CpuOps> {
+    ops: B,
     cfg: Box<Qwen4ExpConfig>,
     /// `[V, H]`.
-    embed: Tensor,
-    lm_head: Dense,
-    layers: Vec<DecoderLayer>,
-    mixer: Box<GatedResidual>,
+    embed: B::Table,
+    lm_head: Linear<B>,
+    layers: Vec<DecoderLayer<B>>,
+    mixer: Box<GatedResidual<B>>,
     rope: MRope,
-    mtp: Option<Box<MtpHead>>,
+    mtp: Option<Box<MtpHead<B>>>,
 }
 
-impl Qwen4ExpModel {
-    /// Load a Hugging Face directory (`qwen4_exp_text` or the VL
-    /// `qwen4_exp`; f32, bf16 or f16 weights, computed in f32). `mtp.*`
-    /// weights are bound when present; `model.visual.*` is ignored.
+impl Qwen4ExpModel<CpuOps> {
+    /// Load a Hugging Face directory on the CPU (see [`Self::load`]).
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        Self::load(dir, CpuOps)
+    }
+}
+
+impl<B: Backend> Qwen4ExpModel<B> {
+    /// Load a Hugging Face directory (`qwen4_exp_text` or the VL
+    /// `qwen4_exp`; f32, bf16 or f16 weights, computed in f32) onto `ops`.
+    /// `mtp.*` weights are bound when present; `model.visual.*` is ignored.
+    pub fn load(dir: &Path, ops: B) -> Result<Self> {
         let mut st = SafetensorsDir::open(dir)?;
-        let parsed = Qwen4ExpConfig::from_hf(&st.config_path(), st.config())?;
+        let config_path = st.config_path();
+        let parsed = Qwen4ExpConfig::from_hf(&config_path, st.config())?;
         let (cfg, p) = (parsed.config, parsed.prefix);
         let (h, c, eps) = (cfg.hidden_size, cfg.hc_count, cfg.rms_norm_eps);
-        let embed = load(&mut st, p, "embed_tokens.weight", &[cfg.vocab_size, h])?;
-        let lm_head = if cfg.tie_word_embeddings {
-            Dense::new(embed.clone())?
-        } else {
-            Dense::new(load(&mut st, "", "lm_head.weight", &[cfg.vocab_size, h])?)?
-        };
-        let layers = (0..cfg.num_layers)
-            .map(|l| {
-                DecoderLayer::load(
-                    &mut st,
-                    &format!("{p}layers.{l}."),
-                    &cfg,
-                    cfg.layer_kinds[l],
-                    cfg.ple_index(l),
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mixer = GatedResidual::load(
-            &mut st,
-            &format!("{p}hyper_connection_mixer."),
-            c,
-            h,
-            cfg.hc_lowrank,
-            eps,
-            false,
-        )?;
-        let mtp = if st.has("mtp.fc_embedding.weight") {
-            // The head's layer is a QSA layer even when the trunk has none,
-            // so the indexer geometry must hold for it too.
-            if cfg.rotary_dim > cfg.indexer_head_dim {
-                return Err(EngineError::Config {
-                    path: st.config_path(),
-                    field: "indexer_head_dim".into(),
-                    message: format!(
-                        "the MTP head's QSA layer needs indexer_head_dim >= rotary dim {}",
-                        cfg.rotary_dim
-                    ),
-                });
-            }
-            // The MTP layer is a QSA decoder layer without PLE.
-            Some(Box::new(MtpHead {
-                pre_e: ZcNorm::load(&mut st, "mtp.", "pre_fc_norm_embedding.weight", h, h, eps)?,
-                pre_h: ZcNorm::load(
-                    &mut st,
-                    "mtp.",
-                    "pre_fc_norm_hidden.weight",
-                    c * h,
-                    c * h,
-                    eps,
-                )?,
-                fc_e: Dense::new(load(&mut st, "mtp.", "fc_embedding.weight", &[h, h])?)?,
-                fc_h: Dense::new(load(&mut st, "mtp.", "fc_hidden.weight", &[h, h])?)?,
-                layer: DecoderLayer::load(
-                    &mut st,
-                    "mtp.layers.0.",
-                    &cfg,
-                    LayerKind::Indexed,
-                    None,
-                )?,
-                mixer: GatedResidual::load(
-                    &mut st,
-                    "mtp.hyper_connection_mixer.",
-                    c,
-                    h,
-                    cfg.hc_lowrank,
-                    eps,
-                    false,
-                )?,
-            }))
-        } else {
-            None
-        };
         // The vision tower is not part of the text model.
         let visual: Vec<String> = st
             .entries()
@@ -369,9 +341,81 @@ impl Qwen4ExpModel {
         for n in visual {
             st.ignore(&n);
         }
+        let has_mtp = st.has("mtp.fc_embedding.weight");
+        let (embed, lm_head, layers, mixer, mtp) = {
+            let mut root = Binder::new(&mut st, &ops);
+            let mut w = root.pp(p.trim_end_matches('.'));
+            let embed_w = w.raw("embed_tokens.weight", &[cfg.vocab_size, h])?;
+            let embed = w.ops().table(embed_w.clone(), cfg.vocab_size, h)?;
+            let layers = (0..cfg.num_layers)
+                .map(|l| {
+                    DecoderLayer::load(
+                        &mut w.pp(&format!("layers.{l}")),
+                        &config_path,
+                        &cfg,
+                        cfg.layer_kinds[l],
+                        cfg.ple_index(l),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let mixer = GatedResidual::load(
+                &mut w.pp("hyper_connection_mixer"),
+                c,
+                h,
+                cfg.hc_lowrank,
+                eps,
+                false,
+            )?;
+            let lm_head = if cfg.tie_word_embeddings {
+                root.linear_from(embed_w, cfg.vocab_size, h)?
+            } else {
+                root.linear("lm_head", cfg.vocab_size, h)?
+            };
+            let mtp = if has_mtp {
+                // The head's layer is a QSA layer even when the trunk has
+                // none, so the indexer geometry must hold for it too.
+                if cfg.rotary_dim > cfg.indexer_head_dim {
+                    return Err(EngineError::Config {
+                        path: config_path.clone(),
+                        field: "indexer_head_dim".into(),
+                        message: format!(
+                            "the MTP head's QSA layer needs indexer_head_dim >= rotary dim {}",
+                            cfg.rotary_dim
+                        ),
+                    });
+                }
+                let mut m = root.pp("mtp");
+                // The MTP layer is a QSA decoder layer without PLE.
+                Some(Box::new(MtpHead {
+                    pre_e: ZcNorm::load(&mut m, "pre_fc_norm_embedding.weight", h, h, eps)?,
+                    pre_h: ZcNorm::load(&mut m, "pre_fc_norm_hidden.weight", c * h, c * h, eps)?,
+                    fc_e: m.linear("fc_embedding", h, h)?,
+                    fc_h: m.linear("fc_hidden", h, h)?,
+                    layer: DecoderLayer::load(
+                        &mut m.pp("layers.0"),
+                        &config_path,
+                        &cfg,
+                        LayerKind::Indexed,
+                        None,
+                    )?,
+                    mixer: GatedResidual::load(
+                        &mut m.pp("hyper_connection_mixer"),
+                        c,
+                        h,
+                        cfg.hc_lowrank,
+                        eps,
+                        false,
+                    )?,
+                }))
+            } else {
+                None
+            };
+            (embed, lm_head, layers, mixer, mtp)
+        };
         st.finish(&[])?;
         let rope = MRope::new(cfg.rope_theta, cfg.rotary_dim, cfg.mrope_section);
         Ok(Self {
+            ops,
             cfg: Box::new(cfg),
             embed,
             lm_head,
@@ -386,11 +430,15 @@ impl Qwen4ExpModel {
         &self.cfg
     }
 
+    pub fn ops(&self) -> &B {
+        &self.ops
+    }
+
     pub fn has_mtp(&self) -> bool {
         self.mtp.is_some()
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+    fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
         for &t in tokens {
             if t as usize >= self.cfg.vocab_size {
                 return Err(EngineError::TokenOutOfRange {
@@ -399,29 +447,29 @@ impl Qwen4ExpModel {
                 });
             }
         }
-        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &Device::Cpu)?;
-        Ok(self.embed.index_select(&ids, 0)?)
+        self.ops.gather_rows(&self.embed, tokens)
     }
 
     /// Final mixer + head over `streams: [T, C·H]`, for the rows asked.
     fn head(
         &self,
-        streams: &Tensor,
-        mixer: &GatedResidual,
+        streams: &B::Buf,
+        t: usize,
+        mixer: &GatedResidual<B>,
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
-        let t = streams.dim(0)?;
-        let s = match rows {
-            LogitsRows::All => streams.clone(),
-            LogitsRows::Last => streams.narrow(0, t - 1, 1)?,
+        let ops = &self.ops;
+        let ch = self.cfg.hc_count * self.cfg.hidden_size;
+        let (s, n) = match rows {
+            LogitsRows::All => (streams.clone(), t),
+            LogitsRows::Last => (ops.rows(streams, ch, t - 1, 1)?, 1),
         };
-        let (x, _) = mixer.mix(&s)?;
-        let logits = self.lm_head.forward(&x)?;
-        let (rows, vocab) = logits.dims2()?;
+        let (x, _) = mixer.mix(ops, &s, n)?;
+        let logits = self.lm_head.forward(ops, &x, n)?;
         Ok(ForwardOutput {
-            logits: to_vec(&logits)?,
-            rows,
-            vocab,
+            logits: ops.download(&logits)?,
+            rows: n,
+            vocab: self.cfg.vocab_size,
         })
     }
 
@@ -429,15 +477,15 @@ impl Qwen4ExpModel {
     /// the last layer's streams and optional per-layer traces.
     ///
     /// Out-of-vocabulary tokens and context overflow are refused before the
-    /// state changes; any later (tensor) error leaves the state partially
-    /// advanced, so callers restore a snapshot.
+    /// state changes; any later error leaves the state partially advanced,
+    /// so callers restore a snapshot.
     pub fn forward_ext(
         &self,
         tokens: &[u32],
-        state: &mut Qwen4ExpState,
+        state: &mut Qwen4ExpState<B>,
         rows: LogitsRows,
         trace: bool,
-    ) -> Result<TrunkOutput> {
+    ) -> Result<TrunkOutput<B>> {
         self.run(tokens, state, rows, trace, false)
     }
 
@@ -445,18 +493,23 @@ impl Qwen4ExpModel {
     /// a record of the window (recurrent state before it, the GDN scan
     /// inputs, PLE windows per row), so that [`Qwen4ExpState::commit`] can
     /// keep any prefix of the window.
-    pub fn forward_window(&self, tokens: &[u32], state: &mut Qwen4ExpState) -> Result<TrunkOutput> {
+    pub fn forward_window(
+        &self,
+        tokens: &[u32],
+        state: &mut Qwen4ExpState<B>,
+    ) -> Result<TrunkOutput<B>> {
         self.run(tokens, state, LogitsRows::All, false, true)
     }
 
     fn run(
         &self,
         tokens: &[u32],
-        state: &mut Qwen4ExpState,
+        state: &mut Qwen4ExpState<B>,
         rows: LogitsRows,
         trace: bool,
         capture: bool,
-    ) -> Result<TrunkOutput> {
+    ) -> Result<TrunkOutput<B>> {
+        let ops = &self.ops;
         if tokens.is_empty() {
             return Err(EngineError::State(
                 "forward needs at least one token".into(),
@@ -476,18 +529,24 @@ impl Qwen4ExpModel {
         state
             .positions
             .extend((base..needed).map(|p| [p as u32; 3]));
-        let mut caps: Vec<LayerCapture> = Vec::new();
-        let mut xs = Tensor::cat(&vec![&x; self.cfg.hc_count], D::Minus1)?;
+        let rope_rows = self.rope.tables(ops, &state.positions[base..])?;
+        let pos = Positions {
+            all: &state.positions,
+            rope: &self.rope,
+            rows: &rope_rows,
+        };
+        let mut caps: Vec<LayerCapture<B>> = Vec::new();
+        let mut xs = ops.tile_streams(&x, self.cfg.hc_count, self.cfg.hidden_size)?;
         let mut traces = Vec::new();
         for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
             let mut cap = LayerCapture::default();
             let is_linear = matches!(cache, LayerCache::Linear { .. });
             let (out, tr) = layer.forward(
+                ops,
                 &xs,
                 tokens,
                 cache,
-                &state.positions,
-                &self.rope,
+                &pos,
                 (capture && is_linear).then_some(&mut cap),
                 trace,
             )?;
@@ -497,7 +556,7 @@ impl Qwen4ExpModel {
             }
             traces.extend(tr);
         }
-        let logits = self.head(&xs, &self.mixer, rows)?;
+        let logits = self.head(&xs, tokens.len(), &self.mixer, rows)?;
         let capture = if capture {
             let layers = caps
                 .into_iter()
@@ -529,13 +588,16 @@ impl Qwen4ExpModel {
     }
 
     /// A fresh MTP state, when the checkpoint has an MTP head.
-    pub fn new_mtp_state(&self) -> Option<MtpState> {
+    pub fn new_mtp_state(&self) -> Option<MtpState<B>> {
         let mtp = self.mtp.as_ref()?;
         Some(MtpState {
-            cache: mtp.layer.new_cache(),
+            ops: self.ops.clone(),
+            cache: LayerCache::Attn(
+                mtp.layer
+                    .attn_cache(&self.ops)
+                    .expect("the MTP layer is a QSA layer and a fresh cache allocates"),
+            ),
             positions: Vec::new(),
-            kv_width: self.cfg.num_kv_heads * self.cfg.head_dim,
-            idx_dim: self.cfg.indexer_head_dim,
             ratio: self.cfg.indexer_compress_ratio,
         })
     }
@@ -546,45 +608,45 @@ impl Qwen4ExpModel {
     pub fn mtp_forward(
         &self,
         tokens: &[u32],
-        streams: &Tensor,
+        streams: &B::Buf,
         positions: &[u32],
-        state: &mut MtpState,
+        state: &mut MtpState<B>,
         rows: LogitsRows,
-    ) -> Result<MtpOutput> {
+    ) -> Result<MtpOutput<B>> {
+        let ops = &self.ops;
         let mtp = self.mtp.as_ref().ok_or_else(|| {
             EngineError::Unsupported("this qwen4_exp checkpoint has no mtp.* weights".into())
         })?;
         let n = tokens.len();
         let (c, h) = (self.cfg.hc_count, self.cfg.hidden_size);
-        if n == 0 || streams.dims() != [n, c * h] || positions.len() != n {
+        if n == 0 || ops.len(streams) != n * c * h || positions.len() != n {
             return Err(EngineError::State(format!(
-                "MTP rows: {n} tokens, {} positions, streams {:?} (expected [{n}, {}])",
+                "MTP rows: {n} tokens, {} positions, {} stream values (expected [{n}, {}])",
                 positions.len(),
-                streams.dims(),
+                ops.len(streams),
                 c * h
             )));
         }
         let e = mtp
             .fc_e
-            .forward(&mtp.pre_e.forward(&self.embed(tokens)?)?)?;
-        let hn = mtp.pre_h.forward(streams)?.reshape((n * c, h))?;
-        let x0 = mtp
-            .fc_h
-            .forward(&hn)?
-            .reshape((n, c, h))?
-            .broadcast_add(&e.unsqueeze(1)?)?
-            .reshape((n, c * h))?;
+            .forward(ops, &mtp.pre_e.forward(ops, &self.embed(tokens)?)?, n)?;
+        let hn = mtp.pre_h.forward(ops, streams)?;
+        // fc_hidden maps each stream (rows of H) separately; then every
+        // stream gets the token's embedding term.
+        let fh = mtp.fc_h.forward(ops, &hn, n * c)?;
+        let x0 = ops.add(&fh, &ops.tile_streams(&e, c, h)?)?;
+        let base = state.positions.len();
         state.positions.extend(positions.iter().map(|&p| [p; 3]));
-        let (x1, _) = mtp.layer.forward(
-            &x0,
-            tokens,
-            &mut state.cache,
-            &state.positions,
-            &self.rope,
-            None,
-            false,
-        )?;
-        let logits = self.head(&x1, &mtp.mixer, rows)?;
+        let rope_rows = self.rope.tables(ops, &state.positions[base..])?;
+        let pos = Positions {
+            all: &state.positions,
+            rope: &self.rope,
+            rows: &rope_rows,
+        };
+        let (x1, _) = mtp
+            .layer
+            .forward(ops, &x0, tokens, &mut state.cache, &pos, None, false)?;
+        let logits = self.head(&x1, n, &mtp.mixer, rows)?;
         Ok(MtpOutput {
             logits,
             streams: x1,
@@ -592,8 +654,8 @@ impl Qwen4ExpModel {
     }
 }
 
-impl Model for Qwen4ExpModel {
-    type State = Qwen4ExpState;
+impl<B: Backend> Model for Qwen4ExpModel<B> {
+    type State = Qwen4ExpState<B>;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR
@@ -607,12 +669,16 @@ impl Model for Qwen4ExpModel {
         self.cfg.context_length
     }
 
-    fn new_state(&self) -> Qwen4ExpState {
+    fn new_state(&self) -> Qwen4ExpState<B> {
         Qwen4ExpState {
-            layers: self.layers.iter().map(|l| l.new_cache()).collect(),
+            ops: self.ops.clone(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.new_cache(&self.ops))
+                .collect::<Result<Vec<_>>>()
+                .expect("allocating a fresh state's caches"),
             positions: Vec::new(),
-            kv_width: self.cfg.num_kv_heads * self.cfg.head_dim,
-            idx_dim: self.cfg.indexer_head_dim,
             ratio: self.cfg.indexer_compress_ratio,
         }
     }
@@ -620,7 +686,7 @@ impl Model for Qwen4ExpModel {
     fn forward(
         &self,
         tokens: &[u32],
-        state: &mut Qwen4ExpState,
+        state: &mut Qwen4ExpState<B>,
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
         Ok(self.run(tokens, state, rows, false, false)?.logits)
@@ -640,21 +706,21 @@ impl Model for Qwen4ExpModel {
     fn forward_hidden(
         &self,
         tokens: &[u32],
-        state: &mut Qwen4ExpState,
+        state: &mut Qwen4ExpState<B>,
         rows: LogitsRows,
     ) -> Result<(ForwardOutput, Hidden)> {
         let out = self.forward_ext(tokens, state, rows, false)?;
-        Ok((out.logits, out.streams))
+        Ok((out.logits, self.hidden(out.streams, tokens.len())?))
     }
 
-    fn forward_window(&self, tokens: &[u32], state: &mut Qwen4ExpState) -> Result<VerifyWindow> {
+    fn forward_window(&self, tokens: &[u32], state: &mut Qwen4ExpState<B>) -> Result<VerifyWindow> {
         let out = Qwen4ExpModel::forward_window(self, tokens, state)?;
         let capture = out
             .capture
             .ok_or_else(|| EngineError::State("a verify window recorded no capture".into()))?;
         Ok(VerifyWindow {
             logits: out.logits,
-            hidden: out.streams,
+            hidden: self.hidden(out.streams, tokens.len())?,
             record: WindowRecord::new(capture),
         })
     }
@@ -672,17 +738,38 @@ impl Model for Qwen4ExpModel {
     ) -> Result<MtpStep> {
         let state = history
             .as_any_mut()
-            .downcast_mut::<MtpState>()
+            .downcast_mut::<MtpState<B>>()
             .ok_or_else(|| EngineError::State("not a qwen4_exp MTP history".into()))?;
         let base = state.len() as u32;
         let positions: Vec<u32> = (base..base + tokens.len() as u32).collect();
-        let out =
-            Qwen4ExpModel::mtp_forward(self, tokens, hidden, &positions, state, LogitsRows::Last)?;
-        let n = out.streams.dim(0)?;
+        let streams = self.ops.upload(&hidden.flatten_all()?.to_vec1::<f32>()?)?;
+        let out = Qwen4ExpModel::mtp_forward(
+            self,
+            tokens,
+            &streams,
+            &positions,
+            state,
+            LogitsRows::Last,
+        )?;
+        let n = tokens.len();
+        let ch = self.cfg.hc_count * self.cfg.hidden_size;
+        let last = self.ops.rows(&out.streams, ch, n - 1, 1)?;
         Ok(MtpStep {
             logits: out.logits.last_row().to_vec(),
-            hidden: out.streams.narrow(0, n - 1, 1)?,
+            hidden: self.hidden(last, 1)?,
         })
+    }
+}
+
+impl<B: Backend> Qwen4ExpModel<B> {
+    /// Streams `[rows, C·H]` as the contract's [`Hidden`].
+    fn hidden(&self, streams: B::Buf, rows: usize) -> Result<Hidden> {
+        let ch = self.cfg.hc_count * self.cfg.hidden_size;
+        Ok(candle_core::Tensor::from_vec(
+            self.ops.download(&streams)?,
+            (rows, ch),
+            &candle_core::Device::Cpu,
+        )?)
     }
 }
 

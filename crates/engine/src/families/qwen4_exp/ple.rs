@@ -34,15 +34,16 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
 use super::config::Qwen4ExpConfig;
-use super::kernels::Dense;
-use super::norms::{ZcNorm, load, load_vec, sigmoid, silu, to_vec};
 use super::state::PleCache;
+use crate::backend::Backend;
 use crate::error::{EngineError, Result};
+use crate::layers::linear::Linear;
+use crate::layers::norms::ZcNorm;
+use crate::load::binder::Binder;
 use crate::load::safetensors::SafetensorsDir;
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -168,34 +169,35 @@ impl PleHash {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Ple {
+#[derive(Debug)]
+pub struct Ple<B: Backend> {
     pub hash: PleHash,
-    /// `[padded_rows, E/heads]`, memory-mapped.
+    /// `[padded_rows, E/heads]`, memory-mapped on the host (the real table
+    /// is ~95 GiB): the gathered rows are uploaded per forward.
     table: PleTable,
-    key_proj: Dense,
-    value_proj: Dense,
-    norm_key: ZcNorm,
-    norm_query: ZcNorm,
-    norm_conv: ZcNorm,
+    key_proj: Linear<B>,
+    value_proj: Linear<B>,
+    norm_key: ZcNorm<B>,
+    norm_query: ZcNorm<B>,
+    norm_conv: ZcNorm<B>,
     /// `[C·H, K]`.
-    conv_w: Vec<f32>,
+    conv_w: B::Buf,
     kernel: usize,
     c: usize,
     h: usize,
-    e: usize,
 }
 
-impl Ple {
-    /// `prefix` ends with `ple.`.
+impl<B: Backend> Ple<B> {
+    /// Bound under `w`'s scope (`…ple`); the table needs a safetensors
+    /// directory (it maps the shards directly).
     pub fn load(
-        st: &mut SafetensorsDir,
-        prefix: &str,
+        w: &mut Binder<'_, B>,
+        config_path: &std::path::Path,
         cfg: &Qwen4ExpConfig,
         pli: usize,
     ) -> Result<Self> {
         let eos = cfg.eos_token_id.ok_or_else(|| EngineError::Config {
-            path: st.config_path(),
+            path: config_path.to_path_buf(),
             field: "eos_token_id".into(),
             message: "required by PLE".into(),
         })?;
@@ -204,7 +206,12 @@ impl Ple {
         let ch = c * h;
         let heads = hash.sizes.len();
         let dh = e / heads;
-        let emb = format!("{prefix}ple_embedding.");
+        let emb = w.name("ple_embedding.");
+        let st = w.safetensors().ok_or_else(|| EngineError::Config {
+            path: config_path.to_path_buf(),
+            field: "ple_layer_ids".into(),
+            message: "PLE tables are read from safetensors shards".into(),
+        })?;
         // The int64 hash buffers carry no information beyond the config.
         for b in [
             "layer_multipliers",
@@ -229,38 +236,39 @@ impl Ple {
             hash.padded_rows,
             &format!("{emb}ngram_embedding"),
         )?;
+        let eps = cfg.rms_norm_eps;
         Ok(Self {
             hash,
             table,
-            key_proj: Dense::new(load(st, prefix, "key_proj.weight", &[ch, e])?)?,
-            value_proj: Dense::new(load(st, prefix, "value_proj.weight", &[h, e])?)?,
-            norm_key: ZcNorm::load(st, prefix, "norm_key.weight", ch, h, cfg.rms_norm_eps)?,
-            norm_query: ZcNorm::load(st, prefix, "norm_query.weight", ch, h, cfg.rms_norm_eps)?,
-            norm_conv: ZcNorm::load(st, prefix, "norm_conv.weight", ch, h, cfg.rms_norm_eps)?,
-            conv_w: load_vec(st, prefix, "conv1d.weight", &[ch, 1, cfg.ple_conv_kernel])?,
+            key_proj: w.linear("key_proj", ch, e)?,
+            value_proj: w.linear("value_proj", h, e)?,
+            norm_key: ZcNorm::load(w, "norm_key.weight", ch, h, eps)?,
+            norm_query: ZcNorm::load(w, "norm_query.weight", ch, h, eps)?,
+            norm_conv: ZcNorm::load(w, "norm_conv.weight", ch, h, eps)?,
+            conv_w: w.vector("conv1d.weight", &[ch, 1, cfg.ple_conv_kernel])?,
             kernel: cfg.ple_conv_kernel,
             c,
             h,
-            e,
         })
     }
 
-    pub fn new_cache(&self) -> PleCache {
-        PleCache {
-            gvn: vec![0.0; (self.kernel - 1) * self.hash.ngram * self.c * self.h],
+    pub fn new_cache(&self, ops: &B) -> Result<PleCache<B>> {
+        Ok(PleCache {
+            gvn: ops.zeros((self.kernel - 1) * self.hash.ngram * self.c * self.h)?,
             ids: vec![self.hash.eos; self.hash.ngram - 1],
-        }
+        })
     }
 
     /// The PLE term added to the streams: `X: [T, C·H]` → `[T, C·H]`.
     /// With `capture`, pushes the cache after every row.
     pub fn forward(
         &self,
-        xs: &Tensor,
+        ops: &B,
+        xs: &B::Buf,
         tokens: &[u32],
-        cache: &mut PleCache,
-        capture: Option<&mut Vec<PleCache>>,
-    ) -> Result<Tensor> {
+        cache: &mut PleCache<B>,
+        capture: Option<&mut Vec<PleCache<B>>>,
+    ) -> Result<B::Buf> {
         let t_len = tokens.len();
         let (c, h) = (self.c, self.h);
         let ch = c * h;
@@ -276,59 +284,38 @@ impl Ple {
         } else {
             self.hash.ids(tokens, &mut cache.ids)
         };
-        let emb = Tensor::from_vec(self.table.gather(&ids), (t_len, self.e), &Device::Cpu)?;
-        let key = to_vec(&self.norm_key.forward(&self.key_proj.forward(&emb)?)?)?;
-        let val = to_vec(&self.value_proj.forward(&emb)?)?;
-        let qry = to_vec(&self.norm_query.forward(xs)?)?;
-        let mut gv = vec![0f32; t_len * ch];
-        let inv_sqrt_h = 1.0 / (h as f32).sqrt();
-        for t in 0..t_len {
-            for s in 0..c {
-                let o = t * ch + s * h;
-                let dot: f32 = key[o..o + h]
-                    .iter()
-                    .zip(&qry[o..o + h])
-                    .map(|(a, b)| a * b)
-                    .sum();
-                let g = dot * inv_sqrt_h;
-                let g = g.abs().max(1e-6).sqrt() * sign(g);
-                let sg = sigmoid(g);
-                for (dst, v) in gv[o..o + h].iter_mut().zip(&val[t * h..(t + 1) * h]) {
-                    *dst = sg * v;
-                }
-            }
-        }
-        let gv_t = Tensor::from_vec(gv.clone(), (t_len, ch), xs.device())?;
-        let gvn = to_vec(&self.norm_conv.forward(&gv_t)?)?;
-        // Dilated causal conv over [history | gvn]; tap k of token t reads
+        // Token ids are host data and the table lives on the host: the
+        // gathered rows are the forward's input, like the token ids.
+        let emb = ops.upload(&self.table.gather(&ids))?;
+        let key = self
+            .norm_key
+            .forward(ops, &self.key_proj.forward(ops, &emb, t_len)?)?;
+        let val = self.value_proj.forward(ops, &emb, t_len)?;
+        let qry = self.norm_query.forward(ops, xs)?;
+        let gv = ops.ple_gate(&key, &qry, &val, c, h)?;
+        let gvn = self.norm_conv.forward(ops, &gv)?;
+        // Dilated causal conv over [history | gvn]: tap k of token t reads
         // row t + k·N of that array.
-        let hist = cache.gvn.len() / ch;
-        let dil = self.hash.ngram;
-        let mut all = Vec::with_capacity((hist + t_len) * ch);
-        all.extend_from_slice(&cache.gvn);
-        all.extend_from_slice(&gvn);
-        let mut out = gv;
-        for t in 0..t_len {
-            for ci in 0..ch {
-                let mut acc = 0f32;
-                for k in 0..self.kernel {
-                    acc += self.conv_w[ci * self.kernel + k] * all[(t + k * dil) * ch + ci];
-                }
-                out[t * ch + ci] += silu(acc);
-            }
-        }
+        let hist = ops.len(&cache.gvn) / ch;
         if let Some(cap) = capture {
+            let mut all = cache.gvn.clone();
+            ops.append(&mut all, &gvn)?;
             for (t, ids) in ids_rows.into_iter().enumerate() {
-                let start = (t + 1) * ch;
                 cap.push(PleCache {
-                    gvn: all[start..start + hist * ch].to_vec(),
+                    gvn: ops.rows(&all, ch, t + 1, hist)?,
                     ids,
                 });
             }
         }
-        let start = t_len * ch;
-        cache.gvn.copy_from_slice(&all[start..start + hist * ch]);
-        Ok(Tensor::from_vec(out, (t_len, ch), xs.device())?)
+        let conv = ops.causal_conv_silu(
+            &gvn,
+            &mut cache.gvn,
+            &self.conv_w,
+            ch,
+            self.kernel,
+            self.hash.ngram,
+        )?;
+        ops.add(&gv, &conv)
     }
 }
 
@@ -466,16 +453,6 @@ impl PleTable {
             }
         }
         out
-    }
-}
-
-fn sign(x: f32) -> f32 {
-    if x > 0.0 {
-        1.0
-    } else if x < 0.0 {
-        -1.0
-    } else {
-        0.0
     }
 }
 

@@ -19,164 +19,129 @@
 //! ([`WindowCapture`]: the recurrent state before it plus the GDN scan inputs
 //! and PLE windows of its rows) and commits an accepted prefix by replaying
 //! that many rows: one state copy per window, not one per row.
+//!
+//! Every cache is a backend buffer; export/import go through host tables.
 
-use super::gated_deltanet::{ScanDims, replay};
+use crate::backend::{Backend, CpuOps};
 use crate::error::{EngineError, Result};
+use crate::layers::delta_rule::{DeltaCache, DeltaReplay};
+use crate::layers::indexer::IndexerCache;
+use crate::model::{ModelState, MtpHistory, WindowRecord};
+use crate::state::rows::RowCache;
+use crate::state::table::{NamedTensor, TableReader};
 use std::any::Any;
 
-use crate::model::{ModelState, MtpHistory, WindowRecord};
-use crate::state::table::{NamedTensor, TableReader};
-
-/// GDN layer state.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GdnCache {
-    /// `[K−1, Cc]`, oldest row first; zeros before the first token.
-    pub conv: Vec<f32>,
-    /// `[Hv, dk, dv]`.
-    pub s: Vec<f32>,
-}
-
 /// PLE state of a PLE layer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PleCache {
+#[derive(Debug, Clone)]
+pub struct PleCache<B: Backend = CpuOps> {
     /// `[(K−1)·N, C·H]`, oldest row first; zeros before the first token.
-    pub gvn: Vec<f32>,
-    /// `[N−1]`, oldest first; EOS before the first token.
+    pub gvn: B::Buf,
+    /// `[N−1]`, oldest first; EOS before the first token (host: token ids).
     pub ids: Vec<u32>,
 }
 
 /// QSA layer state.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct AttnCache {
-    /// `[P, Hkv·D]`.
-    pub k: Vec<f32>,
-    /// `[P, Hkv·D]`.
-    pub v: Vec<f32>,
-    /// `[P, dI]`.
-    pub idx_raw: Vec<f32>,
-    /// `[⌊P/ratio⌋, dI]`.
-    pub blocks: Vec<f32>,
+#[derive(Debug, Clone)]
+pub struct AttnCache<B: Backend = CpuOps> {
+    /// `[P, Hkv·D]` each.
+    pub k: RowCache<B>,
+    pub v: RowCache<B>,
+    /// Raw indexer keys `[P, dI]` and block keys `[⌊P/ratio⌋, dI]`.
+    pub indexer: IndexerCache<B>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum LayerCache {
+#[derive(Debug, Clone)]
+pub enum LayerCache<B: Backend = CpuOps> {
     Linear {
-        gdn: GdnCache,
-        ple: Option<PleCache>,
+        gdn: DeltaCache<B>,
+        ple: Option<PleCache<B>>,
     },
-    Attn(AttnCache),
-}
-
-/// What a GDN layer needs to recompute its state after any prefix of a
-/// window: the state before it and the window's scan inputs. Replaying `a`
-/// rows through the same scan is bit-identical to having run only those
-/// rows, and costs one state copy per window instead of one per row (the
-/// real model's `S` is 3 MiB per layer).
-#[derive(Debug, Clone, PartialEq)]
-pub struct GdnReplay {
-    pub before: GdnCache,
-    pub dims: ScanDims,
-    pub kernel: usize,
-    /// Raw `u` rows `[R, Cc]` (conv window replay).
-    pub u: Vec<f32>,
-    /// Scan inputs of the window rows: `q`, `k` `[R, Hk, dk]`, `v`
-    /// `[R, Hv, dv]`, `g`, `beta` `[R, Hv]`.
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub g: Vec<f32>,
-    pub beta: Vec<f32>,
+    Attn(AttnCache<B>),
 }
 
 /// Window record of one linear layer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LinearCapture {
-    pub gdn: GdnReplay,
+#[derive(Debug, Clone)]
+pub struct LinearCapture<B: Backend = CpuOps> {
+    pub gdn: DeltaReplay<B>,
     /// PLE state before the window and after each row (small: `(K−1)·N`
     /// rows of `C·H` plus `N−1` ids).
-    pub ple_before: Option<PleCache>,
-    pub ple_rows: Vec<PleCache>,
+    pub ple_before: Option<PleCache<B>>,
+    pub ple_rows: Vec<PleCache<B>>,
 }
 
 /// Record of a multi-token forward ([`super::Qwen4ExpModel::forward_window`])
 /// from which [`Qwen4ExpState::commit`] keeps any prefix.
-#[derive(Debug, Clone, Default)]
-pub struct WindowCapture {
+#[derive(Debug, Clone)]
+pub struct WindowCapture<B: Backend = CpuOps> {
     /// State length before the window.
     pub base: usize,
     pub rows: usize,
     /// One entry per linear layer, in layer order.
-    pub layers: Vec<LinearCapture>,
+    pub layers: Vec<LinearCapture<B>>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct Qwen4ExpState {
-    pub(crate) layers: Vec<LayerCache>,
+#[derive(Debug, Clone)]
+pub struct Qwen4ExpState<B: Backend = CpuOps> {
+    pub(crate) ops: B,
+    pub(crate) layers: Vec<LayerCache<B>>,
     pub(crate) positions: Vec<[u32; 3]>,
-    /// Attention cache row width `Hkv·D`, indexer key width `dI`, ratio.
-    pub(crate) kv_width: usize,
-    pub(crate) idx_dim: usize,
     pub(crate) ratio: usize,
 }
 
-impl AttnCache {
-    pub fn len(&self, kv_width: usize) -> usize {
-        self.k.len() / kv_width
+impl<B: Backend> AttnCache<B> {
+    pub fn new(ops: &B, kv_width: usize, idx_dim: usize) -> Result<Self> {
+        Ok(Self {
+            k: RowCache::new(ops, kv_width)?,
+            v: RowCache::new(ops, kv_width)?,
+            indexer: IndexerCache::new(ops, idx_dim)?,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.k.rows()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Keep the first `n` tokens (legal: attention is position-addressed).
-    pub fn truncate(&mut self, n: usize, kv_width: usize, idx_dim: usize, ratio: usize) {
-        self.k.truncate(n * kv_width);
-        self.v.truncate(n * kv_width);
-        self.idx_raw.truncate(n * idx_dim);
-        // A block key depends only on its own complete block.
-        self.blocks.truncate((n / ratio) * idx_dim);
+    pub fn truncate(&mut self, ops: &B, n: usize, ratio: usize) -> Result<()> {
+        self.k.truncate(ops, n)?;
+        self.v.truncate(ops, n)?;
+        self.indexer.truncate(ops, n, ratio)
     }
 
     fn bytes(&self) -> usize {
-        4 * (self.k.len() + self.v.len() + self.idx_raw.len() + self.blocks.len())
+        self.k.byte_size() + self.v.byte_size() + self.indexer.byte_size()
     }
 
-    fn export(&self, p: &str, n: usize, kv: usize, di: usize, out: &mut Vec<NamedTensor>) {
-        let nb = self.blocks.len() / di.max(1);
-        out.push(NamedTensor::f32(
-            format!("{p}.k"),
-            vec![n, kv],
-            self.k.clone(),
-        ));
-        out.push(NamedTensor::f32(
-            format!("{p}.v"),
-            vec![n, kv],
-            self.v.clone(),
-        ));
-        out.push(NamedTensor::f32(
-            format!("{p}.idx_raw"),
-            vec![n, di],
-            self.idx_raw.clone(),
-        ));
-        out.push(NamedTensor::f32(
-            format!("{p}.blocks"),
-            vec![nb, di],
-            self.blocks.clone(),
-        ));
+    fn export(&self, ops: &B, p: &str, out: &mut Vec<NamedTensor>) -> Result<()> {
+        out.push(self.k.export(ops, format!("{p}.k"))?);
+        out.push(self.v.export(ops, format!("{p}.v"))?);
+        out.push(self.indexer.raw.export(ops, format!("{p}.idx_raw"))?);
+        out.push(self.indexer.blocks.export(ops, format!("{p}.blocks"))?);
+        Ok(())
     }
 
     /// Read `n` positions' caches; lengths follow from `n`, so a table whose
     /// attention caches disagree with its positions is refused.
     fn import(
+        &mut self,
+        ops: &B,
         r: &mut TableReader,
         p: &str,
         n: usize,
-        kv: usize,
-        di: usize,
         ratio: usize,
-    ) -> Result<Self> {
-        Ok(Self {
-            k: r.f32(&format!("{p}.k"), n * kv)?,
-            v: r.f32(&format!("{p}.v"), n * kv)?,
-            idx_raw: r.f32(&format!("{p}.idx_raw"), n * di)?,
-            blocks: r.f32(&format!("{p}.blocks"), (n / ratio.max(1)) * di)?,
-        })
+    ) -> Result<()> {
+        self.k.import(ops, r, &format!("{p}.k"), n)?;
+        self.v.import(ops, r, &format!("{p}.v"), n)?;
+        self.indexer
+            .raw
+            .import(ops, r, &format!("{p}.idx_raw"), n)?;
+        self.indexer
+            .blocks
+            .import(ops, r, &format!("{p}.blocks"), n / ratio.max(1))
     }
 }
 
@@ -191,8 +156,8 @@ fn import_positions(r: &mut TableReader) -> Result<Vec<[u32; 3]>> {
     Ok(flat.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
 }
 
-impl Qwen4ExpState {
-    pub fn layers(&self) -> &[LayerCache] {
+impl<B: Backend> Qwen4ExpState<B> {
+    pub fn layers(&self) -> &[LayerCache<B>] {
         &self.layers
     }
 
@@ -211,7 +176,7 @@ impl Qwen4ExpState {
     /// (which must be the last forward on this state): attention caches are
     /// truncated, recurrent layers restored to their state after row
     /// `accepted − 1` (or before the window for `accepted == 0`).
-    pub fn commit(&mut self, capture: &WindowCapture, accepted: usize) -> Result<()> {
+    pub fn commit(&mut self, capture: &WindowCapture<B>, accepted: usize) -> Result<()> {
         let rows = capture.rows;
         if self.positions.len() != capture.base + rows {
             return Err(EngineError::State(format!(
@@ -230,18 +195,19 @@ impl Qwen4ExpState {
             return Ok(());
         }
         let keep = capture.base + accepted;
-        let (kv, di, ratio) = (self.kv_width, self.idx_dim, self.ratio);
+        let ops = self.ops.clone();
+        let ratio = self.ratio;
         let mut rec = capture.layers.iter();
         for layer in &mut self.layers {
             match layer {
-                LayerCache::Attn(a) => a.truncate(keep, kv, di, ratio),
+                LayerCache::Attn(a) => a.truncate(&ops, keep, ratio)?,
                 LayerCache::Linear { gdn, ple } => {
                     let r = rec.next().ok_or_else(|| {
                         EngineError::State(
                             "window capture has fewer linear layers than the state".into(),
                         )
                     })?;
-                    *gdn = replay(&r.gdn, accepted);
+                    *gdn = r.gdn.replay(&ops, accepted)?;
                     *ple = if accepted == 0 {
                         r.ple_before.clone()
                     } else {
@@ -255,7 +221,7 @@ impl Qwen4ExpState {
     }
 }
 
-impl ModelState for Qwen4ExpState {
+impl<B: Backend> ModelState for Qwen4ExpState<B> {
     fn len(&self) -> usize {
         self.positions.len()
     }
@@ -284,10 +250,10 @@ impl ModelState for Qwen4ExpState {
                  from {len} to {n} tokens; restore a snapshot or commit a verify window"
             )));
         }
-        let (kv, di, ratio) = (self.kv_width, self.idx_dim, self.ratio);
+        let ops = self.ops.clone();
         for layer in &mut self.layers {
             if let LayerCache::Attn(a) = layer {
-                a.truncate(n, kv, di, ratio);
+                a.truncate(&ops, n, self.ratio)?;
             }
         }
         self.positions.truncate(n);
@@ -296,41 +262,28 @@ impl ModelState for Qwen4ExpState {
 
     fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
         let capture = window
-            .downcast_ref::<WindowCapture>()
+            .downcast_ref::<WindowCapture<B>>()
             .ok_or_else(|| EngineError::State("not a qwen4_exp verify-window record".into()))?;
         Qwen4ExpState::commit(self, capture, accepted)
     }
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
-        let n = self.positions.len();
-        let (kv, di) = (self.kv_width, self.idx_dim);
+        let ops = &self.ops;
         let mut out = vec![export_positions(&self.positions)];
         for (i, layer) in self.layers.iter().enumerate() {
             match layer {
-                LayerCache::Attn(a) => a.export(&format!("l{i}"), n, kv, di, &mut out),
+                LayerCache::Attn(a) => a.export(ops, &format!("l{i}"), &mut out)?,
                 LayerCache::Linear { gdn, ple } => {
-                    let c = gdn.conv.len();
-                    out.push(NamedTensor::f32(
-                        format!("l{i}.conv"),
-                        vec![c],
-                        gdn.conv.clone(),
-                    ));
-                    out.push(NamedTensor::f32(
-                        format!("l{i}.s"),
-                        vec![gdn.s.len()],
-                        gdn.s.clone(),
-                    ));
+                    gdn.export(ops, &format!("l{i}"), &mut out)?;
                     if let Some(p) = ple {
-                        let g = p.gvn.len();
                         out.push(NamedTensor::f32(
                             format!("l{i}.ple_gvn"),
-                            vec![g],
-                            p.gvn.clone(),
+                            vec![ops.len(&p.gvn)],
+                            ops.download(&p.gvn)?,
                         ));
-                        let d = p.ids.len();
                         out.push(NamedTensor::u32(
                             format!("l{i}.ple_ids"),
-                            vec![d],
+                            vec![p.ids.len()],
                             p.ids.clone(),
                         ));
                     }
@@ -346,36 +299,24 @@ impl ModelState for Qwen4ExpState {
                 "qwen4_exp: import needs a fresh state".into(),
             ));
         }
+        let ops = self.ops.clone();
         let mut r = TableReader::new(tensors, "qwen4_exp state");
         let positions = import_positions(&mut r)?;
         let n = positions.len();
-        let (kv, di, ratio) = (self.kv_width, self.idx_dim, self.ratio);
         for (i, layer) in self.layers.iter_mut().enumerate() {
             // The fresh layer's fixed sizes are the model's: a table from a
             // differently shaped model fails here.
-            *layer = match layer {
-                LayerCache::Attn(_) => LayerCache::Attn(AttnCache::import(
-                    &mut r,
-                    &format!("l{i}"),
-                    n,
-                    kv,
-                    di,
-                    ratio,
-                )?),
-                LayerCache::Linear { gdn, ple } => LayerCache::Linear {
-                    gdn: GdnCache {
-                        conv: r.f32(&format!("l{i}.conv"), gdn.conv.len())?,
-                        s: r.f32(&format!("l{i}.s"), gdn.s.len())?,
-                    },
-                    ple: match ple {
-                        Some(p) => Some(PleCache {
-                            gvn: r.f32(&format!("l{i}.ple_gvn"), p.gvn.len())?,
-                            ids: r.u32(&format!("l{i}.ple_ids"), p.ids.len())?,
-                        }),
-                        None => None,
-                    },
-                },
-            };
+            match layer {
+                LayerCache::Attn(a) => a.import(&ops, &mut r, &format!("l{i}"), n, self.ratio)?,
+                LayerCache::Linear { gdn, ple } => {
+                    gdn.import(&ops, &mut r, &format!("l{i}"))?;
+                    if let Some(p) = ple {
+                        let gvn = r.f32(&format!("l{i}.ple_gvn"), ops.len(&p.gvn))?;
+                        p.gvn = ops.upload(&gvn)?;
+                        p.ids = r.u32(&format!("l{i}.ple_ids"), p.ids.len())?;
+                    }
+                }
+            }
         }
         r.finish()?;
         self.positions = positions;
@@ -388,8 +329,10 @@ impl ModelState for Qwen4ExpState {
             b += match layer {
                 LayerCache::Attn(a) => a.bytes(),
                 LayerCache::Linear { gdn, ple } => {
-                    4 * (gdn.conv.len() + gdn.s.len())
-                        + ple.as_ref().map_or(0, |p| 4 * (p.gvn.len() + p.ids.len()))
+                    gdn.byte_size(&self.ops)
+                        + ple
+                            .as_ref()
+                            .map_or(0, |p| 4 * (self.ops.len(&p.gvn) + p.ids.len()))
                 }
             };
         }
@@ -398,17 +341,16 @@ impl ModelState for Qwen4ExpState {
 }
 
 /// State of the MTP head: its one QSA layer's caches and positions.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MtpState {
+#[derive(Debug, Clone)]
+pub struct MtpState<B: Backend = CpuOps> {
+    pub(crate) ops: B,
     /// Always [`LayerCache::Attn`]: the head's one QSA layer.
-    pub(crate) cache: LayerCache,
+    pub(crate) cache: LayerCache<B>,
     pub(crate) positions: Vec<[u32; 3]>,
-    pub(crate) kv_width: usize,
-    pub(crate) idx_dim: usize,
     pub(crate) ratio: usize,
 }
 
-impl MtpState {
+impl<B: Backend> MtpState<B> {
     /// Rows the MTP cache covers.
     pub fn len(&self) -> usize {
         self.positions.len()
@@ -426,30 +368,33 @@ impl MtpState {
                 self.positions.len()
             )));
         }
-        if let LayerCache::Attn(a) = &mut self.cache {
-            a.truncate(n, self.kv_width, self.idx_dim, self.ratio);
-        }
+        let (ops, ratio) = (self.ops.clone(), self.ratio);
+        self.attn_mut()?.truncate(&ops, n, ratio)?;
         self.positions.truncate(n);
         Ok(())
     }
 
     pub fn byte_size(&self) -> usize {
-        let cache = match &self.cache {
-            LayerCache::Attn(a) => a.bytes(),
-            LayerCache::Linear { .. } => 0,
-        };
-        cache + 12 * self.positions.len()
+        self.cache().map_or(0, |a| a.bytes()) + 12 * self.positions.len()
+    }
+
+    /// The head's QSA layer cache.
+    pub fn cache(&self) -> Result<&AttnCache<B>> {
+        match &self.cache {
+            LayerCache::Attn(a) => Ok(a),
+            LayerCache::Linear { .. } => Err(not_attention()),
+        }
+    }
+
+    fn attn_mut(&mut self) -> Result<&mut AttnCache<B>> {
+        match &mut self.cache {
+            LayerCache::Attn(a) => Ok(a),
+            LayerCache::Linear { .. } => Err(not_attention()),
+        }
     }
 }
 
-impl MtpState {
-    /// The head's QSA layer cache (for tests comparing states).
-    pub fn cache(&self) -> &LayerCache {
-        &self.cache
-    }
-}
-
-impl MtpHistory for MtpState {
+impl<B: Backend> MtpHistory for MtpState<B> {
     fn len(&self) -> usize {
         self.positions.len()
     }
@@ -475,11 +420,8 @@ impl MtpHistory for MtpState {
     }
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
-        let n = self.positions.len();
         let mut out = vec![export_positions(&self.positions)];
-        if let LayerCache::Attn(a) = &self.cache {
-            a.export("mtp", n, self.kv_width, self.idx_dim, &mut out);
-        }
+        self.cache()?.export(&self.ops, "mtp", &mut out)?;
         Ok(out)
     }
 
@@ -492,18 +434,34 @@ impl MtpHistory for MtpState {
         let mut r = TableReader::new(tensors, "qwen4_exp MTP history");
         let positions = import_positions(&mut r)?;
         let n = positions.len();
-        if matches!(self.cache, LayerCache::Attn(_)) {
-            self.cache = LayerCache::Attn(AttnCache::import(
-                &mut r,
-                "mtp",
-                n,
-                self.kv_width,
-                self.idx_dim,
-                self.ratio,
-            )?);
-        }
+        let (ops, ratio) = (self.ops.clone(), self.ratio);
+        self.attn_mut()?.import(&ops, &mut r, "mtp", n, ratio)?;
         r.finish()?;
         self.positions = positions;
         Ok(())
+    }
+}
+
+fn not_attention() -> EngineError {
+    EngineError::State("the MTP head's cache is not an attention cache".into())
+}
+
+/// Equal when the exported tables are equal (a download of every cache:
+/// for tests and tooling, not for the decode path).
+impl<B: Backend> PartialEq for Qwen4ExpState<B> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.export(), other.export()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl<B: Backend> PartialEq for MtpState<B> {
+    fn eq(&self, other: &Self) -> bool {
+        match (MtpHistory::export(self), MtpHistory::export(other)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
     }
 }

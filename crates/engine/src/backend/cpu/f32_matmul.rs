@@ -317,7 +317,7 @@ mod tests {
     /// not a multiple of any tile width, and a product large enough to run
     /// on the pool.
     #[test]
-    fn qwen4_matmul_rows_are_independent_of_the_window() {
+    fn matmul_rows_are_independent_of_the_window() {
         for (n, k) in [(37, 45), (5, 8), (130, 64), (301, 523)] {
             let total = 40;
             let x = data(total * k, 0.3);
@@ -355,7 +355,7 @@ mod tests {
     /// `u = 2⁻²⁴` (Higham, *Accuracy and Stability*, §3.1). The test also
     /// checks the bound is not vacuous: the error is usually well inside it.
     #[test]
-    fn qwen4_matmul_matches_f64_within_the_summation_bound() {
+    fn matmul_matches_f64_within_the_summation_bound() {
         let (m, n, k) = (9, 70, 1029);
         let x = data(m * k, 0.9);
         let w = data(n * k, 2.3);

@@ -1,0 +1,866 @@
+//! [`CpuOps`]: the op inventory on the host. Every op is the kernel the
+//! families ran before the inventory existed, moved here with its arithmetic
+//! unchanged (the `pinned_bits` test holds the bits).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{Device, Module, Storage, Tensor};
+
+use super::block_matmul::{self, BlockFormat, BlockMatrix};
+use super::{attention, delta_rule, experts, f32_matmul, indexer, sparse_attention};
+use crate::backend::{
+    Backend, BackendId, GateAct, Heads, HostWeight, IndexerShape, RopeLayout, ScanDims,
+};
+use crate::error::{EngineError, Result};
+
+/// The CPU backend. One kernel set per process ([`block_matmul::isa`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuOps;
+
+/// A weight matrix on the CPU.
+#[derive(Debug, Clone)]
+pub enum CpuMatrix {
+    /// Row-major f32 `[out, in]` (contiguous), through [`f32_matmul`].
+    F32 { w: Tensor, out: usize, inp: usize },
+    /// Q4_1 / Q8_0 through [`block_matmul`] (f32 activations).
+    Block(BlockMatrix),
+    /// Other GGUF block types through candle's quantized kernels (which
+    /// round activations to 8 bits per block, as llama.cpp does).
+    Quantized { w: QMatMul, out: usize, inp: usize },
+}
+
+/// An embedding table on the CPU.
+#[derive(Debug, Clone)]
+pub enum CpuTable {
+    /// `[V, width]` f32.
+    F32(Tensor),
+    /// A block-quantized GGUF table, dequantized row by row on lookup (the
+    /// whole table in f32 would be larger than the model for SmolLM2).
+    Quantized {
+        table: Arc<QTensor>,
+        dtype: GgmlDType,
+        row_bytes: usize,
+        width: usize,
+    },
+}
+
+/// Routing decisions: `[rows, k]` expert ids and weights.
+#[derive(Debug, Clone, Default)]
+pub struct CpuRouting {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+    pub k: usize,
+}
+
+/// Borrow a contiguous f32 CPU tensor's data.
+fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(EngineError::Unsupported(
+            "the CPU backend got a tensor that is not on the CPU".into(),
+        ));
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        return Err(EngineError::State("a CPU weight is not contiguous".into()));
+    };
+    Ok(f(&cpu.as_slice::<f32>()?[start..end]))
+}
+
+fn shape_err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+fn tensor(x: &[f32], rows: usize, width: usize) -> Result<Tensor> {
+    Ok(Tensor::from_slice(x, (rows, width), &Device::Cpu)?)
+}
+
+fn host(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl Backend for CpuOps {
+    type Buf = Vec<f32>;
+    type Matrix = CpuMatrix;
+    type Experts = Tensor;
+    type Table = CpuTable;
+    type Selection = Vec<Vec<u32>>;
+    type Routing = CpuRouting;
+
+    fn id(&self) -> BackendId {
+        BackendId {
+            backend: "cpu",
+            kernels: format!("{:?}", block_matmul::isa()).to_lowercase(),
+        }
+    }
+
+    // ---- memory ----
+
+    fn upload(&self, host: &[f32]) -> Result<Vec<f32>> {
+        Ok(host.to_vec())
+    }
+
+    fn download(&self, x: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(x.clone())
+    }
+
+    fn zeros(&self, n: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; n])
+    }
+
+    fn len(&self, x: &Vec<f32>) -> usize {
+        x.len()
+    }
+
+    fn rows(&self, x: &Vec<f32>, width: usize, first: usize, count: usize) -> Result<Vec<f32>> {
+        let (a, b) = (first * width, (first + count) * width);
+        if b > x.len() {
+            return Err(shape_err(
+                "rows",
+                format!(
+                    "rows {first}..{} of a {}-row buffer",
+                    first + count,
+                    x.len() / width.max(1)
+                ),
+            ));
+        }
+        Ok(x[a..b].to_vec())
+    }
+
+    fn append(&self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+        dst.extend_from_slice(src);
+        Ok(())
+    }
+
+    fn truncate(&self, dst: &mut Vec<f32>, n: usize) -> Result<()> {
+        dst.truncate(n);
+        Ok(())
+    }
+
+    fn concat_cols(&self, parts: &[(&Vec<f32>, usize)], rows: usize) -> Result<Vec<f32>> {
+        let width: usize = parts.iter().map(|p| p.1).sum();
+        let mut out = Vec::with_capacity(rows * width);
+        for r in 0..rows {
+            for (p, w) in parts {
+                out.extend_from_slice(&p[r * w..(r + 1) * w]);
+            }
+        }
+        Ok(out)
+    }
+
+    fn split_cols(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        parts: &[usize],
+        repeats: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let period: usize = parts.iter().sum();
+        if x.len() != rows * period * repeats {
+            return Err(shape_err(
+                "split_cols",
+                format!(
+                    "{} values are not {rows} rows of {repeats}×{period}",
+                    x.len()
+                ),
+            ));
+        }
+        let mut out: Vec<Vec<f32>> = parts
+            .iter()
+            .map(|p| Vec::with_capacity(rows * repeats * p))
+            .collect();
+        let mut at = 0;
+        for _ in 0..rows * repeats {
+            for (o, &p) in out.iter_mut().zip(parts) {
+                o.extend_from_slice(&x[at..at + p]);
+                at += p;
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- weights ----
+
+    fn matrix(&self, w: HostWeight, out: usize, inp: usize) -> Result<CpuMatrix> {
+        match w {
+            HostWeight::F32(t) => {
+                if t.dims() != [out, inp] {
+                    return Err(shape_err(
+                        "matrix",
+                        format!("{:?} is not [{out}, {inp}]", t.dims()),
+                    ));
+                }
+                Ok(CpuMatrix::F32 {
+                    w: t.contiguous()?,
+                    out,
+                    inp,
+                })
+            }
+            HostWeight::Gguf(q) => match q.dtype() {
+                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                    self.matrix(HostWeight::F32(q.dequantize(&Device::Cpu)?), out, inp)
+                }
+                dtype @ (GgmlDType::Q4_1 | GgmlDType::Q8_0) => {
+                    let format = if dtype == GgmlDType::Q4_1 {
+                        BlockFormat::Q4_1
+                    } else {
+                        BlockFormat::Q8_0
+                    };
+                    // Repacked once; the QTensor is dropped after loading.
+                    Ok(CpuMatrix::Block(
+                        BlockMatrix::new(&q.data()?, format, out, inp)
+                            .map_err(|e| shape_err("matrix", e.to_string()))?,
+                    ))
+                }
+                _ => Ok(CpuMatrix::Quantized {
+                    w: QMatMul::QTensor(q),
+                    out,
+                    inp,
+                }),
+            },
+        }
+    }
+
+    fn experts(&self, w: Tensor, e: usize, out: usize, inp: usize) -> Result<Tensor> {
+        if w.dims() != [e, out, inp] {
+            return Err(shape_err(
+                "experts",
+                format!("{:?} is not [{e}, {out}, {inp}]", w.dims()),
+            ));
+        }
+        Ok(w.contiguous()?)
+    }
+
+    fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<CpuTable> {
+        match w {
+            HostWeight::F32(t) => Ok(CpuTable::F32(t.contiguous()?)),
+            HostWeight::Gguf(q) => match q.dtype() {
+                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                    Ok(CpuTable::F32(q.dequantize(&Device::Cpu)?))
+                }
+                dtype => {
+                    if !width.is_multiple_of(dtype.block_size()) {
+                        return Err(shape_err(
+                            "table",
+                            format!("rows of {width} are not whole {dtype:?} blocks"),
+                        ));
+                    }
+                    let _ = rows;
+                    Ok(CpuTable::Quantized {
+                        row_bytes: width / dtype.block_size() * dtype.type_size(),
+                        table: q,
+                        dtype,
+                        width,
+                    })
+                }
+            },
+        }
+    }
+
+    fn gather_rows(&self, table: &CpuTable, ids: &[u32]) -> Result<Vec<f32>> {
+        match table {
+            CpuTable::F32(t) => {
+                let ids = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+                host(&t.index_select(&ids, 0)?)
+            }
+            CpuTable::Quantized {
+                table,
+                dtype,
+                row_bytes,
+                width,
+            } => {
+                let data = table.data()?;
+                let mut rows = Vec::with_capacity(ids.len() * row_bytes);
+                for &tok in ids {
+                    let start = tok as usize * row_bytes;
+                    rows.extend_from_slice(&data[start..start + row_bytes]);
+                }
+                let storage = QStorage::from_data(Cow::Owned(rows), &Device::Cpu, *dtype)?;
+                let q = QTensor::new(storage, (ids.len(), *width))?;
+                host(&q.dequantize(&Device::Cpu)?)
+            }
+        }
+    }
+
+    // ---- linear algebra ----
+
+    fn matmul(&self, x: &Vec<f32>, rows: usize, w: &CpuMatrix) -> Result<Vec<f32>> {
+        match w {
+            CpuMatrix::F32 { w, out, inp } => {
+                if x.len() != rows * inp {
+                    return Err(shape_err(
+                        "matmul",
+                        format!("{} values are not [{rows}, {inp}]", x.len()),
+                    ));
+                }
+                let mut y = vec![0f32; rows * out];
+                with_slice(w, |w| f32_matmul::matmul(x, rows, w, *out, *inp, &mut y))?;
+                Ok(y)
+            }
+            CpuMatrix::Block(m) => {
+                if x.len() != rows * m.cols() {
+                    return Err(shape_err(
+                        "matmul",
+                        format!("{} values are not [{rows}, {}]", x.len(), m.cols()),
+                    ));
+                }
+                let mut y = vec![0f32; rows * m.rows()];
+                m.matmul(x, rows, &mut y);
+                Ok(y)
+            }
+            CpuMatrix::Quantized { w, out: _, inp } => host(&w.forward(&tensor(x, rows, *inp)?)?),
+        }
+    }
+
+    fn experts_swiglu(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        routing: &CpuRouting,
+        gate_up: &Tensor,
+        down: &Tensor,
+    ) -> Result<Vec<f32>> {
+        let (_, two_i, h) = gate_up.dims3()?;
+        if x.len() != rows * h || routing.experts.len() != rows * routing.k {
+            return Err(shape_err(
+                "experts_swiglu",
+                format!(
+                    "{} values, {} slots for {rows} rows",
+                    x.len(),
+                    routing.experts.len()
+                ),
+            ));
+        }
+        with_slice(gate_up, |gu| {
+            with_slice(down, |dn| {
+                experts::expert_gather(
+                    x,
+                    &routing.experts,
+                    &routing.weights,
+                    routing.k,
+                    gu,
+                    dn,
+                    h,
+                    two_i / 2,
+                )
+            })
+        })?
+    }
+
+    // ---- routing ----
+
+    fn route_softmax_topk(
+        &self,
+        logits: &Vec<f32>,
+        rows: usize,
+        experts: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<CpuRouting> {
+        if logits.len() != rows * experts || k > experts {
+            return Err(shape_err(
+                "route_softmax_topk",
+                format!("{} logits, {rows} rows of {experts}, top {k}", logits.len()),
+            ));
+        }
+        let mut r = CpuRouting {
+            k,
+            ..Default::default()
+        };
+        let mut idx: Vec<usize> = Vec::with_capacity(experts);
+        for row in logits.chunks_exact(experts) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let ex: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
+            let sum: f32 = ex.iter().sum();
+            idx.clear();
+            idx.extend(0..experts);
+            // Descending probability; equal probabilities keep the lower id
+            // first (torch.topk's CPU order for exact ties is unspecified).
+            idx.sort_by(|&a, &b| ex[b].total_cmp(&ex[a]).then(a.cmp(&b)));
+            let top: Vec<f32> = idx[..k].iter().map(|&i| ex[i] / sum).collect();
+            let norm: f32 = if renormalise { top.iter().sum() } else { 1.0 };
+            for (j, &i) in idx[..k].iter().enumerate() {
+                r.experts.push(i);
+                r.weights.push(top[j] / norm);
+            }
+        }
+        Ok(r)
+    }
+
+    fn routing_to_host(&self, r: &CpuRouting) -> Result<(Vec<usize>, Vec<f32>)> {
+        Ok((r.experts.clone(), r.weights.clone()))
+    }
+
+    // ---- norms ----
+
+    fn rms_norm(&self, x: &Vec<f32>, width: usize, w: &Vec<f32>, eps: f32) -> Result<Vec<f32>> {
+        let rows = x.len() / width.max(1);
+        let w = Tensor::from_slice(w, width, &Device::Cpu)?;
+        host(&candle_nn::ops::rms_norm(
+            &tensor(x, rows, width)?,
+            &w,
+            eps,
+        )?)
+    }
+
+    fn rms_norm_grouped(
+        &self,
+        x: &Vec<f32>,
+        width: usize,
+        group: usize,
+        scale: &Vec<f32>,
+        eps: f64,
+    ) -> Result<Vec<f32>> {
+        use candle_core::D;
+        let rows = x.len() / width.max(1);
+        let xs = tensor(x, rows, width)?.reshape((rows, width / group, group))?;
+        let inv = (xs.sqr()?.mean_keepdim(D::Minus1)? + eps)?
+            .sqrt()?
+            .recip()?;
+        let scale = Tensor::from_slice(scale, width, &Device::Cpu)?;
+        host(
+            &xs.broadcast_mul(&inv)?
+                .reshape((rows, width))?
+                .broadcast_mul(&scale)?,
+        )
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut Vec<f32>,
+        dim: usize,
+        scale: &Vec<f32>,
+        eps: f32,
+    ) -> Result<()> {
+        for x in x.chunks_exact_mut(dim) {
+            let ms = x.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for (v, s) in x.iter_mut().zip(scale) {
+                *v = *v * inv * s;
+            }
+        }
+        Ok(())
+    }
+
+    fn l2_norm_heads(&self, x: &mut Vec<f32>, dim: usize, scale: f32) -> Result<()> {
+        for x in x.chunks_exact_mut(dim) {
+            let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+            for v in x {
+                *v *= inv * scale;
+            }
+        }
+        Ok(())
+    }
+
+    fn gated_rms_norm(
+        &self,
+        o: &Vec<f32>,
+        z: &Vec<f32>,
+        w: &Vec<f32>,
+        eps: f32,
+        act: GateAct,
+    ) -> Result<Vec<f32>> {
+        let dim = w.len();
+        let mut out = vec![0f32; o.len()];
+        for ((orow, zrow), dst) in o
+            .chunks_exact(dim)
+            .zip(z.chunks_exact(dim))
+            .zip(out.chunks_exact_mut(dim))
+        {
+            let ms = orow.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for i in 0..dim {
+                let g = match act {
+                    GateAct::Sigmoid => sigmoid(zrow[i]),
+                    GateAct::Silu => zrow[i] * sigmoid(zrow[i]),
+                };
+                dst[i] = w[i] * (orow[i] * inv) * g;
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- position ----
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        head_dim: usize,
+        cos: &Vec<f32>,
+        sin: &Vec<f32>,
+        half: usize,
+        layout: RopeLayout,
+    ) -> Result<()> {
+        let rows = cos.len() / half.max(1);
+        if rows == 0 || !x.len().is_multiple_of(rows * head_dim) {
+            return Err(shape_err(
+                "rope",
+                format!("{} values for {rows} rows of {head_dim}-dim heads", x.len()),
+            ));
+        }
+        let per_row = x.len() / rows;
+        for (r, row) in x.chunks_exact_mut(per_row).enumerate() {
+            let (c, s) = (
+                &cos[r * half..(r + 1) * half],
+                &sin[r * half..(r + 1) * half],
+            );
+            for head in row.chunks_exact_mut(head_dim) {
+                match layout {
+                    RopeLayout::HalfSplit => {
+                        for i in 0..half {
+                            let (a, b) = (head[i], head[i + half]);
+                            head[i] = a * c[i] - b * s[i];
+                            head[i + half] = b * c[i] + a * s[i];
+                        }
+                    }
+                    RopeLayout::Interleaved => {
+                        for i in 0..half {
+                            let (a, b) = (head[2 * i], head[2 * i + 1]);
+                            head[2 * i] = a * c[i] - b * s[i];
+                            head[2 * i + 1] = a * s[i] + b * c[i];
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- recurrent ----
+
+    fn causal_conv_silu(
+        &self,
+        u: &Vec<f32>,
+        window: &mut Vec<f32>,
+        w: &Vec<f32>,
+        channels: usize,
+        kernel: usize,
+        dilation: usize,
+    ) -> Result<Vec<f32>> {
+        if window.len() != (kernel - 1) * dilation * channels || w.len() != channels * kernel {
+            return Err(shape_err(
+                "causal_conv_silu",
+                format!(
+                    "window {} / weights {} for {channels} channels, kernel {kernel}, dilation {dilation}",
+                    window.len(),
+                    w.len()
+                ),
+            ));
+        }
+        Ok(delta_rule::causal_conv(
+            u, window, w, channels, kernel, dilation,
+        ))
+    }
+
+    fn delta_rule_scan(
+        &self,
+        d: ScanDims,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        g: &Vec<f32>,
+        beta: &Vec<f32>,
+        s: &mut Vec<f32>,
+    ) -> Result<Vec<f32>> {
+        if s.len() != d.hv * d.dk * d.dv {
+            return Err(shape_err(
+                "delta_rule_scan",
+                format!("state of {} values for {d:?}", s.len()),
+            ));
+        }
+        Ok(delta_rule::scan(d, q, k, v, g, beta, s))
+    }
+
+    // ---- attention ----
+
+    fn attention_causal(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        offset: usize,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Vec<f32>> {
+        let (kvh, d) = (kv.heads, kv.dim);
+        let group = q_heads / kvh;
+        let t = q.len() / (q_heads * d);
+        let total = offset + t;
+        if t == 0 || k.len() < total * kvh * d || v.len() < total * kvh * d {
+            return Err(shape_err(
+                "attention_causal",
+                format!("{t} queries over {total} keys"),
+            ));
+        }
+        // Kernel rows per kv head: `g·t + i` is group member `g` at window
+        // position `i`, i.e. token `i`, query head `h·group + g`.
+        let rows = group * t;
+        let mut y = vec![0f32; t * q_heads * d];
+        let kvw = kvh * d;
+        let kview = attention::View {
+            data: k,
+            start: 0,
+            strides: [d, kvw],
+        };
+        let vview = attention::View {
+            data: v,
+            start: 0,
+            strides: [d, kvw],
+        };
+        // q row (h, r) = token r % t, head h·group + r / t: a strided view
+        // cannot express it, so the kernel reads through a reordered copy.
+        let mut qr = vec![0f32; kvh * rows * d];
+        for h in 0..kvh {
+            for r in 0..rows {
+                let (g, i) = (r / t, r % t);
+                let src = (i * q_heads + h * group + g) * d;
+                qr[(h * rows + r) * d..][..d].copy_from_slice(&q[src..src + d]);
+            }
+        }
+        let qview = attention::View {
+            data: &qr,
+            start: 0,
+            strides: [rows * d, d],
+        };
+        attention::causal_attention(
+            qview,
+            kview,
+            vview,
+            kvh,
+            rows,
+            t,
+            offset,
+            d,
+            &mut y,
+            |h, r| ((r % t) * q_heads + h * group + r / t) * d,
+        );
+        Ok(y)
+    }
+
+    fn block_keys(
+        &self,
+        raw: &Vec<f32>,
+        dim: usize,
+        ratio: usize,
+        first: usize,
+        last: usize,
+    ) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity((last - first) * dim);
+        let mut kb = vec![0f32; dim];
+        for j in first..last {
+            kb.fill(0.0);
+            for i in j * ratio..(j + 1) * ratio {
+                for (a, b) in kb.iter_mut().zip(&raw[i * dim..(i + 1) * dim]) {
+                    *a += b;
+                }
+            }
+            for a in kb.iter_mut() {
+                *a /= ratio as f32;
+            }
+            out.extend_from_slice(&kb);
+        }
+        Ok(out)
+    }
+
+    fn indexer_select(
+        &self,
+        q: &Vec<f32>,
+        blocks: &Vec<f32>,
+        base: usize,
+        shape: IndexerShape,
+    ) -> Result<Vec<Vec<u32>>> {
+        let row = shape.heads * shape.dim;
+        let mut scores = Vec::new();
+        Ok(q.chunks_exact(row)
+            .enumerate()
+            .map(|(i, qr)| {
+                indexer::select_blocks(
+                    qr,
+                    blocks,
+                    base + i + 1,
+                    shape.heads,
+                    shape.dim,
+                    shape.ratio,
+                    shape.block_topk,
+                    &mut scores,
+                )
+            })
+            .collect())
+    }
+
+    fn selection_to_host(&self, s: &Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
+        Ok(s.clone())
+    }
+
+    fn attention_gathered(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        keep: &Vec<Vec<u32>>,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Vec<f32>> {
+        if q.len() != keep.len() * q_heads * kv.dim {
+            return Err(shape_err(
+                "attention_gathered",
+                format!("{} query values for {} queries", q.len(), keep.len()),
+            ));
+        }
+        Ok(sparse_attention::attention_gathered(
+            q, k, v, keep, q_heads, kv.heads, kv.dim,
+        ))
+    }
+
+    // ---- element-wise ----
+
+    fn add(&self, a: &Vec<f32>, b: &Vec<f32>) -> Result<Vec<f32>> {
+        if a.len() != b.len() {
+            return Err(shape_err("add", format!("{} + {}", a.len(), b.len())));
+        }
+        Ok(a.iter().zip(b).map(|(a, b)| a + b).collect())
+    }
+
+    fn mul(&self, a: &Vec<f32>, b: &Vec<f32>) -> Result<Vec<f32>> {
+        if a.len() != b.len() {
+            return Err(shape_err("mul", format!("{} * {}", a.len(), b.len())));
+        }
+        Ok(a.iter().zip(b).map(|(a, b)| a * b).collect())
+    }
+
+    fn affine(&self, x: &Vec<f32>, mul: f32, add: f32) -> Result<Vec<f32>> {
+        Ok(x.iter().map(|v| v * mul + add).collect())
+    }
+
+    fn silu(&self, x: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(x.iter().map(|&v| v / (1.0 + (-v).exp())).collect())
+    }
+
+    fn sigmoid(&self, x: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(x.iter().map(|&v| ((-v).exp() + 1.0).recip()).collect())
+    }
+
+    fn swiglu(&self, gu: &Vec<f32>, inter: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(gu.len() / 2);
+        for row in gu.chunks_exact(2 * inter) {
+            let (g, u) = row.split_at(inter);
+            out.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
+        }
+        Ok(out)
+    }
+
+    fn softplus_decay(
+        &self,
+        a: &Vec<f32>,
+        neg_a: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+    ) -> Result<Vec<f32>> {
+        let h = neg_a.len();
+        Ok(a.iter()
+            .enumerate()
+            .map(|(i, &ai)| {
+                let j = i % h;
+                let x = ai + dt_bias[j];
+                // torch's softplus (threshold 20: linear above it).
+                let sp = if x > 20.0 { x } else { x.exp().ln_1p() };
+                neg_a[j] * sp
+            })
+            .collect())
+    }
+
+    fn scale_rows(&self, x: &Vec<f32>, s: &Vec<f32>, width: usize) -> Result<Vec<f32>> {
+        Ok(x.chunks_exact(width)
+            .zip(s)
+            .flat_map(|(row, &s)| row.iter().map(move |v| v * s))
+            .collect())
+    }
+
+    fn ple_gate(
+        &self,
+        key: &Vec<f32>,
+        qry: &Vec<f32>,
+        val: &Vec<f32>,
+        c: usize,
+        h: usize,
+    ) -> Result<Vec<f32>> {
+        let ch = c * h;
+        let t_len = val.len() / h;
+        let mut gv = vec![0f32; t_len * ch];
+        let inv_sqrt_h = 1.0 / (h as f32).sqrt();
+        for t in 0..t_len {
+            for s in 0..c {
+                let o = t * ch + s * h;
+                let dot: f32 = key[o..o + h]
+                    .iter()
+                    .zip(&qry[o..o + h])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                let g = dot * inv_sqrt_h;
+                let sign = if g > 0.0 {
+                    1.0
+                } else if g < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                };
+                let g = g.abs().max(1e-6).sqrt() * sign;
+                let sg = sigmoid(g);
+                for (dst, v) in gv[o..o + h].iter_mut().zip(&val[t * h..(t + 1) * h]) {
+                    *dst = sg * v;
+                }
+            }
+        }
+        Ok(gv)
+    }
+
+    fn tile_streams(&self, x: &Vec<f32>, c: usize, h: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(x.len() * c);
+        for row in x.chunks_exact(h) {
+            for _ in 0..c {
+                out.extend_from_slice(row);
+            }
+        }
+        Ok(out)
+    }
+
+    fn mean_streams(&self, x: &Vec<f32>, c: usize, h: usize) -> Result<Vec<f32>> {
+        let inv = (1f64 / c as f64) as f32;
+        let mut out = Vec::with_capacity(x.len() / c);
+        for row in x.chunks_exact(c * h) {
+            for j in 0..h {
+                let mut s = 0f32;
+                for st in 0..c {
+                    s += row[st * h + j];
+                }
+                out.push(s * inv + 0.0);
+            }
+        }
+        Ok(out)
+    }
+
+    fn inject_streams(
+        &self,
+        xs: &Vec<f32>,
+        y: &Vec<f32>,
+        inj: &Vec<f32>,
+        c: usize,
+    ) -> Result<Vec<f32>> {
+        let rows = inj.len() / c;
+        let h = y.len() / rows.max(1);
+        let mut out = Vec::with_capacity(xs.len());
+        for t in 0..rows {
+            for s in 0..c {
+                let w = inj[t * c + s];
+                for j in 0..h {
+                    out.push(xs[(t * c + s) * h + j] + w * y[t * h + j]);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

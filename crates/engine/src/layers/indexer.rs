@@ -1,0 +1,143 @@
+//! A block-sparse attention indexer (Qwen's QSA; DeepSeek's and GLM's
+//! indexers over pooled keys share the mechanics): which cached tokens each
+//! query may attend to.
+//!
+//! ```text
+//! [q (nI×dI) | k (dI)] = index_qk_proj·x
+//! qI_h   = RoPE_R( N1(q_h; q_layernorm), pos_t )     rotates the first R of dI dims
+//! kraw   = k                                         cached raw: [P, dI]
+//! kb_j   = RoPE_R( N1( mean(kraw[j·ratio .. (j+1)·ratio]); k_layernorm ), pos of the block's first token )
+//! score_j = Σ_h relu(qI_h · kb_j) / √dI              fp32
+//! keep   = tokens of the top min(block_topk, nb) blocks ∪ the incomplete tail
+//! ```
+//!
+//! For a query at index `t` (batch 1, no padding) the visible tokens are
+//! `0..=t`, `nb = ⌊(t+1)/ratio⌋` blocks are complete and the tail is
+//! `nb·ratio..=t`. Nothing is pruned until a query sees `budget + ratio`
+//! tokens; the query's own token can be dropped (its block may be complete
+//! and not chosen) — the diagonal is *not* forced.
+//!
+//! Block keys depend only on their own complete block, so they are computed
+//! once when the block completes and cached ([`IndexerCache::blocks`]).
+
+use crate::backend::{Backend, IndexerShape};
+use crate::error::Result;
+use crate::layers::linear::Linear;
+use crate::layers::norms::ZcNorm;
+use crate::layers::rope::RopeRows;
+use crate::load::binder::Binder;
+use crate::state::rows::RowCache;
+
+/// Rotary tables for arbitrary positions (M-RoPE, YaRN, plain).
+pub trait PositionTables<B: Backend> {
+    fn tables(&self, ops: &B, positions: &[[u32; 3]]) -> Result<RopeRows<B>>;
+}
+
+impl<B: Backend> PositionTables<B> for crate::layers::rope::MRope {
+    fn tables(&self, ops: &B, positions: &[[u32; 3]]) -> Result<RopeRows<B>> {
+        crate::layers::rope::MRope::tables(self, ops, positions)
+    }
+}
+
+/// The indexer's cache: raw keys per token and block keys per complete
+/// block.
+#[derive(Debug, Clone)]
+pub struct IndexerCache<B: Backend> {
+    /// `[P, dI]`.
+    pub raw: RowCache<B>,
+    /// `[⌊P/ratio⌋, dI]`.
+    pub blocks: RowCache<B>,
+}
+
+impl<B: Backend> IndexerCache<B> {
+    pub fn new(ops: &B, dim: usize) -> Result<Self> {
+        Ok(Self {
+            raw: RowCache::new(ops, dim)?,
+            blocks: RowCache::new(ops, dim)?,
+        })
+    }
+
+    /// Keep the first `n` tokens (a block key depends only on its own
+    /// complete block).
+    pub fn truncate(&mut self, ops: &B, n: usize, ratio: usize) -> Result<()> {
+        self.raw.truncate(ops, n)?;
+        self.blocks.truncate(ops, n / ratio)
+    }
+
+    pub fn byte_size(&self) -> usize {
+        self.raw.byte_size() + self.blocks.byte_size()
+    }
+}
+
+#[derive(Debug)]
+pub struct Indexer<B: Backend> {
+    qk: Linear<B>,
+    q_norm: ZcNorm<B>,
+    k_norm: ZcNorm<B>,
+    pub shape: IndexerShape,
+}
+
+impl<B: Backend> Indexer<B> {
+    /// Bound under `w`'s scope (`…self_attn.indexer`).
+    pub fn load(
+        w: &mut Binder<'_, B>,
+        h: usize,
+        n_heads: usize,
+        dim: usize,
+        budget: usize,
+        ratio: usize,
+        eps: f64,
+    ) -> Result<Self> {
+        Ok(Self {
+            qk: w.linear("index_qk_proj", (n_heads + 1) * dim, h)?,
+            q_norm: ZcNorm::load(w, "q_layernorm.weight", dim, dim, eps)?,
+            k_norm: ZcNorm::load(w, "k_layernorm.weight", dim, dim, eps)?,
+            shape: IndexerShape {
+                heads: n_heads,
+                dim,
+                ratio,
+                block_topk: budget / ratio,
+            },
+        })
+    }
+
+    pub fn new_cache(&self, ops: &B) -> Result<IndexerCache<B>> {
+        IndexerCache::new(ops, self.shape.dim)
+    }
+
+    /// Append the new tokens' raw keys (and any newly complete block keys)
+    /// to `cache`, then select for every new query. `x: [rows, H]`;
+    /// `positions` covers every cached token including the new ones (the
+    /// new queries are the last `rows`); `q_rope` holds the new rows' tables.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        cache: &mut IndexerCache<B>,
+        positions: &[[u32; 3]],
+        rope: &impl PositionTables<B>,
+        q_rope: &RopeRows<B>,
+    ) -> Result<B::Selection> {
+        let (nh, d, ratio) = (self.shape.heads, self.shape.dim, self.shape.ratio);
+        let qk = self.qk.forward(ops, x, rows)?;
+        let mut parts = ops.split_cols(&qk, rows, &[nh * d, d], 1)?;
+        let k = parts.pop().expect("two parts");
+        let mut q = parts.pop().expect("two parts");
+        cache.raw.append(ops, &k)?;
+        let total = cache.raw.rows();
+        let base = total - rows;
+        let (first, last) = (cache.blocks.rows(), total / ratio);
+        if last > first {
+            let mut kb = ops.block_keys(cache.raw.buf(), d, ratio, first, last)?;
+            self.k_norm.apply_heads(ops, &mut kb)?;
+            let starts: Vec<[u32; 3]> = (first..last).map(|j| positions[j * ratio]).collect();
+            rope.tables(ops, &starts)?.apply(ops, &mut kb, d)?;
+            cache.blocks.append(ops, &kb)?;
+        }
+        self.q_norm.apply_heads(ops, &mut q)?;
+        q_rope.apply(ops, &mut q, d)?;
+        ops.indexer_select(&q, cache.blocks.buf(), base, self.shape)
+    }
+}

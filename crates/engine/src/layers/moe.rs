@@ -1,0 +1,104 @@
+//! Mixture-of-experts mechanics shared by families: the routed experts
+//! ([`Experts`]) and routers that choose them. Experts do not own their
+//! router (the caller computes the routing), so each family brings its own
+//! routing policy to the same expert execution: softmax top-k
+//! ([`SoftmaxRouter`], Qwen); sqrt-softplus with a bias, sigmoid with grouped
+//! top-k and hash routing by token id join with their families.
+//!
+//! Experts load from either layout found in the wild: per expert
+//! (`experts.{e}.{gate,up,down}_proj.weight`, what `save_pretrained` writes)
+//! or fused 3-D (`experts.gate_up_proj [E, 2I, H]`, rows `[gate | up]`, and
+//! `experts.down_proj [E, H, I]`, transformers' runtime layout); both are
+//! kept fused.
+
+use candle_core::Tensor;
+
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::layers::linear::Linear;
+use crate::load::binder::Binder;
+
+/// Routed SwiGLU experts: `expert_e(x) = down_e(silu(gate_e·x) ⊙ up_e·x)`.
+#[derive(Debug)]
+pub struct Experts<B: Backend> {
+    /// `[E, 2I, H]` and `[E, H, I]`.
+    gate_up: B::Experts,
+    down: B::Experts,
+    pub n_experts: usize,
+    pub inter: usize,
+}
+
+impl<B: Backend> Experts<B> {
+    /// Bound under `w`'s scope (`…mlp.`), from `experts.*` in either layout.
+    pub fn load(w: &mut Binder<'_, B>, n_experts: usize, h: usize, inter: usize) -> Result<Self> {
+        let (gu, dn) = if w.has("experts.gate_up_proj") {
+            (
+                w.tensor("experts.gate_up_proj", &[n_experts, 2 * inter, h])?,
+                w.tensor("experts.down_proj", &[n_experts, h, inter])?,
+            )
+        } else {
+            let mut gus = Vec::with_capacity(n_experts);
+            let mut dns = Vec::with_capacity(n_experts);
+            for e in 0..n_experts {
+                let mut x = w.pp(&format!("experts.{e}"));
+                let g = x.tensor("gate_proj.weight", &[inter, h])?;
+                let u = x.tensor("up_proj.weight", &[inter, h])?;
+                gus.push(Tensor::cat(&[g, u], 0)?);
+                dns.push(x.tensor("down_proj.weight", &[h, inter])?);
+            }
+            (Tensor::stack(&gus, 0)?, Tensor::stack(&dns, 0)?)
+        };
+        let ops = w.ops();
+        Ok(Self {
+            gate_up: ops.experts(gu, n_experts, 2 * inter, h)?,
+            down: ops.experts(dn, n_experts, h, inter)?,
+            n_experts,
+            inter,
+        })
+    }
+
+    /// `x: [rows, H]` → `Σ_k w_k·expert_k(x)`, `[rows, H]` (slots summed in
+    /// routing order).
+    pub fn forward(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        routing: &B::Routing,
+    ) -> Result<B::Buf> {
+        ops.experts_swiglu(x, rows, routing, &self.gate_up, &self.down)
+    }
+}
+
+/// Softmax router: `p = softmax(W_gate·x)`, the top `k` experts (ties to
+/// the lower index), weights renormalised over the top `k` when asked.
+#[derive(Debug)]
+pub struct SoftmaxRouter<B: Backend> {
+    gate: Linear<B>,
+    n_experts: usize,
+    top_k: usize,
+    renormalise: bool,
+}
+
+impl<B: Backend> SoftmaxRouter<B> {
+    /// `gate.weight` `[E, H]` under `w`'s scope.
+    pub fn load(
+        w: &mut Binder<'_, B>,
+        n_experts: usize,
+        h: usize,
+        top_k: usize,
+        renormalise: bool,
+    ) -> Result<Self> {
+        Ok(Self {
+            gate: w.linear("gate", n_experts, h)?,
+            n_experts,
+            top_k,
+            renormalise,
+        })
+    }
+
+    pub fn route(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<B::Routing> {
+        let logits = self.gate.forward(ops, x, rows)?;
+        ops.route_softmax_topk(&logits, rows, self.n_experts, self.top_k, self.renormalise)
+    }
+}

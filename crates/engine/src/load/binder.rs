@@ -1,0 +1,197 @@
+//! One strict weight binder over safetensors directories and GGUF files,
+//! with scoped prefixes: `w.pp("model.layers.3").pp("mlp").linear("gate_proj",
+//! ..)` binds `model.layers.3.mlp.gate_proj.weight`. Every tensor is checked
+//! for shape when bound; the source's `finish` refuses tensors nobody bound.
+//! Families receive a [`Binder`] and never see a file format or a device.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use super::gguf::GgufFile;
+use super::safetensors::SafetensorsDir;
+use crate::backend::{Backend, HostWeight};
+use crate::error::{EngineError, Result};
+use crate::layers::linear::Linear;
+
+/// A file format that weights are bound from.
+pub trait WeightSource {
+    /// The file that holds `name` (for error messages).
+    fn file_of(&self, name: &str) -> PathBuf;
+    fn has(&self, name: &str) -> bool;
+    /// Read `name` with row-major `shape`: f32 for float formats, kept
+    /// block-quantized for quantized GGUF tensors.
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight>;
+    /// Read `name` as f32 (dequantized when stored quantized).
+    fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor>;
+    /// Mark a tensor as deliberately unused (no-op when absent).
+    fn ignore(&mut self, name: &str);
+    /// The safetensors directory, for bindings that map shards directly.
+    fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
+        None
+    }
+}
+
+impl WeightSource for SafetensorsDir {
+    fn file_of(&self, name: &str) -> PathBuf {
+        SafetensorsDir::file_of(self, name)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        SafetensorsDir::has(self, name)
+    }
+
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight> {
+        Ok(HostWeight::F32(self.read_f32(name, shape)?))
+    }
+
+    fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.tensor(name, shape, &Device::Cpu)
+    }
+
+    fn ignore(&mut self, name: &str) {
+        SafetensorsDir::ignore(self, name)
+    }
+
+    fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
+        Some(self)
+    }
+}
+
+impl WeightSource for GgufFile {
+    fn file_of(&self, _name: &str) -> PathBuf {
+        self.path().to_path_buf()
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.has_tensor(name)
+    }
+
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight> {
+        Ok(HostWeight::Gguf(Arc::new(self.tensor(
+            name,
+            shape,
+            &Device::Cpu,
+        )?)))
+    }
+
+    fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let q = self.tensor(name, shape, &Device::Cpu)?;
+        Ok(q.dequantize(&Device::Cpu)?)
+    }
+
+    fn ignore(&mut self, _name: &str) {}
+}
+
+/// A weight source scoped to a prefix, placing weights on a backend.
+pub struct Binder<'a, B: Backend> {
+    src: &'a mut dyn WeightSource,
+    ops: &'a B,
+    prefix: String,
+}
+
+impl<'a, B: Backend> Binder<'a, B> {
+    pub fn new(src: &'a mut dyn WeightSource, ops: &'a B) -> Self {
+        Self {
+            src,
+            ops,
+            prefix: String::new(),
+        }
+    }
+
+    /// The same source under `prefix.` (no dot added for an empty `sub`).
+    pub fn pp(&mut self, sub: &str) -> Binder<'_, B> {
+        let prefix = if sub.is_empty() {
+            self.prefix.clone()
+        } else {
+            format!("{}{sub}.", self.prefix)
+        };
+        Binder {
+            src: &mut *self.src,
+            ops: self.ops,
+            prefix,
+        }
+    }
+
+    pub fn ops(&self) -> &B {
+        self.ops
+    }
+
+    /// The full name of `name` under this scope.
+    pub fn name(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.src.has(&self.name(name))
+    }
+
+    pub fn ignore(&mut self, name: &str) {
+        let n = self.name(name);
+        self.src.ignore(&n);
+    }
+
+    /// A linear layer from `{name}.weight`, `[out, in]`.
+    pub fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear<B>> {
+        let n = self.name(&format!("{name}.weight"));
+        let w = self.src.read(&n, &[out, inp])?;
+        Linear::new(
+            self.ops.matrix(w, out, inp).map_err(|e| self.err(&n, e))?,
+            out,
+            inp,
+        )
+    }
+
+    /// A linear layer from an already read weight `[out, in]`.
+    pub fn linear_from(&self, w: HostWeight, out: usize, inp: usize) -> Result<Linear<B>> {
+        Linear::new(self.ops.matrix(w, out, inp)?, out, inp)
+    }
+
+    /// A tensor as a flat f32 device buffer.
+    pub fn vector(&mut self, name: &str, shape: &[usize]) -> Result<B::Buf> {
+        let host = self.host(name, shape)?;
+        self.ops.upload(&host)
+    }
+
+    /// A tensor's values on the host (small parameters a layer transforms
+    /// once at load, e.g. `−exp(A_log)`).
+    pub fn host(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.tensor(name, shape)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    /// A tensor as a host f32 tensor (for stacking or fusing at load).
+    pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let n = self.name(name);
+        self.src.read_f32(&n, shape)
+    }
+
+    /// A tensor as read (quantized GGUF tensors stay quantized).
+    pub fn raw(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight> {
+        let n = self.name(name);
+        self.src.read(&n, shape)
+    }
+
+    /// An embedding table `[rows, width]`.
+    pub fn table(&mut self, name: &str, rows: usize, width: usize) -> Result<B::Table> {
+        let n = self.name(name);
+        let w = self.src.read(&n, &[rows, width])?;
+        self.ops.table(w, rows, width).map_err(|e| self.err(&n, e))
+    }
+
+    /// The safetensors directory behind this binder, if that is the format.
+    pub fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
+        self.src.safetensors()
+    }
+
+    fn err(&self, name: &str, e: EngineError) -> EngineError {
+        match e {
+            e @ EngineError::Tensor { .. } => e,
+            other => EngineError::Tensor {
+                path: self.src.file_of(name),
+                tensor: name.to_string(),
+                message: other.to_string(),
+            },
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! A cache of token rows on the device: `[P, width]`, one row per token,
+//! appended per forward, truncated by position, exported and imported as a
+//! host table. Attention keys/values, indexer keys and block keys are all
+//! row caches; only their geometry differs.
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::state::table::{NamedTensor, TableReader};
+
+#[derive(Debug, Clone)]
+pub struct RowCache<B: Backend> {
+    buf: B::Buf,
+    width: usize,
+    rows: usize,
+}
+
+impl<B: Backend> RowCache<B> {
+    pub fn new(ops: &B, width: usize) -> Result<Self> {
+        Ok(Self {
+            buf: ops.zeros(0)?,
+            width,
+            rows: 0,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The valid rows, `[rows, width]`.
+    pub fn buf(&self) -> &B::Buf {
+        &self.buf
+    }
+
+    /// Append `x: [n, width]`.
+    pub fn append(&mut self, ops: &B, x: &B::Buf) -> Result<()> {
+        let n = ops.len(x) / self.width.max(1);
+        if n * self.width != ops.len(x) {
+            return Err(EngineError::State(format!(
+                "{} values are not rows of {}",
+                ops.len(x),
+                self.width
+            )));
+        }
+        ops.append(&mut self.buf, x)?;
+        self.rows += n;
+        Ok(())
+    }
+
+    /// Keep the first `n` rows.
+    pub fn truncate(&mut self, ops: &B, n: usize) -> Result<()> {
+        if n < self.rows {
+            ops.truncate(&mut self.buf, n * self.width)?;
+            self.rows = n;
+        }
+        Ok(())
+    }
+
+    pub fn byte_size(&self) -> usize {
+        4 * self.rows * self.width
+    }
+
+    pub fn export(&self, ops: &B, name: String) -> Result<NamedTensor> {
+        Ok(NamedTensor::f32(
+            name,
+            vec![self.rows, self.width],
+            ops.download(&self.buf)?,
+        ))
+    }
+
+    /// Read `rows` rows named `name` (the length is checked).
+    pub fn import(&mut self, ops: &B, r: &mut TableReader, name: &str, rows: usize) -> Result<()> {
+        let host = r.f32(name, rows * self.width)?;
+        self.buf = ops.upload(&host)?;
+        self.rows = rows;
+        Ok(())
+    }
+}
