@@ -94,6 +94,8 @@ pub trait Model: Send + Sync {
     type State: ModelState;
 
     fn descriptor(&self) -> &'static FamilyDescriptor;
+    /// The backend the model runs on (part of every checkpoint's identity).
+    fn backend(&self) -> crate::backend::BackendId;
     fn vocab_size(&self) -> usize;
     /// Longest sequence the model supports (positions).
     fn context_length(&self) -> usize;

@@ -336,6 +336,9 @@ mod adapter {
         fn descriptor(&self) -> &'static FamilyDescriptor {
             self.inner.descriptor()
         }
+        fn backend(&self) -> ds4_engine::backend::BackendId {
+            self.inner.backend()
+        }
         fn vocab_size(&self) -> usize {
             self.inner.vocab_size()
         }

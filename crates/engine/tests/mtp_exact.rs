@@ -27,6 +27,7 @@ const STOP: u32 = 3;
 static TOY: FamilyDescriptor = FamilyDescriptor {
     name: "toy",
     model_types: &[],
+    gguf_architectures: &[],
     law: Law::Nucleus,
     sampling_defaults: Law::Nucleus.default_params(),
 };
@@ -163,6 +164,9 @@ impl Model for Toy {
     type State = ToyState;
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &TOY
+    }
+    fn backend(&self) -> ds4_engine::backend::BackendId {
+        ds4_engine::backend::Backend::id(&ds4_engine::backend::CpuOps)
     }
     fn vocab_size(&self) -> usize {
         V

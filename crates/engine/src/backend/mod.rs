@@ -47,6 +47,9 @@ pub struct BackendId {
     pub backend: &'static str,
     /// The kernel set (`avx2`, `avx512`, `portable`, `sm_90a`, …).
     pub kernels: String,
+    /// What a checkpoint's identity records (stable across releases, so a
+    /// new build keeps accepting the checkpoints an older one wrote).
+    pub tag: String,
 }
 
 impl std::fmt::Display for BackendId {

@@ -1,5 +1,10 @@
 //! Model families. Each lives in its own module and touches shared code only
-//! through the [`crate::Model`] contract and its [`FamilyDescriptor`].
+//! through the [`crate::Model`] contract, the op inventory
+//! ([`crate::backend::Backend`]) and the shared layers. Every family is
+//! registered once, in [`FAMILIES`]: how a file is recognised as that
+//! family (Hugging Face `model_type`, GGUF `general.architecture`), its
+//! descriptor and its loader. A new family joins by adding its module, one
+//! [`LoadedModel`] variant, one [`with_model!`] arm and one registry entry.
 
 pub mod llama;
 pub mod qwen4_exp;
@@ -8,18 +13,105 @@ use std::path::Path;
 
 use ds4_sampling::{Law, SamplingParams};
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+use crate::load::ModelFormat;
 
 /// What the rest of the system may know about a family.
 #[derive(Debug)]
 pub struct FamilyDescriptor {
     pub name: &'static str,
-    /// `general.architecture` (GGUF) or `model_type` (config.json) values.
+    /// `model_type` values (config.json) of Hugging Face directories the
+    /// family loads.
     pub model_types: &'static [&'static str],
+    /// `general.architecture` values of GGUF files the family loads.
+    pub gguf_architectures: &'static [&'static str],
     /// The one sampling law this family is bound to.
     pub law: Law,
     /// Defaults for the parameters a request leaves unset.
     pub sampling_defaults: SamplingParams,
+}
+
+/// A registered family: its descriptor and how to load it on the CPU.
+pub struct Family {
+    pub descriptor: &'static FamilyDescriptor,
+    load: fn(&Path, ModelFormat) -> Result<LoadedModel>,
+}
+
+/// Every family the engine serves.
+pub static FAMILIES: &[Family] = &[
+    Family {
+        descriptor: &llama::DESCRIPTOR,
+        load: |path, format| {
+            Ok(LoadedModel::Llama(match format {
+                ModelFormat::Gguf => llama::LlamaModel::from_gguf(path)?,
+                ModelFormat::HfDir => llama::LlamaModel::from_hf_dir(path)?,
+            }))
+        },
+    },
+    Family {
+        descriptor: &qwen4_exp::DESCRIPTOR,
+        load: |path, _| {
+            Ok(LoadedModel::Qwen4Exp(
+                qwen4_exp::Qwen4ExpModel::from_hf_dir(path)?,
+            ))
+        },
+    },
+];
+
+/// The family of the model at `path` (a `.gguf` file or a Hugging Face
+/// directory), from its metadata.
+pub fn detect(path: &Path) -> Result<(&'static Family, ModelFormat)> {
+    let format = crate::load::detect(path)?;
+    let (key, value, file) = match format {
+        ModelFormat::HfDir => {
+            let config = path.join(crate::load::safetensors::CONFIG_FILE);
+            let text = std::fs::read_to_string(&config).map_err(|e| EngineError::File {
+                path: config.clone(),
+                message: format!("cannot read: {e}"),
+            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| EngineError::File {
+                    path: config.clone(),
+                    message: format!("invalid JSON: {e}"),
+                })?;
+            let t = json
+                .get("model_type")
+                .and_then(|v| v.as_str())
+                .ok_or_else(|| EngineError::Config {
+                    path: config.clone(),
+                    field: "model_type".into(),
+                    message: "missing: it names the model family".into(),
+                })?;
+            ("model_type", t.to_string(), config)
+        }
+        ModelFormat::Gguf => {
+            let g = crate::load::gguf::GgufFile::open(path)?;
+            let arch = g.string("general.architecture")?.to_string();
+            ("general.architecture", arch, path.to_path_buf())
+        }
+    };
+    let found = FAMILIES.iter().find(|f| match format {
+        ModelFormat::HfDir => f.descriptor.model_types.contains(&value.as_str()),
+        ModelFormat::Gguf => f.descriptor.gguf_architectures.contains(&value.as_str()),
+    });
+    found.map(|f| (f, format)).ok_or_else(|| {
+        let known: Vec<&str> = FAMILIES
+            .iter()
+            .flat_map(|f| match format {
+                ModelFormat::HfDir => f.descriptor.model_types.iter(),
+                ModelFormat::Gguf => f.descriptor.gguf_architectures.iter(),
+            })
+            .copied()
+            .collect();
+        EngineError::Config {
+            path: file,
+            field: key.into(),
+            message: format!(
+                "`{value}` is not a supported family (supported: {})",
+                known.join(", ")
+            ),
+        }
+    })
 }
 
 /// A loaded model of any family. Generic code receives the concrete model
@@ -31,29 +123,10 @@ pub enum LoadedModel {
 
 impl LoadedModel {
     /// Load the model at `path` (a `.gguf` file or a Hugging Face directory)
-    /// on the CPU, choosing the family from its metadata.
+    /// on the CPU, choosing the family from its metadata ([`detect`]).
     pub fn load(path: &Path) -> Result<Self> {
-        // A Hugging Face directory names its family in config.json
-        // `model_type`; GGUF files and llama model types go to llama.
-        if crate::load::detect(path)? == crate::load::ModelFormat::HfDir {
-            let config = path.join(crate::load::safetensors::CONFIG_FILE);
-            let text = std::fs::read_to_string(&config).map_err(|e| crate::EngineError::File {
-                path: config.clone(),
-                message: format!("cannot read: {e}"),
-            })?;
-            let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| crate::EngineError::File {
-                    path: config.clone(),
-                    message: format!("invalid JSON: {e}"),
-                })?;
-            let model_type = json.get("model_type").and_then(|v| v.as_str());
-            if model_type.is_some_and(|t| qwen4_exp::DESCRIPTOR.model_types.contains(&t)) {
-                return Ok(LoadedModel::Qwen4Exp(
-                    qwen4_exp::Qwen4ExpModel::from_hf_dir(path)?,
-                ));
-            }
-        }
-        Ok(LoadedModel::Llama(crate::load::load_llama(path)?))
+        let (family, format) = detect(path)?;
+        (family.load)(path, format)
     }
 
     pub fn descriptor(&self) -> &'static FamilyDescriptor {
@@ -78,4 +151,32 @@ macro_rules! with_model {
             $crate::families::LoadedModel::Qwen4Exp($model) => $body,
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names and recognition keys are unique across the registry, so a
+    /// file maps to exactly one family.
+    #[test]
+    fn registry_keys_are_unique() {
+        let mut names = std::collections::BTreeSet::new();
+        let mut keys = std::collections::BTreeSet::new();
+        for f in FAMILIES {
+            let d = f.descriptor;
+            assert!(names.insert(d.name), "family {} registered twice", d.name);
+            for t in d.model_types {
+                assert!(keys.insert(("hf", *t)), "model_type {t} claimed twice");
+            }
+            for a in d.gguf_architectures {
+                assert!(keys.insert(("gguf", *a)), "architecture {a} claimed twice");
+            }
+            assert!(
+                !d.model_types.is_empty() || !d.gguf_architectures.is_empty(),
+                "{} is recognised by nothing",
+                d.name
+            );
+        }
+    }
 }

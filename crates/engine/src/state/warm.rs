@@ -165,7 +165,8 @@ impl<M: Model> SessionCache<M> {
     ) -> Result<Self> {
         let mut cache = Self::new(model, bank_budget);
         if let Some(c) = checkpoints {
-            let id = checkpoint::identity(&c.model_path, model.descriptor().name)?;
+            let id =
+                checkpoint::identity(&c.model_path, model.descriptor().name, &model.backend())?;
             let store =
                 CheckpointStore::open(&c.dir, id, c.budget).map_err(|e| EngineError::File {
                     path: c.dir.clone(),

@@ -93,9 +93,12 @@ impl Backend for CpuOps {
     type Routing = CpuRouting;
 
     fn id(&self) -> BackendId {
+        let isa = block_matmul::isa();
         BackendId {
             backend: "cpu",
-            kernels: format!("{:?}", block_matmul::isa()).to_lowercase(),
+            kernels: format!("{isa:?}").to_lowercase(),
+            // The tag checkpoints carried before the op inventory existed.
+            tag: format!("cpu-kernels:{isa:?}"),
         }
     }
 

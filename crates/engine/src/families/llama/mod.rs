@@ -15,6 +15,7 @@ use ds4_sampling::Law;
 pub static DESCRIPTOR: FamilyDescriptor = FamilyDescriptor {
     name: "llama",
     model_types: &["llama"],
+    gguf_architectures: &["llama"],
     // The spec binds dense Llama models to the nucleus law with its PCG64
     // stream; the defaults are the law's own.
     law: Law::Nucleus,

@@ -347,6 +347,10 @@ impl<B: Backend> Model for LlamaModel<B> {
         &super::DESCRIPTOR
     }
 
+    fn backend(&self) -> crate::backend::BackendId {
+        self.ops.id()
+    }
+
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
     }

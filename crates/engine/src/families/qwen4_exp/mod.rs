@@ -32,6 +32,8 @@ use ds4_sampling::Law;
 pub static DESCRIPTOR: FamilyDescriptor = FamilyDescriptor {
     name: "qwen4_exp",
     model_types: &["qwen4_exp", "qwen4_exp_text"],
+    // Qwen4-Exp is served from Hugging Face directories only.
+    gguf_architectures: &[],
     law: Law::Nucleus,
     sampling_defaults: Law::Nucleus.default_params(),
 };

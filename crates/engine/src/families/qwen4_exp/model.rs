@@ -661,6 +661,10 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         &super::DESCRIPTOR
     }
 
+    fn backend(&self) -> crate::backend::BackendId {
+        self.ops.id()
+    }
+
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
     }

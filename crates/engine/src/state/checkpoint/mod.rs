@@ -68,21 +68,22 @@ pub fn fingerprint_path(path: &Path) -> std::io::Result<String> {
 
 /// What a checkpoint of the model at `model_path` must match: the weights
 /// file(s), the tokenizer and chat template (inside the GGUF, or the
-/// directory's tokenizer files), the CPU kernel set, the family and the
-/// engine's state format.
-pub fn identity(model_path: &Path, family: &str) -> crate::error::Result<Identity> {
+/// directory's tokenizer files), the backend and its kernel set, the family
+/// and the engine's state format.
+pub fn identity(
+    model_path: &Path,
+    family: &str,
+    backend: &crate::backend::BackendId,
+) -> crate::error::Result<Identity> {
     let io_err = |e: std::io::Error| crate::error::EngineError::File {
         path: model_path.to_path_buf(),
         message: format!("fingerprinting the model for checkpoints: {e}"),
     };
     let weights = fingerprint_path(model_path).map_err(io_err)?;
-    // The CPU kernel set decides the last bits of every matmul, so a state
-    // computed with AVX-512 kernels must not seed a warm turn under AVX2
-    // ones (warm must equal cold bit for bit).
-    let model = format!(
-        "{weights}+cpu-kernels:{:?}",
-        crate::backend::cpu::block_matmul::isa()
-    );
+    // The backend and kernel set decide the last bits of every matmul, so
+    // a state computed with AVX-512 kernels (or on a GPU) must not seed a
+    // warm turn under AVX2 ones (warm must equal cold bit for bit).
+    let model = format!("{weights}+{}", backend.tag);
     let tokenizer = if model_path.is_dir() {
         let mut bytes = Vec::new();
         for name in [
