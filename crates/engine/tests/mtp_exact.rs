@@ -8,7 +8,6 @@
 //! order of sampling.md section 5 out independently and requires the loop
 //! to take the same draws (tokens and draw counts) for many seeds.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 
 use candle_core::{Device, Tensor};
@@ -17,7 +16,7 @@ use ds4_engine::error::Result;
 use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::{
     EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
-    MtpStep, VerifyWindow, WindowRecord,
+    MtpStep, VerifyWindow,
 };
 use ds4_sampling::{Law, Sampler, SamplingParams, TokenCounts};
 
@@ -55,8 +54,13 @@ struct ToyState(Vec<u32>);
 struct ToyWindow(usize, usize);
 
 impl ModelState for ToyState {
+    type Window = ToyWindow;
+
     fn len(&self) -> usize {
         self.0.len()
+    }
+    fn truncate_floor(&self) -> usize {
+        0
     }
     fn snapshot(&self) -> Self {
         self.clone()
@@ -68,10 +72,7 @@ impl ModelState for ToyState {
     fn byte_size(&self) -> usize {
         4 * self.0.len()
     }
-    fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
-        let w = window
-            .downcast_ref::<ToyWindow>()
-            .ok_or_else(|| EngineError::State("not a toy window".into()))?;
+    fn commit(&mut self, w: &ToyWindow, accepted: usize) -> Result<()> {
         if self.0.len() != w.0 + w.1 || accepted > w.1 {
             return Err(EngineError::State("stale window".into()));
         }
@@ -95,17 +96,8 @@ impl MtpHistory for ToyHistory {
         self.0.truncate(n);
         Ok(())
     }
-    fn boxed_clone(&self) -> Box<dyn MtpHistory> {
-        Box::new(self.clone())
-    }
     fn byte_size(&self) -> usize {
         8 * self.0.len()
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 
@@ -161,6 +153,7 @@ fn last_rows(out: ForwardOutput, rows: LogitsRows) -> ForwardOutput {
 
 impl Model for Toy {
     type State = ToyState;
+    type MtpHistory = ToyHistory;
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &TOY
     }
@@ -191,27 +184,18 @@ impl Model for Toy {
     ) -> Result<(ForwardOutput, Hidden)> {
         Ok((last_rows(self.rows(s, tokens)?, rows), hidden_of(tokens)))
     }
-    fn forward_window(&self, tokens: &[u32], s: &mut ToyState) -> Result<VerifyWindow> {
+    fn forward_window(&self, tokens: &[u32], s: &mut ToyState) -> Result<VerifyWindow<ToyWindow>> {
         let base = s.0.len();
         Ok(VerifyWindow {
             logits: self.rows(s, tokens)?,
             hidden: hidden_of(tokens),
-            record: WindowRecord::new(ToyWindow(base, tokens.len())),
+            record: ToyWindow(base, tokens.len()),
         })
     }
-    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
-        Some(Box::new(ToyHistory(Vec::new())))
+    fn new_mtp_history(&self) -> Option<ToyHistory> {
+        Some(ToyHistory(Vec::new()))
     }
-    fn mtp_forward(
-        &self,
-        tokens: &[u32],
-        hidden: &Hidden,
-        history: &mut dyn MtpHistory,
-    ) -> Result<MtpStep> {
-        let h = history
-            .as_any_mut()
-            .downcast_mut::<ToyHistory>()
-            .ok_or_else(|| EngineError::State("not a toy history".into()))?;
+    fn mtp_forward(&self, tokens: &[u32], hidden: &Hidden, h: &mut ToyHistory) -> Result<MtpStep> {
         let hs = hidden_tokens(hidden);
         if hs.len() != tokens.len() || tokens.is_empty() {
             return Err(EngineError::State("rows mismatch".into()));
@@ -658,12 +642,7 @@ fn mtp_toy_exit_matrix_including_bonus() {
                         }
                         // Teacher-forced comparison, exact.
                         assert_eq!(session.state().0, toks, "{what}");
-                        let h = session
-                            .mtp_history()
-                            .unwrap()
-                            .as_any()
-                            .downcast_ref::<ToyHistory>()
-                            .unwrap();
+                        let h = session.mtp_history().unwrap();
                         let want_rows: Vec<(u32, u32)> =
                             toks.windows(2).map(|w| (w[0], w[1])).collect();
                         assert_eq!(h.0, want_rows, "{what}: MTP history");

@@ -15,10 +15,10 @@ use ds4_engine::decode::{
 };
 use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::families::qwen4_exp::state::LayerCache;
-use ds4_engine::families::qwen4_exp::{MtpState, Qwen4ExpModel, Qwen4ExpState};
+use ds4_engine::families::qwen4_exp::{MtpState, Qwen4ExpModel, Qwen4ExpState, WindowCapture};
 use ds4_engine::{
-    EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
-    MtpStep, VerifyWindow,
+    EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpStep,
+    VerifyWindow,
 };
 use ds4_sampling::{Law, Sampler, SamplingParams};
 
@@ -194,7 +194,6 @@ fn assert_banked(model: &Qwen4ExpModel, session: &LiveSession<Qwen4ExpModel>, wh
         session.tokens().len(),
         "{what}: MTP history length"
     );
-    let hist = hist.as_any().downcast_ref::<MtpState>().unwrap();
     worst = worst.max(layer_diff(what, hist.cache(), t.mtp.cache()));
     worst = worst.max(max_diff(session.last_logits().unwrap(), &t.logits));
     worst = worst.max(max_diff(&host(session.mtp_hidden().unwrap()), &t.hidden));
@@ -455,6 +454,7 @@ impl Failing<'_> {
 
 impl Model for Failing<'_> {
     type State = Qwen4ExpState;
+    type MtpHistory = MtpState;
     fn descriptor(&self) -> &'static FamilyDescriptor {
         self.inner.descriptor()
     }
@@ -492,18 +492,18 @@ impl Model for Failing<'_> {
         &self,
         t: &[u32],
         s: &mut Qwen4ExpState,
-    ) -> ds4_engine::error::Result<VerifyWindow> {
+    ) -> ds4_engine::error::Result<VerifyWindow<WindowCapture>> {
         self.tick()?;
         Model::forward_window(self.inner, t, s)
     }
-    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+    fn new_mtp_history(&self) -> Option<MtpState> {
         self.inner.new_mtp_history()
     }
     fn mtp_forward(
         &self,
         t: &[u32],
         h: &Hidden,
-        m: &mut dyn MtpHistory,
+        m: &mut MtpState,
     ) -> ds4_engine::error::Result<MtpStep> {
         self.tick()?;
         Model::mtp_forward(self.inner, t, h, m)

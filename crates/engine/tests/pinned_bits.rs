@@ -223,7 +223,7 @@ fn qwen_case(name: &str) {
         let n = p.len() - 5;
         let rows = hidden.narrow(0, 0, n).unwrap();
         let mut h = model.new_mtp_history().unwrap();
-        let step = Model::mtp_forward(&model, &p[1..=n], &rows, h.as_mut()).unwrap();
+        let step = Model::mtp_forward(&model, &p[1..=n], &rows, &mut h).unwrap();
         rec.values("mtp.logits", &step.logits);
         rec.values(
             "mtp.hidden",

@@ -86,7 +86,7 @@ use super::turn::{
     TurnTimings,
 };
 use crate::error::{EngineError, Result};
-use crate::model::{Hidden, LogitsRows, Model, ModelState, MtpStep};
+use crate::model::{Hidden, LogitsRows, Model, ModelState, MtpHistory, MtpStep};
 
 /// Per-turn speculative statistics.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -295,7 +295,7 @@ impl<M: Model> Turn<'_, M> {
         }
     }
 
-    fn mtp(&mut self) -> Result<&mut MtpSide> {
+    fn mtp(&mut self) -> Result<&mut MtpSide<M::MtpHistory>> {
         self.session
             .mtp_mut()
             .as_mut()
@@ -374,7 +374,7 @@ impl<M: Model> Turn<'_, M> {
                 None => (&piece[1..], Some(hidden.narrow(0, 0, n - 1)?)),
             };
             if let Some(rows) = rows {
-                model.mtp_forward(toks, &rows, side.history.as_mut())?;
+                model.mtp_forward(toks, &rows, &mut side.history)?;
             }
             side.hidden = Some(hidden.narrow(0, piece.len() - 1, 1)?);
             self.session.set_last_logits(Some(out.last_row().to_vec()));
@@ -480,7 +480,7 @@ impl<M: Model> Turn<'_, M> {
                 None => {
                     let model = self.model;
                     let hidden = last.hidden.clone();
-                    model.mtp_forward(&[pending], &hidden, self.mtp()?.history.as_mut())?
+                    model.mtp_forward(&[pending], &hidden, &mut self.mtp()?.history)?
                 }
             };
             // Not clamped to the tokens left: a seed's tokens must not depend
@@ -502,7 +502,7 @@ impl<M: Model> Turn<'_, M> {
                 self.stats.drafted[i] += 1;
                 if i + 1 < k {
                     let model = self.model;
-                    step = model.mtp_forward(&[d], &step.hidden, self.mtp()?.history.as_mut())?;
+                    step = model.mtp_forward(&[d], &step.hidden, &mut self.mtp()?.history)?;
                 }
             }
 
@@ -569,7 +569,7 @@ impl<M: Model> Turn<'_, M> {
                 None
             } else {
                 let hidden = w.hidden.narrow(0, 0, rows.len())?;
-                Some(model.mtp_forward(&rows, &hidden, side.history.as_mut())?)
+                Some(model.mtp_forward(&rows, &hidden, &mut side.history)?)
             };
             match next {
                 // Ended at an accepted draft: the commit above was final.
@@ -603,7 +603,7 @@ impl<M: Model> Turn<'_, M> {
         let model = self.model;
         if !has_row {
             let hidden = last.hidden.clone();
-            model.mtp_forward(&[pending], &hidden, self.mtp()?.history.as_mut())?;
+            model.mtp_forward(&[pending], &hidden, &mut self.mtp()?.history)?;
         }
         self.session.set_last_logits(None);
         let (out, hidden) =

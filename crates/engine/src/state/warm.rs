@@ -46,7 +46,7 @@ use crate::decode::{
     TurnTimings,
 };
 use crate::error::{EngineError, Result};
-use crate::model::{Model, ModelState};
+use crate::model::{LogitsRows, Model, ModelState};
 
 /// Durable checkpoints for a [`SessionCache`].
 #[derive(Debug, Clone)]
@@ -125,6 +125,9 @@ pub struct SessionCache<M: Model> {
     /// Bank a boundary every this many prompt tokens on states that cannot
     /// be truncated (0: only at the end of each prompt).
     boundary_every: usize,
+    /// Whether the model's states have a truncate floor above 0 once they
+    /// cover tokens (learned on the first turn that needs it).
+    recurrent: Option<bool>,
     stats: CacheStats,
 }
 
@@ -144,6 +147,7 @@ impl<M: Model> SessionCache<M> {
             live_banked: false,
             live_saved: false,
             boundary_every: DEFAULT_BOUNDARY_EVERY,
+            recurrent: None,
             stats: CacheStats::default(),
         }
     }
@@ -337,7 +341,10 @@ impl<M: Model> SessionCache<M> {
         on_token: &mut dyn FnMut(TokenEvent) -> Flow,
     ) -> Result<TurnResult> {
         let covered = common_prefix(self.live.tokens(), prompt);
-        if covered < prompt.len() && config.max_tokens > 0 && !self.live.state().can_truncate() {
+        if covered < prompt.len()
+            && config.max_tokens > 0
+            && self.live_is_recurrent(model, prompt)?
+        {
             self.generate_from_prompt_boundary(
                 model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
             )
@@ -353,6 +360,28 @@ impl<M: Model> SessionCache<M> {
                 on_token,
             )
         }
+    }
+
+    /// Whether the live state, once the turn extends it, can no longer be
+    /// truncated back to the prompt boundaries ([`ModelState::truncate_floor`]
+    /// above 0: recurrent layers). An empty state's floor is 0 whatever the
+    /// family, so for one the answer is learned once, from a one-token
+    /// forward of `prompt` on a scratch state (its bits are not used).
+    fn live_is_recurrent(&mut self, model: &M, prompt: &[u32]) -> Result<bool> {
+        let state = self.live.state();
+        if !state.is_empty() {
+            let recurrent = state.truncate_floor() > 0;
+            self.recurrent = Some(recurrent);
+            return Ok(recurrent);
+        }
+        if let Some(recurrent) = self.recurrent {
+            return Ok(recurrent);
+        }
+        let mut probe = model.new_state();
+        model.forward(&prompt[..1], &mut probe, LogitsRows::Last)?;
+        let recurrent = probe.truncate_floor() > 0;
+        self.recurrent = Some(recurrent);
+        Ok(recurrent)
     }
 
     /// A turn on a state that cannot be truncated, in steps: prefill the

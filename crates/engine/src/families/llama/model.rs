@@ -129,8 +129,14 @@ impl LlamaState {
 }
 
 impl ModelState for LlamaState {
+    type Window = crate::model::NoMtp;
+
     fn len(&self) -> usize {
         self.kv.len()
+    }
+
+    fn truncate_floor(&self) -> usize {
+        0
     }
 
     fn snapshot(&self) -> Self {
@@ -417,6 +423,7 @@ impl LlamaModel {
 
 impl Model for LlamaModel {
     type State = LlamaState;
+    type MtpHistory = crate::model::NoMtp;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR

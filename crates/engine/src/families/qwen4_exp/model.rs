@@ -53,10 +53,7 @@ use super::state::{
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::load::safetensors::SafetensorsDir;
-use crate::model::{
-    ForwardOutput, Hidden, LogitsRows, Model, MtpContract, MtpHistory, MtpStep, VerifyWindow,
-    WindowRecord,
-};
+use crate::model::{ForwardOutput, Hidden, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow};
 
 #[derive(Debug, Clone)]
 enum Mixer {
@@ -594,6 +591,7 @@ impl Qwen4ExpModel {
 
 impl Model for Qwen4ExpModel {
     type State = Qwen4ExpState;
+    type MtpHistory = MtpState;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR
@@ -647,7 +645,11 @@ impl Model for Qwen4ExpModel {
         Ok((out.logits, out.streams))
     }
 
-    fn forward_window(&self, tokens: &[u32], state: &mut Qwen4ExpState) -> Result<VerifyWindow> {
+    fn forward_window(
+        &self,
+        tokens: &[u32],
+        state: &mut Qwen4ExpState,
+    ) -> Result<VerifyWindow<WindowCapture>> {
         let out = Qwen4ExpModel::forward_window(self, tokens, state)?;
         let capture = out
             .capture
@@ -655,25 +657,20 @@ impl Model for Qwen4ExpModel {
         Ok(VerifyWindow {
             logits: out.logits,
             hidden: out.streams,
-            record: WindowRecord::new(capture),
+            record: capture,
         })
     }
 
-    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+    fn new_mtp_history(&self) -> Option<MtpState> {
         self.new_mtp_state()
-            .map(|s| Box::new(s) as Box<dyn MtpHistory>)
     }
 
     fn mtp_forward(
         &self,
         tokens: &[u32],
         hidden: &Hidden,
-        history: &mut dyn MtpHistory,
+        state: &mut MtpState,
     ) -> Result<MtpStep> {
-        let state = history
-            .as_any_mut()
-            .downcast_mut::<MtpState>()
-            .ok_or_else(|| EngineError::State("not a qwen4_exp MTP history".into()))?;
         let base = state.len() as u32;
         let positions: Vec<u32> = (base..base + tokens.len() as u32).collect();
         let out =

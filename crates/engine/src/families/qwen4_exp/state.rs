@@ -22,9 +22,8 @@
 
 use super::gated_deltanet::{ScanDims, replay};
 use crate::error::{EngineError, Result};
-use std::any::Any;
 
-use crate::model::{ModelState, MtpHistory, WindowRecord};
+use crate::model::{ModelState, MtpHistory};
 use crate::state::table::{NamedTensor, TableReader};
 
 /// GDN layer state.
@@ -256,12 +255,18 @@ impl Qwen4ExpState {
 }
 
 impl ModelState for Qwen4ExpState {
+    type Window = WindowCapture;
+
     fn len(&self) -> usize {
         self.positions.len()
     }
 
-    fn can_truncate(&self) -> bool {
-        !self.has_recurrent()
+    fn truncate_floor(&self) -> usize {
+        if self.has_recurrent() {
+            self.positions.len()
+        } else {
+            0
+        }
     }
 
     fn snapshot(&self) -> Self {
@@ -294,11 +299,8 @@ impl ModelState for Qwen4ExpState {
         Ok(())
     }
 
-    fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
-        let capture = window
-            .downcast_ref::<WindowCapture>()
-            .ok_or_else(|| EngineError::State("not a qwen4_exp verify-window record".into()))?;
-        Qwen4ExpState::commit(self, capture, accepted)
+    fn commit(&mut self, window: &WindowCapture, accepted: usize) -> Result<()> {
+        Qwen4ExpState::commit(self, window, accepted)
     }
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
@@ -458,20 +460,8 @@ impl MtpHistory for MtpState {
         MtpState::truncate(self, n)
     }
 
-    fn boxed_clone(&self) -> Box<dyn MtpHistory> {
-        Box::new(self.clone())
-    }
-
     fn byte_size(&self) -> usize {
         MtpState::byte_size(self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
