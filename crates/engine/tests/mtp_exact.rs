@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::{Device, Tensor};
-use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig};
+use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest};
 use ds4_engine::error::Result;
 use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::{
@@ -327,15 +327,16 @@ fn run_mtp_stats(
 ) -> (Vec<u32>, u64, decode::MtpStats) {
     let mut s = Sampler::new(law, params(temperature, law), seed).unwrap();
     let mut session = LiveSession::new(&Toy);
-    let r = decode::generate_mtp(
+    let r = decode::generate(
         &Toy,
         &mut session,
-        &PROMPT,
-        &mut s,
-        &config(),
-        depth,
-        &mut |_| {},
-        &mut |_| Flow::Continue,
+        TurnRequest {
+            prompt: &PROMPT,
+            sampler: &mut s,
+            config: config(),
+            mtp_depth: Some(depth),
+        },
+        &mut (),
     )
     .unwrap();
     assert!(session.is_consistent());
@@ -451,11 +452,13 @@ fn mtp_draw_order_is_the_spec_order() {
             let ar = decode::generate(
                 &Toy,
                 &mut session,
-                &PROMPT,
-                &mut s,
-                &config(),
-                &mut |_| {},
-                &mut |_| Flow::Continue,
+                TurnRequest {
+                    prompt: &PROMPT,
+                    sampler: &mut s,
+                    config: config(),
+                    mtp_depth: Some(0),
+                },
+                &mut (),
             )
             .unwrap();
             assert_eq!(got, ar.tokens);
@@ -545,7 +548,9 @@ type Route = (
 /// trunk tokens, MTP rows `(token_t, token_{t+1})`, last hidden and logits.
 #[test]
 fn mtp_toy_exit_matrix_including_bonus() {
-    use ds4_engine::decode::{CallerStop, FinalState, FinishReason, TokenSource};
+    use ds4_engine::decode::{
+        CallerStop, FinalState, FinishReason, TokenSource, TurnRequest, on_tokens,
+    };
     let mut covered = std::collections::BTreeSet::new();
     for temperature in [0.0, 0.6] {
         for depth in 1..=3usize {
@@ -556,21 +561,22 @@ fn mtp_toy_exit_matrix_including_bonus() {
                     let mut s = Sampler::new(Law::Nucleus, params_, seed).unwrap();
                     let mut session = LiveSession::new(&Toy);
                     let mut src = Vec::new();
-                    let r = decode::generate_mtp(
+                    let r = decode::generate(
                         &Toy,
                         &mut session,
-                        &prompt,
-                        &mut s,
-                        cfg,
-                        depth,
-                        &mut |_| {},
-                        &mut |e| {
+                        TurnRequest {
+                            prompt: &prompt,
+                            sampler: &mut s,
+                            config: cfg.clone(),
+                            mtp_depth: Some(depth),
+                        },
+                        &mut on_tokens(|e| {
                             src.push(e.source);
                             match stop_at {
                                 Some((i, why)) if i == e.index => Flow::Stop(why),
                                 _ => Flow::Continue,
                             }
-                        },
+                        }),
                     )
                     .unwrap();
                     (r, session, src)

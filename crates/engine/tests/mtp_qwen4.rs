@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use candle_core::Tensor;
 use ds4_engine::decode::{
     self, CallerStop, FinalState, FinishReason, Flow, LiveSession, TokenSource, TurnConfig,
-    TurnResult,
+    TurnRequest, TurnResult, on_tokens,
 };
 use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::families::qwen4_exp::state::LayerCache;
@@ -76,21 +76,22 @@ fn turn<M: Model>(
 ) -> (ds4_engine::error::Result<TurnResult>, Vec<TokenSource>) {
     let mut s = sampler(temperature, seed);
     let mut sources = Vec::new();
-    let r = decode::generate_auto(
+    let r = decode::generate(
         model,
         session,
-        prompt,
-        &mut s,
-        cfg,
-        Some(depth),
-        &mut |_| {},
-        &mut |e| {
+        TurnRequest {
+            prompt,
+            sampler: &mut s,
+            config: cfg.clone(),
+            mtp_depth: Some(depth),
+        },
+        &mut on_tokens(|e| {
             sources.push(e.source);
             match stop_at {
                 Some((i, why)) if i == e.index => Flow::Stop(why),
                 _ => Flow::Continue,
             }
-        },
+        }),
     );
     (r, sources)
 }

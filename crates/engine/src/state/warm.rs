@@ -37,13 +37,10 @@
 
 use std::path::PathBuf;
 
-use ds4_sampling::Sampler;
-
 use super::bank::{SessionBank, common_prefix};
 use super::checkpoint::{self, CheckpointStore};
 use crate::decode::{
-    self, FinalState, Flow, LiveSession, PrefillProgress, TokenEvent, TurnConfig, TurnResult,
-    TurnTimings,
+    self, FinalState, LiveSession, TurnConfig, TurnObserver, TurnRequest, TurnResult, TurnTimings,
 };
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsRows, Model, ModelState};
@@ -222,7 +219,7 @@ impl<M: Model> SessionCache<M> {
 
     /// Set the live session up for a turn on `prompt` (see the module docs)
     /// and report where it came from. `mtp_depth` is the request's, as for
-    /// [`decode::generate_auto`].
+    /// [`decode::generate`].
     pub fn prepare(&mut self, model: &M, prompt: &[u32], mtp_depth: Option<usize>) -> Prepared {
         let needs_mtp = decode::resolve_mtp_depth(model, mtp_depth).is_ok_and(|d| d > 0);
         let in_step = |s: &LiveSession<M>| !needs_mtp || s.mtp_history().is_some();
@@ -305,60 +302,38 @@ impl<M: Model> SessionCache<M> {
 
     /// One turn through the cache: [`SessionCache::prepare`],
     /// [`SessionCache::decode_turn`], [`SessionCache::finish`].
-    #[allow(clippy::too_many_arguments)]
     pub fn generate(
         &mut self,
         model: &M,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        config: &TurnConfig,
-        mtp_depth: Option<usize>,
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+        request: TurnRequest<'_>,
+        observer: &mut dyn TurnObserver,
     ) -> (Prepared, Result<TurnResult>) {
-        let prepared = self.prepare(model, prompt, mtp_depth);
-        let result = self.decode_turn(
-            model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
-        );
+        let prepared = self.prepare(model, request.prompt, request.mtp_depth);
+        let result = self.decode_turn(model, request, observer);
         self.finish(result.as_ref().ok());
         (prepared, result)
     }
 
     /// The turn itself, on the live session [`SessionCache::prepare`] set
-    /// up: [`decode::generate_auto`], except that on a state that cannot be
+    /// up: [`decode::generate`], except that on a state that cannot be
     /// truncated the prefill boundaries (every `boundary_every` tokens and
     /// the end of the prompt) are banked first (see
     /// `generate_from_prompt_boundary`). Call [`SessionCache::finish`] after.
-    #[allow(clippy::too_many_arguments)]
     pub fn decode_turn(
         &mut self,
         model: &M,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        config: &TurnConfig,
-        mtp_depth: Option<usize>,
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+        request: TurnRequest<'_>,
+        observer: &mut dyn TurnObserver,
     ) -> Result<TurnResult> {
+        let prompt = request.prompt;
         let covered = common_prefix(self.live.tokens(), prompt);
         if covered < prompt.len()
-            && config.max_tokens > 0
+            && request.config.max_tokens > 0
             && self.live_is_recurrent(model, prompt)?
         {
-            self.generate_from_prompt_boundary(
-                model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
-            )
+            self.generate_from_prompt_boundary(model, request, observer)
         } else {
-            decode::generate_auto(
-                model,
-                &mut self.live,
-                prompt,
-                sampler,
-                config,
-                mtp_depth,
-                on_prefill,
-                on_token,
-            )
+            decode::generate(model, &mut self.live, request, observer)
         }
     }
 
@@ -392,21 +367,18 @@ impl<M: Model> SessionCache<M> {
     /// starts there instead of cold. The decode step finds the whole prompt
     /// and its last logits in the session and prefills nothing; the kernels
     /// are row-independent, so the tokens and bits are a one-step turn's.
-    #[allow(clippy::too_many_arguments)]
     fn generate_from_prompt_boundary(
         &mut self,
         model: &M,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        config: &TurnConfig,
-        mtp_depth: Option<usize>,
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+        request: TurnRequest<'_>,
+        observer: &mut dyn TurnObserver,
     ) -> Result<TurnResult> {
-        let prefill_only = TurnConfig {
-            max_tokens: 0,
-            ..config.clone()
-        };
+        let TurnRequest {
+            prompt,
+            sampler,
+            config,
+            mtp_depth,
+        } = request;
         let reused = common_prefix(self.live.tokens(), prompt);
         let started = std::time::Instant::now();
         let n = self.boundary_every;
@@ -416,16 +388,17 @@ impl<M: Model> SessionCache<M> {
         };
         ends.push(prompt.len());
         for end in ends {
-            let step = decode::generate_auto(
-                model,
-                &mut self.live,
-                &prompt[..end],
-                sampler,
-                &prefill_only,
+            // A zero-token turn: it prefills and emits nothing.
+            let prefill_only = TurnRequest {
+                prompt: &prompt[..end],
+                sampler: &mut *sampler,
+                config: TurnConfig {
+                    max_tokens: 0,
+                    ..config.clone()
+                },
                 mtp_depth,
-                on_prefill,
-                &mut |_| Flow::Continue,
-            )?;
+            };
+            let step = decode::generate(model, &mut self.live, prefill_only, observer)?;
             if step.final_state != FinalState::Complete {
                 // Cancelled during the prefill: that is this turn.
                 return Ok(TurnResult {
@@ -444,16 +417,13 @@ impl<M: Model> SessionCache<M> {
             }
         }
         let prefill = started.elapsed();
-        let mut turn = decode::generate_auto(
-            model,
-            &mut self.live,
+        let request = TurnRequest {
             prompt,
             sampler,
             config,
             mtp_depth,
-            on_prefill,
-            on_token,
-        )?;
+        };
+        let mut turn = decode::generate(model, &mut self.live, request, observer)?;
         turn.reused_tokens = reused;
         turn.timings.prefill_tokens = prompt.len() - reused;
         turn.timings.prefill = prefill;
