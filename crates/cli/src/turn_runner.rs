@@ -2,7 +2,9 @@
 //! family's law, the engine's decode loop, and the text pipeline.
 
 use ds4_engine::Model;
-use ds4_engine::decode::{CallerStop, CancelToken, Flow, TurnConfig, TurnResult};
+use ds4_engine::decode::{
+    CallerStop, CancelToken, Flow, TurnConfig, TurnRequest, TurnResult, on_tokens,
+};
 use ds4_engine::state::warm::SessionCache;
 use ds4_sampling::{Sampler, SamplingRequest, resolve_seed};
 use ds4_text::Tokenizer;
@@ -72,28 +74,29 @@ pub fn stream_turn<M: Model>(
     };
     let mut text = TextStream::new(tokenizer, generation.stop.clone());
     let mut text_error = None;
-    let result = cache.decode_turn(
-        model,
+    let request = TurnRequest {
         prompt,
         sampler,
-        &config,
-        generation.mtp_depth,
-        &mut |_| {},
-        &mut |event| match text.push(event.token, event.is_stop_token) {
-            Ok(piece) => {
-                emit(&piece.text);
-                if piece.stop_string {
-                    Flow::Stop(CallerStop::StopString)
-                } else {
-                    Flow::Continue
-                }
+        config,
+        mtp_depth: generation.mtp_depth,
+    };
+    let mut observer = on_tokens(|event| match text.push(event.token, event.is_stop_token) {
+        Ok(piece) => {
+            emit(&piece.text);
+            if piece.stop_string {
+                Flow::Stop(CallerStop::StopString)
+            } else {
+                Flow::Continue
             }
-            Err(e) => {
-                text_error = Some(e);
-                Flow::Stop(CallerStop::Cancelled)
-            }
-        },
-    )?;
+        }
+        Err(e) => {
+            text_error = Some(e);
+            Flow::Stop(CallerStop::Cancelled)
+        }
+    });
+    let result = cache.decode_turn(model, request, &mut observer);
+    drop(observer);
+    let result = result?;
     if let Some(e) = text_error {
         return Err(e);
     }

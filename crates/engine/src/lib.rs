@@ -13,6 +13,6 @@ pub mod state;
 
 pub use error::EngineError;
 pub use model::{
-    ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory, MtpStep,
-    VerifyWindow, WindowRecord,
+    ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory, MtpStep, NoMtp,
+    VerifyWindow,
 };

@@ -1,8 +1,6 @@
 //! The model contract: the only surface the decode loops, the session layer
 //! and the CLI see of a family.
 
-use std::any::Any;
-
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::state::table::NamedTensor;
@@ -35,6 +33,11 @@ impl ForwardOutput {
 
 /// Everything a model remembers about the tokens it has processed.
 pub trait ModelState: Send {
+    /// The family's record of a verify window (see [`Model::forward_window`]):
+    /// what [`ModelState::commit`] needs to keep any prefix of the window.
+    /// Families without verify windows use [`NoMtp`].
+    type Window: Send;
+
     /// Number of tokens the state covers.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -44,15 +47,15 @@ pub trait ModelState: Send {
     fn snapshot(&self) -> Self
     where
         Self: Sized;
-    /// Forget everything after the first `n` tokens. Families with recurrent
-    /// state return an error instead of a wrong state.
+    /// Forget everything after the first `n` tokens. Below
+    /// [`ModelState::truncate_floor`] it returns an error instead of a wrong
+    /// state.
     fn truncate(&mut self, n: usize) -> Result<()>;
-    /// Whether [`ModelState::truncate`] can go back to any shorter prefix.
-    /// States that cannot (recurrent layers) are reusable only at the
-    /// boundaries a session cache stored.
-    fn can_truncate(&self) -> bool {
-        true
-    }
+    /// The shortest length [`ModelState::truncate`] can take this state back
+    /// to: 0 for attention-only states (any prefix), `len()` for states with
+    /// recurrent layers (only what they cover; they are reusable at shorter
+    /// prefixes only through the boundaries a session cache stored).
+    fn truncate_floor(&self) -> usize;
     /// Bytes of tensor data held (what a snapshot costs).
     fn byte_size(&self) -> usize;
     /// Become a copy of `snapshot` (taken from the same model).
@@ -66,7 +69,7 @@ pub trait ModelState: Send {
     /// in `window` (which must be the last forward on this state): every
     /// cache ends as if only those rows had been forwarded. Families without
     /// verify windows refuse.
-    fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
+    fn commit(&mut self, window: &Self::Window, accepted: usize) -> Result<()> {
         let _ = (window, accepted);
         Err(EngineError::Unsupported(
             "this model state has no verify-window commit".into(),
@@ -92,6 +95,8 @@ pub trait ModelState: Send {
 
 pub trait Model: Send + Sync {
     type State: ModelState;
+    /// The MTP head's own cache ([`NoMtp`] for a family without a head).
+    type MtpHistory: MtpHistory;
 
     fn descriptor(&self) -> &'static FamilyDescriptor;
     /// The backend the model runs on (part of every checkpoint's identity).
@@ -129,12 +134,16 @@ pub trait Model: Send + Sync {
     }
     /// A verify window: all logits rows, all hidden rows and the record
     /// [`ModelState::commit`] keeps a prefix of.
-    fn forward_window(&self, tokens: &[u32], state: &mut Self::State) -> Result<VerifyWindow> {
+    fn forward_window(
+        &self,
+        tokens: &[u32],
+        state: &mut Self::State,
+    ) -> Result<VerifyWindow<<Self::State as ModelState>::Window>> {
         let _ = (tokens, state);
         Err(no_mtp(self.descriptor().name, "forward_window"))
     }
     /// A fresh, empty MTP history.
-    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+    fn new_mtp_history(&self) -> Option<Self::MtpHistory> {
         None
     }
     /// Append MTP rows: `tokens[i]` with `hidden[i]` (`[n, width]`, trunk
@@ -144,7 +153,7 @@ pub trait Model: Send + Sync {
         &self,
         tokens: &[u32],
         hidden: &Hidden,
-        history: &mut dyn MtpHistory,
+        history: &mut Self::MtpHistory,
     ) -> Result<MtpStep> {
         let _ = (tokens, hidden, history);
         Err(no_mtp(self.descriptor().name, "mtp_forward"))
@@ -167,35 +176,33 @@ pub struct MtpContract {
     pub hidden: &'static str,
 }
 
-/// A family's record of a verify window (opaque to the decode loop): what
-/// [`ModelState::commit`] needs to keep any prefix of the window.
-pub struct WindowRecord(Box<dyn Any + Send>);
+/// The window record and MTP history of a family without an MTP head: an
+/// uninhabited type, so no value of it exists and the code that would use
+/// one is statically unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoMtp {}
 
-impl WindowRecord {
-    pub fn new<T: Any + Send>(record: T) -> Self {
-        Self(Box::new(record))
+impl MtpHistory for NoMtp {
+    fn len(&self) -> usize {
+        match *self {}
     }
-
-    /// The family's own record type, or `None` for another family's record.
-    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
-        self.0.downcast_ref()
+    fn truncate(&mut self, _n: usize) -> Result<()> {
+        match *self {}
     }
-}
-
-impl std::fmt::Debug for WindowRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WindowRecord(..)")
+    fn byte_size(&self) -> usize {
+        match *self {}
     }
 }
 
 /// A (K+1)-row verify forward: logits of every row, the hidden of every row
-/// (what the MTP history is appended with) and the window record.
+/// (what the MTP history is appended with) and the family's window record
+/// `W` (its [`ModelState::Window`]).
 #[derive(Debug)]
-pub struct VerifyWindow {
+pub struct VerifyWindow<W> {
     pub logits: ForwardOutput,
     /// `[rows, width]`.
     pub hidden: Hidden,
-    pub record: WindowRecord,
+    pub record: W,
 }
 
 /// One MTP head call: the logits row of its last input row and that row's
@@ -209,8 +216,8 @@ pub struct MtpStep {
 /// The MTP head's own cache (the "MTP history"). Row `t` combines the trunk
 /// hidden of position `t` with the token at `t + 1`, at position `t`; rows
 /// are appended at `len()`. Drafted rows are dropped with
-/// [`MtpHistory::truncate`].
-pub trait MtpHistory: Send {
+/// [`MtpHistory::truncate`]. `Clone` is an independent deep copy.
+pub trait MtpHistory: Send + Clone {
     /// Rows the history covers.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -218,11 +225,7 @@ pub trait MtpHistory: Send {
     }
     /// Keep the first `n` rows.
     fn truncate(&mut self, n: usize) -> Result<()>;
-    /// An independent deep copy.
-    fn boxed_clone(&self) -> Box<dyn MtpHistory>;
     fn byte_size(&self) -> usize;
-    fn as_any(&self) -> &dyn Any;
-    fn as_any_mut(&mut self) -> &mut dyn Any;
     /// Like [`ModelState::export`], for the MTP head's cache.
     fn export(&self) -> Result<Vec<NamedTensor>> {
         Err(EngineError::Unsupported(

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ds4_engine::Model;
-use ds4_engine::decode::{self, Flow, LiveSession, SessionImage, TurnConfig};
+use ds4_engine::decode::{self, LiveSession, SessionImage, TurnConfig, TurnRequest};
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::checkpoint::format::{self, RejectReason};
 use ds4_engine::state::checkpoint::{CheckpointStore, Identity, STATE_FORMAT_VERSION};
@@ -46,15 +46,16 @@ fn session<M: Model>(model: &M, prompt: &[u32], depth: usize) -> LiveSession<M> 
         logprobs: None,
         cancel: Default::default(),
     };
-    decode::generate_auto(
+    decode::generate(
         model,
         &mut s,
-        prompt,
-        &mut sampler,
-        &cfg,
-        Some(depth),
-        &mut |_| {},
-        &mut |_| Flow::Continue,
+        TurnRequest {
+            prompt,
+            sampler: &mut sampler,
+            config: cfg.clone(),
+            mtp_depth: Some(depth),
+        },
+        &mut (),
     )
     .unwrap();
     s

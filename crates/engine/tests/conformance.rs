@@ -27,7 +27,7 @@
 //! stderr) for a family without one. Tests of the default model have
 //! `default_model` in their name (nextest serialises them, see
 //! `.config/nextest.toml`). Run: `cargo nextest run --release -p ds4-engine
-//! -E 'test(/conformance/)'` (`--run-ignored all` for known failures).
+//! -E 'test(/conformance/)'`.
 
 use std::path::PathBuf;
 
@@ -46,8 +46,7 @@ mod adapter {
     use ds4_engine::families::FamilyDescriptor;
     use ds4_engine::state::table::{NamedTensor, TensorData};
     use ds4_engine::{
-        ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory, MtpStep,
-        VerifyWindow,
+        ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpStep, VerifyWindow,
     };
     use ds4_sampling::{Sampler, SamplingParams};
 
@@ -274,20 +273,20 @@ mod adapter {
         let chunks = Cell::new(0);
         let mut sources = Vec::new();
         let mut lp = Vec::new();
-        let r = decode::generate_auto(
-            m,
-            s,
+        let request = decode::TurnRequest {
             prompt,
-            &mut sampler,
-            &cfg,
-            Some(req.depth),
-            &mut |_| {
+            sampler: &mut sampler,
+            config: cfg,
+            mtp_depth: Some(req.depth),
+        };
+        let mut observer = decode::Observe::new(
+            |_| {
                 chunks.set(chunks.get() + 1);
                 if req.cancel_after_chunks == Some(chunks.get()) {
                     cancel.cancel();
                 }
             },
-            &mut |e| {
+            |e: decode::TokenEvent| {
                 sources.push(e.source);
                 let l = e.logprobs.expect("logprobs requested");
                 let mut bits = vec![l.logprob.to_bits()];
@@ -301,7 +300,8 @@ mod adapter {
                     _ => Flow::Continue,
                 }
             },
-        )?;
+        );
+        let r = decode::generate(m, s, request, &mut observer)?;
         assert_eq!(
             r.tokens.len(),
             sources.len(),
@@ -333,6 +333,7 @@ mod adapter {
 
     impl<M: Model> Model for ShortContext<'_, M> {
         type State = M::State;
+        type MtpHistory = M::MtpHistory;
         fn descriptor(&self) -> &'static FamilyDescriptor {
             self.inner.descriptor()
         }
@@ -362,17 +363,21 @@ mod adapter {
         ) -> Result<(ForwardOutput, Hidden)> {
             self.inner.forward_hidden(t, s, r)
         }
-        fn forward_window(&self, t: &[u32], s: &mut M::State) -> Result<VerifyWindow> {
+        fn forward_window(
+            &self,
+            t: &[u32],
+            s: &mut M::State,
+        ) -> Result<VerifyWindow<<M::State as ModelState>::Window>> {
             self.inner.forward_window(t, s)
         }
-        fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+        fn new_mtp_history(&self) -> Option<M::MtpHistory> {
             self.inner.new_mtp_history()
         }
         fn mtp_forward(
             &self,
             t: &[u32],
             h: &Hidden,
-            history: &mut dyn MtpHistory,
+            history: &mut M::MtpHistory,
         ) -> Result<MtpStep> {
             self.inner.mtp_forward(t, h, history)
         }
@@ -1117,9 +1122,6 @@ macro_rules! conformance {
                 super::cancel_before_start(&model(), false);
             }
             #[test]
-            #[ignore = "fails on today's code: the MTP prefill (decode/mtp.rs) drops the \
-                        session's last logits before its first cancel check, so a turn \
-                        cancelled before its first chunk leaves a session without them"]
             fn conformance_cancel_before_start_mtp() {
                 super::cancel_before_start(&model(), true);
             }

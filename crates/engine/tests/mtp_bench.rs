@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig};
+use ds4_engine::decode::{self, LiveSession, TurnConfig, TurnRequest};
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_sampling::{Law, Sampler, SamplingParams};
 
@@ -44,15 +44,16 @@ fn mtp_bench_vs_ar() {
                 };
                 let mut s = Sampler::new(Law::Nucleus, params, u64::from(p)).unwrap();
                 let mut session = LiveSession::new(&model);
-                let r = decode::generate_auto(
+                let r = decode::generate(
                     &model,
                     &mut session,
-                    &prompt,
-                    &mut s,
-                    &cfg,
-                    Some(depth),
-                    &mut |_| {},
-                    &mut |_| Flow::Continue,
+                    TurnRequest {
+                        prompt: &prompt,
+                        sampler: &mut s,
+                        config: cfg.clone(),
+                        mtp_depth: Some(depth),
+                    },
+                    &mut (),
                 )
                 .unwrap();
                 emitted += r.tokens.len();

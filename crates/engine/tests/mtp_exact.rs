@@ -8,16 +8,15 @@
 //! order of sampling.md section 5 out independently and requires the loop
 //! to take the same draws (tokens and draw counts) for many seeds.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 
 use candle_core::{Device, Tensor};
-use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig};
+use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest};
 use ds4_engine::error::Result;
 use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::{
     EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
-    MtpStep, VerifyWindow, WindowRecord,
+    MtpStep, VerifyWindow,
 };
 use ds4_sampling::{Law, Sampler, SamplingParams, TokenCounts};
 
@@ -56,8 +55,13 @@ struct ToyState(Vec<u32>);
 struct ToyWindow(usize, usize);
 
 impl ModelState for ToyState {
+    type Window = ToyWindow;
+
     fn len(&self) -> usize {
         self.0.len()
+    }
+    fn truncate_floor(&self) -> usize {
+        0
     }
     fn snapshot(&self) -> Self {
         self.clone()
@@ -69,10 +73,7 @@ impl ModelState for ToyState {
     fn byte_size(&self) -> usize {
         4 * self.0.len()
     }
-    fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
-        let w = window
-            .downcast_ref::<ToyWindow>()
-            .ok_or_else(|| EngineError::State("not a toy window".into()))?;
+    fn commit(&mut self, w: &ToyWindow, accepted: usize) -> Result<()> {
         if self.0.len() != w.0 + w.1 || accepted > w.1 {
             return Err(EngineError::State("stale window".into()));
         }
@@ -96,17 +97,8 @@ impl MtpHistory for ToyHistory {
         self.0.truncate(n);
         Ok(())
     }
-    fn boxed_clone(&self) -> Box<dyn MtpHistory> {
-        Box::new(self.clone())
-    }
     fn byte_size(&self) -> usize {
         8 * self.0.len()
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 
@@ -162,6 +154,7 @@ fn last_rows(out: ForwardOutput, rows: LogitsRows) -> ForwardOutput {
 
 impl Model for Toy {
     type State = ToyState;
+    type MtpHistory = ToyHistory;
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &TOY
     }
@@ -195,27 +188,18 @@ impl Model for Toy {
     ) -> Result<(ForwardOutput, Hidden)> {
         Ok((last_rows(self.rows(s, tokens)?, rows), hidden_of(tokens)))
     }
-    fn forward_window(&self, tokens: &[u32], s: &mut ToyState) -> Result<VerifyWindow> {
+    fn forward_window(&self, tokens: &[u32], s: &mut ToyState) -> Result<VerifyWindow<ToyWindow>> {
         let base = s.0.len();
         Ok(VerifyWindow {
             logits: self.rows(s, tokens)?,
             hidden: hidden_of(tokens),
-            record: WindowRecord::new(ToyWindow(base, tokens.len())),
+            record: ToyWindow(base, tokens.len()),
         })
     }
-    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
-        Some(Box::new(ToyHistory(Vec::new())))
+    fn new_mtp_history(&self) -> Option<ToyHistory> {
+        Some(ToyHistory(Vec::new()))
     }
-    fn mtp_forward(
-        &self,
-        tokens: &[u32],
-        hidden: &Hidden,
-        history: &mut dyn MtpHistory,
-    ) -> Result<MtpStep> {
-        let h = history
-            .as_any_mut()
-            .downcast_mut::<ToyHistory>()
-            .ok_or_else(|| EngineError::State("not a toy history".into()))?;
+    fn mtp_forward(&self, tokens: &[u32], hidden: &Hidden, h: &mut ToyHistory) -> Result<MtpStep> {
         let hs = hidden_tokens(hidden);
         if hs.len() != tokens.len() || tokens.is_empty() {
             return Err(EngineError::State("rows mismatch".into()));
@@ -347,15 +331,16 @@ fn run_mtp_stats(
 ) -> (Vec<u32>, u64, decode::MtpStats) {
     let mut s = Sampler::new(law, params(temperature, law), seed).unwrap();
     let mut session = LiveSession::new(&Toy);
-    let r = decode::generate_mtp(
+    let r = decode::generate(
         &Toy,
         &mut session,
-        &PROMPT,
-        &mut s,
-        &config(),
-        depth,
-        &mut |_| {},
-        &mut |_| Flow::Continue,
+        TurnRequest {
+            prompt: &PROMPT,
+            sampler: &mut s,
+            config: config(),
+            mtp_depth: Some(depth),
+        },
+        &mut (),
     )
     .unwrap();
     assert!(session.is_consistent());
@@ -471,11 +456,13 @@ fn mtp_draw_order_is_the_spec_order() {
             let ar = decode::generate(
                 &Toy,
                 &mut session,
-                &PROMPT,
-                &mut s,
-                &config(),
-                &mut |_| {},
-                &mut |_| Flow::Continue,
+                TurnRequest {
+                    prompt: &PROMPT,
+                    sampler: &mut s,
+                    config: config(),
+                    mtp_depth: Some(0),
+                },
+                &mut (),
             )
             .unwrap();
             assert_eq!(got, ar.tokens);
@@ -565,7 +552,9 @@ type Route = (
 /// trunk tokens, MTP rows `(token_t, token_{t+1})`, last hidden and logits.
 #[test]
 fn mtp_toy_exit_matrix_including_bonus() {
-    use ds4_engine::decode::{CallerStop, FinalState, FinishReason, TokenSource};
+    use ds4_engine::decode::{
+        CallerStop, FinalState, FinishReason, TokenSource, TurnRequest, on_tokens,
+    };
     let mut covered = std::collections::BTreeSet::new();
     for temperature in [0.0, 0.6] {
         for depth in 1..=3usize {
@@ -576,21 +565,22 @@ fn mtp_toy_exit_matrix_including_bonus() {
                     let mut s = Sampler::new(Law::Nucleus, params_, seed).unwrap();
                     let mut session = LiveSession::new(&Toy);
                     let mut src = Vec::new();
-                    let r = decode::generate_mtp(
+                    let r = decode::generate(
                         &Toy,
                         &mut session,
-                        &prompt,
-                        &mut s,
-                        cfg,
-                        depth,
-                        &mut |_| {},
-                        &mut |e| {
+                        TurnRequest {
+                            prompt: &prompt,
+                            sampler: &mut s,
+                            config: cfg.clone(),
+                            mtp_depth: Some(depth),
+                        },
+                        &mut on_tokens(|e| {
                             src.push(e.source);
                             match stop_at {
                                 Some((i, why)) if i == e.index => Flow::Stop(why),
                                 _ => Flow::Continue,
                             }
-                        },
+                        }),
                     )
                     .unwrap();
                     (r, session, src)
@@ -662,12 +652,7 @@ fn mtp_toy_exit_matrix_including_bonus() {
                         }
                         // Teacher-forced comparison, exact.
                         assert_eq!(session.state().0, toks, "{what}");
-                        let h = session
-                            .mtp_history()
-                            .unwrap()
-                            .as_any()
-                            .downcast_ref::<ToyHistory>()
-                            .unwrap();
+                        let h = session.mtp_history().unwrap();
                         let want_rows: Vec<(u32, u32)> =
                             toks.windows(2).map(|w| (w[0], w[1])).collect();
                         assert_eq!(h.0, want_rows, "{what}: MTP history");

@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use candle_core::Tensor;
 use ds4_engine::decode::{
     self, CallerStop, FinalState, FinishReason, Flow, LiveSession, TokenSource, TurnConfig,
-    TurnResult,
+    TurnRequest, TurnResult, on_tokens,
 };
 use ds4_engine::families::FamilyDescriptor;
-use ds4_engine::families::qwen4_exp::{MtpState, Qwen4ExpModel, Qwen4ExpState};
+use ds4_engine::families::qwen4_exp::{MtpState, Qwen4ExpModel, Qwen4ExpState, WindowCapture};
 use ds4_engine::state::table::{NamedTensor, TensorData};
 use ds4_engine::{
-    EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
-    MtpStep, VerifyWindow,
+    EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpStep,
+    VerifyWindow,
 };
 use ds4_sampling::{Law, Sampler, SamplingParams};
 
@@ -76,21 +76,22 @@ fn turn<M: Model>(
 ) -> (ds4_engine::error::Result<TurnResult>, Vec<TokenSource>) {
     let mut s = sampler(temperature, seed);
     let mut sources = Vec::new();
-    let r = decode::generate_auto(
+    let r = decode::generate(
         model,
         session,
-        prompt,
-        &mut s,
-        cfg,
-        Some(depth),
-        &mut |_| {},
-        &mut |e| {
+        TurnRequest {
+            prompt,
+            sampler: &mut s,
+            config: cfg.clone(),
+            mtp_depth: Some(depth),
+        },
+        &mut on_tokens(|e| {
             sources.push(e.source);
             match stop_at {
                 Some((i, why)) if i == e.index => Flow::Stop(why),
                 _ => Flow::Continue,
             }
-        },
+        }),
     );
     (r, sources)
 }
@@ -183,8 +184,8 @@ fn assert_banked(model: &Qwen4ExpModel, session: &LiveSession<Qwen4ExpModel>, wh
     );
     worst = worst.max(table_diff(
         what,
-        hist.export().unwrap(),
-        MtpHistory::export(&t.mtp).unwrap(),
+        ds4_engine::MtpHistory::export(hist).unwrap(),
+        ds4_engine::MtpHistory::export(&t.mtp).unwrap(),
     ));
     worst = worst.max(max_diff(session.last_logits().unwrap(), &t.logits));
     worst = worst.max(max_diff(&host(session.mtp_hidden().unwrap()), &t.hidden));
@@ -445,6 +446,7 @@ impl Failing<'_> {
 
 impl Model for Failing<'_> {
     type State = Qwen4ExpState;
+    type MtpHistory = MtpState;
     fn descriptor(&self) -> &'static FamilyDescriptor {
         self.inner.descriptor()
     }
@@ -485,18 +487,18 @@ impl Model for Failing<'_> {
         &self,
         t: &[u32],
         s: &mut Qwen4ExpState,
-    ) -> ds4_engine::error::Result<VerifyWindow> {
+    ) -> ds4_engine::error::Result<VerifyWindow<WindowCapture>> {
         self.tick()?;
         Model::forward_window(self.inner, t, s)
     }
-    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+    fn new_mtp_history(&self) -> Option<MtpState> {
         self.inner.new_mtp_history()
     }
     fn mtp_forward(
         &self,
         t: &[u32],
         h: &Hidden,
-        m: &mut dyn MtpHistory,
+        m: &mut MtpState,
     ) -> ds4_engine::error::Result<MtpStep> {
         self.tick()?;
         Model::mtp_forward(self.inner, t, h, m)

@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig};
+use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::load::load_llama;
 use ds4_engine::state::checkpoint::format;
@@ -166,18 +166,19 @@ fn turn_and_checkpoint<M: Model>(
         cancel: Default::default(),
     };
     let mut emitted = Vec::new();
-    decode::generate_auto(
+    decode::generate(
         model,
         &mut s,
-        prompt,
-        &mut sampler,
-        &cfg,
-        depth,
-        &mut |_| {},
-        &mut |ev| {
+        TurnRequest {
+            prompt,
+            sampler: &mut sampler,
+            config: cfg.clone(),
+            mtp_depth: depth,
+        },
+        &mut on_tokens(|ev| {
             emitted.push(ev.token);
             Flow::Continue
-        },
+        }),
     )
     .unwrap();
     let ids: Vec<f32> = emitted.iter().map(|&t| t as f32).collect();
@@ -222,7 +223,7 @@ fn qwen_case(name: &str) {
         let n = p.len() - 5;
         let rows = hidden.narrow(0, 0, n).unwrap();
         let mut h = model.new_mtp_history().unwrap();
-        let step = Model::mtp_forward(&model, &p[1..=n], &rows, h.as_mut()).unwrap();
+        let step = Model::mtp_forward(&model, &p[1..=n], &rows, &mut h).unwrap();
         rec.values("mtp.logits", &step.logits);
         rec.values(
             "mtp.hidden",

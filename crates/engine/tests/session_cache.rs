@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, CancelToken, FinalState, FinishReason, Flow, LiveSession, TurnConfig,
-    TurnResult,
+    self, CallerStop, CancelToken, FinalState, FinishReason, Flow, LiveSession, Observe,
+    TurnConfig, TurnRequest, TurnResult, on_tokens,
 };
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::bank::SessionBank;
@@ -100,15 +100,16 @@ fn turn<M: Model>(
     let cancel = CancelToken::new();
     let cfg = config(max_tokens, chunk, &cancel);
     let mut lp = Vec::new();
-    let r = decode::generate_auto(
+    let r = decode::generate(
         model,
         session,
-        prompt,
-        &mut sampler(0.8),
-        &cfg,
-        Some(depth),
-        &mut |_| {},
-        &mut |e| {
+        TurnRequest {
+            prompt,
+            sampler: &mut sampler(0.8),
+            config: cfg.clone(),
+            mtp_depth: Some(depth),
+        },
+        &mut on_tokens(|e| {
             let l = e.logprobs.expect("logprobs requested");
             let mut b = vec![l.logprob.to_bits()];
             b.extend(l.top.iter().flat_map(|&(t, p)| [t, p.to_bits()]));
@@ -117,7 +118,7 @@ fn turn<M: Model>(
                 cancel.cancel();
             }
             Flow::Continue
-        },
+        }),
     )
     .unwrap();
     let trace = Trace {
@@ -230,20 +231,21 @@ fn cancel_token_then_continue<M: Model>(model: &M, depth: usize, vocab: u32, n: 
         let cancel = CancelToken::new();
         let mut cfg = config(max, 2048, &cancel);
         cfg.logprobs = None;
-        decode::generate_auto(
+        decode::generate(
             model,
             s,
-            p,
-            &mut sampler(0.0),
-            &cfg,
-            Some(depth),
-            &mut |_| {},
-            &mut |e| {
+            TurnRequest {
+                prompt: p,
+                sampler: &mut sampler(0.0),
+                config: cfg.clone(),
+                mtp_depth: Some(depth),
+            },
+            &mut on_tokens(|e| {
                 if Some(e.index) == cancel_at {
                     cancel.cancel();
                 }
                 Flow::Continue
-            },
+            }),
         )
         .unwrap()
     };
@@ -299,19 +301,23 @@ fn cancel_during_prefill<M: Model>(model: &M, depth: usize, vocab: u32) {
     let mut s = LiveSession::new(model);
     let cancel = CancelToken::new();
     let cfg = config(6, 8, &cancel);
-    let r = decode::generate_auto(
+    let r = decode::generate(
         model,
         &mut s,
-        &p,
-        &mut sampler(0.8),
-        &cfg,
-        Some(depth),
-        &mut |progress| {
-            if progress.done >= 8 {
-                cancel.cancel();
-            }
+        TurnRequest {
+            prompt: &p,
+            sampler: &mut sampler(0.8),
+            config: cfg.clone(),
+            mtp_depth: Some(depth),
         },
-        &mut |_| panic!("no token after a cancelled prefill"),
+        &mut Observe::new(
+            |progress| {
+                if progress.done >= 8 {
+                    cancel.cancel();
+                }
+            },
+            |_| panic!("no token after a cancelled prefill"),
+        ),
     )
     .unwrap();
     assert!(r.tokens.is_empty());
@@ -382,12 +388,13 @@ fn session_cache_policy_live_bank_disk_cold() {
         let cancel = CancelToken::new();
         let (prepared, r) = cache.generate(
             &model,
-            p,
-            &mut sampler(0.0),
-            &config(4, 2048, &cancel),
-            Some(0),
-            &mut |_| {},
-            &mut |_| Flow::Continue,
+            TurnRequest {
+                prompt: p,
+                sampler: &mut sampler(0.0),
+                config: config(4, 2048, &cancel),
+                mtp_depth: Some(0),
+            },
+            &mut (),
         );
         let r = r.unwrap();
         assert_eq!(prepared.cached_tokens, r.reused_tokens);
@@ -467,15 +474,16 @@ fn qwen4_exp_branch_at_the_end_of_the_prompt_starts_from_the_boundary() {
             let mut s = Sampler::new(Law::Nucleus, params, seed).unwrap();
             let (prepared, r) = cache.generate(
                 &model,
-                prompt,
-                &mut s,
-                &config(6, 16, &cancel),
-                Some(depth),
-                &mut |_| {},
-                &mut |e| {
+                TurnRequest {
+                    prompt,
+                    sampler: &mut s,
+                    config: config(6, 16, &cancel),
+                    mtp_depth: Some(depth),
+                },
+                &mut on_tokens(|e| {
                     lp.push(e.logprobs.expect("logprobs requested").logprob.to_bits());
                     Flow::Continue
-                },
+                }),
             );
             let r = r.unwrap();
             assert_eq!(r.final_state, FinalState::Complete);
@@ -511,15 +519,16 @@ fn qwen4_exp_divergent_prompt_reuses_the_last_boundary_before_it() {
             let mut lp = Vec::new();
             let (prepared, r) = cache.generate(
                 &model,
-                prompt,
-                &mut sampler(0.8),
-                &config(5, 8, &cancel),
-                Some(depth),
-                &mut |_| {},
-                &mut |e| {
+                TurnRequest {
+                    prompt,
+                    sampler: &mut sampler(0.8),
+                    config: config(5, 8, &cancel),
+                    mtp_depth: Some(depth),
+                },
+                &mut on_tokens(|e| {
                     lp.push(e.logprobs.expect("logprobs requested").logprob.to_bits());
                     Flow::Continue
-                },
+                }),
             );
             let r = r.unwrap();
             assert_eq!(r.final_state, FinalState::Complete);

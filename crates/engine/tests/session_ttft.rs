@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use ds4_engine::Model;
-use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig};
+use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
 use ds4_engine::state::bank::SessionBank;
 use ds4_engine::state::checkpoint::{CheckpointStore, Identity, STATE_FORMAT_VERSION};
 use ds4_sampling::{Law, Sampler, SamplingParams};
@@ -38,14 +38,16 @@ fn first_token<M: Model>(
     let r = decode::generate(
         model,
         session,
-        prompt,
-        &mut sampler,
-        &cfg,
-        &mut |_| {},
-        &mut |_| {
+        TurnRequest {
+            prompt,
+            sampler: &mut sampler,
+            config: cfg.clone(),
+            mtp_depth: Some(0),
+        },
+        &mut on_tokens(|_| {
             at.get_or_insert(start.elapsed());
             Flow::Continue
-        },
+        }),
     )
     .unwrap();
     (r.tokens[0], at.unwrap())
@@ -168,15 +170,16 @@ fn qwen4_exp_checkpoint_bytes_per_1k_tokens() {
                 1,
             )
             .unwrap();
-            decode::generate_auto(
+            decode::generate(
                 &model,
                 &mut s,
-                &p,
-                &mut sampler,
-                &cfg,
-                Some(depth),
-                &mut |_| {},
-                &mut |_| Flow::Continue,
+                TurnRequest {
+                    prompt: &p,
+                    sampler: &mut sampler,
+                    config: cfg.clone(),
+                    mtp_depth: Some(depth),
+                },
+                &mut (),
             )
             .unwrap();
             let file = store.save(&s).unwrap();

@@ -7,7 +7,9 @@
 use std::path::PathBuf;
 
 use ds4_engine::Model;
-use ds4_engine::decode::{self, CallerStop, FinalState, Flow, LiveSession, TurnConfig, TurnResult};
+use ds4_engine::decode::{
+    self, CallerStop, FinalState, Flow, LiveSession, TurnConfig, TurnRequest, TurnResult, on_tokens,
+};
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::bank::SessionBank;
 use ds4_engine::state::checkpoint::{CheckpointStore, Identity, STATE_FORMAT_VERSION};
@@ -71,15 +73,16 @@ fn run_turn<M: Model>(
         cancel: Default::default(),
     };
     let mut lp = Vec::new();
-    let r = decode::generate_auto(
+    let r = decode::generate(
         model,
         session,
-        prompt,
-        &mut sampler,
-        &cfg,
-        Some(depth),
-        &mut |_| {},
-        &mut |e| {
+        TurnRequest {
+            prompt,
+            sampler: &mut sampler,
+            config: cfg.clone(),
+            mtp_depth: Some(depth),
+        },
+        &mut on_tokens(|e| {
             let l = e.logprobs.expect("logprobs requested");
             let mut bits = vec![l.logprob.to_bits()];
             bits.extend(l.top.iter().flat_map(|&(t, p)| [t, p.to_bits()]));
@@ -88,7 +91,7 @@ fn run_turn<M: Model>(
                 Some(i) if i == e.index => Flow::Stop(CallerStop::Cancelled),
                 _ => Flow::Continue,
             }
-        },
+        }),
     )
     .unwrap();
     let trace = Trace {
@@ -202,21 +205,22 @@ fn cancel_then_continue<M: Model>(model: &M, depth: usize, vocab: u32) {
             logprobs: None,
             cancel: Default::default(),
         };
-        decode::generate_auto(
+        decode::generate(
             model,
             s,
-            p,
-            &mut sampler,
-            &cfg,
-            Some(depth),
-            &mut |_| {},
-            &mut |e| {
+            TurnRequest {
+                prompt: p,
+                sampler: &mut sampler,
+                config: cfg.clone(),
+                mtp_depth: Some(depth),
+            },
+            &mut on_tokens(|e| {
                 if Some(e.index) == cancel {
                     Flow::Stop(CallerStop::Cancelled)
                 } else {
                     Flow::Continue
                 }
-            },
+            }),
         )
         .unwrap()
     };

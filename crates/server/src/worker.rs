@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, CancelToken, FinishReason, Flow, MtpStats, TokenLogprobs, TurnConfig,
+    self, CallerStop, CancelToken, FinishReason, Flow, MtpStats, Observe, TokenLogprobs,
+    TurnConfig, TurnRequest,
 };
 use ds4_engine::families::LoadedModel;
 use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
@@ -238,20 +239,21 @@ impl<M: Model> Worker<'_, M> {
         let _ = events.send(WorkEvent::Started {
             cached_tokens: prepared.cached_tokens,
         });
-        let result = self.cache.decode_turn(
-            self.model,
-            &job.prompt,
-            &mut job.sampler,
-            &config,
-            job.mtp_depth,
-            &mut |_| {
+        let request = TurnRequest {
+            prompt: &job.prompt,
+            sampler: &mut job.sampler,
+            config,
+            mtp_depth: job.mtp_depth,
+        };
+        let mut observer = Observe {
+            prefill: |_| {
                 // A client that left during a long prefill stops it at the
                 // next chunk.
                 if events.is_closed() {
                     cancel.cancel();
                 }
             },
-            &mut |event| {
+            token: |event: decode::TokenEvent| {
                 if !started {
                     started = true;
                     first_token = Some(start.elapsed());
@@ -283,7 +285,9 @@ impl<M: Model> Worker<'_, M> {
                     Flow::Continue
                 }
             },
-        );
+        };
+        let result = self.cache.decode_turn(self.model, request, &mut observer);
+        drop(observer);
         self.cache.finish(result.as_ref().ok());
         self.metrics
             .cache(&self.cache.stats(), &self.cache.rejections());

@@ -1,22 +1,59 @@
-//! Turning prompts into tokens: chunked prefill, the autoregressive loop, and
-//! the live session that lets a later turn reuse an earlier turn's state.
-//! Everything here is family-agnostic: it sees a family only through the
-//! [`crate::Model`] contract and its sampling law only through
+//! Turning prompts into tokens: chunked prefill, the autoregressive and MTP
+//! loops, and the live session that lets a later turn reuse an earlier
+//! turn's state. Everything here is family-agnostic: it sees a family only
+//! through the [`crate::Model`] contract and its sampling law only through
 //! [`ds4_sampling::Sampler`].
+//!
+//! Module graph (no cycles): `turn` (request, observer, results) ←
+//! `exit` (emission and the exit classifier) and `prefill` (the cancellable
+//! prefill loop, over `session`) ← `ar`, `mtp` ← [`generate`].
 
-pub mod ar;
+mod ar;
+mod exit;
 pub mod logprobs;
-pub mod mtp;
+mod mtp;
 pub mod prefill;
 pub mod session;
 pub mod turn;
 
-pub use ar::generate;
 pub use logprobs::{TokenLogprobs, prompt_logprobs, token_logprobs};
-pub use mtp::{MtpStats, generate_auto, generate_mtp, resolve_mtp_depth};
-pub use prefill::{DEFAULT_PREFILL_CHUNK, PrefillProgress, prefill};
+pub use mtp::resolve_mtp_depth;
+pub use prefill::{DEFAULT_PREFILL_CHUNK, prefill};
 pub use session::{LiveSession, SessionImage};
 pub use turn::{
-    CallerStop, CancelToken, FinalState, FinishReason, Flow, TokenEvent, TokenSource, TurnConfig,
-    TurnResult, TurnTimings,
+    CallerStop, CancelToken, FinalState, FinishReason, Flow, MtpStats, Observe, PrefillProgress,
+    TokenEvent, TokenSource, TurnConfig, TurnObserver, TurnRequest, TurnResult, TurnTimings,
+    on_tokens,
 };
+
+use crate::error::Result;
+use crate::model::Model;
+
+/// Generate a reply to `request.prompt` (the whole conversation so far, as
+/// tokens) on `session`, AR or MTP as `request.mtp_depth` resolves
+/// ([`resolve_mtp_depth`]; MTP spec and draw order in `mtp.rs`).
+///
+/// The session's state is rewound to its longest exact prefix with the
+/// prompt and only the rest is prefilled, in chunks, checking the cancel
+/// token before each. The observer sees prefill progress and every emitted
+/// token as it is produced, and may stop the turn.
+///
+/// Exits and the final commit: on a stop token, a stop string or
+/// `max_tokens` the last emitted token gets exactly one final forward, so
+/// the session covers exactly `prompt + emitted` and keeps that forward's
+/// logits row ([`FinalState::Complete`]). On cancellation no further forward
+/// runs and on a full context none can: the session stays consistent but
+/// one token short ([`FinalState::Partial`]). If any forward fails the
+/// session is reset, so a half-updated state is never reused. A depth the
+/// model refuses is an error that leaves the session untouched.
+pub fn generate<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    request: TurnRequest<'_>,
+    observer: &mut dyn TurnObserver,
+) -> Result<TurnResult> {
+    match resolve_mtp_depth(model, request.mtp_depth)? {
+        0 => ar::generate(model, session, request, observer),
+        depth => mtp::generate(model, session, request, depth, observer),
+    }
+}

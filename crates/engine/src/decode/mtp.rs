@@ -3,6 +3,7 @@
 //! forward, and the sampling law's exact acceptance keeps the emitted
 //! sequence distributed exactly as AR sampling at any temperature (greedy:
 //! exactly the AR tokens). Family-agnostic: a family plugs in through
+//! [`Model::MtpHistory`], [`crate::ModelState::Window`],
 //! [`Model::mtp_contract`], [`Model::forward_hidden`],
 //! [`Model::forward_window`], [`crate::ModelState::commit`],
 //! [`Model::new_mtp_history`] and [`Model::mtp_forward`].
@@ -72,76 +73,22 @@
 //!   ([`FinalState::Partial`]);
 //! * any error (forward, sampling): the session is reset, so no half-updated
 //!   state survives.
+//!
+//! The prefill loop ([`super::prefill::prefill_turn`]) and the exit
+//! classifier ([`super::exit::Emitter::emit`]) are the AR loop's.
 
 use std::time::Instant;
 
-use ds4_sampling::{Distribution, Sampler, TokenCounts};
-use serde::Serialize;
+use ds4_sampling::{Distribution, Sampler};
 
-use super::logprobs::token_logprobs;
-use super::prefill::PrefillProgress;
+use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
+use super::prefill::prefill_turn;
 use super::session::{LiveSession, MtpSide};
 use super::turn::{
-    CallerStop, FinalState, FinishReason, Flow, TokenEvent, TokenSource, TurnConfig, TurnResult,
-    TurnTimings,
+    FinishReason, MtpStats, TokenSource, TurnObserver, TurnRequest, TurnResult, TurnTimings,
 };
 use crate::error::{EngineError, Result};
-use crate::model::{Hidden, LogitsRows, Model, ModelState, MtpStep};
-
-/// Per-turn speculative statistics.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct MtpStats {
-    /// Draft depth K the turn ran with.
-    pub depth: usize,
-    /// Verify cycles run.
-    pub cycles: usize,
-    /// Drafts proposed at depth position `i + 1`.
-    pub drafted: Vec<usize>,
-    /// Drafts accepted at depth position `i + 1`.
-    pub accepted: Vec<usize>,
-    /// Cycles whose drafts were all accepted and sampled a bonus token.
-    pub bonus: usize,
-    /// Trunk rows forwarded in verify windows.
-    pub verify_rows: usize,
-}
-
-impl MtpStats {
-    fn new(depth: usize) -> Self {
-        Self {
-            depth,
-            drafted: vec![0; depth],
-            accepted: vec![0; depth],
-            ..Self::default()
-        }
-    }
-
-    pub fn drafted_total(&self) -> usize {
-        self.drafted.iter().sum()
-    }
-
-    pub fn accepted_total(&self) -> usize {
-        self.accepted.iter().sum()
-    }
-
-    /// Accepted drafts over drafted ones (0 when none were drafted).
-    pub fn acceptance_rate(&self) -> f64 {
-        let d = self.drafted_total();
-        if d == 0 {
-            0.0
-        } else {
-            self.accepted_total() as f64 / d as f64
-        }
-    }
-
-    /// Mean accepted drafts per cycle.
-    pub fn mean_accepted_len(&self) -> f64 {
-        if self.cycles == 0 {
-            0.0
-        } else {
-            self.accepted_total() as f64 / self.cycles as f64
-        }
-    }
-}
+use crate::model::{Hidden, LogitsRows, Model, ModelState, MtpHistory, MtpStep};
 
 /// The draft depth a request runs with: `None` takes the family's default
 /// (0, i.e. AR, for a model without an MTP head), `Some(0)` is AR, and a
@@ -164,43 +111,15 @@ pub fn resolve_mtp_depth<M: Model>(model: &M, requested: Option<usize>) -> Resul
     }
 }
 
-/// One turn with AR or MTP decoding: `mtp_depth` as in
-/// [`resolve_mtp_depth`]. The entry point for callers that let a request
-/// choose (CLI `--mtp-depth`, the API's `mtp_depth`).
-#[allow(clippy::too_many_arguments)]
-pub fn generate_auto<M: Model>(
+/// An MTP turn at draft depth `depth` (1..=the family's maximum; the
+/// request's `mtp_depth` is not read). Session handling as in
+/// [`super::generate`]; exits and draw order as in the module docs.
+pub(crate) fn generate<M: Model>(
     model: &M,
     session: &mut LiveSession<M>,
-    prompt: &[u32],
-    sampler: &mut Sampler,
-    config: &TurnConfig,
-    mtp_depth: Option<usize>,
-    on_prefill: &mut dyn FnMut(PrefillProgress),
-    on_token: &mut dyn FnMut(TokenEvent) -> Flow,
-) -> Result<TurnResult> {
-    match resolve_mtp_depth(model, mtp_depth)? {
-        0 => super::ar::generate(
-            model, session, prompt, sampler, config, on_prefill, on_token,
-        ),
-        depth => generate_mtp(
-            model, session, prompt, sampler, config, depth, on_prefill, on_token,
-        ),
-    }
-}
-
-/// Generate a reply with MTP speculative decoding at draft depth `depth`
-/// (1..=the family's maximum). Session handling as in
-/// [`super::ar::generate`]; exits and draw order as in the module docs.
-#[allow(clippy::too_many_arguments)]
-pub fn generate_mtp<M: Model>(
-    model: &M,
-    session: &mut LiveSession<M>,
-    prompt: &[u32],
-    sampler: &mut Sampler,
-    config: &TurnConfig,
+    request: TurnRequest<'_>,
     depth: usize,
-    on_prefill: &mut dyn FnMut(PrefillProgress),
-    on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+    observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
     let contract = model.mtp_contract().ok_or_else(|| {
         EngineError::Unsupported(format!(
@@ -214,18 +133,20 @@ pub fn generate_mtp<M: Model>(
             contract.max_depth
         )));
     }
+    let TurnRequest {
+        prompt,
+        sampler,
+        config,
+        ..
+    } = request;
     let result = Turn {
         model,
         session: &mut *session,
         sampler,
-        config,
-        on_token,
-        tokens: Vec::new(),
-        counts: TokenCounts::default(),
-        fallbacks: 0,
+        out: Emitter::new(&config, observer),
         stats: MtpStats::new(depth),
     }
-    .run(prompt, on_prefill);
+    .run(prompt);
     if result.is_err() {
         session.reset(model);
     }
@@ -238,11 +159,7 @@ struct Turn<'a, M: Model> {
     model: &'a M,
     session: &'a mut LiveSession<M>,
     sampler: &'a mut Sampler,
-    config: &'a TurnConfig,
-    on_token: &'a mut dyn FnMut(TokenEvent) -> Flow,
-    tokens: Vec<u32>,
-    counts: TokenCounts,
-    fallbacks: usize,
+    out: Emitter<'a>,
     stats: MtpStats,
 }
 
@@ -256,10 +173,16 @@ fn state_err(msg: &str) -> EngineError {
     EngineError::State(msg.to_string())
 }
 
+/// The MTP side of `session`.
+fn side_of<M: Model>(session: &mut LiveSession<M>) -> Result<&mut MtpSide<M::MtpHistory>> {
+    session
+        .mtp_mut()
+        .as_mut()
+        .ok_or_else(|| state_err("the MTP side of the session is missing"))
+}
+
 impl<M: Model> Turn<'_, M> {
-    /// Emit one token: count it, hand it to the callback, and say whether
-    /// the turn ends here (stop token, then the callback's answer, then
-    /// `max_tokens`, as in the AR loop).
+    /// Emit one token (see [`Emitter::emit`]).
     fn emit(
         &mut self,
         token: u32,
@@ -267,50 +190,18 @@ impl<M: Model> Turn<'_, M> {
         row: &[f32],
         source: TokenSource,
     ) -> Option<FinishReason> {
-        self.counts.add(token);
-        self.tokens.push(token);
-        self.fallbacks += usize::from(fallback);
-        let is_stop_token = self.config.stop_token_ids.contains(&token);
-        let flow = (self.on_token)(TokenEvent {
-            token,
-            index: self.tokens.len() - 1,
-            is_stop_token,
-            argmax_fallback: fallback,
-            logprobs: self
-                .config
-                .logprobs
-                .map(|top_n| token_logprobs(row, token, top_n)),
-            source,
-        });
-        if is_stop_token {
-            Some(FinishReason::StopToken)
-        } else if let Flow::Stop(why) = flow {
-            Some(FinishReason::Caller(why))
-        } else if self.config.cancel.is_cancelled() {
-            Some(FinishReason::Caller(CallerStop::Cancelled))
-        } else if self.tokens.len() >= self.config.max_tokens {
-            Some(FinishReason::MaxTokens)
-        } else {
-            None
-        }
+        self.out.emit(token, fallback, row, source)
     }
 
-    fn mtp(&mut self) -> Result<&mut MtpSide> {
-        self.session
-            .mtp_mut()
-            .as_mut()
-            .ok_or_else(|| state_err("the MTP side of the session is missing"))
+    fn mtp(&mut self) -> Result<&mut MtpSide<M::MtpHistory>> {
+        side_of(self.session)
     }
 
     /// Rewind, make sure the MTP history is in step (else start over), and
     /// prefill the new prompt tokens through trunk and head. `None`: the
     /// cancel token was set before a chunk; the session covers the chunks
     /// that ran (trunk, head and last logits in step).
-    fn prefill(
-        &mut self,
-        prompt: &[u32],
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-    ) -> Result<(usize, Option<Last>)> {
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(usize, Option<Last>)> {
         let model = self.model;
         let mut reused = self.session.rewind_for(model, prompt);
         if self.session.mtp_mut().is_none() {
@@ -329,96 +220,59 @@ impl<M: Model> Turn<'_, M> {
             });
         }
         let fresh = &prompt[reused..];
-        if fresh.is_empty() {
-            let logits = self
-                .session
-                .last_logits()
-                .map(<[f32]>::to_vec)
-                .ok_or_else(|| state_err("the prompt is empty"))?;
-            let hidden = self
-                .mtp()?
-                .hidden
-                .clone()
-                .ok_or_else(|| state_err("the session kept no hidden"))?;
-            return Ok((reused, Some(Last { logits, hidden })));
-        }
-        let needed = self.session.tokens().len() + fresh.len();
-        if needed > model.context_length() {
-            return Err(EngineError::ContextOverflow {
-                needed,
-                limit: model.context_length(),
-            });
-        }
-        self.session.set_last_logits(None);
-        let chunk = self.config.prefill_chunk.max(1);
-        let start = Instant::now();
-        let mut last = None;
-        for (i, piece) in fresh.chunks(chunk).enumerate() {
-            if self.config.cancel.is_cancelled() {
-                return Ok((reused, None));
-            }
-            self.session.set_last_logits(None);
-            let (out, hidden) =
-                model.forward_hidden(piece, self.session.state_mut(), LogitsRows::Last)?;
-            self.session.record(piece);
-            // MTP rows: (pending hidden, piece[0]), then (hidden[j], piece[j+1]).
-            let n = piece.len();
-            let side = self.mtp()?;
-            let (toks, rows): (&[u32], Option<Hidden>) = match side.hidden.take() {
-                Some(h) if n == 1 => (piece, Some(h)),
-                Some(h) => (
-                    piece,
-                    Some(Hidden::cat(&[&h, &hidden.narrow(0, 0, n - 1)?], 0)?),
-                ),
-                None if n == 1 => (&[], None),
-                None => (&piece[1..], Some(hidden.narrow(0, 0, n - 1)?)),
-            };
-            if let Some(rows) = rows {
-                model.mtp_forward(toks, &rows, side.history.as_mut())?;
-            }
-            side.hidden = Some(hidden.narrow(0, piece.len() - 1, 1)?);
-            self.session.set_last_logits(Some(out.last_row().to_vec()));
-            last = Some(out);
-            on_prefill(PrefillProgress {
-                done: (i * chunk + piece.len()).min(fresh.len()),
-                total: fresh.len(),
-                elapsed: start.elapsed(),
-            });
-        }
-        let logits = last
-            .ok_or_else(|| state_err("prefill produced no logits"))?
-            .last_row()
-            .to_vec();
-        self.session.set_last_logits(Some(logits.clone()));
-        let hidden = self
-            .mtp()?
-            .hidden
-            .clone()
-            .ok_or_else(|| state_err("prefill produced no hidden"))?;
+        let config = self.out.config;
+        let prefilled = prefill_turn(
+            model,
+            self.session,
+            fresh,
+            config,
+            self.out.observer(),
+            |session, piece| {
+                let (out, hidden) =
+                    model.forward_hidden(piece, session.state_mut(), LogitsRows::Last)?;
+                // MTP rows: (pending hidden, piece[0]), then (hidden[j], piece[j+1]).
+                let n = piece.len();
+                let side = side_of(session)?;
+                let (toks, rows): (&[u32], Option<Hidden>) = match side.hidden.take() {
+                    Some(h) if n == 1 => (piece, Some(h)),
+                    Some(h) => (
+                        piece,
+                        Some(Hidden::cat(&[&h, &hidden.narrow(0, 0, n - 1)?], 0)?),
+                    ),
+                    None if n == 1 => (&[], None),
+                    None => (&piece[1..], Some(hidden.narrow(0, 0, n - 1)?)),
+                };
+                if let Some(rows) = rows {
+                    model.mtp_forward(toks, &rows, &mut side.history)?;
+                }
+                side.hidden = Some(hidden.narrow(0, n - 1, 1)?);
+                Ok(out.last_row().to_vec())
+            },
+        )?;
+        let Some(logits) = prefilled else {
+            return Ok((reused, None));
+        };
+        let hidden = self.mtp()?.hidden.clone().ok_or_else(|| {
+            state_err(if fresh.is_empty() {
+                "the session kept no hidden"
+            } else {
+                "prefill produced no hidden"
+            })
+        })?;
         Ok((reused, Some(Last { logits, hidden })))
     }
 
-    fn run(
-        mut self,
-        prompt: &[u32],
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-    ) -> Result<TurnResult> {
+    fn run(mut self, prompt: &[u32]) -> Result<TurnResult> {
         let prefill_start = Instant::now();
-        let (reused, last) = self.prefill(prompt, on_prefill)?;
+        let (reused, last) = self.prefill(prompt)?;
         let Some(mut last) = last else {
-            return Ok(TurnResult {
-                tokens: Vec::new(),
-                finish_reason: FinishReason::Caller(CallerStop::Cancelled),
-                reused_tokens: reused,
-                timings: TurnTimings {
-                    prefill_tokens: self.session.tokens().len() - reused,
-                    prefill: prefill_start.elapsed(),
-                    ..TurnTimings::default()
-                },
-                argmax_fallbacks: 0,
-                final_state: FinalState::Partial,
-                mtp: Some(self.stats),
-            });
+            let prefilled = self.session.tokens().len() - reused;
+            return Ok(cancelled_in_prefill(
+                reused,
+                prefilled,
+                prefill_start,
+                Some(self.stats),
+            ));
         };
         let mut timings = TurnTimings {
             prefill_tokens: prompt.len() - reused,
@@ -428,31 +282,25 @@ impl<M: Model> Turn<'_, M> {
         let decode_start = Instant::now();
         let finish_reason = self.decode(&mut last)?;
         timings.decode = decode_start.elapsed();
-        timings.decode_tokens = self.tokens.len();
-        let complete = finish_reason != FinishReason::Caller(CallerStop::Cancelled)
-            && self.session.tokens().len() == prompt.len() + self.tokens.len();
-        Ok(TurnResult {
-            tokens: self.tokens,
+        timings.decode_tokens = self.out.tokens.len();
+        let covered = self.session.tokens().len();
+        Ok(self.out.finish(
             finish_reason,
-            reused_tokens: reused,
+            covered,
+            prompt.len(),
+            reused,
             timings,
-            argmax_fallbacks: self.fallbacks,
-            final_state: if complete {
-                FinalState::Complete
-            } else {
-                FinalState::Partial
-            },
-            mtp: Some(self.stats),
-        })
+            Some(self.stats),
+        ))
     }
 
     /// The cycles. On return the session is consistent (see module docs).
     fn decode(&mut self, last: &mut Last) -> Result<FinishReason> {
-        if self.config.max_tokens == 0 {
+        if self.out.config.max_tokens == 0 {
             return Ok(FinishReason::MaxTokens);
         }
         // Draw: the primary of the first cycle.
-        let s = self.sampler.sample(&last.logits, &self.counts)?;
+        let s = self.sampler.sample(&last.logits, &self.out.counts)?;
         let mut exit = self.emit(
             s.token,
             s.argmax_fallback,
@@ -480,7 +328,7 @@ impl<M: Model> Turn<'_, M> {
                 None => {
                     let model = self.model;
                     let hidden = last.hidden.clone();
-                    model.mtp_forward(&[pending], &hidden, self.mtp()?.history.as_mut())?
+                    model.mtp_forward(&[pending], &hidden, &mut self.mtp()?.history)?
                 }
             };
             // Not clamped to the tokens left: a seed's tokens must not depend
@@ -491,7 +339,7 @@ impl<M: Model> Turn<'_, M> {
             // Drafts (draws 2).
             let mut drafts = Vec::with_capacity(k);
             let mut qs: Vec<Distribution> = Vec::with_capacity(k);
-            let mut dcounts = self.counts.clone();
+            let mut dcounts = self.out.counts.clone();
             let mut step = head_step.clone();
             for i in 0..k {
                 let q = self.sampler.distribution(&step.logits, &dcounts)?;
@@ -502,7 +350,7 @@ impl<M: Model> Turn<'_, M> {
                 self.stats.drafted[i] += 1;
                 if i + 1 < k {
                     let model = self.model;
-                    step = model.mtp_forward(&[d], &step.hidden, self.mtp()?.history.as_mut())?;
+                    step = model.mtp_forward(&[d], &step.hidden, &mut self.mtp()?.history)?;
                 }
             }
 
@@ -520,7 +368,7 @@ impl<M: Model> Turn<'_, M> {
             let mut next: Option<(u32, bool, usize, TokenSource)> = None;
             for i in 0..k {
                 let row = w.logits.row(i);
-                let p = self.sampler.distribution(row, &self.counts)?;
+                let p = self.sampler.distribution(row, &self.out.counts)?;
                 if self.sampler.accept(&p, &qs[i], drafts[i]) {
                     accepted += 1;
                     self.stats.accepted[i] += 1;
@@ -542,7 +390,7 @@ impl<M: Model> Turn<'_, M> {
             }
             if exit.is_none() && next.is_none() {
                 let row = w.logits.row(k);
-                let s = self.sampler.sample(row, &self.counts)?;
+                let s = self.sampler.sample(row, &self.out.counts)?;
                 self.stats.bonus += 1;
                 next = Some((s.token, s.argmax_fallback, k, TokenSource::Bonus));
             }
@@ -569,7 +417,7 @@ impl<M: Model> Turn<'_, M> {
                 None
             } else {
                 let hidden = w.hidden.narrow(0, 0, rows.len())?;
-                Some(model.mtp_forward(&rows, &hidden, side.history.as_mut())?)
+                Some(model.mtp_forward(&rows, &hidden, &mut side.history)?)
             };
             match next {
                 // Ended at an accepted draft: the commit above was final.
@@ -590,7 +438,7 @@ impl<M: Model> Turn<'_, M> {
     ) -> Result<FinishReason> {
         let s_len = self.session.tokens().len();
         let forwardable = s_len < self.model.context_length();
-        if reason == FinishReason::Caller(CallerStop::Cancelled) || !forwardable {
+        if reason == CANCELLED || !forwardable {
             // No final forward: drop the row with `pending` so the history
             // stays one row behind the trunk.
             if has_row {
@@ -603,7 +451,7 @@ impl<M: Model> Turn<'_, M> {
         let model = self.model;
         if !has_row {
             let hidden = last.hidden.clone();
-            model.mtp_forward(&[pending], &hidden, self.mtp()?.history.as_mut())?;
+            model.mtp_forward(&[pending], &hidden, &mut self.mtp()?.history)?;
         }
         self.session.set_last_logits(None);
         let (out, hidden) =

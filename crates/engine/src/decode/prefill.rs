@@ -1,21 +1,18 @@
 //! Chunked prefill: a long prompt is processed in chunks so memory for the
 //! attention scores stays bounded and the caller can report progress (and
-//! the server can send keep-alives) while it runs.
+//! the server can send keep-alives) while it runs. [`prefill`] extends a
+//! bare state; [`prefill_turn`] is the one cancellable prefill loop of the
+//! AR and MTP turns.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use super::session::LiveSession;
+use super::turn::{PrefillProgress, TurnConfig, TurnObserver};
 use crate::error::{EngineError, Result};
 use crate::model::{ForwardOutput, LogitsRows, Model, ModelState};
 
 /// Tokens per prefill chunk when the caller does not choose.
 pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
-
-#[derive(Debug, Clone, Copy)]
-pub struct PrefillProgress {
-    pub done: usize,
-    pub total: usize,
-    pub elapsed: Duration,
-}
 
 /// Extend `state` with `tokens` in chunks of `chunk` tokens and return the
 /// logits of the last token. `tokens` must not be empty: a turn needs the
@@ -51,4 +48,60 @@ pub fn prefill<M: Model>(
         });
     }
     last.ok_or_else(|| EngineError::State("prefill produced no logits".into()))
+}
+
+/// A turn's prefill of `fresh`, the prompt tokens after what the session
+/// covers: in chunks of `config.prefill_chunk`, the cancel token checked
+/// before each chunk, each chunk recorded in the session as soon as it ran,
+/// with its last logits row, and the observer told after each.
+/// `forward_chunk` runs one chunk through the model (the MTP loop also
+/// through its head) and returns the chunk's last logits row.
+///
+/// Returns the logits row of the last prompt token (the kept row when
+/// `fresh` is empty: the session covers the whole prompt), or `None` when
+/// cancelled: the session then covers exactly the chunks that ran and keeps
+/// the last one's row.
+pub(crate) fn prefill_turn<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    fresh: &[u32],
+    config: &TurnConfig,
+    observer: &mut dyn TurnObserver,
+    mut forward_chunk: impl FnMut(&mut LiveSession<M>, &[u32]) -> Result<Vec<f32>>,
+) -> Result<Option<Vec<f32>>> {
+    if fresh.is_empty() {
+        // The session covers the whole prompt and kept its last logits.
+        return session
+            .last_logits()
+            .map(|row| Some(row.to_vec()))
+            .ok_or_else(|| EngineError::State("the prompt is empty".into()));
+    }
+    let needed = session.tokens().len() + fresh.len();
+    if needed > model.context_length() {
+        return Err(EngineError::ContextOverflow {
+            needed,
+            limit: model.context_length(),
+        });
+    }
+    let chunk = config.prefill_chunk.max(1);
+    let start = Instant::now();
+    let mut logits = None;
+    for (i, piece) in fresh.chunks(chunk).enumerate() {
+        if config.cancel.is_cancelled() {
+            return Ok(None);
+        }
+        session.set_last_logits(None);
+        let row = forward_chunk(session, piece)?;
+        session.record(piece);
+        session.set_last_logits(Some(row.clone()));
+        logits = Some(row);
+        observer.prefill(PrefillProgress {
+            done: (i * chunk + piece.len()).min(fresh.len()),
+            total: fresh.len(),
+            elapsed: start.elapsed(),
+        });
+    }
+    logits
+        .map(Some)
+        .ok_or_else(|| EngineError::State("prefill produced no logits".into()))
 }

@@ -17,15 +17,15 @@ use crate::state::table::{NamedTensor, TableReader, TensorData};
 /// The MTP side of a session: `history.len() + 1 == tokens.len()` and
 /// `hidden` is the trunk hidden of the last covered position (both empty for
 /// an empty session).
-pub(crate) struct MtpSide {
-    pub history: Box<dyn MtpHistory>,
+pub(crate) struct MtpSide<H> {
+    pub history: H,
     pub hidden: Option<Hidden>,
 }
 
-impl MtpSide {
+impl<H: MtpHistory> MtpSide<H> {
     fn snapshot(&self) -> Self {
         Self {
-            history: self.history.boxed_clone(),
+            history: self.history.clone(),
             hidden: self.hidden.clone(),
         }
     }
@@ -38,7 +38,7 @@ pub struct LiveSession<M: Model> {
     /// Logits row of the last covered position, when known.
     last_logits: Option<Vec<f32>>,
     /// Present only while the MTP history is in step with the trunk.
-    mtp: Option<MtpSide>,
+    mtp: Option<MtpSide<M::MtpHistory>>,
 }
 
 impl<M: Model> LiveSession<M> {
@@ -65,8 +65,8 @@ impl<M: Model> LiveSession<M> {
     }
 
     /// The MTP history, when the last turn kept it in step with the trunk.
-    pub fn mtp_history(&self) -> Option<&dyn MtpHistory> {
-        self.mtp.as_ref().map(|m| m.history.as_ref())
+    pub fn mtp_history(&self) -> Option<&M::MtpHistory> {
+        self.mtp.as_ref().map(|m| &m.history)
     }
 
     /// Trunk hidden of the last covered position (MTP sessions).
@@ -90,8 +90,38 @@ impl<M: Model> LiveSession<M> {
     /// token is dropped so the turn gets fresh logits). Dropping tokens also
     /// drops the kept logits and the MTP side. A state that cannot be
     /// truncated (recurrent families) is reset rather than restored at the
-    /// wrong point.
+    /// wrong point (below its [`ModelState::truncate_floor`]).
     pub fn rewind_for(&mut self, model: &M, prompt: &[u32]) -> usize {
+        let (whole, keep) = self.rewind_point(prompt);
+        if whole {
+            return keep;
+        }
+        self.last_logits = None;
+        self.mtp = None;
+        if keep < self.state.truncate_floor() || self.state.truncate(keep).is_err() {
+            self.reset(model);
+            return 0;
+        }
+        self.tokens.truncate(keep);
+        keep
+    }
+
+    /// What [`LiveSession::rewind_for`] would reuse of `prompt`, without
+    /// changing anything (0 where it would reset).
+    pub fn reusable_for(&self, prompt: &[u32]) -> usize {
+        let (whole, keep) = self.rewind_point(prompt);
+        if whole || keep >= self.state.truncate_floor() {
+            keep
+        } else {
+            0
+        }
+    }
+
+    /// Whether the session is kept whole (it is a prefix of `prompt` and,
+    /// covering the whole prompt, holds its last logits row), and the length
+    /// it keeps: the common prefix, at most all but the last prompt token
+    /// when it is not kept whole (the turn needs fresh logits).
+    fn rewind_point(&self, prompt: &[u32]) -> (bool, usize) {
         let common = self
             .tokens
             .iter()
@@ -101,17 +131,10 @@ impl<M: Model> LiveSession<M> {
         if common == self.tokens.len()
             && (common < prompt.len() || (self.last_logits.is_some() && !prompt.is_empty()))
         {
-            return common;
+            (true, common)
+        } else {
+            (false, common.min(prompt.len().saturating_sub(1)))
         }
-        let keep = common.min(prompt.len().saturating_sub(1));
-        self.last_logits = None;
-        self.mtp = None;
-        if self.state.truncate(keep).is_err() {
-            self.reset(model);
-            return 0;
-        }
-        self.tokens.truncate(keep);
-        keep
     }
 
     /// Note that `tokens` were run through the model after the current state.
@@ -127,7 +150,7 @@ impl<M: Model> LiveSession<M> {
         &mut self.state
     }
 
-    pub(crate) fn mtp_mut(&mut self) -> &mut Option<MtpSide> {
+    pub(crate) fn mtp_mut(&mut self) -> &mut Option<MtpSide<M::MtpHistory>> {
         &mut self.mtp
     }
 

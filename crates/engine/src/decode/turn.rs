@@ -1,8 +1,12 @@
-//! What a turn is asked to do and what it reports back.
+//! What a turn is asked to do ([`TurnRequest`]), who watches it
+//! ([`TurnObserver`]) and what it reports back ([`TurnResult`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use ds4_sampling::Sampler;
+use serde::Serialize;
 
 use super::logprobs::TokenLogprobs;
 
@@ -51,6 +55,70 @@ pub struct TurnConfig {
     pub logprobs: Option<usize>,
     /// Stops the turn between prefill chunks or tokens when set.
     pub cancel: CancelToken,
+}
+
+/// One turn: what [`super::generate`] and
+/// [`crate::state::warm::SessionCache::decode_turn`] are asked to do.
+pub struct TurnRequest<'a> {
+    /// The whole conversation so far, as tokens.
+    pub prompt: &'a [u32],
+    /// The request's sampling law, parameters and stream.
+    pub sampler: &'a mut Sampler,
+    /// Limits, stop tokens, prefill chunk, logprobs, cancellation.
+    pub config: TurnConfig,
+    /// Draft depth: `None` takes the family's default (AR for a model
+    /// without an MTP head), `Some(0)` is AR, `Some(k)` MTP with `k` drafts
+    /// (see [`super::resolve_mtp_depth`]).
+    pub mtp_depth: Option<usize>,
+}
+
+/// Progress of a turn's prefill, after each chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillProgress {
+    pub done: usize,
+    pub total: usize,
+    pub elapsed: Duration,
+}
+
+/// Who watches a turn: prefill progress after each chunk, and every emitted
+/// token as it is produced (the answer can stop the turn). Both default to
+/// doing nothing; `()` is the observer that watches nothing.
+pub trait TurnObserver {
+    fn prefill(&mut self, progress: PrefillProgress) {
+        let _ = progress;
+    }
+    fn token(&mut self, event: TokenEvent) -> Flow {
+        let _ = event;
+        Flow::Continue
+    }
+}
+
+impl TurnObserver for () {}
+
+/// An observer made of two closures.
+pub struct Observe<P, T> {
+    pub prefill: P,
+    pub token: T,
+}
+
+impl<P: FnMut(PrefillProgress), T: FnMut(TokenEvent) -> Flow> Observe<P, T> {
+    pub fn new(prefill: P, token: T) -> Self {
+        Self { prefill, token }
+    }
+}
+
+impl<P: FnMut(PrefillProgress), T: FnMut(TokenEvent) -> Flow> TurnObserver for Observe<P, T> {
+    fn prefill(&mut self, progress: PrefillProgress) {
+        (self.prefill)(progress)
+    }
+    fn token(&mut self, event: TokenEvent) -> Flow {
+        (self.token)(event)
+    }
+}
+
+/// An observer of tokens only.
+pub fn on_tokens<T: FnMut(TokenEvent) -> Flow>(token: T) -> Observe<fn(PrefillProgress), T> {
+    Observe::new(|_| {}, token)
 }
 
 /// A token the turn just produced.
@@ -161,7 +229,7 @@ pub struct TurnResult {
     /// What the session covers now (see [`FinalState`]).
     pub final_state: FinalState,
     /// Speculative statistics (MTP turns only).
-    pub mtp: Option<super::mtp::MtpStats>,
+    pub mtp: Option<MtpStats>,
 }
 
 /// What the live session holds when a turn returns `Ok`. (A turn that
@@ -177,4 +245,59 @@ pub enum FinalState {
     /// cancelled (never marked complete, whatever it covers) or the context
     /// was full so the last token could not be forwarded.
     Partial,
+}
+
+/// Per-turn speculative statistics.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MtpStats {
+    /// Draft depth K the turn ran with.
+    pub depth: usize,
+    /// Verify cycles run.
+    pub cycles: usize,
+    /// Drafts proposed at depth position `i + 1`.
+    pub drafted: Vec<usize>,
+    /// Drafts accepted at depth position `i + 1`.
+    pub accepted: Vec<usize>,
+    /// Cycles whose drafts were all accepted and sampled a bonus token.
+    pub bonus: usize,
+    /// Trunk rows forwarded in verify windows.
+    pub verify_rows: usize,
+}
+
+impl MtpStats {
+    pub(crate) fn new(depth: usize) -> Self {
+        Self {
+            depth,
+            drafted: vec![0; depth],
+            accepted: vec![0; depth],
+            ..Self::default()
+        }
+    }
+
+    pub fn drafted_total(&self) -> usize {
+        self.drafted.iter().sum()
+    }
+
+    pub fn accepted_total(&self) -> usize {
+        self.accepted.iter().sum()
+    }
+
+    /// Accepted drafts over drafted ones (0 when none were drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        let d = self.drafted_total();
+        if d == 0 {
+            0.0
+        } else {
+            self.accepted_total() as f64 / d as f64
+        }
+    }
+
+    /// Mean accepted drafts per cycle.
+    pub fn mean_accepted_len(&self) -> f64 {
+        if self.cycles == 0 {
+            0.0
+        } else {
+            self.accepted_total() as f64 / self.cycles as f64
+        }
+    }
 }

@@ -181,8 +181,10 @@ impl<M: Model> SessionBank<M> {
             .iter()
             .enumerate()
             .filter(|(_, e)| !needs_mtp || e.session.mtp_history().is_some())
+            // No copy of a snapshot that cannot be rewound far enough (a
+            // recurrent state below its truncate floor would reset).
+            .filter(|(_, e)| e.session.reusable_for(prompt) > better_than)
             .map(|(i, e)| (common_prefix(e.session.tokens(), prompt), i))
-            .filter(|&(c, _)| c > better_than)
             .collect();
         order.sort_by(|a, b| b.cmp(a));
         for (_, i) in order {

@@ -37,16 +37,13 @@
 
 use std::path::PathBuf;
 
-use ds4_sampling::Sampler;
-
 use super::bank::{SessionBank, common_prefix};
 use super::checkpoint::{self, CheckpointStore};
 use crate::decode::{
-    self, FinalState, Flow, LiveSession, PrefillProgress, TokenEvent, TurnConfig, TurnResult,
-    TurnTimings,
+    self, FinalState, LiveSession, TurnConfig, TurnObserver, TurnRequest, TurnResult, TurnTimings,
 };
 use crate::error::{EngineError, Result};
-use crate::model::{Model, ModelState};
+use crate::model::{LogitsRows, Model, ModelState};
 
 /// Durable checkpoints for a [`SessionCache`].
 #[derive(Debug, Clone)]
@@ -125,6 +122,9 @@ pub struct SessionCache<M: Model> {
     /// Bank a boundary every this many prompt tokens on states that cannot
     /// be truncated (0: only at the end of each prompt).
     boundary_every: usize,
+    /// Whether the model's states have a truncate floor above 0 once they
+    /// cover tokens (learned on the first turn that needs it).
+    recurrent: Option<bool>,
     stats: CacheStats,
 }
 
@@ -144,6 +144,7 @@ impl<M: Model> SessionCache<M> {
             live_banked: false,
             live_saved: false,
             boundary_every: DEFAULT_BOUNDARY_EVERY,
+            recurrent: None,
             stats: CacheStats::default(),
         }
     }
@@ -219,7 +220,7 @@ impl<M: Model> SessionCache<M> {
 
     /// Set the live session up for a turn on `prompt` (see the module docs)
     /// and report where it came from. `mtp_depth` is the request's, as for
-    /// [`decode::generate_auto`].
+    /// [`decode::generate`].
     pub fn prepare(&mut self, model: &M, prompt: &[u32], mtp_depth: Option<usize>) -> Prepared {
         let needs_mtp = decode::resolve_mtp_depth(model, mtp_depth).is_ok_and(|d| d > 0);
         let in_step = |s: &LiveSession<M>| !needs_mtp || s.mtp_history().is_some();
@@ -302,58 +303,61 @@ impl<M: Model> SessionCache<M> {
 
     /// One turn through the cache: [`SessionCache::prepare`],
     /// [`SessionCache::decode_turn`], [`SessionCache::finish`].
-    #[allow(clippy::too_many_arguments)]
     pub fn generate(
         &mut self,
         model: &M,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        config: &TurnConfig,
-        mtp_depth: Option<usize>,
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+        request: TurnRequest<'_>,
+        observer: &mut dyn TurnObserver,
     ) -> (Prepared, Result<TurnResult>) {
-        let prepared = self.prepare(model, prompt, mtp_depth);
-        let result = self.decode_turn(
-            model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
-        );
+        let prepared = self.prepare(model, request.prompt, request.mtp_depth);
+        let result = self.decode_turn(model, request, observer);
         self.finish(result.as_ref().ok());
         (prepared, result)
     }
 
     /// The turn itself, on the live session [`SessionCache::prepare`] set
-    /// up: [`decode::generate_auto`], except that on a state that cannot be
+    /// up: [`decode::generate`], except that on a state that cannot be
     /// truncated the prefill boundaries (every `boundary_every` tokens and
     /// the end of the prompt) are banked first (see
     /// `generate_from_prompt_boundary`). Call [`SessionCache::finish`] after.
-    #[allow(clippy::too_many_arguments)]
     pub fn decode_turn(
         &mut self,
         model: &M,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        config: &TurnConfig,
-        mtp_depth: Option<usize>,
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+        request: TurnRequest<'_>,
+        observer: &mut dyn TurnObserver,
     ) -> Result<TurnResult> {
+        let prompt = request.prompt;
         let covered = common_prefix(self.live.tokens(), prompt);
-        if covered < prompt.len() && config.max_tokens > 0 && !self.live.state().can_truncate() {
-            self.generate_from_prompt_boundary(
-                model, prompt, sampler, config, mtp_depth, on_prefill, on_token,
-            )
+        if covered < prompt.len()
+            && request.config.max_tokens > 0
+            && self.live_is_recurrent(model, prompt)?
+        {
+            self.generate_from_prompt_boundary(model, request, observer)
         } else {
-            decode::generate_auto(
-                model,
-                &mut self.live,
-                prompt,
-                sampler,
-                config,
-                mtp_depth,
-                on_prefill,
-                on_token,
-            )
+            decode::generate(model, &mut self.live, request, observer)
         }
+    }
+
+    /// Whether the live state, once the turn extends it, can no longer be
+    /// truncated back to the prompt boundaries ([`ModelState::truncate_floor`]
+    /// above 0: recurrent layers). An empty state's floor is 0 whatever the
+    /// family, so for one the answer is learned once, from a one-token
+    /// forward of `prompt` on a scratch state (its bits are not used).
+    fn live_is_recurrent(&mut self, model: &M, prompt: &[u32]) -> Result<bool> {
+        let state = self.live.state();
+        if !state.is_empty() {
+            let recurrent = state.truncate_floor() > 0;
+            self.recurrent = Some(recurrent);
+            return Ok(recurrent);
+        }
+        if let Some(recurrent) = self.recurrent {
+            return Ok(recurrent);
+        }
+        let mut probe = model.new_state();
+        model.forward(&prompt[..1], &mut probe, LogitsRows::Last)?;
+        let recurrent = probe.truncate_floor() > 0;
+        self.recurrent = Some(recurrent);
+        Ok(recurrent)
     }
 
     /// A turn on a state that cannot be truncated, in steps: prefill the
@@ -364,21 +368,18 @@ impl<M: Model> SessionCache<M> {
     /// starts there instead of cold. The decode step finds the whole prompt
     /// and its last logits in the session and prefills nothing; the kernels
     /// are row-independent, so the tokens and bits are a one-step turn's.
-    #[allow(clippy::too_many_arguments)]
     fn generate_from_prompt_boundary(
         &mut self,
         model: &M,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        config: &TurnConfig,
-        mtp_depth: Option<usize>,
-        on_prefill: &mut dyn FnMut(PrefillProgress),
-        on_token: &mut dyn FnMut(TokenEvent) -> Flow,
+        request: TurnRequest<'_>,
+        observer: &mut dyn TurnObserver,
     ) -> Result<TurnResult> {
-        let prefill_only = TurnConfig {
-            max_tokens: 0,
-            ..config.clone()
-        };
+        let TurnRequest {
+            prompt,
+            sampler,
+            config,
+            mtp_depth,
+        } = request;
         let reused = common_prefix(self.live.tokens(), prompt);
         let started = std::time::Instant::now();
         let n = self.boundary_every;
@@ -388,16 +389,17 @@ impl<M: Model> SessionCache<M> {
         };
         ends.push(prompt.len());
         for end in ends {
-            let step = decode::generate_auto(
-                model,
-                &mut self.live,
-                &prompt[..end],
-                sampler,
-                &prefill_only,
+            // A zero-token turn: it prefills and emits nothing.
+            let prefill_only = TurnRequest {
+                prompt: &prompt[..end],
+                sampler: &mut *sampler,
+                config: TurnConfig {
+                    max_tokens: 0,
+                    ..config.clone()
+                },
                 mtp_depth,
-                on_prefill,
-                &mut |_| Flow::Continue,
-            )?;
+            };
+            let step = decode::generate(model, &mut self.live, prefill_only, observer)?;
             if step.final_state != FinalState::Complete {
                 // Cancelled during the prefill: that is this turn.
                 return Ok(TurnResult {
@@ -416,16 +418,13 @@ impl<M: Model> SessionCache<M> {
             }
         }
         let prefill = started.elapsed();
-        let mut turn = decode::generate_auto(
-            model,
-            &mut self.live,
+        let request = TurnRequest {
             prompt,
             sampler,
             config,
             mtp_depth,
-            on_prefill,
-            on_token,
-        )?;
+        };
+        let mut turn = decode::generate(model, &mut self.live, request, observer)?;
         turn.reused_tokens = reused;
         turn.timings.prefill_tokens = prompt.len() - reused;
         turn.timings.prefill = prefill;

@@ -74,8 +74,14 @@ impl<B: Backend> LlamaState<B> {
 }
 
 impl<B: Backend> ModelState for LlamaState<B> {
+    type Window = crate::model::NoMtp;
+
     fn len(&self) -> usize {
         self.kv.len()
+    }
+
+    fn truncate_floor(&self) -> usize {
+        0
     }
 
     fn snapshot(&self) -> Self {
@@ -342,6 +348,7 @@ use crate::load::binder::WeightSource;
 
 impl<B: Backend> Model for LlamaModel<B> {
     type State = LlamaState<B>;
+    type MtpHistory = crate::model::NoMtp;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR

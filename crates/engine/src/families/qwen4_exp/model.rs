@@ -54,10 +54,7 @@ use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, RopeRows};
 use crate::load::binder::Binder;
 use crate::load::safetensors::SafetensorsDir;
-use crate::model::{
-    ForwardOutput, Hidden, LogitsRows, Model, MtpContract, MtpHistory, MtpStep, VerifyWindow,
-    WindowRecord,
-};
+use crate::model::{ForwardOutput, Hidden, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow};
 
 #[derive(Debug)]
 enum Mixer<B: Backend> {
@@ -656,6 +653,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
 
 impl<B: Backend> Model for Qwen4ExpModel<B> {
     type State = Qwen4ExpState<B>;
+    type MtpHistory = MtpState<B>;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR
@@ -717,7 +715,11 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         Ok((out.logits, self.hidden(out.streams, tokens.len())?))
     }
 
-    fn forward_window(&self, tokens: &[u32], state: &mut Qwen4ExpState<B>) -> Result<VerifyWindow> {
+    fn forward_window(
+        &self,
+        tokens: &[u32],
+        state: &mut Qwen4ExpState<B>,
+    ) -> Result<VerifyWindow<WindowCapture<B>>> {
         let out = Qwen4ExpModel::forward_window(self, tokens, state)?;
         let capture = out
             .capture
@@ -725,25 +727,20 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         Ok(VerifyWindow {
             logits: out.logits,
             hidden: self.hidden(out.streams, tokens.len())?,
-            record: WindowRecord::new(capture),
+            record: capture,
         })
     }
 
-    fn new_mtp_history(&self) -> Option<Box<dyn MtpHistory>> {
+    fn new_mtp_history(&self) -> Option<MtpState<B>> {
         self.new_mtp_state()
-            .map(|s| Box::new(s) as Box<dyn MtpHistory>)
     }
 
     fn mtp_forward(
         &self,
         tokens: &[u32],
         hidden: &Hidden,
-        history: &mut dyn MtpHistory,
+        state: &mut MtpState<B>,
     ) -> Result<MtpStep> {
-        let state = history
-            .as_any_mut()
-            .downcast_mut::<MtpState<B>>()
-            .ok_or_else(|| EngineError::State("not a qwen4_exp MTP history".into()))?;
         let base = state.len() as u32;
         let positions: Vec<u32> = (base..base + tokens.len() as u32).collect();
         let streams = self.ops.upload(&hidden.flatten_all()?.to_vec1::<f32>()?)?;

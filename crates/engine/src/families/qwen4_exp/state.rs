@@ -26,10 +26,9 @@ use crate::backend::{Backend, CpuOps};
 use crate::error::{EngineError, Result};
 use crate::layers::delta_rule::{DeltaCache, DeltaReplay};
 use crate::layers::indexer::IndexerCache;
-use crate::model::{ModelState, MtpHistory, WindowRecord};
+use crate::model::{ModelState, MtpHistory};
 use crate::state::rows::RowCache;
 use crate::state::table::{NamedTensor, TableReader};
-use std::any::Any;
 
 /// PLE state of a PLE layer.
 #[derive(Debug, Clone)]
@@ -222,12 +221,18 @@ impl<B: Backend> Qwen4ExpState<B> {
 }
 
 impl<B: Backend> ModelState for Qwen4ExpState<B> {
+    type Window = WindowCapture<B>;
+
     fn len(&self) -> usize {
         self.positions.len()
     }
 
-    fn can_truncate(&self) -> bool {
-        !self.has_recurrent()
+    fn truncate_floor(&self) -> usize {
+        if self.has_recurrent() {
+            self.positions.len()
+        } else {
+            0
+        }
     }
 
     fn snapshot(&self) -> Self {
@@ -260,11 +265,8 @@ impl<B: Backend> ModelState for Qwen4ExpState<B> {
         Ok(())
     }
 
-    fn commit(&mut self, window: &WindowRecord, accepted: usize) -> Result<()> {
-        let capture = window
-            .downcast_ref::<WindowCapture<B>>()
-            .ok_or_else(|| EngineError::State("not a qwen4_exp verify-window record".into()))?;
-        Qwen4ExpState::commit(self, capture, accepted)
+    fn commit(&mut self, window: &WindowCapture<B>, accepted: usize) -> Result<()> {
+        Qwen4ExpState::commit(self, window, accepted)
     }
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
@@ -403,20 +405,8 @@ impl<B: Backend> MtpHistory for MtpState<B> {
         MtpState::truncate(self, n)
     }
 
-    fn boxed_clone(&self) -> Box<dyn MtpHistory> {
-        Box::new(self.clone())
-    }
-
     fn byte_size(&self) -> usize {
         MtpState::byte_size(self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
