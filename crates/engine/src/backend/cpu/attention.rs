@@ -12,10 +12,10 @@
 //! sum of values in order. The linear layers around it use
 //! [`super::block_matmul`], which is row-independent in the same way.
 //!
-//! Inputs (f32): `q [kv_heads, group·t, d]` already scaled by `1/√d`, with
-//! row `g·t + i` the query of group member `g` at window position `i`;
-//! `k`, `v` `[kv_heads, offset + t, d]` (rows may be strided views of the
-//! cache). Query `i` sees keys `0 ..= offset + i`.
+//! Inputs (f32, strided [`View`]s): per kv head `h`, query rows `r = g·t +
+//! i` (group member `g` at window position `i`, already scaled by `1/√d`)
+//! and keys/values `0 .. offset + t` (the cache, token-major in
+//! `CpuOps`). Query `i` sees keys `0 ..= offset + i`.
 
 use super::SendPtr;
 
@@ -39,8 +39,8 @@ impl View<'_> {
 ///
 /// `q[h, r]` is the query of group member `r / t` at window position
 /// `r % t` for kv head `h`; `k[h, j]`, `v[h, j]` for `j < offset + t`. The
-/// output row `(h, r)` is written at `y[h·y_strides[0] + r·... ]` through
-/// `out_row(h, r)`, an offset into `y` (so callers choose the layout).
+/// output row `(h, r)` is written at `y[out_row(h, r) ..]` (the caller
+/// chooses the layout).
 #[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
     q: View<'_>,
