@@ -867,3 +867,212 @@ impl Backend for CpuOps {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Each element-wise and norm op against the candle expression the
+    //! families evaluated before the op inventory (bit for bit), and the
+    //! layout ops against their definitions.
+    use super::*;
+    use candle_core::D;
+
+    fn data(n: usize, seed: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32) * 0.731 + seed).sin() * (1.0 + (i % 5) as f32))
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    fn t(v: &[f32], shape: &[usize]) -> Tensor {
+        Tensor::from_slice(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn h(t: &Tensor) -> Vec<f32> {
+        host(t).unwrap()
+    }
+
+    #[test]
+    fn element_wise_ops_equal_candle() {
+        let ops = CpuOps;
+        let (x, y) = (data(96, 0.3), data(96, 1.9));
+        let tx = t(&x, &[4, 24]);
+        let ty = t(&y, &[4, 24]);
+        assert_eq!(bits(&ops.silu(&x).unwrap()), bits(&h(&tx.silu().unwrap())));
+        assert_eq!(
+            bits(&ops.sigmoid(&x).unwrap()),
+            bits(&h(&candle_nn::ops::sigmoid(&tx).unwrap()))
+        );
+        assert_eq!(
+            bits(&ops.add(&x, &y).unwrap()),
+            bits(&h(&(&tx + &ty).unwrap()))
+        );
+        assert_eq!(
+            bits(&ops.mul(&x, &y).unwrap()),
+            bits(&h(&(&tx * &ty).unwrap()))
+        );
+        assert_eq!(
+            bits(&ops.affine(&x, (1.0 / 3f64) as f32, 0.0).unwrap()),
+            bits(&h(&(&tx / 3.0).unwrap()))
+        );
+        // swiglu = silu(g)·u over [g | u] rows.
+        let g = tx.narrow(1, 0, 12).unwrap();
+        let u = tx.narrow(1, 12, 12).unwrap();
+        assert_eq!(
+            bits(&ops.swiglu(&x, 12).unwrap()),
+            bits(&h(&(g.silu().unwrap() * u).unwrap()))
+        );
+        // scale_rows = broadcast_mul by a [rows, 1] column.
+        let s = data(4, 7.0);
+        assert_eq!(
+            bits(&ops.scale_rows(&x, &s, 24).unwrap()),
+            bits(&h(&tx.broadcast_mul(&t(&s, &[4, 1])).unwrap()))
+        );
+    }
+
+    #[test]
+    fn stream_ops_equal_candle() {
+        let ops = CpuOps;
+        let (rows, c, hd) = (3, 4, 10);
+        let x = data(rows * hd, 0.5);
+        let tiled = ops.tile_streams(&x, c, hd).unwrap();
+        let tx = t(&x, &[rows, hd]);
+        let want = Tensor::cat(&vec![&tx; c], D::Minus1).unwrap();
+        assert_eq!(bits(&tiled), bits(&h(&want)));
+        let xs = data(rows * c * hd, 2.5);
+        let txs = t(&xs, &[rows, c, hd]);
+        assert_eq!(
+            bits(&ops.mean_streams(&xs, c, hd).unwrap()),
+            bits(&h(&txs.mean(1).unwrap()))
+        );
+        let inj = data(rows * c, 4.0);
+        let add = t(&inj, &[rows, c])
+            .unsqueeze(2)
+            .unwrap()
+            .broadcast_mul(&tx.unsqueeze(1).unwrap())
+            .unwrap()
+            .reshape((rows, c * hd))
+            .unwrap();
+        assert_eq!(
+            bits(&ops.inject_streams(&xs, &x, &inj, c).unwrap()),
+            bits(&h(&(t(&xs, &[rows, c * hd]) + add).unwrap()))
+        );
+    }
+
+    #[test]
+    fn norms_and_rope_equal_candle() {
+        let ops = CpuOps;
+        let (rows, w) = (3, 16);
+        let x = data(rows * w, 0.1);
+        let wt = data(w, 3.3);
+        assert_eq!(
+            bits(&ops.rms_norm(&x, w, &wt, 1e-5).unwrap()),
+            bits(&h(&candle_nn::ops::rms_norm(
+                &t(&x, &[rows, w]),
+                &t(&wt, &[w]),
+                1e-5
+            )
+            .unwrap()))
+        );
+        // rope (half split and interleaved) against candle's kernels.
+        let (heads, d) = (2, 8);
+        let xr = data(rows * heads * d, 0.9);
+        let cos = data(rows * d / 2, 1.2);
+        let sin = data(rows * d / 2, 5.1);
+        let x4 = t(&xr, &[rows, heads, d])
+            .transpose(0, 1)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let (tc, ts) = (t(&cos, &[rows, d / 2]), t(&sin, &[rows, d / 2]));
+        for (layout, want) in [
+            (
+                RopeLayout::HalfSplit,
+                candle_nn::rotary_emb::rope(&x4, &tc, &ts),
+            ),
+            (
+                RopeLayout::Interleaved,
+                candle_nn::rotary_emb::rope_i(&x4, &tc, &ts),
+            ),
+        ] {
+            let want = want
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap()
+                .contiguous()
+                .unwrap();
+            let mut got = xr.clone();
+            ops.rope(&mut got, d, &cos, &sin, d / 2, layout).unwrap();
+            assert_eq!(bits(&got), bits(&h(&want)), "{layout:?}");
+        }
+    }
+
+    #[test]
+    fn layout_ops_round_trip() {
+        let ops = CpuOps;
+        let x = data(2 * 3 * 5, 0.0);
+        // Per-head [a(2) | b(3)] with 3 heads → a: [2, 6], b: [2, 9].
+        let parts = ops.split_cols(&x, 2, &[2, 3], 3).unwrap();
+        assert_eq!(parts[0].len(), 12);
+        assert_eq!(parts[1][..3], x[2..5]);
+        let joined = ops
+            .concat_cols(&[(&parts[0], 6), (&parts[1], 9)], 2)
+            .unwrap();
+        assert_eq!(joined.len(), x.len());
+        let whole = ops.split_cols(&joined, 2, &[6, 9], 1).unwrap();
+        assert_eq!(whole[0], parts[0]);
+        assert!(ops.split_cols(&x, 2, &[4, 4], 1).is_err());
+        let mut c = ops.zeros(0).unwrap();
+        ops.append(&mut c, &x).unwrap();
+        assert_eq!(ops.rows(&c, 5, 2, 2).unwrap(), x[10..20].to_vec());
+        assert!(ops.rows(&c, 5, 5, 2).is_err());
+    }
+
+    /// The causal-attention op over token-major caches (GQA grouping,
+    /// offset window) matches an f64 softmax attention.
+    #[test]
+    fn attention_causal_matches_f64_softmax_attention() {
+        let ops = CpuOps;
+        let (hq, kvh, d, offset, t_len) = (4, 2, 8, 5, 3);
+        let total = offset + t_len;
+        let q = data(t_len * hq * d, 0.2);
+        let k = data(total * kvh * d, 1.4);
+        let v = data(total * kvh * d, 2.6);
+        let y = ops
+            .attention_causal(&q, &k, &v, offset, hq, Heads { heads: kvh, dim: d })
+            .unwrap();
+        let group = hq / kvh;
+        for i in 0..t_len {
+            for qh in 0..hq {
+                let kv = qh / group;
+                let qv = &q[(i * hq + qh) * d..][..d];
+                let scores: Vec<f32> = (0..=offset + i)
+                    .map(|j| {
+                        let kj = &k[(j * kvh + kv) * d..][..d];
+                        qv.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>()
+                    })
+                    .collect();
+                let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let p: Vec<f64> = scores.iter().map(|s| ((s - m) as f64).exp()).collect();
+                let z: f64 = p.iter().sum();
+                for e in 0..d {
+                    let want: f64 = (0..=offset + i)
+                        .map(|j| p[j] * v[(j * kvh + kv) * d + e] as f64)
+                        .sum::<f64>()
+                        / z;
+                    let got = y[(i * hq + qh) * d + e] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "({i}, {qh}, {e}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
