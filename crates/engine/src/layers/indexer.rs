@@ -78,26 +78,15 @@ pub struct Indexer<B: Backend> {
 }
 
 impl<B: Backend> Indexer<B> {
-    /// Bound under `w`'s scope (`…self_attn.indexer`).
-    pub fn load(
-        w: &mut Binder<'_, B>,
-        h: usize,
-        n_heads: usize,
-        dim: usize,
-        budget: usize,
-        ratio: usize,
-        eps: f64,
-    ) -> Result<Self> {
+    /// Bound under `w`'s scope (`…self_attn.indexer`) for inputs of width
+    /// `h`.
+    pub fn load(w: &mut Binder<'_, B>, h: usize, shape: IndexerShape, eps: f64) -> Result<Self> {
+        let dim = shape.dim;
         Ok(Self {
-            qk: w.linear("index_qk_proj", (n_heads + 1) * dim, h)?,
+            qk: w.linear("index_qk_proj", (shape.heads + 1) * dim, h)?,
             q_norm: ZcNorm::load(w, "q_layernorm.weight", dim, dim, eps)?,
             k_norm: ZcNorm::load(w, "k_layernorm.weight", dim, dim, eps)?,
-            shape: IndexerShape {
-                heads: n_heads,
-                dim,
-                ratio,
-                block_topk: budget / ratio,
-            },
+            shape,
         })
     }
 

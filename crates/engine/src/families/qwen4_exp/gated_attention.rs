@@ -16,8 +16,9 @@
 //! RoPE: `R = int(D·partial_rotary_factor)`, half-split rotation of the first
 //! `R` dims with the interleaved M-RoPE of [`crate::layers::rope::MRope`].
 
+use super::config::Qwen4ExpConfig;
 use super::state::AttnCache;
-use crate::backend::{Backend, Heads};
+use crate::backend::{Backend, Heads, IndexerShape};
 use crate::error::Result;
 use crate::layers::indexer::Indexer;
 use crate::layers::linear::Linear;
@@ -41,17 +42,20 @@ pub struct GatedAttention<B: Backend> {
 
 impl<B: Backend> GatedAttention<B> {
     /// Bound under `w`'s scope (`…self_attn`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        w: &mut Binder<'_, B>,
-        h: usize,
-        hq: usize,
-        hkv: usize,
-        d: usize,
-        indexer: (usize, usize, usize, usize),
-        eps: f64,
-    ) -> Result<Self> {
-        let (n_heads, dim, budget, ratio) = indexer;
+    pub fn load(cfg: &Qwen4ExpConfig, w: &mut Binder<'_, B>) -> Result<Self> {
+        let (h, hq, hkv, d) = (
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        );
+        let eps = cfg.rms_norm_eps;
+        let shape = IndexerShape {
+            heads: cfg.indexer_n_heads,
+            dim: cfg.indexer_head_dim,
+            ratio: cfg.indexer_compress_ratio,
+            block_topk: cfg.indexer_budget / cfg.indexer_compress_ratio,
+        };
         Ok(Self {
             q_proj: w.linear("q_proj", hq * 2 * d, h)?,
             k_proj: w.linear("k_proj", hkv * d, h)?,
@@ -59,7 +63,7 @@ impl<B: Backend> GatedAttention<B> {
             o_proj: w.linear("o_proj", h, hq * d)?,
             q_norm: ZcNorm::load(w, "q_norm.weight", d, d, eps)?,
             k_norm: ZcNorm::load(w, "k_norm.weight", d, d, eps)?,
-            indexer: Indexer::load(&mut w.pp("indexer"), h, n_heads, dim, budget, ratio, eps)?,
+            indexer: Indexer::load(&mut w.pp("indexer"), h, shape, eps)?,
             hq,
             hkv,
             d,

@@ -18,7 +18,7 @@
 //! summation order (~1e-6); the recurrence keeps every row's bits
 //! independent of the chunking.
 
-use super::config::GateAct;
+use super::config::{GateAct, Qwen4ExpConfig};
 use crate::backend::{Backend, ScanDims};
 use crate::error::Result;
 use crate::layers::delta_rule::{DeltaCache, DeltaReplay, DeltaShape, ScanInputs};
@@ -45,18 +45,18 @@ pub struct GatedDeltaNet<B: Backend> {
 
 impl<B: Backend> GatedDeltaNet<B> {
     /// Bound under `w`'s scope (`…linear_attn`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        w: &mut Binder<'_, B>,
-        h: usize,
-        hk: usize,
-        hv: usize,
-        dk: usize,
-        dv: usize,
-        kernel: usize,
-        act: GateAct,
-        eps: f64,
-    ) -> Result<Self> {
+    pub fn load(cfg: &Qwen4ExpConfig, w: &mut Binder<'_, B>) -> Result<Self> {
+        let (h, hk, hv) = (
+            cfg.hidden_size,
+            cfg.linear_num_key_heads,
+            cfg.linear_num_value_heads,
+        );
+        let (dk, dv, kernel) = (
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+            cfg.linear_conv_kernel,
+        );
+        let (act, eps) = (cfg.output_gate, cfg.rms_norm_eps);
         let cc = 2 * hk * dk + hv * dv;
         let a_log = w.host("A_log", &[hv])?;
         let neg_a: Vec<f32> = a_log.iter().map(|a| -a.exp()).collect();

@@ -122,44 +122,13 @@ impl<B: Backend> DecoderLayer<B> {
             None => None,
         };
         let mixer = match kind {
-            LayerKind::Linear => Mixer::Gdn(GatedDeltaNet::load(
-                &mut w.pp("linear_attn"),
-                h,
-                cfg.linear_num_key_heads,
-                cfg.linear_num_value_heads,
-                cfg.linear_key_head_dim,
-                cfg.linear_value_head_dim,
-                cfg.linear_conv_kernel,
-                cfg.output_gate,
-                eps,
-            )?),
-            LayerKind::Indexed => Mixer::Attn(GatedAttention::load(
-                &mut w.pp("self_attn"),
-                h,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                cfg.head_dim,
-                (
-                    cfg.indexer_n_heads,
-                    cfg.indexer_head_dim,
-                    cfg.indexer_budget,
-                    cfg.indexer_compress_ratio,
-                ),
-                eps,
-            )?),
+            LayerKind::Linear => Mixer::Gdn(GatedDeltaNet::load(cfg, &mut w.pp("linear_attn"))?),
+            LayerKind::Indexed => Mixer::Attn(GatedAttention::load(cfg, &mut w.pp("self_attn"))?),
         };
         Ok(Self {
             ple,
             mixer,
-            moe: Moe::load(
-                &mut w.pp("mlp"),
-                h,
-                cfg.num_experts,
-                cfg.num_experts_per_tok,
-                cfg.moe_intermediate_size,
-                cfg.shared_expert_intermediate_size,
-                cfg.norm_topk_prob,
-            )?,
+            moe: Moe::load(cfg, &mut w.pp("mlp"))?,
             attn_hc: GatedResidual::load(
                 &mut w.pp("attn_hyper_connection"),
                 c,

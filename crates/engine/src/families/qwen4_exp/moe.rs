@@ -12,6 +12,7 @@
 
 use candle_core::Tensor;
 
+use super::config::Qwen4ExpConfig;
 use crate::backend::{Backend, HostWeight};
 use crate::error::Result;
 use crate::layers::linear::Linear;
@@ -40,16 +41,13 @@ pub struct Routing {
 
 impl<B: Backend> Moe<B> {
     /// Bound under `w`'s scope (`…mlp`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        w: &mut Binder<'_, B>,
-        h: usize,
-        n_experts: usize,
-        top_k: usize,
-        inter: usize,
-        shared_inter: usize,
-        norm_topk: bool,
-    ) -> Result<Self> {
+    pub fn load(cfg: &Qwen4ExpConfig, w: &mut Binder<'_, B>) -> Result<Self> {
+        let (h, n_experts, top_k) = (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok);
+        let (inter, shared_inter, norm_topk) = (
+            cfg.moe_intermediate_size,
+            cfg.shared_expert_intermediate_size,
+            cfg.norm_topk_prob,
+        );
         let experts = Experts::load(w, n_experts, h, inter)?;
         let sg = w.tensor("shared_expert.gate_proj.weight", &[shared_inter, h])?;
         let su = w.tensor("shared_expert.up_proj.weight", &[shared_inter, h])?;
