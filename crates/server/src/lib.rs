@@ -24,6 +24,7 @@ mod request;
 mod routes;
 mod sse;
 mod state;
+mod summary;
 mod types;
 mod worker;
 

@@ -10,12 +10,11 @@
 //! the live session (clean-shutdown checkpoint trigger).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, CancelToken, FinishReason, Flow, MtpStats, Observe, TokenLogprobs,
-    TurnConfig, TurnRequest,
+    self, CallerStop, CancelToken, Flow, Observe, TokenLogprobs, TurnConfig, TurnRequest,
 };
 use ds4_engine::families::LoadedModel;
 use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
@@ -24,6 +23,7 @@ use ds4_text::{Detokenizer, StopMatcher, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
+use crate::summary::TurnSummary;
 
 /// One admitted generation request.
 pub struct Job {
@@ -65,26 +65,6 @@ pub enum WorkEvent {
     Finished(TurnSummary),
     /// The turn failed inside the engine.
     Failed(String),
-}
-
-#[derive(Debug, Clone)]
-pub struct TurnSummary {
-    pub finish_reason: FinishReason,
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub cached_tokens: usize,
-    /// Whether the last token was a stop token (not text).
-    pub stop_token: bool,
-    /// The stop string that ended the turn, if one did.
-    pub stop_sequence: Option<String>,
-    pub prefill_tokens: usize,
-    pub prefill: Duration,
-    pub decode_tokens: usize,
-    pub decode: Duration,
-    /// From dequeue to the first token.
-    pub first_token: Option<Duration>,
-    /// Speculative statistics when the turn ran MTP.
-    pub mtp: Option<MtpStats>,
 }
 
 /// What the queue carries: a job, or the request to save and stop.

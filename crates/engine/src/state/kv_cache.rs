@@ -189,8 +189,8 @@ impl KvCache {
 
     /// The valid rows of every layer as host tensors `kv.{l}.k` / `kv.{l}.v`,
     /// `[kv_heads, len, head_dim]`.
-    pub fn export(&self) -> Result<Vec<crate::state::table::NamedTensor>> {
-        use crate::state::table::NamedTensor;
+    pub fn export(&self) -> Result<Vec<crate::table::NamedTensor>> {
+        use crate::table::NamedTensor;
         let shape = vec![self.kv_heads, self.len, self.head_dim];
         let mut out = Vec::with_capacity(2 * self.num_layers);
         for l in 0..self.num_layers {
@@ -208,8 +208,8 @@ impl KvCache {
     }
 
     /// Fill an empty cache from [`KvCache::export`]'s tensors.
-    pub fn import(&mut self, tensors: Vec<crate::state::table::NamedTensor>) -> Result<()> {
-        use crate::state::table::TableReader;
+    pub fn import(&mut self, tensors: Vec<crate::table::NamedTensor>) -> Result<()> {
+        use crate::table::TableReader;
         if self.len != 0 {
             return Err(EngineError::State(
                 "kv cache import needs an empty cache".into(),
