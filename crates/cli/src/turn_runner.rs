@@ -94,9 +94,7 @@ pub fn stream_turn<M: Model>(
             Flow::Stop(CallerStop::Cancelled)
         }
     });
-    let result = cache.decode_turn(model, request, &mut observer);
-    drop(observer);
-    let result = result?;
+    let result = cache.decode_turn(model, request, &mut observer)?;
     if let Some(e) = text_error {
         return Err(e);
     }

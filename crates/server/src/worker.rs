@@ -261,7 +261,6 @@ impl<M: Model> Worker<'_, M> {
             },
         };
         let result = self.cache.decode_turn(self.model, request, &mut observer);
-        drop(observer);
         self.cache.finish(result.as_ref().ok());
         self.metrics
             .cache(&self.cache.stats(), &self.cache.rejections());
