@@ -4,7 +4,6 @@ mod args;
 mod commands;
 mod model_source;
 mod prompt;
-mod text_output;
 mod turn_runner;
 
 use clap::Parser;

@@ -1,5 +1,6 @@
 //! One streamed turn, shared by `run` and `chat`: sampler setup from the
-//! family's law, the engine's decode loop, and the text pipeline.
+//! family's law, the engine's decode loop, and the text pipeline
+//! ([`ds4_text::TextStream`], the one the server's worker uses).
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
@@ -7,10 +8,9 @@ use ds4_engine::decode::{
 };
 use ds4_engine::state::warm::SessionCache;
 use ds4_sampling::{Sampler, SamplingRequest, resolve_seed};
-use ds4_text::Tokenizer;
+use ds4_text::{TextStream, Tokenizer};
 
 use crate::args::{GenerationArgs, SamplingArgs};
-use crate::text_output::TextStream;
 
 /// A sampler bound to the family's law, with the seed it uses and the
 /// warnings about parameters the law ignores.
@@ -90,17 +90,15 @@ pub fn stream_turn<M: Model>(
             }
         }
         Err(e) => {
-            text_error = Some(e);
+            text_error = Some(anyhow::Error::from(e));
             Flow::Stop(CallerStop::Cancelled)
         }
     });
-    let result = cache.decode_turn(model, request, &mut observer);
-    drop(observer);
-    let result = result?;
+    let result = cache.decode_turn(model, request, &mut observer)?;
     if let Some(e) = text_error {
         return Err(e);
     }
-    emit(&text.finish()?);
+    emit(&text.finish());
     Ok(StreamedTurn {
         result,
         text: text.text().to_string(),

@@ -10,6 +10,7 @@ pub mod layers;
 pub mod load;
 pub mod model;
 pub mod state;
+pub mod table;
 
 pub use error::EngineError;
 pub use model::{

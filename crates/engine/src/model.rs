@@ -3,7 +3,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
-use crate::state::table::NamedTensor;
+use crate::table::NamedTensor;
 
 /// Which rows of a forward's logits the caller needs. Prefill chunks only
 /// need the last row; `debug logits` and speculative verify need all rows.

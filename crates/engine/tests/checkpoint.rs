@@ -11,7 +11,7 @@ use ds4_engine::decode::{self, LiveSession, SessionImage, TurnConfig, TurnReques
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::checkpoint::format::{self, RejectReason};
 use ds4_engine::state::checkpoint::{CheckpointStore, Identity, STATE_FORMAT_VERSION};
-use ds4_engine::state::table::{NamedTensor, TensorData};
+use ds4_engine::table::{NamedTensor, TensorData};
 use ds4_sampling::{Law, Sampler};
 
 fn qwen() -> Qwen4ExpModel {

@@ -1,6 +1,6 @@
 //! The MTP loop is distribution-exact: a toy target and drafter (a tiny
 //! `Model` with a 4-token vocabulary whose logits are fixed functions of the
-//! last two tokens) run through the real `decode::generate_mtp`, and the
+//! last two tokens) run through the real MTP loop (`decode::generate`), and the
 //! distribution of whole emitted sequences equals AR sampling, computed
 //! exactly by enumeration under the same law. The check is a chi-square
 //! with fixed seeds (deterministic: it cannot flake), with a power check

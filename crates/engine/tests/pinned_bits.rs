@@ -25,7 +25,7 @@ use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::load::load_llama;
 use ds4_engine::state::checkpoint::format;
 use ds4_engine::state::checkpoint::{Identity, STATE_FORMAT_VERSION, fnv_hex};
-use ds4_engine::state::table::{NamedTensor, TensorData};
+use ds4_engine::table::{NamedTensor, TensorData};
 use ds4_engine::{ForwardOutput, LogitsRows, Model, ModelState};
 use ds4_sampling::Sampler;
 

@@ -97,7 +97,7 @@ pub fn router(state: SharedState) -> Router {
     let mut app = Router::new()
         .route("/health", get(routes::info::health))
         .route("/metrics", get(routes::info::metrics))
-        .route("/openapi.json", get(routes::info::openapi))
+        .route("/openapi.json", get(crate::openapi::openapi_json))
         .merge(api)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.config.body_limit))

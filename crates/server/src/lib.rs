@@ -7,7 +7,8 @@
 //! the turn (`admission`), turns the worker's events (`worker`) into items
 //! (`output`) and collects them or drives the route's SSE writer (`sse`);
 //! each route (`routes`) only maps its API's shapes. The crate knows
-//! nothing of tensors: it sees the engine only through `decode::generate`.
+//! nothing of tensors: it sees the engine only through the session cache's
+//! `decode_turn` (a `TurnRequest` and a `TurnObserver`).
 
 mod admission;
 mod app;
@@ -24,6 +25,7 @@ mod request;
 mod routes;
 mod sse;
 mod state;
+mod summary;
 mod types;
 mod worker;
 

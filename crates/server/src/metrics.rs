@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use ds4_engine::state::warm::CacheStats;
 
-use crate::worker::TurnSummary;
+use crate::summary::TurnSummary;
 
 /// Endpoints counted separately.
 pub const ENDPOINTS: [&str; 6] = [

@@ -1,6 +1,8 @@
 //! The OpenAPI document, generated from the handlers' `#[utoipa::path]`
-//! annotations and the request/response types' schemas.
+//! annotations and the request/response types' schemas, and its route
+//! `GET /openapi.json`.
 
+use axum::Json;
 use utoipa::OpenApi;
 
 use crate::routes;
@@ -16,7 +18,7 @@ use crate::routes;
         routes::info::list_models,
         routes::info::get_model,
         routes::info::metrics,
-        routes::info::openapi,
+        openapi_json,
         routes::chat::chat_completions,
         routes::completions::completions,
         routes::responses::responses,
@@ -25,3 +27,8 @@ use crate::routes;
     )
 )]
 pub struct ApiDoc;
+
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "This API's OpenAPI 3.1 document")))]
+pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -8,7 +8,8 @@ use ds4_text::{ReasoningSplitter, Split, TextProfile, ToolCallParser, ToolEvent}
 use tokio::sync::mpsc;
 
 use crate::ids::new_id;
-use crate::worker::{TokenOut, TurnSummary, WorkEvent};
+use crate::summary::TurnSummary;
+use crate::worker::{TokenOut, WorkEvent};
 
 #[derive(Debug, Clone)]
 pub enum Item {

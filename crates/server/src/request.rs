@@ -24,7 +24,7 @@ use crate::params::{self, SamplingFields, StopField};
 use crate::prompt::{self, ChatTurn, FunctionTool};
 use crate::sse::{self, SseSender};
 use crate::state::{AppState, SharedState};
-use crate::worker::TurnSummary;
+use crate::summary::TurnSummary;
 
 /// The parameters every generation API carries, as the request gave them,
 /// with the names this API gives them (for error messages).
@@ -290,7 +290,8 @@ pub mod scripted {
 
     use super::{Head, Writer, drive};
     use crate::output::{OutputParser, TurnStream};
-    use crate::worker::{TokenOut, TurnSummary, WorkEvent};
+    use crate::summary::TurnSummary;
+    use crate::worker::{TokenOut, WorkEvent};
 
     pub fn summary(completion_tokens: usize) -> TurnSummary {
         TurnSummary {

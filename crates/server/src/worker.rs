@@ -6,24 +6,26 @@
 //! gone (client disconnected) is cancelled through its [`CancelToken`] at
 //! the next prefill chunk or token, or skipped if it never started; the
 //! session stays consistent because the decode loops always leave it
-//! covering exactly the tokens they processed. On shutdown the worker saves
+//! covering exactly the tokens they processed. Text goes through
+//! [`TextStream`] (detokenizer, stop strings, stop tokens), the stream the
+//! CLI uses too. On shutdown the worker saves
 //! the live session (clean-shutdown checkpoint trigger).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, CancelToken, FinishReason, Flow, MtpStats, Observe, TokenLogprobs,
-    TurnConfig, TurnRequest,
+    self, CallerStop, CancelToken, Flow, Observe, TokenLogprobs, TurnConfig, TurnRequest,
 };
 use ds4_engine::families::LoadedModel;
 use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
 use ds4_sampling::Sampler;
-use ds4_text::{Detokenizer, StopMatcher, Tokenizer};
+use ds4_text::{TextStream, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
+use crate::summary::TurnSummary;
 
 /// One admitted generation request.
 pub struct Job {
@@ -65,26 +67,6 @@ pub enum WorkEvent {
     Finished(TurnSummary),
     /// The turn failed inside the engine.
     Failed(String),
-}
-
-#[derive(Debug, Clone)]
-pub struct TurnSummary {
-    pub finish_reason: FinishReason,
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub cached_tokens: usize,
-    /// Whether the last token was a stop token (not text).
-    pub stop_token: bool,
-    /// The stop string that ended the turn, if one did.
-    pub stop_sequence: Option<String>,
-    pub prefill_tokens: usize,
-    pub prefill: Duration,
-    pub decode_tokens: usize,
-    pub decode: Duration,
-    /// From dequeue to the first token.
-    pub first_token: Option<Duration>,
-    /// Speculative statistics when the turn ran MTP.
-    pub mtp: Option<MtpStats>,
 }
 
 /// What the queue carries: a job, or the request to save and stop.
@@ -227,12 +209,8 @@ impl<M: Model> Worker<'_, M> {
         };
         let start = Instant::now();
         let mut first_token = None;
-        let mut detok = Detokenizer::new(self.tokenizer, true);
-        let stop_strings = std::mem::take(&mut job.stops);
-        let mut stops = StopMatcher::new(stop_strings.clone());
-        let mut matched = None;
+        let mut text = TextStream::new(self.tokenizer, std::mem::take(&mut job.stops));
         let mut started = false;
-        let mut stop_token = false;
         // The longest exact-prefix state (live, bank, disk) becomes the live
         // session; what it covers is exactly what the turn reuses.
         let prepared = self.cache.prepare(self.model, &job.prompt, job.mtp_depth);
@@ -258,28 +236,24 @@ impl<M: Model> Worker<'_, M> {
                     started = true;
                     first_token = Some(start.elapsed());
                 }
-                stop_token = event.is_stop_token;
-                let text = if event.is_stop_token || stops.stopped() {
-                    String::new()
-                } else {
-                    match detok.push(event.token) {
-                        Ok(fresh) => {
-                            let outcome = stops.push(&fresh);
-                            matched = matched.or(outcome.matched);
-                            outcome.emit
-                        }
-                        Err(_) => String::new(),
-                    }
-                };
+                // A token the detokenizer cannot decode adds no text; the
+                // turn goes on.
+                let piece = text
+                    .push(event.token, event.is_stop_token)
+                    .unwrap_or_default();
                 let token = TokenOut {
                     id: event.token,
                     logprobs: event.logprobs,
                 };
-                if events.send(WorkEvent::Delta { text, token }).is_err() {
+                let delta = WorkEvent::Delta {
+                    text: piece.text,
+                    token,
+                };
+                if events.send(delta).is_err() {
                     cancel.cancel();
                     return Flow::Stop(CallerStop::Cancelled);
                 }
-                if stops.stopped() {
+                if text.stopped() {
                     Flow::Stop(CallerStop::StopString)
                 } else {
                     Flow::Continue
@@ -287,36 +261,21 @@ impl<M: Model> Worker<'_, M> {
             },
         };
         let result = self.cache.decode_turn(self.model, request, &mut observer);
-        drop(observer);
         self.cache.finish(result.as_ref().ok());
         self.metrics
             .cache(&self.cache.stats(), &self.cache.rejections());
         match result {
             Ok(result) => {
-                if !stops.stopped() {
-                    let tail = stops.push(&detok.finish());
-                    matched = matched.or(tail.matched);
-                    let mut text = tail.emit;
-                    if !tail.stopped {
-                        text.push_str(&stops.finish());
-                    }
-                    let _ = events.send(WorkEvent::Tail(text));
+                if !text.stopped() {
+                    let _ = events.send(WorkEvent::Tail(text.finish()));
                 }
                 let summary = TurnSummary {
                     finish_reason: result.finish_reason,
                     prompt_tokens: job.prompt.len(),
                     completion_tokens: result.tokens.len(),
                     cached_tokens: result.reused_tokens,
-                    stop_token,
-                    // StopMatcher ignores empty strings, so its index is into
-                    // the non-empty ones (the API rejects empty ones anyway).
-                    stop_sequence: matched.and_then(|i| {
-                        stop_strings
-                            .iter()
-                            .filter(|s| !s.is_empty())
-                            .nth(i)
-                            .cloned()
-                    }),
+                    stop_token: text.ended_on_stop_token(),
+                    stop_sequence: text.stop_sequence().map(str::to_string),
                     prefill_tokens: result.timings.prefill_tokens,
                     prefill: result.timings.prefill,
                     decode_tokens: result.timings.decode_tokens,

@@ -6,6 +6,8 @@
 //! * [`ChatTemplate`]: Jinja chat templates rendered as transformers' `apply_chat_template` does.
 //! * [`Detokenizer`]: incremental decoding that never emits half a UTF-8 character.
 //! * [`StopMatcher`]: stop strings matched across token boundaries and never emitted.
+//! * [`TextStream`]: detokenizer + stop strings + stop tokens for one streamed turn (what the
+//!   server's worker and the CLI's `run` and `chat` share).
 //! * [`TextProfile`]: a family's reasoning markers ([`ReasoningSplitter`]) and tool-call format
 //!   ([`ToolCallParser`]), both incremental.
 
@@ -15,6 +17,7 @@ pub mod error;
 pub mod profile;
 pub mod reasoning;
 pub mod stop;
+pub mod stream;
 pub mod tokenizer;
 pub mod tool_calls;
 
@@ -24,5 +27,6 @@ pub use error::{Result, TextError};
 pub use profile::TextProfile;
 pub use reasoning::{ReasoningMarkers, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopOutcome};
+pub use stream::{Piece, TextStream};
 pub use tokenizer::{SpecialToken, Tokenizer};
 pub use tool_calls::{ToolCallFormat, ToolCallParser, ToolEvent};

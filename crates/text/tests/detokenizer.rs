@@ -4,7 +4,7 @@
 mod common;
 
 use common::{corpus, tokenizer};
-use ds4_text::{Detokenizer, StopMatcher};
+use ds4_text::{Detokenizer, StopMatcher, TextStream};
 
 fn stream(ids: &[u32], skip_special: bool) -> (Vec<String>, String) {
     let mut d = Detokenizer::new(tokenizer(), skip_special);
@@ -76,4 +76,42 @@ fn detokenizer_feeds_stop_matcher_across_token_boundaries() {
     }
     assert!(stop.stopped());
     assert_eq!(out, "The answer is 42.");
+}
+
+#[test]
+fn text_stream_cuts_at_a_stop_string_skips_stop_tokens_and_names_the_match() {
+    let tok = tokenizer();
+    let ids = tok
+        .encode("The answer is 42.\nUser: ignore this", true)
+        .expect("encode");
+    let stops = vec![String::new(), "\nUser:".into()];
+    let mut s = TextStream::new(tok, stops);
+    let mut out = String::new();
+    for &id in &ids {
+        let piece = s.push(id, false).expect("push");
+        out.push_str(&piece.text);
+        if piece.stop_string {
+            break;
+        }
+    }
+    out.push_str(&s.finish());
+    assert!(s.stopped());
+    assert_eq!(out, "The answer is 42.");
+    assert_eq!(s.text(), out);
+    assert_eq!(s.stop_sequence(), Some("\nUser:"));
+    // After a stop string nothing more is text.
+    assert_eq!(s.push(ids[0], false).expect("push").text, "");
+
+    // A stop token is not text, and the held-back tail comes out at the end.
+    let ids = tok.encode("ok 😀", true).expect("encode");
+    let mut s = TextStream::new(tok, vec!["never".into()]);
+    let mut out = String::new();
+    for &id in &ids {
+        out.push_str(&s.push(id, false).expect("push").text);
+    }
+    assert!(!s.push(ids[0], true).expect("push").stop_string);
+    assert!(s.ended_on_stop_token());
+    out.push_str(&s.finish());
+    assert_eq!(out, tok.decode(&ids, true).expect("decode"));
+    assert_eq!(s.stop_sequence(), None);
 }

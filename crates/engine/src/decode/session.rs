@@ -12,7 +12,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::model::{Hidden, Model, ModelState, MtpHistory};
-use crate::state::table::{NamedTensor, TableReader, TensorData};
+use crate::table::{NamedTensor, TableReader, TensorData};
 
 /// The MTP side of a session: `history.len() + 1 == tokens.len()` and
 /// `hidden` is the trunk hidden of the last covered position (both empty for

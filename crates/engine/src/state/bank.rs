@@ -3,9 +3,10 @@
 //!
 //! A snapshot whose tokens are a prefix of the prompt is reused whole. One
 //! that only shares a shorter prefix is reused only if its state can be
-//! truncated (attention-only families); recurrent (hybrid) states refuse
-//! truncation, so for them only stored boundaries — the exact end of a
-//! banked session — are restore points. Anything else is a miss.
+//! truncated that far ([`crate::ModelState::truncate_floor`]: any prefix for
+//! attention-only families); recurrent (hybrid) states refuse truncation,
+//! so for them only stored boundaries — the exact end of a banked session —
+//! are restore points. Anything else is a miss.
 //!
 //! The bank holds deep copies: the live session is never shared with it, so
 //! a turn in progress cannot be evicted from under itself.

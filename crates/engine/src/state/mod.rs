@@ -5,5 +5,9 @@ pub mod bank;
 pub mod checkpoint;
 pub mod kv_cache;
 pub mod rows;
-pub mod table;
 pub mod warm;
+
+/// The named-tensor tables now live in [`crate::table`] (a leaf module the
+/// model contract, the decode loops and the state all use); this path stays
+/// for the families' imports.
+pub use crate::table;

@@ -1,11 +1,12 @@
-//! `GET /health`, `/v1/models`, `/v1/models/{id}`, `/metrics`, `/openapi.json`.
+//! `GET /health`, `/v1/models`, `/v1/models/{id}`, `/metrics` (`/openapi.json`
+//! is served by [`crate::openapi`], which owns the document).
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 use crate::state::{AppState, SharedState};
@@ -72,9 +73,4 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         state.metrics.render(state.worker.depth()),
     )
         .into_response()
-}
-
-#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "This API's OpenAPI 3.1 document")))]
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(crate::openapi::ApiDoc::openapi())
 }

@@ -13,8 +13,8 @@ use crate::prompt::{self, ChatTurn, FunctionTool};
 use crate::request::{Common, Finished, Head, Turn, Writer};
 use crate::sse::SseSender;
 use crate::state::SharedState;
+use crate::summary::TurnSummary;
 use crate::types::anthropic::*;
-use crate::worker::TurnSummary;
 use ds4_engine::decode::{CallerStop, FinishReason};
 
 #[utoipa::path(

@@ -14,8 +14,8 @@ use crate::prompt::{ChatTurn, FunctionTool};
 use crate::request::{Common, Finished, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::SharedState;
+use crate::summary::TurnSummary;
 use crate::types::responses::*;
-use crate::worker::TurnSummary;
 use ds4_engine::decode::FinishReason;
 
 #[utoipa::path(

@@ -136,7 +136,7 @@ pub struct AnthropicUsage {
 }
 
 impl AnthropicUsage {
-    pub fn of(s: &crate::worker::TurnSummary, seed: Option<u64>) -> Self {
+    pub fn of(s: &crate::summary::TurnSummary, seed: Option<u64>) -> Self {
         Self {
             input_tokens: s.prompt_tokens,
             output_tokens: s.completion_tokens,

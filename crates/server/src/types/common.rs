@@ -5,7 +5,7 @@ use ds4_text::Tokenizer;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::worker::TurnSummary;
+use crate::summary::TurnSummary;
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Usage {

@@ -99,7 +99,7 @@ pub struct ResponseUsage {
 }
 
 impl ResponseUsage {
-    pub fn of(s: &crate::worker::TurnSummary, seed: u64) -> Self {
+    pub fn of(s: &crate::summary::TurnSummary, seed: u64) -> Self {
         Self {
             input_tokens: s.prompt_tokens,
             input_tokens_details: InputTokensDetails {

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::decode::SessionImage;
-use crate::state::table::{NamedTensor, TensorData};
+use crate::table::{NamedTensor, TensorData};
 
 pub const MAGIC: &[u8; 8] = b"DS4CKPT\0";
 /// Layout of the file (this module). Bumped when the byte layout changes.

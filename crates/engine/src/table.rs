@@ -1,5 +1,6 @@
-//! A model state as a table of named host tensors: what a checkpoint file
-//! stores and what [`crate::ModelState::import`] rebuilds a state from.
+//! A model state (or MTP history, or a whole session) as a table of named
+//! host tensors: what a checkpoint file stores and what
+//! [`crate::ModelState::import`] rebuilds a state from.
 //!
 //! Importers take tensors in the order the exporter wrote them and check
 //! each name and length against the fresh state of the same model, so a
