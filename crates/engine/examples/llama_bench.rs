@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ds4_engine::load::load_llama;
+use ds4_engine::families::llama::load_llama;
 use ds4_engine::{LogitsRows, Model};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

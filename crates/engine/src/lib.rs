@@ -6,6 +6,7 @@ pub mod backend;
 pub mod decode;
 pub mod error;
 pub mod families;
+pub mod inspect;
 pub mod layers;
 pub mod load;
 pub mod model;

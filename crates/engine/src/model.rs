@@ -2,8 +2,8 @@
 //! and the CLI see of a family.
 
 use crate::error::{EngineError, Result};
-use crate::families::FamilyDescriptor;
 use crate::table::NamedTensor;
+use ds4_sampling::{Law, SamplingParams};
 
 /// Which rows of a forward's logits the caller needs. Prefill chunks only
 /// need the last row; `debug logits` and speculative verify need all rows.
@@ -243,4 +243,19 @@ pub trait MtpHistory: Send + Clone {
 
 fn no_mtp(name: &str, what: &str) -> EngineError {
     EngineError::Unsupported(format!("{name}: the model has no MTP head ({what})"))
+}
+
+/// What the rest of the system may know about a family.
+#[derive(Debug)]
+pub struct FamilyDescriptor {
+    pub name: &'static str,
+    /// `model_type` values (config.json) of Hugging Face directories the
+    /// family loads.
+    pub model_types: &'static [&'static str],
+    /// `general.architecture` values of GGUF files the family loads.
+    pub gguf_architectures: &'static [&'static str],
+    /// The one sampling law this family is bound to.
+    pub law: Law,
+    /// Defaults for the parameters a request leaves unset.
+    pub sampling_defaults: SamplingParams,
 }

@@ -100,7 +100,7 @@ fn round_trip_is_bit_exact() {
 fn llama_round_trip_is_bit_exact() {
     let dir =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama/tiny/f32_tied");
-    let model = ds4_engine::load::load_llama(&dir).unwrap();
+    let model = ds4_engine::families::llama::load_llama(&dir).unwrap();
     // The tiny llama's vocabulary has 96 entries.
     let prompt: Vec<u32> = tokens(2, 30).iter().map(|t| t % 90).collect();
     let s = session(&model, &prompt, 0);

@@ -1135,7 +1135,7 @@ macro_rules! conformance {
 
 conformance!(llama_default_model, || {
     let path = ds4_models::default_model_path().expect("default model available");
-    ds4_engine::load::load_llama(&path).unwrap()
+    ds4_engine::families::llama::load_llama(&path).unwrap()
 });
 conformance!(qwen4_exp_tiny_a, || {
     ds4_engine::families::qwen4_exp::Qwen4ExpModel::from_hf_dir(

@@ -26,8 +26,8 @@
 mod common;
 
 use common::{Reference, argmax, fixtures};
+use ds4_engine::families::llama::load_llama;
 use ds4_engine::families::llama::{GgufWeights, LlamaModel};
-use ds4_engine::load::load_llama;
 use ds4_engine::{LogitsRows, Model};
 
 const LOGIT_TOL: f32 = 1e-3;

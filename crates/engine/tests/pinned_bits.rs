@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
+use ds4_engine::families::llama::load_llama;
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
-use ds4_engine::load::load_llama;
 use ds4_engine::state::checkpoint::format;
 use ds4_engine::state::checkpoint::{Identity, STATE_FORMAT_VERSION, fnv_hex};
 use ds4_engine::table::{NamedTensor, TensorData};

@@ -32,7 +32,7 @@ fn qwen() -> Qwen4ExpModel {
 
 fn default_model() -> ds4_engine::families::llama::LlamaModel {
     let path = ds4_models::default_model_path().expect("default model available");
-    ds4_engine::load::load_llama(&path).unwrap()
+    ds4_engine::families::llama::load_llama(&path).unwrap()
 }
 
 fn prompt(seed: u64, len: usize, vocab: u32) -> Vec<u32> {

@@ -57,7 +57,7 @@ fn first_token<M: Model>(
 #[ignore = "benchmark: 4K-token prefills on the default model"]
 fn default_model_ttft_warm_vs_cold_4k() {
     let path = ds4_models::default_model_path().expect("default model available");
-    let model = ds4_engine::load::load_llama(&path).unwrap();
+    let model = ds4_engine::families::llama::load_llama(&path).unwrap();
     let p: Vec<u32> = (0..4096u32).map(|i| (i * 7919) % 48000 + 100).collect();
     let mut live = LiveSession::new(&model);
     let (t1, turn1) = first_token(&model, &mut live, &p);

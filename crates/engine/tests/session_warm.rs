@@ -157,7 +157,7 @@ fn qwen4_exp_warm_equals_cold_mtp() {
 #[test]
 fn default_model_warm_equals_cold_ar() {
     let path = ds4_models::default_model_path().expect("default model available");
-    let model = ds4_engine::load::load_llama(&path).unwrap();
+    let model = ds4_engine::families::llama::load_llama(&path).unwrap();
     warm_equals_cold(&model, 0, 49152);
 }
 
@@ -261,7 +261,7 @@ fn qwen4_exp_cancel_then_continue_equals_uncancelled() {
 fn store_truncates_only_attention_only_states() {
     let dir =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama/tiny/f32_tied");
-    let llama = ds4_engine::load::load_llama(&dir).unwrap();
+    let llama = ds4_engine::families::llama::load_llama(&dir).unwrap();
     let qwen = qwen("tiny_a");
     let p: Vec<u32> = prompt(8, 30, 90);
     for (name, reusable) in [("llama", true), ("qwen", false)] {

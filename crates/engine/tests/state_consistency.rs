@@ -19,8 +19,8 @@ mod common;
 
 use common::{argmax, max_abs_diff, tiny};
 use ds4_engine::decode::prefill;
+use ds4_engine::families::llama::load_llama;
 use ds4_engine::families::llama::{GgufWeights, LlamaModel, LlamaState};
-use ds4_engine::load::load_llama;
 use ds4_engine::{EngineError, LogitsRows, Model, ModelState};
 
 fn tokens(n: usize, vocab: usize) -> Vec<u32> {

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use common::tiny;
 use ds4_engine::EngineError;
-use ds4_engine::load::{ModelFormat, detect, inspect, load_llama};
+use ds4_engine::families::llama::load_llama;
+use ds4_engine::inspect::inspect;
+use ds4_engine::load::{ModelFormat, detect};
 use safetensors::{Dtype, SafeTensors, View};
 
 /// Copy a tiny checkpoint into a fresh temporary directory.

@@ -14,7 +14,7 @@
 mod common;
 
 use common::{Reference, max_abs_diff, tiny};
-use ds4_engine::load::load_llama;
+use ds4_engine::families::llama::load_llama;
 use ds4_engine::{LogitsRows, Model, ModelState};
 
 const TOL: f32 = 1e-4;
@@ -81,9 +81,9 @@ fn rope_linear_legacy_config_matches_transformers() {
 fn sharded_checkpoint_lists_every_shard_tensor() {
     // Same architecture as the single-file variant: the three shards together
     // must hold exactly the single file's tensor set.
-    let sharded = ds4_engine::load::inspect(&tiny("f32_sharded")).unwrap();
-    let single = ds4_engine::load::inspect(&tiny("f32_untied")).unwrap();
-    let names = |i: &ds4_engine::load::ModelInfo| {
+    let sharded = ds4_engine::inspect::inspect(&tiny("f32_sharded")).unwrap();
+    let single = ds4_engine::inspect::inspect(&tiny("f32_untied")).unwrap();
+    let names = |i: &ds4_engine::inspect::ModelInfo| {
         i.tensors
             .iter()
             .map(|t| (t.name.clone(), t.shape.clone()))

@@ -1,6 +1,6 @@
 //! `ds4server inspect`: what a model holds, without loading its weights.
 
-use ds4_engine::load;
+use ds4_engine::inspect as load;
 use serde_json::json;
 
 use crate::args::InspectArgs;

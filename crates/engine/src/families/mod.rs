@@ -11,25 +11,10 @@ pub mod qwen4_exp;
 
 use std::path::Path;
 
-use ds4_sampling::{Law, SamplingParams};
-
 use crate::error::{EngineError, Result};
 use crate::load::ModelFormat;
 
-/// What the rest of the system may know about a family.
-#[derive(Debug)]
-pub struct FamilyDescriptor {
-    pub name: &'static str,
-    /// `model_type` values (config.json) of Hugging Face directories the
-    /// family loads.
-    pub model_types: &'static [&'static str],
-    /// `general.architecture` values of GGUF files the family loads.
-    pub gguf_architectures: &'static [&'static str],
-    /// The one sampling law this family is bound to.
-    pub law: Law,
-    /// Defaults for the parameters a request leaves unset.
-    pub sampling_defaults: SamplingParams,
-}
+pub use crate::model::FamilyDescriptor;
 
 /// A registered family: its descriptor and how to load it on the CPU.
 pub struct Family {

@@ -19,7 +19,7 @@
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::load::binder::Binder;
 

@@ -22,7 +22,7 @@
 
 use crate::backend::{Backend, IndexerShape};
 use crate::error::Result;
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::layers::rope::RopeRows;
 use crate::load::binder::Binder;

@@ -4,8 +4,9 @@
 //! it runs in a decode step, a verify window or any prefill chunk
 //! ([`crate::backend::Backend::matmul`] documents the reduction order).
 
-use crate::backend::Backend;
+use crate::backend::{Backend, HostWeight};
 use crate::error::{EngineError, Result};
+use crate::load::binder::Binder;
 
 #[derive(Debug)]
 pub struct Linear<B: Backend> {
@@ -43,5 +44,24 @@ impl<B: Backend> Linear<B> {
             )));
         }
         ops.matmul(x, rows, &self.w)
+    }
+}
+
+/// Binding linear layers: `w.linear("gate_proj", out, in)` reads
+/// `gate_proj.weight` under the binder's scope.
+pub trait BindLinear<B: Backend> {
+    /// A linear layer from `{name}.weight`, `[out, in]`.
+    fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear<B>>;
+    /// A linear layer from an already read (or fused) weight `[out, in]`.
+    fn linear_from(&self, w: HostWeight, out: usize, inp: usize) -> Result<Linear<B>>;
+}
+
+impl<B: Backend> BindLinear<B> for Binder<'_, B> {
+    fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear<B>> {
+        Linear::new(self.matrix(name, out, inp)?, out, inp)
+    }
+
+    fn linear_from(&self, w: HostWeight, out: usize, inp: usize) -> Result<Linear<B>> {
+        Linear::new(self.ops().matrix(w, out, inp)?, out, inp)
     }
 }

@@ -15,7 +15,7 @@ use candle_core::Tensor;
 
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::load::binder::Binder;
 
 /// Routed SwiGLU experts: `expert_e(x) = down_e(silu(gate_e·x) ⊙ up_e·x)`.

@@ -1,5 +1,5 @@
 //! One strict weight binder over safetensors directories and GGUF files,
-//! with scoped prefixes: `w.pp("model.layers.3").pp("mlp").linear("gate_proj",
+//! with scoped prefixes: `w.pp("model.layers.3").pp("mlp").matrix("gate_proj",
 //! ..)` binds `model.layers.3.mlp.gate_proj.weight`. Every tensor is checked
 //! for shape when bound; the source's `finish` refuses tensors nobody bound.
 //! Families receive a [`Binder`] and never see a file format or a device.
@@ -13,7 +13,6 @@ use super::gguf::GgufFile;
 use super::safetensors::SafetensorsDir;
 use crate::backend::{Backend, HostWeight};
 use crate::error::{EngineError, Result};
-use crate::layers::linear::Linear;
 
 /// A file format that weights are bound from.
 pub trait WeightSource {
@@ -132,20 +131,11 @@ impl<'a, B: Backend> Binder<'a, B> {
         self.src.ignore(&n);
     }
 
-    /// A linear layer from `{name}.weight`, `[out, in]`.
-    pub fn linear(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear<B>> {
+    /// A weight matrix `{name}.weight`, `[out, in]`, placed on the backend.
+    pub fn matrix(&mut self, name: &str, out: usize, inp: usize) -> Result<B::Matrix> {
         let n = self.name(&format!("{name}.weight"));
         let w = self.src.read(&n, &[out, inp])?;
-        Linear::new(
-            self.ops.matrix(w, out, inp).map_err(|e| self.err(&n, e))?,
-            out,
-            inp,
-        )
-    }
-
-    /// A linear layer from an already read weight `[out, in]`.
-    pub fn linear_from(&self, w: HostWeight, out: usize, inp: usize) -> Result<Linear<B>> {
-        Linear::new(self.ops.matrix(w, out, inp)?, out, inp)
+        self.ops.matrix(w, out, inp).map_err(|e| self.err(&n, e))
     }
 
     /// A tensor as a flat f32 device buffer.

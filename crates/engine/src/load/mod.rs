@@ -1,20 +1,17 @@
 //! Model files: format detection, GGUF and safetensors readers with strict
 //! binding, and `inspect` for the CLI.
 //!
-//! Entry points: [`detect`], [`inspect::inspect`], [`load_llama`].
+//! Entry points: [`detect`], [`binder::Binder`]; `crate::inspect` describes
+//! a file.
 
 pub mod binder;
 pub mod gguf;
-pub mod inspect;
 pub mod safetensors;
 
 use std::io::Read;
 use std::path::Path;
 
 use crate::error::{EngineError, Result};
-use crate::families::llama::LlamaModel;
-
-pub use inspect::{ModelInfo, TensorInfo, inspect};
 
 /// How a model is stored on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -52,14 +49,5 @@ pub fn detect(path: &Path) -> Result<ModelFormat> {
         Err(err(
             "neither a GGUF file nor a Hugging Face model directory".into(),
         ))
-    }
-}
-
-/// Load a llama-family model from a `.gguf` file or a Hugging Face
-/// directory, on the CPU.
-pub fn load_llama(path: &Path) -> Result<LlamaModel> {
-    match detect(path)? {
-        ModelFormat::Gguf => LlamaModel::from_gguf(path),
-        ModelFormat::HfDir => LlamaModel::from_hf_dir(path),
     }
 }

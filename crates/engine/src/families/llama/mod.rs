@@ -9,6 +9,15 @@ pub mod model;
 pub use config::LlamaConfig;
 pub use model::{GgufWeights, LlamaModel, LlamaState};
 
+/// Load a llama-family model from a `.gguf` file or a Hugging Face
+/// directory, on the CPU.
+pub fn load_llama(path: &std::path::Path) -> crate::error::Result<LlamaModel> {
+    match crate::load::detect(path)? {
+        crate::load::ModelFormat::Gguf => LlamaModel::from_gguf(path),
+        crate::load::ModelFormat::HfDir => LlamaModel::from_hf_dir(path),
+    }
+}
+
 use super::FamilyDescriptor;
 use ds4_sampling::Law;
 

@@ -13,7 +13,7 @@ use crate::backend::{Backend, CpuOps, HostWeight};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::attention::Attention;
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::mlp::SwiGlu;
 use crate::layers::norms::RmsNorm;
 use crate::layers::rope::{Rope, RopeScaling};

@@ -21,7 +21,7 @@ use super::state::AttnCache;
 use crate::backend::{Backend, Heads, IndexerShape};
 use crate::error::Result;
 use crate::layers::indexer::Indexer;
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, RopeRows};
 use crate::load::binder::Binder;

@@ -22,7 +22,7 @@ use super::config::{GateAct, Qwen4ExpConfig};
 use crate::backend::{Backend, ScanDims};
 use crate::error::Result;
 use crate::layers::delta_rule::{DeltaCache, DeltaReplay, DeltaShape, ScanInputs};
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::load::binder::Binder;
 
 #[derive(Debug)]

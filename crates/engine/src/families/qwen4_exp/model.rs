@@ -49,7 +49,7 @@ use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::delta_rule::DeltaReplay;
 use crate::layers::hyper_connections::{GatedResidual, HyperConnection};
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, RopeRows};
 use crate::load::binder::Binder;

@@ -15,7 +15,7 @@ use candle_core::Tensor;
 use super::config::Qwen4ExpConfig;
 use crate::backend::{Backend, HostWeight};
 use crate::error::Result;
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::moe::{Experts, SoftmaxRouter};
 use crate::load::binder::Binder;
 

@@ -41,7 +41,7 @@ use super::config::Qwen4ExpConfig;
 use super::state::PleCache;
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::layers::linear::Linear;
+use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::load::binder::Binder;
 use crate::load::safetensors::SafetensorsDir;

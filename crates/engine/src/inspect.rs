@@ -7,11 +7,11 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
 
-use super::gguf::{GgufFile, describe, value_as_f64, value_as_usize};
-use super::safetensors::SafetensorsDir;
-use super::{ModelFormat, detect};
 use crate::error::Result;
-use crate::families::{llama, qwen4_exp};
+use crate::families::FAMILIES;
+use crate::load::gguf::{GgufFile, describe, value_as_f64, value_as_usize};
+use crate::load::safetensors::SafetensorsDir;
+use crate::load::{ModelFormat, detect};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TensorInfo {
@@ -39,10 +39,15 @@ pub struct ModelInfo {
     pub dtype_histogram: BTreeMap<String, usize>,
 }
 
-fn family_of(arch: &str) -> Option<&'static str> {
-    [&llama::DESCRIPTOR, &qwen4_exp::DESCRIPTOR]
-        .into_iter()
-        .find(|d| d.model_types.contains(&arch))
+/// The registered family that recognises `arch` in a file of `format`.
+fn family_of(format: ModelFormat, arch: &str) -> Option<&'static str> {
+    FAMILIES
+        .iter()
+        .map(|f| f.descriptor)
+        .find(|d| match format {
+            ModelFormat::HfDir => d.model_types.contains(&arch),
+            ModelFormat::Gguf => d.gguf_architectures.contains(&arch),
+        })
         .map(|d| d.name)
 }
 
@@ -121,7 +126,7 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
     }
     Ok(ModelInfo {
         format,
-        family: architecture.as_deref().and_then(family_of),
+        family: architecture.as_deref().and_then(|a| family_of(format, a)),
         architecture,
         config,
         parameter_count,
