@@ -296,15 +296,17 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     // ---- attention ----
 
     /// Causal attention over a cache: `q: [rows, Hq·d]` (already scaled),
-    /// `k, v: [offset + rows, Hkv·d]` (this window's rows written first);
-    /// query `i` sees keys `0 ..= offset + i`; query head `h` reads kv head
-    /// `h / (Hq/Hkv)`. Per (query, head): dots in key order, max, `exp(s −
-    /// max)` summed in key order, `Σ p·v` in key order, times `1/Σ`.
+    /// `k[h], v[h]: [offset + rows, d]` per kv head (this window's rows
+    /// written first); query `i` sees keys `0 ..= offset + i`; query head
+    /// `h` reads kv head `h / (Hq/Hkv)`. Per (query, head): dots in key
+    /// order (eight FMA lanes, lanes summed `((0+4)+(1+5))+((2+6)+(3+7))`,
+    /// tail FMAs), max, `exp(s − max)` summed in key order, `Σ p·v` in key
+    /// order, times `1/Σ`.
     fn attention_causal(
         &self,
         q: &Self::Buf,
-        k: &Self::Buf,
-        v: &Self::Buf,
+        k: &[&Self::Buf],
+        v: &[&Self::Buf],
         offset: usize,
         q_heads: usize,
         kv: Heads,

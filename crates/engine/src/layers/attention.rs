@@ -50,8 +50,8 @@ impl<B: Backend> Attention<B> {
         let q = ops.affine(&q, (1.0 / (d as f64).sqrt()) as f32, 0.0)?;
         let y = ops.attention_causal(
             &q,
-            k_all,
-            v_all,
+            &k_all,
+            &v_all,
             offset,
             self.num_heads,
             Heads {

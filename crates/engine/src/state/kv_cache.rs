@@ -1,11 +1,11 @@
 //! Per-layer key/value caches for softmax attention: one [`RowCache`] of
-//! `[P, kv_heads·head_dim]` token rows per layer for keys and one for
-//! values, on the backend's device. A decode step appends one row per
-//! layer (amortised O(1)); snapshots are deep copies of the valid rows.
+//! `[P, head_dim]` rows per layer and kv head for keys and one for values,
+//! on the backend's device, so each head's keys are contiguous for the
+//! attention kernel. A decode step appends one row per head (amortised
+//! O(1)); snapshots are deep copies of the valid rows.
 //!
-//! The exported table keeps the checkpoint format of the first releases:
-//! `kv.{l}.k` / `kv.{l}.v` as `[kv_heads, len, head_dim]` (head-major), so a
-//! checkpoint's bytes do not depend on the cache's device layout.
+//! The exported table is the checkpoint format of the first releases:
+//! `kv.{l}.k` / `kv.{l}.v` as `[kv_heads, len, head_dim]` (head-major).
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
@@ -15,8 +15,9 @@ use crate::state::table::{NamedTensor, TableReader};
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     ops: B,
-    k: Vec<RowCache<B>>,
-    v: Vec<RowCache<B>>,
+    /// `[layer][kv head]`.
+    k: Vec<Vec<RowCache<B>>>,
+    v: Vec<Vec<RowCache<B>>>,
     len: usize,
     max_len: usize,
     kv_heads: usize,
@@ -32,8 +33,11 @@ impl<B: Backend> KvCache<B> {
         head_dim: usize,
         max_len: usize,
     ) -> Result<Self> {
-        let width = kv_heads * head_dim;
-        let rows = |_| RowCache::new(ops, width);
+        let rows = |_| {
+            (0..kv_heads)
+                .map(|_| RowCache::new(ops, head_dim))
+                .collect::<Result<Vec<_>>>()
+        };
         Ok(Self {
             ops: ops.clone(),
             k: (0..num_layers).map(rows).collect::<Result<_>>()?,
@@ -58,28 +62,44 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Append this forward's `k, v: [t, kv_heads·head_dim]` to `layer` and
-    /// return the layer's keys and values `[len + t, ..]`. The length
-    /// advances through [`KvCache::advance`] once every layer is done.
-    pub fn write(&mut self, layer: usize, k: &B::Buf, v: &B::Buf) -> Result<(&B::Buf, &B::Buf)> {
+    /// return the layer's keys and values per head, `[len + t, head_dim]`.
+    /// The length advances through [`KvCache::advance`] once every layer is
+    /// done.
+    #[allow(clippy::type_complexity)]
+    pub fn write(
+        &mut self,
+        layer: usize,
+        k: &B::Buf,
+        v: &B::Buf,
+    ) -> Result<(Vec<&B::Buf>, Vec<&B::Buf>)> {
         let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
             (Some(k), Some(v)) => (k, v),
             _ => return Err(EngineError::State(format!("kv cache has no layer {layer}"))),
         };
-        kc.append(&self.ops, k)?;
-        vc.append(&self.ops, v)?;
-        if kc.rows() > self.max_len {
+        let t = self.ops.len(k) / (self.kv_heads * self.head_dim).max(1);
+        let parts = vec![self.head_dim; self.kv_heads];
+        for (src, heads) in [(k, &mut *kc), (v, &mut *vc)] {
+            for (rows, cache) in self.ops.split_cols(src, t, &parts, 1)?.iter().zip(heads) {
+                cache.append(&self.ops, rows)?;
+            }
+        }
+        let rows = kc.first().map_or(0, |c| c.rows());
+        if rows > self.max_len {
             return Err(EngineError::ContextOverflow {
-                needed: kc.rows(),
+                needed: rows,
                 limit: self.max_len,
             });
         }
-        Ok((kc.buf(), vc.buf()))
+        Ok((
+            kc.iter().map(|c| c.buf()).collect(),
+            vc.iter().map(|c| c.buf()).collect(),
+        ))
     }
 
     /// Every layer was written `t` rows: the cache now covers them.
     pub fn advance(&mut self, t: usize) -> Result<()> {
         let end = self.len + t;
-        if self.k.iter().chain(&self.v).any(|c| c.rows() != end) {
+        if self.caches().any(|c| c.rows() != end) {
             return Err(EngineError::State(format!(
                 "kv cache advance to {end} with layers written unevenly"
             )));
@@ -88,11 +108,19 @@ impl<B: Backend> KvCache<B> {
         Ok(())
     }
 
+    fn caches(&self) -> impl Iterator<Item = &RowCache<B>> {
+        self.k.iter().chain(&self.v).flatten()
+    }
+
+    fn caches_mut(&mut self) -> impl Iterator<Item = &mut RowCache<B>> {
+        self.k.iter_mut().chain(self.v.iter_mut()).flatten()
+    }
+
     /// Forget rows written after the last [`KvCache::advance`] (a forward
     /// that failed half way leaves the cache as it was).
     pub fn rollback(&mut self) -> Result<()> {
         let (ops, len) = (self.ops.clone(), self.len);
-        for c in self.k.iter_mut().chain(self.v.iter_mut()) {
+        for c in self.caches_mut() {
             c.truncate(&ops, len)?;
         }
         Ok(())
@@ -107,7 +135,7 @@ impl<B: Backend> KvCache<B> {
             )));
         }
         let ops = self.ops.clone();
-        for c in self.k.iter_mut().chain(self.v.iter_mut()) {
+        for c in self.caches_mut() {
             c.truncate(&ops, n)?;
         }
         self.len = n;
@@ -117,17 +145,13 @@ impl<B: Backend> KvCache<B> {
     /// The valid rows of every layer as host tensors `kv.{l}.k` / `kv.{l}.v`,
     /// `[kv_heads, len, head_dim]`.
     pub fn export(&self) -> Result<Vec<NamedTensor>> {
-        let (h, d, n) = (self.kv_heads, self.head_dim, self.len);
-        let shape = vec![h, n, d];
+        let shape = vec![self.kv_heads, self.len, self.head_dim];
         let mut out = Vec::with_capacity(2 * self.num_layers());
         for l in 0..self.num_layers() {
-            for (what, c) in [("k", &self.k[l]), ("v", &self.v[l])] {
-                let rows = self.ops.download(c.buf())?;
-                let mut hm = Vec::with_capacity(rows.len());
-                for head in 0..h {
-                    for p in 0..n {
-                        hm.extend_from_slice(&rows[(p * h + head) * d..][..d]);
-                    }
+            for (what, heads) in [("k", &self.k[l]), ("v", &self.v[l])] {
+                let mut hm = Vec::with_capacity(self.kv_heads * self.len * self.head_dim);
+                for c in heads {
+                    hm.extend(self.ops.download(c.buf())?);
                 }
                 out.push(NamedTensor::f32(
                     format!("kv.{l}.{what}"),
@@ -171,15 +195,12 @@ impl<B: Backend> KvCache<B> {
             layers.push((k, v));
         }
         r.finish()?;
+        let per_head = rows * d;
         for (l, (k, v)) in layers.into_iter().enumerate() {
-            for (hm, c) in [(k, &mut self.k[l]), (v, &mut self.v[l])] {
-                let mut tm = Vec::with_capacity(hm.len());
-                for p in 0..rows {
-                    for head in 0..h {
-                        tm.extend_from_slice(&hm[(head * rows + p) * d..][..d]);
-                    }
+            for (hm, heads) in [(k, &mut self.k[l]), (v, &mut self.v[l])] {
+                for (chunk, c) in hm.chunks(per_head.max(1)).zip(heads.iter_mut()) {
+                    c.append(&self.ops, &self.ops.upload(chunk)?)?;
                 }
-                c.append(&self.ops, &self.ops.upload(&tm)?)?;
             }
         }
         self.len = rows;
@@ -188,7 +209,7 @@ impl<B: Backend> KvCache<B> {
 
     /// Bytes of cache memory held (valid rows, all layers, k and v).
     pub fn byte_size(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|c| c.byte_size()).sum()
+        self.caches().map(|c| c.byte_size()).sum()
     }
 }
 
@@ -237,7 +258,7 @@ mod tests {
         assert_eq!(c.export().unwrap(), snap.export().unwrap());
         c.truncate(1).unwrap();
         let (k, _) = c.write(0, &rows(1, 2, 9.0), &rows(1, 2, 9.0)).unwrap();
-        assert_eq!(k, &vec![0.0, 1.0, 9.0, 10.0]);
+        assert_eq!(k, vec![&vec![0.0, 1.0, 9.0, 10.0]]);
         assert!(matches!(
             KvCache::new(&ops, 1, 1, 2, 2)
                 .unwrap()

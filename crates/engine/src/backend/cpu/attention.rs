@@ -19,19 +19,17 @@
 
 use super::SendPtr;
 
-/// A 3-D f32 view `[a, b, d]` with a contiguous last dim: element rows at
-/// `start + a·strides[0] + b·strides[1]`.
-#[derive(Clone, Copy)]
+/// Rows of `d` values per head: row `b` of head `a` starts at
+/// `heads[a][b·stride]` (each head's rows contiguous in its own buffer).
 pub struct View<'a> {
-    pub data: &'a [f32],
-    pub start: usize,
-    pub strides: [usize; 2],
+    pub heads: Vec<&'a [f32]>,
+    pub stride: usize,
 }
 
 impl View<'_> {
+    #[inline]
     fn row(&self, a: usize, b: usize, d: usize) -> &[f32] {
-        let at = self.start + a * self.strides[0] + b * self.strides[1];
-        &self.data[at..at + d]
+        &self.heads[a][b * self.stride..][..d]
     }
 }
 
@@ -43,16 +41,16 @@ impl View<'_> {
 /// chooses the layout).
 #[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
-    q: View<'_>,
-    k: View<'_>,
-    v: View<'_>,
+    q: &View<'_>,
+    k: &View<'_>,
+    v: &View<'_>,
     kvh: usize,
     rows: usize,
     t: usize,
     offset: usize,
     d: usize,
     y: &mut [f32],
-    out_row: impl Fn(usize, usize) -> usize + Sync,
+    out_row: &(dyn Fn(usize, usize) -> usize + Sync),
 ) {
     let total = offset + t;
     let y_ptr = SendPtr(y.as_mut_ptr());
@@ -67,33 +65,44 @@ pub fn causal_attention(
             let (h, r) = (item / rows, item % rows);
             let visible = offset + r % t + 1;
             let qr = q.row(h, r, d);
+            // This head's visible keys and values, contiguous rows of `d`
+            // (a stride of `d` is what every caller passes).
+            debug_assert!(k.stride == d && v.stride == d);
+            let kh = &k.heads[h][..visible * d];
+            let vh = &v.heads[h][..visible * d];
             // Four keys at a time: independent sums hide the FMA
             // latency; each key's sum is still `dot`'s.
-            let mut j = 0;
-            while j + 4 <= visible {
-                let keys = [
-                    k.row(h, j, d),
-                    k.row(h, j + 1, d),
-                    k.row(h, j + 2, d),
-                    k.row(h, j + 3, d),
-                ];
-                scores[j..j + 4].copy_from_slice(&dot4(qr, keys));
-                j += 4;
+            let mut quads = kh.chunks_exact(4 * d);
+            for (four, s) in (&mut quads).zip(scores.chunks_exact_mut(4)) {
+                let (k0, rest) = four.split_at(d);
+                let (k1, rest) = rest.split_at(d);
+                let (k2, k3) = rest.split_at(d);
+                s.copy_from_slice(&dot4(qr, [k0, k1, k2, k3]));
             }
-            for (j, s) in scores[..visible].iter_mut().enumerate().skip(j) {
-                *s = dot(qr, k.row(h, j, d));
+            let done = visible / 4 * 4;
+            for (key, s) in quads
+                .remainder()
+                .chunks_exact(d)
+                .zip(&mut scores[done..visible])
+            {
+                *s = dot(qr, key);
             }
             let max = scores[..visible]
                 .iter()
                 .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let mut sum = 0f32;
+            // The exponentials first, then their sum in key order (the same
+            // sequence of additions as summing inside the loop, but the
+            // running sum is not carried across the calls to `exp`).
             for s in &mut scores[..visible] {
                 *s = (*s - max).exp();
-                sum += *s;
+            }
+            let mut sum = 0f32;
+            for &s in &scores[..visible] {
+                sum += s;
             }
             acc.fill(0.0);
-            for (j, &p) in scores[..visible].iter().enumerate() {
-                for (a, &x) in acc.iter_mut().zip(v.row(h, j, d)) {
+            for (&p, vj) in scores[..visible].iter().zip(vh.chunks_exact(d)) {
+                for (a, &x) in acc.iter_mut().zip(vj) {
                     *a += p * x;
                 }
             }
@@ -175,6 +184,9 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// `dot` of `a` with each of `b` (all at least `a.len()` long).
+    // Inlined into the per-query loop (a call per key costs ~4% of a
+    // prefill).
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn dots<const N: usize>(a: &[f32], b: [&[f32]; N]) -> [f32; N] {
         let n = a.len();
@@ -292,23 +304,22 @@ mod tests {
                 let rows = group * t;
                 fn view(data: &[f32], rows_per_head: usize, d: usize) -> View<'_> {
                     View {
-                        data,
-                        start: 0,
-                        strides: [rows_per_head * d, d],
+                        heads: data.chunks(rows_per_head * d).collect(),
+                        stride: d,
                     }
                 }
                 let mut y = vec![0f32; kvh * rows * d];
                 causal_attention(
-                    view(&qw, rows, d),
-                    view(&kd, total, d),
-                    view(&vd, total, d),
+                    &view(&qw, rows, d),
+                    &view(&kd, total, d),
+                    &view(&vd, total, d),
                     kvh,
                     rows,
                     t,
                     offset,
                     d,
                     &mut y,
-                    |h, r| (h * rows + r) * d,
+                    &|h, r| (h * rows + r) * d,
                 );
                 for h in 0..kvh {
                     for g in 0..group {

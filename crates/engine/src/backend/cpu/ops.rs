@@ -84,6 +84,48 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// Below this many values an element-wise or per-row op runs on the calling
+/// thread (a pool dispatch costs microseconds); above it (prefill chunks)
+/// the rows are split over candle's barrier pool. Every element is
+/// computed by the same code either way, so the split never changes a bit.
+const PARALLEL_VALUES: usize = 1 << 15;
+
+/// `f(first_row, rows_out)` over disjoint blocks of the `width`-value rows
+/// of `out`, in parallel when `out` is large.
+fn par_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = out.len() / width.max(1);
+    if out.len() < PARALLEL_VALUES || rows < 2 {
+        f(0, out);
+        return;
+    }
+    let ptr = super::SendPtr(out.as_mut_ptr());
+    let ptr = &ptr;
+    candle_core::utils::barrier_pool().execute_chunked(rows, |range| {
+        // SAFETY: the pool hands out disjoint row ranges of `out`, which
+        // outlives the call (execute_chunked joins before returning).
+        let block = unsafe {
+            std::slice::from_raw_parts_mut(ptr.0.add(range.start * width), range.len() * width)
+        };
+        f(range.start, block);
+    });
+}
+
+/// `out[i] = f(i)` for every element, in parallel when large.
+fn par_map(n: usize, f: impl Fn(usize) -> f32 + Sync) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    // Blocks of 256 values: rows of a notional `[n/256, 256]`.
+    let (whole, tail) = (n / 256 * 256, n % 256);
+    par_rows(&mut out[..whole], 256, |first, block| {
+        for (j, o) in block.iter_mut().enumerate() {
+            *o = f(first * 256 + j);
+        }
+    });
+    for j in 0..tail {
+        out[whole + j] = f(whole + j);
+    }
+    out
+}
+
 impl Backend for CpuOps {
     type Buf = Vec<f32>;
     type Matrix = CpuMatrix;
@@ -507,30 +549,33 @@ impl Backend for CpuOps {
             ));
         }
         let per_row = x.len() / rows;
-        for (r, row) in x.chunks_exact_mut(per_row).enumerate() {
-            let (c, s) = (
-                &cos[r * half..(r + 1) * half],
-                &sin[r * half..(r + 1) * half],
-            );
-            for head in row.chunks_exact_mut(head_dim) {
-                match layout {
-                    RopeLayout::HalfSplit => {
-                        for i in 0..half {
-                            let (a, b) = (head[i], head[i + half]);
-                            head[i] = a * c[i] - b * s[i];
-                            head[i + half] = b * c[i] + a * s[i];
+        par_rows(x, per_row, |first, block| {
+            for (i, row) in block.chunks_exact_mut(per_row).enumerate() {
+                let r = first + i;
+                let (c, s) = (
+                    &cos[r * half..(r + 1) * half],
+                    &sin[r * half..(r + 1) * half],
+                );
+                for head in row.chunks_exact_mut(head_dim) {
+                    match layout {
+                        RopeLayout::HalfSplit => {
+                            for i in 0..half {
+                                let (a, b) = (head[i], head[i + half]);
+                                head[i] = a * c[i] - b * s[i];
+                                head[i + half] = b * c[i] + a * s[i];
+                            }
                         }
-                    }
-                    RopeLayout::Interleaved => {
-                        for i in 0..half {
-                            let (a, b) = (head[2 * i], head[2 * i + 1]);
-                            head[2 * i] = a * c[i] - b * s[i];
-                            head[2 * i + 1] = a * s[i] + b * c[i];
+                        RopeLayout::Interleaved => {
+                            for i in 0..half {
+                                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                                head[2 * i] = a * c[i] - b * s[i];
+                                head[2 * i + 1] = a * s[i] + b * c[i];
+                            }
                         }
                     }
                 }
             }
-        }
+        });
         Ok(())
     }
 
@@ -584,8 +629,8 @@ impl Backend for CpuOps {
     fn attention_causal(
         &self,
         q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        k: &[&Vec<f32>],
+        v: &[&Vec<f32>],
         offset: usize,
         q_heads: usize,
         kv: Heads,
@@ -594,29 +639,20 @@ impl Backend for CpuOps {
         let group = q_heads / kvh;
         let t = q.len() / (q_heads * d);
         let total = offset + t;
-        if t == 0 || k.len() < total * kvh * d || v.len() < total * kvh * d {
+        if t == 0
+            || k.len() != kvh
+            || v.len() != kvh
+            || k.iter().chain(v).any(|c| c.len() < total * d)
+        {
             return Err(shape_err(
                 "attention_causal",
-                format!("{t} queries over {total} keys"),
+                format!("{t} queries over {total} keys in {} kv heads", k.len()),
             ));
         }
         // Kernel rows per kv head: `g·t + i` is group member `g` at window
-        // position `i`, i.e. token `i`, query head `h·group + g`.
+        // position `i`, i.e. token `i`, query head `h·group + g`; the queries
+        // are copied into that head-major order once.
         let rows = group * t;
-        let mut y = vec![0f32; t * q_heads * d];
-        let kvw = kvh * d;
-        let kview = attention::View {
-            data: k,
-            start: 0,
-            strides: [d, kvw],
-        };
-        let vview = attention::View {
-            data: v,
-            start: 0,
-            strides: [d, kvw],
-        };
-        // q row (h, r) = token r % t, head h·group + r / t: a strided view
-        // cannot express it, so the kernel reads through a reordered copy.
         let mut qr = vec![0f32; kvh * rows * d];
         for h in 0..kvh {
             for r in 0..rows {
@@ -625,22 +661,21 @@ impl Backend for CpuOps {
                 qr[(h * rows + r) * d..][..d].copy_from_slice(&q[src..src + d]);
             }
         }
-        let qview = attention::View {
-            data: &qr,
-            start: 0,
-            strides: [rows * d, d],
-        };
+        fn view(heads: Vec<&[f32]>, d: usize) -> attention::View<'_> {
+            attention::View { heads, stride: d }
+        }
+        let mut y = vec![0f32; t * q_heads * d];
         attention::causal_attention(
-            qview,
-            kview,
-            vview,
+            &view(qr.chunks(rows * d).collect(), d),
+            &view(k.iter().map(|c| c.as_slice()).collect(), d),
+            &view(v.iter().map(|c| c.as_slice()).collect(), d),
             kvh,
             rows,
             t,
             offset,
             d,
             &mut y,
-            |h, r| ((r % t) * q_heads + h * group + r / t) * d,
+            &|h, r| ((r % t) * q_heads + h * group + r / t) * d,
         );
         Ok(y)
     }
@@ -726,14 +761,14 @@ impl Backend for CpuOps {
         if a.len() != b.len() {
             return Err(shape_err("add", format!("{} + {}", a.len(), b.len())));
         }
-        Ok(a.iter().zip(b).map(|(a, b)| a + b).collect())
+        Ok(par_map(a.len(), |i| a[i] + b[i]))
     }
 
     fn mul(&self, a: &Vec<f32>, b: &Vec<f32>) -> Result<Vec<f32>> {
         if a.len() != b.len() {
             return Err(shape_err("mul", format!("{} * {}", a.len(), b.len())));
         }
-        Ok(a.iter().zip(b).map(|(a, b)| a * b).collect())
+        Ok(par_map(a.len(), |i| a[i] * b[i]))
     }
 
     fn affine(&self, x: &Vec<f32>, mul: f32, add: f32) -> Result<Vec<f32>> {
@@ -741,7 +776,7 @@ impl Backend for CpuOps {
     }
 
     fn silu(&self, x: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(x.iter().map(|&v| v / (1.0 + (-v).exp())).collect())
+        Ok(par_map(x.len(), |i| x[i] / (1.0 + (-x[i]).exp())))
     }
 
     fn sigmoid(&self, x: &Vec<f32>) -> Result<Vec<f32>> {
@@ -1044,8 +1079,26 @@ mod tests {
         let q = data(t_len * hq * d, 0.2);
         let k = data(total * kvh * d, 1.4);
         let v = data(total * kvh * d, 2.6);
+        // Per-head caches `[total, d]`.
+        let split = |x: &[f32]| -> Vec<Vec<f32>> {
+            (0..kvh)
+                .map(|h| {
+                    (0..total)
+                        .flat_map(|j| x[(j * kvh + h) * d..][..d].to_vec())
+                        .collect()
+                })
+                .collect()
+        };
+        let (kh, vh) = (split(&k), split(&v));
         let y = ops
-            .attention_causal(&q, &k, &v, offset, hq, Heads { heads: kvh, dim: d })
+            .attention_causal(
+                &q,
+                &kh.iter().collect::<Vec<_>>(),
+                &vh.iter().collect::<Vec<_>>(),
+                offset,
+                hq,
+                Heads { heads: kvh, dim: d },
+            )
             .unwrap();
         let group = hq / kvh;
         for i in 0..t_len {
