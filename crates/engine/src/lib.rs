@@ -15,6 +15,6 @@ pub mod table;
 
 pub use error::EngineError;
 pub use model::{
-    ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory, MtpStep, NoMtp,
-    VerifyWindow,
+    DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
+    MtpStep, NoMtp, VerifyWindow,
 };

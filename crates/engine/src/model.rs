@@ -97,6 +97,8 @@ pub trait Model: Send + Sync {
     type State: ModelState;
     /// The MTP head's own cache ([`NoMtp`] for a family without a head).
     type MtpHistory: MtpHistory;
+    /// Hidden rows the MTP head reads ([`NoMtp`] without a head).
+    type Hidden: HiddenRows;
 
     fn descriptor(&self) -> &'static FamilyDescriptor;
     /// The backend the model runs on (part of every checkpoint's identity).
@@ -128,7 +130,7 @@ pub trait Model: Send + Sync {
         tokens: &[u32],
         state: &mut Self::State,
         rows: LogitsRows,
-    ) -> Result<(ForwardOutput, Hidden)> {
+    ) -> Result<(ForwardOutput, Self::Hidden)> {
         let _ = (tokens, state, rows);
         Err(no_mtp(self.descriptor().name, "forward_hidden"))
     }
@@ -138,9 +140,14 @@ pub trait Model: Send + Sync {
         &self,
         tokens: &[u32],
         state: &mut Self::State,
-    ) -> Result<VerifyWindow<<Self::State as ModelState>::Window>> {
+    ) -> Result<VerifyWindow<<Self::State as ModelState>::Window, Self::Hidden>> {
         let _ = (tokens, state);
         Err(no_mtp(self.descriptor().name, "forward_window"))
+    }
+    /// Hidden rows `[rows, width]` from host values (session import).
+    fn hidden_from_host(&self, rows: usize, width: usize, data: Vec<f32>) -> Result<Self::Hidden> {
+        let _ = (rows, width, data);
+        Err(no_mtp(self.descriptor().name, "hidden_from_host"))
     }
     /// A fresh, empty MTP history.
     fn new_mtp_history(&self) -> Option<Self::MtpHistory> {
@@ -152,18 +159,105 @@ pub trait Model: Send + Sync {
     fn mtp_forward(
         &self,
         tokens: &[u32],
-        hidden: &Hidden,
+        hidden: &Self::Hidden,
         history: &mut Self::MtpHistory,
-    ) -> Result<MtpStep> {
+    ) -> Result<MtpStep<Self::Hidden>> {
         let _ = (tokens, hidden, history);
         Err(no_mtp(self.descriptor().name, "mtp_forward"))
     }
 }
 
-/// A block of hidden rows `[rows, width]` that a family's MTP head reads
-/// (which hidden it is — before or after the final norm, before or after a
-/// hyper-connection collapse — is the family's [`MtpContract`]).
-pub type Hidden = candle_core::Tensor;
+/// A block of hidden rows `[rows, width]` on the model's device that a
+/// family's MTP head reads (which hidden it is — before or after the final
+/// norm, before or after a hyper-connection collapse — is the family's
+/// [`MtpContract`]). The decode loop only slices and joins rows; it reads
+/// them back to the host only to export a session.
+pub trait HiddenRows: Clone + Send + Sync + std::fmt::Debug {
+    fn rows(&self) -> usize;
+    /// Rows `first .. first + count`.
+    fn narrow(&self, first: usize, count: usize) -> Result<Self>;
+    /// `[self | other]` by rows.
+    fn cat(&self, other: &Self) -> Result<Self>;
+    /// `(rows, width, values)` on the host (session export).
+    fn to_host(&self) -> Result<(usize, usize, Vec<f32>)>;
+}
+
+/// The hidden rows of a family written against the op inventory: a backend
+/// buffer `[rows, width]`.
+#[derive(Debug, Clone)]
+pub struct DeviceRows<B: crate::backend::Backend> {
+    ops: B,
+    buf: B::Buf,
+    rows: usize,
+    width: usize,
+}
+
+impl<B: crate::backend::Backend> DeviceRows<B> {
+    pub fn new(ops: &B, buf: B::Buf, rows: usize, width: usize) -> Result<Self> {
+        if ops.len(&buf) != rows * width {
+            return Err(EngineError::State(format!(
+                "hidden rows: {} values are not [{rows}, {width}]",
+                ops.len(&buf)
+            )));
+        }
+        Ok(Self {
+            ops: ops.clone(),
+            buf,
+            rows,
+            width,
+        })
+    }
+
+    pub fn buf(&self) -> &B::Buf {
+        &self.buf
+    }
+
+    pub fn width(&self) -> usize {
+        self.width
+    }
+}
+
+impl<B: crate::backend::Backend> HiddenRows for DeviceRows<B> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn narrow(&self, first: usize, count: usize) -> Result<Self> {
+        let buf = self.ops.rows(&self.buf, self.width, first, count)?;
+        Self::new(&self.ops, buf, count, self.width)
+    }
+
+    fn cat(&self, other: &Self) -> Result<Self> {
+        if other.width != self.width {
+            return Err(EngineError::State(format!(
+                "hidden rows of width {} and {} cannot be joined",
+                self.width, other.width
+            )));
+        }
+        let mut buf = self.buf.clone();
+        self.ops.append(&mut buf, &other.buf)?;
+        Self::new(&self.ops, buf, self.rows + other.rows, self.width)
+    }
+
+    fn to_host(&self) -> Result<(usize, usize, Vec<f32>)> {
+        Ok((self.rows, self.width, self.ops.download(&self.buf)?))
+    }
+}
+
+impl HiddenRows for NoMtp {
+    fn rows(&self) -> usize {
+        match *self {}
+    }
+    fn narrow(&self, _first: usize, _count: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn cat(&self, _other: &Self) -> Result<Self> {
+        match *self {}
+    }
+    fn to_host(&self) -> Result<(usize, usize, Vec<f32>)> {
+        match *self {}
+    }
+}
 
 /// What a family's MTP head promises the decode loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,19 +292,19 @@ impl MtpHistory for NoMtp {
 /// (what the MTP history is appended with) and the family's window record
 /// `W` (its [`ModelState::Window`]).
 #[derive(Debug)]
-pub struct VerifyWindow<W> {
+pub struct VerifyWindow<W, H> {
     pub logits: ForwardOutput,
     /// `[rows, width]`.
-    pub hidden: Hidden,
+    pub hidden: H,
     pub record: W,
 }
 
 /// One MTP head call: the logits row of its last input row and that row's
 /// output hidden `[1, width]` (the next depth's input).
 #[derive(Debug, Clone)]
-pub struct MtpStep {
+pub struct MtpStep<H> {
     pub logits: Vec<f32>,
-    pub hidden: Hidden,
+    pub hidden: H,
 }
 
 /// The MTP head's own cache (the "MTP history"). Row `t` combines the trunk

@@ -46,7 +46,7 @@ mod adapter {
     use ds4_engine::families::FamilyDescriptor;
     use ds4_engine::state::table::{NamedTensor, TensorData};
     use ds4_engine::{
-        ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpStep, VerifyWindow,
+        ForwardOutput, LogitsRows, Model, ModelState, MtpContract, MtpStep, VerifyWindow,
     };
     use ds4_sampling::{Sampler, SamplingParams};
 
@@ -334,6 +334,7 @@ mod adapter {
     impl<M: Model> Model for ShortContext<'_, M> {
         type State = M::State;
         type MtpHistory = M::MtpHistory;
+        type Hidden = M::Hidden;
         fn descriptor(&self) -> &'static FamilyDescriptor {
             self.inner.descriptor()
         }
@@ -360,15 +361,18 @@ mod adapter {
             t: &[u32],
             s: &mut M::State,
             r: LogitsRows,
-        ) -> Result<(ForwardOutput, Hidden)> {
+        ) -> Result<(ForwardOutput, M::Hidden)> {
             self.inner.forward_hidden(t, s, r)
         }
         fn forward_window(
             &self,
             t: &[u32],
             s: &mut M::State,
-        ) -> Result<VerifyWindow<<M::State as ModelState>::Window>> {
+        ) -> Result<VerifyWindow<<M::State as ModelState>::Window, M::Hidden>> {
             self.inner.forward_window(t, s)
+        }
+        fn hidden_from_host(&self, r: usize, w: usize, d: Vec<f32>) -> Result<M::Hidden> {
+            self.inner.hidden_from_host(r, w, d)
         }
         fn new_mtp_history(&self) -> Option<M::MtpHistory> {
             self.inner.new_mtp_history()
@@ -376,9 +380,9 @@ mod adapter {
         fn mtp_forward(
             &self,
             t: &[u32],
-            h: &Hidden,
+            h: &M::Hidden,
             history: &mut M::MtpHistory,
-        ) -> Result<MtpStep> {
+        ) -> Result<MtpStep<M::Hidden>> {
             self.inner.mtp_forward(t, h, history)
         }
     }

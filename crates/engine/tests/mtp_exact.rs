@@ -10,13 +10,13 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{Device, Tensor};
+use ds4_engine::backend::CpuOps;
 use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest};
 use ds4_engine::error::Result;
 use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::{
-    EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
-    MtpStep, VerifyWindow,
+    DeviceRows, EngineError, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract,
+    MtpHistory, MtpStep, VerifyWindow,
 };
 use ds4_sampling::{Law, Sampler, SamplingParams, TokenCounts};
 
@@ -103,16 +103,17 @@ impl MtpHistory for ToyHistory {
 }
 
 /// The trunk hidden of a position is its token (what the drafter needs).
+type Hidden = DeviceRows<CpuOps>;
+
 fn hidden_of(tokens: &[u32]) -> Hidden {
     let v: Vec<f32> = tokens.iter().map(|&t| t as f32).collect();
-    Tensor::from_vec(v, (tokens.len(), 1), &Device::Cpu).unwrap()
+    DeviceRows::new(&CpuOps, v, tokens.len(), 1).unwrap()
 }
 
 fn hidden_tokens(h: &Hidden) -> Vec<u32> {
-    h.flatten_all()
+    h.to_host()
         .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
+        .2
         .into_iter()
         .map(|x| x as u32)
         .collect()
@@ -155,6 +156,7 @@ fn last_rows(out: ForwardOutput, rows: LogitsRows) -> ForwardOutput {
 impl Model for Toy {
     type State = ToyState;
     type MtpHistory = ToyHistory;
+    type Hidden = Hidden;
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &TOY
     }
@@ -188,7 +190,11 @@ impl Model for Toy {
     ) -> Result<(ForwardOutput, Hidden)> {
         Ok((last_rows(self.rows(s, tokens)?, rows), hidden_of(tokens)))
     }
-    fn forward_window(&self, tokens: &[u32], s: &mut ToyState) -> Result<VerifyWindow<ToyWindow>> {
+    fn forward_window(
+        &self,
+        tokens: &[u32],
+        s: &mut ToyState,
+    ) -> Result<VerifyWindow<ToyWindow, Hidden>> {
         let base = s.0.len();
         Ok(VerifyWindow {
             logits: self.rows(s, tokens)?,
@@ -199,7 +205,12 @@ impl Model for Toy {
     fn new_mtp_history(&self) -> Option<ToyHistory> {
         Some(ToyHistory(Vec::new()))
     }
-    fn mtp_forward(&self, tokens: &[u32], hidden: &Hidden, h: &mut ToyHistory) -> Result<MtpStep> {
+    fn mtp_forward(
+        &self,
+        tokens: &[u32],
+        hidden: &Hidden,
+        h: &mut ToyHistory,
+    ) -> Result<MtpStep<Hidden>> {
         let hs = hidden_tokens(hidden);
         if hs.len() != tokens.len() || tokens.is_empty() {
             return Err(EngineError::State("rows mismatch".into()));

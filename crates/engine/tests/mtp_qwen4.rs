@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use candle_core::Tensor;
+use ds4_engine::backend::CpuOps;
 use ds4_engine::decode::{
     self, CallerStop, FinalState, FinishReason, Flow, LiveSession, TokenSource, TurnConfig,
     TurnRequest, TurnResult, on_tokens,
@@ -17,8 +17,8 @@ use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::families::qwen4_exp::{MtpState, Qwen4ExpModel, Qwen4ExpState, WindowCapture};
 use ds4_engine::state::table::{NamedTensor, TensorData};
 use ds4_engine::{
-    EngineError, ForwardOutput, Hidden, LogitsRows, Model, ModelState, MtpContract, MtpStep,
-    VerifyWindow,
+    DeviceRows, EngineError, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract,
+    MtpStep, VerifyWindow,
 };
 use ds4_sampling::{Law, Sampler, SamplingParams};
 
@@ -119,8 +119,8 @@ fn table_diff(what: &str, a: Vec<NamedTensor>, b: Vec<NamedTensor>) -> f32 {
     d
 }
 
-fn host(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+fn host(h: &DeviceRows<CpuOps>) -> Vec<f32> {
+    h.to_host().unwrap().2
 }
 
 /// Teacher-forced reference of `tokens`: trunk state, MTP history of one
@@ -447,6 +447,7 @@ impl Failing<'_> {
 impl Model for Failing<'_> {
     type State = Qwen4ExpState;
     type MtpHistory = MtpState;
+    type Hidden = DeviceRows<CpuOps>;
     fn descriptor(&self) -> &'static FamilyDescriptor {
         self.inner.descriptor()
     }
@@ -479,7 +480,7 @@ impl Model for Failing<'_> {
         t: &[u32],
         s: &mut Qwen4ExpState,
         r: LogitsRows,
-    ) -> ds4_engine::error::Result<(ForwardOutput, Hidden)> {
+    ) -> ds4_engine::error::Result<(ForwardOutput, DeviceRows<CpuOps>)> {
         self.tick()?;
         Model::forward_hidden(self.inner, t, s, r)
     }
@@ -487,7 +488,7 @@ impl Model for Failing<'_> {
         &self,
         t: &[u32],
         s: &mut Qwen4ExpState,
-    ) -> ds4_engine::error::Result<VerifyWindow<WindowCapture>> {
+    ) -> ds4_engine::error::Result<VerifyWindow<WindowCapture, DeviceRows<CpuOps>>> {
         self.tick()?;
         Model::forward_window(self.inner, t, s)
     }
@@ -497,9 +498,9 @@ impl Model for Failing<'_> {
     fn mtp_forward(
         &self,
         t: &[u32],
-        h: &Hidden,
+        h: &DeviceRows<CpuOps>,
         m: &mut MtpState,
-    ) -> ds4_engine::error::Result<MtpStep> {
+    ) -> ds4_engine::error::Result<MtpStep<DeviceRows<CpuOps>>> {
         self.tick()?;
         Model::mtp_forward(self.inner, t, h, m)
     }

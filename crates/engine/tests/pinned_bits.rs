@@ -26,7 +26,7 @@ use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::checkpoint::format;
 use ds4_engine::state::checkpoint::{Identity, STATE_FORMAT_VERSION, fnv_hex};
 use ds4_engine::table::{NamedTensor, TensorData};
-use ds4_engine::{ForwardOutput, LogitsRows, Model, ModelState};
+use ds4_engine::{ForwardOutput, HiddenRows, LogitsRows, Model, ModelState};
 use ds4_sampling::Sampler;
 
 fn fixtures() -> PathBuf {
@@ -221,20 +221,14 @@ fn qwen_case(name: &str) {
             .forward_hidden(&p[..p.len() - 4], &mut s, LogitsRows::Last)
             .unwrap();
         let n = p.len() - 5;
-        let rows = hidden.narrow(0, 0, n).unwrap();
+        let rows = hidden.narrow(0, n).unwrap();
         let mut h = model.new_mtp_history().unwrap();
         let step = Model::mtp_forward(&model, &p[1..=n], &rows, &mut h).unwrap();
         rec.values("mtp.logits", &step.logits);
-        rec.values(
-            "mtp.hidden",
-            &step.hidden.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        );
+        rec.values("mtp.hidden", &step.hidden.to_host().unwrap().2);
         let w = Model::forward_window(&model, &p[p.len() - 4..], &mut s).unwrap();
         rec.rows("window", &w.logits, p.len() - 4);
-        rec.values(
-            "window.hidden",
-            &w.hidden.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        );
+        rec.values("window.hidden", &w.hidden.to_host().unwrap().2);
         ModelState::commit(&mut s, &w.record, 2).unwrap();
         for t in s.export().unwrap() {
             rec.bytes(&format!("commit.state.{}", t.name), &table_bytes(&t));

@@ -88,7 +88,7 @@ use super::turn::{
     FinishReason, MtpStats, TokenSource, TurnObserver, TurnRequest, TurnResult, TurnTimings,
 };
 use crate::error::{EngineError, Result};
-use crate::model::{Hidden, LogitsRows, Model, ModelState, MtpHistory, MtpStep};
+use crate::model::{HiddenRows, LogitsRows, Model, ModelState, MtpHistory, MtpStep};
 
 /// The draft depth a request runs with: `None` takes the family's default
 /// (0, i.e. AR, for a model without an MTP head), `Some(0)` is AR, and a
@@ -164,9 +164,9 @@ struct Turn<'a, M: Model> {
 }
 
 /// Trunk output at the last covered position.
-struct Last {
+struct Last<H> {
     logits: Vec<f32>,
-    hidden: Hidden,
+    hidden: H,
 }
 
 fn state_err(msg: &str) -> EngineError {
@@ -174,7 +174,9 @@ fn state_err(msg: &str) -> EngineError {
 }
 
 /// The MTP side of `session`.
-fn side_of<M: Model>(session: &mut LiveSession<M>) -> Result<&mut MtpSide<M::MtpHistory>> {
+fn side_of<M: Model>(
+    session: &mut LiveSession<M>,
+) -> Result<&mut MtpSide<M::MtpHistory, M::Hidden>> {
     session
         .mtp_mut()
         .as_mut()
@@ -193,7 +195,7 @@ impl<M: Model> Turn<'_, M> {
         self.out.emit(token, fallback, row, source)
     }
 
-    fn mtp(&mut self) -> Result<&mut MtpSide<M::MtpHistory>> {
+    fn mtp(&mut self) -> Result<&mut MtpSide<M::MtpHistory, M::Hidden>> {
         side_of(self.session)
     }
 
@@ -201,7 +203,7 @@ impl<M: Model> Turn<'_, M> {
     /// prefill the new prompt tokens through trunk and head. `None`: the
     /// cancel token was set before a chunk; the session covers the chunks
     /// that ran (trunk, head and last logits in step).
-    fn prefill(&mut self, prompt: &[u32]) -> Result<(usize, Option<Last>)> {
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(usize, Option<Last<M::Hidden>>)> {
         let model = self.model;
         let mut reused = self.session.rewind_for(model, prompt);
         if self.session.mtp_mut().is_none() {
@@ -233,19 +235,16 @@ impl<M: Model> Turn<'_, M> {
                 // MTP rows: (pending hidden, piece[0]), then (hidden[j], piece[j+1]).
                 let n = piece.len();
                 let side = side_of(session)?;
-                let (toks, rows): (&[u32], Option<Hidden>) = match side.hidden.take() {
+                let (toks, rows): (&[u32], Option<M::Hidden>) = match side.hidden.take() {
                     Some(h) if n == 1 => (piece, Some(h)),
-                    Some(h) => (
-                        piece,
-                        Some(Hidden::cat(&[&h, &hidden.narrow(0, 0, n - 1)?], 0)?),
-                    ),
+                    Some(h) => (piece, Some(h.cat(&hidden.narrow(0, n - 1)?)?)),
                     None if n == 1 => (&[], None),
-                    None => (&piece[1..], Some(hidden.narrow(0, 0, n - 1)?)),
+                    None => (&piece[1..], Some(hidden.narrow(0, n - 1)?)),
                 };
                 if let Some(rows) = rows {
                     model.mtp_forward(toks, &rows, &mut side.history)?;
                 }
-                side.hidden = Some(hidden.narrow(0, n - 1, 1)?);
+                side.hidden = Some(hidden.narrow(n - 1, 1)?);
                 Ok(out.last_row().to_vec())
             },
         )?;
@@ -295,7 +294,7 @@ impl<M: Model> Turn<'_, M> {
     }
 
     /// The cycles. On return the session is consistent (see module docs).
-    fn decode(&mut self, last: &mut Last) -> Result<FinishReason> {
+    fn decode(&mut self, last: &mut Last<M::Hidden>) -> Result<FinishReason> {
         if self.out.config.max_tokens == 0 {
             return Ok(FinishReason::MaxTokens);
         }
@@ -309,7 +308,7 @@ impl<M: Model> Turn<'_, M> {
         );
         let mut pending = s.token;
         // Output of the MTP row holding `pending` (history covers S rows).
-        let mut head: Option<MtpStep> = None;
+        let mut head: Option<MtpStep<M::Hidden>> = None;
         loop {
             if let Some(reason) = exit {
                 return self.finish_pending(reason, pending, head.is_some(), last);
@@ -403,7 +402,7 @@ impl<M: Model> Turn<'_, M> {
             self.session.state_mut().commit(&w.record, committed)?;
             self.session.record(&window[..committed]);
             last.logits = w.logits.row(accepted).to_vec();
-            last.hidden = w.hidden.narrow(0, accepted, 1)?;
+            last.hidden = w.hidden.narrow(accepted, 1)?;
             self.session.set_last_logits(Some(last.logits.clone()));
 
             // MTP history: back to the cycle start plus the primary's row,
@@ -416,7 +415,7 @@ impl<M: Model> Turn<'_, M> {
             head = if rows.is_empty() {
                 None
             } else {
-                let hidden = w.hidden.narrow(0, 0, rows.len())?;
+                let hidden = w.hidden.narrow(0, rows.len())?;
                 Some(model.mtp_forward(&rows, &hidden, &mut side.history)?)
             };
             match next {
@@ -434,7 +433,7 @@ impl<M: Model> Turn<'_, M> {
         reason: FinishReason,
         pending: u32,
         has_row: bool,
-        last: &mut Last,
+        last: &mut Last<M::Hidden>,
     ) -> Result<FinishReason> {
         let s_len = self.session.tokens().len();
         let forwardable = s_len < self.model.context_length();
@@ -458,7 +457,7 @@ impl<M: Model> Turn<'_, M> {
             model.forward_hidden(&[pending], self.session.state_mut(), LogitsRows::Last)?;
         self.session.record(&[pending]);
         last.logits = out.last_row().to_vec();
-        last.hidden = hidden.narrow(0, 0, 1)?;
+        last.hidden = hidden.narrow(0, 1)?;
         self.session.set_last_logits(Some(last.logits.clone()));
         self.mtp()?.hidden = Some(last.hidden.clone());
         Ok(reason)

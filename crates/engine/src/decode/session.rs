@@ -11,18 +11,18 @@
 //! of the last position (the input of the next MTP row).
 
 use crate::error::{EngineError, Result};
-use crate::model::{Hidden, Model, ModelState, MtpHistory};
+use crate::model::{HiddenRows, Model, ModelState, MtpHistory};
 use crate::table::{NamedTensor, TableReader, TensorData};
 
 /// The MTP side of a session: `history.len() + 1 == tokens.len()` and
 /// `hidden` is the trunk hidden of the last covered position (both empty for
 /// an empty session).
-pub(crate) struct MtpSide<H> {
+pub(crate) struct MtpSide<H, X> {
     pub history: H,
-    pub hidden: Option<Hidden>,
+    pub hidden: Option<X>,
 }
 
-impl<H: MtpHistory> MtpSide<H> {
+impl<H: MtpHistory, X: HiddenRows> MtpSide<H, X> {
     fn snapshot(&self) -> Self {
         Self {
             history: self.history.clone(),
@@ -38,7 +38,7 @@ pub struct LiveSession<M: Model> {
     /// Logits row of the last covered position, when known.
     last_logits: Option<Vec<f32>>,
     /// Present only while the MTP history is in step with the trunk.
-    mtp: Option<MtpSide<M::MtpHistory>>,
+    mtp: Option<MtpSide<M::MtpHistory, M::Hidden>>,
 }
 
 impl<M: Model> LiveSession<M> {
@@ -70,7 +70,7 @@ impl<M: Model> LiveSession<M> {
     }
 
     /// Trunk hidden of the last covered position (MTP sessions).
-    pub fn mtp_hidden(&self) -> Option<&Hidden> {
+    pub fn mtp_hidden(&self) -> Option<&M::Hidden> {
         self.mtp.as_ref().and_then(|m| m.hidden.as_ref())
     }
 
@@ -150,7 +150,7 @@ impl<M: Model> LiveSession<M> {
         &mut self.state
     }
 
-    pub(crate) fn mtp_mut(&mut self) -> &mut Option<MtpSide<M::MtpHistory>> {
+    pub(crate) fn mtp_mut(&mut self) -> &mut Option<MtpSide<M::MtpHistory, M::Hidden>> {
         &mut self.mtp
     }
 
@@ -213,9 +213,8 @@ impl<M: Model> LiveSession<M> {
         if let Some(m) = &self.mtp {
             tensors.extend(m.history.export()?.into_iter().map(|t| t.prefixed("mtp/")));
             if let Some(h) = &m.hidden {
-                let shape = h.dims().to_vec();
-                let data = h.flatten_all()?.to_vec1::<f32>()?;
-                tensors.push(NamedTensor::f32("mtp_hidden", shape, data));
+                let (rows, width, data) = h.to_host()?;
+                tensors.push(NamedTensor::f32("mtp_hidden", vec![rows, width], data));
             }
         }
         Ok(SessionImage {
@@ -259,13 +258,17 @@ impl<M: Model> LiveSession<M> {
                         ));
                     }
                 };
-                if shape.iter().product::<usize>() != data.len() {
+                let [rows, width] = shape[..] else {
+                    return Err(EngineError::State(
+                        "session: `mtp_hidden` is not `[rows, width]`".into(),
+                    ));
+                };
+                if rows * width != data.len() {
                     return Err(EngineError::State(
                         "session: `mtp_hidden` shape disagrees with its data".into(),
                     ));
                 }
-                // Hidden rows live on the host (CPU backend).
-                hidden = Some(Hidden::from_vec(data, shape, &candle_core::Device::Cpu)?);
+                hidden = Some(model.hidden_from_host(rows, width, data)?);
             } else {
                 return Err(EngineError::State(format!(
                     "session: unknown tensor `{}` in the image",

@@ -349,6 +349,7 @@ use crate::load::binder::WeightSource;
 impl<B: Backend> Model for LlamaModel<B> {
     type State = LlamaState<B>;
     type MtpHistory = crate::model::NoMtp;
+    type Hidden = crate::model::NoMtp;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR

@@ -54,7 +54,9 @@ use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, RopeRows};
 use crate::load::binder::Binder;
 use crate::load::safetensors::SafetensorsDir;
-use crate::model::{ForwardOutput, Hidden, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow};
+use crate::model::{
+    DeviceRows, ForwardOutput, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow,
+};
 
 #[derive(Debug)]
 enum Mixer<B: Backend> {
@@ -623,6 +625,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
 impl<B: Backend> Model for Qwen4ExpModel<B> {
     type State = Qwen4ExpState<B>;
     type MtpHistory = MtpState<B>;
+    type Hidden = DeviceRows<B>;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR
@@ -679,7 +682,7 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         tokens: &[u32],
         state: &mut Qwen4ExpState<B>,
         rows: LogitsRows,
-    ) -> Result<(ForwardOutput, Hidden)> {
+    ) -> Result<(ForwardOutput, DeviceRows<B>)> {
         let out = self.forward_ext(tokens, state, rows, false)?;
         Ok((out.logits, self.hidden(out.streams, tokens.len())?))
     }
@@ -688,7 +691,7 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         &self,
         tokens: &[u32],
         state: &mut Qwen4ExpState<B>,
-    ) -> Result<VerifyWindow<WindowCapture<B>>> {
+    ) -> Result<VerifyWindow<WindowCapture<B>, DeviceRows<B>>> {
         let out = Qwen4ExpModel::forward_window(self, tokens, state)?;
         let capture = out
             .capture
@@ -700,6 +703,16 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         })
     }
 
+    fn hidden_from_host(&self, rows: usize, width: usize, data: Vec<f32>) -> Result<DeviceRows<B>> {
+        let ch = self.cfg.hc_count * self.cfg.hidden_size;
+        if width != ch {
+            return Err(EngineError::State(format!(
+                "qwen4_exp hidden rows are {ch} wide, not {width}"
+            )));
+        }
+        DeviceRows::new(&self.ops, self.ops.upload(&data)?, rows, width)
+    }
+
     fn new_mtp_history(&self) -> Option<MtpState<B>> {
         self.new_mtp_state()
     }
@@ -707,16 +720,15 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
     fn mtp_forward(
         &self,
         tokens: &[u32],
-        hidden: &Hidden,
+        hidden: &DeviceRows<B>,
         state: &mut MtpState<B>,
-    ) -> Result<MtpStep> {
+    ) -> Result<MtpStep<DeviceRows<B>>> {
         let base = state.len() as u32;
         let positions: Vec<u32> = (base..base + tokens.len() as u32).collect();
-        let streams = self.ops.upload(&hidden.flatten_all()?.to_vec1::<f32>()?)?;
         let out = Qwen4ExpModel::mtp_forward(
             self,
             tokens,
-            &streams,
+            hidden.buf(),
             &positions,
             state,
             LogitsRows::Last,
@@ -732,14 +744,10 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
 }
 
 impl<B: Backend> Qwen4ExpModel<B> {
-    /// Streams `[rows, C·H]` as the contract's [`Hidden`].
-    fn hidden(&self, streams: B::Buf, rows: usize) -> Result<Hidden> {
+    /// Streams `[rows, C·H]` as the contract's hidden rows (on the device).
+    fn hidden(&self, streams: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
         let ch = self.cfg.hc_count * self.cfg.hidden_size;
-        Ok(candle_core::Tensor::from_vec(
-            self.ops.download(&streams)?,
-            (rows, ch),
-            &candle_core::Device::Cpu,
-        )?)
+        DeviceRows::new(&self.ops, streams, rows, ch)
     }
 }
 
