@@ -180,9 +180,11 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// Block formats: the block kernel's documented order
     /// ([`cpu::block_matmul`]).
     fn matmul(&self, x: &Self::Buf, rows: usize, w: &Self::Matrix) -> Result<Self::Buf>;
-    /// Routed SwiGLU experts: `out[t] = Σ_k w[t,k]·down_e(silu(g)⊙u)`,
-    /// `[g | u] = gate_up_e·x_t`, `e = routing[t,k]`; each projection is a
-    /// [`Backend::matmul`] row, the `k` slots summed in slot order from 0.
+    /// Routed SwiGLU experts: `out[t] = Σ_k w[t,k]·down_e(act(g, u))`,
+    /// `[g | u] = gate_up_e·x_t`, `e = routing[t,k]`, `act = silu(g)·u`, or
+    /// with a `limit` L `silu(min(g, L))·clamp(u, −L, L)` (DeepSeek, GLM);
+    /// each projection is a [`Backend::matmul`] row, the `k` slots summed in
+    /// slot order from 0.
     fn experts_swiglu(
         &self,
         x: &Self::Buf,
@@ -190,6 +192,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         routing: &Self::Routing,
         gate_up: &Self::Experts,
         down: &Self::Experts,
+        limit: Option<f32>,
     ) -> Result<Self::Buf>;
 
     // ---- routing ----
@@ -278,9 +281,11 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         dilation: usize,
     ) -> Result<Self::Buf>;
     /// The gated delta rule, token by token (never a chunked form): per value
-    /// head `S ← S·exp(g); S ← S + k ⊗ β(v − kᵀS); o = qᵀS`, `q,k: [rows, Hk,
-    /// dk]`, `v: [rows, Hv, dv]`, `g, β: [rows, Hv]`, `S: [Hv, dk, dv]`
-    /// updated; returns `o: [rows, Hv, dv]`.
+    /// head `S ← diag(exp(g))·S; S ← S + k ⊗ β(v − kᵀS); o = qᵀS`, `q,k:
+    /// [rows, Hk, dk]`, `v: [rows, Hv, dv]`, `β: [rows, Hv]`, `g: [rows,
+    /// Hv]` (per-head decay, GDN) or `[rows, Hv, dk]` (per-channel decay,
+    /// KDA), `S: [Hv, dk, dv]` updated; returns `o: [rows, Hv, dv]`. Sums
+    /// over `dk` and the output's `Σ_a S·q` run in channel order.
     #[allow(clippy::too_many_arguments)]
     fn delta_rule_scan(
         &self,
@@ -337,7 +342,9 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// Softmax attention of each query over its selected keys only (`q:
     /// [rows, Hq·d]` unscaled, `k, v: [P, Hkv·d]`): sequential dots times
     /// `1/√d`, max, `exp(s − max)` summed in key order, `o += (p/Σ)·v` in key
-    /// order.
+    /// order. `sinks` (`[Hq]` logits) join the max and the sum (after the
+    /// keys) and contribute no value.
+    #[allow(clippy::too_many_arguments)]
     fn attention_gathered(
         &self,
         q: &Self::Buf,
@@ -346,6 +353,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         keep: &Self::Selection,
         q_heads: usize,
         kv: Heads,
+        sinks: Option<&Self::Buf>,
     ) -> Result<Self::Buf>;
 
     // ---- element-wise ----
@@ -358,8 +366,9 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn silu(&self, x: &Self::Buf) -> Result<Self::Buf>;
     /// `1 / (exp(−x) + 1)`.
     fn sigmoid(&self, x: &Self::Buf) -> Result<Self::Buf>;
-    /// `gu: [rows, 2·I]` rows `[g | u]` → `silu(g)·u`, `[rows, I]`.
-    fn swiglu(&self, gu: &Self::Buf, inter: usize) -> Result<Self::Buf>;
+    /// `gu: [rows, 2·I]` rows `[g | u]` → `silu(g)·u`, `[rows, I]`; with a
+    /// `limit` L, `silu(min(g, L))·clamp(u, −L, L)`.
+    fn swiglu(&self, gu: &Self::Buf, inter: usize, limit: Option<f32>) -> Result<Self::Buf>;
     /// Per-head decay of the gated delta rule: `a: [rows, H]` →
     /// `neg_a[h]·softplus(a + dt_bias[h])` (softplus linear above 20).
     fn softplus_decay(

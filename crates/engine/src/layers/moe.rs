@@ -26,6 +26,8 @@ pub struct Experts<B: Backend> {
     down: B::Experts,
     pub n_experts: usize,
     pub inter: usize,
+    /// SwiGLU clamp (`swiglu_limit`), `None` for the plain form.
+    pub limit: Option<f32>,
 }
 
 impl<B: Backend> Experts<B> {
@@ -54,7 +56,14 @@ impl<B: Backend> Experts<B> {
             down: ops.experts(dn, n_experts, h, inter)?,
             n_experts,
             inter,
+            limit: None,
         })
+    }
+
+    /// The clamped SwiGLU `silu(min(g, L))·clamp(u, ±L)` (DeepSeek, GLM).
+    pub fn with_limit(mut self, limit: f32) -> Self {
+        self.limit = Some(limit);
+        self
     }
 
     /// `x: [rows, H]` → `Σ_k w_k·expert_k(x)`, `[rows, H]` (slots summed in
@@ -66,7 +75,7 @@ impl<B: Backend> Experts<B> {
         rows: usize,
         routing: &B::Routing,
     ) -> Result<B::Buf> {
-        ops.experts_swiglu(x, rows, routing, &self.gate_up, &self.down)
+        ops.experts_swiglu(x, rows, routing, &self.gate_up, &self.down, self.limit)
     }
 }
 

@@ -11,8 +11,9 @@ fn silu(x: f32) -> f32 {
 /// The gated delta rule over `T` tokens, updating `s` in place.
 ///
 /// `q`, `k`: `[T, Hk, dk]` (already L2-normalised, `q` scaled); `v`:
-/// `[T, Hv, dv]`; `g`, `beta`: `[T, Hv]`; `s`: `[Hv, dk, dv]`; returns
-/// `o: [T, Hv, dv]`.
+/// `[T, Hv, dv]`; `beta`: `[T, Hv]`; `g`: `[T, Hv]` (one log-decay per
+/// head, Gated DeltaNet) or `[T, Hv, dk]` (per key channel, Kimi delta
+/// attention); `s`: `[Hv, dk, dv]`; returns `o: [T, Hv, dv]`.
 #[allow(clippy::too_many_arguments)] // a kernel over flat slices
 pub fn scan(
     d: ScanDims,
@@ -23,7 +24,9 @@ pub fn scan(
     beta: &[f32],
     s: &mut [f32],
 ) -> Vec<f32> {
-    let t_len = g.len() / d.hv;
+    let t_len = beta.len() / d.hv;
+    // `g` holds one log-decay per head (GDN) or per key channel (KDA).
+    let per_channel = g.len() == t_len * d.hv * d.dk && d.dk != 1;
     let r = d.hv / d.hk;
     let mut o = vec![0f32; t_len * d.hv * d.dv];
     let mut kv_mem = vec![0f32; d.dv];
@@ -34,10 +37,21 @@ pub fn scan(
             let kvec = &k[(t * d.hk + kh) * d.dk..][..d.dk];
             let vv = &v[(t * d.hv + j) * d.dv..][..d.dv];
             let sj = &mut s[j * d.dk * d.dv..][..d.dk * d.dv];
-            let decay = g[t * d.hv + j].exp();
             let b = beta[t * d.hv + j];
-            for x in sj.iter_mut() {
-                *x *= decay;
+            if per_channel {
+                // KDA: `S ← diag(exp(g)) S`, one decay per key channel.
+                let gj = &g[(t * d.hv + j) * d.dk..][..d.dk];
+                for (row, &ga) in sj.chunks_exact_mut(d.dv).zip(gj) {
+                    let decay = ga.exp();
+                    for x in row {
+                        *x *= decay;
+                    }
+                }
+            } else {
+                let decay = g[t * d.hv + j].exp();
+                for x in sj.iter_mut() {
+                    *x *= decay;
+                }
             }
             kv_mem.fill(0.0);
             for (a, row) in sj.chunks_exact(d.dv).enumerate() {
@@ -98,6 +112,62 @@ pub fn causal_conv(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn f(i: usize) -> f32 {
+        ((i as f32) * 0.37).sin()
+    }
+
+    /// A per-channel decay equal across channels is the per-head decay, bit
+    /// for bit; a varying one matches an f64 recurrence.
+    #[test]
+    fn per_channel_decay_matches_per_head_and_f64() {
+        let d = ScanDims {
+            hk: 1,
+            hv: 2,
+            dk: 3,
+            dv: 2,
+        };
+        let t = 6;
+        let q: Vec<f32> = (0..t * 3).map(f).collect();
+        let k: Vec<f32> = (0..t * 3).map(|i| f(i + 100)).collect();
+        let v: Vec<f32> = (0..t * 4).map(|i| f(i + 200)).collect();
+        let b: Vec<f32> = (0..t * 2).map(|i| 0.5 + 0.4 * f(i + 400)).collect();
+        let gh: Vec<f32> = (0..t * 2).map(|i| -0.1 - 0.05 * f(i + 300).abs()).collect();
+        let gc: Vec<f32> = gh.iter().flat_map(|&x| [x; 3]).collect();
+        let (mut s1, mut s2) = (vec![0f32; 12], vec![0f32; 12]);
+        let o1 = scan(d, &q, &k, &v, &gh, &b, &mut s1);
+        let o2 = scan(d, &q, &k, &v, &gc, &b, &mut s2);
+        assert_eq!(o1, o2);
+        assert_eq!(s1, s2);
+        // Varying per-channel decay against the recurrence in f64.
+        let gv: Vec<f32> = (0..t * 2 * 3)
+            .map(|i| -0.05 - 0.3 * f(i + 500).abs())
+            .collect();
+        let mut s3 = vec![0f32; 12];
+        let o3 = scan(d, &q, &k, &v, &gv, &b, &mut s3);
+        let mut st = [[[0f64; 2]; 3]; 2];
+        for tt in 0..t {
+            for j in 0..2 {
+                let kk: Vec<f64> = (0..3).map(|a| k[tt * 3 + a] as f64).collect();
+                let qq: Vec<f64> = (0..3).map(|a| q[tt * 3 + a] as f64).collect();
+                for (a, row) in st[j].iter_mut().enumerate() {
+                    let e = (gv[(tt * 2 + j) * 3 + a] as f64).exp();
+                    row.iter_mut().for_each(|x| *x *= e);
+                }
+                let bb = b[tt * 2 + j] as f64;
+                for c in 0..2 {
+                    let mem: f64 = (0..3).map(|a| st[j][a][c] * kk[a]).sum();
+                    let delta = (v[(tt * 2 + j) * 2 + c] as f64 - mem) * bb;
+                    for a in 0..3 {
+                        st[j][a][c] += kk[a] * delta;
+                    }
+                    let o: f64 = (0..3).map(|a| st[j][a][c] * qq[a]).sum();
+                    let got = o3[(tt * 2 + j) * 2 + c] as f64;
+                    assert!((got - o).abs() < 1e-5, "t {tt} head {j}: {got} vs {o}");
+                }
+            }
+        }
+    }
 
     /// Splitting a sequence anywhere and carrying the state gives the same
     /// outputs and final state as one scan (the chunked-prefill property).

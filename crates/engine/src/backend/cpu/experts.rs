@@ -5,6 +5,16 @@
 
 use super::f32_matmul::matmul;
 
+/// `silu(g)·u`, or `silu(min(g, L))·clamp(u, −L, L)` with a limit.
+#[inline]
+pub fn swiglu(g: f32, u: f32, limit: Option<f32>) -> f32 {
+    let (g, u) = match limit {
+        Some(l) => (g.min(l), u.clamp(-l, l)),
+        None => (g, u),
+    };
+    g / (1.0 + (-g).exp()) * u
+}
+
 /// Routed experts: `out[t] = Σ_k w[t,k]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`.
 ///
 /// `x: [T, H]`, `experts`/`weights`: `[T, k]`; `gate_up: [E, 2I, H]` (rows
@@ -22,6 +32,7 @@ pub fn expert_gather(
     down: &[f32],
     h: usize,
     inter: usize,
+    limit: Option<f32>,
 ) -> Vec<f32> {
     let slots = experts.len();
     debug_assert_eq!(slots * h, x.len() * top_k);
@@ -49,7 +60,7 @@ pub fn expert_gather(
         for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
             let (g, u) = g.split_at(inter);
             for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
-                *a = g / (1.0 + (-g).exp()) * u;
+                *a = swiglu(g, u, limit);
             }
         }
         y.resize(n * h, 0.0);
@@ -109,6 +120,7 @@ mod tests {
                 &dn,
                 h,
                 inter,
+                None,
             )
         };
         let alone: Vec<Vec<u32>> = (0..total).map(|t| bits(&call(t, t + 1))).collect();

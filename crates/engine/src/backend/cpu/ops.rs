@@ -369,6 +369,7 @@ impl Backend for CpuOps {
         routing: &CpuRouting,
         gate_up: &Tensor,
         down: &Tensor,
+        limit: Option<f32>,
     ) -> Result<Vec<f32>> {
         let (_, two_i, h) = gate_up.dims3()?;
         if x.len() != rows * h || routing.experts.len() != rows * routing.k {
@@ -392,6 +393,7 @@ impl Backend for CpuOps {
                     dn,
                     h,
                     two_i / 2,
+                    limit,
                 )
             })
         })?
@@ -743,6 +745,7 @@ impl Backend for CpuOps {
         keep: &Vec<Vec<u32>>,
         q_heads: usize,
         kv: Heads,
+        sinks: Option<&Vec<f32>>,
     ) -> Result<Vec<f32>> {
         if q.len() != keep.len() * q_heads * kv.dim {
             return Err(shape_err(
@@ -750,8 +753,21 @@ impl Backend for CpuOps {
                 format!("{} query values for {} queries", q.len(), keep.len()),
             ));
         }
+        if sinks.is_some_and(|s| s.len() != q_heads) {
+            return Err(shape_err(
+                "attention_gathered",
+                format!("sinks for {q_heads} heads"),
+            ));
+        }
         Ok(sparse_attention::attention_gathered(
-            q, k, v, keep, q_heads, kv.heads, kv.dim,
+            q,
+            k,
+            v,
+            keep,
+            q_heads,
+            kv.heads,
+            kv.dim,
+            sinks.map(|s| s.as_slice()),
         ))
     }
 
@@ -783,11 +799,11 @@ impl Backend for CpuOps {
         Ok(x.iter().map(|&v| ((-v).exp() + 1.0).recip()).collect())
     }
 
-    fn swiglu(&self, gu: &Vec<f32>, inter: usize) -> Result<Vec<f32>> {
+    fn swiglu(&self, gu: &Vec<f32>, inter: usize, limit: Option<f32>) -> Result<Vec<f32>> {
         let mut out = Vec::with_capacity(gu.len() / 2);
         for row in gu.chunks_exact(2 * inter) {
             let (g, u) = row.split_at(inter);
-            out.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
+            out.extend(g.iter().zip(u).map(|(&g, &u)| experts::swiglu(g, u, limit)));
         }
         Ok(out)
     }
@@ -956,9 +972,18 @@ mod tests {
         let g = tx.narrow(1, 0, 12).unwrap();
         let u = tx.narrow(1, 12, 12).unwrap();
         assert_eq!(
-            bits(&ops.swiglu(&x, 12).unwrap()),
-            bits(&h(&(g.silu().unwrap() * u).unwrap()))
+            bits(&ops.swiglu(&x, 12, None).unwrap()),
+            bits(&h(&(g.silu().unwrap() * &u).unwrap()))
         );
+        // The clamped form: silu(min(g, L))·clamp(u, ±L), L below some values.
+        let lim = 2.5;
+        assert_eq!(
+            bits(&ops.swiglu(&x, 12, Some(lim)).unwrap()),
+            bits(&h(&(g.minimum(lim).unwrap().silu().unwrap()
+                * u.clamp(-lim, lim).unwrap())
+            .unwrap()))
+        );
+        assert!(x.iter().any(|v| v.abs() > lim));
         // scale_rows = broadcast_mul by a [rows, 1] column.
         let s = data(4, 7.0);
         assert_eq!(

@@ -8,7 +8,11 @@
 ///
 /// Per (query, head): `s_j = (Σ_e q_e·k_je)·(1/√d)` summed in order, the max,
 /// `p_j = exp(s_j − max)` with `Σ p` in key order, and `o = Σ_j (p_j/Σ)·v_j`
-/// accumulated in key order from zero.
+/// accumulated in key order from zero. With `sinks` (one logit per query
+/// head, DeepSeek's attention sink) the sink joins the max and adds
+/// `exp(sink − max)` to `Σ` after the keys, and contributes no value (rows of
+/// `p` sum to less than one).
+#[allow(clippy::too_many_arguments)]
 pub fn attention_gathered(
     q: &[f32],
     k: &[f32],
@@ -17,6 +21,7 @@ pub fn attention_gathered(
     hq: usize,
     hkv: usize,
     d: usize,
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let kvw = hkv * d;
     let scale = 1.0 / (d as f32).sqrt();
@@ -35,10 +40,17 @@ pub fn attention_gathered(
                 max = max.max(s);
                 w.push(s);
             }
+            let sink = sinks.map(|s| s[h]);
+            if let Some(sk) = sink {
+                max = max.max(sk);
+            }
             let mut sum = 0f32;
             for s in w.iter_mut() {
                 *s = (*s - max).exp();
                 sum += *s;
+            }
+            if let Some(sk) = sink {
+                sum += (sk - max).exp();
             }
             let o = &mut out[(i * hq + h) * d..][..d];
             for (&j, &p) in keep.iter().zip(&w) {
@@ -50,4 +62,49 @@ pub fn attention_gathered(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink takes probability mass and gives no value: the output equals
+    /// `Σ p_j v_j / (Σ p_j + exp(sink))` in f64; without a sink the rows
+    /// are a convex combination.
+    #[test]
+    fn sinks_take_mass_and_match_f64() {
+        let (hq, hkv, d) = (2, 1, 4);
+        let f = |i: usize| ((i as f32) * 0.61).sin();
+        let k: Vec<f32> = (0..5 * d).map(f).collect();
+        let v: Vec<f32> = (0..5 * d).map(|i| f(i + 50)).collect();
+        let q: Vec<f32> = (0..hq * d).map(|i| f(i + 90) * 2.0).collect();
+        let keep = vec![vec![0u32, 2, 3]];
+        let sinks = [0.7f32, -1.3];
+        let with = attention_gathered(&q, &k, &v, &keep, hq, hkv, d, Some(&sinks));
+        let without = attention_gathered(&q, &k, &v, &keep, hq, hkv, d, None);
+        for h in 0..hq {
+            let s: Vec<f64> = keep[0]
+                .iter()
+                .map(|&j| {
+                    (0..d)
+                        .map(|e| q[h * d + e] as f64 * k[j as usize * d + e] as f64)
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
+            let z: f64 = s.iter().map(|x| x.exp()).sum::<f64>();
+            for e in 0..d {
+                let num: f64 = keep[0]
+                    .iter()
+                    .zip(&s)
+                    .map(|(&j, x)| x.exp() * v[j as usize * d + e] as f64)
+                    .sum();
+                let want_sink = num / (z + (sinks[h] as f64).exp());
+                let want = num / z;
+                assert!((with[h * d + e] as f64 - want_sink).abs() < 1e-5);
+                assert!((without[h * d + e] as f64 - want).abs() < 1e-5);
+                assert!((with[h * d + e] - without[h * d + e]).abs() > 1e-4);
+            }
+        }
+    }
 }

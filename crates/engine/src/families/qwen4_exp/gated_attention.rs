@@ -118,6 +118,7 @@ impl<B: Backend> GatedAttention<B> {
                 heads: self.hkv,
                 dim: d,
             },
+            None,
         )?;
         let y = ops.mul(&o, &ops.sigmoid(&gate)?)?;
         Ok((self.o_proj.forward(ops, &y, rows)?, selected))

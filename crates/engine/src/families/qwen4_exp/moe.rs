@@ -68,7 +68,7 @@ impl<B: Backend> Moe<B> {
         let routing = self.router.route(ops, x, rows)?;
         let out = self.experts.forward(ops, x, rows, &routing)?;
         let gu = self.shared_gate_up.forward(ops, x, rows)?;
-        let act = ops.swiglu(&gu, self.shared_inter)?;
+        let act = ops.swiglu(&gu, self.shared_inter, None)?;
         let shared = self.shared_down.forward(ops, &act, rows)?;
         let g = ops.sigmoid(&self.shared_expert_gate.forward(ops, x, rows)?)?;
         let y = ops.add(&out, &ops.scale_rows(&shared, &g, self.h)?)?;
