@@ -20,7 +20,7 @@
 //! | memory | `upload`, `download`, `zeros`, `len`, `rows`, `append`, `truncate`, `concat_cols`, `split_cols` |
 //! | weights | `matrix`, `experts`, `table` + `gather_rows` (embedding) |
 //! | linear | `matmul` (f32 and block formats, 1..N rows), `experts_swiglu` (gathered routed experts) |
-//! | routing | `route_softmax_topk` |
+//! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm` |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, scaled) |
 //! | recurrent | `causal_conv_silu`, `delta_rule_scan` |
@@ -112,6 +112,32 @@ pub struct IndexerShape {
     pub ratio: usize,
     /// Complete blocks kept per query.
     pub block_topk: usize,
+}
+
+/// How a router turns logits into expert scores (softmax routing has its
+/// own op, [`Backend::route_softmax_topk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scoring {
+    /// `sqrt(softplus(x))` (DeepSeek-V4).
+    SqrtSoftplus,
+    /// `sigmoid(x)` (GLM-5).
+    Sigmoid,
+}
+
+/// A scored router's selection and weighting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouterSpec {
+    pub scoring: Scoring,
+    pub experts: usize,
+    pub k: usize,
+    /// Group-limited selection: `(n_group, topk_group)`; a group's score is
+    /// the sum of its two best choices, experts of other groups are masked
+    /// to 0 before the top-k.
+    pub groups: Option<(usize, usize)>,
+    /// Weights `s / (Σ s + 1e-20)` over the chosen experts (else `s`).
+    pub renormalise: bool,
+    /// `routed_scaling_factor`.
+    pub scale: f32,
 }
 
 /// The op inventory (see the module docs). `rows` is always the number of
@@ -207,6 +233,19 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         experts: usize,
         k: usize,
         renormalise: bool,
+    ) -> Result<Self::Routing>;
+    /// Scored routing: scores `s` per [`RouterSpec::scoring`]; selection by
+    /// `s + bias` (the correction bias selects only) with optional group
+    /// limit, the top `k` (ties to the lower index) — or the experts
+    /// `fixed[r·k..]` given by the token id (hash routing); weights `s` of the
+    /// chosen experts, renormalised in slot order and scaled.
+    fn route_scored(
+        &self,
+        logits: &Self::Buf,
+        rows: usize,
+        bias: Option<&Self::Buf>,
+        fixed: Option<&[u32]>,
+        spec: &RouterSpec,
     ) -> Result<Self::Routing>;
     /// The routing on the host (`[rows·k]` experts and weights), for traces.
     fn routing_to_host(&self, r: &Self::Routing) -> Result<(Vec<usize>, Vec<f32>)>;

@@ -32,6 +32,17 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// YaRN (transformers `_compute_yarn_parameters`, `truncate` on): high
+    /// frequencies kept, low ones divided by `factor`, a linear ramp between
+    /// the correction dims of `beta_fast` and `beta_slow` rotations over
+    /// `original_max_position_embeddings`. (The attention factor is the
+    /// caller's: DeepSeek-V4's compressed keys force it to 1.)
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+    },
     /// Per-frequency divisors stored in a GGUF `rope_freqs.weight` tensor
     /// (llama.cpp bakes llama3 scaling into it), `[head_dim / 2]`.
     FreqFactors(Vec<f32>),
@@ -45,6 +56,37 @@ pub fn inv_freq(theta: f64, head_dim: usize, scaling: &RopeScaling) -> Vec<f32> 
         RopeScaling::None => plain.collect(),
         RopeScaling::Linear { factor } => plain.map(|f| f / *factor as f32).collect(),
         RopeScaling::FreqFactors(ff) => plain.zip(ff).map(|(f, d)| f / d).collect(),
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+        } => {
+            // Correction dims in f64 (Python floats), floored / ceiled and
+            // clamped to [0, dim − 1]; the ramp and frequencies in f32.
+            let dim = head_dim as f64;
+            let old = *original_max_position_embeddings as f64;
+            let correction = |rotations: f64| {
+                dim * (old / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+            };
+            let low = correction(*beta_fast).floor().max(0.0);
+            let mut high = correction(*beta_slow).ceil().min(dim - 1.0);
+            if low == high {
+                high += 0.001;
+            }
+            let factor = *factor as f32;
+            (0..head_dim / 2)
+                .map(|i| {
+                    let pos_freq = base.powf((2 * i) as f32 / head_dim as f32);
+                    let extrapolation = 1.0 / pos_freq;
+                    let interpolation = 1.0 / (factor * pos_freq);
+                    let ramp =
+                        ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let keep = 1.0 - ramp;
+                    interpolation * (1.0 - keep) + extrapolation * keep
+                })
+                .collect()
+        }
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -217,6 +259,29 @@ impl MRope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// YaRN keeps the highest frequencies, divides the lowest by the
+    /// factor, and blends monotonically between the correction dims.
+    #[test]
+    fn yarn_keeps_high_divides_low_and_ramps_between() {
+        let plain = inv_freq(10_000.0, 64, &RopeScaling::None);
+        let yarn = inv_freq(
+            10_000.0,
+            64,
+            &RopeScaling::Yarn {
+                factor: 16.0,
+                original_max_position_embeddings: 4096,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            },
+        );
+        assert_eq!(yarn[0], plain[0]);
+        let last = plain.len() - 1;
+        assert!((yarn[last] - plain[last] / 16.0).abs() <= plain[last] * 1e-6);
+        let ratio: Vec<f32> = yarn.iter().zip(&plain).map(|(y, p)| y / p).collect();
+        assert!(ratio.windows(2).all(|w| w[1] <= w[0] + 1e-6), "{ratio:?}");
+        assert!(ratio.iter().any(|&r| r < 0.99 && r > 1.0 / 16.0 + 1e-3));
+    }
 
     #[test]
     fn llama3_keeps_short_divides_long_and_blends_between() {

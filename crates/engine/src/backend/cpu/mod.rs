@@ -17,6 +17,7 @@ pub mod experts;
 pub mod f32_matmul;
 pub mod indexer;
 mod ops;
+pub mod routing;
 pub mod sparse_attention;
 
 pub use ops::{CpuMatrix, CpuOps, CpuRouting, CpuTable};

@@ -9,9 +9,9 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
-use super::{attention, delta_rule, experts, f32_matmul, indexer, sparse_attention};
+use super::{attention, delta_rule, experts, f32_matmul, indexer, routing, sparse_attention};
 use crate::backend::{
-    Backend, BackendId, GateAct, Heads, HostWeight, IndexerShape, RopeLayout, ScanDims,
+    Backend, BackendId, GateAct, Heads, HostWeight, IndexerShape, RopeLayout, RouterSpec, ScanDims,
 };
 use crate::error::{EngineError, Result};
 
@@ -437,6 +437,37 @@ impl Backend for CpuOps {
             }
         }
         Ok(r)
+    }
+
+    fn route_scored(
+        &self,
+        logits: &Vec<f32>,
+        rows: usize,
+        bias: Option<&Vec<f32>>,
+        fixed: Option<&[u32]>,
+        spec: &RouterSpec,
+    ) -> Result<CpuRouting> {
+        let (e, k) = (spec.experts, spec.k);
+        let bad = logits.len() != rows * e
+            || k > e
+            || bias.is_some_and(|b| b.len() != e)
+            || fixed.is_some_and(|f| f.len() != rows * k || f.iter().any(|&i| i as usize >= e))
+            || spec
+                .groups
+                .is_some_and(|(g, keep)| g == 0 || e % g != 0 || keep > g);
+        if bad {
+            return Err(shape_err(
+                "route_scored",
+                format!("{} logits, {rows} rows, {spec:?}", logits.len()),
+            ));
+        }
+        let (experts, weights) =
+            routing::route_scored(logits, bias.map(|b| b.as_slice()), fixed, spec);
+        Ok(CpuRouting {
+            experts,
+            weights,
+            k,
+        })
     }
 
     fn routing_to_host(&self, r: &CpuRouting) -> Result<(Vec<usize>, Vec<f32>)> {
