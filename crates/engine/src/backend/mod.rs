@@ -22,10 +22,10 @@
 //! | linear | `matmul` (f32 and block formats, 1..N rows), `experts_swiglu` (gathered routed experts) |
 //! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm` |
-//! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, scaled) |
-//! | recurrent | `causal_conv_silu`, `delta_rule_scan` |
-//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `attention_gathered` |
-//! | element-wise | `add`, `mul`, `affine`, `silu`, `sigmoid`, `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams` |
+//! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
+//! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay) |
+//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `attention_gathered` (with sinks) |
+//! | element-wise | `add`, `mul`, `affine`, `silu`, `sigmoid`, `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
 
@@ -428,6 +428,35 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         val: &Self::Buf,
         c: usize,
         h: usize,
+    ) -> Result<Self::Buf>;
+    /// mHC mixing weights from `z: [rows, (2+N)·N]` (the `fn` projection of
+    /// the normalised streams), `base: [(2+N)·N]`, `scale: [3]`: `pre =
+    /// σ(z_pre·scale₀ + b) + eps`, `post = 2σ(z_post·scale₁ + b)`, `C =
+    /// softmax_k(z_comb·scale₂ + b) + eps` (`comb[j,k] = z[2N + jN + k]`),
+    /// then Sinkhorn: `C /= colsum + eps`, and `iters − 1` rounds of `C /=
+    /// rowsum + eps; C /= colsum + eps`. Returns `[rows, (2+N)·N]` as `[pre |
+    /// post | C]`. Sums run in index order.
+    #[allow(clippy::too_many_arguments)]
+    fn hc_sinkhorn(
+        &self,
+        z: &Self::Buf,
+        base: &Self::Buf,
+        scale: &Self::Buf,
+        n: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<Self::Buf>;
+    /// mHC block input: `x = Σ_s pre[s]·X[s]` (streams in order from 0),
+    /// `xs: [rows, N·D]`, `mix` from [`Backend::hc_sinkhorn`] → `[rows, D]`.
+    fn hc_pre(&self, xs: &Self::Buf, mix: &Self::Buf, n: usize) -> Result<Self::Buf>;
+    /// mHC write-back: `X'[k] = post[k]·y + Σ_j C[j,k]·X[j]` (the sum over
+    /// `j` in order from 0, then added to `post[k]·y`).
+    fn hc_post(
+        &self,
+        xs: &Self::Buf,
+        y: &Self::Buf,
+        mix: &Self::Buf,
+        n: usize,
     ) -> Result<Self::Buf>;
     /// Hyper-connection streams: `x: [rows, H]` → `[rows, C·H]` (`C` copies).
     fn tile_streams(&self, x: &Self::Buf, c: usize, h: usize) -> Result<Self::Buf>;

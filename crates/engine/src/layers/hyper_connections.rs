@@ -16,6 +16,12 @@
 //!
 //! A module without an inject weight (Qwen's final `hyper_connection_mixer`)
 //! only mixes: its `x` is the model's final hidden state. Stateless.
+//!
+//! [`Mhc`] is the mHC block DeepSeek-V4 and GLM-5 share: `f =
+//! rms(flatten X)` (no weight), `z = fn·f`, pre/post weights and a
+//! Sinkhorn-normalised stream mixing matrix from `z`
+//! ([`crate::backend::Backend::hc_sinkhorn`]); the block reads `Σ pre·X`
+//! and writes `X'[k] = post[k]·y + Σ_j C[j,k]·X[j]`.
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
@@ -94,5 +100,107 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
             ));
         }
         ops.inject_streams(xs, y, inj, self.c)
+    }
+}
+
+/// The mHC hyper-connection (DeepSeek-V4, GLM-5).
+#[derive(Debug)]
+pub struct Mhc<B: Backend> {
+    /// `fn`: `[(2+N)·N, N·D]`.
+    proj: Linear<B>,
+    /// `[(2+N)·N]` and `[3]`.
+    base: B::Buf,
+    scale: B::Buf,
+    /// Ones `[N·D]`: the normalisation has no weight.
+    ones: B::Buf,
+    n: usize,
+    d: usize,
+    iters: usize,
+    hc_eps: f32,
+    rms_eps: f32,
+}
+
+impl<B: Backend> Mhc<B> {
+    /// From bound parts (each family names them its own way).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ops: &B,
+        proj: Linear<B>,
+        base: B::Buf,
+        scale: B::Buf,
+        n: usize,
+        d: usize,
+        iters: usize,
+        hc_eps: f32,
+        rms_eps: f32,
+    ) -> Result<Self> {
+        if proj.out_dim() != (2 + n) * n || proj.in_dim() != n * d {
+            return Err(EngineError::State(format!(
+                "mHC projection [{}, {}] for {n} streams of {d}",
+                proj.out_dim(),
+                proj.in_dim()
+            )));
+        }
+        Ok(Self {
+            proj,
+            base,
+            scale,
+            ones: ops.upload(&vec![1.0; n * d])?,
+            n,
+            d,
+            iters,
+            hc_eps,
+            rms_eps,
+        })
+    }
+}
+
+impl<B: Backend> HyperConnection<B> for Mhc<B> {
+    fn mix(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
+        let f = ops.rms_norm(xs, self.n * self.d, &self.ones, self.rms_eps)?;
+        let z = self.proj.forward(ops, &f, rows)?;
+        let mix = ops.hc_sinkhorn(&z, &self.base, &self.scale, self.n, self.iters, self.hc_eps)?;
+        Ok((ops.hc_pre(xs, &mix, self.n)?, Some(mix)))
+    }
+
+    fn combine(&self, ops: &B, xs: &B::Buf, y: &B::Buf, mix: &B::Buf) -> Result<B::Buf> {
+        ops.hc_post(xs, y, mix, self.n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{CpuOps, HostWeight};
+    use crate::layers::linear::Linear;
+
+    /// The mHC block through the trait: mixing then combining with an
+    /// identity sub-layer keeps `N` streams of `D` and the block input is
+    /// a positive mix of the streams.
+    #[test]
+    fn mhc_mixes_and_combines_through_the_trait() {
+        let ops = CpuOps;
+        let (n, d, rows) = (4, 3, 2);
+        let w: Vec<f32> = (0..(2 + n) * n * n * d)
+            .map(|i| ((i as f32) * 0.37).sin() * 0.2)
+            .collect();
+        let t = candle_core::Tensor::from_vec(w, ((2 + n) * n, n * d), &candle_core::Device::Cpu)
+            .unwrap();
+        let proj = Linear::new(
+            ops.matrix(HostWeight::F32(t), (2 + n) * n, n * d).unwrap(),
+            (2 + n) * n,
+            n * d,
+        )
+        .unwrap();
+        let base = vec![0.1; (2 + n) * n];
+        let hc = Mhc::new(&ops, proj, base, vec![1.0, 1.0, 1.0], n, d, 20, 1e-6, 1e-6).unwrap();
+        let xs: Vec<f32> = (0..rows * n * d).map(|i| 1.0 + (i % 5) as f32).collect();
+        let (x, mix) = hc.mix(&ops, &xs, rows).unwrap();
+        let mix = mix.unwrap();
+        assert_eq!(x.len(), rows * d);
+        assert!(x.iter().all(|v| *v > 0.0));
+        let out = hc.combine(&ops, &xs, &x, &mix).unwrap();
+        assert_eq!(out.len(), xs.len());
+        assert_ne!(out, xs);
     }
 }

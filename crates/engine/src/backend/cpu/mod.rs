@@ -15,6 +15,7 @@ pub mod block_matmul;
 pub mod delta_rule;
 pub mod experts;
 pub mod f32_matmul;
+pub mod hyper;
 pub mod indexer;
 mod ops;
 pub mod routing;

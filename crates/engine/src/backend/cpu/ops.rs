@@ -9,7 +9,9 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
-use super::{attention, delta_rule, experts, f32_matmul, indexer, routing, sparse_attention};
+use super::{
+    attention, delta_rule, experts, f32_matmul, hyper, indexer, routing, sparse_attention,
+};
 use crate::backend::{
     Backend, BackendId, GateAct, Heads, HostWeight, IndexerShape, RopeLayout, RouterSpec, ScanDims,
 };
@@ -901,6 +903,52 @@ impl Backend for CpuOps {
             }
         }
         Ok(gv)
+    }
+
+    fn hc_sinkhorn(
+        &self,
+        z: &Vec<f32>,
+        base: &Vec<f32>,
+        scale: &Vec<f32>,
+        n: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<Vec<f32>> {
+        let width = (2 + n) * n;
+        if base.len() != width || scale.len() != 3 || !z.len().is_multiple_of(width) {
+            return Err(shape_err(
+                "hc_sinkhorn",
+                format!("z {}, base {}, N {n}", z.len(), base.len()),
+            ));
+        }
+        Ok(z.chunks_exact(width)
+            .flat_map(|row| hyper::sinkhorn_row(row, base, scale, n, iters, eps))
+            .collect())
+    }
+
+    fn hc_pre(&self, xs: &Vec<f32>, mix: &Vec<f32>, n: usize) -> Result<Vec<f32>> {
+        let width = (2 + n) * n;
+        let rows = mix.len() / width;
+        if rows == 0 || !xs.len().is_multiple_of(rows * n) {
+            return Err(shape_err(
+                "hc_pre",
+                format!("{} stream values, {rows} rows", xs.len()),
+            ));
+        }
+        let d = xs.len() / (rows * n);
+        Ok(hyper::pre(xs, mix, n, d))
+    }
+
+    fn hc_post(&self, xs: &Vec<f32>, y: &Vec<f32>, mix: &Vec<f32>, n: usize) -> Result<Vec<f32>> {
+        let width = (2 + n) * n;
+        let rows = mix.len() / width;
+        if rows == 0 || y.len() * n != xs.len() || !y.len().is_multiple_of(rows) {
+            return Err(shape_err(
+                "hc_post",
+                format!("{} stream values, y {}", xs.len(), y.len()),
+            ));
+        }
+        Ok(hyper::post(xs, y, mix, n, y.len() / rows))
     }
 
     fn tile_streams(&self, x: &Vec<f32>, c: usize, h: usize) -> Result<Vec<f32>> {
