@@ -1147,3 +1147,9 @@ conformance!(qwen4_exp_tiny_a, || {
     )
     .unwrap()
 });
+// A Hugging Face llama with f32 weights: since every weight format runs the
+// row-independent matmul, it keeps the same bit-for-bit contract.
+conformance!(llama_tiny_f32_untied, || {
+    ds4_engine::families::llama::load_llama(&super::fixtures().join("llama/tiny/f32_untied"))
+        .unwrap()
+});
