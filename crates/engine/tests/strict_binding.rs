@@ -240,3 +240,44 @@ fn default_model_inspect_reports_quant_types() {
         info.parameter_count
     );
 }
+
+/// The family comes from the file's own metadata: a GGUF whose
+/// `general.architecture` no registered family loads is refused with the
+/// architecture and the supported list named, instead of being read as
+/// llama; an HF directory is recognised by `model_type` the same way.
+#[test]
+fn gguf_architecture_picks_the_family_and_unknown_ones_are_named() {
+    use candle_core::quantized::gguf_file::{Value, write};
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.gguf");
+    let t = Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, GgmlDType::F32).unwrap();
+    let arch = Value::String("qwen2".into());
+    let mut f = std::fs::File::create(&path).unwrap();
+    write(
+        &mut f,
+        &[("general.architecture", &arch)],
+        &[("token_embd.weight", &q)],
+    )
+    .unwrap();
+    drop(f);
+    let Err(e) = ds4_engine::families::detect(&path) else {
+        panic!("a qwen2 GGUF must not load as any registered family");
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.contains("`qwen2`") && msg.contains("general.architecture"),
+        "{msg}"
+    );
+    assert!(msg.contains("llama"), "the supported list is named: {msg}");
+    assert!(ds4_engine::families::LoadedModel::load(&path).is_err());
+    // The tiny HF llama is recognised by model_type.
+    let (family, format) = ds4_engine::families::detect(&tiny("f32_untied")).unwrap();
+    assert_eq!(
+        (family.descriptor.name, format),
+        ("llama", ModelFormat::HfDir)
+    );
+}
