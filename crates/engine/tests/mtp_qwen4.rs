@@ -5,6 +5,8 @@
 //! what it covers, and the next turn's logits equal a cold run's; failed and
 //! cancelled turns never claim a complete state.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -15,7 +17,7 @@ use ds4_engine::decode::{
 };
 use ds4_engine::families::FamilyDescriptor;
 use ds4_engine::families::qwen4_exp::{MtpState, Qwen4ExpModel, Qwen4ExpState, WindowCapture};
-use ds4_engine::state::table::{NamedTensor, TensorData};
+use ds4_engine::state::table::NamedTensor;
 use ds4_engine::{
     DeviceRows, EngineError, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract,
     MtpStep, VerifyWindow,
@@ -104,19 +106,8 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-/// Largest difference between two exported state tables (names, shapes
-/// and integer tensors must match exactly).
 fn table_diff(what: &str, a: Vec<NamedTensor>, b: Vec<NamedTensor>) -> f32 {
-    assert_eq!(a.len(), b.len(), "{what}: table sizes");
-    let mut d = 0f32;
-    for (x, y) in a.iter().zip(&b) {
-        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape), "{what}");
-        match (&x.data, &y.data) {
-            (TensorData::F32(p), TensorData::F32(q)) => d = d.max(max_diff(p, q)),
-            (p, q) => assert_eq!(p, q, "{what}: {}", x.name),
-        }
-    }
-    d
+    common::table_max_diff(what, a, b)
 }
 
 fn host(h: &DeviceRows<CpuOps>) -> Vec<f32> {

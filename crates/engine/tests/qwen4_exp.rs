@@ -14,6 +14,8 @@
 //! upcasting on load. QSA selections must be identical (the oracle asserts a
 //! clear top-k boundary gap, so a correct port cannot differ).
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -206,17 +208,7 @@ fn qwen4_chunked_and_stepwise_match() {
 }
 
 fn assert_states_close(what: &str, a: &Qwen4ExpState, b: &Qwen4ExpState) -> f32 {
-    let (a, b) = (a.export().unwrap(), b.export().unwrap());
-    assert_eq!(a.len(), b.len(), "{what}: table sizes");
-    let mut worst = 0f32;
-    for (x, y) in a.iter().zip(&b) {
-        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape), "{what}");
-        match (&x.data, &y.data) {
-            (TensorData::F32(p), TensorData::F32(q)) => worst = worst.max(max_diff(p, q)),
-            (p, q) => assert_eq!(p, q, "{what}: {}", x.name),
-        }
-    }
-    worst
+    common::table_max_diff(what, a.export().unwrap(), b.export().unwrap())
 }
 
 /// Committing any prefix of a verify window leaves every cache equal to a

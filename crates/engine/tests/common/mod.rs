@@ -92,3 +92,23 @@ pub fn top2_margin(row: &[f32]) -> f32 {
     }
     a - b
 }
+
+/// Largest difference between two exported state tables (names, shapes and
+/// integer tensors must match exactly).
+pub fn table_max_diff(
+    what: &str,
+    a: Vec<ds4_engine::table::NamedTensor>,
+    b: Vec<ds4_engine::table::NamedTensor>,
+) -> f32 {
+    use ds4_engine::table::TensorData;
+    assert_eq!(a.len(), b.len(), "{what}: table sizes");
+    let mut d = 0f32;
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape), "{what}");
+        match (&x.data, &y.data) {
+            (TensorData::F32(p), TensorData::F32(q)) => d = d.max(max_abs_diff(p, q)),
+            (p, q) => assert_eq!(p, q, "{what}: {}", x.name),
+        }
+    }
+    d
+}
