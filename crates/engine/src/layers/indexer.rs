@@ -47,21 +47,24 @@ pub struct IndexerCache<B: Backend> {
     pub raw: RowCache<B>,
     /// `[⌊P/ratio⌋, dI]`.
     pub blocks: RowCache<B>,
+    /// Tokens per block.
+    pub ratio: usize,
 }
 
 impl<B: Backend> IndexerCache<B> {
-    pub fn new(ops: &B, dim: usize) -> Result<Self> {
+    pub fn new(ops: &B, dim: usize, ratio: usize) -> Result<Self> {
         Ok(Self {
             raw: RowCache::new(ops, dim)?,
             blocks: RowCache::new(ops, dim)?,
+            ratio,
         })
     }
 
     /// Keep the first `n` tokens (a block key depends only on its own
     /// complete block).
-    pub fn truncate(&mut self, ops: &B, n: usize, ratio: usize) -> Result<()> {
+    pub fn truncate(&mut self, ops: &B, n: usize) -> Result<()> {
         self.raw.truncate(ops, n)?;
-        self.blocks.truncate(ops, n / ratio)
+        self.blocks.truncate(ops, n / self.ratio.max(1))
     }
 
     pub fn byte_size(&self) -> usize {
@@ -91,7 +94,7 @@ impl<B: Backend> Indexer<B> {
     }
 
     pub fn new_cache(&self, ops: &B) -> Result<IndexerCache<B>> {
-        IndexerCache::new(ops, self.shape.dim)
+        IndexerCache::new(ops, self.shape.dim, self.shape.ratio)
     }
 
     /// Append the new tokens' raw keys (and any newly complete block keys)

@@ -4,6 +4,7 @@
 pub mod bank;
 pub mod checkpoint;
 pub mod kv_cache;
+pub mod mtp;
 pub mod rows;
 pub mod warm;
 

@@ -75,7 +75,7 @@ impl<B: Backend> GatedAttention<B> {
     }
 
     pub fn new_cache(&self, ops: &B) -> Result<AttnCache<B>> {
-        AttnCache::new(ops, self.kv_width(), self.indexer.shape.dim)
+        AttnCache::new(ops, self.kv_width(), self.indexer.new_cache(ops)?)
     }
 
     /// `x: [T, H]` → `[T, H]`. `positions` covers every cached token plus the

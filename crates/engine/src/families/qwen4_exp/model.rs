@@ -558,16 +558,11 @@ impl<B: Backend> Qwen4ExpModel<B> {
     /// A fresh MTP state, when the checkpoint has an MTP head.
     pub fn new_mtp_state(&self) -> Option<MtpState<B>> {
         let mtp = self.mtp.as_ref()?;
-        Some(MtpState {
-            ops: self.ops.clone(),
-            cache: LayerCache::Attn(
-                mtp.layer
-                    .attn_cache(&self.ops)
-                    .expect("the MTP layer is a QSA layer and a fresh cache allocates"),
-            ),
-            positions: Vec::new(),
-            ratio: self.cfg.indexer_compress_ratio,
-        })
+        let cache = mtp
+            .layer
+            .attn_cache(&self.ops)
+            .expect("the MTP layer is a QSA layer and a fresh cache allocates");
+        Some(MtpState::new(&self.ops, LayerCache::Attn(cache)))
     }
 
     /// MTP rows: `tokens[i]` with `streams[i]` (`[n, C·H]`, trunk pre-mixer
@@ -653,7 +648,6 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
                 .collect::<Result<Vec<_>>>()
                 .expect("allocating a fresh state's caches"),
             positions: Vec::new(),
-            ratio: self.cfg.indexer_compress_ratio,
         }
     }
 

@@ -26,7 +26,8 @@ use crate::backend::{Backend, CpuOps};
 use crate::error::{EngineError, Result};
 use crate::layers::delta_rule::{DeltaCache, DeltaReplay};
 use crate::layers::indexer::IndexerCache;
-use crate::model::{ModelState, MtpHistory};
+use crate::model::ModelState;
+use crate::state::mtp::{HeadCache, MtpCache, import_positions, positions_table};
 use crate::state::rows::RowCache;
 use crate::state::table::{NamedTensor, TableReader};
 
@@ -84,15 +85,14 @@ pub struct Qwen4ExpState<B: Backend = CpuOps> {
     pub(crate) ops: B,
     pub(crate) layers: Vec<LayerCache<B>>,
     pub(crate) positions: Vec<[u32; 3]>,
-    pub(crate) ratio: usize,
 }
 
 impl<B: Backend> AttnCache<B> {
-    pub fn new(ops: &B, kv_width: usize, idx_dim: usize) -> Result<Self> {
+    pub fn new(ops: &B, kv_width: usize, indexer: IndexerCache<B>) -> Result<Self> {
         Ok(Self {
             k: RowCache::new(ops, kv_width)?,
             v: RowCache::new(ops, kv_width)?,
-            indexer: IndexerCache::new(ops, idx_dim)?,
+            indexer,
         })
     }
 
@@ -105,10 +105,10 @@ impl<B: Backend> AttnCache<B> {
     }
 
     /// Keep the first `n` tokens (legal: attention is position-addressed).
-    pub fn truncate(&mut self, ops: &B, n: usize, ratio: usize) -> Result<()> {
+    pub fn truncate(&mut self, ops: &B, n: usize) -> Result<()> {
         self.k.truncate(ops, n)?;
         self.v.truncate(ops, n)?;
-        self.indexer.truncate(ops, n, ratio)
+        self.indexer.truncate(ops, n)
     }
 
     fn bytes(&self) -> usize {
@@ -125,14 +125,8 @@ impl<B: Backend> AttnCache<B> {
 
     /// Read `n` positions' caches; lengths follow from `n`, so a table whose
     /// attention caches disagree with its positions is refused.
-    fn import(
-        &mut self,
-        ops: &B,
-        r: &mut TableReader,
-        p: &str,
-        n: usize,
-        ratio: usize,
-    ) -> Result<()> {
+    fn import(&mut self, ops: &B, r: &mut TableReader, p: &str, n: usize) -> Result<()> {
+        let ratio = self.indexer.ratio;
         self.k.import(ops, r, &format!("{p}.k"), n)?;
         self.v.import(ops, r, &format!("{p}.v"), n)?;
         self.indexer
@@ -142,17 +136,6 @@ impl<B: Backend> AttnCache<B> {
             .blocks
             .import(ops, r, &format!("{p}.blocks"), n / ratio.max(1))
     }
-}
-
-fn export_positions(positions: &[[u32; 3]]) -> NamedTensor {
-    let flat = positions.iter().flat_map(|p| p.iter().copied()).collect();
-    NamedTensor::u32("positions", vec![positions.len(), 3], flat)
-}
-
-fn import_positions(r: &mut TableReader) -> Result<Vec<[u32; 3]>> {
-    let n = r.peek_rows("positions")?;
-    let flat = r.u32("positions", n.saturating_mul(3))?;
-    Ok(flat.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
 }
 
 impl<B: Backend> Qwen4ExpState<B> {
@@ -195,11 +178,10 @@ impl<B: Backend> Qwen4ExpState<B> {
         }
         let keep = capture.base + accepted;
         let ops = self.ops.clone();
-        let ratio = self.ratio;
         let mut rec = capture.layers.iter();
         for layer in &mut self.layers {
             match layer {
-                LayerCache::Attn(a) => a.truncate(&ops, keep, ratio)?,
+                LayerCache::Attn(a) => a.truncate(&ops, keep)?,
                 LayerCache::Linear { gdn, ple } => {
                     let r = rec.next().ok_or_else(|| {
                         EngineError::State(
@@ -258,7 +240,7 @@ impl<B: Backend> ModelState for Qwen4ExpState<B> {
         let ops = self.ops.clone();
         for layer in &mut self.layers {
             if let LayerCache::Attn(a) = layer {
-                a.truncate(&ops, n, self.ratio)?;
+                a.truncate(&ops, n)?;
             }
         }
         self.positions.truncate(n);
@@ -271,7 +253,7 @@ impl<B: Backend> ModelState for Qwen4ExpState<B> {
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
         let ops = &self.ops;
-        let mut out = vec![export_positions(&self.positions)];
+        let mut out = vec![positions_table(&self.positions)];
         for (i, layer) in self.layers.iter().enumerate() {
             match layer {
                 LayerCache::Attn(a) => a.export(ops, &format!("l{i}"), &mut out)?,
@@ -309,7 +291,7 @@ impl<B: Backend> ModelState for Qwen4ExpState<B> {
             // The fresh layer's fixed sizes are the model's: a table from a
             // differently shaped model fails here.
             match layer {
-                LayerCache::Attn(a) => a.import(&ops, &mut r, &format!("l{i}"), n, self.ratio)?,
+                LayerCache::Attn(a) => a.import(&ops, &mut r, &format!("l{i}"), n)?,
                 LayerCache::Linear { gdn, ple } => {
                     gdn.import(&ops, &mut r, &format!("l{i}"))?;
                     if let Some(p) = ple {
@@ -342,98 +324,41 @@ impl<B: Backend> ModelState for Qwen4ExpState<B> {
     }
 }
 
-/// State of the MTP head: its one QSA layer's caches and positions.
-#[derive(Debug, Clone)]
-pub struct MtpState<B: Backend = CpuOps> {
-    pub(crate) ops: B,
-    /// Always [`LayerCache::Attn`]: the head's one QSA layer.
-    pub(crate) cache: LayerCache<B>,
-    pub(crate) positions: Vec<[u32; 3]>,
-    pub(crate) ratio: usize,
-}
+/// State of the MTP head: the generic MTP history over its one QSA layer's
+/// cache (always [`LayerCache::Attn`]).
+pub type MtpState<B = CpuOps> = MtpCache<LayerCache<B>, B>;
 
-impl<B: Backend> MtpState<B> {
-    /// Rows the MTP cache covers.
-    pub fn len(&self) -> usize {
-        self.positions.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.positions.is_empty()
-    }
-
-    /// Drop drafted rows after `n` (attention only, always legal).
-    pub fn truncate(&mut self, n: usize) -> Result<()> {
-        if n > self.positions.len() {
-            return Err(EngineError::State(format!(
-                "cannot truncate an MTP state of {} rows to {n}",
-                self.positions.len()
-            )));
-        }
-        let (ops, ratio) = (self.ops.clone(), self.ratio);
-        self.attn_mut()?.truncate(&ops, n, ratio)?;
-        self.positions.truncate(n);
-        Ok(())
-    }
-
-    pub fn byte_size(&self) -> usize {
-        self.cache().map_or(0, |a| a.bytes()) + 12 * self.positions.len()
-    }
-
-    /// The head's QSA layer cache.
-    pub fn cache(&self) -> Result<&AttnCache<B>> {
-        match &self.cache {
-            LayerCache::Attn(a) => Ok(a),
-            LayerCache::Linear { .. } => Err(not_attention()),
-        }
-    }
-
-    fn attn_mut(&mut self) -> Result<&mut AttnCache<B>> {
-        match &mut self.cache {
-            LayerCache::Attn(a) => Ok(a),
-            LayerCache::Linear { .. } => Err(not_attention()),
-        }
-    }
-}
-
-impl<B: Backend> MtpHistory for MtpState<B> {
-    fn len(&self) -> usize {
-        self.positions.len()
-    }
-
-    fn truncate(&mut self, n: usize) -> Result<()> {
-        MtpState::truncate(self, n)
+/// The MTP head's layer is a QSA layer: its cache truncates and exports as
+/// an attention cache.
+impl<B: Backend> HeadCache<B> for LayerCache<B> {
+    fn truncate(&mut self, ops: &B, n: usize) -> Result<()> {
+        attn_mut(self)?.truncate(ops, n)
     }
 
     fn byte_size(&self) -> usize {
-        MtpState::byte_size(self)
-    }
-
-    fn export(&self) -> Result<Vec<NamedTensor>> {
-        let mut out = vec![export_positions(&self.positions)];
-        self.cache()?.export(&self.ops, "mtp", &mut out)?;
-        Ok(out)
-    }
-
-    fn import(&mut self, tensors: Vec<NamedTensor>) -> Result<()> {
-        if !self.positions.is_empty() {
-            return Err(EngineError::State(
-                "qwen4_exp MTP: import needs a fresh history".into(),
-            ));
+        match self {
+            LayerCache::Attn(a) => a.bytes(),
+            LayerCache::Linear { .. } => 0,
         }
-        let mut r = TableReader::new(tensors, "qwen4_exp MTP history");
-        let positions = import_positions(&mut r)?;
-        let n = positions.len();
-        let (ops, ratio) = (self.ops.clone(), self.ratio);
-        self.attn_mut()?.import(&ops, &mut r, "mtp", n, ratio)?;
-        r.finish()?;
-        self.positions = positions;
-        Ok(())
+    }
+
+    fn export(&self, ops: &B, prefix: &str, out: &mut Vec<NamedTensor>) -> Result<()> {
+        match self {
+            LayerCache::Attn(a) => a.export(ops, prefix, out),
+            LayerCache::Linear { .. } => Err(not_attention()),
+        }
+    }
+
+    fn import(&mut self, ops: &B, r: &mut TableReader, prefix: &str, rows: usize) -> Result<()> {
+        attn_mut(self)?.import(ops, r, prefix, rows)
     }
 }
 
-fn not_attention() -> EngineError {
-    EngineError::State("the MTP head's cache is not an attention cache".into())
+fn attn_mut<B: Backend>(c: &mut LayerCache<B>) -> Result<&mut AttnCache<B>> {
+    match c {
+        LayerCache::Attn(a) => Ok(a),
+        LayerCache::Linear { .. } => Err(not_attention()),
+    }
 }
 
 /// Equal when the exported tables are equal (a download of every cache:
@@ -447,11 +372,6 @@ impl<B: Backend> PartialEq for Qwen4ExpState<B> {
     }
 }
 
-impl<B: Backend> PartialEq for MtpState<B> {
-    fn eq(&self, other: &Self) -> bool {
-        match (MtpHistory::export(self), MtpHistory::export(other)) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
-        }
-    }
+fn not_attention() -> EngineError {
+    EngineError::State("the MTP head's cache is not an attention cache".into())
 }
