@@ -2,8 +2,9 @@
 //! ([`Experts`]) and routers that choose them. Experts do not own their
 //! router (the caller computes the routing), so each family brings its own
 //! routing policy to the same expert execution: softmax top-k
-//! ([`SoftmaxRouter`], Qwen); sqrt-softplus with a bias, sigmoid with grouped
-//! top-k and hash routing by token id join with their families.
+//! ([`SoftmaxRouter`], Qwen); scored routers ([`ScoredRouter`]:
+//! sqrt-softplus with a correction bias and hash routing by token id for
+//! DeepSeek-V4, sigmoid with group-limited top-k for GLM-5).
 //!
 //! Experts load from either layout found in the wild: per expert
 //! (`experts.{e}.{gate,up,down}_proj.weight`, what `save_pretrained` writes)
@@ -13,7 +14,7 @@
 
 use candle_core::Tensor;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, RouterSpec};
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::load::binder::Binder;
@@ -109,5 +110,78 @@ impl<B: Backend> SoftmaxRouter<B> {
     pub fn route(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<B::Routing> {
         let logits = self.gate.forward(ops, x, rows)?;
         ops.route_softmax_topk(&logits, rows, self.n_experts, self.top_k, self.renormalise)
+    }
+}
+
+/// A scored router: `s = score(W_gate·x)`, selection by `s + bias` (the
+/// bias only selects) with an optional group limit, or by token id (hash
+/// routing); weights `s` of the chosen experts, renormalised and scaled.
+#[derive(Debug)]
+pub struct ScoredRouter<B: Backend> {
+    gate: Linear<B>,
+    bias: Option<B::Buf>,
+    pub spec: RouterSpec,
+}
+
+impl<B: Backend> ScoredRouter<B> {
+    /// From bound parts (`gate` `[E, H]`, the correction bias `[E]`).
+    pub fn new(gate: Linear<B>, bias: Option<B::Buf>, spec: RouterSpec) -> Result<Self> {
+        if gate.out_dim() != spec.experts {
+            return Err(crate::error::EngineError::State(format!(
+                "router gate of {} outputs for {} experts",
+                gate.out_dim(),
+                spec.experts
+            )));
+        }
+        Ok(Self { gate, bias, spec })
+    }
+
+    /// `fixed`: the experts of each row by token id (`[rows, k]`, hash
+    /// routing), else selection by score.
+    pub fn route(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        fixed: Option<&[u32]>,
+    ) -> Result<B::Routing> {
+        let logits = self.gate.forward(ops, x, rows)?;
+        ops.route_scored(&logits, rows, self.bias.as_ref(), fixed, &self.spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{CpuOps, HostWeight, Scoring};
+
+    /// The scored router through its layer: an identity gate passes the
+    /// inputs as logits, so the selection and weights are the op's.
+    #[test]
+    fn scored_router_routes_through_the_op() {
+        let ops = CpuOps;
+        let eye = candle_core::Tensor::eye(4, candle_core::DType::F32, &candle_core::Device::Cpu)
+            .unwrap();
+        let gate = Linear::new(ops.matrix(HostWeight::F32(eye), 4, 4).unwrap(), 4, 4).unwrap();
+        let spec = RouterSpec {
+            scoring: Scoring::Sigmoid,
+            experts: 4,
+            k: 2,
+            groups: Some((2, 1)),
+            renormalise: true,
+            scale: 2.5,
+        };
+        let r = ScoredRouter::new(gate, Some(vec![0.0, 0.0, 0.0, 0.5]), spec).unwrap();
+        let x = vec![0.1, 2.0, 0.3, 0.2];
+        let (experts, weights) = ops
+            .routing_to_host(&r.route(&ops, &x, 1, None).unwrap())
+            .unwrap();
+        // Group 0 (experts 0, 1) has the best two-sum; within it, 1 then 0.
+        assert_eq!(experts, vec![1, 0]);
+        assert!((weights.iter().sum::<f32>() - 2.5).abs() < 1e-5);
+        let (experts, _) = ops
+            .routing_to_host(&r.route(&ops, &x, 1, Some(&[3, 2])).unwrap())
+            .unwrap();
+        assert_eq!(experts, vec![3, 2]);
     }
 }
