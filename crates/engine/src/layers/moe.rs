@@ -176,12 +176,16 @@ mod tests {
         let (experts, weights) = ops
             .routing_to_host(&r.route(&ops, &x, 1, None).unwrap())
             .unwrap();
-        // Group 0 (experts 0, 1) has the best two-sum; within it, 1 then 0.
-        assert_eq!(experts, vec![1, 0]);
+        // The bias lifts group 1 (experts 2, 3) over group 0 although
+        // expert 1 scores best; within it 3 (biased) then 2. The weights use
+        // the unbiased scores.
+        assert_eq!(experts, vec![3, 2]);
+        let s = |v: f32| 1.0 / (1.0 + (-v).exp());
+        assert!((weights[0] - s(0.2) / (s(0.2) + s(0.3)) * 2.5).abs() < 1e-6);
         assert!((weights.iter().sum::<f32>() - 2.5).abs() < 1e-5);
         let (experts, _) = ops
-            .routing_to_host(&r.route(&ops, &x, 1, Some(&[3, 2])).unwrap())
+            .routing_to_host(&r.route(&ops, &x, 1, Some(&[1, 0])).unwrap())
             .unwrap();
-        assert_eq!(experts, vec![3, 2]);
+        assert_eq!(experts, vec![1, 0]);
     }
 }
