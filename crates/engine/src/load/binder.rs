@@ -156,6 +156,22 @@ impl<'a, B: Backend> Binder<'a, B> {
         self.src.read_f32(&n, shape)
     }
 
+    /// Several f32 tensors `[rows_i, cols]` stacked by rows into one weight
+    /// (e.g. a shared expert's gate and up projections run as one matmul).
+    pub fn fused_rows(
+        &mut self,
+        names: &[&str],
+        rows: &[usize],
+        cols: usize,
+    ) -> Result<HostWeight> {
+        let parts = names
+            .iter()
+            .zip(rows)
+            .map(|(n, &r)| self.tensor(n, &[r, cols]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostWeight::F32(Tensor::cat(&parts, 0)?))
+    }
+
     /// A tensor as read (quantized GGUF tensors stay quantized).
     pub fn raw(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight> {
         let n = self.name(name);

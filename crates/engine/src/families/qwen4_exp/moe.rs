@@ -10,10 +10,8 @@
 //! The router and the routed experts are the shared
 //! [`crate::layers::moe`] pieces; the shared expert and its gate are Qwen's.
 
-use candle_core::Tensor;
-
 use super::config::Qwen4ExpConfig;
-use crate::backend::{Backend, HostWeight};
+use crate::backend::Backend;
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::moe::{Experts, SoftmaxRouter};
@@ -49,9 +47,14 @@ impl<B: Backend> Moe<B> {
             cfg.norm_topk_prob,
         );
         let experts = Experts::load(w, n_experts, h, inter)?;
-        let sg = w.tensor("shared_expert.gate_proj.weight", &[shared_inter, h])?;
-        let su = w.tensor("shared_expert.up_proj.weight", &[shared_inter, h])?;
-        let fused = HostWeight::F32(Tensor::cat(&[sg, su], 0)?);
+        let fused = w.fused_rows(
+            &[
+                "shared_expert.gate_proj.weight",
+                "shared_expert.up_proj.weight",
+            ],
+            &[shared_inter, shared_inter],
+            h,
+        )?;
         Ok(Self {
             router: SoftmaxRouter::load(w, n_experts, h, top_k, norm_topk)?,
             experts,
