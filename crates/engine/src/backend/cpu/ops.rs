@@ -284,6 +284,16 @@ impl Backend for CpuOps {
     }
 
     fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<CpuTable> {
+        let dims = match &w {
+            HostWeight::F32(t) => t.dims().to_vec(),
+            HostWeight::Gguf(q) => q.shape().dims().to_vec(),
+        };
+        if dims != [rows, width] {
+            return Err(shape_err(
+                "table",
+                format!("{dims:?} is not [{rows}, {width}]"),
+            ));
+        }
         match w {
             HostWeight::F32(t) => Ok(CpuTable::F32(t.contiguous()?)),
             HostWeight::Gguf(q) => match q.dtype() {
@@ -297,7 +307,6 @@ impl Backend for CpuOps {
                             format!("rows of {width} are not whole {dtype:?} blocks"),
                         ));
                     }
-                    let _ = rows;
                     Ok(CpuTable::Quantized {
                         row_bytes: width / dtype.block_size() * dtype.type_size(),
                         table: q,
