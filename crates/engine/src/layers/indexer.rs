@@ -24,20 +24,9 @@ use crate::backend::{Backend, IndexerShape};
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
-use crate::layers::rope::RopeRows;
+use crate::layers::rope::{PositionTables, Positions};
 use crate::load::binder::Binder;
 use crate::state::rows::RowCache;
-
-/// Rotary tables for arbitrary positions (M-RoPE, YaRN, plain).
-pub trait PositionTables<B: Backend> {
-    fn tables(&self, ops: &B, positions: &[[u32; 3]]) -> Result<RopeRows<B>>;
-}
-
-impl<B: Backend> PositionTables<B> for crate::layers::rope::MRope {
-    fn tables(&self, ops: &B, positions: &[[u32; 3]]) -> Result<RopeRows<B>> {
-        crate::layers::rope::MRope::tables(self, ops, positions)
-    }
-}
 
 /// The indexer's cache: raw keys per token and block keys per complete
 /// block.
@@ -98,19 +87,15 @@ impl<B: Backend> Indexer<B> {
     }
 
     /// Append the new tokens' raw keys (and any newly complete block keys)
-    /// to `cache`, then select for every new query. `x: [rows, H]`;
-    /// `positions` covers every cached token including the new ones (the
-    /// new queries are the last `rows`); `q_rope` holds the new rows' tables.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    /// to `cache`, then select for every new query. `x: [rows, H]`; the new
+    /// queries are the last `rows` of `pos.all`.
+    pub fn forward<R: PositionTables<B>>(
         &self,
         ops: &B,
         x: &B::Buf,
         rows: usize,
         cache: &mut IndexerCache<B>,
-        positions: &[[u32; 3]],
-        rope: &impl PositionTables<B>,
-        q_rope: &RopeRows<B>,
+        pos: &Positions<'_, B, R>,
     ) -> Result<B::Selection> {
         let (nh, d, ratio) = (self.shape.heads, self.shape.dim, self.shape.ratio);
         let qk = self.qk.forward(ops, x, rows)?;
@@ -124,12 +109,12 @@ impl<B: Backend> Indexer<B> {
         if last > first {
             let mut kb = ops.block_keys(cache.raw.buf(), d, ratio, first, last)?;
             self.k_norm.apply_heads(ops, &mut kb)?;
-            let starts: Vec<[u32; 3]> = (first..last).map(|j| positions[j * ratio]).collect();
-            rope.tables(ops, &starts)?.apply(ops, &mut kb, d)?;
+            let starts: Vec<[u32; 3]> = (first..last).map(|j| pos.all[j * ratio]).collect();
+            pos.rope.tables(ops, &starts)?.apply(ops, &mut kb, d)?;
             cache.blocks.append(ops, &kb)?;
         }
         self.q_norm.apply_heads(ops, &mut q)?;
-        q_rope.apply(ops, &mut q, d)?;
+        pos.rows.apply(ops, &mut q, d)?;
         ops.indexer_select(&q, cache.blocks.buf(), base, self.shape)
     }
 }

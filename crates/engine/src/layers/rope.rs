@@ -256,6 +256,26 @@ impl MRope {
     }
 }
 
+/// Rotary tables for arbitrary positions (M-RoPE, YaRN, plain).
+pub trait PositionTables<B: Backend> {
+    fn tables(&self, ops: &B, positions: &[[u32; 3]]) -> Result<RopeRows<B>>;
+}
+
+impl<B: Backend> PositionTables<B> for MRope {
+    fn tables(&self, ops: &B, positions: &[[u32; 3]]) -> Result<RopeRows<B>> {
+        MRope::tables(self, ops, positions)
+    }
+}
+
+/// The position inputs of one forward of a layer: the (t, h, w) position of
+/// every cached token plus the new ones, the rotary scheme, and the new
+/// rows' tables (computed once per forward, shared by every layer).
+pub struct Positions<'a, B: Backend, R> {
+    pub all: &'a [[u32; 3]],
+    pub rope: &'a R,
+    pub rows: &'a RopeRows<B>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

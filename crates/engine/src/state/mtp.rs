@@ -71,7 +71,8 @@ impl<C: HeadCache<B>, B: Backend> MtpCache<C, B> {
     }
 }
 
-fn export_positions(positions: &[[u32; 3]]) -> NamedTensor {
+/// The `positions` table of a state (`[P, 3]`).
+pub fn positions_table(positions: &[[u32; 3]]) -> NamedTensor {
     let flat = positions.iter().flat_map(|p| p.iter().copied()).collect();
     NamedTensor::u32("positions", vec![positions.len(), 3], flat)
 }
@@ -82,11 +83,6 @@ pub fn import_positions(r: &mut TableReader) -> Result<Vec<[u32; 3]>> {
     let n = r.peek_rows("positions")?;
     let flat = r.u32("positions", n.saturating_mul(3))?;
     Ok(flat.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
-}
-
-/// The `positions` table of a state.
-pub fn positions_table(positions: &[[u32; 3]]) -> NamedTensor {
-    export_positions(positions)
 }
 
 impl<C: HeadCache<B>, B: Backend> MtpHistory for MtpCache<C, B> {
@@ -103,7 +99,7 @@ impl<C: HeadCache<B>, B: Backend> MtpHistory for MtpCache<C, B> {
     }
 
     fn export(&self) -> Result<Vec<NamedTensor>> {
-        let mut out = vec![export_positions(&self.positions)];
+        let mut out = vec![positions_table(&self.positions)];
         self.cache.export(&self.ops, "mtp", &mut out)?;
         Ok(out)
     }

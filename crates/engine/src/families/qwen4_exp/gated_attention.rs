@@ -23,7 +23,7 @@ use crate::error::Result;
 use crate::layers::indexer::Indexer;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
-use crate::layers::rope::{MRope, RopeRows};
+use crate::layers::rope::{MRope, Positions};
 use crate::load::binder::Binder;
 
 #[derive(Debug)]
@@ -78,24 +78,20 @@ impl<B: Backend> GatedAttention<B> {
         AttnCache::new(ops, self.kv_width(), self.indexer.new_cache(ops)?)
     }
 
-    /// `x: [T, H]` → `[T, H]`. `positions` covers every cached token plus the
-    /// `T` new ones; `q_rope` holds the new rows' tables. Returns the QSA
-    /// selection of every new query too.
-    #[allow(clippy::too_many_arguments)]
+    /// `x: [T, H]` → `[T, H]`; `pos` covers every cached token plus the `T`
+    /// new ones. Returns the QSA selection of every new query too.
     pub fn forward(
         &self,
         ops: &B,
         x: &B::Buf,
         rows: usize,
         cache: &mut AttnCache<B>,
-        positions: &[[u32; 3]],
-        rope: &MRope,
-        q_rope: &RopeRows<B>,
+        pos: &Positions<'_, B, MRope>,
     ) -> Result<(B::Buf, B::Selection)> {
         let (hq, d) = (self.hq, self.d);
-        let selected =
-            self.indexer
-                .forward(ops, x, rows, &mut cache.indexer, positions, rope, q_rope)?;
+        let selected = self
+            .indexer
+            .forward(ops, x, rows, &mut cache.indexer, pos)?;
         let qg = self.q_proj.forward(ops, x, rows)?;
         let mut parts = ops.split_cols(&qg, rows, &[d, d], hq)?;
         let gate = parts.pop().expect("two parts");
@@ -103,11 +99,11 @@ impl<B: Backend> GatedAttention<B> {
         let mut k = self.k_proj.forward(ops, x, rows)?;
         let v = self.v_proj.forward(ops, x, rows)?;
         self.k_norm.apply_heads(ops, &mut k)?;
-        q_rope.apply(ops, &mut k, d)?;
+        pos.rows.apply(ops, &mut k, d)?;
         cache.k.append(ops, &k)?;
         cache.v.append(ops, &v)?;
         self.q_norm.apply_heads(ops, &mut q)?;
-        q_rope.apply(ops, &mut q, d)?;
+        pos.rows.apply(ops, &mut q, d)?;
         let o = ops.attention_gathered(
             &q,
             cache.k.buf(),

@@ -51,7 +51,7 @@ use crate::layers::delta_rule::DeltaReplay;
 use crate::layers::hyper_connections::{GatedResidual, HyperConnection};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
-use crate::layers::rope::{MRope, RopeRows};
+use crate::layers::rope::{MRope, Positions};
 use crate::load::binder::Binder;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
@@ -99,15 +99,6 @@ impl<B: Backend> Default for LayerCapture<B> {
             ple: Vec::new(),
         }
     }
-}
-
-/// The per-forward position inputs of a decoder layer.
-struct Positions<'a, B: Backend> {
-    /// Every cached token plus the new ones.
-    all: &'a [[u32; 3]],
-    rope: &'a MRope,
-    /// Tables of the new rows.
-    rows: &'a RopeRows<B>,
 }
 
 impl<B: Backend> DecoderLayer<B> {
@@ -177,7 +168,7 @@ impl<B: Backend> DecoderLayer<B> {
         xs: &B::Buf,
         tokens: &[u32],
         cache: &mut LayerCache<B>,
-        pos: &Positions<'_, B>,
+        pos: &Positions<'_, B, MRope>,
         mut capture: Option<&mut LayerCapture<B>>,
         trace: bool,
     ) -> Result<(B::Buf, Option<LayerTrace>)> {
@@ -207,7 +198,7 @@ impl<B: Backend> DecoderLayer<B> {
             }
             (Mixer::Attn(attn), LayerCache::Attn(ac)) => {
                 let (x, inj) = self.attn_hc.mix(ops, &xs, rows)?;
-                let (y, sel) = attn.forward(ops, &x, rows, ac, pos.all, pos.rope, pos.rows)?;
+                let (y, sel) = attn.forward(ops, &x, rows, ac, pos)?;
                 xs = self
                     .attn_hc
                     .combine(ops, &xs, &y, &inj.expect("combining module"))?;
