@@ -527,6 +527,7 @@ impl Qwen4ExpConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::EngineError;
     use serde_json::json;
 
     fn base() -> Json {
