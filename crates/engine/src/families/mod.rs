@@ -6,6 +6,7 @@
 //! descriptor and its loader. A new family joins by adding its module, one
 //! [`LoadedModel`] variant, one [`with_model!`] arm and one registry entry.
 
+pub mod deepseek_v4;
 pub mod llama;
 pub mod qwen4_exp;
 
@@ -39,6 +40,14 @@ pub static FAMILIES: &[Family] = &[
             Ok(LoadedModel::Qwen4Exp(
                 qwen4_exp::Qwen4ExpModel::from_hf_dir(path)?,
             ))
+        },
+    },
+    Family {
+        descriptor: &deepseek_v4::DESCRIPTOR,
+        load: |path, _| {
+            Ok(LoadedModel::DeepseekV4(Box::new(
+                deepseek_v4::DeepseekV4Model::from_hf_dir(path)?,
+            )))
         },
     },
 ];
@@ -104,6 +113,7 @@ pub fn detect(path: &Path) -> Result<(&'static Family, ModelFormat)> {
 pub enum LoadedModel {
     Llama(llama::LlamaModel),
     Qwen4Exp(qwen4_exp::Qwen4ExpModel),
+    DeepseekV4(Box<deepseek_v4::DeepseekV4Model>),
 }
 
 impl LoadedModel {
@@ -118,6 +128,7 @@ impl LoadedModel {
         match self {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,
             LoadedModel::Qwen4Exp(_) => &qwen4_exp::DESCRIPTOR,
+            LoadedModel::DeepseekV4(_) => &deepseek_v4::DESCRIPTOR,
         }
     }
 
@@ -134,6 +145,10 @@ macro_rules! with_model {
         match $loaded {
             $crate::families::LoadedModel::Llama($model) => $body,
             $crate::families::LoadedModel::Qwen4Exp($model) => $body,
+            $crate::families::LoadedModel::DeepseekV4($model) => {
+                let $model = &**$model;
+                $body
+            }
         }
     };
 }
