@@ -31,6 +31,9 @@ pub enum EngineError {
     Sampling(#[from] ds4_sampling::SampleError),
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    /// The accelerator failed (driver, kernel compilation, out of memory).
+    #[error("device: {0}")]
+    Device(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

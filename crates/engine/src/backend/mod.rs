@@ -29,6 +29,8 @@
 //! | element-wise | `add`, `mul`, `affine`, `silu`, `sigmoid`, `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -39,6 +41,8 @@ use candle_core::quantized::QTensor;
 use crate::error::Result;
 
 pub use cpu::CpuOps;
+#[cfg(feature = "cuda")]
+pub use cuda::CudaOps;
 
 /// Which backend and kernel set produced a state: part of every checkpoint's
 /// identity, because bits differ between backends and kernel sets.

@@ -1,0 +1,256 @@
+//! Attention on the device (`kernels/attention.cu`): causal over per-head
+//! caches, over a sparse selection (with sinks), and DeepSeek-V4's sliding
+//! window plus compressed entries; and the QSA block keys. One warp per
+//! (query, head), scores in a scratch row, sums in key order.
+
+use super::buf::CudaBuf;
+use super::device::{Device, Shape, args, ptr};
+use super::select::CudaSelection;
+use crate::backend::{EntryKeep, Heads};
+use crate::error::{EngineError, Result};
+
+fn shape_err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+pub(super) fn attention_causal(
+    dev: &Device,
+    q: &CudaBuf,
+    k: &[&CudaBuf],
+    v: &[&CudaBuf],
+    offset: usize,
+    q_heads: usize,
+    kv: Heads,
+) -> Result<CudaBuf> {
+    let (kvh, d) = (kv.heads, kv.dim);
+    let t = q.len() / (q_heads * d).max(1);
+    let total = offset + t;
+    let bad = t == 0
+        || kvh == 0
+        || !q_heads.is_multiple_of(kvh)
+        || q.len() != t * q_heads * d
+        || k.len() != kvh
+        || v.len() != kvh
+        || k.iter().chain(v).any(|c| c.len() < total * d);
+    if bad {
+        return Err(shape_err(
+            "attention_causal",
+            format!("{t} queries over {total} keys in {} kv heads", k.len()),
+        ));
+    }
+    // The per-head caches are separate allocations: their addresses go in
+    // a small table.
+    let table: Vec<u64> = k.iter().chain(v).map(|c| c.ptr()).collect();
+    let table = dev.upload(&table)?;
+    let (kp, vp) = (ptr(&table), ptr(&table) + 8 * kvh as u64);
+    let scratch = CudaBuf::uninit(dev, t * q_heads * total)?;
+    let y = CudaBuf::uninit(dev, t * q_heads * d)?;
+    dev.launch(
+        "attention_causal_f32",
+        Shape::warps(t * q_heads),
+        args![
+            y.ptr(),
+            q.ptr(),
+            kp,
+            vp,
+            scratch.ptr(),
+            t,
+            q_heads,
+            kvh,
+            d,
+            offset,
+            total
+        ],
+    )?;
+    Ok(y)
+}
+
+pub(super) fn block_keys(
+    dev: &Device,
+    raw: &CudaBuf,
+    dim: usize,
+    ratio: usize,
+    first: usize,
+    last: usize,
+) -> Result<CudaBuf> {
+    if ratio == 0 || first > last || raw.len() < last * ratio * dim {
+        return Err(shape_err(
+            "block_keys",
+            format!(
+                "blocks {first}..{last} of {ratio} rows of {dim} from {} values",
+                raw.len()
+            ),
+        ));
+    }
+    let count = last - first;
+    let out = CudaBuf::uninit(dev, count * dim)?;
+    if count * dim > 0 {
+        dev.launch(
+            "block_keys_f32",
+            Shape::elements(count * dim),
+            args![out.ptr(), raw.ptr(), dim, ratio, first, count],
+        )?;
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention_gathered(
+    dev: &Device,
+    q: &CudaBuf,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    keep: &CudaSelection,
+    q_heads: usize,
+    kv: Heads,
+    sinks: Option<&CudaBuf>,
+) -> Result<CudaBuf> {
+    let (hkv, d) = (kv.heads, kv.dim);
+    let rows = keep.rows;
+    let bad = hkv == 0
+        || d == 0
+        || !q_heads.is_multiple_of(hkv)
+        || q.len() != rows * q_heads * d
+        || !k.len().is_multiple_of(hkv * d)
+        || v.len() != k.len()
+        || keep.bound > k.len() / (hkv * d).max(1)
+        || sinks.is_some_and(|s| s.len() != q_heads);
+    if bad {
+        return Err(shape_err(
+            "attention_gathered",
+            format!(
+                "{} query values for {rows} queries of {q_heads}×{d}, {} cache values",
+                q.len(),
+                k.len()
+            ),
+        ));
+    }
+    let y = CudaBuf::uninit(dev, rows * q_heads * d)?;
+    if rows == 0 {
+        return Ok(y);
+    }
+    let scratch = CudaBuf::uninit(dev, rows * q_heads * keep.cap)?;
+    dev.launch(
+        "attention_gathered_f32",
+        Shape::warps(rows * q_heads),
+        args![
+            y.ptr(),
+            q.ptr(),
+            k.ptr(),
+            v.ptr(),
+            ptr(&keep.idx),
+            ptr(&keep.counts),
+            keep.cap,
+            sinks.map_or(0, |s| s.ptr()),
+            scratch.ptr(),
+            rows,
+            q_heads,
+            hkv,
+            d,
+            1.0 / (d as f32).sqrt()
+        ],
+    )?;
+    Ok(y)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention_window(
+    dev: &Device,
+    q: &CudaBuf,
+    heads: usize,
+    dim: usize,
+    query_first: usize,
+    window: &CudaBuf,
+    window_first: usize,
+    span: usize,
+    entries: &CudaBuf,
+    keep: EntryKeep<'_, CudaSelection>,
+    sinks: &CudaBuf,
+) -> Result<CudaBuf> {
+    let width = heads * dim;
+    let rows = q.len() / width.max(1);
+    let p = window.len() / dim.max(1);
+    if width == 0
+        || q.len() != rows * width
+        || sinks.len() != heads
+        || !entries.len().is_multiple_of(dim)
+        || !window.len().is_multiple_of(dim)
+    {
+        return Err(shape_err(
+            "attention_window",
+            format!(
+                "{} query values, {} sinks for {heads} heads of {dim}",
+                q.len(),
+                sinks.len()
+            ),
+        ));
+    }
+    if query_first + rows > window_first + p || query_first < window_first {
+        return Err(shape_err(
+            "attention_window",
+            format!(
+                "queries {query_first}..{} outside the window rows {window_first}..{}",
+                query_first + rows,
+                window_first + p
+            ),
+        ));
+    }
+    let n_entries = entries.len() / dim;
+    let (mode, ratio, sel) = match keep {
+        EntryKeep::None => (0, 0, None),
+        EntryKeep::Causal { ratio } => (1, ratio, None),
+        EntryKeep::Selected(sel) => {
+            if sel.rows != rows || sel.bound > n_entries {
+                return Err(shape_err(
+                    "attention_window",
+                    format!(
+                        "a selection of {} rows below {} for {rows} queries over {n_entries} \
+                         entries",
+                        sel.rows, sel.bound
+                    ),
+                ));
+            }
+            (2, 0, Some(sel))
+        }
+    };
+    let y = CudaBuf::uninit(dev, rows * width)?;
+    if rows == 0 {
+        return Ok(y);
+    }
+    // Keys per query at most: its window (≤ span, ≤ the cached rows) and
+    // the entries it may see.
+    let entries_max = match sel {
+        Some(s) => s.cap,
+        None if mode == 1 => n_entries,
+        None => 0,
+    };
+    let max_keys = span.min(p) + entries_max;
+    let scratch = CudaBuf::uninit(dev, rows * heads * max_keys.max(1))?;
+    dev.launch(
+        "attention_window_f32",
+        Shape::warps(rows * heads),
+        args![
+            y.ptr(),
+            q.ptr(),
+            window.ptr(),
+            entries.ptr(),
+            n_entries,
+            sel.map_or(0, |s| ptr(&s.idx)),
+            sel.map_or(0, |s| ptr(&s.counts)),
+            sel.map_or(0, |s| s.cap),
+            sinks.ptr(),
+            scratch.ptr(),
+            max_keys.max(1),
+            rows,
+            heads,
+            dim,
+            query_first,
+            window_first,
+            span,
+            mode,
+            ratio,
+            1.0 / (dim as f32).sqrt()
+        ],
+    )?;
+    Ok(y)
+}

@@ -1,0 +1,214 @@
+//! [`CudaBuf`]: f32 values on the device, and the memory ops of the
+//! inventory (upload, download, rows, append, truncate, column concat and
+//! split).
+//!
+//! A buffer is a shared allocation plus a length. Cloning is cheap (states
+//! are snapshotted by cloning); an op that writes in place first makes the
+//! allocation its own (a copy when it is shared), so a clone behaves like
+//! the CPU backend's deep copy. Caches grow by [`append`] into spare
+//! capacity (doubling), so a decode step does not copy the whole cache.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+
+use super::device::{Device, Shape, args, ptr};
+use crate::error::{EngineError, Result};
+
+#[derive(Clone)]
+pub struct CudaBuf {
+    mem: Arc<CudaSlice<f32>>,
+    len: usize,
+}
+
+impl std::fmt::Debug for CudaBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBuf[{}]", self.len)
+    }
+}
+
+fn shape_err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+impl CudaBuf {
+    pub(super) fn from_slice(mem: CudaSlice<f32>, len: usize) -> Self {
+        Self {
+            mem: Arc::new(mem),
+            len,
+        }
+    }
+
+    /// A new buffer of `len` values, to be fully written by a kernel.
+    pub(super) fn uninit(dev: &Device, len: usize) -> Result<Self> {
+        Ok(Self::from_slice(dev.alloc(len)?, len))
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address of the first value.
+    pub(super) fn ptr(&self) -> u64 {
+        ptr(&self.mem)
+    }
+
+    /// The allocation, unshared (copied when a clone holds it), with room
+    /// for at least `capacity` values; its address for an in-place kernel.
+    pub(super) fn own(&mut self, dev: &Device, capacity: usize) -> Result<&mut CudaSlice<f32>> {
+        let room = self.mem.len() >= capacity.max(1);
+        if !(room && Arc::get_mut(&mut self.mem).is_some()) {
+            let mut fresh = dev.alloc::<f32>(capacity.max(self.len))?;
+            dev.copy(&self.mem, 0, &mut fresh, 0, self.len)?;
+            self.mem = Arc::new(fresh);
+        }
+        Arc::get_mut(&mut self.mem)
+            .ok_or_else(|| EngineError::Device("a fresh buffer is shared".into()))
+    }
+
+    /// [`CudaBuf::own`] at the current length, returning the address.
+    pub(super) fn own_ptr(&mut self, dev: &Device) -> Result<u64> {
+        let len = self.len;
+        Ok(ptr(self.own(dev, len)?))
+    }
+}
+
+pub(super) fn upload(dev: &Device, host: &[f32]) -> Result<CudaBuf> {
+    Ok(CudaBuf::from_slice(dev.upload(host)?, host.len()))
+}
+
+pub(super) fn download(dev: &Device, x: &CudaBuf) -> Result<Vec<f32>> {
+    dev.download(&x.mem, x.len)
+}
+
+pub(super) fn zeros(dev: &Device, n: usize) -> Result<CudaBuf> {
+    Ok(CudaBuf::from_slice(dev.alloc_zeros(n)?, n))
+}
+
+pub(super) fn rows(
+    dev: &Device,
+    x: &CudaBuf,
+    width: usize,
+    first: usize,
+    count: usize,
+) -> Result<CudaBuf> {
+    let (a, b) = (first * width, (first + count) * width);
+    if b > x.len {
+        return Err(shape_err(
+            "rows",
+            format!(
+                "rows {first}..{} of a {}-row buffer",
+                first + count,
+                x.len / width.max(1)
+            ),
+        ));
+    }
+    let mut out = dev.alloc(b - a)?;
+    dev.copy(&x.mem, a, &mut out, 0, b - a)?;
+    Ok(CudaBuf::from_slice(out, b - a))
+}
+
+/// `dst ← [dst | src]`, into spare capacity when there is some.
+pub(super) fn append(dev: &Device, dst: &mut CudaBuf, src: &CudaBuf) -> Result<()> {
+    let need = dst.len + src.len;
+    let capacity = if dst.mem.len() >= need {
+        need
+    } else {
+        // Doubling keeps a growing cache at amortised O(1) per row.
+        need.max(2 * dst.mem.len()).max(64)
+    };
+    let at = dst.len;
+    let mem = dst.own(dev, capacity)?;
+    dev.copy(&src.mem, 0, mem, at, src.len)?;
+    dst.len = need;
+    Ok(())
+}
+
+pub(super) fn truncate(dst: &mut CudaBuf, n: usize) -> Result<()> {
+    // A shared allocation is fine: values past `n` are never read through
+    // this buffer, and the next append makes it its own first.
+    dst.len = dst.len.min(n);
+    Ok(())
+}
+
+/// `dst[r·dst_stride + dst_off + c] = src[r·src_stride + src_off + c]`.
+#[allow(clippy::too_many_arguments)]
+fn copy2d(
+    dev: &Device,
+    dst: u64,
+    dst_stride: usize,
+    dst_off: usize,
+    src: &CudaBuf,
+    src_stride: usize,
+    src_off: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    if rows * cols == 0 {
+        return Ok(());
+    }
+    dev.launch(
+        "copy2d",
+        Shape::elements(rows * cols),
+        args![
+            dst,
+            dst_stride,
+            dst_off,
+            src.ptr(),
+            src_stride,
+            src_off,
+            rows,
+            cols
+        ],
+    )
+}
+
+pub(super) fn concat_cols(
+    dev: &Device,
+    parts: &[(&CudaBuf, usize)],
+    rows: usize,
+) -> Result<CudaBuf> {
+    let width: usize = parts.iter().map(|p| p.1).sum();
+    if let Some((p, w)) = parts.iter().find(|(p, w)| p.len != rows * w) {
+        return Err(shape_err(
+            "concat_cols",
+            format!("a part of {} values is not [{rows}, {w}]", p.len),
+        ));
+    }
+    let out = CudaBuf::uninit(dev, rows * width)?;
+    let mut off = 0;
+    for (p, w) in parts {
+        copy2d(dev, out.ptr(), width, off, p, *w, 0, rows, *w)?;
+        off += w;
+    }
+    Ok(out)
+}
+
+pub(super) fn split_cols(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    parts: &[usize],
+    repeats: usize,
+) -> Result<Vec<CudaBuf>> {
+    let period: usize = parts.iter().sum();
+    if x.len != rows * period * repeats {
+        return Err(shape_err(
+            "split_cols",
+            format!("{} values are not {rows} rows of {repeats}×{period}", x.len),
+        ));
+    }
+    let mut off = 0;
+    let mut out = Vec::with_capacity(parts.len());
+    for &p in parts {
+        let o = CudaBuf::uninit(dev, rows * repeats * p)?;
+        copy2d(dev, o.ptr(), p, 0, x, period, off, rows * repeats, p)?;
+        off += p;
+        out.push(o);
+    }
+    Ok(out)
+}

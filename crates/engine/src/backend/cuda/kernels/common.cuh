@@ -1,0 +1,82 @@
+// Shared helpers of the ds4 CUDA kernels. Compiled by NVRTC with
+// --fmad=false: no multiply-add is contracted behind our back, so every
+// `a * b + c` rounds twice (as the CPU reference's scalar code does) and
+// every fused multiply-add is an explicit fmaf. Reductions run in one order
+// per kernel that depends on the reduction length only (never on the number
+// of rows, the grid or the SM count): the exactness contract of
+// `backend/mod.rs`.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef unsigned long long u64;
+
+#define DS4_NEG_INF __int_as_float(0xff800000)
+#define FULL_MASK 0xffffffffu
+
+// f16 bits to f32 (exact), without cuda_fp16.h (NVRTC has no headers).
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// A butterfly over the 32 lanes: every lane ends with the same bits (IEEE
+// addition is commutative), the tree is fixed.
+__device__ __forceinline__ float warp_sum(float v) {
+    v += __shfl_xor_sync(FULL_MASK, v, 16);
+    v += __shfl_xor_sync(FULL_MASK, v, 8);
+    v += __shfl_xor_sync(FULL_MASK, v, 4);
+    v += __shfl_xor_sync(FULL_MASK, v, 2);
+    v += __shfl_xor_sync(FULL_MASK, v, 1);
+    return v;
+}
+
+// Max is exact whatever the order; fmaxf ignores a NaN operand like Rust's
+// f32::max.
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// f32 to an unsigned key whose order is Rust's `f32::total_cmp` (−NaN <
+// −∞ < … < −0 < +0 < … < +∞ < +NaN).
+__device__ __forceinline__ u32 total_key(float f) {
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// `a` ranks before `b` in a top-k: larger first, ties to the lower index.
+__device__ __forceinline__ bool ranks_before(u32 ka, u32 ia, u32 kb, u32 ib) {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// A grid-stride loop over `n` elements.
+#define FOR_EACH(i, n) \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n); \
+         i += (u64)gridDim.x * blockDim.x)
+
+// The CPU's 8-lane FMA dot of attention (`cpu::attention::dot`): lane l
+// accumulates fma(a, b) over indices ≡ l (mod 8) below ⌊n/8⌋·8, the lanes
+// are summed ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)), then the tail by FMA.
+__device__ __forceinline__ float dot8_attn(const float* a, const float* b, int n) {
+    float l[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    int n8 = n / 8 * 8;
+    for (int c = 0; c < n8; c += 8) {
+#pragma unroll
+        for (int t = 0; t < 8; t++) l[t] = fmaf(a[c + t], b[c + t], l[t]);
+    }
+    float s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+    for (int e = n8; e < n; e++) s = fmaf(a[e], b[e], s);
+    return s;
+}
+
+// A plain sequential dot `Σ a·b` (products rounded, then added in order
+// from −0.0), as Rust's `.map(|(a, b)| a * b).sum::<f32>()`.
+__device__ __forceinline__ float dot_seq(const float* a, const float* b, int n) {
+    float s = -0.0f;
+    for (int e = 0; e < n; e++) s += a[e] * b[e];
+    return s;
+}

@@ -1,0 +1,102 @@
+// Element-wise ops and the small per-row maps of the op inventory. Each
+// output element is computed alone, with the CPU reference's operations in
+// its order (only `expf`/`log1pf` differ from the host's libm by an ulp or
+// two).
+
+extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u64 n) {
+    FOR_EACH(i, n) y[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u64 n) {
+    FOR_EACH(i, n) y[i] = a[i] * b[i];
+}
+
+extern "C" __global__ void affine_f32(float* y, const float* x, float mul, float add, u64 n) {
+    FOR_EACH(i, n) y[i] = x[i] * mul + add;
+}
+
+extern "C" __global__ void silu_f32(float* y, const float* x, u64 n) {
+    FOR_EACH(i, n) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+extern "C" __global__ void sigmoid_f32(float* y, const float* x, u64 n) {
+    FOR_EACH(i, n) y[i] = 1.0f / (expf(-x[i]) + 1.0f);
+}
+
+// `silu(g)·u`, or `silu(min(g, L))·clamp(u, −L, L)` when has_limit.
+__device__ __forceinline__ float swiglu_one(float g, float u, int has_limit, float limit) {
+    if (has_limit) {
+        g = fminf(g, limit);
+        u = u != u ? u : fminf(fmaxf(u, -limit), limit);
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
+// gu: [rows, 2I] rows `[g | u]` → [rows, I].
+extern "C" __global__ void swiglu_f32(float* y, const float* gu, u64 rows, u64 inter,
+                                      int has_limit, float limit) {
+    FOR_EACH(i, rows * inter) {
+        u64 r = i / inter, c = i % inter;
+        y[i] = swiglu_one(gu[r * 2 * inter + c], gu[r * 2 * inter + inter + c], has_limit, limit);
+    }
+}
+
+// neg_a[h]·softplus(a + dt_bias[h]), softplus linear above 20.
+extern "C" __global__ void softplus_decay_f32(float* y, const float* a, const float* neg_a,
+                                              const float* dt_bias, u64 n, u64 h) {
+    FOR_EACH(i, n) {
+        u64 j = i % h;
+        float x = a[i] + dt_bias[j];
+        float sp = x > 20.0f ? x : log1pf(expf(x));
+        y[i] = neg_a[j] * sp;
+    }
+}
+
+extern "C" __global__ void scale_rows_f32(float* y, const float* x, const float* s, u64 n,
+                                          u64 width) {
+    FOR_EACH(i, n) y[i] = x[i] * s[i / width];
+}
+
+// Qwen's PLE gate, one thread per (token, stream): the sequential dot, the
+// signed square root, then σ(g)·val over the stream's h values.
+extern "C" __global__ void ple_gate_f32(float* out, const float* key, const float* qry,
+                                        const float* val, u64 tokens, u64 c, u64 h,
+                                        float inv_sqrt_h) {
+    FOR_EACH(i, tokens * c) {
+        u64 t = i / c, s = i % c;
+        u64 o = (t * c + s) * h;
+        float g = dot_seq(key + o, qry + o, (int)h) * inv_sqrt_h;
+        float sign = g > 0.0f ? 1.0f : (g < 0.0f ? -1.0f : 0.0f);
+        g = sqrtf(fmaxf(fabsf(g), 1e-6f)) * sign;
+        float sg = 1.0f / (1.0f + expf(-g));
+        for (u64 e = 0; e < h; e++) out[o + e] = sg * val[t * h + e];
+    }
+}
+
+// x: [rows, H] → [rows, C·H].
+extern "C" __global__ void tile_streams_f32(float* y, const float* x, u64 rows, u64 c, u64 h) {
+    FOR_EACH(i, rows * c * h) {
+        u64 r = i / (c * h), j = i % h;
+        y[i] = x[r * h + j];
+    }
+}
+
+// (0 + x_0 + … + x_{C−1})·inv + 0.
+extern "C" __global__ void mean_streams_f32(float* y, const float* x, u64 rows, u64 c, u64 h,
+                                            float inv) {
+    FOR_EACH(i, rows * h) {
+        u64 r = i / h, j = i % h;
+        float s = 0.0f;
+        for (u64 st = 0; st < c; st++) s += x[(r * c + st) * h + j];
+        y[i] = s * inv + 0.0f;
+    }
+}
+
+// X + concat_s(inj_s·y).
+extern "C" __global__ void inject_streams_f32(float* out, const float* xs, const float* y,
+                                              const float* inj, u64 rows, u64 c, u64 h) {
+    FOR_EACH(i, rows * c * h) {
+        u64 t = i / (c * h), s = (i / h) % c, j = i % h;
+        out[i] = xs[i] + inj[t * c + s] * y[t * h + j];
+    }
+}

@@ -1,0 +1,71 @@
+// mHC hyper-connections: Sinkhorn mixing weights (one thread per row, N is
+// 4), the block input and the write-back, each element in the CPU
+// reference's order (`cpu::hyper`).
+
+// One row of `[pre | post | C]` from z. `out` rows are (2+N)·N wide.
+extern "C" __global__ void hc_sinkhorn_f32(float* out, const float* z, const float* base,
+                                           const float* scale, u64 rows, int n, int iters,
+                                           float eps) {
+    FOR_EACH(r, rows) {
+        int w = (2 + n) * n;
+        const float* zr = z + r * w;
+        float* o = out + r * w;
+        for (int i = 0; i < n; i++) {
+            o[i] = 1.0f / (1.0f + expf(-(zr[i] * scale[0] + base[i]))) + eps;
+            o[n + i] = 2.0f * (1.0f / (1.0f + expf(-(zr[n + i] * scale[1] + base[n + i]))));
+        }
+        float* c = o + 2 * n;
+        for (int j = 0; j < n; j++) {
+            float* row = c + j * n;
+            for (int k = 0; k < n; k++) row[k] = zr[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
+            float mx = DS4_NEG_INF;
+            for (int k = 0; k < n; k++) mx = fmaxf(mx, row[k]);
+            float sum = 0.0f;
+            for (int k = 0; k < n; k++) {
+                row[k] = expf(row[k] - mx);
+                sum += row[k];
+            }
+            for (int k = 0; k < n; k++) row[k] = row[k] / sum + eps;
+        }
+        // Columns once, then `iters − 1` rounds of rows and columns.
+        for (int it = 0; it < (iters > 1 ? iters : 1); it++) {
+            if (it > 0) {
+                for (int j = 0; j < n; j++) {
+                    float s = 0.0f;
+                    for (int k = 0; k < n; k++) s += c[j * n + k];
+                    for (int k = 0; k < n; k++) c[j * n + k] /= s + eps;
+                }
+            }
+            for (int k = 0; k < n; k++) {
+                float s = 0.0f;
+                for (int j = 0; j < n; j++) s += c[j * n + k];
+                for (int j = 0; j < n; j++) c[j * n + k] /= s + eps;
+            }
+        }
+    }
+}
+
+// x[r, e] = Σ_s pre[r, s]·X[r, s, e], streams in order from 0.
+extern "C" __global__ void hc_pre_f32(float* out, const float* xs, const float* mix, u64 rows,
+                                      int n, u64 d) {
+    int w = (2 + n) * n;
+    FOR_EACH(i, rows * d) {
+        u64 r = i / d, e = i % d;
+        float acc = 0.0f;
+        for (int s = 0; s < n; s++) acc += mix[r * w + s] * xs[(r * n + s) * d + e];
+        out[i] = acc;
+    }
+}
+
+// X'[r, k, e] = post[r, k]·y[r, e] + Σ_j C[r, j, k]·X[r, j, e].
+extern "C" __global__ void hc_post_f32(float* out, const float* xs, const float* y,
+                                       const float* mix, u64 rows, int n, u64 d) {
+    int w = (2 + n) * n;
+    FOR_EACH(i, rows * n * d) {
+        u64 r = i / (n * d), k = (i / d) % n, e = i % d;
+        const float* m = mix + r * w;
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++) acc += m[2 * n + j * n + k] * xs[(r * n + j) * d + e];
+        out[i] = m[n + k] * y[r * d + e] + acc;
+    }
+}

@@ -1,0 +1,49 @@
+// Layout kernels: strided copies (concat / split of columns), embedding
+// gathers (f32, and Q8_0 / Q4_1 rows dequantized exactly as candle does).
+
+// dst[r·dst_stride + dst_off + c] = src[r·src_stride + src_off + c].
+extern "C" __global__ void copy2d(float* dst, u64 dst_stride, u64 dst_off, const float* src,
+                                  u64 src_stride, u64 src_off, u64 nrows, u64 ncols) {
+    FOR_EACH(i, nrows * ncols) {
+        u64 r = i / ncols, c = i % ncols;
+        dst[r * dst_stride + dst_off + c] = src[r * src_stride + src_off + c];
+    }
+}
+
+// Rows `ids` of an f32 table `[V, width]`.
+extern "C" __global__ void gather_f32(float* dst, const float* table, const u32* ids, u64 n,
+                                      u64 width) {
+    FOR_EACH(i, n * width) {
+        u64 r = i / width, c = i % width;
+        dst[i] = table[(u64)ids[r] * width + c];
+    }
+}
+
+// Rows `ids` of a GGUF Q8_0 table (34-byte blocks `d: f16, qs: [i8; 32]`):
+// `q·d`, exact in f32.
+extern "C" __global__ void gather_q8_0(float* dst, const u8* table, const u32* ids, u64 n,
+                                       u64 width) {
+    u64 row_bytes = width / 32 * 34;
+    FOR_EACH(i, n * width) {
+        u64 r = i / width, c = i % width;
+        const u8* blk = table + (u64)ids[r] * row_bytes + c / 32 * 34;
+        float d = h2f((u16)blk[0] | ((u16)blk[1] << 8));
+        dst[i] = (float)(signed char)blk[2 + c % 32] * d;
+    }
+}
+
+// Rows `ids` of a GGUF Q4_1 table (20-byte blocks `d, m: f16, qs: [u8;
+// 16]`): `u·d + m`, rounded once (u·d is exact), as candle's dequantize.
+extern "C" __global__ void gather_q4_1(float* dst, const u8* table, const u32* ids, u64 n,
+                                       u64 width) {
+    u64 row_bytes = width / 32 * 20;
+    FOR_EACH(i, n * width) {
+        u64 r = i / width, c = i % width;
+        const u8* blk = table + (u64)ids[r] * row_bytes + c / 32 * 20;
+        float d = h2f((u16)blk[0] | ((u16)blk[1] << 8));
+        float m = h2f((u16)blk[2] | ((u16)blk[3] << 8));
+        u32 j = c % 32;
+        u32 u = j < 16 ? (blk[4 + j] & 0x0F) : (blk[4 + j - 16] >> 4);
+        dst[i] = (float)u * d + m;
+    }
+}

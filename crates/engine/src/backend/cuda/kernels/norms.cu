@@ -1,0 +1,102 @@
+// Norms (one warp per normalised slice) and RoPE. A slice's sum of squares
+// is the GPU's own fixed order: lane l adds v·v for the indices ≡ l (mod 32)
+// in order, then the warp butterfly (`warp_sum`); it depends on the slice
+// width only. The formulas around the sum are the CPU reference's.
+
+#define FOR_EACH_WARP(s, n)                                                          \
+    for (u64 s = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; s < (u64)(n); \
+         s += (u64)gridDim.x * (blockDim.x / 32))
+
+__device__ __forceinline__ float slice_sumsq(const float* x, u64 n) {
+    unsigned lane = threadIdx.x & 31;
+    float a = 0.0f;
+    for (u64 i = lane; i < n; i += 32) a += x[i] * x[i];
+    return warp_sum(a);
+}
+
+// Llama RMSNorm (candle's formula): x / sqrt(Σx²/n + eps) · w.
+extern "C" __global__ void rms_norm_f32(float* y, const float* x, const float* w, u64 rows,
+                                        u64 width, float eps) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(r, rows) {
+        const float* xr = x + r * width;
+        float m = sqrtf(slice_sumsq(xr, width) / (float)width + eps);
+        for (u64 i = lane; i < width; i += 32) y[r * width + i] = xr[i] / m * w[i];
+    }
+}
+
+// Zero-centred grouped RMSNorm (candle's ops): mean = Σx²·(1/g) + 0,
+// inv = 1/sqrt(mean·1 + eps), out = (x·inv)·scale.
+extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const float* scale,
+                                                u64 slices, u64 width, u64 group, float inv_n,
+                                                float eps) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(s, slices) {
+        const float* xs = x + s * group;
+        float mean = slice_sumsq(xs, group) * inv_n + 0.0f;
+        float inv = 1.0f / sqrtf(mean * 1.0f + eps);
+        u64 c0 = (s * group) % width;
+        for (u64 i = lane; i < group; i += 32) y[s * group + i] = (xs[i] * inv) * scale[c0 + i];
+    }
+}
+
+// In place per dim-slice: x·(1/sqrt(Σx²/dim + eps))·scale.
+extern "C" __global__ void rms_norm_heads_f32(float* x, const float* scale, u64 slices, u64 dim,
+                                              float eps) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(s, slices) {
+        float* xs = x + s * dim;
+        float inv = 1.0f / sqrtf(slice_sumsq(xs, dim) / (float)dim + eps);
+        __syncwarp();
+        for (u64 i = lane; i < dim; i += 32) xs[i] = xs[i] * inv * scale[i];
+    }
+}
+
+// In place per dim-slice: x·(1/sqrt(Σx² + 1e-6)·scale).
+extern "C" __global__ void l2_norm_heads_f32(float* x, u64 slices, u64 dim, float scale) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(s, slices) {
+        float* xs = x + s * dim;
+        float inv = 1.0f / sqrtf(slice_sumsq(xs, dim) + 1e-6f);
+        __syncwarp();
+        for (u64 i = lane; i < dim; i += 32) xs[i] *= inv * scale;
+    }
+}
+
+// w·(o·1/sqrt(Σo²/dim + eps))·act(z), act = σ (silu = 0) or z·σ(z).
+extern "C" __global__ void gated_rms_norm_f32(float* y, const float* o, const float* z,
+                                              const float* w, u64 slices, u64 dim, float eps,
+                                              int silu) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(s, slices) {
+        const float* os = o + s * dim;
+        float inv = 1.0f / sqrtf(slice_sumsq(os, dim) / (float)dim + eps);
+        for (u64 i = lane; i < dim; i += 32) {
+            float zv = z[s * dim + i];
+            float g = silu ? zv * sigmoid_f(zv) : sigmoid_f(zv);
+            y[s * dim + i] = w[i] * (os[i] * inv) * g;
+        }
+    }
+}
+
+// RoPE in place: row r of x [rows, heads·head_dim] by cos/sin[r·half ..].
+// layout 0: half split (i, i+half); 1: interleaved (2i, 2i+1); 2:
+// interleaved over the head's trailing 2·half dims.
+extern "C" __global__ void rope_f32(float* x, const float* cs, const float* sn, u64 rows,
+                                    u64 heads, u64 head_dim, u64 half, int layout) {
+    FOR_EACH(t, rows * heads * half) {
+        u64 r = t / (heads * half), h = (t / half) % heads, i = t % half;
+        float* hd = x + (r * heads + h) * head_dim;
+        float c = cs[r * half + i], s = sn[r * half + i];
+        if (layout == 0) {
+            float a = hd[i], b = hd[i + half];
+            hd[i] = a * c - b * s;
+            hd[i + half] = b * c + a * s;
+        } else {
+            float* p = layout == 1 ? hd : hd + head_dim - 2 * half;
+            float a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * c - b * s;
+            p[2 * i + 1] = a * s + b * c;
+        }
+    }
+}

@@ -1,0 +1,69 @@
+// The recurrent mixers (`cpu::delta_rule`): the depthwise causal conv and
+// the gated delta rule, token by token in every path (prefill, decode,
+// verify), never a chunked form.
+
+// Row q of [window | u] (hist rows, then T rows), channel c.
+__device__ __forceinline__ float conv_row(const float* window, const float* u, u64 hist, u64 q,
+                                          u64 channels, u64 c) {
+    return q < hist ? window[q * channels + c] : u[(q - hist) * channels + c];
+}
+
+// out[t, c] = silu(Σ_k w[c, k]·all[t + k·dilation, c]), taps in order from
+// 0; silu(a) = a·(1/(1 + e^−a)) as the CPU's conv.
+extern "C" __global__ void causal_conv_silu_f32(float* out, const float* u, const float* window,
+                                                const float* w, u64 t_len, u64 channels,
+                                                u64 kernel, u64 dilation, u64 hist) {
+    FOR_EACH(i, t_len * channels) {
+        u64 t = i / channels, c = i % channels;
+        float acc = 0.0f;
+        for (u64 k = 0; k < kernel; k++)
+            acc += w[c * kernel + k] * conv_row(window, u, hist, t + k * dilation, channels, c);
+        out[i] = acc * (1.0f / (1.0f + expf(-acc)));
+    }
+}
+
+// The slid window: the last `hist` rows of [window | u] (a new buffer: the
+// old window is still being read).
+extern "C" __global__ void conv_window_f32(float* next, const float* u, const float* window,
+                                           u64 t_len, u64 channels, u64 hist) {
+    FOR_EACH(i, hist * channels) {
+        u64 q = i / channels + t_len, c = i % channels;
+        next[i] = conv_row(window, u, hist, q, channels, c);
+    }
+}
+
+// One thread per (value head j, value column b) owns column b of S_j
+// [dk, dv] across all tokens: decay, kv = Σ_a S[a,b]·k_a (in order), delta
+// = (v_b − kv)·β, then S[a,b] += k_a·delta and o_b += S[a,b]·q_a (in order
+// of a). `per_channel`: g is [T, Hv, dk] (KDA), else [T, Hv] (GDN).
+extern "C" __global__ void delta_rule_scan_f32(float* o, float* s, const float* q,
+                                               const float* k, const float* v, const float* g,
+                                               const float* beta, u64 t_len, u64 hk, u64 hv,
+                                               u64 dk, u64 dv, int per_channel) {
+    FOR_EACH(i, hv * dv) {
+        u64 j = i / dv, b = i % dv;
+        u64 kh = j / (hv / hk);
+        float* sj = s + j * dk * dv + b;
+        for (u64 t = 0; t < t_len; t++) {
+            const float* qv = q + (t * hk + kh) * dk;
+            const float* kv = k + (t * hk + kh) * dk;
+            if (per_channel) {
+                const float* gj = g + (t * hv + j) * dk;
+                for (u64 a = 0; a < dk; a++) sj[a * dv] *= expf(gj[a]);
+            } else {
+                float decay = expf(g[t * hv + j]);
+                for (u64 a = 0; a < dk; a++) sj[a * dv] *= decay;
+            }
+            float mem = 0.0f;
+            for (u64 a = 0; a < dk; a++) mem += sj[a * dv] * kv[a];
+            float delta = (v[(t * hv + j) * dv + b] - mem) * beta[t * hv + j];
+            float acc = 0.0f;
+            for (u64 a = 0; a < dk; a++) {
+                float x = sj[a * dv] + kv[a] * delta;
+                sj[a * dv] = x;
+                acc += x * qv[a];
+            }
+            o[(t * hv + j) * dv + b] = acc;
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Matrix products on the device: `matmul` (f32, Q8_0, Q4_1) and the routed
+//! SwiGLU experts. The kernels (`kernels/matmul.cu`) give every output
+//! element the CPU reference's reduction sequence, with a row loop inside
+//! the kernel, so one compiled code serves every row count.
+
+use super::buf::CudaBuf;
+use super::device::{Arg, Device, Shape, args, ptr};
+use super::select::CudaRouting;
+use super::weights::{BlockKind, CudaExperts, CudaMatrix};
+use crate::error::{EngineError, Result};
+
+/// Output columns per block of the product kernels (8 threads each).
+const COLUMNS_PER_BLOCK: usize = 32;
+/// Blocks along y (pairs of a gathered product) at most; the kernel loops.
+const MAX_GRID_Y: usize = 65_535;
+
+fn shape_err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+fn columns(n: usize, pairs: usize) -> Shape {
+    Shape {
+        grid: (
+            n.div_ceil(COLUMNS_PER_BLOCK).max(1) as u32,
+            pairs.clamp(1, MAX_GRID_Y) as u32,
+        ),
+        block: (COLUMNS_PER_BLOCK * 8) as u32,
+    }
+}
+
+pub(super) fn matmul(dev: &Device, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> Result<CudaBuf> {
+    let (n, k) = w.dims();
+    if x.len() != rows * k {
+        return Err(shape_err(
+            "matmul",
+            format!("{} values are not [{rows}, {k}]", x.len()),
+        ));
+    }
+    let y = CudaBuf::uninit(dev, rows * n)?;
+    if rows == 0 || n == 0 {
+        return Ok(y);
+    }
+    let shape = columns(n, 1);
+    match w {
+        CudaMatrix::F32 { w, .. } => dev.launch(
+            "matmul_f32",
+            shape,
+            args![y.ptr(), x.ptr(), rows, ptr(w), n, k],
+        )?,
+        CudaMatrix::Block {
+            kind: BlockKind::Q8_0,
+            scales,
+            quants,
+            ..
+        } => dev.launch(
+            "matmul_q8_0",
+            shape,
+            args![y.ptr(), x.ptr(), rows, ptr(scales), ptr(quants), n, k],
+        )?,
+        CudaMatrix::Block {
+            kind: BlockKind::Q4_1,
+            scales,
+            mins,
+            quants,
+            ..
+        } => {
+            let mins = mins
+                .as_ref()
+                .ok_or_else(|| EngineError::Device("a Q4_1 matrix without minima".into()))?;
+            // The minima's share needs each activation block's sum.
+            let blocks = rows * k / 32;
+            let sx = CudaBuf::uninit(dev, blocks)?;
+            dev.launch(
+                "block_sums_f32",
+                Shape::elements(blocks),
+                args![sx.ptr(), x.ptr(), blocks],
+            )?;
+            let a: &[Arg] = args![
+                y.ptr(),
+                x.ptr(),
+                sx.ptr(),
+                rows,
+                ptr(scales),
+                ptr(mins),
+                ptr(quants),
+                n,
+                k
+            ];
+            dev.launch("matmul_q4_1", shape, a)?
+        }
+    }
+    Ok(y)
+}
+
+/// `out[t] = Σ_k w[t,k]·down_e(act(gate_up_e·x_t))`: gate/up for every
+/// (token, slot) pair in one launch, SwiGLU, down in one launch, then the
+/// slots summed in order.
+pub(super) fn experts_swiglu(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    routing: &CudaRouting,
+    gate_up: &CudaExperts,
+    down: &CudaExperts,
+    limit: Option<f32>,
+) -> Result<CudaBuf> {
+    let (h, two_i) = (gate_up.inp, gate_up.out);
+    let inter = two_i / 2;
+    let ok = x.len() == rows * h
+        && routing.rows == rows
+        && routing.n_experts <= gate_up.e
+        && two_i == 2 * inter
+        && down.e == gate_up.e
+        && down.out == h
+        && down.inp == inter;
+    if !ok {
+        return Err(shape_err(
+            "experts_swiglu",
+            format!(
+                "{} values for {rows} rows, routing of {} rows, {gate_up:?} / {down:?}",
+                x.len(),
+                routing.rows
+            ),
+        ));
+    }
+    let k = routing.k;
+    let pairs = rows * k;
+    let out = CudaBuf::uninit(dev, rows * h)?;
+    if pairs == 0 {
+        if rows * h > 0 {
+            return super::buf::zeros(dev, rows * h);
+        }
+        return Ok(out);
+    }
+    let experts = ptr(&routing.experts);
+    let gu = CudaBuf::uninit(dev, pairs * two_i)?;
+    dev.launch(
+        "matmul_f32_gather",
+        columns(two_i, pairs),
+        args![
+            gu.ptr(),
+            x.ptr(),
+            k,
+            experts,
+            pairs,
+            ptr(&gate_up.w),
+            two_i,
+            h
+        ],
+    )?;
+    let act = CudaBuf::uninit(dev, pairs * inter)?;
+    dev.launch(
+        "swiglu_f32",
+        Shape::elements(pairs * inter),
+        args![
+            act.ptr(),
+            gu.ptr(),
+            pairs,
+            inter,
+            limit.is_some() as i32,
+            limit.unwrap_or(0.0)
+        ],
+    )?;
+    let ys = CudaBuf::uninit(dev, pairs * h)?;
+    dev.launch(
+        "matmul_f32_gather",
+        columns(h, pairs),
+        args![
+            ys.ptr(),
+            act.ptr(),
+            1usize,
+            experts,
+            pairs,
+            ptr(&down.w),
+            h,
+            inter
+        ],
+    )?;
+    dev.launch(
+        "experts_combine",
+        Shape::elements(rows * h),
+        args![out.ptr(), ys.ptr(), ptr(&routing.weights), rows, k, h],
+    )?;
+    Ok(out)
+}

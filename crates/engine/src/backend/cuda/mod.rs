@@ -1,0 +1,116 @@
+//! The CUDA backend: the op inventory on an NVIDIA GPU.
+//!
+//! * The driver and NVRTC are loaded at run time (cudarc with dynamic
+//!   loading), so this module builds without a CUDA toolkit; [`CudaOps::new`]
+//!   fails with a typed error (never a panic) where no driver or device is
+//!   found, and callers fall back to the CPU ([`probe`]).
+//! * Kernels are CUDA C sources embedded in the binary (`kernels/*.cu`),
+//!   compiled once per machine by NVRTC for the device's architecture and
+//!   cached on disk ([`nvrtc`]).
+//! * Weights, activations, caches and workspaces live on the device; every
+//!   op is queued on one stream. The only read-backs are
+//!   [`Backend::download`] (the logits rows, state export) and the trace
+//!   helpers; routing and sparse selections are made on the device.
+//!
+//! Exactness: every kernel computes each output element by one sequence of
+//! operations that depends on the reduction length only, with the row loop
+//! inside the kernel, so a token's bits never depend on how many rows
+//! shared its call (decode step, verify window, prefill chunk). Where the
+//! CPU reference's sequence parallelises naturally (the 8-lane FMA dot of
+//! the f32 and block matmuls, the per-key attention sums, the delta rule's
+//! per-column recurrence) the kernels follow it exactly, so those ops agree
+//! with the CPU up to the `exp`/`log` of the device's math library; the
+//! norms sum squares in a warp order of their own. The kernel set (the
+//! architecture and a hash of the compiled program) is part of the backend
+//! id, so a checkpoint made on the GPU never resumes on the CPU or on
+//! another kernel set.
+
+mod attention;
+mod buf;
+mod device;
+mod elementwise;
+mod linear;
+mod norms;
+pub mod nvrtc;
+mod ops;
+mod recurrent;
+mod select;
+mod weights;
+
+use std::sync::Arc;
+
+pub use buf::CudaBuf;
+pub use select::{CudaRouting, CudaSelection};
+pub use weights::{BlockKind, CudaExperts, CudaMatrix, CudaTable};
+
+use crate::backend::BackendId;
+use crate::error::Result;
+
+/// The CUDA backend: a handle on one device (cheap to clone).
+#[derive(Clone)]
+pub struct CudaOps {
+    dev: Arc<device::Device>,
+}
+
+impl std::fmt::Debug for CudaOps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaOps({:?})", self.dev)
+    }
+}
+
+impl CudaOps {
+    /// Open CUDA device `ordinal`, compiling (or loading the cached) kernels.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Ok(Self {
+            dev: Arc::new(device::Device::open(ordinal)?),
+        })
+    }
+
+    /// The device's name (`NVIDIA H200`, …).
+    pub fn device_name(&self) -> &str {
+        &self.dev.name
+    }
+
+    /// The kernel architecture (`sm_90a`, …).
+    pub fn arch(&self) -> &str {
+        &self.dev.arch
+    }
+
+    /// Wait until every queued op has run (for timing; ops queue
+    /// asynchronously, and a download waits by itself).
+    pub fn synchronize(&self) -> Result<()> {
+        self.dev.sync()
+    }
+
+    fn backend_id(&self) -> BackendId {
+        BackendId {
+            backend: "cuda",
+            kernels: self.dev.arch.clone(),
+            // The architecture and the compiled program: a changed kernel
+            // is a different kernel set, whose bits may differ.
+            tag: format!(
+                "cuda-kernels:{}:{:016x}",
+                self.dev.arch, self.dev.kernels_hash
+            ),
+        }
+    }
+}
+
+/// Whether a CUDA device can be used here: `Ok(name)` of device 0, or why
+/// not (no driver library, no device, NVRTC missing …), without aborting
+/// the process where the libraries are absent.
+pub fn probe() -> std::result::Result<String, String> {
+    if !device::driver_present() {
+        return Err("the CUDA driver (libcuda.so) is not installed".into());
+    }
+    if !nvrtc::nvrtc_present() {
+        return Err("NVRTC (libnvrtc.so.13) is not on the library path".into());
+    }
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(cudarc::driver::CudaContext::new(0)
+            .and_then(|c| c.name())
+            .unwrap_or_else(|_| "CUDA device 0".into())),
+        Ok(_) => Err("the CUDA driver reports no device".into()),
+        Err(e) => Err(format!("the CUDA driver failed: {e:?}")),
+    }
+}

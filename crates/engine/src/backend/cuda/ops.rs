@@ -1,0 +1,415 @@
+//! [`CudaOps`] as the op inventory: each op checks its shapes (typed errors,
+//! so no kernel reads out of bounds) and queues its kernels; the work is in
+//! the modules named per group.
+
+use candle_core::Tensor;
+
+use super::buf::{self, CudaBuf};
+use super::select::{self, CudaRouting, CudaSelection};
+use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
+use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
+use crate::backend::{
+    Backend, BackendId, EntryKeep, GateAct, Heads, HostWeight, IndexerShape, RopeLayout,
+    RouterSpec, ScanDims,
+};
+use crate::error::Result;
+
+impl Backend for CudaOps {
+    type Buf = CudaBuf;
+    type Matrix = CudaMatrix;
+    type Experts = CudaExperts;
+    type Table = CudaTable;
+    type Selection = CudaSelection;
+    type Routing = CudaRouting;
+
+    fn id(&self) -> BackendId {
+        self.backend_id()
+    }
+
+    // ---- memory ----
+
+    fn upload(&self, host: &[f32]) -> Result<CudaBuf> {
+        buf::upload(&self.dev, host)
+    }
+
+    fn download(&self, x: &CudaBuf) -> Result<Vec<f32>> {
+        buf::download(&self.dev, x)
+    }
+
+    fn zeros(&self, n: usize) -> Result<CudaBuf> {
+        buf::zeros(&self.dev, n)
+    }
+
+    fn len(&self, x: &CudaBuf) -> usize {
+        x.len()
+    }
+
+    fn rows(&self, x: &CudaBuf, width: usize, first: usize, count: usize) -> Result<CudaBuf> {
+        buf::rows(&self.dev, x, width, first, count)
+    }
+
+    fn append(&self, dst: &mut CudaBuf, src: &CudaBuf) -> Result<()> {
+        buf::append(&self.dev, dst, src)
+    }
+
+    fn truncate(&self, dst: &mut CudaBuf, n: usize) -> Result<()> {
+        buf::truncate(dst, n)
+    }
+
+    fn concat_cols(&self, parts: &[(&CudaBuf, usize)], rows: usize) -> Result<CudaBuf> {
+        buf::concat_cols(&self.dev, parts, rows)
+    }
+
+    fn split_cols(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        parts: &[usize],
+        repeats: usize,
+    ) -> Result<Vec<CudaBuf>> {
+        buf::split_cols(&self.dev, x, rows, parts, repeats)
+    }
+
+    // ---- weights ----
+
+    fn matrix(&self, w: HostWeight, out: usize, inp: usize) -> Result<CudaMatrix> {
+        weights::matrix(&self.dev, w, out, inp)
+    }
+
+    fn experts(&self, w: Tensor, e: usize, out: usize, inp: usize) -> Result<CudaExperts> {
+        weights::experts(&self.dev, w, e, out, inp)
+    }
+
+    fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<CudaTable> {
+        weights::table(&self.dev, w, rows, width)
+    }
+
+    fn gather_rows(&self, table: &CudaTable, ids: &[u32]) -> Result<CudaBuf> {
+        elementwise::gather_rows(&self.dev, table, ids)
+    }
+
+    // ---- linear algebra ----
+
+    fn matmul(&self, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> Result<CudaBuf> {
+        linear::matmul(&self.dev, x, rows, w)
+    }
+
+    fn experts_swiglu(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        routing: &CudaRouting,
+        gate_up: &CudaExperts,
+        down: &CudaExperts,
+        limit: Option<f32>,
+    ) -> Result<CudaBuf> {
+        linear::experts_swiglu(&self.dev, x, rows, routing, gate_up, down, limit)
+    }
+
+    // ---- routing ----
+
+    fn route_softmax_topk(
+        &self,
+        logits: &CudaBuf,
+        rows: usize,
+        experts: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<CudaRouting> {
+        select::route_softmax_topk(&self.dev, logits, rows, experts, k, renormalise)
+    }
+
+    fn route_scored(
+        &self,
+        logits: &CudaBuf,
+        rows: usize,
+        bias: Option<&CudaBuf>,
+        fixed: Option<&[u32]>,
+        spec: &RouterSpec,
+    ) -> Result<CudaRouting> {
+        select::route_scored(&self.dev, logits, rows, bias, fixed, spec)
+    }
+
+    fn routing_to_host(&self, r: &CudaRouting) -> Result<(Vec<usize>, Vec<f32>)> {
+        select::routing_to_host(&self.dev, r)
+    }
+
+    // ---- norms ----
+
+    fn rms_norm(&self, x: &CudaBuf, width: usize, w: &CudaBuf, eps: f32) -> Result<CudaBuf> {
+        norms::rms_norm(&self.dev, x, width, w, eps)
+    }
+
+    fn rms_norm_grouped(
+        &self,
+        x: &CudaBuf,
+        width: usize,
+        group: usize,
+        scale: &CudaBuf,
+        eps: f64,
+    ) -> Result<CudaBuf> {
+        norms::rms_norm_grouped(&self.dev, x, width, group, scale, eps)
+    }
+
+    fn rms_norm_heads(&self, x: &mut CudaBuf, dim: usize, scale: &CudaBuf, eps: f32) -> Result<()> {
+        norms::rms_norm_heads(&self.dev, x, dim, scale, eps)
+    }
+
+    fn l2_norm_heads(&self, x: &mut CudaBuf, dim: usize, scale: f32) -> Result<()> {
+        norms::l2_norm_heads(&self.dev, x, dim, scale)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        o: &CudaBuf,
+        z: &CudaBuf,
+        w: &CudaBuf,
+        eps: f32,
+        act: GateAct,
+    ) -> Result<CudaBuf> {
+        norms::gated_rms_norm(&self.dev, o, z, w, eps, act)
+    }
+
+    // ---- position ----
+
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        head_dim: usize,
+        cos: &CudaBuf,
+        sin: &CudaBuf,
+        half: usize,
+        layout: RopeLayout,
+    ) -> Result<()> {
+        norms::rope(&self.dev, x, head_dim, cos, sin, half, layout)
+    }
+
+    // ---- recurrent ----
+
+    fn causal_conv_silu(
+        &self,
+        u: &CudaBuf,
+        window: &mut CudaBuf,
+        w: &CudaBuf,
+        channels: usize,
+        kernel: usize,
+        dilation: usize,
+    ) -> Result<CudaBuf> {
+        recurrent::causal_conv_silu(&self.dev, u, window, w, channels, kernel, dilation)
+    }
+
+    fn delta_rule_scan(
+        &self,
+        d: ScanDims,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        g: &CudaBuf,
+        beta: &CudaBuf,
+        s: &mut CudaBuf,
+    ) -> Result<CudaBuf> {
+        recurrent::delta_rule_scan(&self.dev, d, q, k, v, g, beta, s)
+    }
+
+    // ---- attention ----
+
+    fn attention_causal(
+        &self,
+        q: &CudaBuf,
+        k: &[&CudaBuf],
+        v: &[&CudaBuf],
+        offset: usize,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<CudaBuf> {
+        attention::attention_causal(&self.dev, q, k, v, offset, q_heads, kv)
+    }
+
+    fn block_keys(
+        &self,
+        raw: &CudaBuf,
+        dim: usize,
+        ratio: usize,
+        first: usize,
+        last: usize,
+    ) -> Result<CudaBuf> {
+        attention::block_keys(&self.dev, raw, dim, ratio, first, last)
+    }
+
+    fn indexer_select(
+        &self,
+        q: &CudaBuf,
+        blocks: &CudaBuf,
+        base: usize,
+        shape: IndexerShape,
+    ) -> Result<CudaSelection> {
+        select::indexer_select(&self.dev, q, blocks, base, shape)
+    }
+
+    fn selection_to_host(&self, s: &CudaSelection) -> Result<Vec<Vec<u32>>> {
+        select::selection_to_host(&self.dev, s)
+    }
+
+    fn attention_gathered(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        keep: &CudaSelection,
+        q_heads: usize,
+        kv: Heads,
+        sinks: Option<&CudaBuf>,
+    ) -> Result<CudaBuf> {
+        attention::attention_gathered(&self.dev, q, k, v, keep, q_heads, kv, sinks)
+    }
+
+    fn attention_window(
+        &self,
+        q: &CudaBuf,
+        heads: usize,
+        dim: usize,
+        query_first: usize,
+        window: &CudaBuf,
+        window_first: usize,
+        span: usize,
+        entries: &CudaBuf,
+        keep: EntryKeep<'_, CudaSelection>,
+        sinks: &CudaBuf,
+    ) -> Result<CudaBuf> {
+        attention::attention_window(
+            &self.dev,
+            q,
+            heads,
+            dim,
+            query_first,
+            window,
+            window_first,
+            span,
+            entries,
+            keep,
+            sinks,
+        )
+    }
+
+    // ---- compression ----
+
+    fn softmax_pool(
+        &self,
+        kv: &CudaBuf,
+        gate: &CudaBuf,
+        slots: usize,
+        dim: usize,
+    ) -> Result<CudaBuf> {
+        elementwise::softmax_pool(&self.dev, kv, gate, slots, dim)
+    }
+
+    fn index_scores(
+        &self,
+        q: &CudaBuf,
+        weights: &CudaBuf,
+        keys: &CudaBuf,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        scale: f32,
+        w_scale: f32,
+    ) -> Result<CudaBuf> {
+        elementwise::index_scores(
+            &self.dev, q, weights, keys, rows, heads, dim, scale, w_scale,
+        )
+    }
+
+    fn select_topk(
+        &self,
+        scores: &CudaBuf,
+        rows: usize,
+        width: usize,
+        limits: &[usize],
+        k: usize,
+    ) -> Result<CudaSelection> {
+        select::select_topk(&self.dev, scores, rows, width, limits, k)
+    }
+
+    // ---- element-wise ----
+
+    fn add(&self, a: &CudaBuf, b: &CudaBuf) -> Result<CudaBuf> {
+        elementwise::add(&self.dev, a, b)
+    }
+
+    fn mul(&self, a: &CudaBuf, b: &CudaBuf) -> Result<CudaBuf> {
+        elementwise::mul(&self.dev, a, b)
+    }
+
+    fn affine(&self, x: &CudaBuf, mul: f32, add: f32) -> Result<CudaBuf> {
+        elementwise::affine(&self.dev, x, mul, add)
+    }
+
+    fn silu(&self, x: &CudaBuf) -> Result<CudaBuf> {
+        elementwise::silu(&self.dev, x)
+    }
+
+    fn sigmoid(&self, x: &CudaBuf) -> Result<CudaBuf> {
+        elementwise::sigmoid(&self.dev, x)
+    }
+
+    fn swiglu(&self, gu: &CudaBuf, inter: usize, limit: Option<f32>) -> Result<CudaBuf> {
+        elementwise::swiglu(&self.dev, gu, inter, limit)
+    }
+
+    fn softplus_decay(&self, a: &CudaBuf, neg_a: &CudaBuf, dt_bias: &CudaBuf) -> Result<CudaBuf> {
+        elementwise::softplus_decay(&self.dev, a, neg_a, dt_bias)
+    }
+
+    fn scale_rows(&self, x: &CudaBuf, s: &CudaBuf, width: usize) -> Result<CudaBuf> {
+        elementwise::scale_rows(&self.dev, x, s, width)
+    }
+
+    fn ple_gate(
+        &self,
+        key: &CudaBuf,
+        qry: &CudaBuf,
+        val: &CudaBuf,
+        c: usize,
+        h: usize,
+    ) -> Result<CudaBuf> {
+        elementwise::ple_gate(&self.dev, key, qry, val, c, h)
+    }
+
+    fn hc_sinkhorn(
+        &self,
+        z: &CudaBuf,
+        base: &CudaBuf,
+        scale: &CudaBuf,
+        n: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<CudaBuf> {
+        elementwise::hc_sinkhorn(&self.dev, z, base, scale, n, iters, eps)
+    }
+
+    fn hc_pre(&self, xs: &CudaBuf, mix: &CudaBuf, n: usize) -> Result<CudaBuf> {
+        elementwise::hc_pre(&self.dev, xs, mix, n)
+    }
+
+    fn hc_post(&self, xs: &CudaBuf, y: &CudaBuf, mix: &CudaBuf, n: usize) -> Result<CudaBuf> {
+        elementwise::hc_post(&self.dev, xs, y, mix, n)
+    }
+
+    fn tile_streams(&self, x: &CudaBuf, c: usize, h: usize) -> Result<CudaBuf> {
+        elementwise::tile_streams(&self.dev, x, c, h)
+    }
+
+    fn mean_streams(&self, x: &CudaBuf, c: usize, h: usize) -> Result<CudaBuf> {
+        elementwise::mean_streams(&self.dev, x, c, h)
+    }
+
+    fn inject_streams(
+        &self,
+        xs: &CudaBuf,
+        y: &CudaBuf,
+        inj: &CudaBuf,
+        c: usize,
+    ) -> Result<CudaBuf> {
+        elementwise::inject_streams(&self.dev, xs, y, inj, c)
+    }
+}

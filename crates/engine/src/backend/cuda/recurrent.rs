@@ -1,0 +1,137 @@
+//! The recurrent mixers on the device (`kernels/recurrent.cu`): the causal
+//! conv with its sliding window, and the gated delta rule token by token
+//! (one thread per value column of each head's state, the CPU reference's
+//! order along the key dimension).
+
+use super::buf::CudaBuf;
+use super::device::{Device, Shape, args};
+use crate::backend::ScanDims;
+use crate::error::{EngineError, Result};
+
+fn shape_err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+pub(super) fn causal_conv_silu(
+    dev: &Device,
+    u: &CudaBuf,
+    window: &mut CudaBuf,
+    w: &CudaBuf,
+    channels: usize,
+    kernel: usize,
+    dilation: usize,
+) -> Result<CudaBuf> {
+    let hist = kernel.saturating_sub(1) * dilation;
+    let bad = channels == 0
+        || kernel == 0
+        || window.len() != hist * channels
+        || w.len() != channels * kernel
+        || !u.len().is_multiple_of(channels);
+    if bad {
+        return Err(shape_err(
+            "causal_conv_silu",
+            format!(
+                "u {} / window {} / weights {} for {channels} channels, kernel {kernel}, \
+                 dilation {dilation}",
+                u.len(),
+                window.len(),
+                w.len()
+            ),
+        ));
+    }
+    let t_len = u.len() / channels;
+    let out = CudaBuf::uninit(dev, u.len())?;
+    if t_len == 0 {
+        return Ok(out);
+    }
+    dev.launch(
+        "causal_conv_silu_f32",
+        Shape::elements(t_len * channels),
+        args![
+            out.ptr(),
+            u.ptr(),
+            window.ptr(),
+            w.ptr(),
+            t_len,
+            channels,
+            kernel,
+            dilation,
+            hist
+        ],
+    )?;
+    if hist > 0 {
+        // A new window: the old one is read by the kernel queued above.
+        let next = CudaBuf::uninit(dev, hist * channels)?;
+        dev.launch(
+            "conv_window_f32",
+            Shape::elements(hist * channels),
+            args![next.ptr(), u.ptr(), window.ptr(), t_len, channels, hist],
+        )?;
+        *window = next;
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn delta_rule_scan(
+    dev: &Device,
+    d: ScanDims,
+    q: &CudaBuf,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    g: &CudaBuf,
+    beta: &CudaBuf,
+    s: &mut CudaBuf,
+) -> Result<CudaBuf> {
+    let dims_ok = d.hk > 0 && d.hv > 0 && d.dk > 0 && d.dv > 0 && d.hv.is_multiple_of(d.hk);
+    let t_len = if dims_ok { beta.len() / d.hv } else { 0 };
+    // `g` holds one log-decay per head (GDN) or per key channel (KDA), as
+    // the CPU reference decides.
+    let per_channel = g.len() == t_len * d.hv * d.dk && d.dk != 1;
+    let ok = dims_ok
+        && beta.len() == t_len * d.hv
+        && q.len() == t_len * d.hk * d.dk
+        && k.len() == q.len()
+        && v.len() == t_len * d.hv * d.dv
+        && (per_channel || g.len() == t_len * d.hv)
+        && s.len() == d.hv * d.dk * d.dv;
+    if !ok {
+        return Err(shape_err(
+            "delta_rule_scan",
+            format!(
+                "q {} k {} v {} g {} β {} state {} for {d:?}",
+                q.len(),
+                k.len(),
+                v.len(),
+                g.len(),
+                beta.len(),
+                s.len()
+            ),
+        ));
+    }
+    let o = CudaBuf::uninit(dev, t_len * d.hv * d.dv)?;
+    if t_len == 0 {
+        return Ok(o);
+    }
+    let sp = s.own_ptr(dev)?;
+    dev.launch(
+        "delta_rule_scan_f32",
+        Shape::elements(d.hv * d.dv),
+        args![
+            o.ptr(),
+            sp,
+            q.ptr(),
+            k.ptr(),
+            v.ptr(),
+            g.ptr(),
+            beta.ptr(),
+            t_len,
+            d.hk,
+            d.hv,
+            d.dk,
+            d.dv,
+            per_channel as i32
+        ],
+    )?;
+    Ok(o)
+}

@@ -1,0 +1,319 @@
+//! Selections on the device: routing decisions ([`CudaRouting`]) and sparse
+//! key selections ([`CudaSelection`]), made by exact top-k kernels (ties to
+//! the lower index, the total order of `f32::total_cmp`), so no decision
+//! needs a round trip to the host.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+
+use super::buf::CudaBuf;
+use super::device::{Device, Shape, args, ptr};
+use crate::backend::{IndexerShape, RouterSpec, Scoring};
+use crate::error::{EngineError, Result};
+
+/// The most experts a router picks per token (the kernels keep the chosen
+/// ids in registers).
+pub const MAX_TOP_K: usize = 64;
+/// The most expert groups of a group-limited router.
+pub const MAX_GROUPS: usize = 64;
+/// Threads of the top-k kernel (its shared arrays are sized for it).
+const TOPK_THREADS: u32 = 256;
+/// The choice value of an expert in a dropped group (the CPU reference's
+/// `cpu::routing::route_scored`).
+const DROPPED_GROUP_CHOICE: f32 = 0.0;
+
+/// Per-token kept indices: `[rows, cap]` with a count per row.
+#[derive(Clone)]
+pub struct CudaSelection {
+    pub(super) idx: Arc<CudaSlice<u32>>,
+    pub(super) counts: Arc<CudaSlice<u32>>,
+    pub(super) rows: usize,
+    pub(super) cap: usize,
+    /// Every index is below this (checked on the host against the cache a
+    /// selection is applied to, so kernels never read past it).
+    pub(super) bound: usize,
+}
+
+impl std::fmt::Debug for CudaSelection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaSelection[{} rows, ≤ {}]", self.rows, self.cap)
+    }
+}
+
+/// Per-token routed experts and weights, `[rows, k]` each.
+#[derive(Clone)]
+pub struct CudaRouting {
+    pub(super) experts: Arc<CudaSlice<u32>>,
+    pub(super) weights: Arc<CudaSlice<f32>>,
+    pub(super) rows: usize,
+    pub(super) k: usize,
+    /// The router's expert count: every id is below it.
+    pub(super) n_experts: usize,
+}
+
+impl std::fmt::Debug for CudaRouting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaRouting[{}, {}]", self.rows, self.k)
+    }
+}
+
+fn shape_err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+fn routing(dev: &Device, rows: usize, k: usize, n_experts: usize) -> Result<CudaRouting> {
+    Ok(CudaRouting {
+        experts: Arc::new(dev.alloc(rows * k)?),
+        weights: Arc::new(dev.alloc(rows * k)?),
+        rows,
+        k,
+        n_experts,
+    })
+}
+
+pub(super) fn route_softmax_topk(
+    dev: &Device,
+    logits: &CudaBuf,
+    rows: usize,
+    experts: usize,
+    k: usize,
+    renormalise: bool,
+) -> Result<CudaRouting> {
+    if logits.len() != rows * experts || k > experts || k > MAX_TOP_K {
+        return Err(shape_err(
+            "route_softmax_topk",
+            format!(
+                "{} logits, {rows} rows of {experts}, top {k} (at most {MAX_TOP_K})",
+                logits.len()
+            ),
+        ));
+    }
+    let r = routing(dev, rows, k, experts)?;
+    if rows > 0 && k > 0 {
+        dev.launch(
+            "route_softmax_topk_f32",
+            Shape::warps(rows),
+            args![
+                ptr(&r.experts),
+                ptr(&r.weights),
+                logits.ptr(),
+                rows,
+                experts,
+                k as i32,
+                renormalise as i32
+            ],
+        )?;
+    }
+    Ok(r)
+}
+
+pub(super) fn route_scored(
+    dev: &Device,
+    logits: &CudaBuf,
+    rows: usize,
+    bias: Option<&CudaBuf>,
+    fixed: Option<&[u32]>,
+    spec: &RouterSpec,
+) -> Result<CudaRouting> {
+    let (e, k) = (spec.experts, spec.k);
+    let bad = logits.len() != rows * e
+        || k > e
+        || k > MAX_TOP_K
+        || bias.is_some_and(|b| b.len() != e)
+        || fixed.is_some_and(|f| f.len() != rows * k || f.iter().any(|&i| i as usize >= e))
+        || spec
+            .groups
+            .is_some_and(|(g, keep)| g == 0 || e % g != 0 || keep > g || g > MAX_GROUPS);
+    if bad {
+        return Err(shape_err(
+            "route_scored",
+            format!("{} logits, {rows} rows, {spec:?}", logits.len()),
+        ));
+    }
+    let r = routing(dev, rows, k, e)?;
+    if rows == 0 || k == 0 {
+        return Ok(r);
+    }
+    let fixed = fixed.map(|f| dev.upload(f)).transpose()?;
+    let (groups, keep) = spec.groups.unwrap_or((0, 0));
+    dev.launch(
+        "route_scored_f32",
+        Shape::warps(rows),
+        args![
+            ptr(&r.experts),
+            ptr(&r.weights),
+            logits.ptr(),
+            bias.map_or(0, |b| b.ptr()),
+            fixed.as_ref().map_or(0, ptr),
+            rows,
+            e,
+            k as i32,
+            (spec.scoring == Scoring::Sigmoid) as i32,
+            groups as i32,
+            keep as i32,
+            spec.renormalise as i32,
+            spec.scale,
+            DROPPED_GROUP_CHOICE
+        ],
+    )?;
+    Ok(r)
+}
+
+pub(super) fn routing_to_host(dev: &Device, r: &CudaRouting) -> Result<(Vec<usize>, Vec<f32>)> {
+    let n = r.rows * r.k;
+    let experts = dev.download(&r.experts, n)?;
+    let weights = dev.download(&r.weights, n)?;
+    Ok((experts.into_iter().map(|e| e as usize).collect(), weights))
+}
+
+pub(super) fn selection_to_host(dev: &Device, s: &CudaSelection) -> Result<Vec<Vec<u32>>> {
+    let idx = dev.download(&s.idx, s.rows * s.cap)?;
+    let counts = dev.download(&s.counts, s.rows)?;
+    Ok(counts
+        .iter()
+        .enumerate()
+        .map(|(r, &c)| idx[r * s.cap..r * s.cap + c as usize].to_vec())
+        .collect())
+}
+
+/// Per row: the `k` best of the first `limits[r]` scores (row stride
+/// `stride`), ascending, each expanded to `ratio` entries, then the tail
+/// `limits[r]·ratio .. visible[r]`.
+#[allow(clippy::too_many_arguments)]
+fn topk(
+    dev: &Device,
+    scores: &CudaBuf,
+    stride: usize,
+    limits: &[u32],
+    visible: &[u32],
+    k: usize,
+    ratio: usize,
+    cap: usize,
+) -> Result<CudaSelection> {
+    let rows = limits.len();
+    let sel = CudaSelection {
+        idx: Arc::new(dev.alloc(rows * cap)?),
+        counts: Arc::new(dev.alloc(rows)?),
+        rows,
+        cap,
+        bound: visible.iter().map(|&v| v as usize).max().unwrap_or(0),
+    };
+    if rows == 0 {
+        return Ok(sel);
+    }
+    let (limits, visible) = (dev.upload(limits)?, dev.upload(visible)?);
+    dev.launch(
+        "topk_select",
+        Shape {
+            grid: (rows as u32, 1),
+            block: TOPK_THREADS,
+        },
+        args![
+            ptr(&sel.idx),
+            ptr(&sel.counts),
+            scores.ptr(),
+            stride,
+            ptr(&limits),
+            ptr(&visible),
+            k as u32,
+            ratio as u32,
+            cap
+        ],
+    )?;
+    Ok(sel)
+}
+
+fn u32_of(op: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| shape_err(op, format!("{v} does not fit 32 bits")))
+}
+
+pub(super) fn select_topk(
+    dev: &Device,
+    scores: &CudaBuf,
+    rows: usize,
+    width: usize,
+    limits: &[usize],
+    k: usize,
+) -> Result<CudaSelection> {
+    if scores.len() != rows * width || limits.len() != rows || limits.iter().any(|&l| l > width) {
+        return Err(shape_err(
+            "select_topk",
+            format!(
+                "{} scores, {} limits for {rows} rows of {width}",
+                scores.len(),
+                limits.len()
+            ),
+        ));
+    }
+    let limits: Vec<u32> = limits
+        .iter()
+        .map(|&l| u32_of("select_topk", l))
+        .collect::<Result<_>>()?;
+    let k = k.min(width);
+    topk(dev, scores, width, &limits, &limits, k, 1, k.max(1))
+}
+
+pub(super) fn indexer_select(
+    dev: &Device,
+    q: &CudaBuf,
+    blocks: &CudaBuf,
+    base: usize,
+    shape: IndexerShape,
+) -> Result<CudaSelection> {
+    let row = shape.heads * shape.dim;
+    if row == 0 || shape.ratio == 0 || !q.len().is_multiple_of(row) {
+        return Err(shape_err(
+            "indexer_select",
+            format!("{} query values for {shape:?}", q.len()),
+        ));
+    }
+    let rows = q.len() / row;
+    let last = base + rows;
+    let nb_max = last / shape.ratio;
+    if blocks.len() < nb_max * shape.dim {
+        return Err(shape_err(
+            "indexer_select",
+            format!(
+                "{} block keys for {nb_max} blocks of {}",
+                blocks.len(),
+                shape.dim
+            ),
+        ));
+    }
+    let stride = nb_max.max(1);
+    let scores = CudaBuf::uninit(dev, rows * stride)?;
+    if nb_max > 0 {
+        dev.launch(
+            "indexer_scores_f32",
+            Shape::elements(rows * stride),
+            args![
+                scores.ptr(),
+                q.ptr(),
+                blocks.ptr(),
+                rows,
+                stride,
+                base,
+                shape.heads,
+                shape.dim,
+                shape.ratio,
+                1.0 / (shape.dim as f32).sqrt()
+            ],
+        )?;
+    }
+    let visible: Vec<u32> = (0..rows)
+        .map(|i| u32_of("indexer_select", base + i + 1))
+        .collect::<Result<_>>()?;
+    let limits: Vec<u32> = visible.iter().map(|&v| v / shape.ratio as u32).collect();
+    let cap = shape.block_topk * shape.ratio + shape.ratio;
+    topk(
+        dev,
+        &scores,
+        stride,
+        &limits,
+        &visible,
+        shape.block_topk,
+        shape.ratio,
+        cap,
+    )
+}

@@ -1,0 +1,302 @@
+//! Weights on the device: matrices (f32, or Q8_0 / Q4_1 kept quantized and
+//! repacked by field), expert stacks, embedding tables.
+//!
+//! Block-quantized values are the CPU backend's: a Q4_1 weight is `d·u + m`
+//! and a Q8_0 weight `d·q` with the f16 fields converted exactly, and the
+//! kernels evaluate them in the AVX2 block kernel's order. GGUF types other
+//! than Q4_1 / Q8_0 are dequantized to f32 once at load (candle's
+//! dequantization); unlike the CPU backend, which runs those through
+//! candle's kernels that round activations to 8 bits, the GPU keeps f32
+//! activations for them, so such matrices agree with the CPU only to the
+//! activation rounding.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device as CpuDevice, Tensor};
+use cudarc::driver::CudaSlice;
+
+use super::device::Device;
+use crate::backend::HostWeight;
+use crate::error::{EngineError, Result};
+
+/// The block formats kept quantized on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    Q4_1,
+    Q8_0,
+}
+
+impl BlockKind {
+    fn of(dtype: GgmlDType) -> Option<Self> {
+        match dtype {
+            GgmlDType::Q4_1 => Some(BlockKind::Q4_1),
+            GgmlDType::Q8_0 => Some(BlockKind::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one GGUF block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            BlockKind::Q4_1 => 20,
+            BlockKind::Q8_0 => 34,
+        }
+    }
+
+    /// Bytes of one block's quants.
+    pub fn quant_bytes(self) -> usize {
+        match self {
+            BlockKind::Q4_1 => 16,
+            BlockKind::Q8_0 => 32,
+        }
+    }
+}
+
+/// A weight matrix `[out, in]` on the device.
+pub enum CudaMatrix {
+    F32 {
+        w: CudaSlice<f32>,
+        out: usize,
+        inp: usize,
+    },
+    /// Scales (and Q4_1 minima) as f16 bits `[out, in/32]`, quants `[out,
+    /// in/32, 16 or 32]`.
+    Block {
+        kind: BlockKind,
+        scales: CudaSlice<u16>,
+        mins: Option<CudaSlice<u16>>,
+        quants: CudaSlice<u8>,
+        out: usize,
+        inp: usize,
+    },
+}
+
+impl std::fmt::Debug for CudaMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CudaMatrix::F32 { out, inp, .. } => write!(f, "CudaMatrix::F32[{out}, {inp}]"),
+            CudaMatrix::Block { kind, out, inp, .. } => {
+                write!(f, "CudaMatrix::{kind:?}[{out}, {inp}]")
+            }
+        }
+    }
+}
+
+impl CudaMatrix {
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            CudaMatrix::F32 { out, inp, .. } | CudaMatrix::Block { out, inp, .. } => (*out, *inp),
+        }
+    }
+
+    /// Bytes a product reads from this matrix (for bandwidth reports).
+    pub fn bytes(&self) -> usize {
+        match self {
+            CudaMatrix::F32 { out, inp, .. } => 4 * out * inp,
+            CudaMatrix::Block { kind, out, inp, .. } => out * inp / 32 * kind.block_bytes(),
+        }
+    }
+}
+
+/// A stack of `E` f32 matrices `[E, out, in]`.
+pub struct CudaExperts {
+    pub(super) w: CudaSlice<f32>,
+    pub(super) e: usize,
+    pub(super) out: usize,
+    pub(super) inp: usize,
+}
+
+impl std::fmt::Debug for CudaExperts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaExperts[{}, {}, {}]", self.e, self.out, self.inp)
+    }
+}
+
+/// An embedding table `[V, width]`: f32, or GGUF Q8_0 / Q4_1 rows as stored
+/// (dequantized row by row on lookup).
+pub enum CudaTable {
+    F32 {
+        w: CudaSlice<f32>,
+        rows: usize,
+        width: usize,
+    },
+    Block {
+        kind: BlockKind,
+        data: CudaSlice<u8>,
+        rows: usize,
+        width: usize,
+    },
+}
+
+impl std::fmt::Debug for CudaTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (rows, width) = self.dims();
+        write!(f, "CudaTable[{rows}, {width}]")
+    }
+}
+
+impl CudaTable {
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            CudaTable::F32 { rows, width, .. } | CudaTable::Block { rows, width, .. } => {
+                (*rows, *width)
+            }
+        }
+    }
+}
+
+fn shape_err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+/// A host f32 tensor's values, row-major.
+fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}
+
+fn dims_of(w: &HostWeight) -> Vec<usize> {
+    match w {
+        HostWeight::F32(t) => t.dims().to_vec(),
+        HostWeight::Gguf(q) => q.shape().dims().to_vec(),
+    }
+}
+
+/// The GGUF bytes of `q` as a block format the kernels read, if it is one.
+fn block_data(q: &QTensor, out: usize, inp: usize) -> Result<Option<(BlockKind, Vec<u8>)>> {
+    let Some(kind) = BlockKind::of(q.dtype()) else {
+        return Ok(None);
+    };
+    if !inp.is_multiple_of(32) {
+        return Err(shape_err(
+            "matrix",
+            format!("{kind:?} rows of {inp} values are not whole blocks"),
+        ));
+    }
+    let data = q.data()?.into_owned();
+    let want = out * inp / 32 * kind.block_bytes();
+    if data.len() != want {
+        return Err(shape_err(
+            "matrix",
+            format!(
+                "{kind:?} data of {} bytes, [{out}, {inp}] needs {want}",
+                data.len()
+            ),
+        ));
+    }
+    Ok(Some((kind, data)))
+}
+
+/// Split GGUF blocks into the device layout: scales, minima, quants.
+pub(super) fn repack(kind: BlockKind, data: &[u8]) -> (Vec<u16>, Vec<u16>, Vec<u8>) {
+    let bb = kind.block_bytes();
+    let blocks = data.len() / bb;
+    let mut scales = Vec::with_capacity(blocks);
+    let mut mins = Vec::with_capacity(if kind == BlockKind::Q4_1 { blocks } else { 0 });
+    let mut quants = Vec::with_capacity(blocks * kind.quant_bytes());
+    for b in data.chunks_exact(bb) {
+        scales.push(u16::from_le_bytes([b[0], b[1]]));
+        match kind {
+            BlockKind::Q4_1 => {
+                mins.push(u16::from_le_bytes([b[2], b[3]]));
+                quants.extend_from_slice(&b[4..20]);
+            }
+            BlockKind::Q8_0 => quants.extend_from_slice(&b[2..34]),
+        }
+    }
+    (scales, mins, quants)
+}
+
+pub(super) fn matrix(dev: &Device, w: HostWeight, out: usize, inp: usize) -> Result<CudaMatrix> {
+    let dims = dims_of(&w);
+    if dims != [out, inp] {
+        return Err(shape_err(
+            "matrix",
+            format!("{dims:?} is not [{out}, {inp}]"),
+        ));
+    }
+    let t = match w {
+        HostWeight::F32(t) => t,
+        HostWeight::Gguf(q) => match block_data(&q, out, inp)? {
+            Some((kind, data)) => return block_matrix(dev, kind, &data, out, inp),
+            None => q.dequantize(&CpuDevice::Cpu)?,
+        },
+    };
+    Ok(CudaMatrix::F32 {
+        w: dev.upload(&host_f32(&t)?)?,
+        out,
+        inp,
+    })
+}
+
+/// A matrix from GGUF block bytes (`[out, in/32]` blocks).
+pub(super) fn block_matrix(
+    dev: &Device,
+    kind: BlockKind,
+    data: &[u8],
+    out: usize,
+    inp: usize,
+) -> Result<CudaMatrix> {
+    let (scales, mins, quants) = repack(kind, data);
+    Ok(CudaMatrix::Block {
+        kind,
+        scales: dev.upload(&scales)?,
+        mins: match kind {
+            BlockKind::Q4_1 => Some(dev.upload(&mins)?),
+            BlockKind::Q8_0 => None,
+        },
+        quants: dev.upload(&quants)?,
+        out,
+        inp,
+    })
+}
+
+pub(super) fn experts(
+    dev: &Device,
+    w: Tensor,
+    e: usize,
+    out: usize,
+    inp: usize,
+) -> Result<CudaExperts> {
+    if w.dims() != [e, out, inp] {
+        return Err(shape_err(
+            "experts",
+            format!("{:?} is not [{e}, {out}, {inp}]", w.dims()),
+        ));
+    }
+    Ok(CudaExperts {
+        w: dev.upload(&host_f32(&w)?)?,
+        e,
+        out,
+        inp,
+    })
+}
+
+pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> Result<CudaTable> {
+    let dims = dims_of(&w);
+    if dims != [rows, width] {
+        return Err(shape_err(
+            "table",
+            format!("{dims:?} is not [{rows}, {width}]"),
+        ));
+    }
+    let t = match w {
+        HostWeight::F32(t) => t,
+        HostWeight::Gguf(q) => match block_data(&q, rows, width)? {
+            Some((kind, data)) => {
+                return Ok(CudaTable::Block {
+                    kind,
+                    data: dev.upload(&data)?,
+                    rows,
+                    width,
+                });
+            }
+            None => q.dequantize(&CpuDevice::Cpu)?,
+        },
+    };
+    Ok(CudaTable::F32 {
+        w: dev.upload(&host_f32(&t)?)?,
+        rows,
+        width,
+    })
+}
