@@ -13,6 +13,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc;
+use super::signature::{self, Param};
 use crate::error::{EngineError, Result};
 
 /// Threads per block of element-wise (grid-stride) kernels.
@@ -98,9 +99,15 @@ pub(super) struct Device {
     pub stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Each kernel's parameters, from the embedded sources.
+    signatures: HashMap<String, Vec<Param>>,
     pub arch: String,
     pub name: String,
     pub kernels_hash: u64,
+    /// Where the kernels came from and how long compiling took (0 when
+    /// loaded from the cache or a cubin).
+    pub kernels_origin: String,
+    pub compile_seconds: f64,
 }
 
 impl std::fmt::Debug for Device {
@@ -157,14 +164,19 @@ impl Device {
         let module = ctx
             .load_module(Ptx::from_binary(cubin.image))
             .map_err(|e| dev_err("loading the kernel cubin", e))?;
+        let text: String = nvrtc::SOURCES.iter().map(|(_, s)| *s).collect();
+        let signatures = signature::parse(&text).map_err(EngineError::Device)?;
         Ok(Self {
             ctx,
             stream,
             module,
             functions: Mutex::new(HashMap::new()),
+            signatures,
             arch,
             name,
             kernels_hash: cubin.hash,
+            kernels_origin: cubin.origin,
+            compile_seconds: cubin.compile_seconds,
         })
     }
 
@@ -186,6 +198,15 @@ impl Device {
 
     /// Queue kernel `name` on the stream.
     pub fn launch(&self, name: &'static str, shape: Shape, args: &[Arg]) -> Result<()> {
+        let sig = self
+            .signatures
+            .get(name)
+            .ok_or_else(|| EngineError::Device(format!("no kernel `{name}` in the sources")))?;
+        if sig.len() != args.len() || !sig.iter().zip(args).all(|(p, a)| p.matches(a)) {
+            return Err(EngineError::Device(format!(
+                "kernel `{name}` takes {sig:?}, was given {args:?}"
+            )));
+        }
         let f = self.function(name)?;
         let mut params: Vec<*mut c_void> = args
             .iter()

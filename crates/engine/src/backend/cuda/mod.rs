@@ -35,6 +35,7 @@ pub mod nvrtc;
 mod ops;
 mod recurrent;
 mod select;
+mod signature;
 mod weights;
 
 use std::sync::Arc;
@@ -74,6 +75,12 @@ impl CudaOps {
     /// The kernel architecture (`sm_90a`, …).
     pub fn arch(&self) -> &str {
         &self.dev.arch
+    }
+
+    /// Where the kernel set came from (NVRTC, the disk cache, an override)
+    /// and the seconds NVRTC took (0 when nothing was compiled).
+    pub fn kernels_origin(&self) -> (&str, f64) {
+        (&self.dev.kernels_origin, self.dev.compile_seconds)
     }
 
     /// Wait until every queued op has run (for timing; ops queue

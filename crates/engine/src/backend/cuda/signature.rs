@@ -1,0 +1,99 @@
+//! Kernel signatures parsed from the CUDA sources, so every launch is
+//! checked against the parameters its kernel declares: a wrong argument
+//! count or kind is a typed error instead of a kernel reading garbage.
+
+use std::collections::HashMap;
+
+use super::device::Arg;
+
+/// How a kernel parameter is passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Param {
+    /// A device pointer or a `u64` size.
+    U64,
+    U32,
+    I32,
+    F32,
+}
+
+impl Param {
+    fn of(ty: &str) -> Option<Self> {
+        if ty.contains('*') {
+            return Some(Param::U64);
+        }
+        match ty.trim() {
+            "u64" => Some(Param::U64),
+            "u32" => Some(Param::U32),
+            "int" => Some(Param::I32),
+            "float" => Some(Param::F32),
+            _ => None,
+        }
+    }
+
+    pub fn matches(self, a: &Arg) -> bool {
+        matches!(
+            (self, a),
+            (Param::U64, Arg::U64(_))
+                | (Param::U32, Arg::U32(_))
+                | (Param::I32, Arg::I32(_))
+                | (Param::F32, Arg::F32(_))
+        )
+    }
+}
+
+/// Every `extern "C" __global__ void name(…)` of `text`, by name. A
+/// parameter of a type this backend does not pass is an error (it would be
+/// unlaunchable).
+pub(super) fn parse(text: &str) -> Result<HashMap<String, Vec<Param>>, String> {
+    const MARK: &str = "extern \"C\" __global__ void ";
+    let mut out = HashMap::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        rest = &rest[at + MARK.len()..];
+        let open = rest.find('(').ok_or("a kernel without parameters")?;
+        let close = rest.find(')').ok_or("an unclosed parameter list")?;
+        let name = rest[..open].trim().to_string();
+        let mut params = Vec::new();
+        for p in rest[open + 1..close].split(',') {
+            let p = p.trim();
+            // The type is everything before the parameter's name.
+            let cut = p
+                .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .ok_or_else(|| format!("kernel `{name}`: parameter `{p}`"))?;
+            let ty = &p[..=cut];
+            params.push(
+                Param::of(ty).ok_or_else(|| format!("kernel `{name}`: parameter type `{ty}`"))?,
+            );
+        }
+        out.insert(name, params);
+        rest = &rest[close..];
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::SOURCES;
+
+    #[test]
+    fn every_embedded_kernel_has_a_passable_signature() {
+        let text: String = SOURCES.iter().map(|(_, s)| *s).collect();
+        let sigs = parse(&text).unwrap();
+        assert!(sigs.len() >= 40, "{} kernels", sigs.len());
+        assert_eq!(
+            sigs["copy2d"],
+            vec![Param::U64; 8],
+            "pointers and sizes are u64"
+        );
+        assert_eq!(sigs["route_softmax_topk_f32"][5], Param::I32);
+        assert_eq!(sigs["affine_f32"][2], Param::F32);
+        assert_eq!(sigs["topk_select"][6], Param::U32);
+    }
+
+    #[test]
+    fn unknown_parameter_types_are_refused() {
+        let bad = "extern \"C\" __global__ void k(double x) {}";
+        assert!(parse(bad).unwrap_err().contains("double"));
+    }
+}

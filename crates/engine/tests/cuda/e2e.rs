@@ -1,0 +1,432 @@
+//! The tiny fixtures end to end on the GPU: logits against the transformers
+//! references (1e-4, the CPU tests' bound, with the difference to the CPU
+//! printed), and the exactness properties of the conformance suite on the
+//! GPU's own bits: one forward == chunks == single steps, a warm turn == a
+//! cold one (AR and MTP, greedy and sampled), every committed prefix of a
+//! verify window == the shorter forward, greedy MTP == greedy AR at depths
+//! 1..=3. And a checkpoint made on one backend is refused by the other.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ds4_engine::backend::CpuOps;
+use ds4_engine::decode::{self, LiveSession, Observe, TurnConfig, TurnRequest};
+use ds4_engine::families::deepseek_v4::DeepseekV4Model;
+use ds4_engine::families::llama::LlamaModel;
+use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
+use ds4_engine::state::checkpoint::{self, CheckpointStore};
+use ds4_engine::table::{NamedTensor, TensorData};
+use ds4_engine::{LogitsRows, Model, ModelState};
+use ds4_sampling::{Sampler, SamplingParams};
+use safetensors::{Dtype, SafeTensors};
+
+use crate::support::{bits, gpu};
+
+const TOL: f32 = 1e-4;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// A reference file: name → (shape, values).
+struct Reference(HashMap<String, (Vec<usize>, Vec<f64>)>);
+
+impl Reference {
+    fn open(path: &Path) -> Self {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let st = SafeTensors::deserialize(&bytes).expect("a valid reference file");
+        let mut map = HashMap::new();
+        for (k, v) in st.tensors() {
+            let vals: Vec<f64> = match v.dtype() {
+                Dtype::F32 => v
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                Dtype::I64 => v
+                    .data()
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                d => panic!("unexpected dtype {d:?}"),
+            };
+            map.insert(k, (v.shape().to_vec(), vals));
+        }
+        Self(map)
+    }
+    fn has(&self, k: &str) -> bool {
+        self.0.contains_key(k)
+    }
+    fn f32(&self, k: &str) -> Vec<f32> {
+        self.0[k].1.iter().map(|&x| x as f32).collect()
+    }
+    fn ids(&self, k: &str) -> Vec<u32> {
+        self.0[k].1.iter().map(|&x| x as u32).collect()
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// All logits rows of `tokens` from a fresh state.
+fn logits<M: Model>(m: &M, tokens: &[u32]) -> Vec<f32> {
+    let mut s = m.new_state();
+    m.forward(tokens, &mut s, LogitsRows::All).unwrap().logits
+}
+
+/// GPU logits against the reference (bound) and the CPU (printed).
+fn against_reference<G: Model, C: Model>(what: &str, g: &G, c: &C, ids: &[u32], want: &[f32]) {
+    let gl = logits(g, ids);
+    let cl = logits(c, ids);
+    let d_ref = max_diff(&gl, want);
+    let d_cpu = max_diff(&gl, &cl);
+    let same = bits(&gl)
+        .iter()
+        .zip(bits(&cl))
+        .filter(|(a, b)| **a == *b)
+        .count();
+    println!(
+        "REPORT e2e={what} tokens={} max_abs_vs_transformers={d_ref:.3e} max_abs_vs_cpu={d_cpu:.3e} \
+         cpu_identical_bits={same}/{}",
+        ids.len(),
+        gl.len()
+    );
+    assert!(
+        d_ref <= TOL,
+        "{what}: max |Δ| vs transformers {d_ref} > {TOL}"
+    );
+}
+
+/// `len` pseudo-random token ids in `3..vocab`.
+fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(6364136223846793005) | 1;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % (vocab as u64 - 3)) as u32 + 3
+        })
+        .collect()
+}
+
+fn table_bits(t: &[NamedTensor]) -> Vec<(String, Vec<u32>)> {
+    t.iter()
+        .map(|t| {
+            let b = match &t.data {
+                TensorData::F32(v) => bits(v),
+                TensorData::U32(v) => v.clone(),
+            };
+            (t.name.clone(), b)
+        })
+        .collect()
+}
+
+fn rows_bits<M: Model>(m: &M, s: &mut M::State, tokens: &[u32]) -> Vec<u32> {
+    bits(&m.forward(tokens, s, LogitsRows::All).unwrap().logits)
+}
+
+/// One forward == uneven chunks == single steps (rows and state).
+fn chunking<M: Model>(what: &str, m: &M) {
+    let p = prompt(1, 17, m.vocab_size());
+    let mut one = m.new_state();
+    let whole = rows_bits(m, &mut one, &p);
+    for pieces in [vec![5, 1, 9, 2], vec![1; 17]] {
+        let mut s = m.new_state();
+        let mut rows = Vec::new();
+        let mut at = 0;
+        for n in pieces {
+            rows.extend(rows_bits(m, &mut s, &p[at..at + n]));
+            at += n;
+        }
+        assert_eq!(rows, whole, "{what}: chunked logits");
+        assert_eq!(
+            table_bits(&s.export().unwrap()),
+            table_bits(&one.export().unwrap()),
+            "{what}: chunked state"
+        );
+    }
+    println!("REPORT e2e={what} one_forward==chunks==steps (logits and state, bit for bit)");
+}
+
+/// One turn: tokens and per-token logprob bits.
+fn turn<M: Model>(
+    m: &M,
+    s: &mut LiveSession<M>,
+    p: &[u32],
+    depth: usize,
+    max_tokens: usize,
+    temperature: f64,
+    chunk: usize,
+) -> (Vec<u32>, Vec<Vec<u32>>, usize) {
+    let d = m.descriptor();
+    let params = SamplingParams {
+        temperature,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        ..d.sampling_defaults
+    };
+    let mut sampler = Sampler::new(d.law, params, 7).unwrap();
+    let mut lp = Vec::new();
+    let request = TurnRequest {
+        prompt: p,
+        sampler: &mut sampler,
+        config: TurnConfig {
+            max_tokens,
+            stop_token_ids: vec![],
+            prefill_chunk: chunk,
+            logprobs: Some(4),
+            cancel: Default::default(),
+        },
+        mtp_depth: Some(depth),
+    };
+    let mut observer = Observe::new(
+        |_| {},
+        |e: decode::TokenEvent| {
+            let l = e.logprobs.expect("logprobs");
+            let mut b = vec![l.logprob.to_bits()];
+            b.extend(l.top.iter().flat_map(|&(t, p)| [t, p.to_bits()]));
+            lp.push(b);
+            decode::Flow::Continue
+        },
+    );
+    let r = decode::generate(m, s, request, &mut observer).unwrap();
+    (r.tokens, lp, r.reused_tokens)
+}
+
+fn session_bits<M: Model>(s: &LiveSession<M>) -> (Vec<u32>, Vec<(String, Vec<u32>)>) {
+    let image = s.export().unwrap();
+    (image.tokens.clone(), table_bits(&image.tensors))
+}
+
+/// A warm second turn == a cold turn over the whole prompt in one prefill.
+fn warm_equals_cold<M: Model>(what: &str, m: &M) {
+    let v = m.vocab_size();
+    let mut depths = vec![0];
+    depths.extend(m.mtp_contract().map(|c| c.default_depth));
+    for depth in depths {
+        for temperature in [0.0, 0.8] {
+            let p1 = prompt(11, 12, v);
+            let mut warm = LiveSession::new(m);
+            let (t1, _, _) = turn(m, &mut warm, &p1, depth, 3, temperature, 5);
+            let mut p2 = p1.clone();
+            p2.extend(&t1);
+            p2.extend(prompt(12, 7, v));
+            let w = turn(m, &mut warm, &p2, depth, 5, temperature, 4);
+            assert_eq!(w.2, p1.len() + t1.len(), "{what}: the second turn is warm");
+            let mut cold = LiveSession::new(m);
+            let c = turn(m, &mut cold, &p2, depth, 5, temperature, p2.len());
+            assert_eq!(c.2, 0, "{what}: cold");
+            assert_eq!(
+                (&w.0, &w.1),
+                (&c.0, &c.1),
+                "{what} depth {depth} T={temperature}"
+            );
+            assert_eq!(session_bits(&warm), session_bits(&cold), "{what}: sessions");
+        }
+    }
+    println!("REPORT e2e={what} warm==cold (AR and MTP, T=0 and T=0.8, tokens, logprobs, session)");
+}
+
+/// Greedy MTP at depths 1..=3 == greedy AR; every committed prefix of a
+/// verify window == the shorter forward.
+fn mtp_exactness<M: Model>(what: &str, m: &M) {
+    let Some(contract) = m.mtp_contract() else {
+        return;
+    };
+    let v = m.vocab_size();
+    for (seed, len) in [(41u64, 5usize), (42, 11)] {
+        let p = prompt(seed, len, v);
+        let mut ar = LiveSession::new(m);
+        let (a, _, _) = turn(m, &mut ar, &p, 0, 14, 0.0, 64);
+        for depth in 1..=contract.max_depth.min(3) {
+            let mut s = LiveSession::new(m);
+            let (t, _, _) = turn(m, &mut s, &p, depth, 14, 0.0, 64);
+            assert_eq!(t, a, "{what}: greedy MTP depth {depth} vs AR");
+        }
+    }
+    let p = prompt(31, 9, v);
+    let mut base = m.new_state();
+    m.forward(&p, &mut base, LogitsRows::All).unwrap();
+    for rows in 1..=contract.max_depth + 1 {
+        let w = prompt(32 + rows as u64, rows, v);
+        let mut plain = base.snapshot();
+        let forward_rows = rows_bits(m, &mut plain, &w);
+        for accepted in 0..=rows {
+            let mut s = base.snapshot();
+            let win = m.forward_window(&w, &mut s).unwrap();
+            assert_eq!(
+                bits(&win.logits.logits),
+                forward_rows,
+                "{what}: window rows"
+            );
+            s.commit(&win.record, accepted).unwrap();
+            let mut r = base.snapshot();
+            if accepted > 0 {
+                m.forward(&w[..accepted], &mut r, LogitsRows::All).unwrap();
+            }
+            assert_eq!(
+                table_bits(&s.export().unwrap()),
+                table_bits(&r.export().unwrap()),
+                "{what}: window of {rows}, commit {accepted}"
+            );
+        }
+    }
+    println!(
+        "REPORT e2e={what} greedy MTP (depths 1..={}) == AR; window commits == shorter forwards",
+        contract.max_depth.min(3)
+    );
+}
+
+fn exactness<M: Model>(what: &str, m: &M) {
+    chunking(what, m);
+    warm_equals_cold(what, m);
+    mtp_exactness(what, m);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_llama_tiny_matches_transformers_and_is_exact() {
+    let g = gpu();
+    for variant in [
+        "f32_untied",
+        "f32_tied",
+        "f32_sharded",
+        "bf16",
+        "rope_llama3",
+        "rope_linear",
+    ] {
+        let dir = fixtures().join("llama/tiny").join(variant);
+        let gm = LlamaModel::load_hf(&dir, g.clone()).unwrap();
+        let cm = LlamaModel::load_hf(&dir, CpuOps).unwrap();
+        let r =
+            Reference::open(&fixtures().join(format!("llama/tiny/{variant}.logits.safetensors")));
+        let mut p = 0;
+        while r.has(&format!("p{p}.tokens")) {
+            let ids = r.ids(&format!("p{p}.tokens"));
+            against_reference(
+                &format!("llama {variant} p{p}"),
+                &gm,
+                &cm,
+                &ids,
+                &r.f32(&format!("p{p}.logits")),
+            );
+            p += 1;
+        }
+        assert!(p >= 2, "{variant}: at least two prompts");
+        if variant == "f32_untied" {
+            exactness("llama f32_untied", &gm);
+        }
+    }
+}
+
+fn qwen4(name: &str) {
+    let dir = fixtures().join("qwen4_exp").join(name);
+    let gm = Qwen4ExpModel::load(&dir, gpu()).unwrap();
+    let cm = Qwen4ExpModel::load(&dir, CpuOps).unwrap();
+    let r = Reference::open(&fixtures().join(format!("qwen4_exp/{name}.ref.safetensors")));
+    against_reference(
+        &format!("qwen4_exp {name}"),
+        &gm,
+        &cm,
+        &r.ids("input_ids"),
+        &r.f32("logits_full"),
+    );
+    exactness(&format!("qwen4_exp {name}"), &gm);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_qwen4_exp_tiny_a_matches_transformers_and_is_exact() {
+    qwen4("tiny_a");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_qwen4_exp_tiny_b_matches_transformers_and_is_exact() {
+    qwen4("tiny_b");
+}
+
+fn deepseek(name: &str) {
+    let dir = fixtures().join("deepseek_v4").join(name);
+    let gm = DeepseekV4Model::load(&dir, gpu()).unwrap();
+    let cm = DeepseekV4Model::load(&dir, CpuOps).unwrap();
+    let r = Reference::open(&fixtures().join(format!("deepseek_v4/{name}.ref.safetensors")));
+    against_reference(
+        &format!("deepseek_v4 {name}"),
+        &gm,
+        &cm,
+        &r.ids("input_ids"),
+        &r.f32("logits_full"),
+    );
+    exactness(&format!("deepseek_v4 {name}"), &gm);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_deepseek_v4_tiny_a_matches_transformers_and_is_exact() {
+    deepseek("tiny_a");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_deepseek_v4_tiny_b_matches_transformers_and_is_exact() {
+    deepseek("tiny_b");
+}
+
+/// A checkpoint written by a GPU model is another identity for the CPU
+/// model of the same files (and the reverse): counted as foreign, never
+/// loaded, the turn starts cold.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_checkpoints_do_not_cross_backends() {
+    let dir = fixtures().join("qwen4_exp/tiny_a");
+    let gm = Qwen4ExpModel::load(&dir, gpu()).unwrap();
+    let cm = Qwen4ExpModel::load(&dir, CpuOps).unwrap();
+    assert_ne!(gm.backend().tag, cm.backend().tag);
+    let p = prompt(5, 20, gm.vocab_size());
+    let gid = checkpoint::identity(&dir, "qwen4_exp", &gm.backend()).unwrap();
+    let cid = checkpoint::identity(&dir, "qwen4_exp", &cm.backend()).unwrap();
+    for (maker_is_gpu, label) in [(true, "GPU → CPU"), (false, "CPU → GPU")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (maker_id, reader_id) = if maker_is_gpu {
+            (gid.clone(), cid.clone())
+        } else {
+            (cid.clone(), gid.clone())
+        };
+        let mut store = CheckpointStore::open(tmp.path(), maker_id.clone(), 1 << 30).unwrap();
+        if maker_is_gpu {
+            let mut s = LiveSession::new(&gm);
+            turn(&gm, &mut s, &p, 0, 3, 0.0, 64);
+            store.save(&s).unwrap();
+        } else {
+            let mut s = LiveSession::new(&cm);
+            turn(&cm, &mut s, &p, 0, 3, 0.0, 64);
+            store.save(&s).unwrap();
+        }
+        // The maker finds its own checkpoint again …
+        let mut own = CheckpointStore::open(tmp.path(), maker_id, 1 << 30).unwrap();
+        assert_eq!(own.entries().len(), 1, "{label}: the maker's own store");
+        // … the other backend counts it as foreign and starts cold.
+        let mut other = CheckpointStore::open(tmp.path(), reader_id, 1 << 30).unwrap();
+        assert_eq!(other.entries().len(), 0, "{label}: loaded across backends");
+        assert_eq!(other.foreign_files(), 1, "{label}: not counted");
+        let found = if maker_is_gpu {
+            other.lookup(&cm, &p).is_some()
+        } else {
+            other.lookup(&gm, &p).is_some()
+        };
+        assert!(!found, "{label}: a foreign checkpoint was used");
+        if maker_is_gpu {
+            assert!(own.lookup(&gm, &p).is_some(), "{label}: the maker's lookup");
+        } else {
+            assert!(own.lookup(&cm, &p).is_some(), "{label}: the maker's lookup");
+        }
+        println!("REPORT e2e=checkpoint {label}: refused (foreign), served cold");
+    }
+}

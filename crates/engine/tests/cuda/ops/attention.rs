@@ -1,0 +1,245 @@
+//! Attention over caches and selections.
+
+use ds4_engine::backend::{Backend, CpuOps, EntryKeep, Heads, IndexerShape};
+
+use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_attention_causal_matches_the_cpu_and_windows() {
+    let (g, c) = (gpu(), CpuOps);
+    // d = 20: an 8-lane dot with a tail; 2 kv heads for 4 query heads.
+    let (hq, hkv, d, offset, t) = (4, 2, 20, 5, 6);
+    let total = offset + t;
+    let q = rnd(t * hq * d, 90);
+    let kc: Vec<Vec<f32>> = (0..hkv).map(|h| rnd(total * d, 91 + h as u64)).collect();
+    let vc: Vec<Vec<f32>> = (0..hkv).map(|h| rnd(total * d, 95 + h as u64)).collect();
+    let (gk, gv): (Vec<_>, Vec<_>) = (
+        kc.iter().map(|x| up(&g, x)).collect(),
+        vc.iter().map(|x| up(&g, x)).collect(),
+    );
+    let kv = Heads { heads: hkv, dim: d };
+    let gpu_rows = |first: usize, n: usize| {
+        let gq = up(&g, &q[first * hq * d..(first + n) * hq * d]);
+        down(
+            &g,
+            &g.attention_causal(
+                &gq,
+                &gk.iter().collect::<Vec<_>>(),
+                &gv.iter().collect::<Vec<_>>(),
+                offset + first,
+                hq,
+                kv,
+            )
+            .unwrap(),
+        )
+    };
+    let cy = c
+        .attention_causal(
+            &q,
+            &kc.iter().collect::<Vec<_>>(),
+            &vc.iter().collect::<Vec<_>>(),
+            offset,
+            hq,
+            kv,
+        )
+        .unwrap();
+    let whole = gpu_rows(0, t);
+    check("attention_causal", &whole, &cy, 1e-5, false);
+    // The window vs each query as its own decode step vs chunks.
+    let steps: Vec<f32> = (0..t).flat_map(|i| gpu_rows(i, 1)).collect();
+    assert_eq!(
+        bits(&steps),
+        bits(&whole),
+        "attention_causal: steps vs window"
+    );
+    let mut chunks = gpu_rows(0, 2);
+    chunks.extend(gpu_rows(2, t - 2));
+    assert_eq!(
+        bits(&chunks),
+        bits(&whole),
+        "attention_causal: chunks vs window"
+    );
+    assert!(
+        g.attention_causal(
+            &up(&g, &q),
+            &gk.iter().collect::<Vec<_>>(),
+            &gv.iter().collect::<Vec<_>>(),
+            offset + 1,
+            hq,
+            kv
+        )
+        .is_err(),
+        "keys past the cache are refused"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_block_keys_indexer_and_gathered_attention_match_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let (dim, ratio) = (16, 4);
+    let raw = rnd(40 * dim, 100);
+    check(
+        "block_keys",
+        &down(&g, &g.block_keys(&up(&g, &raw), dim, ratio, 2, 9).unwrap()),
+        &c.block_keys(&raw, dim, ratio, 2, 9).unwrap(),
+        0.0,
+        true,
+    );
+    let blocks = c.block_keys(&raw, dim, ratio, 0, 10).unwrap();
+    let gblocks = up(&g, &blocks);
+    let shape = IndexerShape {
+        heads: 2,
+        dim,
+        ratio,
+        block_topk: 3,
+    };
+    let (base, rows) = (21, 6);
+    let q = rnd(rows * 2 * dim, 101);
+    let sel = |r: std::ops::Range<usize>| {
+        g.indexer_select(
+            &up(&g, &q[r.start * 2 * dim..r.end * 2 * dim]),
+            &gblocks,
+            base + r.start,
+            shape,
+        )
+        .unwrap()
+    };
+    let gsel = sel(0..rows);
+    let csel = c.indexer_select(&q, &blocks, base, shape).unwrap();
+    assert_eq!(g.selection_to_host(&gsel).unwrap(), csel, "indexer_select");
+    let pruned: usize = csel
+        .iter()
+        .enumerate()
+        .map(|(i, s)| base + i + 1 - s.len())
+        .sum();
+    assert!(pruned > 0, "the selection pruned nothing");
+    println!("REPORT op=indexer_select identical selections, {pruned} tokens pruned");
+    let singles: Vec<Vec<u32>> = (0..rows)
+        .flat_map(|r| g.selection_to_host(&sel(r..r + 1)).unwrap())
+        .collect();
+    assert_eq!(singles, csel, "indexer_select: one row at a time");
+    // Attention over the selections, with and without sinks.
+    let (hq, hkv, d, p) = (4, 2, 12, base + rows);
+    let qa = rnd(rows * hq * d, 102);
+    let (k, v) = (rnd(p * hkv * d, 103), rnd(p * hkv * d, 104));
+    let (gk, gv) = (up(&g, &k), up(&g, &v));
+    let sinks = rnd(hq, 105);
+    let gsinks = up(&g, &sinks);
+    let kv = Heads { heads: hkv, dim: d };
+    for with_sinks in [false, true] {
+        let run = |r: std::ops::Range<usize>| {
+            let s = sel(r.clone());
+            down(
+                &g,
+                &g.attention_gathered(
+                    &up(&g, &qa[r.start * hq * d..r.end * hq * d]),
+                    &gk,
+                    &gv,
+                    &s,
+                    hq,
+                    kv,
+                    with_sinks.then_some(&gsinks),
+                )
+                .unwrap(),
+            )
+        };
+        let cy = c
+            .attention_gathered(&qa, &k, &v, &csel, hq, kv, with_sinks.then_some(&sinks))
+            .unwrap();
+        check(
+            &format!("attention_gathered sinks={with_sinks}"),
+            &run(0..rows),
+            &cy,
+            1e-5,
+            false,
+        );
+        rows_invariant("attention_gathered", rows, run);
+    }
+    // A selection over more tokens than the cache holds is refused.
+    let short = up(&g, &k[..(p - 1) * hkv * d]);
+    assert!(
+        g.attention_gathered(&up(&g, &qa), &short, &short, &gsel, hq, kv, None)
+            .is_err()
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_attention_window_matches_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let (heads, dim, span) = (3, 16, 5);
+    let (window_first, p, query_first, rows) = (4, 12, 8, 6);
+    let q = rnd(rows * heads * dim, 110);
+    let window = rnd(p * dim, 111);
+    let n_entries = 7;
+    let entries = rnd(n_entries * dim, 112);
+    let sinks = rnd(heads, 113);
+    let (gw, ge, gs) = (up(&g, &window), up(&g, &entries), up(&g, &sinks));
+    let scores = rnd(rows * n_entries, 114);
+    let limits: Vec<usize> = (0..rows).map(|r| (r + 2).min(n_entries)).collect();
+    let csel = c.select_topk(&scores, rows, n_entries, &limits, 3).unwrap();
+    for mode in 0..3 {
+        let run = |r: std::ops::Range<usize>| {
+            let gsel = g
+                .select_topk(
+                    &up(&g, &scores[r.start * n_entries..r.end * n_entries]),
+                    r.len(),
+                    n_entries,
+                    &limits[r.clone()],
+                    3,
+                )
+                .unwrap();
+            let keep = match mode {
+                0 => EntryKeep::None,
+                1 => EntryKeep::Causal { ratio: 2 },
+                _ => EntryKeep::Selected(&gsel),
+            };
+            let gq = up(&g, &q[r.start * heads * dim..r.end * heads * dim]);
+            down(
+                &g,
+                &g.attention_window(
+                    &gq,
+                    heads,
+                    dim,
+                    query_first + r.start,
+                    &gw,
+                    window_first,
+                    span,
+                    &ge,
+                    keep,
+                    &gs,
+                )
+                .unwrap(),
+            )
+        };
+        let keep = match mode {
+            0 => EntryKeep::None,
+            1 => EntryKeep::Causal { ratio: 2 },
+            _ => EntryKeep::Selected(&csel),
+        };
+        let cy = c
+            .attention_window(
+                &q,
+                heads,
+                dim,
+                query_first,
+                &window,
+                window_first,
+                span,
+                &entries,
+                keep,
+                &sinks,
+            )
+            .unwrap();
+        check(
+            &format!("attention_window mode {mode}"),
+            &run(0..rows),
+            &cy,
+            1e-5,
+            false,
+        );
+        rows_invariant("attention_window", rows, run);
+    }
+}

@@ -1,0 +1,151 @@
+//! Matrix products and routed experts.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use ds4_engine::backend::cpu::block_matmul::{Isa, isa};
+use ds4_engine::backend::{Backend, CpuOps, HostWeight};
+
+use crate::support::{check, down, gpu, rnd, rows_invariant, up};
+
+/// f32 weights: the kernel runs the CPU's 8-lane sequence, so every bit
+/// matches; n and k leave partial column groups and a tail below 8.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_matmul_f32_is_bit_identical_to_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    for (rows, n, k) in [(9, 300, 1029), (1, 37, 45), (5, 64, 8)] {
+        let w = Tensor::from_vec(rnd(n * k, 20), (n, k), &Device::Cpu).unwrap();
+        let x = rnd(rows * k, 21);
+        let gm = g.matrix(HostWeight::F32(w.clone()), n, k).unwrap();
+        let cm = c.matrix(HostWeight::F32(w), n, k).unwrap();
+        let gy = down(&g, &g.matmul(&up(&g, &x), rows, &gm).unwrap());
+        check(
+            &format!("matmul f32 [{n},{k}]x{rows}"),
+            &gy,
+            &c.matmul(&x, rows, &cm).unwrap(),
+            0.0,
+            true,
+        );
+        if rows >= 3 {
+            rows_invariant("matmul f32", rows, |r| {
+                down(
+                    &g,
+                    &g.matmul(&up(&g, &x[r.start * k..r.end * k]), r.len(), &gm)
+                        .unwrap(),
+                )
+            });
+        }
+    }
+    assert!(
+        g.matmul(
+            &up(&g, &[1.0; 7]),
+            1,
+            &g.matrix(
+                HostWeight::F32(
+                    Tensor::zeros((2, 8), candle_core::DType::F32, &Device::Cpu).unwrap()
+                ),
+                2,
+                8
+            )
+            .unwrap()
+        )
+        .is_err()
+    );
+}
+
+/// Q8_0 / Q4_1: the AVX2 block kernel's sequence; bit for bit when the CPU
+/// runs its AVX2 kernels, else within rounding of the other order.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_matmul_blocks_match_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let exact = isa() == Isa::Avx2;
+    println!("REPORT cpu_block_kernels={:?}", isa());
+    // k = 608: 19 blocks (eight-lane minima plus a tail of 3).
+    let (rows, n, k) = (7, 70, 608);
+    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
+        let t = Tensor::from_vec(rnd(n * k, 30), (n, k), &Device::Cpu).unwrap();
+        let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+        let gm = g.matrix(q.clone(), n, k).unwrap();
+        let cm = c.matrix(q, n, k).unwrap();
+        let x = rnd(rows * k, 31);
+        let gy = down(&g, &g.matmul(&up(&g, &x), rows, &gm).unwrap());
+        check(
+            &format!("matmul {dtype:?}"),
+            &gy,
+            &c.matmul(&x, rows, &cm).unwrap(),
+            1e-5,
+            exact,
+        );
+        rows_invariant(&format!("matmul {dtype:?}"), rows, |r| {
+            down(
+                &g,
+                &g.matmul(&up(&g, &x[r.start * k..r.end * k]), r.len(), &gm)
+                    .unwrap(),
+            )
+        });
+    }
+}
+
+/// Routed SwiGLU experts (plain and clamped): the projections are the f32
+/// products, so only the SiLU's exp differs from the CPU.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_experts_swiglu_matches_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let (rows, e, k, h, inter) = (9, 6, 2, 40, 24);
+    let gu = Tensor::from_vec(rnd(e * 2 * inter * h, 40), (e, 2 * inter, h), &Device::Cpu).unwrap();
+    let dn = Tensor::from_vec(rnd(e * h * inter, 41), (e, h, inter), &Device::Cpu).unwrap();
+    let (ggu, gdn) = (
+        g.experts(gu.clone(), e, 2 * inter, h).unwrap(),
+        g.experts(dn.clone(), e, h, inter).unwrap(),
+    );
+    let (cgu, cdn) = (
+        c.experts(gu, e, 2 * inter, h).unwrap(),
+        c.experts(dn, e, h, inter).unwrap(),
+    );
+    let x: Vec<f32> = rnd(rows * h, 42).iter().map(|v| 3.0 * v).collect();
+    let logits = rnd(rows * e, 43);
+    for limit in [None, Some(0.5f32)] {
+        let groute = g
+            .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
+            .unwrap();
+        let croute = c.route_softmax_topk(&logits, rows, e, k, true).unwrap();
+        assert_eq!(g.routing_to_host(&groute).unwrap().0, croute.experts);
+        let gy = down(
+            &g,
+            &g.experts_swiglu(&up(&g, &x), rows, &groute, &ggu, &gdn, limit)
+                .unwrap(),
+        );
+        let cy = c
+            .experts_swiglu(&x, rows, &croute, &cgu, &cdn, limit)
+            .unwrap();
+        check(
+            &format!("experts_swiglu limit {limit:?}"),
+            &gy,
+            &cy,
+            1e-5,
+            false,
+        );
+        rows_invariant("experts_swiglu", rows, |r| {
+            let l = &logits[r.start * e..r.end * e];
+            let route = g
+                .route_softmax_topk(&up(&g, l), r.len(), e, k, true)
+                .unwrap();
+            down(
+                &g,
+                &g.experts_swiglu(
+                    &up(&g, &x[r.start * h..r.end * h]),
+                    r.len(),
+                    &route,
+                    &ggu,
+                    &gdn,
+                    limit,
+                )
+                .unwrap(),
+            )
+        });
+    }
+}

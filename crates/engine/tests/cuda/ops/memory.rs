@@ -1,0 +1,99 @@
+//! Memory ops and embedding lookups.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use ds4_engine::backend::{Backend, CpuOps, HostWeight};
+use std::sync::Arc;
+
+use crate::support::{bits, check, down, gpu, rnd, up};
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_memory_ops_match_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let x = rnd(6 * 10, 1);
+    let gx = up(&g, &x);
+    assert_eq!(g.len(&gx), 60);
+    check(
+        "rows",
+        &down(&g, &g.rows(&gx, 10, 2, 3).unwrap()),
+        &c.rows(&x, 10, 2, 3).unwrap(),
+        0.0,
+        true,
+    );
+    assert!(
+        g.rows(&gx, 10, 5, 2).is_err(),
+        "rows past the end are refused"
+    );
+    // append / truncate, and a clone is a snapshot (copy on write).
+    let mut a = g.zeros(0).unwrap();
+    let mut ca = c.zeros(0).unwrap();
+    for i in 0..40 {
+        let piece = rnd(7, 100 + i);
+        g.append(&mut a, &up(&g, &piece)).unwrap();
+        c.append(&mut ca, &piece).unwrap();
+    }
+    let snap = a.clone();
+    g.truncate(&mut a, 100).unwrap();
+    c.truncate(&mut ca, 100).unwrap();
+    let tail = rnd(13, 7);
+    g.append(&mut a, &up(&g, &tail)).unwrap();
+    c.append(&mut ca, &tail).unwrap();
+    check("append_truncate", &down(&g, &a), &ca, 0.0, true);
+    assert_eq!(down(&g, &snap).len(), 280, "the snapshot kept its length");
+    let want: Vec<f32> = (0..40).flat_map(|i| rnd(7, 100 + i)).collect();
+    assert_eq!(
+        bits(&down(&g, &snap)),
+        bits(&want),
+        "the snapshot kept its values"
+    );
+    // concat / split.
+    let (p1, p2) = (rnd(4 * 3, 2), rnd(4 * 5, 3));
+    let gc = g
+        .concat_cols(&[(&up(&g, &p1), 3), (&up(&g, &p2), 5)], 4)
+        .unwrap();
+    let cc = c.concat_cols(&[(&p1, 3), (&p2, 5)], 4).unwrap();
+    check("concat_cols", &down(&g, &gc), &cc, 0.0, true);
+    let y = rnd(2 * 3 * 5, 4);
+    let gs = g.split_cols(&up(&g, &y), 2, &[2, 3], 3).unwrap();
+    let cs = c.split_cols(&y, 2, &[2, 3], 3).unwrap();
+    for (i, (a, b)) in gs.iter().zip(&cs).enumerate() {
+        check(&format!("split_cols[{i}]"), &down(&g, a), b, 0.0, true);
+    }
+    assert!(g.split_cols(&up(&g, &y), 2, &[4, 4], 1).is_err());
+    let z = down(&g, &g.zeros(33).unwrap());
+    assert!(z.iter().all(|&v| v == 0.0) && z.len() == 33);
+}
+
+fn quantized(dtype: GgmlDType, rows: usize, width: usize, seed: u64) -> HostWeight {
+    let t = Tensor::from_vec(rnd(rows * width, seed), (rows, width), &Device::Cpu).unwrap();
+    HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()))
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_embedding_lookup_is_exact() {
+    let (g, c) = (gpu(), CpuOps);
+    let (v, w) = (50, 64);
+    let ids = [3u32, 0, 49, 3, 17];
+    let f32_table = HostWeight::F32(Tensor::from_vec(rnd(v * w, 9), (v, w), &Device::Cpu).unwrap());
+    for (name, table) in [
+        ("gather_rows f32", f32_table),
+        ("gather_rows q8_0", quantized(GgmlDType::Q8_0, v, w, 10)),
+        ("gather_rows q4_1", quantized(GgmlDType::Q4_1, v, w, 11)),
+    ] {
+        let gt = g.table(table.clone(), v, w).unwrap();
+        let ct = c.table(table, v, w).unwrap();
+        check(
+            name,
+            &down(&g, &g.gather_rows(&gt, &ids).unwrap()),
+            &c.gather_rows(&ct, &ids).unwrap(),
+            0.0,
+            true,
+        );
+        assert!(
+            g.gather_rows(&gt, &[50]).is_err(),
+            "{name}: an id past the table is refused"
+        );
+    }
+}

@@ -1,0 +1,132 @@
+//! Routers and top-k selections: identical choices, weights within exp's
+//! rounding.
+
+use ds4_engine::backend::{Backend, CpuOps, RouterSpec, Scoring};
+
+use crate::support::{check, down, gpu, rnd, rows_invariant, up};
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_routers_match_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let (rows, e) = (9, 16);
+    let logits: Vec<f32> = rnd(rows * e, 120).iter().map(|v| 3.0 * v).collect();
+    for renorm in [false, true] {
+        let gr = g
+            .route_softmax_topk(&up(&g, &logits), rows, e, 4, renorm)
+            .unwrap();
+        let cr = c.route_softmax_topk(&logits, rows, e, 4, renorm).unwrap();
+        let (ge, gw) = g.routing_to_host(&gr).unwrap();
+        assert_eq!(ge, cr.experts, "route_softmax_topk experts");
+        check(
+            &format!("route_softmax_topk renorm={renorm}"),
+            &gw,
+            &cr.weights,
+            1e-5,
+            false,
+        );
+        rows_invariant("route_softmax_topk", rows, |r| {
+            let l = up(&g, &logits[r.start * e..r.end * e]);
+            g.routing_to_host(&g.route_softmax_topk(&l, r.len(), e, 4, renorm).unwrap())
+                .unwrap()
+                .1
+        });
+    }
+    let bias: Vec<f32> = rnd(e, 121).iter().map(|v| 0.1 * v).collect();
+    let gb = up(&g, &bias);
+    let fixed: Vec<u32> = (0..rows * 3).map(|i| (i * 7 % e) as u32).collect();
+    for scoring in [Scoring::SqrtSoftplus, Scoring::Sigmoid] {
+        for (groups, use_bias, hash) in [
+            (None, false, false),
+            (None, true, false),
+            (Some((4, 2)), true, false),
+            (None, false, true),
+        ] {
+            let spec = RouterSpec {
+                scoring,
+                experts: e,
+                k: 3,
+                groups,
+                renormalise: groups.is_none(),
+                scale: 1.5,
+            };
+            let what =
+                format!("route_scored {scoring:?} groups={groups:?} bias={use_bias} hash={hash}");
+            let run = |r: std::ops::Range<usize>| {
+                let l = up(&g, &logits[r.start * e..r.end * e]);
+                let f = hash.then(|| &fixed[r.start * 3..r.end * 3]);
+                g.routing_to_host(
+                    &g.route_scored(&l, r.len(), use_bias.then_some(&gb), f, &spec)
+                        .unwrap(),
+                )
+                .unwrap()
+            };
+            let cr = c
+                .route_scored(
+                    &logits,
+                    rows,
+                    use_bias.then_some(&bias),
+                    hash.then_some(&fixed[..]),
+                    &spec,
+                )
+                .unwrap();
+            let (ge, gw) = run(0..rows);
+            assert_eq!(ge, cr.experts, "{what}: experts");
+            check(&what, &gw, &cr.weights, 1e-5, false);
+            rows_invariant(&what, rows, |r| run(r).1);
+        }
+    }
+    let bad = RouterSpec {
+        scoring: Scoring::Sigmoid,
+        experts: e,
+        k: 3,
+        groups: Some((5, 2)),
+        renormalise: true,
+        scale: 1.0,
+    };
+    assert!(
+        g.route_scored(&up(&g, &logits), rows, None, None, &bad)
+            .is_err(),
+        "groups must divide the experts"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_select_topk_matches_the_cpu_with_ties() {
+    let (g, c) = (gpu(), CpuOps);
+    let (rows, width) = (5, 700);
+    let mut scores = rnd(rows * width, 130);
+    // Exact ties around the cut (lower index wins), and a NaN-free row of
+    // equal values.
+    for j in 0..width {
+        if j % 3 == 0 {
+            scores[width + j] = 0.25;
+        }
+        scores[2 * width + j] = 1.0;
+    }
+    let limits = vec![700, 650, 700, 3, 0];
+    for k in [1, 64, 600, 700] {
+        let gs = g
+            .select_topk(&up(&g, &scores), rows, width, &limits, k)
+            .unwrap();
+        let cs = c.select_topk(&scores, rows, width, &limits, k).unwrap();
+        assert_eq!(g.selection_to_host(&gs).unwrap(), cs, "select_topk k={k}");
+    }
+    println!("REPORT op=select_topk identical selections (ties, limits, k = 1..width)");
+    let q = rnd(4 * 2 * 8, 131);
+    let w = rnd(4 * 2, 132);
+    let keys = rnd(30 * 8, 133);
+    let gy = down(
+        &g,
+        &g.index_scores(&up(&g, &q), &up(&g, &w), &up(&g, &keys), 4, 2, 8, 0.3, 0.7)
+            .unwrap(),
+    );
+    check(
+        "index_scores",
+        &gy,
+        &c.index_scores(&q, &w, &keys, 4, 2, 8, 0.3, 0.7).unwrap(),
+        0.0,
+        true,
+    );
+}
