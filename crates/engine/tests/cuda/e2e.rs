@@ -400,15 +400,21 @@ fn cuda_checkpoints_do_not_cross_backends() {
             (cid.clone(), gid.clone())
         };
         let mut store = CheckpointStore::open(tmp.path(), maker_id.clone(), 1 << 30).unwrap();
-        if maker_is_gpu {
+        // The saved session covers the prompt and its reply; a recurrent
+        // state resumes only at its end, so the next prompt extends it.
+        let covered = if maker_is_gpu {
             let mut s = LiveSession::new(&gm);
             turn(&gm, &mut s, &p, 0, 3, 0.0, 64);
             store.save(&s).unwrap();
+            s.tokens().to_vec()
         } else {
             let mut s = LiveSession::new(&cm);
             turn(&cm, &mut s, &p, 0, 3, 0.0, 64);
             store.save(&s).unwrap();
-        }
+            s.tokens().to_vec()
+        };
+        let mut next = covered;
+        next.extend(prompt(6, 4, gm.vocab_size()));
         // The maker finds its own checkpoint again …
         let mut own = CheckpointStore::open(tmp.path(), maker_id, 1 << 30).unwrap();
         assert_eq!(own.entries().len(), 1, "{label}: the maker's own store");
@@ -416,17 +422,19 @@ fn cuda_checkpoints_do_not_cross_backends() {
         let mut other = CheckpointStore::open(tmp.path(), reader_id, 1 << 30).unwrap();
         assert_eq!(other.entries().len(), 0, "{label}: loaded across backends");
         assert_eq!(other.foreign_files(), 1, "{label}: not counted");
-        let found = if maker_is_gpu {
-            other.lookup(&cm, &p).is_some()
+        let (found, own_found) = if maker_is_gpu {
+            (
+                other.lookup(&cm, &next).is_some(),
+                own.lookup(&gm, &next).is_some(),
+            )
         } else {
-            other.lookup(&gm, &p).is_some()
+            (
+                other.lookup(&gm, &next).is_some(),
+                own.lookup(&cm, &next).is_some(),
+            )
         };
         assert!(!found, "{label}: a foreign checkpoint was used");
-        if maker_is_gpu {
-            assert!(own.lookup(&gm, &p).is_some(), "{label}: the maker's lookup");
-        } else {
-            assert!(own.lookup(&cm, &p).is_some(), "{label}: the maker's lookup");
-        }
+        assert!(own_found, "{label}: the maker's lookup");
         println!("REPORT e2e=checkpoint {label}: refused (foreign), served cold");
     }
 }
