@@ -88,6 +88,19 @@ pub struct ModelArgs {
     /// model (SmolLM2-135M-Instruct Q4_1), pulled on first use.
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
+    /// Where the model runs: `cuda` (an NVIDIA GPU; builds with the `cuda`
+    /// feature), `cpu`, or `auto` (the GPU when its driver loads, else the
+    /// CPU, saying so).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+}
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    Auto,
+    Cpu,
+    Cuda,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use ds4_engine::families::LoadedModel;
+
+use crate::args::DeviceArg;
+use ds4_engine::families::{Device, LoadedModel};
 use ds4_models::{DEFAULT_MODEL, PullEvent};
 use ds4_text::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -77,15 +79,55 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
     tokenizer.with_context(|| format!("loading the tokenizer of {}", path.display()))
 }
 
-pub fn load(path: Option<&Path>) -> anyhow::Result<Loaded> {
+/// The device `--device` asks for. `auto` takes the GPU when a CUDA
+/// driver and device are usable and says in one line on stderr why it runs
+/// on the CPU when a CUDA build finds none.
+pub fn device(arg: DeviceArg) -> anyhow::Result<Device> {
+    match arg {
+        DeviceArg::Cpu => Ok(Device::Cpu),
+        DeviceArg::Cuda => {
+            if cfg!(feature = "cuda") {
+                Ok(Device::Cuda(0))
+            } else {
+                anyhow::bail!(
+                    "--device cuda: this ds4server was built without CUDA support \
+                     (cargo build --release -p ds4server --features cuda)"
+                )
+            }
+        }
+        DeviceArg::Auto => Ok(auto_device()),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn auto_device() -> Device {
+    match ds4_engine::backend::cuda::probe() {
+        Ok(_) => Device::Cuda(0),
+        Err(why) => {
+            eprintln!("no usable CUDA GPU ({why}): running on the CPU");
+            Device::Cpu
+        }
+    }
+}
+
+/// A build without the CUDA backend has nothing to probe.
+#[cfg(not(feature = "cuda"))]
+fn auto_device() -> Device {
+    Device::Cpu
+}
+
+pub fn load(path: Option<&Path>, device: DeviceArg) -> anyhow::Result<Loaded> {
     let path = resolve(path)?;
+    let device = self::device(device)?;
     let start = Instant::now();
     let tokenizer = load_tokenizer(&path)?;
-    let model = LoadedModel::load(&path)?;
+    let model = LoadedModel::load_on(&path, device)
+        .with_context(|| format!("loading {} on {device:?}", path.display()))?;
     tracing::info!(
-        "loaded {} ({}) in {:.2}s",
+        "loaded {} ({}) on {} in {:.2}s",
         path.display(),
         model.family_name(),
+        model.backend(),
         start.elapsed().as_secs_f64()
     );
     Ok(Loaded { model, tokenizer })

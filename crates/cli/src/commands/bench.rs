@@ -34,7 +34,7 @@ pub struct Row {
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(args.model.model.as_deref())?;
+    let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
     let rows = ds4_engine::with_model!(&loaded.model, model => bench_with(model, &loaded.tokenizer, &args))?;
     let csv = to_csv(&rows);
     print!("{csv}");

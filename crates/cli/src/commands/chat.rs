@@ -23,7 +23,7 @@ Type a message and press Enter.
 Ctrl+C during a reply stops it; the partial reply stays in the conversation.";
 
 pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(args.model.model.as_deref())?;
+    let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
     ds4_engine::with_model!(&loaded.model, model => chat_with(model, &loaded.tokenizer, &args))
 }
 

@@ -13,7 +13,7 @@ use crate::prompt;
 use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(args.model.model.as_deref())?;
+    let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
     ds4_engine::with_model!(&loaded.model, model => run_with(model, &loaded.tokenizer, &args))
 }
 

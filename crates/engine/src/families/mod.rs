@@ -8,6 +8,8 @@
 
 pub mod deepseek_v4;
 pub mod llama;
+#[cfg(feature = "cuda")]
+mod on_cuda;
 pub mod qwen4_exp;
 
 use std::path::Path;
@@ -108,12 +110,28 @@ pub fn detect(path: &Path) -> Result<(&'static Family, ModelFormat)> {
     })
 }
 
+/// Where a model's weights live and its forwards run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// CUDA device `n` (the `cuda` feature).
+    Cuda(usize),
+}
+
 /// A loaded model of any family. Generic code receives the concrete model
-/// through [`with_model!`], so decode loops are monomorphised per family.
+/// through [`with_model!`], so decode loops are monomorphised per family
+/// (and per backend: the `…Cuda` variants run on
+/// [`crate::backend::CudaOps`]).
 pub enum LoadedModel {
     Llama(llama::LlamaModel),
     Qwen4Exp(qwen4_exp::Qwen4ExpModel),
     DeepseekV4(Box<deepseek_v4::DeepseekV4Model>),
+    #[cfg(feature = "cuda")]
+    LlamaCuda(Box<llama::LlamaModel<crate::backend::CudaOps>>),
+    #[cfg(feature = "cuda")]
+    Qwen4ExpCuda(Box<qwen4_exp::Qwen4ExpModel<crate::backend::CudaOps>>),
+    #[cfg(feature = "cuda")]
+    DeepseekV4Cuda(Box<deepseek_v4::DeepseekV4Model<crate::backend::CudaOps>>),
 }
 
 impl LoadedModel {
@@ -124,12 +142,39 @@ impl LoadedModel {
         (family.load)(path, format)
     }
 
+    /// Load the model at `path` onto `device`.
+    pub fn load_on(path: &Path, device: Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Self::load(path),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                let (family, format) = detect(path)?;
+                on_cuda::load(family.descriptor, path, format, n)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(EngineError::Unsupported(
+                "this build has no CUDA backend (build with `--features cuda`)".into(),
+            )),
+        }
+    }
+
     pub fn descriptor(&self) -> &'static FamilyDescriptor {
         match self {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,
             LoadedModel::Qwen4Exp(_) => &qwen4_exp::DESCRIPTOR,
             LoadedModel::DeepseekV4(_) => &deepseek_v4::DESCRIPTOR,
+            #[cfg(feature = "cuda")]
+            LoadedModel::LlamaCuda(_) => &llama::DESCRIPTOR,
+            #[cfg(feature = "cuda")]
+            LoadedModel::Qwen4ExpCuda(_) => &qwen4_exp::DESCRIPTOR,
+            #[cfg(feature = "cuda")]
+            LoadedModel::DeepseekV4Cuda(_) => &deepseek_v4::DESCRIPTOR,
         }
+    }
+
+    /// The backend the model runs on (`cpu-avx512`, `cuda-sm_90a`, …).
+    pub fn backend(&self) -> crate::backend::BackendId {
+        crate::with_model!(self, m => crate::model::Model::backend(m))
     }
 
     pub fn family_name(&self) -> &'static str {
@@ -138,7 +183,10 @@ impl LoadedModel {
 }
 
 /// Run `$body` with `$model` bound to the concrete model inside a
-/// [`LoadedModel`]: `with_model!(&loaded, m => generic_fn(m))`.
+/// [`LoadedModel`]: `with_model!(&loaded, m => generic_fn(m))`. (Two
+/// definitions: a macro's `cfg` would be read in the calling crate, so the
+/// engine picks the arms by its own features.)
+#[cfg(not(feature = "cuda"))]
 #[macro_export]
 macro_rules! with_model {
     ($loaded:expr, $model:ident => $body:expr) => {
@@ -146,6 +194,35 @@ macro_rules! with_model {
             $crate::families::LoadedModel::Llama($model) => $body,
             $crate::families::LoadedModel::Qwen4Exp($model) => $body,
             $crate::families::LoadedModel::DeepseekV4($model) => {
+                let $model = &**$model;
+                $body
+            }
+        }
+    };
+}
+
+/// See the definition without the `cuda` feature; this one adds the models
+/// on [`crate::backend::CudaOps`].
+#[cfg(feature = "cuda")]
+#[macro_export]
+macro_rules! with_model {
+    ($loaded:expr, $model:ident => $body:expr) => {
+        match $loaded {
+            $crate::families::LoadedModel::Llama($model) => $body,
+            $crate::families::LoadedModel::Qwen4Exp($model) => $body,
+            $crate::families::LoadedModel::DeepseekV4($model) => {
+                let $model = &**$model;
+                $body
+            }
+            $crate::families::LoadedModel::LlamaCuda($model) => {
+                let $model = &**$model;
+                $body
+            }
+            $crate::families::LoadedModel::Qwen4ExpCuda($model) => {
+                let $model = &**$model;
+                $body
+            }
+            $crate::families::LoadedModel::DeepseekV4Cuda($model) => {
                 let $model = &**$model;
                 $body
             }
