@@ -27,6 +27,15 @@ for what in "${@:-tests}"; do
     tests:*)
       ./cuda --ignored --test-threads=1 --nocapture "${what#tests:}" 2>&1 | tee "$OUT/tests.log"
       ;;
+    server)
+      # The CLI on the GPU: --device cuda, and auto choosing the GPU (no
+      # fallback line), on a tiny fixture with an MTP head.
+      for dev in cuda auto cpu; do
+        echo "== ds4server run --device $dev"
+        ./ds4server run -m "$root/tests/fixtures/qwen4_exp/tiny_a" --device "$dev" \
+          --prompt-tokens 5,6,7,8,9,10 --max-tokens 16 --temperature 0 2>&1
+      done | tee "$OUT/server.log"
+      ;;
     *)
       echo "unknown step $what"
       ;;

@@ -8,6 +8,7 @@
 //! --test cuda --no-run`.
 #![cfg(feature = "cuda")]
 
+mod bench;
 mod e2e;
 mod ops;
 mod support;

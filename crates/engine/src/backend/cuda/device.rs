@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
@@ -108,6 +109,8 @@ pub(super) struct Device {
     /// loaded from the cache or a cubin).
     pub kernels_origin: String,
     pub compile_seconds: f64,
+    /// Kernels launched so far (for launch-count reports).
+    pub launches: AtomicU64,
 }
 
 impl std::fmt::Debug for Device {
@@ -177,6 +180,7 @@ impl Device {
             kernels_hash: cubin.hash,
             kernels_origin: cubin.origin,
             compile_seconds: cubin.compile_seconds,
+            launches: AtomicU64::new(0),
         })
     }
 
@@ -208,6 +212,7 @@ impl Device {
             )));
         }
         let f = self.function(name)?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
         let mut params: Vec<*mut c_void> = args
             .iter()
             .map(|a| match a {

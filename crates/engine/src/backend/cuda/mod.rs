@@ -83,6 +83,11 @@ impl CudaOps {
         (&self.dev.kernels_origin, self.dev.compile_seconds)
     }
 
+    /// Kernels launched on this device so far.
+    pub fn launches(&self) -> u64 {
+        self.dev.launches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Wait until every queued op has run (for timing; ops queue
     /// asynchronously, and a download waits by itself).
     pub fn synchronize(&self) -> Result<()> {

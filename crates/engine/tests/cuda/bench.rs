@@ -1,0 +1,348 @@
+//! Speed on the GPU (measurements, printed as REPORT lines; they assert only
+//! that the runs complete with finite results):
+//!
+//! * kernels at full-size shapes against the measured device copy
+//!   bandwidth: block and f32 GEMV (decode, and the 2–4 rows of an MTP
+//!   verify), decode attention over 2k tokens, one delta-rule step;
+//! * a SmolLM2-135M-shaped llama (random Q4_1 blocks, Q8_0 tied embedding,
+//!   written as a GGUF) decoding on the GPU and on the CPU.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::{Device, Tensor};
+use ds4_engine::backend::{Backend, CpuOps, CudaOps, Heads, HostWeight, ScanDims};
+use ds4_engine::families::llama::{GgufWeights, LlamaModel};
+use ds4_engine::{LogitsRows, Model, ModelState};
+
+use crate::support::{gpu, rnd};
+
+/// Random bytes of valid GGUF blocks: small positive f16 scales, random
+/// quants (and a Q4_1 minimum of −8·d, so values are centred).
+fn random_blocks(dtype: GgmlDType, blocks: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    let m = half::f16::from_f32(-0.08).to_bits().to_le_bytes();
+    let (bb, head): (usize, Vec<u8>) = match dtype {
+        GgmlDType::Q4_1 => (20, [d, m].concat()),
+        GgmlDType::Q8_0 => (34, d.to_vec()),
+        other => panic!("no random blocks for {other:?}"),
+    };
+    let mut out = Vec::with_capacity(blocks * bb);
+    for _ in 0..blocks {
+        out.extend_from_slice(&head);
+        let mut left = bb - head.len();
+        while left > 0 {
+            let r = next().to_le_bytes();
+            let n = left.min(8);
+            out.extend_from_slice(&r[..n]);
+            left -= n;
+        }
+    }
+    out
+}
+
+fn qtensor(dtype: GgmlDType, rows: usize, cols: usize, seed: u64) -> QTensor {
+    let data = random_blocks(dtype, rows * cols / 32, seed);
+    let storage = QStorage::from_data(Cow::Owned(data), &Device::Cpu, dtype).unwrap();
+    QTensor::new(storage, (rows, cols)).unwrap()
+}
+
+/// Seconds per call of `f` (after a warm-up), the device drained.
+fn time(g: &CudaOps, iters: usize, mut f: impl FnMut(usize)) -> f64 {
+    f(0);
+    g.synchronize().unwrap();
+    let start = Instant::now();
+    for i in 0..iters {
+        f(i);
+    }
+    g.synchronize().unwrap();
+    start.elapsed().as_secs_f64() / iters as f64
+}
+
+fn report(what: &str, bytes: f64, secs: f64, peak: f64) {
+    let gbs = bytes / secs / 1e9;
+    println!(
+        "REPORT bench={what} bytes={:.1}MB time={:.1}us GB/s={gbs:.0} of_copy_bw={:.0}%",
+        bytes / 1e6,
+        secs * 1e6,
+        100.0 * gbs / peak
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_bench_kernels_at_full_size() {
+    let g = gpu();
+    // The ceiling: a device-to-device copy of 1 GiB (bytes read + written).
+    let n = 1 << 28;
+    let src = g.zeros(n).unwrap();
+    let copy = time(&g, 10, |_| {
+        let mut dst = g.zeros(0).unwrap();
+        g.append(&mut dst, &src).unwrap();
+    });
+    // `zeros` + append: the append's copy dominates (the memset is a
+    // tenth of it); counted as one read and one write.
+    let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
+    println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
+    // Block GEMV, full-size qwen4_exp shapes: the LM head [248320, 2560],
+    // and 32 distinct [4096, 2560] projections cycled (210 MB in Q4_1, more
+    // than the 50 MB L2, so each call streams from HBM).
+    let k = 2560;
+    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        let bb = if dtype == GgmlDType::Q4_1 { 20.0 } else { 34.0 };
+        let head_n = 248_320;
+        let head = g
+            .matrix(
+                HostWeight::Gguf(Arc::new(qtensor(dtype, head_n, k, 1))),
+                head_n,
+                k,
+            )
+            .unwrap();
+        for rows in [1usize, 2, 4] {
+            let x = g.upload(&rnd(rows * k, 2)).unwrap();
+            let t = time(&g, 20, |_| {
+                g.matmul(&x, rows, &head).unwrap();
+            });
+            report(
+                &format!("gemv_{dtype:?}_[{head_n},{k}]x{rows}"),
+                head_n as f64 * k as f64 / 32.0 * bb,
+                t,
+                peak,
+            );
+        }
+        let n = 4096;
+        let mats: Vec<_> = (0..32)
+            .map(|i| {
+                g.matrix(
+                    HostWeight::Gguf(Arc::new(qtensor(dtype, n, k, 10 + i))),
+                    n,
+                    k,
+                )
+                .unwrap()
+            })
+            .collect();
+        let x = g.upload(&rnd(k, 3)).unwrap();
+        let t = time(&g, 64, |i| {
+            g.matmul(&x, 1, &mats[i % 32]).unwrap();
+        });
+        report(
+            &format!("gemv_{dtype:?}_[{n},{k}]x1_cycled"),
+            n as f64 * k as f64 / 32.0 * bb,
+            t,
+            peak,
+        );
+    }
+    let (n, k) = (32_768, 2560);
+    let w = Tensor::from_vec(rnd(n * k, 4), (n, k), &Device::Cpu).unwrap();
+    let m = g.matrix(HostWeight::F32(w), n, k).unwrap();
+    let x = g.upload(&rnd(k, 5)).unwrap();
+    let t = time(&g, 20, |_| {
+        g.matmul(&x, 1, &m).unwrap();
+    });
+    report(
+        &format!("gemv_f32_[{n},{k}]x1"),
+        4.0 * n as f64 * k as f64,
+        t,
+        peak,
+    );
+    // Decode attention: 24 query heads over 2 kv heads of 256, 2048 keys.
+    let (hq, hkv, d, ctx) = (24, 2, 256, 2048);
+    let kc: Vec<_> = (0..hkv)
+        .map(|h| g.upload(&rnd(ctx * d, 6 + h as u64)).unwrap())
+        .collect();
+    let vc: Vec<_> = (0..hkv)
+        .map(|h| g.upload(&rnd(ctx * d, 8 + h as u64)).unwrap())
+        .collect();
+    let q = g.upload(&rnd(hq * d, 9)).unwrap();
+    let t = time(&g, 20, |_| {
+        g.attention_causal(
+            &q,
+            &kc.iter().collect::<Vec<_>>(),
+            &vc.iter().collect::<Vec<_>>(),
+            ctx - 1,
+            hq,
+            Heads { heads: hkv, dim: d },
+        )
+        .unwrap();
+    });
+    report(
+        "attention_decode_24x256_ctx2048",
+        2.0 * 4.0 * (hkv * ctx * d) as f64,
+        t,
+        peak,
+    );
+    // One delta-rule step at GDN's size: 48 value heads of 128×128.
+    let dims = ScanDims {
+        hk: 16,
+        hv: 48,
+        dk: 128,
+        dv: 128,
+    };
+    let mut s = g.upload(&rnd(dims.hv * dims.dk * dims.dv, 11)).unwrap();
+    let (qq, kk) = (
+        g.upload(&rnd(dims.hk * dims.dk, 12)).unwrap(),
+        g.upload(&rnd(dims.hk * dims.dk, 13)).unwrap(),
+    );
+    let v = g.upload(&rnd(dims.hv * dims.dv, 14)).unwrap();
+    let gd = g.upload(&vec![-0.1; dims.hv]).unwrap();
+    let beta = g.upload(&vec![0.5; dims.hv]).unwrap();
+    let t = time(&g, 20, |_| {
+        g.delta_rule_scan(dims, &qq, &kk, &v, &gd, &beta, &mut s)
+            .unwrap();
+    });
+    report(
+        "delta_rule_step_48x128x128",
+        2.0 * 4.0 * (dims.hv * dims.dk * dims.dv) as f64,
+        t,
+        peak,
+    );
+    assert!(g.download(&s).unwrap().iter().all(|v| v.is_finite()));
+}
+
+/// SmolLM2-135M's shape: 30 layers, hidden 576, 9 query / 3 kv heads of 64,
+/// FFN 1536, vocabulary 49152 (tied, Q8_0), projections Q4_1.
+fn smollm2_shaped_gguf(path: &std::path::Path) {
+    let (layers, hidden, ffn, vocab, heads, kv) =
+        (30usize, 576usize, 1536usize, 49_152usize, 9usize, 3usize);
+    let hd = hidden / heads;
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    tensors.push((
+        "token_embd.weight".into(),
+        qtensor(GgmlDType::Q8_0, vocab, hidden, 1),
+    ));
+    let ones = |n: usize| {
+        QTensor::quantize(
+            &Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).unwrap(),
+            GgmlDType::F32,
+        )
+        .unwrap()
+    };
+    tensors.push(("output_norm.weight".into(), ones(hidden)));
+    for l in 0..layers {
+        let p = |n: &str| format!("blk.{l}.{n}.weight");
+        let s = 100 + 10 * l as u64;
+        tensors.push((p("attn_norm"), ones(hidden)));
+        tensors.push((p("ffn_norm"), ones(hidden)));
+        tensors.push((p("attn_q"), qtensor(GgmlDType::Q4_1, heads * hd, hidden, s)));
+        tensors.push((
+            p("attn_k"),
+            qtensor(GgmlDType::Q4_1, kv * hd, hidden, s + 1),
+        ));
+        tensors.push((
+            p("attn_v"),
+            qtensor(GgmlDType::Q4_1, kv * hd, hidden, s + 2),
+        ));
+        tensors.push((
+            p("attn_output"),
+            qtensor(GgmlDType::Q4_1, hidden, heads * hd, s + 3),
+        ));
+        tensors.push((p("ffn_gate"), qtensor(GgmlDType::Q4_1, ffn, hidden, s + 4)));
+        tensors.push((p("ffn_up"), qtensor(GgmlDType::Q4_1, ffn, hidden, s + 5)));
+        tensors.push((p("ffn_down"), qtensor(GgmlDType::Q4_1, hidden, ffn, s + 6)));
+    }
+    let meta: Vec<(&str, Value)> = vec![
+        ("general.architecture", Value::String("llama".into())),
+        ("llama.block_count", Value::U32(layers as u32)),
+        ("llama.embedding_length", Value::U32(hidden as u32)),
+        ("llama.feed_forward_length", Value::U32(ffn as u32)),
+        ("llama.attention.head_count", Value::U32(heads as u32)),
+        ("llama.attention.head_count_kv", Value::U32(kv as u32)),
+        ("llama.context_length", Value::U32(8192)),
+        ("llama.rope.freq_base", Value::F32(100_000.0)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+    ];
+    let meta: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut f, &meta, &refs).unwrap();
+}
+
+/// Prefill `prompt` then `gen` greedy single-token steps: (prefill tok/s,
+/// decode tok/s, the generated tokens).
+fn run<M: Model>(m: &M, prompt: &[u32], steps: usize) -> (f64, f64, Vec<u32>) {
+    let mut s = m.new_state();
+    let start = Instant::now();
+    let out = m.forward(prompt, &mut s, LogitsRows::Last).unwrap();
+    let prefill = prompt.len() as f64 / start.elapsed().as_secs_f64();
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+            )
+            .0 as u32
+    };
+    let mut tok = argmax(out.row(0));
+    let mut toks = vec![tok];
+    let start = Instant::now();
+    for _ in 1..steps {
+        let out = m.forward(&[tok], &mut s, LogitsRows::Last).unwrap();
+        assert!(
+            out.row(0).iter().all(|v| v.is_finite()),
+            "non-finite logits"
+        );
+        tok = argmax(out.row(0));
+        toks.push(tok);
+    }
+    let decode = (steps - 1) as f64 / start.elapsed().as_secs_f64();
+    assert_eq!(s.len(), prompt.len() + steps - 1);
+    (prefill, decode, toks)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_bench_smollm2_shaped_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("smollm2-shaped.gguf");
+    let t0 = Instant::now();
+    smollm2_shaped_gguf(&path);
+    let bytes = std::fs::metadata(&path).unwrap().len();
+    println!(
+        "REPORT bench=smollm2_gguf bytes={bytes} written_s={:.1}",
+        t0.elapsed().as_secs_f64()
+    );
+    let cm = LlamaModel::load_gguf(&path, GgufWeights::Quantized, CpuOps).unwrap();
+    let g = gpu();
+    let gm = LlamaModel::load_gguf(&path, GgufWeights::Quantized, g.clone()).unwrap();
+    let prompt: Vec<u32> = (0..256).map(|i| (i * 37 % 49_000 + 5) as u32).collect();
+    let before = g.launches();
+    let (gp, gd, gt) = run(&gm, &prompt, 128);
+    let launches = g.launches() - before;
+    // Launches of the prefill (one forward) and of the 127 decode steps.
+    let per_step = {
+        let mut s = gm.new_state();
+        gm.forward(&prompt[..8], &mut s, LogitsRows::Last).unwrap();
+        let b = g.launches();
+        gm.forward(&[7], &mut s, LogitsRows::Last).unwrap();
+        g.launches() - b
+    };
+    let (cp, cd, ct) = run(&cm, &prompt, 32);
+    let agree = gt.iter().zip(&ct).take_while(|(a, b)| a == b).count();
+    println!(
+        "REPORT bench=smollm2_shaped device=gpu prefill_tok_s={gp:.0} decode_tok_s={gd:.1} \
+         kernels_per_decode_step={per_step} total_launches={launches}"
+    );
+    println!(
+        "REPORT bench=smollm2_shaped device=cpu prefill_tok_s={cp:.0} decode_tok_s={cd:.1} \
+         greedy_tokens_equal_to_gpu={agree}/32"
+    );
+    // Bytes a decode step reads: every weight once (Q4_1 projections, the
+    // Q8_0 head), so the floor at the copy bandwidth is printed next to it.
+    let weights = bytes as f64;
+    println!(
+        "REPORT bench=smollm2_shaped weight_bytes={:.1}MB step_us={:.0}",
+        weights / 1e6,
+        1e6 / gd
+    );
+}
