@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Build the CUDA test binary and ds4server here (no GPU, no CUDA toolkit
+# needed) and pack them, stripped and gzipped, with run.sh into .gpu/ for
+# the GPU machine (see docs/GPU.md). Usage: tools/gpu/package.sh [DEST]
+# (DEST defaults to .gpu in the repository root; it must be ignored by git).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dest=${1:-.gpu}
+cargo build --release --locked -p ds4server --features cuda
+# The test executable's path is printed by cargo; take the `cuda` target's.
+exe=$(cargo test --release --locked -p ds4-engine --features cuda --test cuda --no-run \
+  --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
+        print(m["executable"])' | tail -1)
+rm -rf "$dest" && mkdir -p "$dest"
+cp "$exe" "$dest/cuda"
+cp target/release/ds4server "$dest/ds4server"
+strip "$dest/cuda" "$dest/ds4server"
+gzip -9 "$dest/cuda" "$dest/ds4server"
+cp tools/gpu/run.sh "$dest/run.sh"
+ls -la "$dest"
