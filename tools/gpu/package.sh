@@ -15,6 +15,7 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
         print(m["executable"])' | tail -1)
+[ -n "$exe" ] || { echo "the cuda test binary did not build" >&2; exit 1; }
 rm -rf "$dest" && mkdir -p "$dest"
 cp "$exe" "$dest/cuda"
 cp target/release/ds4server "$dest/ds4server"

@@ -1,13 +1,45 @@
 //! Attention on the device (`kernels/attention.cu`): causal over per-head
 //! caches, over a sparse selection (with sinks), and DeepSeek-V4's sliding
-//! window plus compressed entries; and the QSA block keys. One warp per
-//! (query, head), scores in a scratch row, sums in key order.
+//! window plus compressed entries; and the QSA block keys. Each (query,
+//! head) is cut into fixed tiles of its keys, computed in parallel and
+//! merged in tile order (two launches).
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
 use super::select::CudaSelection;
 use crate::backend::{EntryKeep, Heads};
 use crate::error::{EngineError, Result};
+
+/// Keys per tile (the kernels' `ATT_TILE`): tiles are cut by key index
+/// alone, so the bits of a query never depend on the others in its call.
+const TILE: usize = 64;
+
+/// Merge `tiles` partials of `[2 + d]` per item into `[items, d]`.
+fn merge(
+    dev: &Device,
+    parts: &CudaBuf,
+    items: usize,
+    tiles: usize,
+    heads: usize,
+    d: usize,
+    sinks: Option<&CudaBuf>,
+) -> Result<CudaBuf> {
+    let y = CudaBuf::uninit(dev, items * d)?;
+    dev.launch(
+        "attention_merge_f32",
+        Shape::warps(items),
+        args![
+            y.ptr(),
+            parts.ptr(),
+            items,
+            tiles,
+            heads,
+            d,
+            sinks.map_or(0, |s| s.ptr())
+        ],
+    )?;
+    Ok(y)
+}
 
 fn shape_err(op: &str, msg: String) -> EngineError {
     EngineError::State(format!("{op}: {msg}"))
@@ -43,26 +75,26 @@ pub(super) fn attention_causal(
     let table: Vec<u64> = k.iter().chain(v).map(|c| c.ptr()).collect();
     let table = dev.upload(&table)?;
     let (kp, vp) = (ptr(&table), ptr(&table) + 8 * kvh as u64);
-    let scratch = CudaBuf::uninit(dev, t * q_heads * total)?;
-    let y = CudaBuf::uninit(dev, t * q_heads * d)?;
+    let tiles = total.div_ceil(TILE);
+    let items = t * q_heads;
+    let parts = CudaBuf::uninit(dev, items * tiles * (d + 2))?;
     dev.launch(
-        "attention_causal_f32",
-        Shape::warps(t * q_heads),
+        "attention_causal_tiles_f32",
+        Shape::warps(items * tiles),
         args![
-            y.ptr(),
+            parts.ptr(),
             q.ptr(),
             kp,
             vp,
-            scratch.ptr(),
             t,
             q_heads,
             kvh,
             d,
             offset,
-            total
+            tiles
         ],
     )?;
-    Ok(y)
+    merge(dev, &parts, items, tiles, q_heads, d, None)
 }
 
 pub(super) fn block_keys(
@@ -125,32 +157,32 @@ pub(super) fn attention_gathered(
             ),
         ));
     }
-    let y = CudaBuf::uninit(dev, rows * q_heads * d)?;
     if rows == 0 {
-        return Ok(y);
+        return CudaBuf::uninit(dev, 0);
     }
-    let scratch = CudaBuf::uninit(dev, rows * q_heads * keep.cap)?;
+    let tiles = keep.cap.div_ceil(TILE).max(1);
+    let items = rows * q_heads;
+    let parts = CudaBuf::uninit(dev, items * tiles * (d + 2))?;
     dev.launch(
-        "attention_gathered_f32",
-        Shape::warps(rows * q_heads),
+        "attention_gathered_tiles_f32",
+        Shape::warps(items * tiles),
         args![
-            y.ptr(),
+            parts.ptr(),
             q.ptr(),
             k.ptr(),
             v.ptr(),
             ptr(&keep.idx),
             ptr(&keep.counts),
             keep.cap,
-            sinks.map_or(0, |s| s.ptr()),
-            scratch.ptr(),
             rows,
             q_heads,
             hkv,
             d,
-            1.0 / (d as f32).sqrt()
+            1.0 / (d as f32).sqrt(),
+            tiles
         ],
     )?;
-    Ok(y)
+    merge(dev, &parts, items, tiles, q_heads, d, sinks)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -213,9 +245,8 @@ pub(super) fn attention_window(
             (2, 0, Some(sel))
         }
     };
-    let y = CudaBuf::uninit(dev, rows * width)?;
     if rows == 0 {
-        return Ok(y);
+        return CudaBuf::uninit(dev, 0);
     }
     // Keys per query at most: its window (≤ span, ≤ the cached rows) and
     // the entries it may see.
@@ -224,13 +255,14 @@ pub(super) fn attention_window(
         None if mode == 1 => n_entries,
         None => 0,
     };
-    let max_keys = span.min(p) + entries_max;
-    let scratch = CudaBuf::uninit(dev, rows * heads * max_keys.max(1))?;
+    let tiles = (span.min(p) + entries_max).div_ceil(TILE).max(1);
+    let items = rows * heads;
+    let parts = CudaBuf::uninit(dev, items * tiles * (dim + 2))?;
     dev.launch(
-        "attention_window_f32",
-        Shape::warps(rows * heads),
+        "attention_window_tiles_f32",
+        Shape::warps(items * tiles),
         args![
-            y.ptr(),
+            parts.ptr(),
             q.ptr(),
             window.ptr(),
             entries.ptr(),
@@ -238,9 +270,6 @@ pub(super) fn attention_window(
             sel.map_or(0, |s| ptr(&s.idx)),
             sel.map_or(0, |s| ptr(&s.counts)),
             sel.map_or(0, |s| s.cap),
-            sinks.ptr(),
-            scratch.ptr(),
-            max_keys.max(1),
             rows,
             heads,
             dim,
@@ -249,8 +278,9 @@ pub(super) fn attention_window(
             span,
             mode,
             ratio,
-            1.0 / (dim as f32).sqrt()
+            1.0 / (dim as f32).sqrt(),
+            tiles
         ],
     )?;
-    Ok(y)
+    merge(dev, &parts, items, tiles, heads, dim, Some(sinks))
 }

@@ -1,16 +1,19 @@
 //! Matrix products on the device: `matmul` (f32, Q8_0, Q4_1) and the routed
-//! SwiGLU experts. The kernels (`kernels/matmul.cu`) give every output
-//! element the CPU reference's reduction sequence, with a row loop inside
-//! the kernel, so one compiled code serves every row count.
+//! SwiGLU experts (`kernels/matmul.cu`). f32 products follow the CPU
+//! reference's reduction sequence; block formats run a warp per output row
+//! in an order of their own. Either way the row loop is inside the kernel,
+//! so one compiled code serves every row count.
 
 use super::buf::CudaBuf;
-use super::device::{Arg, Device, Shape, args, ptr};
+use super::device::{Device, Shape, args, ptr};
 use super::select::CudaRouting;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix};
 use crate::error::{EngineError, Result};
 
 /// Output columns per block of the product kernels (8 threads each).
 const COLUMNS_PER_BLOCK: usize = 32;
+/// Output rows per block of the block-format products (a warp each).
+const ROWS_PER_BLOCK: usize = 8;
 /// Blocks along y (pairs of a gathered product) at most; the kernel loops.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -48,45 +51,22 @@ pub(super) fn matmul(dev: &Device, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> 
             args![y.ptr(), x.ptr(), rows, ptr(w), n, k],
         )?,
         CudaMatrix::Block {
-            kind: BlockKind::Q8_0,
-            scales,
-            quants,
-            ..
-        } => dev.launch(
-            "matmul_q8_0",
-            shape,
-            args![y.ptr(), x.ptr(), rows, ptr(scales), ptr(quants), n, k],
-        )?,
-        CudaMatrix::Block {
-            kind: BlockKind::Q4_1,
-            scales,
-            mins,
-            quants,
-            ..
+            kind, dm, quants, ..
         } => {
-            let mins = mins
-                .as_ref()
-                .ok_or_else(|| EngineError::Device("a Q4_1 matrix without minima".into()))?;
-            // The minima's share needs each activation block's sum.
-            let blocks = rows * k / 32;
-            let sx = CudaBuf::uninit(dev, blocks)?;
+            // One warp per output row.
+            let shape = Shape {
+                grid: (n.div_ceil(ROWS_PER_BLOCK) as u32, 1),
+                block: (ROWS_PER_BLOCK * 32) as u32,
+            };
+            let name = match kind {
+                BlockKind::Q4_1 => "matmul_q4_1",
+                BlockKind::Q8_0 => "matmul_q8_0",
+            };
             dev.launch(
-                "block_sums_f32",
-                Shape::elements(blocks),
-                args![sx.ptr(), x.ptr(), blocks],
-            )?;
-            let a: &[Arg] = args![
-                y.ptr(),
-                x.ptr(),
-                sx.ptr(),
-                rows,
-                ptr(scales),
-                ptr(mins),
-                ptr(quants),
-                n,
-                k
-            ];
-            dev.launch("matmul_q4_1", shape, a)?
+                name,
+                shape,
+                args![y.ptr(), x.ptr(), rows, ptr(dm), ptr(quants), n, k],
+            )?
         }
     }
     Ok(y)

@@ -1,9 +1,9 @@
 //! Weights on the device: matrices (f32, or Q8_0 / Q4_1 kept quantized and
 //! repacked by field), expert stacks, embedding tables.
 //!
-//! Block-quantized values are the CPU backend's: a Q4_1 weight is `d·u + m`
-//! and a Q8_0 weight `d·q` with the f16 fields converted exactly, and the
-//! kernels evaluate them in the AVX2 block kernel's order. GGUF types other
+//! Block-quantized values are the CPU backend's: a Q4_1 weight is `u·d + m`
+//! and a Q8_0 weight `q·d` with the f16 fields converted exactly (GGUF's
+//! dequantization, rounded as candle rounds it). GGUF types other
 //! than Q4_1 / Q8_0 are dequantized to f32 once at load (candle's
 //! dequantization); unlike the CPU backend, which runs those through
 //! candle's kernels that round activations to 8 bits, the GPU keeps f32
@@ -58,12 +58,12 @@ pub enum CudaMatrix {
         out: usize,
         inp: usize,
     },
-    /// Scales (and Q4_1 minima) as f16 bits `[out, in/32]`, quants `[out,
-    /// in/32, 16 or 32]`.
+    /// Per block the f16 scale (low half) and Q4_1 minimum (high half) as
+    /// one word `[out, in/32]` (one load per block), quants `[out, in/32, 16
+    /// or 32]` (16-byte aligned blocks).
     Block {
         kind: BlockKind,
-        scales: CudaSlice<u16>,
-        mins: Option<CudaSlice<u16>>,
+        dm: CudaSlice<u32>,
         quants: CudaSlice<u8>,
         out: usize,
         inp: usize,
@@ -187,24 +187,28 @@ fn block_data(q: &QTensor, out: usize, inp: usize) -> Result<Option<(BlockKind, 
     Ok(Some((kind, data)))
 }
 
-/// Split GGUF blocks into the device layout: scales, minima, quants.
-pub(super) fn repack(kind: BlockKind, data: &[u8]) -> (Vec<u16>, Vec<u16>, Vec<u8>) {
+/// Split GGUF blocks into the device layout: a word of (scale, minimum)
+/// f16 bits per block, and the quants.
+pub(super) fn repack(kind: BlockKind, data: &[u8]) -> (Vec<u32>, Vec<u8>) {
     let bb = kind.block_bytes();
     let blocks = data.len() / bb;
-    let mut scales = Vec::with_capacity(blocks);
-    let mut mins = Vec::with_capacity(if kind == BlockKind::Q4_1 { blocks } else { 0 });
+    let mut dm = Vec::with_capacity(blocks);
     let mut quants = Vec::with_capacity(blocks * kind.quant_bytes());
     for b in data.chunks_exact(bb) {
-        scales.push(u16::from_le_bytes([b[0], b[1]]));
+        let d = u16::from_le_bytes([b[0], b[1]]) as u32;
         match kind {
             BlockKind::Q4_1 => {
-                mins.push(u16::from_le_bytes([b[2], b[3]]));
+                let m = u16::from_le_bytes([b[2], b[3]]) as u32;
+                dm.push(d | (m << 16));
                 quants.extend_from_slice(&b[4..20]);
             }
-            BlockKind::Q8_0 => quants.extend_from_slice(&b[2..34]),
+            BlockKind::Q8_0 => {
+                dm.push(d);
+                quants.extend_from_slice(&b[2..34]);
+            }
         }
     }
-    (scales, mins, quants)
+    (dm, quants)
 }
 
 pub(super) fn matrix(dev: &Device, w: HostWeight, out: usize, inp: usize) -> Result<CudaMatrix> {
@@ -237,14 +241,10 @@ pub(super) fn block_matrix(
     out: usize,
     inp: usize,
 ) -> Result<CudaMatrix> {
-    let (scales, mins, quants) = repack(kind, data);
+    let (dm, quants) = repack(kind, data);
     Ok(CudaMatrix::Block {
         kind,
-        scales: dev.upload(&scales)?,
-        mins: match kind {
-            BlockKind::Q4_1 => Some(dev.upload(&mins)?),
-            BlockKind::Q8_0 => None,
-        },
+        dm: dev.upload(&dm)?,
         quants: dev.upload(&quants)?,
         out,
         inp,

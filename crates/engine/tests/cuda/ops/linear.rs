@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use ds4_engine::backend::cpu::block_matmul::{Isa, isa};
+use ds4_engine::backend::cpu::block_matmul::isa;
 use ds4_engine::backend::{Backend, CpuOps, HostWeight};
 
 use crate::support::{check, down, gpu, rnd, rows_invariant, up};
@@ -55,13 +55,12 @@ fn cuda_matmul_f32_is_bit_identical_to_the_cpu() {
     );
 }
 
-/// Q8_0 / Q4_1: the AVX2 block kernel's sequence; bit for bit when the CPU
-/// runs its AVX2 kernels, else within rounding of the other order.
+/// Q8_0 / Q4_1: the dequantized weights times f32 activations in the GPU's
+/// order (a warp per row), within f32 rounding of the CPU's order.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_matmul_blocks_match_the_cpu() {
     let (g, c) = (gpu(), CpuOps);
-    let exact = isa() == Isa::Avx2;
     println!("REPORT cpu_block_kernels={:?}", isa());
     // k = 608: 19 blocks (eight-lane minima plus a tail of 3).
     let (rows, n, k) = (7, 70, 608);
@@ -77,7 +76,7 @@ fn cuda_matmul_blocks_match_the_cpu() {
             &gy,
             &c.matmul(&x, rows, &cm).unwrap(),
             1e-5,
-            exact,
+            false,
         );
         rows_invariant(&format!("matmul {dtype:?}"), rows, |r| {
             down(

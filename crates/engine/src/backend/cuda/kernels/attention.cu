@@ -1,72 +1,47 @@
 // Attention over caches (`cpu::attention`, `cpu::sparse_attention`,
-// `cpu::window_attention`): one warp per (query, head). The lanes score the
-// keys (each lane a whole key, in the CPU's dot order) into a scratch row,
-// the max is a warp max (exact), and the sums the CPU runs in key order run
-// in key order here too: the softmax denominator sequentially on every lane
-// (the same bits everywhere), and each output dimension's Σ p·v in key
-// order on the lane that owns it. So a (query, head) never depends on the
-// other rows of the call.
+// `cpu::window_attention`) as fixed key tiles merged in tile order: the keys
+// of a (query, head), numbered j = 0 .. n in the CPU's key order, are cut
+// into tiles of ATT_TILE by j alone. A warp per (query, head, tile) scores
+// its keys (a lane per key, the CPU's dot), takes the tile max m_t (warp
+// max, exact), p = exp(s − m_t), l_t = Σ p in key order and acc_t = Σ p·v
+// in key order (lanes over the output dims). A warp per (query, head) then
+// merges the tiles in order: M = max(m_t, sink), Σ = Σ_t l_t·e^(m_t − M)
+// (then the sink's term), o = (Σ_t acc_t·e^(m_t − M)) / Σ. Tiles past a
+// query's keys are written empty (m = −∞, l = 0, acc = 0) and add exact
+// zeros, so the bits of a (query, head) depend on its own keys only, never
+// on the rows or the longest query of the call.
 
 #define FOR_EACH_WARP(s, n)                                                          \
     for (u64 s = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; s < (u64)(n); \
          s += (u64)gridDim.x * (blockDim.x / 32))
 
+#define ATT_TILE 64
 // Output dims per lane per pass (head dims up to 256 in one pass).
 #define ATT_DIMS 8
+// Warps per block of the tile kernels (their shared p rows).
+#define ATT_WARPS 4
 
-// Causal attention: q [T, Hq·d] (scaled), per kv head h a cache
-// kptr[h], vptr[h] of [≥ offset + T, d]; query i sees keys 0 ..= offset+i.
-// Σ p starts at +0 and adds in key order; o = (Σ p·v)·(1/Σ p).
-extern "C" __global__ void attention_causal_f32(float* y, const float* q, const u64* kptr,
-                                                const u64* vptr, float* scratch, u64 t_len,
-                                                u64 hq, u64 hkv, u64 d, u64 offset,
-                                                u64 total) {
-    unsigned lane = threadIdx.x & 31;
-    FOR_EACH_WARP(w, t_len * hq) {
-        u64 i = w / hq, qh = w % hq;
-        u64 kvh = qh / (hq / hkv);
-        const float* K = (const float*)kptr[kvh];
-        const float* V = (const float*)vptr[kvh];
-        const float* qr = q + (i * hq + qh) * d;
-        u64 visible = offset + i + 1;
-        float* sc = scratch + w * total;
-        float mx = DS4_NEG_INF;
-        for (u64 j = lane; j < visible; j += 32) {
-            float s = dot8_attn(qr, K + j * d, (int)d);
-            sc[j] = s;
-            mx = fmaxf(mx, s);
-        }
-        mx = warp_max(mx);
-        for (u64 j = lane; j < visible; j += 32) sc[j] = expf(sc[j] - mx);
-        __syncwarp();
-        for (u64 e0 = 0; e0 < d; e0 += 32 * ATT_DIMS) {
-            float acc[ATT_DIMS];
-#pragma unroll
-            for (int t = 0; t < ATT_DIMS; t++) acc[t] = 0.0f;
-            float sum = 0.0f;
-            for (u64 j = 0; j < visible; j++) {
-                float p = sc[j];
-                sum += p;
-                const float* vj = V + j * d;
-#pragma unroll
-                for (int t = 0; t < ATT_DIMS; t++) {
-                    u64 e = e0 + lane + 32 * t;
-                    if (e < d) acc[t] += p * vj[e];
-                }
-            }
-            float inv = 1.0f / sum;
-#pragma unroll
-            for (int t = 0; t < ATT_DIMS; t++) {
-                u64 e = e0 + lane + 32 * t;
-                if (e < d) y[(i * hq + qh) * d + e] = acc[t] * inv;
-            }
-        }
-        __syncwarp();
-    }
-}
+// Keys of attention_causal: rows of one kv head's cache [P, d].
+struct CacheKeys {
+    const float* k;
+    const float* v;
+    u64 d;
+    __device__ __forceinline__ const float* key(u64 j) const { return k + j * d; }
+    __device__ __forceinline__ const float* val(u64 j) const { return v + j * d; }
+};
 
-// The keys of one query of attention_window: its window rows lo .. hi,
-// then entries (a prefix of n_prefix, or the listed ones).
+// Keys of attention_gathered: the selected rows of a [P, Hkv·d] cache.
+struct GatherKeys {
+    const float* kbase;
+    const float* vbase;
+    const u32* idx;
+    u64 stride;
+    __device__ __forceinline__ const float* key(u64 j) const { return kbase + (u64)idx[j] * stride; }
+    __device__ __forceinline__ const float* val(u64 j) const { return vbase + (u64)idx[j] * stride; }
+};
+
+// Keys of attention_window: its window rows lo .. hi, then entries (a
+// prefix, or the listed ones); keys are their own values.
 struct WinKeys {
     const float* window;
     const float* entries;
@@ -80,33 +55,41 @@ struct WinKeys {
     __device__ __forceinline__ const float* val(u64 j) const { return key(j); }
 };
 
-// Softmax of one (query, head) over keys(0 .. n) with an optional sink
-// logit, written to o (dims on lanes): sequential dots ·scale, max with the
-// sink, exp, Σ in key order then the sink's term, o = Σ (p/Σ)·v in key order.
+// One tile's partial (m, l, acc[d]) at `part`. `scaled`: the query is
+// already scaled and dots run in the CPU attention's 8-lane order; else a
+// sequential dot times `scale`.
 template <typename Keys>
-__device__ __forceinline__ void attend_keys(float* o, const float* qh, const Keys& keys, u64 n,
-                                            u64 d, float scale, int has_sink, float sink,
-                                            float* sc) {
+__device__ __forceinline__ void tile_partial(float* part, const float* qh, const Keys& keys,
+                                             u64 n, u64 tile, u64 d, int scaled, float scale) {
+    __shared__ float sp_all[ATT_WARPS][ATT_TILE];
     unsigned lane = threadIdx.x & 31;
-    float mx = has_sink ? sink : DS4_NEG_INF;
-    for (u64 j = lane; j < n; j += 32) {
-        float s = dot_seq(qh, keys.key(j), (int)d) * scale;
-        sc[j] = s;
-        mx = fmaxf(mx, s);
+    float* sp = sp_all[(threadIdx.x / 32) % ATT_WARPS];
+    u64 j0 = tile * ATT_TILE;
+    u64 cnt = j0 < n ? (n - j0 < ATT_TILE ? n - j0 : ATT_TILE) : 0;
+    float s[2] = {DS4_NEG_INF, DS4_NEG_INF};
+    for (int h = 0; h < 2; h++) {
+        u64 i = lane + 32 * h;
+        if (i < cnt) {
+            const float* kj = keys.key(j0 + i);
+            s[h] = scaled ? dot8_attn(qh, kj, (int)d) : dot_seq(qh, kj, (int)d) * scale;
+        }
     }
-    mx = warp_max(mx);
-    for (u64 j = lane; j < n; j += 32) sc[j] = expf(sc[j] - mx);
+    float m = warp_max(fmaxf(s[0], s[1]));
+    for (int h = 0; h < 2; h++) {
+        u64 i = lane + 32 * h;
+        sp[i] = i < cnt ? expf(s[h] - m) : 0.0f;
+    }
     __syncwarp();
-    float sum = 0.0f;
-    for (u64 j = 0; j < n; j++) sum += sc[j];
-    if (has_sink) sum += expf(sink - mx);
+    float l = 0.0f;
+    for (u64 i = 0; i < cnt; i++) l += sp[i];
     for (u64 e0 = 0; e0 < d; e0 += 32 * ATT_DIMS) {
         float acc[ATT_DIMS];
 #pragma unroll
         for (int t = 0; t < ATT_DIMS; t++) acc[t] = 0.0f;
-        for (u64 j = 0; j < n; j++) {
-            float p = sc[j] / sum;
-            const float* vj = keys.val(j);
+#pragma unroll 4
+        for (u64 i = 0; i < cnt; i++) {
+            float p = sp[i];
+            const float* vj = keys.val(j0 + i);
 #pragma unroll
             for (int t = 0; t < ATT_DIMS; t++) {
                 u64 e = e0 + lane + 32 * t;
@@ -116,48 +99,86 @@ __device__ __forceinline__ void attend_keys(float* o, const float* qh, const Key
 #pragma unroll
         for (int t = 0; t < ATT_DIMS; t++) {
             u64 e = e0 + lane + 32 * t;
-            if (e < d) o[e] = acc[t];
+            if (e < d) part[2 + e] = acc[t];
         }
+    }
+    if (lane == 0) {
+        part[0] = cnt ? m : DS4_NEG_INF;
+        part[1] = l;
     }
     __syncwarp();
 }
 
-// Keys of attention_gathered: the selected rows j of a [P, Hkv·d] cache.
-struct GatherKeys {
-    const float* kbase;
-    const float* vbase;
-    const u32* idx;
-    u64 stride;
-    __device__ __forceinline__ const float* key(u64 j) const { return kbase + (u64)idx[j] * stride; }
-    __device__ __forceinline__ const float* val(u64 j) const { return vbase + (u64)idx[j] * stride; }
-};
-
-// q [T, Hq·d] unscaled, k, v [P, Hkv·d], selection idx [T, cap] + counts.
-extern "C" __global__ void attention_gathered_f32(float* y, const float* q, const float* k,
-                                                  const float* v, const u32* idx,
-                                                  const u32* counts, u64 cap, const float* sinks,
-                                                  float* scratch, u64 t_len, u64 hq, u64 hkv,
-                                                  u64 d, float scale) {
-    FOR_EACH_WARP(w, t_len * hq) {
-        u64 i = w / hq, h = w % hq;
-        u64 kvh = h / (hq / hkv);
-        GatherKeys keys{k + kvh * d, v + kvh * d, idx + i * cap, hkv * d};
-        attend_keys(y + (i * hq + h) * d, q + (i * hq + h) * d, keys, counts[i], d, scale,
-                    sinks != 0, sinks ? sinks[h] : 0.0f, scratch + w * cap);
+// Merge the tiles of every (query, head) in order into y [items, d].
+// parts: [items, tiles, 2 + d]; sinks (per head, items = rows·heads) or 0.
+extern "C" __global__ void attention_merge_f32(float* y, const float* parts, u64 items,
+                                               u64 tiles, u64 heads, u64 d,
+                                               const float* sinks) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(w, items) {
+        const float* pw = parts + w * tiles * (d + 2);
+        float mx = sinks ? sinks[w % heads] : DS4_NEG_INF;
+        for (u64 t = 0; t < tiles; t++) mx = fmaxf(mx, pw[t * (d + 2)]);
+        float* o = y + w * d;
+        if (mx == DS4_NEG_INF) {
+            // No key and no sink: nothing is attended (the CPU's output
+            // stays zero).
+            for (u64 e = lane; e < d; e += 32) o[e] = 0.0f;
+            continue;
+        }
+        float sum = 0.0f;
+        for (u64 t = 0; t < tiles; t++) sum += pw[t * (d + 2) + 1] * expf(pw[t * (d + 2)] - mx);
+        if (sinks) sum += expf(sinks[w % heads] - mx);
+        for (u64 e = lane; e < d; e += 32) {
+            float acc = 0.0f;
+            for (u64 t = 0; t < tiles; t++)
+                acc += pw[t * (d + 2) + 2 + e] * expf(pw[t * (d + 2)] - mx);
+            o[e] = acc / sum;
+        }
     }
 }
 
-// DeepSeek-V4 shared K=V attention over a sliding window plus compressed
-// entries; mode 0: no entries, 1: causal prefix (ratio), 2: listed.
-extern "C" __global__ void attention_window_f32(float* y, const float* q, const float* window,
-                                                const float* entries, u64 n_entries,
-                                                const u32* idx, const u32* counts, u64 cap,
-                                                const float* sinks, float* scratch,
-                                                u64 max_keys, u64 rows, u64 heads, u64 dim,
-                                                u64 query_first, u64 window_first, u64 span,
-                                                int mode, u64 ratio, float scale) {
-    FOR_EACH_WARP(w, rows * heads) {
-        u64 r = w / heads, h = w % heads;
+// Causal attention tiles: q [T, Hq·d] (scaled), per kv head h a cache
+// kptr[h], vptr[h] of [≥ offset + T, d]; query i sees keys 0 ..= offset+i.
+extern "C" __global__ void attention_causal_tiles_f32(float* parts, const float* q,
+                                                      const u64* kptr, const u64* vptr,
+                                                      u64 t_len, u64 hq, u64 hkv, u64 d,
+                                                      u64 offset, u64 tiles) {
+    FOR_EACH_WARP(w, t_len * hq * tiles) {
+        u64 item = w / tiles, tile = w % tiles;
+        u64 i = item / hq, qh = item % hq;
+        u64 kvh = qh / (hq / hkv);
+        CacheKeys keys{(const float*)kptr[kvh], (const float*)vptr[kvh], d};
+        tile_partial(parts + w * (d + 2), q + item * d, keys, offset + i + 1, tile, d, 1, 1.0f);
+    }
+}
+
+// Gathered attention tiles: q [T, Hq·d] unscaled, k, v [P, Hkv·d],
+// selection idx [T, cap] + counts.
+extern "C" __global__ void attention_gathered_tiles_f32(float* parts, const float* q,
+                                                        const float* k, const float* v,
+                                                        const u32* idx, const u32* counts,
+                                                        u64 cap, u64 t_len, u64 hq, u64 hkv,
+                                                        u64 d, float scale, u64 tiles) {
+    FOR_EACH_WARP(w, t_len * hq * tiles) {
+        u64 item = w / tiles, tile = w % tiles;
+        u64 i = item / hq, h = item % hq;
+        u64 kvh = h / (hq / hkv);
+        GatherKeys keys{k + kvh * d, v + kvh * d, idx + i * cap, hkv * d};
+        tile_partial(parts + w * (d + 2), q + item * d, keys, counts[i], tile, d, 0, scale);
+    }
+}
+
+// Window attention tiles (DeepSeek-V4 shared K=V over a sliding window plus
+// compressed entries); mode 0: no entries, 1: causal prefix (ratio), 2:
+// listed.
+extern "C" __global__ void attention_window_tiles_f32(
+    float* parts, const float* q, const float* window, const float* entries, u64 n_entries,
+    const u32* idx, const u32* counts, u64 cap, u64 rows, u64 heads, u64 dim, u64 query_first,
+    u64 window_first, u64 span, int mode, u64 ratio, float scale, u64 tiles) {
+    FOR_EACH_WARP(w, rows * heads * tiles) {
+        u64 item = w / tiles, tile = w % tiles;
+        u64 r = item / heads;
         u64 t = query_first + r;
         u64 lo_abs = t + 1 > span ? t + 1 - span : 0;
         if (lo_abs < window_first) lo_abs = window_first;
@@ -172,8 +193,7 @@ extern "C" __global__ void attention_window_f32(float* y, const float* q, const 
             listed = idx + r * cap;
         }
         WinKeys keys{window, entries, listed, lo, hi - lo, dim};
-        attend_keys(y + (r * heads + h) * dim, q + (r * heads + h) * dim, keys, hi - lo + ne, dim,
-                    scale, 1, sinks[h], scratch + w * max_keys);
+        tile_partial(parts + w * (dim + 2), q + item * dim, keys, hi - lo + ne, tile, dim, 0, scale);
     }
 }
 

@@ -9,12 +9,9 @@
 // so an f32 product has the CPU's bits, and the bits of y[r, j] never depend
 // on how many rows the call had.
 //
-// Block formats (Q8_0, Q4_1) follow the AVX2 block kernel
-// (`cpu::block_matmul::avx2`): the same eight lanes accumulate fma(d·u, x)
-// (d·u is exact), and Q4_1 adds the minima's share Σ_b m_b·(Σ x_b) as an
-// eight-lane FMA over blocks, its tail in order, then `dot + share`.
-// Device layout: scales and minima as f16 bits `[n, k/32]`, quants
-// `[n, k/32, 16 or 32]` (repacked once at load).
+// Block formats (Q8_0, Q4_1) have an order of their own (below): a warp per
+// output row, which streams the quants at a much higher rate than eight
+// threads could.
 
 #define MM_TILE 4
 
@@ -93,88 +90,80 @@ extern "C" __global__ void experts_combine(float* out, const float* ys, const fl
     }
 }
 
-// Block sums of the activations for Q4_1's minima: lane l of 8 adds
-// (x[l] + x[8+l]) + (x[16+l] + x[24+l]), then the lanes as group8_sum.
-extern "C" __global__ void block_sums_f32(float* sx, const float* x, u64 blocks) {
-    FOR_EACH(b, blocks) {
-        const float* xb = x + b * 32;
-        float v[8];
-#pragma unroll
-        for (int l = 0; l < 8; l++) v[l] = (xb[l] + xb[8 + l]) + (xb[16 + l] + xb[24 + l]);
-        sx[b] = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-    }
-}
-
-// Unscaled value 8i + l of a block (i = 0..3) for lane l.
+// Block formats, one warp per output row: lane l takes the blocks b ≡ l
+// (mod 32) in order (16-byte quant loads, coalesced across the warp), and
+// for each block the 32 weights are dequantized exactly as GGUF defines them
+// (Q4_1: u·d + m, u·d exact; Q8_0: q·d, exact) and accumulated by FMA in
+// index order; the 32 lane sums are added by the butterfly (`warp_sum`).
+// The order depends on k alone. Device layout: `dm` holds each block's
+// f16 scale (low half) and, for Q4_1, its f16 minimum (high half), `[n,
+// k/32]`; `quants` `[n, k/32, 16 or 32]`.
 template <int Q4>
-__device__ __forceinline__ void block_quants(const u8* q, unsigned l, float u[4]) {
-    if (Q4) {
-        u8 b0 = q[l], b1 = q[8 + l];
-        u[0] = (float)(b0 & 0x0F);
-        u[1] = (float)(b1 & 0x0F);
-        u[2] = (float)(b0 >> 4);
-        u[3] = (float)(b1 >> 4);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; i++) u[i] = (float)(signed char)q[8 * i + l];
-    }
-}
-
-template <int Q4>
-__device__ __forceinline__ void matmul_block(float* y, const float* x, const float* sx, u64 rows,
-                                             const u16* scales, const u16* mins,
+__device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
     const int qb = Q4 ? 16 : 32;
-    u64 j = (u64)blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
+    u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (j >= n) return;
-    unsigned lane = threadIdx.x & 7, mask = group_mask();
-    u64 nb = k / 32, nb8 = nb / 8 * 8;
-    const u16* sc = scales + j * nb;
+    unsigned lane = threadIdx.x & 31;
+    u64 nb = k / 32;
+    const u32* dmr = dm + j * nb;
     const u8* qr = quants + j * nb * qb;
     for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
         const float* xr = x + r0 * k;
         float acc[MM_TILE] = {0.f, 0.f, 0.f, 0.f};
-        for (u64 b = 0; b < nb; b++) {
-            float d = h2f(sc[b]);
-            float u[4];
-            block_quants<Q4>(qr + b * qb, lane, u);
+        for (u64 b = lane; b < nb; b += 32) {
+            u32 sm = dmr[b];
+            float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
+            float w[32];
+            if (Q4) {
+                uint4 q = *(const uint4*)(qr + b * 16);
+                u32 words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float wv = d * u[i];
-                u64 at = b * 32 + 8 * i + lane;
+                for (int i = 0; i < 16; i++) {
+                    u32 byte = (words[i / 4] >> (8 * (i % 4))) & 0xff;
+                    w[i] = (float)(byte & 0x0f) * d + m;
+                    w[i + 16] = (float)(byte >> 4) * d + m;
+                }
+            } else {
+                uint4 q0 = *(const uint4*)(qr + b * 32);
+                uint4 q1 = *(const uint4*)(qr + b * 32 + 16);
+                u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
-                for (int t = 0; t < MM_TILE; t++)
-                    if (t < nr) acc[t] = fmaf(wv, xr[t * k + at], acc[t]);
+                for (int i = 0; i < 32; i++)
+                    w[i] = (float)(signed char)((words[i / 4] >> (8 * (i % 4))) & 0xff) * d;
+            }
+#pragma unroll
+            for (int t = 0; t < MM_TILE; t++) {
+                if (t < nr) {
+                    const float4* xb = (const float4*)(xr + t * k + b * 32);
+                    float a = acc[t];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        float4 v = xb[i];
+                        a = fmaf(w[4 * i], v.x, a);
+                        a = fmaf(w[4 * i + 1], v.y, a);
+                        a = fmaf(w[4 * i + 2], v.z, a);
+                        a = fmaf(w[4 * i + 3], v.w, a);
+                    }
+                    acc[t] = a;
+                }
             }
         }
 #pragma unroll
         for (int t = 0; t < MM_TILE; t++) {
-            float dot = group8_sum(acc[t], mask);
-            if (Q4) {
-                const u16* mr = mins + j * nb;
-                const float* sr = sx + (r0 + t) * nb;
-                float macc = 0.f;
-                if (t < nr)
-                    for (u64 b = lane; b < nb8; b += 8) macc = fmaf(h2f(mr[b]), sr[b], macc);
-                float share = group8_sum(macc, mask);
-                if (lane == 0 && t < nr) {
-                    for (u64 b = nb8; b < nb; b++) share += h2f(mr[b]) * sr[b];
-                    dot = dot + share;
-                }
-            }
-            if (lane == 0 && t < nr) y[(r0 + t) * n + j] = dot;
+            float s = warp_sum(acc[t]);
+            if (lane == 0 && t < nr) y[(r0 + t) * n + j] = s;
         }
     }
 }
 
-extern "C" __global__ void matmul_q4_1(float* y, const float* x, const float* sx, u64 rows,
-                                       const u16* scales, const u16* mins, const u8* quants,
-                                       u64 n, u64 k) {
-    matmul_block<1>(y, x, sx, rows, scales, mins, quants, n, k);
+extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
+                                       const u8* quants, u64 n, u64 k) {
+    matmul_block<1>(y, x, rows, dm, quants, n, k);
 }
 
-extern "C" __global__ void matmul_q8_0(float* y, const float* x, u64 rows, const u16* scales,
+extern "C" __global__ void matmul_q8_0(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
-    matmul_block<0>(y, x, 0, rows, scales, 0, quants, n, k);
+    matmul_block<0>(y, x, rows, dm, quants, n, k);
 }
