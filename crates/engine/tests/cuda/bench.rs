@@ -327,6 +327,30 @@ fn cuda_bench_smollm2_shaped_decode() {
         gm.forward(&[7], &mut s, LogitsRows::Last).unwrap();
         g.launches() - b
     };
+    // An MTP verify window is a forward of K + 1 rows: its cost against one
+    // decode step, from the same state (restored between runs).
+    let mut base = gm.new_state();
+    gm.forward(&prompt, &mut base, LogitsRows::Last).unwrap();
+    let mut step = 0.0;
+    for rows in 1..=4usize {
+        let toks: Vec<u32> = (0..rows as u32).map(|i| 100 + i).collect();
+        let reps = 20;
+        let start = Instant::now();
+        for _ in 0..reps {
+            let mut s = base.snapshot();
+            gm.forward(&toks, &mut s, LogitsRows::All).unwrap();
+        }
+        let t = start.elapsed().as_secs_f64() / reps as f64;
+        if rows == 1 {
+            step = t;
+        }
+        println!(
+            "REPORT bench=smollm2_shaped verify_rows={rows} (K={}) time_us={:.0} vs_one_step={:.2}",
+            rows - 1,
+            t * 1e6,
+            t / step
+        );
+    }
     let (cp, cd, ct) = run(&cm, &prompt, 32);
     let agree = gt.iter().zip(&ct).take_while(|(a, b)| a == b).count();
     println!(

@@ -90,21 +90,23 @@ extern "C" __global__ void experts_combine(float* out, const float* ys, const fl
     }
 }
 
-// Block formats, one warp per output row: lane l takes the blocks b ≡ l
-// (mod 32) in order (16-byte quant loads, coalesced across the warp), and
-// for each block the 32 weights are dequantized exactly as GGUF defines them
-// (Q4_1: u·d + m, u·d exact; Q8_0: q·d, exact) and accumulated by FMA in
-// index order; the 32 lane sums are added by the butterfly (`warp_sum`).
-// The order depends on k alone. Device layout: `dm` holds each block's
-// f16 scale (low half) and, for Q4_1, its f16 minimum (high half), `[n,
-// k/32]`; `quants` `[n, k/32, 16 or 32]`.
+// Block formats, one warp per output row, eight blocks per step: lane l
+// takes block b0 + l/4 and its quarter l%4 (elements 8·(l%4) .. +8), so the
+// warp reads 8 consecutive blocks of quants and 256 consecutive activations
+// per step (coalesced). Each weight is dequantized exactly as GGUF defines
+// it (Q4_1: u·d + m, u·d exact; Q8_0: q·d, exact) and accumulated by FMA
+// into the lane's sum, in element order within the quarter and block
+// order across steps; the 32 lane sums are added by the butterfly
+// (`warp_sum`). The order depends on k alone. Device layout: `dm` holds
+// each block's f16 scale (low half) and, for Q4_1, its f16 minimum (high
+// half), `[n, k/32]`; `quants` `[n, k/32, 16 or 32]`.
 template <int Q4>
 __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
     const int qb = Q4 ? 16 : 32;
     u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (j >= n) return;
-    unsigned lane = threadIdx.x & 31;
+    unsigned lane = threadIdx.x & 31, qtr = lane & 3;
     u64 nb = k / 32;
     const u32* dmr = dm + j * nb;
     const u8* qr = quants + j * nb * qb;
@@ -112,40 +114,40 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
         const float* xr = x + r0 * k;
         float acc[MM_TILE] = {0.f, 0.f, 0.f, 0.f};
-        for (u64 b = lane; b < nb; b += 32) {
+        for (u64 b0 = 0; b0 < nb; b0 += 8) {
+            u64 b = b0 + lane / 4;
+            if (b >= nb) continue;
             u32 sm = dmr[b];
             float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
-            float w[32];
+            float w[8];
             if (Q4) {
-                uint4 q = *(const uint4*)(qr + b * 16);
-                u32 words[4] = {q.x, q.y, q.z, q.w};
+                uint2 q = *(const uint2*)(qr + b * 16 + (qtr & 1) * 8);
+                u32 shift = (qtr >> 1) * 4;
 #pragma unroll
-                for (int i = 0; i < 16; i++) {
-                    u32 byte = (words[i / 4] >> (8 * (i % 4))) & 0xff;
-                    w[i] = (float)(byte & 0x0f) * d + m;
-                    w[i + 16] = (float)(byte >> 4) * d + m;
+                for (int i = 0; i < 8; i++) {
+                    u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
+                    w[i] = (float)((byte >> shift) & 0x0f) * d + m;
                 }
             } else {
-                uint4 q0 = *(const uint4*)(qr + b * 32);
-                uint4 q1 = *(const uint4*)(qr + b * 32 + 16);
-                u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                uint2 q = *(const uint2*)(qr + b * 32 + qtr * 8);
 #pragma unroll
-                for (int i = 0; i < 32; i++)
-                    w[i] = (float)(signed char)((words[i / 4] >> (8 * (i % 4))) & 0xff) * d;
+                for (int i = 0; i < 8; i++)
+                    w[i] = (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
             }
 #pragma unroll
             for (int t = 0; t < MM_TILE; t++) {
                 if (t < nr) {
-                    const float4* xb = (const float4*)(xr + t * k + b * 32);
+                    const float4* xb = (const float4*)(xr + t * k + b * 32 + qtr * 8);
+                    float4 v0 = xb[0], v1 = xb[1];
                     float a = acc[t];
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        float4 v = xb[i];
-                        a = fmaf(w[4 * i], v.x, a);
-                        a = fmaf(w[4 * i + 1], v.y, a);
-                        a = fmaf(w[4 * i + 2], v.z, a);
-                        a = fmaf(w[4 * i + 3], v.w, a);
-                    }
+                    a = fmaf(w[0], v0.x, a);
+                    a = fmaf(w[1], v0.y, a);
+                    a = fmaf(w[2], v0.z, a);
+                    a = fmaf(w[3], v0.w, a);
+                    a = fmaf(w[4], v1.x, a);
+                    a = fmaf(w[5], v1.y, a);
+                    a = fmaf(w[6], v1.z, a);
+                    a = fmaf(w[7], v1.w, a);
                     acc[t] = a;
                 }
             }
