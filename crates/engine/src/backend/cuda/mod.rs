@@ -15,15 +15,16 @@
 //! Exactness: every kernel computes each output element by one sequence of
 //! operations that depends on the reduction length only, with the row loop
 //! inside the kernel, so a token's bits never depend on how many rows
-//! shared its call (decode step, verify window, prefill chunk). Where the
-//! CPU reference's sequence parallelises naturally (the 8-lane FMA dot of
-//! the f32 and block matmuls, the per-key attention sums, the delta rule's
-//! per-column recurrence) the kernels follow it exactly, so those ops agree
-//! with the CPU up to the `exp`/`log` of the device's math library; the
-//! norms sum squares in a warp order of their own. The kernel set (the
-//! architecture and a hash of the compiled program) is part of the backend
-//! id, so a checkpoint made on the GPU never resumes on the CPU or on
-//! another kernel set.
+//! shared its call (decode step, verify window, prefill chunk). The f32
+//! matmul (and the expert projections), the delta rule, the conv, the
+//! pooling and the element-wise maps follow the CPU reference's sequence
+//! exactly, so they agree with the CPU up to the `exp`/`log` of the
+//! device's math library; the block matmuls (a warp per row), attention
+//! (fixed 64-key tiles merged in tile order) and the norms (a warp per
+//! slice) have orders of their own, stated in their kernels. The kernel
+//! set (the architecture and a hash of the compiled program) is part of
+//! the backend id, so a checkpoint made on the GPU never resumes on the CPU
+//! or on another kernel set.
 
 mod attention;
 mod buf;
