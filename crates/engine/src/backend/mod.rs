@@ -24,7 +24,8 @@
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm` |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
 //! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay) |
-//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `attention_gathered` (with sinks) |
+//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `attention_gathered` (with sinks), `attention_window` (sliding window + compressed entries + sinks) |
+//! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
 //! | element-wise | `add`, `mul`, `affine`, `silu`, `sigmoid`, `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
@@ -91,6 +92,24 @@ pub enum RopeLayout {
     HalfSplit,
     /// Dim `2i` pairs with `2i + 1` (GGUF llama).
     Interleaved,
+    /// Dim `o + 2i` pairs with `o + 2i + 1`, `o = head_dim − 2·half`: the
+    /// rotated dims are the head's trailing ones (DeepSeek-V4's `[nope |
+    /// rope]` heads).
+    InterleavedTail,
+}
+
+/// Which compressed entries a query of [`Backend::attention_window`] sees,
+/// besides its sliding window.
+#[derive(Debug, Clone, Copy)]
+pub enum EntryKeep<'a, S> {
+    /// None (a sliding-only layer).
+    None,
+    /// Every entry already complete for the query: entry `e` of `ratio`
+    /// tokens is visible to the query at token `t` iff `e < (t + 1) /
+    /// ratio` (DeepSeek-V4's HCA).
+    Causal { ratio: usize },
+    /// The entries an indexer selected for each query (CSA).
+    Selected(&'a S),
 }
 
 /// Geometry of a cache of attention keys/values: `[P, heads·d]` token-major
@@ -394,6 +413,70 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         kv: Heads,
         sinks: Option<&Self::Buf>,
     ) -> Result<Self::Buf>;
+
+    /// Shared-K=V attention over a sliding window plus compressed entries
+    /// (DeepSeek-V4). `q: [rows, heads·dim]` unscaled, query `i` at token
+    /// `query_first + i`; `window: [P, dim]` K=V rows of tokens
+    /// `window_first ..`; the query at `t` sees tokens `max(t + 1 − span,
+    /// window_first) ..= t`, then the entries of `entries: [E, dim]` that
+    /// `keep` allows, ascending. Per (query, head): sequential dots times
+    /// `1/√dim`, max (with the head's `sinks` logit), `exp(s − max)` summed
+    /// in key order and then the sink's term, `o = Σ (p/Σ)·kv` in key order.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_window(
+        &self,
+        q: &Self::Buf,
+        heads: usize,
+        dim: usize,
+        query_first: usize,
+        window: &Self::Buf,
+        window_first: usize,
+        span: usize,
+        entries: &Self::Buf,
+        keep: EntryKeep<'_, Self::Selection>,
+        sinks: &Self::Buf,
+    ) -> Result<Self::Buf>;
+
+    // ---- compression ----
+
+    /// Gated pooling of groups of `slots` consecutive rows of `kv, gate:
+    /// [n·slots, dim]` → `[n, dim]`: per channel `p = softmax_j(gate)` (max
+    /// subtracted, `exp` summed in `j` order, `p_j = e_j / Σ`), then `Σ_j
+    /// kv_j·p_j` in `j` order from 0. A gate of −∞ is an empty slot.
+    fn softmax_pool(
+        &self,
+        kv: &Self::Buf,
+        gate: &Self::Buf,
+        slots: usize,
+        dim: usize,
+    ) -> Result<Self::Buf>;
+    /// Lightning-indexer scores `[rows, E]`: `s[r, e] = Σ_h (w[r, h]·w_scale)
+    /// ·(relu(q[r, h]·keys[e])·scale)`, `q: [rows, heads·dim]`, `weights:
+    /// [rows, heads]`, `keys: [E, dim]`; sequential dots, heads summed in
+    /// order from 0.
+    #[allow(clippy::too_many_arguments)]
+    fn index_scores(
+        &self,
+        q: &Self::Buf,
+        weights: &Self::Buf,
+        keys: &Self::Buf,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        scale: f32,
+        w_scale: f32,
+    ) -> Result<Self::Buf>;
+    /// Per row `r` of `scores: [rows, width]`: the `min(k, limits[r])`
+    /// best columns among `0 .. limits[r]` (ties: the lower index),
+    /// ascending.
+    fn select_topk(
+        &self,
+        scores: &Self::Buf,
+        rows: usize,
+        width: usize,
+        limits: &[usize],
+        k: usize,
+    ) -> Result<Self::Selection>;
 
     // ---- element-wise ----
 

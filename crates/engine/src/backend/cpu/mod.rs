@@ -12,6 +12,7 @@
 
 pub mod attention;
 pub mod block_matmul;
+pub mod compression;
 pub mod delta_rule;
 pub mod experts;
 pub mod f32_matmul;
@@ -20,6 +21,7 @@ pub mod indexer;
 mod ops;
 pub mod routing;
 pub mod sparse_attention;
+pub mod window_attention;
 
 pub use ops::{CpuMatrix, CpuOps, CpuRouting, CpuTable};
 

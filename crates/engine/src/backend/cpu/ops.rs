@@ -10,10 +10,12 @@ use candle_core::{Device, Module, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
 use super::{
-    attention, delta_rule, experts, f32_matmul, hyper, indexer, routing, sparse_attention,
+    attention, compression, delta_rule, experts, f32_matmul, hyper, indexer, routing,
+    sparse_attention, window_attention,
 };
 use crate::backend::{
-    Backend, BackendId, GateAct, Heads, HostWeight, IndexerShape, RopeLayout, RouterSpec, ScanDims,
+    Backend, BackendId, EntryKeep, GateAct, Heads, HostWeight, IndexerShape, RopeLayout,
+    RouterSpec, ScanDims,
 };
 use crate::error::{EngineError, Result};
 
@@ -616,6 +618,14 @@ impl Backend for CpuOps {
                                 head[2 * i + 1] = a * s[i] + b * c[i];
                             }
                         }
+                        RopeLayout::InterleavedTail => {
+                            let tail = &mut head[head_dim - 2 * half..];
+                            for i in 0..half {
+                                let (a, b) = (tail[2 * i], tail[2 * i + 1]);
+                                tail[2 * i] = a * c[i] - b * s[i];
+                                tail[2 * i + 1] = a * s[i] + b * c[i];
+                            }
+                        }
                     }
                 }
             }
@@ -811,6 +821,185 @@ impl Backend for CpuOps {
             kv.dim,
             sinks.map(|s| s.as_slice()),
         ))
+    }
+
+    fn attention_window(
+        &self,
+        q: &Vec<f32>,
+        heads: usize,
+        dim: usize,
+        query_first: usize,
+        window: &Vec<f32>,
+        window_first: usize,
+        span: usize,
+        entries: &Vec<f32>,
+        keep: EntryKeep<'_, Vec<Vec<u32>>>,
+        sinks: &Vec<f32>,
+    ) -> Result<Vec<f32>> {
+        let width = heads * dim;
+        let rows = q.len() / width.max(1);
+        let p = window.len() / dim.max(1);
+        if q.len() != rows * width || sinks.len() != heads || entries.len() % dim.max(1) != 0 {
+            return Err(shape_err(
+                "attention_window",
+                format!(
+                    "{} query values, {} sinks for {heads} heads of {dim}",
+                    q.len(),
+                    sinks.len()
+                ),
+            ));
+        }
+        if query_first + rows > window_first + p || query_first < window_first {
+            return Err(shape_err(
+                "attention_window",
+                format!(
+                    "queries {query_first}..{} outside the window rows {window_first}..{}",
+                    query_first + rows,
+                    window_first + p
+                ),
+            ));
+        }
+        let n_entries = entries.len() / dim.max(1);
+        if let EntryKeep::Selected(sel) = keep {
+            if sel.len() != rows || sel.iter().flatten().any(|&e| e as usize >= n_entries) {
+                return Err(shape_err(
+                    "attention_window",
+                    format!("a selection of {} rows over {n_entries} entries", sel.len()),
+                ));
+            }
+        }
+        let mut out = vec![0f32; rows * width];
+        par_rows(&mut out, width, |first, block| {
+            let mut scores = Vec::new();
+            for (i, o) in block.chunks_exact_mut(width).enumerate() {
+                let r = first + i;
+                let t = query_first + r;
+                let lo = (t + 1).saturating_sub(span).max(window_first) - window_first;
+                let entries_seen = match keep {
+                    EntryKeep::None => window_attention::EntryList::Prefix(0),
+                    EntryKeep::Causal { ratio } => {
+                        window_attention::EntryList::Prefix(((t + 1) / ratio.max(1)).min(n_entries))
+                    }
+                    EntryKeep::Selected(sel) => window_attention::EntryList::Listed(&sel[r]),
+                };
+                let keys = window_attention::QueryKeys {
+                    lo,
+                    hi: t + 1 - window_first,
+                    entries: entries_seen,
+                };
+                window_attention::attend_one(
+                    &q[r * width..][..width],
+                    window,
+                    entries,
+                    &keys,
+                    dim,
+                    sinks,
+                    &mut scores,
+                    o,
+                );
+            }
+        });
+        Ok(out)
+    }
+
+    // ---- compression ----
+
+    fn softmax_pool(
+        &self,
+        kv: &Vec<f32>,
+        gate: &Vec<f32>,
+        slots: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        if kv.len() != gate.len() || slots == 0 || !kv.len().is_multiple_of(slots * dim.max(1)) {
+            return Err(shape_err(
+                "softmax_pool",
+                format!(
+                    "{} kv and {} gate values in groups of {slots}×{dim}",
+                    kv.len(),
+                    gate.len()
+                ),
+            ));
+        }
+        Ok(compression::softmax_pool(kv, gate, slots, dim))
+    }
+
+    fn index_scores(
+        &self,
+        q: &Vec<f32>,
+        weights: &Vec<f32>,
+        keys: &Vec<f32>,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        scale: f32,
+        w_scale: f32,
+    ) -> Result<Vec<f32>> {
+        if q.len() != rows * heads * dim
+            || weights.len() != rows * heads
+            || !keys.len().is_multiple_of(dim.max(1))
+        {
+            return Err(shape_err(
+                "index_scores",
+                format!(
+                    "{} query values, {} weights for {rows} rows of {heads}×{dim}",
+                    q.len(),
+                    weights.len()
+                ),
+            ));
+        }
+        let e = keys.len() / dim.max(1);
+        let mut out = vec![0f32; rows * e];
+        if e == 0 {
+            return Ok(out);
+        }
+        par_rows(&mut out, e, |first, block| {
+            for (i, o) in block.chunks_exact_mut(e).enumerate() {
+                let r = first + i;
+                compression::index_scores_row(
+                    &q[r * heads * dim..][..heads * dim],
+                    &weights[r * heads..][..heads],
+                    keys,
+                    dim,
+                    scale,
+                    w_scale,
+                    o,
+                );
+            }
+        });
+        Ok(out)
+    }
+
+    fn select_topk(
+        &self,
+        scores: &Vec<f32>,
+        rows: usize,
+        width: usize,
+        limits: &[usize],
+        k: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        if scores.len() != rows * width || limits.len() != rows || limits.iter().any(|&l| l > width)
+        {
+            return Err(shape_err(
+                "select_topk",
+                format!(
+                    "{} scores, {} limits for {rows} rows of {width}",
+                    scores.len(),
+                    limits.len()
+                ),
+            ));
+        }
+        let mut scratch = Vec::new();
+        Ok((0..rows)
+            .map(|r| {
+                compression::select_topk_row(
+                    &scores[r * width..][..width],
+                    limits[r],
+                    k,
+                    &mut scratch,
+                )
+            })
+            .collect())
     }
 
     // ---- element-wise ----

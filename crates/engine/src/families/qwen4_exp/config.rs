@@ -14,7 +14,8 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
+use crate::load::config_fields::Fields;
 
 /// What a decoder layer's token mixer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,72 +86,6 @@ pub struct ParsedConfig {
     pub config: Qwen4ExpConfig,
     /// `model.` (text-only) or `model.language_model.` (VL checkpoint).
     pub prefix: &'static str,
-}
-
-struct Fields<'a> {
-    path: &'a Path,
-    json: &'a Json,
-    /// `text_config.` for VL checkpoints, for error messages.
-    scope: &'static str,
-}
-
-impl Fields<'_> {
-    fn err(&self, field: &str, message: impl Into<String>) -> EngineError {
-        EngineError::Config {
-            path: self.path.to_path_buf(),
-            field: format!("{}{field}", self.scope),
-            message: message.into(),
-        }
-    }
-    fn get(&self, field: &str) -> Option<&Json> {
-        self.json.get(field).filter(|v| !v.is_null())
-    }
-    fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|x| usize::try_from(x).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    self.err(field, format!("expected a non-negative integer, found {v}"))
-                }),
-        }
-    }
-    fn usize(&self, field: &str) -> Result<usize> {
-        self.opt_usize(field)?
-            .ok_or_else(|| self.err(field, "missing"))
-    }
-    fn usize_or(&self, field: &str, default: usize) -> Result<usize> {
-        Ok(self.opt_usize(field)?.unwrap_or(default))
-    }
-    fn opt_f64(&self, field: &str) -> Result<Option<f64>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a number, found {v}"))),
-        }
-    }
-    fn opt_bool(&self, field: &str) -> Result<Option<bool>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected true or false, found {v}"))),
-        }
-    }
-    fn opt_str(&self, field: &str) -> Result<Option<&str>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a string, found {v}"))),
-        }
-    }
 }
 
 fn positive(f: &Fields<'_>, field: &str, v: usize) -> Result<usize> {
@@ -592,6 +527,7 @@ impl Qwen4ExpConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::EngineError;
     use serde_json::json;
 
     fn base() -> Json {
