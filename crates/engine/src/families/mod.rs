@@ -42,6 +42,14 @@ pub static FAMILIES: &[Family] = &[
             ))
         },
     },
+    Family {
+        descriptor: &glm5_next::DESCRIPTOR,
+        load: |path, _| {
+            Ok(LoadedModel::Glm5Next(Box::new(
+                glm5_next::Glm5NextModel::from_hf_dir(path)?,
+            )))
+        },
+    },
 ];
 
 /// The family of the model at `path` (a `.gguf` file or a Hugging Face
@@ -105,6 +113,7 @@ pub fn detect(path: &Path) -> Result<(&'static Family, ModelFormat)> {
 pub enum LoadedModel {
     Llama(llama::LlamaModel),
     Qwen4Exp(qwen4_exp::Qwen4ExpModel),
+    Glm5Next(Box<glm5_next::Glm5NextModel>),
 }
 
 impl LoadedModel {
@@ -119,6 +128,7 @@ impl LoadedModel {
         match self {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,
             LoadedModel::Qwen4Exp(_) => &qwen4_exp::DESCRIPTOR,
+            LoadedModel::Glm5Next(_) => &glm5_next::DESCRIPTOR,
         }
     }
 
@@ -135,6 +145,10 @@ macro_rules! with_model {
         match $loaded {
             $crate::families::LoadedModel::Llama($model) => $body,
             $crate::families::LoadedModel::Qwen4Exp($model) => $body,
+            $crate::families::LoadedModel::Glm5Next($model) => {
+                let $model = &**$model;
+                $body
+            }
         }
     };
 }
