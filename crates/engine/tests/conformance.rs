@@ -1153,3 +1153,18 @@ conformance!(llama_tiny_f32_untied, || {
     ds4_engine::families::llama::load_llama(&super::fixtures().join("llama/tiny/f32_untied"))
         .unwrap()
 });
+// GLM-5: KDA (recurrent) and MLA with a pooled, pruning indexer and a
+// NextN head; tiny_a has a shared-indexer layer, tiny_b bf16 weights and
+// the softplus KDA gate.
+conformance!(glm5_next_tiny_a, || {
+    ds4_engine::families::glm5_next::Glm5NextModel::from_hf_dir(
+        &super::fixtures().join("glm5_next/tiny_a"),
+    )
+    .unwrap()
+});
+conformance!(glm5_next_tiny_b, || {
+    ds4_engine::families::glm5_next::Glm5NextModel::from_hf_dir(
+        &super::fixtures().join("glm5_next/tiny_b"),
+    )
+    .unwrap()
+});

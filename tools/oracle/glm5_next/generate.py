@@ -37,7 +37,9 @@ plain pre-norm residual (no mHC), saved under `layers.{L}.` (L =
 trunk's `lm_head` (`tiny_a` also stores the GLM-4.5-style copy
 `shared_head.head`). `h` is the trunk's final hidden (stream mean, then the
 final norm: what `lm_head` reads); a deeper draft feeds the layer's output
-before `shared_head.norm`.
+before `shared_head.norm`. The layer starts near a bigram predictor
+(`near_bigram`) so that greedy drafts are sometimes right; the script
+asserts both right and wrong drafts on greedy paths.
 
 Weights: `torch.manual_seed(0)` builds the model, then a `Generator` seeded
 with 1 re-randomises every parameter (the constant inits — kpool ape zeros,
@@ -263,6 +265,47 @@ class NextNReference:
         return self.lm_head(hd.shared_head_norm(x)), x
 
 
+def near_bigram(mtp, d):
+    """Start the NextN layer near a bigram predictor, as a trained head is
+    correlated with the trunk: `eh_proj` passes the embedding half through
+    (identity plus noise, the hidden half scaled down) and the block's
+    outputs are scaled down. Without this, random greedy drafts are
+    accepted at chance (1 in V), too rarely for the decode tests to see
+    both accepted and rejected drafts."""
+    with torch.no_grad():
+        w = mtp.eh_proj.weight
+        w[:, :d] = torch.eye(d) + 0.1 * w[:, :d]
+        w[:, d:] *= 0.1
+        mtp.self_attn.o_proj.weight.mul_(0.1)
+        mtp.mlp.experts.down_proj.mul_(0.1)
+        mtp.mlp.shared_experts.down_proj.weight.mul_(0.1)
+
+
+@torch.no_grad()
+def greedy_drafts(name, model, mtp, tcfg):
+    """On greedy paths from a few prompts, the NextN depth-1 draft for
+    position t+2 must sometimes equal the greedy token and sometimes not."""
+    lm = model.model.language_model
+    gen = torch.Generator().manual_seed(7)
+    hits = miss = 0
+    for plen in [5, 11, 8, 6, 9]:
+        seq = torch.randint(2, tcfg.vocab_size, (1, plen), generator=gen)
+        for _ in range(14):
+            lg = run(model, seq, DynamicCache(config=tcfg)).logits
+            seq = torch.cat([seq, lg[:, -1:].argmax(-1)], 1)
+        fin = {}
+        hk = lm.norm.register_forward_hook(lambda m, a, o: fin.__setitem__("h", o))
+        run(model, seq, DynamicCache(config=tcfg))
+        hk.remove()
+        lp, _ = NextNReference(mtp, lm.embed_tokens, model.lm_head).forward(seq[:, 1:], fin["h"][:, :-1])
+        draft = lp[0].argmax(-1)
+        for t in range(plen - 1, seq.shape[1] - 2):
+            hits += int(draft[t] == seq[0, t + 2])
+            miss += int(draft[t] != seq[0, t + 2])
+    assert hits > 0 and miss > 0, f"{name}: greedy drafts {hits} right, {miss} wrong"
+    print(f"{name}: greedy NextN drafts {hits} right, {miss} wrong")
+
+
 class TopkProbe:
     """Boundary gaps of every indexer top-k that prunes a valid pool (the
     indexer's only `topk` call runs between its pre- and post-hook)."""
@@ -332,6 +375,7 @@ def reference(name, text):
     rerandomise(model, gen, softplus)
     mtp = NextN(tcfg).eval()
     rerandomise(mtp, gen, softplus)
+    near_bigram(mtp, tcfg.hidden_size)
     bf16 = name == "tiny_b"
     if bf16:
         for p in list(model.parameters()) + list(mtp.parameters()):
@@ -444,6 +488,7 @@ def reference(name, text):
     assert gap > 1e-3, f"{name}: indexer top-k boundary tie (gap {gap})"
     print(f"{name}: {probe.pruned} pruning top-k rows, min boundary gap {gap:.4g}")
 
+    greedy_drafts(name, model, mtp, tcfg)
     save_checkpoint(name, model, mtp, bf16)
     ref = {k: v.contiguous() for k, v in ref.items()}
     save_file(ref, str(OUT / f"{name}.ref.safetensors"))
