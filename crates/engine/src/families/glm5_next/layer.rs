@@ -56,6 +56,14 @@ pub struct LayerTrace {
     pub routing: Option<(Vec<usize>, Vec<f32>)>,
 }
 
+/// A layer's output streams `[rows, N·D]`, its selection (MLA layers: what
+/// a shared successor reuses) and its trace when asked.
+pub struct LayerOutput<B: Backend> {
+    pub streams: B::Buf,
+    pub selection: Option<B::Selection>,
+    pub trace: Option<LayerTrace>,
+}
+
 pub fn mla_spec(cfg: &Glm5NextConfig) -> MlaSpec {
     MlaSpec {
         heads: cfg.num_heads,
@@ -163,6 +171,7 @@ impl<B: Backend> DecoderLayer<B> {
     /// `xs: [rows, N·D]` → `[rows, N·D]`. `prev` is the previous layer's
     /// selection (what a shared-indexer layer reuses). Returns the streams,
     /// this layer's selection (MLA) and, with `trace`, what it did.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         ops: &B,
@@ -172,7 +181,7 @@ impl<B: Backend> DecoderLayer<B> {
         prev: Option<&B::Selection>,
         capture: Option<&mut Option<DeltaReplay<B>>>,
         trace: bool,
-    ) -> Result<(B::Buf, Option<B::Selection>, Option<LayerTrace>)> {
+    ) -> Result<LayerOutput<B>> {
         let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
         let x = self.input_norm.forward(ops, &x)?;
         let mut selection = None;
@@ -217,7 +226,11 @@ impl<B: Backend> DecoderLayer<B> {
         } else {
             None
         };
-        Ok((xs, selection, tr))
+        Ok(LayerOutput {
+            streams: xs,
+            selection,
+            trace: tr,
+        })
     }
 }
 

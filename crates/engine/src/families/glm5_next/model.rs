@@ -211,7 +211,7 @@ impl<B: Backend> Glm5NextModel<B> {
             let mut cap = None;
             let is_kda = matches!(cache, LayerCache::Kda(_));
             let want = capture && is_kda;
-            let (out, sel, tr) = layer.forward(
+            let out = layer.forward(
                 ops,
                 &xs,
                 t,
@@ -220,14 +220,14 @@ impl<B: Backend> Glm5NextModel<B> {
                 want.then_some(&mut cap),
                 trace,
             )?;
-            xs = out;
-            prev = sel;
+            xs = out.streams;
+            prev = out.selection;
+            traces.extend(out.trace);
             if want {
                 replays.push(cap.ok_or_else(|| {
                     EngineError::State("a KDA layer recorded no window replay".into())
                 })?);
             }
-            traces.extend(tr);
         }
         state.len = needed;
         let hidden = self.norm.forward(ops, &ops.mean_streams(&xs, n, d)?)?;
