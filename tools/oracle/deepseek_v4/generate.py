@@ -276,8 +276,10 @@ class TopkProbe:
 def round_bf16(model):
     for p in model.parameters():
         p.data = p.data.to(torch.bfloat16).to(torch.float32)
-    for b in model.buffers():
-        if b.is_floating_point():
+    # Stored buffers (the router's correction bias) are rounded too; the
+    # rotary frequency buffers are computed, not stored, and stay f32.
+    for name, b in model.named_buffers():
+        if b.is_floating_point() and "inv_freq" not in name:
             b.data = b.data.to(torch.bfloat16).to(torch.float32)
 
 

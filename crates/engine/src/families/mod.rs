@@ -6,6 +6,7 @@
 //! descriptor and its loader. A new family joins by adding its module, one
 //! [`LoadedModel`] variant, one [`with_model!`] arm and one registry entry.
 
+pub mod deepseek_v4;
 pub mod glm5_next;
 pub mod llama;
 pub mod qwen4_exp;
@@ -40,6 +41,14 @@ pub static FAMILIES: &[Family] = &[
             Ok(LoadedModel::Qwen4Exp(
                 qwen4_exp::Qwen4ExpModel::from_hf_dir(path)?,
             ))
+        },
+    },
+    Family {
+        descriptor: &deepseek_v4::DESCRIPTOR,
+        load: |path, _| {
+            Ok(LoadedModel::DeepseekV4(Box::new(
+                deepseek_v4::DeepseekV4Model::from_hf_dir(path)?,
+            )))
         },
     },
     Family {
@@ -113,6 +122,7 @@ pub fn detect(path: &Path) -> Result<(&'static Family, ModelFormat)> {
 pub enum LoadedModel {
     Llama(llama::LlamaModel),
     Qwen4Exp(qwen4_exp::Qwen4ExpModel),
+    DeepseekV4(Box<deepseek_v4::DeepseekV4Model>),
     Glm5Next(Box<glm5_next::Glm5NextModel>),
 }
 
@@ -128,6 +138,7 @@ impl LoadedModel {
         match self {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,
             LoadedModel::Qwen4Exp(_) => &qwen4_exp::DESCRIPTOR,
+            LoadedModel::DeepseekV4(_) => &deepseek_v4::DESCRIPTOR,
             LoadedModel::Glm5Next(_) => &glm5_next::DESCRIPTOR,
         }
     }
@@ -145,6 +156,10 @@ macro_rules! with_model {
         match $loaded {
             $crate::families::LoadedModel::Llama($model) => $body,
             $crate::families::LoadedModel::Qwen4Exp($model) => $body,
+            $crate::families::LoadedModel::DeepseekV4($model) => {
+                let $model = &**$model;
+                $body
+            }
             $crate::families::LoadedModel::Glm5Next($model) => {
                 let $model = &**$model;
                 $body

@@ -4,6 +4,7 @@
 //! documents its shapes; caches are passed in, never stored in the layer.
 
 pub mod attention;
+pub mod compressor;
 pub mod delta_rule;
 pub mod hyper_connections;
 pub mod indexer;

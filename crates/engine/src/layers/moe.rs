@@ -34,6 +34,24 @@ pub struct Experts<B: Backend> {
 impl<B: Backend> Experts<B> {
     /// Bound under `w`'s scope (`…mlp.`), from `experts.*` in either layout.
     pub fn load(w: &mut Binder<'_, B>, n_experts: usize, h: usize, inter: usize) -> Result<Self> {
+        Self::load_named(
+            w,
+            n_experts,
+            h,
+            inter,
+            ["gate_proj", "up_proj", "down_proj"],
+        )
+    }
+
+    /// Like [`Self::load`], the per-expert matrices named `names` = `[gate,
+    /// up, down]` (DeepSeek's upstream checkpoints: `w1`, `w3`, `w2`).
+    pub fn load_named(
+        w: &mut Binder<'_, B>,
+        n_experts: usize,
+        h: usize,
+        inter: usize,
+        names: [&str; 3],
+    ) -> Result<Self> {
         let (gu, dn) = if w.has("experts.gate_up_proj") {
             (
                 w.tensor("experts.gate_up_proj", &[n_experts, 2 * inter, h])?,
@@ -44,10 +62,10 @@ impl<B: Backend> Experts<B> {
             let mut dns = Vec::with_capacity(n_experts);
             for e in 0..n_experts {
                 let mut x = w.pp(&format!("experts.{e}"));
-                let g = x.tensor("gate_proj.weight", &[inter, h])?;
-                let u = x.tensor("up_proj.weight", &[inter, h])?;
+                let g = x.tensor(&format!("{}.weight", names[0]), &[inter, h])?;
+                let u = x.tensor(&format!("{}.weight", names[1]), &[inter, h])?;
                 gus.push(Tensor::cat(&[g, u], 0)?);
-                dns.push(x.tensor("down_proj.weight", &[h, inter])?);
+                dns.push(x.tensor(&format!("{}.weight", names[2]), &[h, inter])?);
             }
             (Tensor::stack(&gus, 0)?, Tensor::stack(&dns, 0)?)
         };

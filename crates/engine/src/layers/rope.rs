@@ -192,6 +192,31 @@ impl<B: Backend> RopeRows<B> {
     pub fn apply(&self, ops: &B, x: &mut B::Buf, head_dim: usize) -> Result<()> {
         ops.rope(x, head_dim, &self.cos, &self.sin, self.half, self.layout)
     }
+
+    /// Rotate the trailing `rotary` dims of every `head_dim` head
+    /// (interleaved pairs; DeepSeek-V4's `[nope | rope]` heads).
+    pub fn apply_trailing(
+        &self,
+        ops: &B,
+        x: &mut B::Buf,
+        head_dim: usize,
+        rotary: usize,
+    ) -> Result<()> {
+        if 2 * self.half != rotary {
+            return Err(EngineError::State(format!(
+                "rope tables of {} pairs for {rotary} rotated dims",
+                self.half
+            )));
+        }
+        ops.rope(
+            x,
+            head_dim,
+            &self.cos,
+            &self.sin,
+            self.half,
+            RopeLayout::InterleavedTail,
+        )
+    }
 }
 
 /// Partial interleaved M-RoPE over the first `rotary_dim` dims (Qwen): a
@@ -200,6 +225,64 @@ impl<B: Backend> RopeRows<B> {
 /// 3·section[2]`, else t (the interleaved layout; transformers ignores
 /// `mrope_interleaved`). `inv_freq_i = θ^(−2i/R)` in f64, rounded to f32.
 /// Text tokens have t = h = w.
+/// Rotary frequencies whose tables are made per call for the positions
+/// asked (no context-sized table: DeepSeek-V4 allows 1M positions), with an
+/// optional attention factor on cos and sin and the inverse rotation.
+#[derive(Debug, Clone)]
+pub struct RopeFreqs {
+    inv_freq: Vec<f32>,
+    scale: f32,
+    layout: RopeLayout,
+}
+
+impl RopeFreqs {
+    /// `rotary_dim` rotated dims (`inv_freq` over them), `scale` multiplying
+    /// cos and sin (1 unless YaRN's attention factor says otherwise).
+    pub fn new(
+        theta: f64,
+        rotary_dim: usize,
+        scaling: &RopeScaling,
+        scale: f32,
+        layout: RopeLayout,
+    ) -> Self {
+        Self {
+            inv_freq: inv_freq(theta, rotary_dim, scaling),
+            scale,
+            layout,
+        }
+    }
+
+    /// Tables for `positions` (angles `p·inv_freq` in f32, as transformers
+    /// forms them); `inverse` negates sin (the rotation by `−p`).
+    pub fn tables<B: Backend>(
+        &self,
+        ops: &B,
+        positions: impl IntoIterator<Item = usize>,
+        inverse: bool,
+    ) -> Result<RopeRows<B>> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        for p in positions {
+            for f in &self.inv_freq {
+                let (s, c) = (p as f32 * f).sin_cos();
+                cos.push(c * self.scale);
+                sin.push(if inverse {
+                    -(s * self.scale)
+                } else {
+                    s * self.scale
+                });
+            }
+        }
+        Ok(RopeRows {
+            cos: ops.upload(&cos)?,
+            sin: ops.upload(&sin)?,
+            half,
+            layout: self.layout,
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct MRope {
     inv_freq: Vec<f32>,

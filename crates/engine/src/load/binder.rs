@@ -185,6 +185,17 @@ impl<'a, B: Backend> Binder<'a, B> {
         self.ops.table(w, rows, width).map_err(|e| self.err(&n, e))
     }
 
+    /// An integer tensor as `u32` values (safetensors only).
+    pub fn ids(&mut self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
+        let n = self.name(name);
+        match self.src.safetensors() {
+            Some(st) => st.ids(&n, shape),
+            None => Err(EngineError::Unsupported(format!(
+                "integer tensor {n} from a non-safetensors source"
+            ))),
+        }
+    }
+
     /// The safetensors directory behind this binder, if that is the format.
     pub fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
         self.src.safetensors()

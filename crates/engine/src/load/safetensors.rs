@@ -279,6 +279,54 @@ impl SafetensorsDir {
         Ok(t)
     }
 
+    /// An integer tensor (i64 / i32, e.g. a hash-routing table) as `u32`
+    /// values; a negative or larger value is refused naming the tensor.
+    pub fn ids(&mut self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
+        let Some(entry) = self.entries.get(name) else {
+            return Err(EngineError::Tensor {
+                path: self.dir.clone(),
+                tensor: name.to_string(),
+                message: format!("missing from every safetensors file (expected shape {shape:?})"),
+            });
+        };
+        let shard = &self.shards[entry.file];
+        let err = |message: String| EngineError::Tensor {
+            path: shard.path.clone(),
+            tensor: name.to_string(),
+            message,
+        };
+        if entry.shape != shape {
+            return Err(err(format!(
+                "wrong shape: expected {shape:?}, found {:?}",
+                entry.shape
+            )));
+        }
+        let bytes = &shard.map[entry.start..entry.end];
+        let n: usize = shape.iter().product();
+        let values: Vec<i64> = match entry.dtype {
+            Dtype::I64 if bytes.len() == 8 * n => bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+            Dtype::I32 if bytes.len() == 4 * n => bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
+                .collect(),
+            other => {
+                return Err(err(format!(
+                    "expected {n} i64 or i32 values, found {} bytes of {other:?}",
+                    bytes.len()
+                )));
+            }
+        };
+        let ids = values
+            .iter()
+            .map(|&v| u32::try_from(v).map_err(|_| err(format!("value {v} is not an index"))))
+            .collect::<Result<Vec<u32>>>()?;
+        self.taken.insert(name.to_string());
+        Ok(ids)
+    }
+
     /// Mark a tensor as deliberately unused (it must exist).
     pub fn ignore(&mut self, name: &str) {
         if self.entries.contains_key(name) {

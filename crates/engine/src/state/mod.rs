@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod kv_cache;
 pub mod mtp;
 pub mod rows;
+pub mod tail;
 pub mod warm;
 
 /// The named-tensor tables now live in [`crate::table`] (a leaf module the

@@ -893,7 +893,10 @@ impl Backend for CpuOps {
         let width = heads * dim;
         let rows = q.len() / width.max(1);
         let p = window.len() / dim.max(1);
-        if q.len() != rows * width || sinks.len() != heads || entries.len() % dim.max(1) != 0 {
+        if q.len() != rows * width
+            || sinks.len() != heads
+            || !entries.len().is_multiple_of(dim.max(1))
+        {
             return Err(shape_err(
                 "attention_window",
                 format!(
@@ -914,13 +917,13 @@ impl Backend for CpuOps {
             ));
         }
         let n_entries = entries.len() / dim.max(1);
-        if let EntryKeep::Selected(sel) = keep {
-            if sel.len() != rows || sel.iter().flatten().any(|&e| e as usize >= n_entries) {
-                return Err(shape_err(
-                    "attention_window",
-                    format!("a selection of {} rows over {n_entries} entries", sel.len()),
-                ));
-            }
+        if let EntryKeep::Selected(sel) = keep
+            && (sel.len() != rows || sel.iter().flatten().any(|&e| e as usize >= n_entries))
+        {
+            return Err(shape_err(
+                "attention_window",
+                format!("a selection of {} rows over {n_entries} entries", sel.len()),
+            ));
         }
         let mut out = vec![0f32; rows * width];
         par_rows(&mut out, width, |first, block| {

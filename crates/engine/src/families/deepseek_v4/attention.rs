@@ -1,0 +1,374 @@
+//! DeepSeek-V4 attention: shared-K=V multi-query attention over a sliding
+//! window, plus compressed entries (HCA: every complete entry; CSA: the
+//! entries the lightning indexer picks), with per-head sinks.
+//!
+//! ```text
+//! qr  = q_norm(wq_a·x)                                    shared with the indexer
+//! q   = RoPE( rms_heads(wq_b·qr) )                         unweighted per-head norm
+//! kv  = RoPE( norm(wkv·x) )                                one head: both K and V
+//! o   = softmax([q·kv_window ; q·entries ; sink]/√d) · [kv_window ; entries]   (sink column dropped)
+//! o   = RoPE⁻¹(o)                                          rotate back by −position
+//! y   = wo_b · concat_g( wo_a_g · o_g )                    grouped low-rank output
+//! ```
+//!
+//! Sliding layers use the main rope, CSA/HCA layers the compress rope (for
+//! q, kv, the entries and the indexer). RoPE rotates the trailing
+//! `rope_dim` dims of each head in interleaved pairs.
+//!
+//! The lightning indexer (CSA): its own overlapping compressor at
+//! `index_head_dim`, `q_I = RoPE(wq_b·qr)`, `w = weights_proj·x`, and per
+//! query `score_e = Σ_h w_h/√Hi · relu(q_I,h·K_e)/√di` over the entries the
+//! query may see (`e < (t+1)/m`); the top `index_topk` are kept.
+
+use super::config::{AttnKind, DeepseekV4Config};
+use crate::backend::{Backend, EntryKeep};
+use crate::error::Result;
+use crate::layers::compressor::{Compressor, CompressorCache, STEP_BACK};
+use crate::layers::linear::{BindLinear, Linear};
+use crate::layers::norms::RmsNorm;
+use crate::layers::rope::RopeFreqs;
+use crate::load::binder::Binder;
+use crate::state::tail::Tail;
+use crate::table::{NamedTensor, TableReader};
+
+/// The two rotary embeddings of the model.
+#[derive(Debug)]
+pub struct Ropes {
+    pub main: RopeFreqs,
+    pub compress: RopeFreqs,
+}
+
+#[derive(Debug)]
+pub struct LightningIndexer<B: Backend> {
+    compressor: Compressor<B>,
+    wq_b: Linear<B>,
+    weights: Linear<B>,
+    heads: usize,
+    dim: usize,
+    topk: usize,
+    rope_dim: usize,
+}
+
+#[derive(Debug)]
+pub struct Attention<B: Backend> {
+    wq_a: Linear<B>,
+    q_norm: RmsNorm<B>,
+    wq_b: Linear<B>,
+    wkv: Linear<B>,
+    kv_norm: RmsNorm<B>,
+    /// One `[o_lora, H·d/g]` block per group.
+    wo_a: Vec<Linear<B>>,
+    wo_b: Linear<B>,
+    sinks: B::Buf,
+    /// Ones `[d]`: the per-head q norm has no weight.
+    ones: B::Buf,
+    pub kind: AttnKind,
+    compressor: Option<Compressor<B>>,
+    indexer: Option<LightningIndexer<B>>,
+    heads: usize,
+    dim: usize,
+    rope_dim: usize,
+    window: usize,
+    eps: f32,
+}
+
+/// An attention layer's cache.
+#[derive(Debug, Clone)]
+pub struct AttnCache<B: Backend> {
+    /// Normed, rotated K=V rows `[·, d]` (the window and a step-back slack).
+    pub window: Tail<B>,
+    pub compressor: Option<CompressorCache<B>>,
+    pub indexer: Option<CompressorCache<B>>,
+    span: usize,
+}
+
+impl<B: Backend> Attention<B> {
+    /// Bound under `w`'s scope (`…layers.L.attn`).
+    pub fn load(w: &mut Binder<'_, B>, cfg: &DeepseekV4Config, kind: AttnKind) -> Result<Self> {
+        let (h, d, nh) = (cfg.hidden_size, cfg.head_dim, cfg.num_heads);
+        let (g, ol) = (cfg.o_groups, cfg.o_lora_rank);
+        let group_in = nh * d / g;
+        // `wo_a` is block-diagonal: rows `i·o_lora ..` act on group i.
+        let wo_a_all = w.tensor("wo_a.weight", &[g * ol, group_in])?;
+        let wo_a = (0..g)
+            .map(|i| {
+                let part = wo_a_all.narrow(0, i * ol, ol)?.contiguous()?;
+                w.linear_from(crate::backend::HostWeight::F32(part), ol, group_in)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let compressor = match kind {
+            AttnKind::Sliding => None,
+            AttnKind::Csa | AttnKind::Hca => Some(Compressor::load(
+                &mut w.pp("compressor"),
+                h,
+                d,
+                cfg.ratio_of(kind),
+                kind == AttnKind::Csa,
+                cfg.rope_dim,
+                cfg.rms_norm_eps,
+            )?),
+        };
+        let indexer = if kind == AttnKind::Csa {
+            let mut x = w.pp("indexer");
+            let (hi, di) = (cfg.index_n_heads, cfg.index_head_dim);
+            Some(LightningIndexer {
+                compressor: Compressor::load(
+                    &mut x.pp("compressor"),
+                    h,
+                    di,
+                    cfg.csa_rate,
+                    true,
+                    cfg.rope_dim,
+                    cfg.rms_norm_eps,
+                )?,
+                wq_b: x.linear("wq_b", hi * di, cfg.q_lora_rank)?,
+                weights: x.linear("weights_proj", hi, h)?,
+                heads: hi,
+                dim: di,
+                topk: cfg.index_topk,
+                rope_dim: cfg.rope_dim,
+            })
+        } else {
+            None
+        };
+        let ops = w.ops().clone();
+        Ok(Self {
+            wq_a: w.linear("wq_a", cfg.q_lora_rank, h)?,
+            q_norm: RmsNorm::load(w, "q_norm.weight", cfg.q_lora_rank, cfg.rms_norm_eps as f64)?,
+            wq_b: w.linear("wq_b", nh * d, cfg.q_lora_rank)?,
+            wkv: w.linear("wkv", d, h)?,
+            kv_norm: RmsNorm::load(w, "norm.weight", d, cfg.rms_norm_eps as f64)?,
+            wo_a,
+            wo_b: w.linear("wo_b", h, g * ol)?,
+            sinks: w.vector("attn_sink", &[nh])?,
+            ones: ops.upload(&vec![1.0; d])?,
+            kind,
+            compressor,
+            indexer,
+            heads: nh,
+            dim: d,
+            rope_dim: cfg.rope_dim,
+            window: cfg.sliding_window,
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    pub fn new_cache(&self, ops: &B) -> Result<AttnCache<B>> {
+        Ok(AttnCache {
+            window: Tail::new(ops, self.dim)?,
+            compressor: self
+                .compressor
+                .as_ref()
+                .map(|c| c.new_cache(ops))
+                .transpose()?,
+            indexer: self
+                .indexer
+                .as_ref()
+                .map(|i| i.compressor.new_cache(ops))
+                .transpose()?,
+            span: self.window,
+        })
+    }
+
+    /// `x: [rows, h]` (the normed block input) for the tokens after
+    /// everything `cache` covers → `[rows, h]`, and the CSA selection.
+    pub fn forward(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        cache: &mut AttnCache<B>,
+        ropes: &Ropes,
+    ) -> Result<(B::Buf, Option<B::Selection>)> {
+        let (d, r) = (self.dim, self.rope_dim);
+        let base = cache.window.len();
+        let rope = match self.kind {
+            AttnKind::Sliding => &ropes.main,
+            AttnKind::Csa | AttnKind::Hca => &ropes.compress,
+        };
+        let tables = rope.tables(ops, base..base + rows, false)?;
+        let qr = self
+            .q_norm
+            .forward(ops, &self.wq_a.forward(ops, x, rows)?)?;
+        let mut q = self.wq_b.forward(ops, &qr, rows)?;
+        ops.rms_norm_heads(&mut q, d, &self.ones, self.eps)?;
+        tables.apply_trailing(ops, &mut q, d, r)?;
+        let mut kv = self
+            .kv_norm
+            .forward(ops, &self.wkv.forward(ops, x, rows)?)?;
+        tables.apply_trailing(ops, &mut kv, d, r)?;
+        cache.window.append(ops, &kv)?;
+
+        if let (Some(c), Some(cc)) = (&self.compressor, cache.compressor.as_mut()) {
+            c.forward(ops, x, rows, cc, &ropes.compress)?;
+        }
+        let selection = match (&self.indexer, cache.indexer.as_mut()) {
+            (Some(ix), Some(ic)) => {
+                Some(ix.select(ops, x, &qr, rows, base, ic, &ropes.compress)?)
+            }
+            _ => None,
+        };
+        let empty = ops.zeros(0)?;
+        let (entries, keep) = match (self.kind, &cache.compressor, &selection) {
+            (AttnKind::Hca, Some(cc), _) => (
+                cc.entries.buf(),
+                EntryKeep::Causal {
+                    ratio: self.compressor.as_ref().map_or(1, |c| c.ratio),
+                },
+            ),
+            (AttnKind::Csa, Some(cc), Some(sel)) => (cc.entries.buf(), EntryKeep::Selected(sel)),
+            _ => (&empty, EntryKeep::None),
+        };
+        let mut o = ops.attention_window(
+            &q,
+            self.heads,
+            d,
+            base,
+            cache.window.buf(),
+            cache.window.first(),
+            self.window,
+            entries,
+            keep,
+            &self.sinks,
+        )?;
+        // K = V carried the rotation into the output: undo it at the
+        // query's position.
+        rope.tables(ops, base..base + rows, true)?
+            .apply_trailing(ops, &mut o, d, r)?;
+        let g = self.wo_a.len();
+        let parts = ops.split_cols(&o, rows, &vec![self.heads * d / g; g], 1)?;
+        let outs = parts
+            .iter()
+            .zip(&self.wo_a)
+            .map(|(p, w)| w.forward(ops, p, rows))
+            .collect::<Result<Vec<_>>>()?;
+        let cat: Vec<(&B::Buf, usize)> = outs.iter().map(|o| (o, self.wo_a[0].out_dim())).collect();
+        let y = self
+            .wo_b
+            .forward(ops, &ops.concat_cols(&cat, rows)?, rows)?;
+        cache.trim(ops)?;
+        Ok((y, selection))
+    }
+}
+
+impl<B: Backend> LightningIndexer<B> {
+    /// Compress the new tokens into the indexer's entries, then pick the
+    /// entries of every new query (tokens `base ..`).
+    #[allow(clippy::too_many_arguments)]
+    fn select(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        qr: &B::Buf,
+        rows: usize,
+        base: usize,
+        cache: &mut CompressorCache<B>,
+        rope: &RopeFreqs,
+    ) -> Result<B::Selection> {
+        self.compressor.forward(ops, x, rows, cache, rope)?;
+        let mut q = self.wq_b.forward(ops, qr, rows)?;
+        rope.tables(ops, base..base + rows, false)?.apply_trailing(
+            ops,
+            &mut q,
+            self.dim,
+            self.rope_dim,
+        )?;
+        let w = self.weights.forward(ops, x, rows)?;
+        let n = cache.entries.rows();
+        let scores = ops.index_scores(
+            &q,
+            &w,
+            cache.entries.buf(),
+            rows,
+            self.heads,
+            self.dim,
+            (self.dim as f32).powf(-0.5),
+            (self.heads as f32).powf(-0.5),
+        )?;
+        let m = self.compressor.ratio;
+        let limits: Vec<usize> = (0..rows).map(|i| ((base + i + 1) / m).min(n)).collect();
+        ops.select_topk(&scores, rows, n, &limits, self.topk)
+    }
+}
+
+impl<B: Backend> AttnCache<B> {
+    /// Tokens covered.
+    pub fn len(&self) -> usize {
+        self.window.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first window row the next query needs at length `n`.
+    fn window_from(&self, n: usize) -> usize {
+        n.saturating_sub(self.span - 1)
+    }
+
+    fn trim(&mut self, ops: &B) -> Result<()> {
+        let keep = self.window_from(self.len().saturating_sub(STEP_BACK));
+        self.window.trim(ops, keep)
+    }
+
+    /// The shortest length every cache of the layer can step back to.
+    pub fn floor(&self) -> usize {
+        let w = if self.window.first() == 0 {
+            0
+        } else {
+            self.window.first() + self.span - 1
+        };
+        let c = self.compressor.as_ref().map_or(0, |c| c.floor());
+        let i = self.indexer.as_ref().map_or(0, |c| c.floor());
+        w.max(c).max(i)
+    }
+
+    /// Keep the first `n` tokens (`floor() ≤ n ≤ len()`, checked by the
+    /// caller for every layer first).
+    pub fn truncate(&mut self, ops: &B, n: usize) -> Result<()> {
+        self.window.truncate(ops, n)?;
+        if let Some(c) = self.compressor.as_mut() {
+            c.truncate(ops, n)?;
+        }
+        if let Some(c) = self.indexer.as_mut() {
+            c.truncate(ops, n)?;
+        }
+        Ok(())
+    }
+
+    pub fn byte_size(&self) -> usize {
+        self.window.byte_size()
+            + self.compressor.as_ref().map_or(0, |c| c.byte_size())
+            + self.indexer.as_ref().map_or(0, |c| c.byte_size())
+    }
+
+    /// Canonical tables: the window rows the next query needs, then the
+    /// compressors'.
+    pub fn export(&self, ops: &B, p: &str, out: &mut Vec<NamedTensor>) -> Result<()> {
+        out.push(
+            self.window
+                .export(ops, format!("{p}.window"), self.window_from(self.len()))?,
+        );
+        if let Some(c) = &self.compressor {
+            c.export(ops, &format!("{p}.compressor"), out)?;
+        }
+        if let Some(c) = &self.indexer {
+            c.export(ops, &format!("{p}.indexer"), out)?;
+        }
+        Ok(())
+    }
+
+    /// Read the tables of a state of `n` tokens (this cache is fresh).
+    pub fn import(&mut self, ops: &B, r: &mut TableReader, p: &str, n: usize) -> Result<()> {
+        let from = self.window_from(n);
+        self.window
+            .import(ops, r, &format!("{p}.window"), from, n)?;
+        if let Some(c) = self.compressor.as_mut() {
+            c.import(ops, r, &format!("{p}.compressor"), n)?;
+        }
+        if let Some(c) = self.indexer.as_mut() {
+            c.import(ops, r, &format!("{p}.indexer"), n)?;
+        }
+        Ok(())
+    }
+}

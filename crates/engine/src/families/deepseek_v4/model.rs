@@ -1,0 +1,596 @@
+//! The DeepSeek-V4 text model (trunk) and its MTP head, batch 1.
+//!
+//! ```text
+//! X = tile(embed(ids), N)                                        [T, N·D]
+//! for each layer:
+//!   x, mix = mHC_attn(X);  X = post·attn(attn_norm(x)) + Cᵀ·X
+//!   x, mix = mHC_ffn(X);   X = post·moe(ffn_norm(x), ids) + Cᵀ·X
+//! logits = head( norm( hc_head(X) ) )          hc_head: σ-weighted sum of the streams
+//! ```
+//!
+//! ## MTP contract
+//!
+//! The head (`mtp.0.*`; transformers does not build it — the layout is the
+//! digest's Part D, from vLLM and ds4) runs in stream space. Row `i` of an
+//! MTP call combines the token that follows trunk position `t` with the
+//! trunk's **pre-`hc_head` streams at `t`** (`[N·D]`, the last decoder
+//! layer's output), at position `t`:
+//!
+//! ```text
+//! X0_s = h_proj·hnorm(Xtrunk_s) + e_proj·enorm(embed(tok))      per stream
+//! X1   = one sliding-window decoder layer (learned top-k MoE), own window cache
+//! logits = head( mtp.norm( mtp.hc_head(X1) ) )
+//! ```
+//!
+//! A deeper draft feeds `X1` back as the trunk streams with the drafted
+//! token at `t + 1`.
+
+use std::path::Path;
+
+use super::attention::{Attention, AttnCache, Ropes};
+use super::config::{AttnKind, DeepseekV4Config, MlpKind};
+use super::moe::Moe;
+use super::state::{DeepseekV4State, MtpState, WindowMark};
+use crate::backend::{Backend, CpuOps, RopeLayout};
+use crate::error::{EngineError, Result};
+use crate::families::FamilyDescriptor;
+use crate::layers::hyper_connections::{HyperConnection, Mhc};
+use crate::layers::linear::{BindLinear, Linear};
+use crate::layers::norms::RmsNorm;
+use crate::layers::rope::RopeFreqs;
+use crate::load::binder::Binder;
+use crate::load::safetensors::SafetensorsDir;
+use crate::model::{
+    DeviceRows, ForwardOutput, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow,
+};
+use crate::state::mtp::MtpCache;
+
+#[derive(Debug)]
+pub struct DecoderLayer<B: Backend> {
+    attn_norm: RmsNorm<B>,
+    ffn_norm: RmsNorm<B>,
+    attn_hc: Mhc<B>,
+    ffn_hc: Mhc<B>,
+    attn: Attention<B>,
+    moe: Moe<B>,
+}
+
+/// What one layer did (read back only when a trace is asked for).
+#[derive(Debug, Clone)]
+pub struct LayerTrace {
+    /// Output streams `[T, N·D]`.
+    pub streams: Vec<f32>,
+    /// Entries kept per new query (CSA layers).
+    pub selection: Option<Vec<Vec<u32>>>,
+    /// Routed experts `[T·k]`.
+    pub experts: Vec<usize>,
+}
+
+/// The final stream collapse: `pre = σ(hc_fn·rms(X)·scale + base) + eps`,
+/// `x = Σ_s pre_s·X_s`.
+#[derive(Debug)]
+struct HcHead<B: Backend> {
+    proj: Linear<B>,
+    /// `[(2+N)·N]`: `base` then zeros, and `[scale, 1, 1]`, so that
+    /// [`Backend::hc_sinkhorn`]'s `pre` is the head's weights.
+    base: B::Buf,
+    scale: B::Buf,
+    ones: B::Buf,
+    n: usize,
+    d: usize,
+    eps: f32,
+    rms_eps: f32,
+}
+
+impl<B: Backend> HcHead<B> {
+    fn load(w: &mut Binder<'_, B>, names: [&str; 3], cfg: &DeepseekV4Config) -> Result<Self> {
+        let (n, d) = (cfg.hc_mult, cfg.hidden_size);
+        let proj = w.raw(names[0], &[n, n * d])?;
+        let mut base = w.host(names[1], &[n])?;
+        base.resize((2 + n) * n, 0.0);
+        let scale = w.host(names[2], &[1])?[0];
+        let ops = w.ops().clone();
+        Ok(Self {
+            proj: w.linear_from(proj, n, n * d)?,
+            base: ops.upload(&base)?,
+            scale: ops.upload(&[scale, 1.0, 1.0])?,
+            ones: ops.upload(&vec![1.0; n * d])?,
+            n,
+            d,
+            eps: cfg.hc_eps,
+            rms_eps: cfg.rms_norm_eps,
+        })
+    }
+
+    fn forward(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<B::Buf> {
+        let (n, d) = (self.n, self.d);
+        let f = ops.rms_norm(xs, n * d, &self.ones, self.rms_eps)?;
+        let z = self.proj.forward(ops, &f, rows)?;
+        let pad = ops.zeros(rows * (1 + n) * n)?;
+        let z = ops.concat_cols(&[(&z, n), (&pad, (1 + n) * n)], rows)?;
+        let mix = ops.hc_sinkhorn(&z, &self.base, &self.scale, n, 1, self.eps)?;
+        ops.hc_pre(xs, &mix, n)
+    }
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    fn load(
+        w: &mut Binder<'_, B>,
+        cfg: &DeepseekV4Config,
+        attn: AttnKind,
+        mlp: MlpKind,
+    ) -> Result<Self> {
+        let (h, n, eps) = (cfg.hidden_size, cfg.hc_mult, cfg.rms_norm_eps);
+        let mhc = |w: &mut Binder<'_, B>, which: &str| -> Result<Mhc<B>> {
+            let m = (2 + n) * n;
+            let proj = w.raw(&format!("hc_{which}_fn"), &[m, n * h])?;
+            let proj = w.linear_from(proj, m, n * h)?;
+            let base = w.vector(&format!("hc_{which}_base"), &[m])?;
+            let scale = w.vector(&format!("hc_{which}_scale"), &[3])?;
+            Mhc::new(
+                w.ops(),
+                proj,
+                base,
+                scale,
+                n,
+                h,
+                cfg.hc_sinkhorn_iters,
+                cfg.hc_eps,
+                eps,
+            )
+        };
+        let attn_hc = mhc(w, "attn")?;
+        let ffn_hc = mhc(w, "ffn")?;
+        Ok(Self {
+            attn_norm: RmsNorm::load(w, "attn_norm.weight", h, eps as f64)?,
+            ffn_norm: RmsNorm::load(w, "ffn_norm.weight", h, eps as f64)?,
+            attn_hc,
+            ffn_hc,
+            attn: Attention::load(&mut w.pp("attn"), cfg, attn)?,
+            moe: Moe::load(&mut w.pp("ffn"), cfg, mlp)?,
+        })
+    }
+
+    /// `xs: [T, N·D]` → `[T, N·D]`.
+    fn forward(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        tokens: &[u32],
+        cache: &mut AttnCache<B>,
+        ropes: &Ropes,
+        trace: bool,
+    ) -> Result<(B::Buf, Option<LayerTrace>)> {
+        let rows = tokens.len();
+        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
+        let mix = mix.expect("mHC always combines");
+        let (y, sel) =
+            self.attn
+                .forward(ops, &self.attn_norm.forward(ops, &x)?, rows, cache, ropes)?;
+        let xs = self.attn_hc.combine(ops, xs, &y, &mix)?;
+        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
+        let mix = mix.expect("mHC always combines");
+        let (y, routing) = self
+            .moe
+            .forward(ops, &self.ffn_norm.forward(ops, &x)?, tokens)?;
+        let xs = self.ffn_hc.combine(ops, &xs, &y, &mix)?;
+        let tr = if trace {
+            Some(LayerTrace {
+                streams: ops.download(&xs)?,
+                selection: sel.map(|s| ops.selection_to_host(&s)).transpose()?,
+                experts: ops.routing_to_host(&routing)?.0,
+            })
+        } else {
+            None
+        };
+        Ok((xs, tr))
+    }
+}
+
+/// The MTP head (see the module docs for its contract).
+#[derive(Debug)]
+pub struct MtpHead<B: Backend> {
+    enorm: RmsNorm<B>,
+    hnorm: RmsNorm<B>,
+    e_proj: Linear<B>,
+    h_proj: Linear<B>,
+    layer: DecoderLayer<B>,
+    hc_head: HcHead<B>,
+    norm: RmsNorm<B>,
+}
+
+/// A trunk forward with what the decode loops and tests may need.
+#[derive(Debug)]
+pub struct TrunkOutput<B: Backend = CpuOps> {
+    pub logits: ForwardOutput,
+    /// Pre-`hc_head` streams of the last layer, `[T, N·D]` (the MTP input).
+    pub streams: B::Buf,
+    pub trace: Vec<LayerTrace>,
+}
+
+pub struct DeepseekV4Model<B: Backend = CpuOps> {
+    ops: B,
+    cfg: Box<DeepseekV4Config>,
+    embed: B::Table,
+    head: Linear<B>,
+    norm: RmsNorm<B>,
+    layers: Vec<DecoderLayer<B>>,
+    hc_head: HcHead<B>,
+    ropes: Ropes,
+    mtp: Option<Box<MtpHead<B>>>,
+}
+
+impl DeepseekV4Model<CpuOps> {
+    /// Load a Hugging Face directory on the CPU (see [`Self::load`]).
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        Self::load(dir, CpuOps)
+    }
+}
+
+impl<B: Backend> DeepseekV4Model<B> {
+    /// Load a Hugging Face directory (transformers' saved names, `model.*`,
+    /// or the upstream ones without the prefix; f32, bf16 or f16 weights,
+    /// computed in f32) onto `ops`. `mtp.0.*` is bound when present.
+    pub fn load(dir: &Path, ops: B) -> Result<Self> {
+        let mut st = SafetensorsDir::open(dir)?;
+        let config_path = st.config_path();
+        let cfg = DeepseekV4Config::from_hf(&config_path, st.config())?;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        // transformers' save: `model.embed_tokens`, `model.hc_head.hc_fn`;
+        // upstream: `embed`, `hc_head_fn`.
+        let hybrid = st.has("model.embed_tokens.weight");
+        let (p, embed_name, hc_names) = if hybrid {
+            (
+                "model",
+                "embed_tokens.weight",
+                ["hc_head.hc_fn", "hc_head.hc_base", "hc_head.hc_scale"],
+            )
+        } else {
+            (
+                "",
+                "embed.weight",
+                ["hc_head_fn", "hc_head_base", "hc_head_scale"],
+            )
+        };
+        let has_mtp = st.has("mtp.0.e_proj.weight");
+        let (embed, head, norm, layers, hc_head, mtp) = {
+            let mut root = Binder::new(&mut st, &ops);
+            let mut w = root.pp(p);
+            let embed_w = w.raw(embed_name, &[v, h])?;
+            let embed = w.ops().table(embed_w.clone(), v, h)?;
+            let layers = (0..cfg.num_layers)
+                .map(|l| {
+                    DecoderLayer::load(
+                        &mut w.pp(&format!("layers.{l}")),
+                        &cfg,
+                        cfg.attn[l],
+                        cfg.mlp[l],
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let norm = RmsNorm::load(&mut w, "norm.weight", h, cfg.rms_norm_eps as f64)?;
+            let hc_head = HcHead::load(&mut w, hc_names, &cfg)?;
+            let head = if cfg.tie_word_embeddings {
+                root.linear_from(embed_w, v, h)?
+            } else {
+                root.linear("head", v, h)?
+            };
+            let mtp = if has_mtp {
+                let mut m = root.pp("mtp.0");
+                let eps = cfg.rms_norm_eps as f64;
+                Some(Box::new(MtpHead {
+                    enorm: RmsNorm::load(&mut m, "enorm.weight", h, eps)?,
+                    hnorm: RmsNorm::load(&mut m, "hnorm.weight", h, eps)?,
+                    e_proj: m.linear("e_proj", h, h)?,
+                    h_proj: m.linear("h_proj", h, h)?,
+                    layer: DecoderLayer::load(&mut m, &cfg, AttnKind::Sliding, MlpKind::TopK)?,
+                    hc_head: HcHead::load(
+                        &mut m,
+                        ["hc_head_fn", "hc_head_base", "hc_head_scale"],
+                        &cfg,
+                    )?,
+                    norm: RmsNorm::load(&mut m, "norm.weight", h, eps)?,
+                }))
+            } else {
+                None
+            };
+            (embed, head, norm, layers, hc_head, mtp)
+        };
+        st.finish(&[])?;
+        let ropes = Ropes {
+            main: RopeFreqs::new(
+                cfg.main_rope.theta,
+                cfg.rope_dim,
+                &cfg.main_rope.scaling,
+                cfg.main_rope.attention_factor,
+                RopeLayout::InterleavedTail,
+            ),
+            compress: RopeFreqs::new(
+                cfg.compress_rope.theta,
+                cfg.rope_dim,
+                &cfg.compress_rope.scaling,
+                cfg.compress_rope.attention_factor,
+                RopeLayout::InterleavedTail,
+            ),
+        };
+        Ok(Self {
+            ops,
+            cfg: Box::new(cfg),
+            embed,
+            head,
+            norm,
+            layers,
+            hc_head,
+            ropes,
+            mtp,
+        })
+    }
+
+    pub fn config(&self) -> &DeepseekV4Config {
+        &self.cfg
+    }
+
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
+        for &t in tokens {
+            if t as usize >= self.cfg.vocab_size {
+                return Err(EngineError::TokenOutOfRange {
+                    token: t,
+                    vocab: self.cfg.vocab_size,
+                });
+            }
+        }
+        self.ops.gather_rows(&self.embed, tokens)
+    }
+
+    /// `head(norm(hc_head(streams)))` for the rows asked.
+    fn logits(
+        &self,
+        streams: &B::Buf,
+        t: usize,
+        hc_head: &HcHead<B>,
+        norm: &RmsNorm<B>,
+        rows: LogitsRows,
+    ) -> Result<ForwardOutput> {
+        let ops = &self.ops;
+        let nd = self.cfg.hc_mult * self.cfg.hidden_size;
+        let (s, n) = match rows {
+            LogitsRows::All => (streams.clone(), t),
+            LogitsRows::Last => (ops.rows(streams, nd, t - 1, 1)?, 1),
+        };
+        let x = norm.forward(ops, &hc_head.forward(ops, &s, n)?)?;
+        let logits = self.head.forward(ops, &x, n)?;
+        Ok(ForwardOutput {
+            logits: ops.download(&logits)?,
+            rows: n,
+            vocab: self.cfg.vocab_size,
+        })
+    }
+
+    /// A trunk forward of `tokens` after everything `state` covers, with
+    /// the last layer's streams and optional per-layer traces.
+    ///
+    /// Out-of-vocabulary tokens and context overflow are refused before the
+    /// state changes; a later error leaves it partially advanced, so callers
+    /// restore a snapshot.
+    pub fn forward_ext(
+        &self,
+        tokens: &[u32],
+        state: &mut DeepseekV4State<B>,
+        rows: LogitsRows,
+        trace: bool,
+    ) -> Result<TrunkOutput<B>> {
+        let ops = &self.ops;
+        if tokens.is_empty() {
+            return Err(EngineError::State(
+                "forward needs at least one token".into(),
+            ));
+        }
+        let needed = state.len + tokens.len();
+        if needed > self.cfg.context_length {
+            return Err(EngineError::ContextOverflow {
+                needed,
+                limit: self.cfg.context_length,
+            });
+        }
+        let x = self.embed(tokens)?;
+        let mut xs = ops.tile_streams(&x, self.cfg.hc_mult, self.cfg.hidden_size)?;
+        let mut traces = Vec::new();
+        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+            let (out, tr) = layer.forward(ops, &xs, tokens, cache, &self.ropes, trace)?;
+            xs = out;
+            traces.extend(tr);
+        }
+        state.len = needed;
+        let logits = self.logits(&xs, tokens.len(), &self.hc_head, &self.norm, rows)?;
+        Ok(TrunkOutput {
+            logits,
+            streams: xs,
+            trace: traces,
+        })
+    }
+
+    /// A fresh MTP state, when the checkpoint has an MTP head.
+    pub fn new_mtp_state(&self) -> Option<MtpState<B>> {
+        let mtp = self.mtp.as_ref()?;
+        let cache = mtp
+            .layer
+            .attn
+            .new_cache(&self.ops)
+            .expect("a fresh window cache allocates");
+        Some(MtpCache::new(&self.ops, cache))
+    }
+
+    /// MTP rows: `tokens[i]` with `streams[i]` (`[n, N·D]`, trunk
+    /// pre-`hc_head` streams or a previous depth's output), appended to
+    /// `state` at positions `state.len() ..`. Returns the logits rows asked
+    /// and the output streams `[n, N·D]`.
+    pub fn mtp_forward(
+        &self,
+        tokens: &[u32],
+        streams: &B::Buf,
+        state: &mut MtpState<B>,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, B::Buf)> {
+        let ops = &self.ops;
+        let mtp = self.mtp.as_ref().ok_or_else(|| {
+            EngineError::Unsupported("this deepseek_v4 checkpoint has no mtp.0.* weights".into())
+        })?;
+        let n = tokens.len();
+        let (c, h) = (self.cfg.hc_mult, self.cfg.hidden_size);
+        if n == 0 || ops.len(streams) != n * c * h {
+            return Err(EngineError::State(format!(
+                "MTP rows: {n} tokens and {} stream values (expected [{n}, {}])",
+                ops.len(streams),
+                c * h
+            )));
+        }
+        let e = mtp
+            .e_proj
+            .forward(ops, &mtp.enorm.forward(ops, &self.embed(tokens)?)?, n)?;
+        // hnorm and h_proj act on each stream (rows of D).
+        let hs = mtp
+            .h_proj
+            .forward(ops, &mtp.hnorm.forward(ops, streams)?, n * c)?;
+        let x0 = ops.add(&hs, &ops.tile_streams(&e, c, h)?)?;
+        let base = state.positions.len() as u32;
+        state
+            .positions
+            .extend((base..base + n as u32).map(|p| [p; 3]));
+        // The head's layer is sliding-only with a learned router: no token
+        // ids reach it.
+        let (x1, _) = mtp
+            .layer
+            .forward(ops, &x0, tokens, &mut state.cache, &self.ropes, false)?;
+        let logits = self.logits(&x1, n, &mtp.hc_head, &mtp.norm, rows)?;
+        Ok((logits, x1))
+    }
+
+    fn hidden(&self, streams: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
+        DeviceRows::new(
+            &self.ops,
+            streams,
+            rows,
+            self.cfg.hc_mult * self.cfg.hidden_size,
+        )
+    }
+}
+
+impl<B: Backend> Model for DeepseekV4Model<B> {
+    type State = DeepseekV4State<B>;
+    type MtpHistory = MtpState<B>;
+    type Hidden = DeviceRows<B>;
+
+    fn descriptor(&self) -> &'static FamilyDescriptor {
+        &super::DESCRIPTOR
+    }
+
+    fn backend(&self) -> crate::backend::BackendId {
+        self.ops.id()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.cfg.context_length
+    }
+
+    fn new_state(&self) -> DeepseekV4State<B> {
+        DeepseekV4State {
+            ops: self.ops.clone(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.attn.new_cache(&self.ops))
+                .collect::<Result<Vec<_>>>()
+                .expect("allocating a fresh state's caches"),
+            len: 0,
+        }
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        state: &mut DeepseekV4State<B>,
+        rows: LogitsRows,
+    ) -> Result<ForwardOutput> {
+        Ok(self.forward_ext(tokens, state, rows, false)?.logits)
+    }
+
+    fn mtp_contract(&self) -> Option<MtpContract> {
+        self.has_mtp().then_some(MtpContract {
+            default_depth: MTP_DEFAULT_DEPTH,
+            max_depth: MTP_MAX_DEPTH,
+            hidden: "pre-hc_head streams of the last decoder layer [N*D]",
+        })
+    }
+
+    fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        state: &mut DeepseekV4State<B>,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, DeviceRows<B>)> {
+        let out = self.forward_ext(tokens, state, rows, false)?;
+        Ok((out.logits, self.hidden(out.streams, tokens.len())?))
+    }
+
+    fn forward_window(
+        &self,
+        tokens: &[u32],
+        state: &mut DeepseekV4State<B>,
+    ) -> Result<VerifyWindow<WindowMark, DeviceRows<B>>> {
+        let base = state.len;
+        let out = self.forward_ext(tokens, state, LogitsRows::All, false)?;
+        Ok(VerifyWindow {
+            logits: out.logits,
+            hidden: self.hidden(out.streams, tokens.len())?,
+            record: WindowMark {
+                base,
+                rows: tokens.len(),
+            },
+        })
+    }
+
+    fn hidden_from_host(&self, rows: usize, width: usize, data: Vec<f32>) -> Result<DeviceRows<B>> {
+        let nd = self.cfg.hc_mult * self.cfg.hidden_size;
+        if width != nd {
+            return Err(EngineError::State(format!(
+                "deepseek_v4 hidden rows are {nd} wide, not {width}"
+            )));
+        }
+        DeviceRows::new(&self.ops, self.ops.upload(&data)?, rows, width)
+    }
+
+    fn new_mtp_history(&self) -> Option<MtpState<B>> {
+        self.new_mtp_state()
+    }
+
+    fn mtp_forward(
+        &self,
+        tokens: &[u32],
+        hidden: &DeviceRows<B>,
+        state: &mut MtpState<B>,
+    ) -> Result<MtpStep<DeviceRows<B>>> {
+        let (logits, streams) =
+            DeepseekV4Model::mtp_forward(self, tokens, hidden.buf(), state, LogitsRows::Last)?;
+        let n = tokens.len();
+        let nd = self.cfg.hc_mult * self.cfg.hidden_size;
+        let last = self.ops.rows(&streams, nd, n - 1, 1)?;
+        Ok(MtpStep {
+            logits: logits.last_row().to_vec(),
+            hidden: self.hidden(last, 1)?,
+        })
+    }
+}
+
+/// Draft depth when a request leaves it unset (ds4's production depth).
+pub const MTP_DEFAULT_DEPTH: usize = 2;
+/// Deepest chain (verify windows of up to 8 rows; the caches step back
+/// further than that).
+pub const MTP_MAX_DEPTH: usize = 7;

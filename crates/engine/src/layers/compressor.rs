@@ -1,0 +1,254 @@
+//! Token compression by gated pooling (DeepSeek-V4's CSA and HCA
+//! compressors and its indexer's): every complete window of `m` tokens
+//! becomes one entry.
+//!
+//! ```text
+//! c_t = W_kv·x_t,  z_t = W_gate·x_t + ape[t mod m]          [w·d] each (w = 2 with overlap)
+//! HCA (no overlap):   e_w = Σ_{j<m} softmax_j(z_{wm+j}) ⊙ c_{wm+j}            per channel
+//! CSA (overlap):      e_w = softmax over 2m slots of [Ca of window w−1 ; Cb of window w]
+//!                     (Ca = first d channels, Cb = last d; window −1 is empty: zero kv, −∞ gate)
+//! entry_w = RoPE_compress( RMSNorm(e_w) , position w·m )   on the trailing rotary dims
+//! ```
+//!
+//! The cache keeps the raw projections of recent tokens ([`Tail`]: the open
+//! window, the previous one for the overlap, and a slack for stepping back)
+//! and the entries. An entry depends only on its own tokens, so it is the
+//! same whichever forward completed its window.
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::layers::linear::{BindLinear, Linear};
+use crate::layers::norms::RmsNorm;
+use crate::layers::rope::RopeFreqs;
+use crate::load::binder::Binder;
+use crate::state::rows::RowCache;
+use crate::state::tail::Tail;
+use crate::table::{NamedTensor, TableReader};
+
+/// How many tokens a state can step back past (a verify window's rejected
+/// rows, a short rewind): the caches keep this many tokens of raw rows
+/// beyond what the next forward needs.
+pub const STEP_BACK: usize = 128;
+
+#[derive(Debug)]
+pub struct Compressor<B: Backend> {
+    kv: Linear<B>,
+    gate: Linear<B>,
+    /// `ape` `[m, w·d]` as a table read by `t mod m`.
+    ape: B::Table,
+    norm: RmsNorm<B>,
+    /// Entry width `d`.
+    pub dim: usize,
+    /// Window `m`.
+    pub ratio: usize,
+    /// CSA's two overlapping series.
+    pub overlap: bool,
+    /// Rotated trailing dims of an entry.
+    rope_dim: usize,
+}
+
+/// A compressor's cache.
+#[derive(Debug, Clone)]
+pub struct CompressorCache<B: Backend> {
+    /// Raw `c_t` and `z_t + ape`, `[·, w·d]`.
+    pub kv: Tail<B>,
+    pub gate: Tail<B>,
+    /// `[⌊len/m⌋, d]`.
+    pub entries: RowCache<B>,
+    ratio: usize,
+    overlap: bool,
+}
+
+impl<B: Backend> Compressor<B> {
+    /// Bound under `w`'s scope (`…attn.compressor`: `wkv`, `wgate`, `ape`,
+    /// `norm`) for inputs of width `h`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        w: &mut Binder<'_, B>,
+        h: usize,
+        dim: usize,
+        ratio: usize,
+        overlap: bool,
+        rope_dim: usize,
+        eps: f32,
+    ) -> Result<Self> {
+        let width = if overlap { 2 * dim } else { dim };
+        let ape = w.raw("ape", &[ratio, width])?;
+        Ok(Self {
+            kv: w.linear("wkv", width, h)?,
+            gate: w.linear("wgate", width, h)?,
+            ape: w.ops().table(ape, ratio, width)?,
+            norm: RmsNorm::load(w, "norm.weight", dim, eps as f64)?,
+            dim,
+            ratio,
+            overlap,
+            rope_dim,
+        })
+    }
+
+    pub fn new_cache(&self, ops: &B) -> Result<CompressorCache<B>> {
+        let width = if self.overlap { 2 * self.dim } else { self.dim };
+        Ok(CompressorCache {
+            kv: Tail::new(ops, width)?,
+            gate: Tail::new(ops, width)?,
+            entries: RowCache::new(ops, self.dim)?,
+            ratio: self.ratio,
+            overlap: self.overlap,
+        })
+    }
+
+    /// Append the new tokens `x: [rows, h]` (tokens `cache.len() ..`) and
+    /// every entry they complete.
+    pub fn forward(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        cache: &mut CompressorCache<B>,
+        rope: &RopeFreqs,
+    ) -> Result<()> {
+        let (m, d) = (self.ratio, self.dim);
+        let base = cache.kv.len();
+        let slots: Vec<u32> = (base..base + rows).map(|t| (t % m) as u32).collect();
+        let kv = self.kv.forward(ops, x, rows)?;
+        let gate = ops.add(
+            &self.gate.forward(ops, x, rows)?,
+            &ops.gather_rows(&self.ape, &slots)?,
+        )?;
+        cache.kv.append(ops, &kv)?;
+        cache.gate.append(ops, &gate)?;
+        let (e0, e1) = (cache.entries.rows(), cache.kv.len() / m);
+        if e1 > e0 {
+            let (kv, gate) = if self.overlap {
+                self.overlap_slots(ops, cache, e0, e1)?
+            } else {
+                (
+                    cache.kv.range(ops, e0 * m, e1 * m)?,
+                    cache.gate.range(ops, e0 * m, e1 * m)?,
+                )
+            };
+            let slots = if self.overlap { 2 * m } else { m };
+            let pooled = ops.softmax_pool(&kv, &gate, slots, d)?;
+            let mut e = self.norm.forward(ops, &pooled)?;
+            rope.tables(ops, (e0..e1).map(|w| w * m), false)?
+                .apply_trailing(ops, &mut e, d, self.rope_dim)?;
+            cache.entries.append(ops, &e)?;
+        }
+        cache.trim(ops)
+    }
+
+    /// `[n·2m, d]` kv and gate slots of entries `e0 .. e1`: window `w−1`'s
+    /// first half-channels (empty for `w = 0`) then window `w`'s second.
+    fn overlap_slots(
+        &self,
+        ops: &B,
+        cache: &CompressorCache<B>,
+        e0: usize,
+        e1: usize,
+    ) -> Result<(B::Buf, B::Buf)> {
+        let (m, d) = (self.ratio, self.dim);
+        let from = e0.saturating_sub(1) * m;
+        let span = e1 * m - from;
+        let mut kvp = ops.split_cols(&cache.kv.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
+        let mut gp = ops.split_cols(&cache.gate.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
+        let (kb, ka) = (kvp.pop().expect("two parts"), kvp.pop().expect("two parts"));
+        let (gb, ga) = (gp.pop().expect("two parts"), gp.pop().expect("two parts"));
+        let mut kv = ops.zeros(0)?;
+        let mut gate = ops.zeros(0)?;
+        for w in e0..e1 {
+            if w == 0 {
+                ops.append(&mut kv, &ops.zeros(m * d)?)?;
+                ops.append(&mut gate, &ops.upload(&vec![f32::NEG_INFINITY; m * d])?)?;
+            } else {
+                let a = (w - 1) * m - from;
+                ops.append(&mut kv, &ops.rows(&ka, d, a, m)?)?;
+                ops.append(&mut gate, &ops.rows(&ga, d, a, m)?)?;
+            }
+            let b = w * m - from;
+            ops.append(&mut kv, &ops.rows(&kb, d, b, m)?)?;
+            ops.append(&mut gate, &ops.rows(&gb, d, b, m)?)?;
+        }
+        Ok((kv, gate))
+    }
+}
+
+impl<B: Backend> CompressorCache<B> {
+    /// Tokens covered.
+    pub fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first token whose raw rows the next entries need at length `n`
+    /// (the open window, and the previous one for the overlap).
+    fn needed_from(&self, n: usize) -> usize {
+        let open = n / self.ratio * self.ratio;
+        if self.overlap {
+            open.saturating_sub(self.ratio)
+        } else {
+            open
+        }
+    }
+
+    fn trim(&mut self, ops: &B) -> Result<()> {
+        let keep = self.needed_from(self.len().saturating_sub(STEP_BACK));
+        self.kv.trim(ops, keep)?;
+        self.gate.trim(ops, keep)
+    }
+
+    /// The shortest length this cache can step back to.
+    pub fn floor(&self) -> usize {
+        if self.kv.first() == 0 {
+            0
+        } else {
+            // needed_from(n) >= first: the first window start at or after
+            // `first`, plus one window for the overlap.
+            let w = self.kv.first().div_ceil(self.ratio) * self.ratio;
+            if self.overlap { w + self.ratio } else { w }
+        }
+    }
+
+    pub fn truncate(&mut self, ops: &B, n: usize) -> Result<()> {
+        if n > self.len() {
+            return Err(EngineError::State(format!(
+                "cannot truncate a compressor of {} tokens to {n}",
+                self.len()
+            )));
+        }
+        if self.needed_from(n) < self.kv.first() {
+            return Err(EngineError::State(format!(
+                "a compressor can step back to {} tokens at the earliest, not {n}",
+                self.floor()
+            )));
+        }
+        self.kv.truncate(ops, n)?;
+        self.gate.truncate(ops, n)?;
+        self.entries.truncate(ops, n / self.ratio)
+    }
+
+    pub fn byte_size(&self) -> usize {
+        self.kv.byte_size() + self.gate.byte_size() + self.entries.byte_size()
+    }
+
+    /// The canonical tables: raw rows the next entries need, and entries.
+    pub fn export(&self, ops: &B, p: &str, out: &mut Vec<NamedTensor>) -> Result<()> {
+        let from = self.needed_from(self.len());
+        out.push(self.kv.export(ops, format!("{p}.raw_kv"), from)?);
+        out.push(self.gate.export(ops, format!("{p}.raw_gate"), from)?);
+        out.push(self.entries.export(ops, format!("{p}.entries"))?);
+        Ok(())
+    }
+
+    /// Read the tables of a state of `n` tokens (this cache is fresh).
+    pub fn import(&mut self, ops: &B, r: &mut TableReader, p: &str, n: usize) -> Result<()> {
+        let from = self.needed_from(n);
+        self.kv.import(ops, r, &format!("{p}.raw_kv"), from, n)?;
+        self.gate
+            .import(ops, r, &format!("{p}.raw_gate"), from, n)?;
+        self.entries
+            .import(ops, r, &format!("{p}.entries"), n / self.ratio)
+    }
+}
