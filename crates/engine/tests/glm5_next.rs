@@ -342,7 +342,7 @@ fn glm5_mtp_matches_composed_reference() {
         let model = load(name);
         let r = Reference::open(name);
         let ids = r.ids("input_ids");
-        let ops = model.ops().clone();
+        let ops = *model.ops();
         let mut st = model.new_state();
         let trunk = model
             .forward_ext(&ids[..PREFILL + 1], &mut st, LogitsRows::Last, false)
