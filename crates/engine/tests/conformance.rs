@@ -1153,6 +1153,15 @@ conformance!(llama_tiny_f32_untied, || {
     ds4_engine::families::llama::load_llama(&super::fixtures().join("llama/tiny/f32_untied"))
         .unwrap()
 });
+// DeepSeek-V4: sliding, CSA (indexer) and HCA layers, hash and scored MoE,
+// the MTP head; its caches keep bounded raw rows, so commits and
+// continuations exercise the step-back slack.
+conformance!(deepseek_v4_tiny_b, || {
+    ds4_engine::families::deepseek_v4::DeepseekV4Model::from_hf_dir(
+        &super::fixtures().join("deepseek_v4/tiny_b"),
+    )
+    .unwrap()
+});
 // GLM-5: KDA (recurrent) and MLA with a pooled, pruning indexer and a
 // NextN head; tiny_a has a shared-indexer layer, tiny_b bf16 weights and
 // the softplus KDA gate.

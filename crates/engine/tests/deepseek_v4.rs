@@ -238,3 +238,146 @@ fn state_is_compressed() {
     assert!(s.truncate_floor() > 0 && s.truncate_floor() <= ids.len());
     assert!(s.truncate(s.truncate_floor() - 1).is_err());
 }
+
+// ---- strict binding: broken copies of tiny_a ----
+
+mod broken {
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+
+    use ds4_engine::EngineError;
+    use ds4_engine::families::deepseek_v4::DeepseekV4Model;
+    use safetensors::{Dtype, SafeTensors, View};
+
+    struct Raw {
+        dtype: Dtype,
+        shape: Vec<usize>,
+        data: Vec<u8>,
+    }
+
+    impl View for &Raw {
+        fn dtype(&self) -> Dtype {
+            self.dtype
+        }
+        fn shape(&self) -> &[usize] {
+            &self.shape
+        }
+        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+            std::borrow::Cow::Borrowed(&self.data)
+        }
+        fn data_len(&self) -> usize {
+            self.data.len()
+        }
+    }
+
+    /// A copy of tiny_a whose tensor table went through `edit`.
+    fn broken(edit: impl FnOnce(&mut BTreeMap<String, Raw>)) -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tiny_a");
+        std::fs::create_dir(&dir).unwrap();
+        for e in std::fs::read_dir(super::dir().join("tiny_a")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+        let file = dir.join("model.safetensors");
+        let bytes = std::fs::read(&file).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut map: BTreeMap<String, Raw> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| {
+                let raw = Raw {
+                    dtype: v.dtype(),
+                    shape: v.shape().to_vec(),
+                    data: v.data().to_vec(),
+                };
+                (n, raw)
+            })
+            .collect();
+        edit(&mut map);
+        let out = safetensors::serialize(map.iter().map(|(k, v)| (k.clone(), v)), None).unwrap();
+        std::fs::write(&file, out).unwrap();
+        (tmp, dir)
+    }
+
+    fn err(dir: &Path) -> String {
+        match DeepseekV4Model::from_hf_dir(dir) {
+            Err(e @ EngineError::Tensor { .. }) => e.to_string(),
+            Err(e) => panic!("expected a tensor error, got {e}"),
+            Ok(_) => panic!("a broken checkpoint loaded"),
+        }
+    }
+
+    #[test]
+    fn missing_compressor_tensor_is_named() {
+        let (_t, dir) = broken(|m| {
+            m.remove("model.layers.2.attn.compressor.ape");
+        });
+        let msg = err(&dir);
+        assert!(
+            msg.contains("model.layers.2.attn.compressor.ape") && msg.contains("missing"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn wrong_shape_names_tensor_and_shapes() {
+        let (_t, dir) = broken(|m| {
+            let t = m
+                .get_mut("model.layers.1.attn.indexer.wq_b.weight")
+                .unwrap();
+            t.shape = vec![t.shape[1], t.shape[0]];
+        });
+        let msg = err(&dir);
+        assert!(
+            msg.contains("model.layers.1.attn.indexer.wq_b.weight"),
+            "{msg}"
+        );
+        assert!(msg.contains("expected [256, 32], found [32, 256]"), "{msg}");
+    }
+
+    #[test]
+    fn hash_table_out_of_range_is_named() {
+        let (_t, dir) = broken(|m| {
+            let t = m.get_mut("model.layers.0.ffn.gate.tid2eid").unwrap();
+            t.data[..8].copy_from_slice(&99i64.to_le_bytes());
+        });
+        let msg = err(&dir);
+        assert!(
+            msg.contains("model.layers.0.ffn.gate.tid2eid") && msg.contains("expert 99"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn partial_mtp_head_and_stray_tensors_are_named() {
+        let (_t, dir) = broken(|m| {
+            m.remove("mtp.0.h_proj.weight");
+        });
+        let msg = err(&dir);
+        assert!(msg.contains("mtp.0.h_proj.weight"), "{msg}");
+        let (_t, dir) = broken(|m| {
+            let extra = Raw {
+                dtype: Dtype::F32,
+                shape: vec![1],
+                data: vec![0; 4],
+            };
+            m.insert("model.layers.0.attn.compressor.ape".into(), extra);
+        });
+        let msg = err(&dir);
+        assert!(msg.contains("model.layers.0.attn.compressor.ape"), "{msg}");
+    }
+
+    #[test]
+    fn bad_config_field_is_named() {
+        let (_t, dir) = broken(|_| {});
+        let cfg = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        std::fs::write(&cfg, text.replace("\"o_groups\": 2", "\"o_groups\": 3")).unwrap();
+        match DeepseekV4Model::from_hf_dir(&dir) {
+            Err(EngineError::Config { field, .. }) => assert_eq!(field, "o_groups"),
+            Err(e) => panic!("expected a config error, got {e}"),
+            Ok(_) => panic!("a bad config loaded"),
+        }
+    }
+}

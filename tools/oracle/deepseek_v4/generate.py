@@ -124,6 +124,7 @@ CONFIGS = {
         _T=96,
         _chunks=[5, 27, 1, 16, 47],
         _bf16=True,
+        _train_mtp=True,
     ),
 }
 PREFILL_BACK = 10  # prefill T-10, then 10 single steps
@@ -243,6 +244,40 @@ class MtpReference:
         return logits, out
 
 
+def train_mtp(model, mtp, gen, T, steps=150):
+    """Distil the trunk's next-token distribution into the MTP head (row t,
+    given the trunk streams at t and token t+1, learns the trunk's logits
+    at t+1), so greedy drafts are sometimes accepted and sometimes not:
+    random heads are never right, and the MTP loop's accept paths would go
+    untested."""
+    data = []
+    with torch.no_grad():
+        for _ in range(4):
+            ids = torch.randint(2, model.config.vocab_size, (1, T), generator=gen)
+            streams = {}
+            L = model.config.num_hidden_layers
+            hk = model.model.layers[L - 1].register_forward_hook(lambda m, a, o: streams.__setitem__(0, o))
+            out = model(input_ids=ids, use_cache=False)
+            hk.remove()
+            data.append((ids, streams[0], out.logits))
+    params = [p for n, p in mtp.named_parameters() if "rotary" not in n]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    with torch.enable_grad():
+        for step in range(steps):
+            loss = 0.0
+            for ids, streams, logits in data:
+                ref = MtpReference(mtp, model.model.embed_tokens, model.lm_head)
+                lg, _ = ref.forward.__wrapped__(ref, ids[:, 1:], streams[:, :-1], list(range(T - 1)))
+                # The trunk's greedy token at t+1: what greedy drafts must hit.
+                target = logits[:, 1:].argmax(-1)
+                loss = loss + torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), target.reshape(-1))
+                hits = (lg.argmax(-1) == target).float().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    print(f"MTP distilled: final loss {float(loss) / len(data):.3f}, greedy agreement {float(hits):.2f}")
+
+
 class TopkProbe:
     """Records the boundary gap of every indexer top-k that prunes (the
     indexer calls `Tensor.topk` on `[B, S, E]` scores with −inf for the
@@ -298,6 +333,8 @@ def reference(name, cfgd, out_dir):
     rerandomise(model, gen)
     mtp = MtpHead(config).eval()
     rerandomise(mtp, gen)
+    if cfgd.get("_train_mtp"):
+        train_mtp(model, mtp, gen, T)
     bf16 = cfgd.get("_bf16", False)
     if bf16:
         round_bf16(model)

@@ -196,6 +196,17 @@ impl<'a, B: Backend> Binder<'a, B> {
         }
     }
 
+    /// An error about the values of tensor `name` under this scope, naming
+    /// its file.
+    pub fn invalid(&self, name: &str, message: String) -> EngineError {
+        let n = self.name(name);
+        EngineError::Tensor {
+            path: self.src.file_of(&n),
+            tensor: n,
+            message,
+        }
+    }
+
     /// The safetensors directory behind this binder, if that is the format.
     pub fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
         self.src.safetensors()

@@ -5,7 +5,7 @@
 
 use super::config::{DeepseekV4Config, MlpKind};
 use crate::backend::{Backend, RouterSpec, Scoring};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::moe::{Experts, ScoredRouter};
 use crate::load::binder::Binder;
@@ -51,11 +51,10 @@ impl<B: Backend> Moe<B> {
             MlpKind::Hash => {
                 let ids = w.ids("gate.tid2eid", &[cfg.vocab_size, k])?;
                 if let Some(bad) = ids.iter().find(|&&x| x as usize >= e) {
-                    return Err(EngineError::Tensor {
-                        path: std::path::PathBuf::from("model.safetensors"),
-                        tensor: w.name("gate.tid2eid"),
-                        message: format!("expert {bad} of {e}"),
-                    });
+                    return Err(w.invalid(
+                        "gate.tid2eid",
+                        format!("routes to expert {bad}, but the layer has {e}"),
+                    ));
                 }
                 (None, Some(ids))
             }
