@@ -28,8 +28,9 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::fields::Fields;
+use super::fields::FieldsExt;
 use crate::error::Result;
+use crate::load::config_fields::Fields;
 
 /// A decoder layer's token mixer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +111,7 @@ impl Glm5NextConfig {
         let top = Fields {
             path,
             json,
-            scope: String::new(),
+            scope: "",
         };
         let model_type = top
             .opt_str("model_type")?
@@ -137,7 +138,7 @@ impl Glm5NextConfig {
         let f = Fields {
             path,
             json: text,
-            scope: scope.into(),
+            scope,
         };
         parse_text(&f, top_tie)
     }
@@ -353,7 +354,7 @@ fn layer_kinds(f: &Fields<'_>, n: usize) -> Result<Vec<LayerKind>> {
     names
         .iter()
         .enumerate()
-        .map(|(i, name)| match *name {
+        .map(|(i, name)| match name.as_str() {
             "linear_attention" | "mamba" => Ok(LayerKind::Kda),
             "indexed_attention" | "full_attention" | "attention" | "deepseek_sparse_attention" => {
                 Ok(LayerKind::Mla)
@@ -388,7 +389,7 @@ fn mlp_kinds(f: &Fields<'_>, n: usize) -> Result<Vec<MlpKind>> {
     names
         .iter()
         .enumerate()
-        .map(|(i, name)| match *name {
+        .map(|(i, name)| match name.as_str() {
             "dense" => Ok(MlpKind::Dense),
             "sparse" => Ok(MlpKind::Sparse),
             other => Err(f.err(
@@ -405,7 +406,7 @@ fn mlp_kinds(f: &Fields<'_>, n: usize) -> Result<Vec<MlpKind>> {
 /// selection only from a full layer to the next one and raises otherwise.
 fn indexer_kinds(f: &Fields<'_>, n: usize, layers: &[LayerKind]) -> Result<Vec<IndexerKind>> {
     let (field, names): (&str, Vec<String>) = if let Some(v) = f.opt_strings("indexer_types")? {
-        ("indexer_types", v.iter().map(|s| s.to_string()).collect())
+        ("indexer_types", v)
     } else if let Some(p) = f.get("index_topk_pattern") {
         let names = match p {
             Json::String(s) => s
@@ -420,12 +421,7 @@ fn indexer_kinds(f: &Fields<'_>, n: usize, layers: &[LayerKind]) -> Result<Vec<I
                     )),
                 })
                 .collect::<Result<Vec<_>>>()?,
-            _ => f
-                .opt_strings("index_topk_pattern")?
-                .unwrap_or_default()
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            _ => f.opt_strings("index_topk_pattern")?.unwrap_or_default(),
         };
         ("index_topk_pattern", names)
     } else {
@@ -489,7 +485,11 @@ fn linear_attention(f: &Fields<'_>) -> Result<(usize, usize, usize, Option<f64>)
         let sub = Fields {
             path: f.path,
             json: d,
-            scope: format!("{}linear_attn_config.", f.scope),
+            scope: if f.scope.is_empty() {
+                "linear_attn_config."
+            } else {
+                "text_config.linear_attn_config."
+            },
         };
         if !d.is_object() {
             return Err(f.err(
