@@ -25,6 +25,7 @@ mod fields;
 pub mod layer;
 pub mod model;
 pub mod mtp;
+mod schedule;
 pub mod state;
 
 #[cfg(test)]
