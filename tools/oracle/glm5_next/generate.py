@@ -34,8 +34,8 @@ is composed from transformers' own `Glm5NextTextRMSNorm`,
 plain pre-norm residual (no mHC), saved under `layers.{L}.` (L =
 `num_hidden_layers`): `enorm`, `hnorm`, `eh_proj [D, 2D]` over
 `[enorm(embed(tok)) | hnorm(h)]`, the block, `shared_head.norm`, then the
-trunk's `lm_head` (`tiny_a` also stores the GLM-4.5-style copy
-`shared_head.head`). `h` is the trunk's final hidden (stream mean, then the
+trunk's `lm_head` (`tiny_a` also stores the DeepSeek-V3 / GLM-4.5-style
+copies `shared_head.head` and `embed_tokens`). `h` is the trunk's final hidden (stream mean, then the
 final norm: what `lm_head` reads); a deeper draft feeds the layer's output
 before `shared_head.norm`. The layer starts near a bigram predictor
 (`near_bigram`) so that greedy drafts are sometimes right; the script
@@ -529,6 +529,7 @@ def save_checkpoint(name, model, mtp, bf16):
         p = f"model.language_model.layers.{L}."
         sd.update(mtp_state_dict(mtp, p, fused=False))
         sd[f"{p}shared_head.head.weight"] = model.lm_head.weight.detach().clone()
+        sd[f"{p}embed_tokens.weight"] = model.model.language_model.embed_tokens.weight.detach().clone()
     else:
         sd = to_text_internal(sd)
         sd.update(mtp_state_dict(mtp, f"model.layers.{L}.", fused=True))

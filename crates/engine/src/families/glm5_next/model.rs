@@ -131,7 +131,9 @@ impl<B: Backend> Glm5NextModel<B> {
         self.mtp.is_some()
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
+    /// Rows of `table` (the trunk's embedding unless given), after the
+    /// vocabulary check.
+    fn embed_from(&self, table: Option<&B::Table>, tokens: &[u32]) -> Result<B::Buf> {
         for &t in tokens {
             if t as usize >= self.cfg.vocab_size {
                 return Err(EngineError::TokenOutOfRange {
@@ -140,7 +142,7 @@ impl<B: Backend> Glm5NextModel<B> {
                 });
             }
         }
-        self.ops.gather_rows(&self.embed, tokens)
+        self.ops.gather_rows(table.unwrap_or(&self.embed), tokens)
     }
 
     fn logits(&self, x: &B::Buf, rows: usize) -> Result<ForwardOutput> {
@@ -203,7 +205,7 @@ impl<B: Backend> Glm5NextModel<B> {
             });
         }
         let (n, d) = (self.cfg.hc_mult, self.cfg.hidden_size);
-        let mut xs = ops.tile_streams(&self.embed(tokens)?, n, d)?;
+        let mut xs = ops.tile_streams(&self.embed_from(None, tokens)?, n, d)?;
         let mut replays = Vec::new();
         let mut traces = Vec::new();
         let mut prev = None;
@@ -273,7 +275,8 @@ impl<B: Backend> Glm5NextModel<B> {
                 self.ops.len(hidden)
             )));
         }
-        let emb = self.embed(tokens)?;
+        // The head's own embedding copy when the checkpoint has one.
+        let emb = self.embed_from(mtp.embed.as_ref(), tokens)?;
         let last = rows == LogitsRows::Last;
         let out = mtp.forward(&self.ops, &emb, hidden, n, state, &self.lm_head, last)?;
         let m = if last { 1 } else { n };

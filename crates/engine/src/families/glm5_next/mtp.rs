@@ -9,9 +9,9 @@
 //! Weights under `{prefix}layers.{L}.`: `enorm`, `hnorm`, `eh_proj [D, 2D]`,
 //! `input_layernorm`, `self_attn.*` (MLA with a **full** pooled indexer),
 //! `post_attention_layernorm`, `mlp.*` (sparse when `mlp.gate.weight` is
-//! present, else dense), `shared_head.norm`, and optionally
-//! `shared_head.head` (the GLM-4.5-style copy of `lm_head`, used when
-//! present; otherwise the trunk's `lm_head`). The embedding is the trunk's.
+//! present, else dense), `shared_head.norm`, and optionally the
+//! DeepSeek-V3 / GLM-4.5-style copies `shared_head.head` and `embed_tokens`
+//! (used when present; otherwise the trunk's `lm_head` and embedding).
 //!
 //! Row `i` of a call combines the token that follows position `t`
 //! (`tok_{t+1}`) with the hidden of position `t`:
@@ -72,6 +72,8 @@ pub struct NextN<B: Backend> {
     shared_norm: RmsNorm<B>,
     /// `shared_head.head` when the checkpoint stores one.
     head: Option<Linear<B>>,
+    /// `embed_tokens` when the checkpoint stores one.
+    pub embed: Option<B::Table>,
 }
 
 /// One head call: logits rows and the layer's output `x` (pre-norm).
@@ -98,6 +100,11 @@ impl<B: Backend> NextN<B> {
         } else {
             None
         };
+        let embed = if w.has("embed_tokens.weight") {
+            Some(w.table("embed_tokens.weight", v, h)?)
+        } else {
+            None
+        };
         Ok(Self {
             enorm: RmsNorm::load(w, "enorm.weight", h, eps)?,
             hnorm: RmsNorm::load(w, "hnorm.weight", h, eps)?,
@@ -109,6 +116,7 @@ impl<B: Backend> NextN<B> {
             ffn: Ffn::load(&mut w.pp("mlp"), cfg, kind)?,
             shared_norm: RmsNorm::load(w, "shared_head.norm.weight", h, eps)?,
             head,
+            embed,
         })
     }
 
