@@ -34,6 +34,19 @@ const LLAMA: TextProfile = TextProfile {
     tool_calls: Some(ToolCallFormat::Llama3Json),
 };
 
+/// GLM-5 (`glm5_next`) reasons in `<think>…</think>`. Its own tool-call
+/// format (`<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>
+/// </tool_call>`) has no parser yet; Hermes shares its `<tool_call>`
+/// markers and is the closest existing format.
+const GLM5: TextProfile = TextProfile {
+    family: "glm5_next",
+    reasoning: Some(ReasoningMarkers {
+        open: "<think>",
+        close: "</think>",
+    }),
+    tool_calls: Some(ToolCallFormat::Hermes),
+};
+
 impl TextProfile {
     /// The profile of the family named `family` (a `FamilyDescriptor::name`).
     /// Families without a profile yet get plain text: no reasoning split and
@@ -42,6 +55,7 @@ impl TextProfile {
         match family {
             "llama" => LLAMA,
             "qwen4_exp" => QWEN,
+            "glm5_next" => GLM5,
             _ => TextProfile {
                 family: "unknown",
                 reasoning: None,
@@ -65,6 +79,12 @@ mod tests {
         let qwen = TextProfile::for_family("qwen4_exp");
         assert_eq!(qwen.reasoning.map(|m| m.open), Some("<think>"));
         assert_eq!(qwen.tool_calls, Some(ToolCallFormat::Hermes));
+        let glm = TextProfile::for_family("glm5_next");
+        assert_eq!(glm.family, "glm5_next");
+        assert_eq!(
+            glm.reasoning.map(|m| (m.open, m.close)),
+            Some(("<think>", "</think>"))
+        );
         assert_eq!(TextProfile::for_family("nope").tool_calls, None);
     }
 }
