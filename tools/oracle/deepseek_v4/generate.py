@@ -190,14 +190,15 @@ ANTHROPIC_CASES = [
 BLOCK = (
     f"\n\n<{D}tool_calls>\n<{D}invoke name=\"edit\">\n"
     f"<{D}parameter name=\"path\" string=\"true\">/tmp/a &amp; b.py</{D}parameter>\n"
-    f"<{D}parameter name=\"edits\" string=\"false\">[{{\"old\": \"x</{D}parameter>\", \"new\": \"y\\\"z\"}}, 3]"
+    f"<{D}parameter name=\"edits\" string=\"false\">[{{\"old\": \"x\\u003c/{D}parameter>\", \"new\": \"y\\\"z\"}}, 3]"
     f"</{D}parameter>\n</{D}invoke>\n<{D}invoke name=\"bash\">\n"
     f"<{D}parameter name=\"command\" string=\"true\">echo 'é😀' &lt; in</{D}parameter>\n"
     f"</{D}invoke>\n</{D}tool_calls>"
 )
 GENERATED = [
-    ("thinking_then_tools", True, "<think>Plan: edit then run.</think>I'll do it." + BLOCK),
-    ("thinking_unclosed_dsml_not_executable", True, "<think>maybe" + BLOCK),
+    # The prompt opened <think>: a thinking reply starts inside it.
+    ("thinking_then_tools", True, "Plan: edit then run.</think>I'll do it." + BLOCK),
+    ("thinking_unclosed_dsml_not_executable", True, "maybe" + BLOCK),
     ("dsml_inside_thinking_then_text", True, "think" + BLOCK + "</think>Plain answer."),
     ("non_thinking_tools", False, "Sure." + BLOCK),
     ("non_thinking_text_only", False, "Just text, a < b && c > d.\n\nDone.  "),
@@ -212,6 +213,11 @@ GENERATED = [
      f"<{D}parameter name=\"n\" string=\"false\">5</{D}parameter>\n</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"),
     ("unclosed_block", False, "go" + BLOCK[:BLOCK.index("</" + D + "invoke>")]),
     ("two_newlines_inside_text", False, "para one\n\npara two\n\n<tool_c"),
+    # ds4's parsers cut a JSON value at the first closing tag even inside a JSON string (the
+    # prompt tells the model to write it as \u003c); its decode tracker reads JSON strings.
+    ("end_tag_inside_json_string", False,
+     f"<{D}tool_calls>\n<{D}invoke name=\"j\">\n<{D}parameter name=\"v\" string=\"false\">"
+     f"{{\"s\": \"a</{D}parameter>b\"}}</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"),
 ]
 
 
