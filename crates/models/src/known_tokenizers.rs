@@ -86,10 +86,7 @@ impl KnownTokenizer {
     /// Download, verify and publish the folder.
     pub fn pull(&self, progress: &mut dyn FnMut(PullEvent)) -> Result<PathBuf, PullError> {
         let dest = self.cached_dir()?;
-        let parent = dest
-            .parent()
-            .ok_or(PullError::NoCacheDir)?
-            .to_path_buf();
+        let parent = dest.parent().ok_or(PullError::NoCacheDir)?.to_path_buf();
         std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
         let work = tempfile::Builder::new()
             .prefix(".pull-")

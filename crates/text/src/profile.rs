@@ -101,7 +101,10 @@ mod tests {
         assert_eq!(ds.family, "deepseek_v4");
         assert_eq!(ds.tool_calls, Some(ToolCallFormat::Dsml));
         assert_eq!(ds.prompt, PromptFormat::DeepSeekV4);
-        assert_eq!(ds.reasoning.map(|m| (m.open, m.close)), Some(("<think>", "</think>")));
+        assert_eq!(
+            ds.reasoning.map(|m| (m.open, m.close)),
+            Some(("<think>", "</think>"))
+        );
         assert_eq!(qwen.prompt, PromptFormat::Template);
     }
 }

@@ -29,7 +29,11 @@ fn decode_states_are_ds4s_at_every_character() {
             // ds4's decode tracker, except where the piece would end with a
             // lone `<` (`_`): there it skips the `<` and misses the closing
             // tag, and its reference recognizer is the answer.
-            let want = if tracker[i] == '_' { reference[i] } else { tracker[i] };
+            let want = if tracker[i] == '_' {
+                reference[i]
+            } else {
+                tracker[i]
+            };
             assert_eq!(
                 t.state().code(),
                 want,
@@ -131,12 +135,24 @@ fn streamed_replies_are_what_ds4_streams() {
                 let want = calls(&row["calls"]);
                 assert_eq!(seen.calls[0].0, want[0].0);
                 assert_eq!(seen.calls[0].1, format!("{}}}", want[0].1));
-                assert!(seen.content.contains("b\"}</｜DSML｜parameter>"), "{:?}", seen.content);
+                assert!(
+                    seen.content.contains("b\"}</｜DSML｜parameter>"),
+                    "{:?}",
+                    seen.content
+                );
                 assert!(seen.blocks.is_empty());
             }
             _ => {
-                assert_eq!(seen.reasoning, row["reasoning"].as_str().unwrap(), "{name}: reasoning");
-                assert_eq!(seen.content, row["content"].as_str().unwrap(), "{name}: content");
+                assert_eq!(
+                    seen.reasoning,
+                    row["reasoning"].as_str().unwrap(),
+                    "{name}: reasoning"
+                );
+                assert_eq!(
+                    seen.content,
+                    row["content"].as_str().unwrap(),
+                    "{name}: content"
+                );
                 assert_eq!(seen.calls, calls(&row["calls"]), "{name}: calls");
             }
         }

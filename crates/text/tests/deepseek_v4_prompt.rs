@@ -132,7 +132,11 @@ fn multi_turn_multi_tool_conversation_is_byte_identical_to_ds4() {
     let schemas = [BASH.to_string(), READ.to_string()];
     let got = render(&conversation(), &schemas, ThinkMode::High);
     assert_eq!(got, expected(), "against the hand-written rules");
-    assert_eq!(got, oracle("multi_turn_tools"), "against ds4's own renderer");
+    assert_eq!(
+        got,
+        oracle("multi_turn_tools"),
+        "against ds4's own renderer"
+    );
 }
 
 #[test]
@@ -160,7 +164,10 @@ fn thinking_off_and_think_max() {
     let schemas = [BASH.to_string(), READ.to_string()];
     let off = render(&conversation(), &schemas, ThinkMode::None);
     assert_eq!(off, oracle("multi_turn_tools_non_thinking"));
-    assert!(!off.contains("<｜Assistant｜><think>"), "no turn opens thinking");
+    assert!(
+        !off.contains("<｜Assistant｜><think>"),
+        "no turn opens thinking"
+    );
     let max = render(&[msg(Role::User, "Hi")], &[], ThinkMode::Max);
     assert_eq!(max, oracle("effort_max_large_ctx"));
     assert_eq!(
@@ -194,7 +201,10 @@ fn old_reasoning_is_dropped_only_without_tool_context() {
 fn rendered_prompt_tokenizes_markers_as_single_tokens() {
     let tok = common::deepseek_tokenizer();
     let ids = tok
-        .encode(&render(&conversation(), &[BASH.into()], ThinkMode::High), true)
+        .encode(
+            &render(&conversation(), &[BASH.into()], ThinkMode::High),
+            true,
+        )
         .unwrap();
     assert_eq!(ids.first(), Some(&0), "BOS");
     assert_eq!(ids.last(), Some(&128821), "<think>");

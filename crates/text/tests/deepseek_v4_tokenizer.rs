@@ -32,7 +32,11 @@ fn ids_and_decodes_match_hugging_face_tokenizers() {
             "decode (skipping specials) of {text:?}"
         );
         // Byte-level BPE without a normalizer: every text comes back as it went in.
-        assert_eq!(tok.decode(&want, false).unwrap(), text, "round trip of {text:?}");
+        assert_eq!(
+            tok.decode(&want, false).unwrap(),
+            text,
+            "round trip of {text:?}"
+        );
     }
 }
 

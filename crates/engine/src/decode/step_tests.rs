@@ -154,7 +154,12 @@ impl Model for Toy {
     fn new_state(&self) -> ToyState {
         ToyState(Vec::new())
     }
-    fn forward(&self, tokens: &[u32], s: &mut ToyState, which: LogitsRows) -> Result<ForwardOutput> {
+    fn forward(
+        &self,
+        tokens: &[u32],
+        s: &mut ToyState,
+        which: LogitsRows,
+    ) -> Result<ForwardOutput> {
         rows(s, tokens, which)
     }
     fn mtp_contract(&self) -> Option<MtpContract> {
@@ -380,7 +385,10 @@ fn mtp_with_a_per_position_policy_is_distributed_as_ar_with_it() {
             );
             // Power: the same samples reject sampling every position.
             let (off, odf) = chi_square(&seen, &without, N);
-            assert!(off > critical(odf), "{law:?} depth {depth}: policy invisible ({off:.1})");
+            assert!(
+                off > critical(odf),
+                "{law:?} depth {depth}: policy invisible ({off:.1})"
+            );
         }
     }
 }

@@ -8,10 +8,11 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::prompt::{ChatTurn, FunctionTool};
+use crate::prompt::{ChatTurn, FunctionTool, ToolShape};
 use crate::request::{Common, Finished, Head, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::SharedState;
+use crate::thinking;
 use crate::types::chat::*;
 use crate::types::common::{LogprobEntry, Usage, finish_reason};
 
@@ -39,6 +40,7 @@ pub async fn chat_completions(
         Some(m) => ("max_completion_tokens", Some(m)),
         None => ("max_tokens", req.max_tokens),
     };
+    let model = req.model.clone();
     let mut checked = Common {
         model: req.model,
         sampling: SamplingFields {
@@ -70,13 +72,21 @@ pub async fn chat_completions(
         }
         (false, None) => None,
     };
-    let effort = params::effort("reasoning_effort", req.reasoning_effort.as_deref())?;
-    let enable_thinking =
-        params::reasoning(&state.profile, "reasoning_effort", effort, &mut g.warnings);
+    let controls = thinking::Controls {
+        effort: req.reasoning_effort.map(|e| ("reasoning_effort", e)),
+        extension: match (req.think, req.thinking.as_ref()) {
+            (Some(on), _) => Some(("think", on)),
+            (None, Some(t)) => thinking_switch(t).map(|on| ("thinking", on)),
+            (None, None) => None,
+        },
+        model: model.clone(),
+        ..thinking::Controls::default()
+    };
+    let thinking = thinking::resolve(&state, &controls, &mut g.warnings)?;
     let conversation = ChatTurn {
         messages: messages(req.messages)?,
         tools: tools(req.tools, req.tool_choice.as_ref())?,
-        enable_thinking,
+        thinking,
     };
     let output = checked.render(&state, "messages", conversation)?;
     let turn = Turn::start(&state, checked, output, "chatcmpl-")?;
@@ -105,8 +115,28 @@ pub fn tools(
             ));
         }
         let f = t.function;
-        Ok(Some(FunctionTool::new(f.name, f.description, f.parameters)))
+        Ok(Some(FunctionTool::new(
+            ToolShape::OpenAiFunction,
+            f.name,
+            f.description,
+            f.parameters,
+        )))
     })
+}
+
+/// The extension `thinking` switch (ds4's `parse_thinking_control_value`):
+/// `true`/`false`, or `{"type": "enabled" | "disabled"}`; anything else says
+/// nothing.
+fn thinking_switch(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(on) => Some(*on),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("enabled") => Some(true),
+            Some("disabled") => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// The messages in the chat-template shape.

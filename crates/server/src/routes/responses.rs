@@ -9,12 +9,13 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::ids::new_id;
 use crate::output::Item;
-use crate::params::{self, SamplingFields};
-use crate::prompt::{ChatTurn, FunctionTool};
+use crate::params::SamplingFields;
+use crate::prompt::{ChatTurn, FunctionTool, ToolShape};
 use crate::request::{Common, Finished, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::summary::TurnSummary;
+use crate::thinking;
 use crate::types::responses::*;
 use ds4_engine::decode::FinishReason;
 
@@ -32,6 +33,7 @@ pub async fn responses(
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     state.metrics.request("responses");
+    let model = req.model.clone();
     let mut checked = Common {
         model: req.model,
         sampling: SamplingFields {
@@ -58,12 +60,16 @@ pub async fn responses(
         ));
     }
     let g = &mut checked.generation;
-    let effort = params::effort(
-        "reasoning.effort",
-        req.reasoning.as_ref().and_then(|r| r.effort.as_deref()),
-    )?;
-    let enable_thinking =
-        params::reasoning(&state.profile, "reasoning.effort", effort, &mut g.warnings);
+    let controls = thinking::Controls {
+        effort: req
+            .reasoning
+            .as_ref()
+            .and_then(|r| r.effort.clone())
+            .map(|e| ("reasoning.effort", e)),
+        model: model.clone(),
+        ..thinking::Controls::default()
+    };
+    let thinking = thinking::resolve(&state, &controls, &mut g.warnings)?;
     let mut messages = Vec::new();
     if let Some(i) = &req.instructions {
         messages.push(json!({"role": "system", "content": i}));
@@ -72,7 +78,7 @@ pub async fn responses(
     let conversation = ChatTurn {
         messages,
         tools: tools(req.tools, req.tool_choice.as_ref())?,
-        enable_thinking,
+        thinking,
     };
     let output = checked.render(&state, "input", conversation)?;
     let has_tools = output.tools;
@@ -141,7 +147,12 @@ fn tools(
                 format!("tools[{i}].name is required"),
             )
         })?;
-        Ok(Some(FunctionTool::new(name, t.description, t.parameters)))
+        Ok(Some(FunctionTool::new(
+            ToolShape::Responses,
+            name,
+            t.description,
+            t.parameters,
+        )))
     })
 }
 

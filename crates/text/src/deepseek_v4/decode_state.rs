@@ -62,7 +62,10 @@ enum Mode {
     Search,
     Structural,
     StringBody,
-    Json { in_string: bool, escaped: bool },
+    Json {
+        in_string: bool,
+        escaped: bool,
+    },
     /// Unexpected text between tags: no later text can make a tag at that
     /// point, so the state stays structural (ds4 stays there too).
     Stuck,
@@ -201,11 +204,7 @@ impl DsmlTracker {
                     };
                 }
                 Mode::Structural => {
-                    let ws = self
-                        .held
-                        .bytes()
-                        .take_while(|&b| c_space(b))
-                        .count();
+                    let ws = self.held.bytes().take_while(|&b| c_space(b)).count();
                     self.consume(ws);
                     if self.held.is_empty() {
                         return DsmlState::Structural;
@@ -228,7 +227,8 @@ impl DsmlTracker {
                             return DsmlState::Structural;
                         };
                         if lit == syn.param_start {
-                            let string = attr(&self.held[..=gt], "string").as_deref() == Some("true");
+                            let string =
+                                attr(&self.held[..=gt], "string").as_deref() == Some("true");
                             self.mode = if string {
                                 Mode::StringBody
                             } else {
@@ -285,15 +285,27 @@ mod tests {
         t.push("a <b> &amp; <");
         assert_eq!(t.state(), DsmlState::StringBody, "a lone < is payload");
         t.push("/");
-        assert_eq!(t.state(), DsmlState::Structural, "</ starts the closing tag");
+        assert_eq!(
+            t.state(),
+            DsmlState::Structural,
+            "</ starts the closing tag"
+        );
         t.push("｜DSML｜parameter>\n<｜DSML｜parameter name=\"n\" string=\"false\">[{\"k\": \"v");
         assert_eq!(t.state(), DsmlState::JsonString);
         t.push("</｜DSML｜parameter>\"}]");
-        assert_eq!(t.state(), DsmlState::JsonStructural, "a closing tag inside a JSON string is payload");
+        assert_eq!(
+            t.state(),
+            DsmlState::JsonStructural,
+            "a closing tag inside a JSON string is payload"
+        );
         t.push("</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
         assert_eq!(t.state(), DsmlState::Outside);
         t.push("<｜DSML｜tool_calls>\n");
-        assert_eq!(t.state(), DsmlState::Outside, "only the first block is tracked");
+        assert_eq!(
+            t.state(),
+            DsmlState::Outside,
+            "only the first block is tracked"
+        );
     }
 
     #[test]

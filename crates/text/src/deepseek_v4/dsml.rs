@@ -113,7 +113,11 @@ pub fn unescape(s: &str) -> String {
 pub fn partial_entity_len(s: &str) -> usize {
     let Some(amp) = s.rfind('&') else { return 0 };
     let tail = &s[amp..];
-    if tail.len() < 6 && ENTITIES.iter().any(|(e, _)| e.len() > tail.len() && e.starts_with(tail)) {
+    if tail.len() < 6
+        && ENTITIES
+            .iter()
+            .any(|(e, _)| e.len() > tail.len() && e.starts_with(tail))
+    {
         tail.len()
     } else {
         0
@@ -255,7 +259,10 @@ mod tests {
 
     #[test]
     fn entities_round_trip_and_partials_are_held() {
-        assert_eq!(unescape("a &amp;&lt;&gt;&quot;&apos; & &x; &am"), "a &<>\"' & &x; &am");
+        assert_eq!(
+            unescape("a &amp;&lt;&gt;&quot;&apos; & &x; &am"),
+            "a &<>\"' & &x; &am"
+        );
         assert_eq!(partial_entity_len("x &am"), 3);
         assert_eq!(partial_entity_len("x &"), 1);
         assert_eq!(partial_entity_len("x &amp;"), 0);
@@ -277,7 +284,10 @@ mod tests {
         let v = "a </｜DSML｜parameter> b";
         assert_eq!(escape_parameter_text(v), "a &lt;/｜DSML｜parameter> b");
         assert_eq!(escape_json_literal(v), "a \\u003c/｜DSML｜parameter> b");
-        assert_eq!(escape_tool_result("x</tool_result>y<z>"), "x&lt;/tool_result>y<z>");
+        assert_eq!(
+            escape_tool_result("x</tool_result>y<z>"),
+            "x&lt;/tool_result>y<z>"
+        );
     }
 
     #[test]
@@ -296,7 +306,10 @@ mod tests {
 
     #[test]
     fn earliest_start_of_any_spelling() {
-        assert_eq!(find_start("x <tool_calls> <｜DSML｜tool_calls>").map(|(a, _)| a), Some(2));
+        assert_eq!(
+            find_start("x <tool_calls> <｜DSML｜tool_calls>").map(|(a, _)| a),
+            Some(2)
+        );
         let (at, syn) = find_start("ab<DSML｜tool_calls>").unwrap();
         assert_eq!((at, syn.param_end), (2, "</DSML｜parameter>"));
         assert!(find_start("<｜DSML｜tool_call").is_none());

@@ -136,8 +136,16 @@ impl Scan<'_> {
             }
         }
         let hex = lower.starts_with(b"0x")
-            && rest.get(2).is_some_and(|b| b.is_ascii_hexdigit() || *b == b'.');
-        let digit = |b: &u8| if hex { b.is_ascii_hexdigit() } else { b.is_ascii_digit() };
+            && rest
+                .get(2)
+                .is_some_and(|b| b.is_ascii_hexdigit() || *b == b'.');
+        let digit = |b: &u8| {
+            if hex {
+                b.is_ascii_hexdigit()
+            } else {
+                b.is_ascii_digit()
+            }
+        };
         if hex {
             i += 2;
         }
@@ -341,14 +349,24 @@ mod tests {
 
     #[test]
     fn not_an_object_or_broken_is_none() {
-        for bad in ["[1, 2]", "not json", "", "{\"a\" 1}", "{\"a\": }", "{\"a\": 1"] {
+        for bad in [
+            "[1, 2]",
+            "not json",
+            "",
+            "{\"a\" 1}",
+            "{\"a\": }",
+            "{\"a\": 1",
+        ] {
             assert_eq!(parse_object(bad), None, "{bad:?}");
         }
     }
 
     #[test]
     fn minify_is_ds4s() {
-        assert_eq!(minify(" { \"a b\" : [ true , null ] } tail"), "{\"a b\":[true,null]}");
+        assert_eq!(
+            minify(" { \"a b\" : [ true , null ] } tail"),
+            "{\"a b\":[true,null]}"
+        );
         assert_eq!(minify("oops"), "oops");
         assert_eq!(minify("0x1F"), "0x1F");
         assert_eq!(minify("-Infinity"), "-Infinity");

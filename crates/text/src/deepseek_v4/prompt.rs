@@ -80,9 +80,9 @@ impl Message {
 /// `chat_history_uses_tool_context`.
 fn tool_context(messages: &[Message], tool_schemas: &[String]) -> bool {
     !tool_schemas.is_empty()
-        || messages.iter().any(|m| {
-            m.role == Role::Tool || (m.role == Role::Assistant && !m.calls.is_empty())
-        })
+        || messages
+            .iter()
+            .any(|m| m.role == Role::Tool || (m.role == Role::Assistant && !m.calls.is_empty()))
 }
 
 /// The prompt text for `messages` with the tools `tool_schemas` (one JSON
@@ -143,7 +143,9 @@ pub fn render(messages: &[Message], tool_schemas: &[String], mode: ThinkMode) ->
                 match &m.sampled_dsml {
                     Some(block) if !m.calls.is_empty() && !block.is_empty() => out.push_str(block),
                     _ => out.push_str(&canonical_calls(
-                        m.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())),
+                        m.calls
+                            .iter()
+                            .map(|c| (c.name.as_str(), c.arguments.as_str())),
                     )),
                 }
                 out.push_str(EOS);
@@ -181,7 +183,10 @@ mod tests {
             render(&m, &[], ThinkMode::None),
             "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>"
         );
-        assert!(render(&m, &[], ThinkMode::Max).starts_with(&format!("{BOS}{THINK_MAX_PREFIX}<｜User｜>")));
+        assert!(
+            render(&m, &[], ThinkMode::Max)
+                .starts_with(&format!("{BOS}{THINK_MAX_PREFIX}<｜User｜>"))
+        );
     }
 
     #[test]
@@ -211,6 +216,9 @@ mod tests {
         });
         m.sampled_dsml = Some("SAMPLED".into());
         let out = render(&[Message::new(Role::User, "u"), m], &[], ThinkMode::None);
-        assert!(out.ends_with("</think>xSAMPLED<｜end▁of▁sentence｜>"), "{out}");
+        assert!(
+            out.ends_with("</think>xSAMPLED<｜end▁of▁sentence｜>"),
+            "{out}"
+        );
     }
 }

@@ -107,7 +107,12 @@ impl ThinkingRequest<'_> {
 mod tests {
     use super::*;
 
-    fn resolve(switch: Option<bool>, effort: Option<&str>, model: Option<&str>, ctx: usize) -> ThinkMode {
+    fn resolve(
+        switch: Option<bool>,
+        effort: Option<&str>,
+        model: Option<&str>,
+        ctx: usize,
+    ) -> ThinkMode {
         ThinkingRequest {
             switch,
             effort: effort.map(|e| parse_effort(e).unwrap()),
@@ -120,16 +125,36 @@ mod tests {
     fn ds4s_rules() {
         let big = THINK_MAX_MIN_CONTEXT;
         assert_eq!(resolve(None, None, None, 1), ThinkMode::High);
-        assert_eq!(resolve(Some(false), Some("max"), None, big), ThinkMode::None);
-        assert_eq!(resolve(None, None, Some("deepseek-chat"), 1), ThinkMode::None);
-        assert_eq!(resolve(Some(true), None, Some("deepseek-chat"), 1), ThinkMode::High);
-        assert_eq!(resolve(None, None, Some("deepseek-reasoner"), 1), ThinkMode::High);
-        assert_eq!(resolve(None, Some("none"), Some("deepseek-reasoner"), 1), ThinkMode::None);
+        assert_eq!(
+            resolve(Some(false), Some("max"), None, big),
+            ThinkMode::None
+        );
+        assert_eq!(
+            resolve(None, None, Some("deepseek-chat"), 1),
+            ThinkMode::None
+        );
+        assert_eq!(
+            resolve(Some(true), None, Some("deepseek-chat"), 1),
+            ThinkMode::High
+        );
+        assert_eq!(
+            resolve(None, None, Some("deepseek-reasoner"), 1),
+            ThinkMode::High
+        );
+        assert_eq!(
+            resolve(None, Some("none"), Some("deepseek-reasoner"), 1),
+            ThinkMode::None
+        );
         assert_eq!(resolve(None, Some("max"), None, big - 1), ThinkMode::High);
         assert_eq!(resolve(None, Some("max"), None, big), ThinkMode::Max);
         for e in ["xhigh", "high", "medium", "low", "minimal"] {
             assert_eq!(resolve(None, Some(e), None, big), ThinkMode::High, "{e}");
         }
-        assert!(parse_effort("huge").unwrap_err().to_string().contains("minimal"));
+        assert!(
+            parse_effort("huge")
+                .unwrap_err()
+                .to_string()
+                .contains("minimal")
+        );
     }
 }

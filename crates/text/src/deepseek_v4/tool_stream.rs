@@ -374,7 +374,10 @@ enum Read {
     Incomplete,
     Malformed,
     /// `"name":value` members, and the bytes through `</invoke>`.
-    Done { members: Vec<String>, consumed: usize },
+    Done {
+        members: Vec<String>,
+        consumed: usize,
+    },
 }
 
 /// The rest of an invoke with ds4's final grammar (the parameter loop of
@@ -415,7 +418,10 @@ fn read_params(s: &str, syn: &Syntax) -> Read {
             match read_leaves(&body[nested_start..], syn) {
                 Leaves::Incomplete => return Read::Incomplete,
                 Leaves::Malformed => return Read::Malformed,
-                Leaves::Done { members: inner, consumed } => {
+                Leaves::Done {
+                    members: inner,
+                    consumed,
+                } => {
                     at += nested_start + consumed;
                     at += ws_len(&s[at..]);
                     let after = &s[at..];
@@ -432,7 +438,11 @@ fn read_params(s: &str, syn: &Syntax) -> Read {
         let Some(len) = body.find(syn.param_end) else {
             return Read::Incomplete;
         };
-        members.push(member(&name, &body[..len], kind.as_deref().unwrap_or("true")));
+        members.push(member(
+            &name,
+            &body[..len],
+            kind.as_deref().unwrap_or("true"),
+        ));
         at += len + syn.param_end.len();
     }
 }
@@ -440,7 +450,10 @@ fn read_params(s: &str, syn: &Syntax) -> Read {
 enum Leaves {
     Incomplete,
     Malformed,
-    Done { members: Vec<String>, consumed: usize },
+    Done {
+        members: Vec<String>,
+        consumed: usize,
+    },
 }
 
 /// Consecutive leaf parameters (`dsml_parse_leaf_param_json`).
@@ -457,7 +470,10 @@ fn read_leaves(s: &str, syn: &Syntax) -> Leaves {
             return if members.is_empty() {
                 Leaves::Malformed
             } else {
-                Leaves::Done { members, consumed: at }
+                Leaves::Done {
+                    members,
+                    consumed: at,
+                }
             };
         }
         let Some(gt) = rest.find('>') else {
@@ -472,7 +488,11 @@ fn read_leaves(s: &str, syn: &Syntax) -> Leaves {
         let Some(len) = body.find(syn.param_end) else {
             return Leaves::Incomplete;
         };
-        members.push(member(&name, &body[..len], kind.as_deref().unwrap_or("true")));
+        members.push(member(
+            &name,
+            &body[..len],
+            kind.as_deref().unwrap_or("true"),
+        ));
         at += ws + gt + 1 + len + syn.param_end.len();
     }
 }
@@ -525,13 +545,17 @@ mod tests {
                 "{\"command\":\"ls && echo \\\"é\\\"\",\"n\":{\"a\": [1, 2]}}".to_string(),
             )],
         );
-        let cuts: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+        let cuts: Vec<usize> = (0..=text.len())
+            .filter(|&i| text.is_char_boundary(i))
+            .collect();
         for &a in &cuts {
             for &b in cuts.iter().filter(|&&b| b >= a).step_by(7) {
                 let (events, got) = run(&[&text[..a], &text[a..b], &text[b..]]);
                 assert_eq!(got, want, "cuts {a} {b}");
-                let blocks: Vec<&ToolEvent> =
-                    events.iter().filter(|e| matches!(e, ToolEvent::Block { .. })).collect();
+                let blocks: Vec<&ToolEvent> = events
+                    .iter()
+                    .filter(|e| matches!(e, ToolEvent::Block { .. }))
+                    .collect();
                 assert_eq!(
                     blocks,
                     [&ToolEvent::Block {
@@ -551,14 +575,32 @@ mod tests {
         assert_eq!(
             ev,
             [
-                ToolEvent::Start { index: 0, name: "f".into() },
-                ToolEvent::Arguments { index: 0, delta: "{".into() },
-                ToolEvent::Arguments { index: 0, delta: "\"q\":\"".into() },
-                ToolEvent::Arguments { index: 0, delta: "a ".into() },
+                ToolEvent::Start {
+                    index: 0,
+                    name: "f".into()
+                },
+                ToolEvent::Arguments {
+                    index: 0,
+                    delta: "{".into()
+                },
+                ToolEvent::Arguments {
+                    index: 0,
+                    delta: "\"q\":\"".into()
+                },
+                ToolEvent::Arguments {
+                    index: 0,
+                    delta: "a ".into()
+                },
             ]
         );
         ev = p.push("p; b</｜DSML｜para");
-        assert_eq!(ev, [ToolEvent::Arguments { index: 0, delta: "& b".into() }]);
+        assert_eq!(
+            ev,
+            [ToolEvent::Arguments {
+                index: 0,
+                delta: "& b".into()
+            }]
+        );
     }
 
     #[test]
@@ -581,13 +623,19 @@ mod tests {
 
     #[test]
     fn broken_markup_is_text_and_truncation_ends_the_call() {
-        let (_, got) = run(&["ok <｜DSML｜tool_calls>\n<｜DSML｜invoke nom=\"x\">\n</｜DSML｜invoke>"]);
+        let (_, got) =
+            run(&["ok <｜DSML｜tool_calls>\n<｜DSML｜invoke nom=\"x\">\n</｜DSML｜invoke>"]);
         let want = "ok<｜DSML｜tool_calls>\n<｜DSML｜invoke nom=\"x\">\n</｜DSML｜invoke>";
         assert_eq!(got, (want.to_string(), vec![]));
-        let (events, got) = run(&["<｜DSML｜tool_calls><｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"q\" string=\"true\">ab"]);
+        let (events, got) = run(&[
+            "<｜DSML｜tool_calls><｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"q\" string=\"true\">ab",
+        ]);
         assert_eq!(got.1, [("f".to_string(), "{\"q\":\"ab".to_string())]);
         assert!(!events.iter().any(|e| matches!(e, ToolEvent::Block { .. })));
         // Text with no block keeps its trailing whitespace at the end.
-        assert_eq!(run(&["a < b\n\n", "c  "]).1, ("a < b\n\nc  ".to_string(), vec![]));
+        assert_eq!(
+            run(&["a < b\n\n", "c  "]).1,
+            ("a < b\n\nc  ".to_string(), vec![])
+        );
     }
 }

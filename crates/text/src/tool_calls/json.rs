@@ -413,11 +413,7 @@ mod tests {
     }
 
     /// Every split of `text` into three pieces gives the same result.
-    fn check_all_splits(
-        format: JsonFormat,
-        text: &str,
-        want: &(String, Vec<(String, String)>),
-    ) {
+    fn check_all_splits(format: JsonFormat, text: &str, want: &(String, Vec<(String, String)>)) {
         let cuts: Vec<usize> = (0..=text.len())
             .filter(|&i| text.is_char_boundary(i))
             .collect();

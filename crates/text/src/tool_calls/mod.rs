@@ -31,11 +31,19 @@ pub enum ToolCallFormat {
 pub enum ToolEvent {
     Text(String),
     /// A call `index` (0-based, in order) to the function `name` began.
-    Start { index: usize, name: String },
+    Start {
+        index: usize,
+        name: String,
+    },
     /// More of call `index`'s arguments (JSON text).
-    Arguments { index: usize, delta: String },
+    Arguments {
+        index: usize,
+        delta: String,
+    },
     /// Call `index` is complete.
-    End { index: usize },
+    End {
+        index: usize,
+    },
     /// A DSML block closed: the exact text the model wrote for the calls
     /// `calls` (from the blank line before its opening tag, when there is
     /// one, to its closing tag), which a later prompt replays byte for byte.
