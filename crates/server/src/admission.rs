@@ -63,13 +63,7 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     let room = state.ctx - g.prompt.len();
     let max_tokens = g.max_tokens.map_or(room, |m| m.min(room as u64) as usize);
     let descriptor = state.descriptor;
-    let resolved = descriptor
-        .law
-        .resolve(&descriptor.sampling_defaults, &g.sampling)
-        .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
-    g.warnings
-        .extend(resolved.ignored.iter().map(ToString::to_string));
-    let params = thinking_sampling(state, &mut g, resolved.params);
+    let params = sampling(state, &mut g)?;
     let seed = resolve_seed(g.seed, state.config.seed);
     let plan = JobPlan {
         law: descriptor.law,
@@ -113,6 +107,20 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         prompt_tokens,
         budget,
     })
+}
+
+/// The job's sampling parameters: the family's law resolves the request over
+/// the family's defaults (parameters the law lacks become warnings), then a
+/// family that fixes the sampling of thinking replies applies it.
+pub fn sampling(state: &AppState, g: &mut Generation) -> Result<SamplingParams, ApiError> {
+    let descriptor = state.descriptor;
+    let resolved = descriptor
+        .law
+        .resolve(&descriptor.sampling_defaults, &g.sampling)
+        .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
+    g.warnings
+        .extend(resolved.ignored.iter().map(ToString::to_string));
+    Ok(thinking_sampling(state, g, resolved.params))
 }
 
 /// The sampling of a reply that starts thinking on a family that fixes it

@@ -59,3 +59,45 @@ impl AppState {
             .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
     }
 }
+
+#[cfg(test)]
+pub mod testing {
+    //! Shared state without a model (the worker refuses every job): for
+    //! tests of a family's rendering and admission rules.
+
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use ds4_engine::families::FamilyDescriptor;
+    use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
+
+    use super::{AppState, SharedState};
+    use crate::config::ServerConfig;
+    use crate::family::Serving;
+    use crate::tool_memory::ToolMemory;
+    use crate::worker::WorkerHandle;
+
+    pub fn state(
+        descriptor: &'static FamilyDescriptor,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        model_id: &str,
+        ctx: usize,
+    ) -> SharedState {
+        Arc::new(AppState {
+            config: ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), model_id),
+            worker: WorkerHandle::detached(),
+            template_has_tools: tokenizer.chat_template().is_some_and(|t| t.contains("tools")),
+            tokenizer,
+            template,
+            profile: TextProfile::for_family(descriptor.name),
+            serving: Serving::for_family(descriptor.name),
+            tool_memory: ToolMemory::default(),
+            descriptor,
+            ctx,
+            mtp: None,
+            metrics: Arc::default(),
+            created: 0,
+        })
+    }
+}

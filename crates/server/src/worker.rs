@@ -86,6 +86,16 @@ pub struct WorkerHandle {
     queue: mpsc::Sender<Msg>,
 }
 
+#[cfg(test)]
+impl WorkerHandle {
+    /// A handle whose worker is gone: every submission is refused. For tests
+    /// of what happens before a job is queued (rendering, admission rules).
+    pub fn detached() -> Self {
+        let (queue, _) = mpsc::channel(1);
+        Self { queue }
+    }
+}
+
 /// Why a job was not queued.
 pub enum Rejected {
     QueueFull,

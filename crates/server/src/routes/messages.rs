@@ -601,4 +601,21 @@ mod tests {
         assert_eq!(input, json!({"a": 1, "b": 2}));
         assert_eq!(delta["delta"]["stop_reason"], "tool_use");
     }
+
+    /// DeepSeek-V4: a DSML call becomes a tool_use block whose input
+    /// streams as `input_json_delta` fragments.
+    #[tokio::test]
+    async fn dsml_tool_use_blocks() {
+        let out = "<think>Two calls.</think>Listing.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; echo \"é\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/tmp/a</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let (_, blocks, delta) = blocks("deepseek_v4", out).await;
+        let kinds: Vec<&str> = blocks.iter().map(|b| b.0["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"]);
+        assert_eq!(blocks[1].1, "Listing.");
+        assert_eq!(blocks[2].0["name"], "bash");
+        let input: Value = serde_json::from_str(&blocks[2].1).unwrap();
+        assert_eq!(input, json!({"command": "ls && echo \"é\"", "timeout": 10}));
+        let input: Value = serde_json::from_str(&blocks[3].1).unwrap();
+        assert_eq!(input, json!({"path": "/tmp/a"}));
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    }
 }

@@ -66,7 +66,7 @@ pub async fn responses(
             .as_ref()
             .and_then(|r| r.effort.clone())
             .map(|e| ("reasoning.effort", e)),
-        model: model.clone(),
+        model,
         ..thinking::Controls::default()
     };
     let thinking = thinking::resolve(&state, &controls, &mut g.warnings)?;
@@ -617,5 +617,23 @@ mod tests {
         assert_eq!(output.as_array().unwrap().len(), 1);
         assert_eq!(output[0]["type"], "function_call");
         assert_eq!(output[0]["name"], "add");
+    }
+
+    /// DeepSeek-V4: DSML calls become function_call items whose arguments
+    /// stream as `function_call_arguments.delta` events.
+    #[tokio::test]
+    async fn dsml_function_call_items() {
+        let out = "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; echo \"é\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/tmp/a</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let ev = events("deepseek_v4", out).await;
+        assert_eq!(joined(&ev, "response.output_text.delta"), "Sure.");
+        let done = ev.last().unwrap();
+        let output = done["response"]["output"].as_array().unwrap();
+        let kinds: Vec<&str> = output.iter().map(|o| o["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["message", "function_call", "function_call"]);
+        assert_eq!(output[1]["name"], "bash");
+        assert_eq!(output[1]["arguments"], "{\"command\":\"ls && echo \\\"é\\\"\",\"timeout\":10}");
+        assert_eq!(output[2]["arguments"], "{\"path\":\"/tmp/a\"}");
+        let deltas = ev.iter().filter(|e| e["type"] == "response.function_call_arguments.delta").count();
+        assert!(deltas > 10, "{deltas}");
     }
 }
