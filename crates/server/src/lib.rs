@@ -17,9 +17,13 @@ mod admission;
 mod app;
 mod config;
 mod deepseek_prompt;
+#[cfg(test)]
+mod deepseek_tests;
 mod error;
 mod extract;
 mod family;
+#[cfg(test)]
+mod family_isolation_tests;
 mod ids;
 mod metrics;
 mod openapi;

@@ -87,7 +87,9 @@ pub mod testing {
         Arc::new(AppState {
             config: ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), model_id),
             worker: WorkerHandle::detached(),
-            template_has_tools: tokenizer.chat_template().is_some_and(|t| t.contains("tools")),
+            template_has_tools: tokenizer
+                .chat_template()
+                .is_some_and(|t| t.contains("tools")),
             tokenizer,
             template,
             profile: TextProfile::for_family(descriptor.name),

@@ -342,3 +342,65 @@ impl<P: FnMut(PrefillProgress), T: FnMut(TokenEvent) -> Flow> TurnObserver
             .is_some_and(|s| s.greedy_after(pending))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The job observer's structure decision on the real DeepSeek-V4
+    //! tokenizer: emitted or still pending, a position's answer is the DSML
+    //! state of the text before it.
+
+    use ds4_engine::decode::TokenSource;
+    use ds4_text::deepseek_v4::DsmlTracker;
+
+    use super::*;
+
+    #[test]
+    fn greedy_after_is_the_dsml_state_of_the_tokens_before() {
+        let tok = crate::deepseek_tests::tokenizer();
+        let text = "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n\
+            <｜DSML｜parameter name=\"command\" string=\"true\">ls -la /tmp</｜DSML｜parameter>\n\
+            <｜DSML｜parameter name=\"n\" string=\"false\">{\"a\": \"b c\", \"d\": [1, 2]}</｜DSML｜parameter>\n\
+            </｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let ids = tok.encode(text, true).unwrap();
+        let new = |structure: bool| JobObserver {
+            inner: Observe::new(|_: PrefillProgress| {}, |_: TokenEvent| Flow::Continue),
+            structure: structure.then(|| StructuralSampling::new(&tok)),
+        };
+        let (mut emitted, ahead) = (new(true), new(true));
+        let mut off = new(false);
+        let (mut greedy, mut payload) = (0, 0);
+        for i in 0..=ids.len() {
+            let mut t = DsmlTracker::new();
+            t.push(&tok.decode(&ids[..i], false).unwrap());
+            let want = t.state().greedy();
+            assert_eq!(emitted.greedy_after(&[]), want, "emitted {i}");
+            assert_eq!(
+                ahead.structure.as_ref().unwrap().greedy_after(&ids[..i]),
+                want,
+                "pending {i}"
+            );
+            assert!(!off.greedy_after(&ids[..i]), "no structure sampling asked");
+            if want {
+                greedy += 1
+            } else {
+                payload += 1
+            }
+            if let Some(&token) = ids.get(i) {
+                let event = TokenEvent {
+                    token,
+                    index: i,
+                    is_stop_token: false,
+                    argmax_fallback: false,
+                    logprobs: None,
+                    source: TokenSource::Sampled,
+                };
+                assert_eq!(emitted.token(event.clone()), Flow::Continue);
+                off.token(event);
+            }
+        }
+        assert!(
+            greedy > 10 && payload > 5,
+            "{greedy} structural, {payload} other"
+        );
+    }
+}

@@ -527,14 +527,22 @@ mod tests {
         assert_eq!(calls.len(), 2);
         assert_eq!(
             calls[0][1..],
-            ["bash".to_string(), "{\"command\":\"ls && echo \\\"é\\\"\",\"timeout\":10}".into()]
+            [
+                "bash".to_string(),
+                "{\"command\":\"ls && echo \\\"é\\\"\",\"timeout\":10}".into()
+            ]
         );
-        assert_eq!(calls[1][1..], ["read_file".to_string(), "{\"path\":\"/tmp/a\"}".into()]);
+        assert_eq!(
+            calls[1][1..],
+            ["read_file".to_string(), "{\"path\":\"/tmp/a\"}".into()]
+        );
         // The header comes before any argument fragment, and arguments grow
         // token by token.
         let args: Vec<&str> = chunks
             .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            })
             .collect();
         assert_eq!(args[0], "", "the header chunk carries no arguments");
         assert!(args.len() > 20, "{}", args.len());

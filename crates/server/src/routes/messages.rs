@@ -140,7 +140,7 @@ fn tool_choice_none(req: &MessagesRequest) -> bool {
 /// The conversation in the chat-template shape. Also checks `thinking`
 /// and returns the reasoning budget to enforce (`max_tokens` is `None` for
 /// count_tokens, which has no output).
-fn conversation(
+pub(crate) fn conversation(
     state: &SharedState,
     req: &MessagesRequest,
     max_tokens: Option<u64>,
@@ -608,7 +608,10 @@ mod tests {
     async fn dsml_tool_use_blocks() {
         let out = "<think>Two calls.</think>Listing.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; echo \"é\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/tmp/a</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
         let (_, blocks, delta) = blocks("deepseek_v4", out).await;
-        let kinds: Vec<&str> = blocks.iter().map(|b| b.0["type"].as_str().unwrap()).collect();
+        let kinds: Vec<&str> = blocks
+            .iter()
+            .map(|b| b.0["type"].as_str().unwrap())
+            .collect();
         assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"]);
         assert_eq!(blocks[1].1, "Listing.");
         assert_eq!(blocks[2].0["name"], "bash");

@@ -631,9 +631,15 @@ mod tests {
         let kinds: Vec<&str> = output.iter().map(|o| o["type"].as_str().unwrap()).collect();
         assert_eq!(kinds, ["message", "function_call", "function_call"]);
         assert_eq!(output[1]["name"], "bash");
-        assert_eq!(output[1]["arguments"], "{\"command\":\"ls && echo \\\"é\\\"\",\"timeout\":10}");
+        assert_eq!(
+            output[1]["arguments"],
+            "{\"command\":\"ls && echo \\\"é\\\"\",\"timeout\":10}"
+        );
         assert_eq!(output[2]["arguments"], "{\"path\":\"/tmp/a\"}");
-        let deltas = ev.iter().filter(|e| e["type"] == "response.function_call_arguments.delta").count();
+        let deltas = ev
+            .iter()
+            .filter(|e| e["type"] == "response.function_call_arguments.delta")
+            .count();
         assert!(deltas > 10, "{deltas}");
     }
 }
