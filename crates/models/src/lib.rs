@@ -16,7 +16,9 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 mod known_tokenizers;
-pub use known_tokenizers::{DEEPSEEK_V4_TOKENIZER, KnownTokenizer, deepseek_v4_tokenizer_dir};
+pub use known_tokenizers::{
+    DEEPSEEK_V4_TOKENIZER, KnownTokenizer, deepseek_v4_tokenizer_dir, tokenizer_for_family,
+};
 
 /// A model we know how to fetch.
 #[derive(Debug, Clone, Copy)]

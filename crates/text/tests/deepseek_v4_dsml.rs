@@ -58,7 +58,7 @@ fn stream(text: &str, think: bool) -> Seen {
     let mut split = ReasoningSplitter::new(profile.reasoning.unwrap(), think);
     let mut tools = ToolCallParser::new(profile.tool_calls.unwrap());
     let mut seen = Seen::default();
-    let mut route = |splits: Vec<Split>, tools: &mut ToolCallParser, seen: &mut Seen| {
+    let route = |splits: Vec<Split>, tools: &mut ToolCallParser, seen: &mut Seen| {
         for s in splits {
             match s {
                 Split::Reasoning(r) => seen.reasoning.push_str(&r),

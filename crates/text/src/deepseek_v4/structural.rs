@@ -81,10 +81,10 @@ impl<'t> StructuralSampling<'t> {
         if all.ends_with('\u{FFFD}') && held < MAX_HELD {
             return;
         }
-        let before = match self.tokenizer.decode(&self.window[..self.decoded], false) {
-            Ok(before) => before,
-            Err(_) => String::new(),
-        };
+        let before = self
+            .tokenizer
+            .decode(&self.window[..self.decoded], false)
+            .unwrap_or_default();
         let new = all.strip_prefix(before.as_str()).map_or_else(
             || all.chars().skip(before.chars().count()).collect(),
             str::to_string,

@@ -519,7 +519,10 @@ mod tests {
     use super::*;
     use crate::tool_calls::testing::assemble;
 
-    fn run(pieces: &[&str]) -> (Vec<ToolEvent>, (String, Vec<(String, String)>)) {
+    /// Text, and (name, arguments) per call.
+    type Assembled = (String, Vec<(String, String)>);
+
+    fn run(pieces: &[&str]) -> (Vec<ToolEvent>, Assembled) {
         let mut p = DsmlCalls::new();
         let mut events = Vec::new();
         for piece in pieces {
