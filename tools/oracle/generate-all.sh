@@ -11,4 +11,11 @@ py="$here/.venv/bin/python"
 "$py" "$here/text/generate.py"
 "$py" "$here/llama/generate.py"
 "$py" "$here/qwen4_exp/generate.py"
+# DeepSeek-V4 serving fixtures come from antirez/ds4's own code (README there).
+if [ -n "${DS4_SRC:-}" ]; then
+  "$py" "$here/deepseek_v4/generate.py"
+else
+  echo "DS4_SRC not set: only the DeepSeek-V4 tokenizer fixture is regenerated" >&2
+  "$py" "$here/deepseek_v4/tokenizer_ids.py"
+fi
 echo "fixtures regenerated; review with: git status tests/fixtures"
