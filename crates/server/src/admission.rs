@@ -77,7 +77,10 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     // then closes the reasoning and continues (`output::Budget`).
     let budget = match (g.reasoning_budget, state.profile.reasoning) {
         (Some(b), Some(markers)) if b < max_tokens => {
-            let close = format!("{}\n\n", markers.close);
+            // The blank line after the marker is for families whose splitter
+            // drops it; elsewhere (DeepSeek-V4) it would become answer text.
+            let blank = if markers.skip_blank_after_close { "\n\n" } else { "" };
+            let close = format!("{}{blank}", markers.close);
             let close_ids = state.count_tokens(&close)?;
             let (state, plan, prompt) = (state.clone(), plan.clone(), g.prompt.clone());
             Some(Budget {
