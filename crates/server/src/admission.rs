@@ -79,7 +79,11 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         (Some(b), Some(markers)) if b < max_tokens => {
             // The blank line after the marker is for families whose splitter
             // drops it; elsewhere (DeepSeek-V4) it would become answer text.
-            let blank = if markers.skip_blank_after_close { "\n\n" } else { "" };
+            let blank = if markers.skip_blank_after_close {
+                "\n\n"
+            } else {
+                ""
+            };
             let close = format!("{}{blank}", markers.close);
             let close_ids = state.count_tokens(&close)?;
             let (state, plan, prompt) = (state.clone(), plan.clone(), g.prompt.clone());
