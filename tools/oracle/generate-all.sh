@@ -12,4 +12,13 @@ py="$here/.venv/bin/python"
 "$py" "$here/llama/generate.py"
 "$py" "$here/qwen4_exp/generate.py"
 "$py" "$here/deepseek_v4/generate.py"
+"$py" "$here/deepseek_v4/chat_model.py"
+"$py" "$here/glm5_next/generate.py"
+# DeepSeek-V4 serving fixtures come from antirez/ds4's own code (deepseek_v4/README.md).
+if [ -n "${DS4_SRC:-}" ]; then
+  "$py" "$here/deepseek_v4/serving.py"
+else
+  echo "DS4_SRC not set: of the DeepSeek-V4 serving fixtures only the tokenizer one is regenerated" >&2
+  "$py" "$here/deepseek_v4/tokenizer_ids.py"
+fi
 echo "fixtures regenerated; review with: git status tests/fixtures"

@@ -69,10 +69,15 @@ pub fn pull_with_progress() -> anyhow::Result<PathBuf> {
     Ok(path?)
 }
 
-/// Load only the tokenizer (cheap: no weights are touched).
+/// Load only the tokenizer (cheap: no weights are touched). A model
+/// directory without `tokenizer.json` whose family has a known tokenizer
+/// (DeepSeek-V4) gets that one, pulled into the user cache on first use.
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
     let tokenizer = if path.is_dir() {
-        Tokenizer::from_hf_dir(path)
+        match known_tokenizer(path)? {
+            Some(dir) => Tokenizer::from_hf_dir(dir),
+            None => Tokenizer::from_hf_dir(path),
+        }
     } else {
         Tokenizer::from_gguf(path)
     };
@@ -114,6 +119,27 @@ fn auto_device() -> Device {
 #[cfg(not(feature = "cuda"))]
 fn auto_device() -> Device {
     Device::Cpu
+}
+
+/// The pinned tokenizer folder for a directory that lacks `tokenizer.json`
+/// and whose family has one; `None` otherwise (the directory's own files
+/// are read, and a missing tokenizer is reported by that load).
+fn known_tokenizer(dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    if dir.join("tokenizer.json").is_file() {
+        return Ok(None);
+    }
+    let Ok((family, _)) = ds4_engine::families::detect(dir) else {
+        return Ok(None);
+    };
+    let Some(known) = ds4_models::tokenizer_for_family(family.descriptor.name) else {
+        return Ok(None);
+    };
+    eprintln!(
+        "{} has no tokenizer.json; using {}",
+        dir.display(),
+        known.name
+    );
+    Ok(Some(known.ensure(&mut |_| {})?))
 }
 
 pub fn load(path: Option<&Path>, device: DeviceArg) -> anyhow::Result<Loaded> {

@@ -1162,3 +1162,18 @@ conformance!(deepseek_v4_tiny_b, || {
     )
     .unwrap()
 });
+// GLM-5: KDA (recurrent) and MLA with a pooled, pruning indexer and a
+// NextN head; tiny_a has a shared-indexer layer, tiny_b bf16 weights and
+// the softplus KDA gate.
+conformance!(glm5_next_tiny_a, || {
+    ds4_engine::families::glm5_next::Glm5NextModel::from_hf_dir(
+        &super::fixtures().join("glm5_next/tiny_a"),
+    )
+    .unwrap()
+});
+conformance!(glm5_next_tiny_b, || {
+    ds4_engine::families::glm5_next::Glm5NextModel::from_hf_dir(
+        &super::fixtures().join("glm5_next/tiny_b"),
+    )
+    .unwrap()
+});

@@ -1,7 +1,7 @@
 //! Pinned bits: the exact logits, MTP rows and checkpoint files the engine
 //! produced before the op-inventory refactor, reproduced bit for bit.
 //!
-//! For the default model and every tiny `qwen4_exp` and `deepseek_v4` fixture, one fixed
+//! For the default model and every tiny `qwen4_exp`, `deepseek_v4` and `glm5_next` fixture, one fixed
 //! prompt is run as one forward, as uneven chunks and as single steps (all
 //! logits rows), plus (qwen4_exp) the MTP head over the trunk's hidden, a
 //! verify window with a commit of a prefix, and a seeded MTP turn whose
@@ -22,6 +22,7 @@ use std::path::PathBuf;
 
 use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
+use ds4_engine::families::glm5_next::Glm5NextModel;
 use ds4_engine::families::llama::load_llama;
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::checkpoint::format;
@@ -221,6 +222,11 @@ fn deepseek_case(name: &str) {
     family_case(&model, &format!("deepseek_v4_{name}"));
 }
 
+fn glm_case(name: &str) {
+    let model = Glm5NextModel::from_hf_dir(&fixtures().join("glm5_next").join(name)).unwrap();
+    family_case(&model, &format!("glm5_next_{name}"));
+}
+
 /// A family written on the op inventory: trunk rows, and (with an MTP
 /// head) the head, a verify window, a commit and a seeded MTP turn.
 fn family_case<M: Model>(model: &M, case: &str) {
@@ -277,4 +283,14 @@ fn pinned_bits_deepseek_v4_tiny_a() {
 #[test]
 fn pinned_bits_deepseek_v4_tiny_b() {
     deepseek_case("tiny_b");
+}
+
+#[test]
+fn pinned_bits_glm5_next_tiny_a() {
+    glm_case("tiny_a");
+}
+
+#[test]
+fn pinned_bits_glm5_next_tiny_b() {
+    glm_case("tiny_b");
 }

@@ -281,3 +281,104 @@ fn gguf_architecture_picks_the_family_and_unknown_ones_are_named() {
         ("llama", ModelFormat::HfDir)
     );
 }
+
+/// GLM-5 (`glm5_next`): a broken tiny checkpoint names the tensor or the
+/// field; the family is detected from `model_type`.
+#[test]
+fn glm5_next_binding_errors_name_the_tensor() {
+    use ds4_engine::families::glm5_next::Glm5NextModel;
+    let src =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm5_next/tiny_a");
+    let copy = || {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tiny_a");
+        std::fs::create_dir(&dir).unwrap();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+        (tmp, dir)
+    };
+    let p = "model.language_model.layers";
+    let missing = format!("{p}.1.self_attn.indexer.index_kpool_compress_ape");
+    let reshaped = format!("{p}.0.self_attn.q_conv1d.weight");
+    let nextn = format!("{p}.6.hnorm.weight");
+    // A shared-indexer layer has no indexer: such a tensor is unused.
+    let stray = format!("{p}.2.self_attn.indexer.wk.weight");
+    type Edit = Box<dyn Fn(&mut BTreeMap<String, Raw>)>;
+    let (m1, r1, n1, s1) = (
+        missing.clone(),
+        reshaped.clone(),
+        nextn.clone(),
+        stray.clone(),
+    );
+    let cases: Vec<(Edit, &str, &str)> = vec![
+        (
+            Box::new(move |m| drop(m.remove(&m1))),
+            missing.as_str(),
+            "missing",
+        ),
+        (
+            Box::new(move |m| {
+                let t = m.get_mut(&r1).unwrap();
+                t.shape = vec![t.shape[0] / 2, 1, 2 * t.shape[2]];
+            }),
+            reshaped.as_str(),
+            "expected",
+        ),
+        (
+            Box::new(move |m| drop(m.remove(&n1))),
+            nextn.as_str(),
+            "missing",
+        ),
+        (
+            Box::new(move |m| {
+                let wk = &m[&format!("{p}.1.self_attn.indexer.wk.weight")];
+                let copy = Raw {
+                    dtype: wk.dtype,
+                    shape: wk.shape.clone(),
+                    data: wk.data.clone(),
+                };
+                m.insert(s1.clone(), copy);
+            }),
+            stray.as_str(),
+            "not used",
+        ),
+    ];
+    for (edit, tensor, what) in cases {
+        let (_tmp, dir) = copy();
+        rewrite(&dir.join("model.safetensors"), |m| edit(m));
+        let Err(e) = Glm5NextModel::from_hf_dir(&dir) else {
+            panic!("{tensor}: a broken checkpoint must not load");
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains(tensor) && msg.contains(what),
+            "{tensor}: {msg}"
+        );
+    }
+    // A config the model cannot run names the field inside text_config.
+    let (_tmp, dir) = copy();
+    let path = dir.join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["text_config"]["indexer_types"][1] = serde_json::json!("shared");
+    std::fs::write(&path, serde_json::to_string(&json).unwrap()).unwrap();
+    let Err(e) = Glm5NextModel::from_hf_dir(&dir) else {
+        panic!("a shared layer after a KDA layer must be refused");
+    };
+    assert!(matches!(e, EngineError::Config { .. }));
+    assert!(
+        e.to_string().contains("`text_config.indexer_types[1]`"),
+        "{e}"
+    );
+    // Detection by model_type, both layouts.
+    for variant in ["tiny_a", "tiny_b"] {
+        let dir = src.parent().unwrap().join(variant);
+        let (family, format) = ds4_engine::families::detect(&dir).unwrap();
+        assert_eq!(
+            (family.descriptor.name, format),
+            ("glm5_next", ModelFormat::HfDir)
+        );
+    }
+}

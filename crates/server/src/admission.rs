@@ -30,6 +30,12 @@ pub struct Generation {
     pub reasoning_budget: Option<usize>,
     /// Warnings found while parsing (e.g. ignored reasoning controls).
     pub warnings: Vec<String>,
+    /// The prompt opened the reasoning block: the reply starts thinking
+    /// (families with forced thinking sampling use it).
+    pub thinks: bool,
+    /// Sample tool-call structure at temperature 0 (chat with tools on a
+    /// family that does: `family::Serving::structural_greedy`).
+    pub structural: bool,
 }
 
 /// A queued turn.
@@ -57,16 +63,12 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     let room = state.ctx - g.prompt.len();
     let max_tokens = g.max_tokens.map_or(room, |m| m.min(room as u64) as usize);
     let descriptor = state.descriptor;
-    let resolved = descriptor
-        .law
-        .resolve(&descriptor.sampling_defaults, &g.sampling)
-        .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
-    g.warnings
-        .extend(resolved.ignored.iter().map(ToString::to_string));
+    let params = sampling(state, &mut g)?;
     let seed = resolve_seed(g.seed, state.config.seed);
     let plan = JobPlan {
         law: descriptor.law,
-        params: resolved.params,
+        params,
+        structural: g.structural,
         stops: g.stops,
         logprobs: g.logprobs,
         mtp_depth: g.mtp_depth.or(state.config.mtp_depth),
@@ -75,7 +77,14 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     // then closes the reasoning and continues (`output::Budget`).
     let budget = match (g.reasoning_budget, state.profile.reasoning) {
         (Some(b), Some(markers)) if b < max_tokens => {
-            let close = format!("{}\n\n", markers.close);
+            // The blank line after the marker is for families whose splitter
+            // drops it; elsewhere (DeepSeek-V4) it would become answer text.
+            let blank = if markers.skip_blank_after_close {
+                "\n\n"
+            } else {
+                ""
+            };
+            let close = format!("{}{blank}", markers.close);
             let close_ids = state.count_tokens(&close)?;
             let (state, plan, prompt) = (state.clone(), plan.clone(), g.prompt.clone());
             Some(Budget {
@@ -107,11 +116,62 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     })
 }
 
+/// The job's sampling parameters: the family's law resolves the request over
+/// the family's defaults (parameters the law lacks become warnings), then a
+/// family that fixes the sampling of thinking replies applies it.
+pub fn sampling(state: &AppState, g: &mut Generation) -> Result<SamplingParams, ApiError> {
+    let descriptor = state.descriptor;
+    let resolved = descriptor
+        .law
+        .resolve(&descriptor.sampling_defaults, &g.sampling)
+        .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
+    g.warnings
+        .extend(resolved.ignored.iter().map(ToString::to_string));
+    Ok(thinking_sampling(state, g, resolved.params))
+}
+
+/// The sampling of a reply that starts thinking on a family that fixes it
+/// (ds4 ignores the client's knobs there); the request's knobs it overrides
+/// are reported in `g.warnings`. Otherwise `params` unchanged.
+fn thinking_sampling(
+    state: &AppState,
+    g: &mut Generation,
+    params: SamplingParams,
+) -> SamplingParams {
+    let Some(forced) = state.serving.thinking_sampling.filter(|_| g.thinks) else {
+        return params;
+    };
+    let s = &g.sampling;
+    let asked: Vec<&str> = [
+        ("temperature", s.temperature.is_some()),
+        ("top_p", s.top_p.is_some()),
+        ("top_k", s.top_k.is_some()),
+        ("min_p", s.min_p.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    if !asked.is_empty() {
+        g.warnings.push(format!(
+            "{} ignored: the {} family samples a thinking reply with temperature {}, top_p {}, \
+             top_k {}, min_p {}",
+            asked.join(", "),
+            state.descriptor.name,
+            forced.temperature,
+            forced.top_p,
+            forced.top_k,
+            forced.min_p
+        ));
+    }
+    forced
+}
+
 /// Everything a job needs besides its prompt and limit.
 #[derive(Clone)]
 struct JobPlan {
     law: Law,
     params: SamplingParams,
+    structural: bool,
     stops: Vec<String>,
     logprobs: Option<usize>,
     mtp_depth: Option<usize>,
@@ -137,6 +197,7 @@ impl JobPlan {
             logprobs: self.logprobs,
             prompt_logprobs,
             mtp_depth: self.mtp_depth,
+            structural: self.structural,
             events: tx,
         };
         match state.worker.submit(job) {

@@ -68,6 +68,8 @@ pub fn build_state(
     .map_err(ServeError::Worker)?;
     Ok(Arc::new(AppState {
         profile: TextProfile::for_family(descriptor.name),
+        serving: crate::family::Serving::for_family(descriptor.name),
+        tool_memory: crate::tool_memory::ToolMemory::default(),
         descriptor,
         ctx,
         mtp,

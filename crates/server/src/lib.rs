@@ -2,19 +2,28 @@
 //!
 //! One engine worker thread owns the model and the live session and runs
 //! one turn at a time; requests wait in a bounded queue. Handlers parse and
-//! validate (`extract`, `params`), render the prompt (`prompt`), and hand
+//! validate (`extract`, `params`, `thinking`), render the prompt (`prompt`;
+//! `deepseek_prompt` for the family rendered in code), and hand
 //! the shared request layer (`request`) the common parameters: it admits
 //! the turn (`admission`), turns the worker's events (`worker`) into items
 //! (`output`) and collects them or drives the route's SSE writer (`sse`);
-//! each route (`routes`) only maps its API's shapes. The crate knows
+//! each route (`routes`) only maps its API's shapes. Per-family serving
+//! rules (`family`) and the tool-call replay memory (`tool_memory`) are
+//! chosen by the family descriptor's name. The crate knows
 //! nothing of tensors: it sees the engine only through the session cache's
 //! `decode_turn` (a `TurnRequest` and a `TurnObserver`).
 
 mod admission;
 mod app;
 mod config;
+mod deepseek_prompt;
+#[cfg(test)]
+mod deepseek_tests;
 mod error;
 mod extract;
+mod family;
+#[cfg(test)]
+mod family_isolation_tests;
 mod ids;
 mod metrics;
 mod openapi;
@@ -26,11 +35,14 @@ mod routes;
 mod sse;
 mod state;
 mod summary;
+mod thinking;
+mod tool_memory;
 mod types;
 mod worker;
 
 pub use app::{Running, ServeError, build_state, router, serve, start};
 pub use config::{CheckpointConfig, ServerConfig};
 pub use error::{ApiError, Flavor};
+pub use family::Serving;
 pub use openapi::ApiDoc;
 pub use state::SharedState;

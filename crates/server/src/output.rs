@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use crate::ids::new_id;
 use crate::summary::TurnSummary;
+use crate::tool_memory::ToolMemory;
 use crate::worker::{TokenOut, WorkEvent};
 
 #[derive(Debug, Clone)]
@@ -41,6 +42,9 @@ pub struct OutputParser {
     reasoning: Option<ReasoningSplitter>,
     tools: Option<ToolCallParser>,
     ids: Vec<String>,
+    /// Where sampled tool-call blocks are remembered under their call ids
+    /// (families with exact replay).
+    memory: Option<ToolMemory>,
 }
 
 impl OutputParser {
@@ -55,7 +59,15 @@ impl OutputParser {
                 .filter(|_| tools)
                 .map(ToolCallParser::new),
             ids: Vec::new(),
+            memory: None,
         }
+    }
+
+    /// Remember each sampled tool-call block in `memory` under the ids the
+    /// client receives for its calls.
+    pub fn with_memory(mut self, memory: Option<ToolMemory>) -> Self {
+        self.memory = memory;
+        self
     }
 
     /// Inside an open reasoning block (the model has not closed it yet).
@@ -103,6 +115,12 @@ impl OutputParser {
     fn tool_events(&mut self, events: Vec<ToolEvent>, out: &mut Vec<Item>) {
         for e in events {
             out.push(match e {
+                ToolEvent::Block { calls, raw } => {
+                    if let (Some(memory), Some(ids)) = (&self.memory, self.ids.get(calls)) {
+                        memory.remember(ids, &raw);
+                    }
+                    continue;
+                }
                 ToolEvent::Text(t) => Item::Text(t),
                 ToolEvent::Start { index, name } => {
                     let id = new_id("call_");

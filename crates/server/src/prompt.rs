@@ -1,12 +1,24 @@
 //! Chat prompts: API messages (already converted to the chat-template shape
-//! `{"role", "content", "tool_calls", ...}`) rendered with the model's
-//! template, tools included, and tokenized.
+//! `{"role", "content", "tool_calls", ...}`) rendered the family's way —
+//! with the model's template, or in code for `deepseek_v4`
+//! ([`crate::deepseek_prompt`]) — tools included, and tokenized.
 
-use ds4_text::{RenderOptions, ToolCallFormat};
-use serde_json::{Value, json};
+use ds4_text::{PromptFormat, RenderOptions, ToolCallFormat};
+use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::thinking::Thinking;
+
+/// How the API spelled a tool (ds4 lists tools in its prompt as the client
+/// sent them: an OpenAI chat tool's `function` object, an Anthropic tool,
+/// a Responses function tool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolShape {
+    OpenAiFunction,
+    Anthropic,
+    Responses,
+}
 
 /// A function the model may call.
 #[derive(Debug, Clone)]
@@ -14,9 +26,36 @@ pub struct FunctionTool {
     pub name: String,
     pub description: Option<String>,
     pub parameters: Value,
+    /// Whether the request gave `parameters` (else `parameters` is the empty
+    /// object schema).
+    pub has_parameters: bool,
+    pub shape: ToolShape,
 }
 
 impl FunctionTool {
+    /// The tool as one line of JSON in the API's own shape and key order
+    /// (`name`, `description`, the schema under the API's key), fields the
+    /// request left out omitted: the line ds4's tools block lists. Extra
+    /// keys a client may add to a tool object are not kept.
+    pub fn schema_line(&self) -> String {
+        let mut m = Map::new();
+        if self.shape == ToolShape::Responses {
+            m.insert("type".into(), json!("function"));
+        }
+        m.insert("name".into(), json!(self.name));
+        if let Some(d) = &self.description {
+            m.insert("description".into(), json!(d));
+        }
+        if self.has_parameters {
+            let key = match self.shape {
+                ToolShape::Anthropic => "input_schema",
+                ToolShape::OpenAiFunction | ToolShape::Responses => "parameters",
+            };
+            m.insert(key.into(), self.parameters.clone());
+        }
+        Value::Object(m).to_string()
+    }
+
     /// The OpenAI/transformers tool shape templates expect.
     fn to_template(&self) -> Value {
         json!({
@@ -35,8 +74,9 @@ impl FunctionTool {
 pub struct ChatTurn {
     pub messages: Vec<Value>,
     pub tools: Vec<FunctionTool>,
-    /// Reasoning on/off for templates that take `enable_thinking`.
-    pub enable_thinking: Option<bool>,
+    /// What the request asked about reasoning, as the family reads it
+    /// ([`crate::thinking::resolve`]).
+    pub thinking: Thinking,
 }
 
 pub struct RenderedPrompt {
@@ -46,7 +86,28 @@ pub struct RenderedPrompt {
     pub reasoning_open: bool,
 }
 
-pub fn render(state: &AppState, mut turn: ChatTurn) -> Result<RenderedPrompt, ApiError> {
+pub fn render(state: &AppState, turn: ChatTurn) -> Result<RenderedPrompt, ApiError> {
+    match (state.profile.prompt, turn.thinking) {
+        (PromptFormat::DeepSeekV4, Thinking::DeepSeekV4(mode)) => {
+            let memory = state
+                .serving
+                .exact_tool_replay
+                .then_some(&state.tool_memory);
+            let text = crate::deepseek_prompt::render(&turn.messages, &turn.tools, mode, memory);
+            Ok(RenderedPrompt {
+                tokens: state.count_tokens(&text)?,
+                reasoning_open: mode.enabled(),
+            })
+        }
+        (PromptFormat::DeepSeekV4, Thinking::Template(_)) => Err(ApiError::internal(
+            "the deepseek_v4 prompt needs its thinking mode (a route did not resolve it)",
+        )),
+        (PromptFormat::Template, _) => render_template(state, turn),
+    }
+}
+
+/// A template family's prompt.
+fn render_template(state: &AppState, mut turn: ChatTurn) -> Result<RenderedPrompt, ApiError> {
     let template = state.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "messages",
@@ -77,7 +138,7 @@ pub fn render(state: &AppState, mut turn: ChatTurn) -> Result<RenderedPrompt, Ap
             describe_tools(&mut turn.messages, &turn.tools, format);
         }
     }
-    if let Some(on) = turn.enable_thinking {
+    if let Some(on) = turn.thinking.requested() {
         opts.extra.insert("enable_thinking".into(), Value::Bool(on));
     }
     let text = template.render(&turn.messages, &opts).map_err(|e| {
@@ -138,7 +199,8 @@ fn normalise(m: &mut Value, template_has_tools: bool, format: Option<ToolCallFor
 
 fn write_call(name: &Value, args: &Value, format: Option<ToolCallFormat>) -> String {
     match format {
-        Some(ToolCallFormat::Hermes) | None => {
+        // DSML families render in code and never reach a template.
+        Some(ToolCallFormat::Hermes | ToolCallFormat::Dsml) | None => {
             format!(
                 "<tool_call>\n{}\n</tool_call>",
                 json!({"name": name, "arguments": args})
@@ -159,7 +221,7 @@ fn describe_tools(messages: &mut Vec<Value>, tools: &[FunctionTool], format: Too
              argument name and its value}}. Do not use variables.\n\n{}",
             list.join("\n\n")
         ),
-        ToolCallFormat::Hermes => format!(
+        ToolCallFormat::Hermes | ToolCallFormat::Dsml => format!(
             "You may call one or more functions to assist with the user query.\n\nYou are \
              provided with function signatures within <tools></tools> XML tags:\n<tools>\n{}\n\
              </tools>\n\nFor each function call, return a json object with function name and \

@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::ids::{new_id, unix_now};
 use crate::output::{Collected, Item, OutputParser, TurnStream};
 use crate::params::{self, SamplingFields, StopField};
-use crate::prompt::{self, ChatTurn, FunctionTool};
+use crate::prompt::{self, ChatTurn, FunctionTool, ToolShape};
 use crate::sse::{self, SseSender};
 use crate::state::{AppState, SharedState};
 use crate::summary::TurnSummary;
@@ -88,6 +88,8 @@ impl Checked {
         let rendered = prompt::render(state, turn)?;
         self.generation.prompt = rendered.tokens;
         self.generation.prompt_field = field;
+        self.generation.thinks = rendered.reasoning_open;
+        self.generation.structural = tools && state.serving.structural_greedy;
         Ok(Output {
             tools,
             reasoning_open: rendered.reasoning_open,
@@ -138,7 +140,10 @@ impl Turn {
         } else {
             state.profile
         };
-        let parser = OutputParser::new(&profile, output.tools, output.reasoning_open);
+        let memory =
+            (state.serving.exact_tool_replay && !output.raw).then(|| state.tool_memory.clone());
+        let parser =
+            OutputParser::new(&profile, output.tools, output.reasoning_open).with_memory(memory);
         let admitted = admit(state, checked.generation)?;
         Ok(Turn {
             head: Head {
@@ -231,11 +236,18 @@ pub async fn drive(mut turn: TurnStream, mut w: impl Writer) {
 
 impl FunctionTool {
     /// A tool as an API declared it (no schema: an empty object).
-    pub fn new(name: String, description: Option<String>, parameters: Option<Value>) -> Self {
+    pub fn new(
+        shape: ToolShape,
+        name: String,
+        description: Option<String>,
+        parameters: Option<Value>,
+    ) -> Self {
         Self {
             name,
             description,
+            has_parameters: parameters.is_some(),
             parameters: parameters.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            shape,
         }
     }
 }

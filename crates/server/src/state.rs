@@ -1,5 +1,6 @@
 //! What every handler shares: the worker's queue, the tokenizer and chat
-//! template, the family's text profile and sampling law, limits, metrics.
+//! template, the family's text profile, serving rules and sampling law, the
+//! tool-call replay memory, limits, metrics.
 
 use std::sync::Arc;
 
@@ -8,7 +9,9 @@ use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::family::Serving;
 use crate::metrics::Metrics;
+use crate::tool_memory::ToolMemory;
 use crate::worker::WorkerHandle;
 
 pub struct AppState {
@@ -20,6 +23,12 @@ pub struct AppState {
     /// them in the system message, in the family's tool-call format.
     pub template_has_tools: bool,
     pub profile: TextProfile,
+    /// The family's serving rules (aliases, forced thinking sampling,
+    /// greedy tool-call structure, exact replay).
+    pub serving: Serving,
+    /// Sampled tool-call blocks by call id (used when
+    /// `serving.exact_tool_replay`).
+    pub tool_memory: ToolMemory,
     pub descriptor: &'static FamilyDescriptor,
     /// Effective context: `--ctx`, capped at the model's.
     pub ctx: usize,
@@ -33,10 +42,11 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
-    /// A request naming another model is refused; naming none is fine.
+    /// A request naming another model is refused; naming none is fine, and
+    /// so is one of the family's aliases (`deepseek-chat`, ...).
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.config.model_id => {
+            Some(m) if m != self.config.model_id && !self.serving.model_aliases.contains(&m) => {
                 Err(ApiError::unknown_model(m, &self.config.model_id))
             }
             _ => Ok(()),
@@ -47,5 +57,49 @@ impl AppState {
         self.tokenizer
             .encode(text, true)
             .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
+    }
+}
+
+#[cfg(test)]
+pub mod testing {
+    //! Shared state without a model (the worker refuses every job): for
+    //! tests of a family's rendering and admission rules.
+
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use ds4_engine::families::FamilyDescriptor;
+    use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
+
+    use super::{AppState, SharedState};
+    use crate::config::ServerConfig;
+    use crate::family::Serving;
+    use crate::tool_memory::ToolMemory;
+    use crate::worker::WorkerHandle;
+
+    pub fn state(
+        descriptor: &'static FamilyDescriptor,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        model_id: &str,
+        ctx: usize,
+    ) -> SharedState {
+        Arc::new(AppState {
+            config: ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), model_id),
+            worker: WorkerHandle::detached(),
+            template_has_tools: tokenizer
+                .chat_template()
+                .is_some_and(|t| t.contains("tools")),
+            tokenizer,
+            template,
+            profile: TextProfile::for_family(descriptor.name),
+            serving: Serving::for_family(descriptor.name),
+            tool_memory: ToolMemory::default(),
+            descriptor,
+            ctx,
+            mtp: None,
+            metrics: Arc::default(),
+            created: 0,
+        })
     }
 }

@@ -16,11 +16,13 @@ use std::time::Instant;
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, CancelToken, Flow, Observe, TokenLogprobs, TurnConfig, TurnRequest,
+    self, CallerStop, CancelToken, Flow, Observe, PrefillProgress, TokenEvent, TokenLogprobs,
+    TurnConfig, TurnObserver, TurnRequest,
 };
 use ds4_engine::families::LoadedModel;
 use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
 use ds4_sampling::Sampler;
+use ds4_text::deepseek_v4::StructuralSampling;
 use ds4_text::{TextStream, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -39,6 +41,9 @@ pub struct Job {
     pub prompt_logprobs: Option<usize>,
     /// `None`: the family's default (AR without an MTP head).
     pub mtp_depth: Option<usize>,
+    /// Sample DSML tool-call structure at temperature 0 (payload keeps the
+    /// job's sampler): [`StructuralSampling`] decides per position.
+    pub structural: bool,
     pub events: mpsc::UnboundedSender<WorkEvent>,
 }
 
@@ -79,6 +84,16 @@ enum Msg {
 #[derive(Clone)]
 pub struct WorkerHandle {
     queue: mpsc::Sender<Msg>,
+}
+
+#[cfg(test)]
+impl WorkerHandle {
+    /// A handle whose worker is gone: every submission is refused. For tests
+    /// of what happens before a job is queued (rendering, admission rules).
+    pub fn detached() -> Self {
+        let (queue, _) = mpsc::channel(1);
+        Self { queue }
+    }
 }
 
 /// Why a job was not queued.
@@ -223,41 +238,46 @@ impl<M: Model> Worker<'_, M> {
             config,
             mtp_depth: job.mtp_depth,
         };
-        let mut observer = Observe {
-            prefill: |_| {
-                // A client that left during a long prefill stops it at the
-                // next chunk.
-                if events.is_closed() {
-                    cancel.cancel();
-                }
-            },
-            token: |event: decode::TokenEvent| {
-                if !started {
-                    started = true;
-                    first_token = Some(start.elapsed());
-                }
-                // A token the detokenizer cannot decode adds no text; the
-                // turn goes on.
-                let piece = text
-                    .push(event.token, event.is_stop_token)
-                    .unwrap_or_default();
-                let token = TokenOut {
-                    id: event.token,
-                    logprobs: event.logprobs,
-                };
-                let delta = WorkEvent::Delta {
-                    text: piece.text,
-                    token,
-                };
-                if events.send(delta).is_err() {
-                    cancel.cancel();
-                    return Flow::Stop(CallerStop::Cancelled);
-                }
-                if text.stopped() {
-                    Flow::Stop(CallerStop::StopString)
-                } else {
-                    Flow::Continue
-                }
+        let mut observer = JobObserver {
+            structure: job
+                .structural
+                .then(|| StructuralSampling::new(self.tokenizer)),
+            inner: Observe {
+                prefill: |_| {
+                    // A client that left during a long prefill stops it at the
+                    // next chunk.
+                    if events.is_closed() {
+                        cancel.cancel();
+                    }
+                },
+                token: |event: decode::TokenEvent| {
+                    if !started {
+                        started = true;
+                        first_token = Some(start.elapsed());
+                    }
+                    // A token the detokenizer cannot decode adds no text; the
+                    // turn goes on.
+                    let piece = text
+                        .push(event.token, event.is_stop_token)
+                        .unwrap_or_default();
+                    let token = TokenOut {
+                        id: event.token,
+                        logprobs: event.logprobs,
+                    };
+                    let delta = WorkEvent::Delta {
+                        text: piece.text,
+                        token,
+                    };
+                    if events.send(delta).is_err() {
+                        cancel.cancel();
+                        return Flow::Stop(CallerStop::Cancelled);
+                    }
+                    if text.stopped() {
+                        Flow::Stop(CallerStop::StopString)
+                    } else {
+                        Flow::Continue
+                    }
+                },
             },
         };
         let result = self.cache.decode_turn(self.model, request, &mut observer);
@@ -291,5 +311,96 @@ impl<M: Model> Worker<'_, M> {
                 let _ = events.send(WorkEvent::Failed(e.to_string()));
             }
         }
+    }
+}
+
+/// A job's observer: the worker's closures (progress, text, cancellation)
+/// plus, when the job samples tool-call structure greedily, the reply's DSML
+/// state, which answers [`TurnObserver::greedy_after`] from the tokens alone.
+struct JobObserver<'t, P, T> {
+    inner: Observe<P, T>,
+    structure: Option<StructuralSampling<'t>>,
+}
+
+impl<P: FnMut(PrefillProgress), T: FnMut(TokenEvent) -> Flow> TurnObserver
+    for JobObserver<'_, P, T>
+{
+    fn prefill(&mut self, progress: PrefillProgress) {
+        self.inner.prefill(progress);
+    }
+
+    fn token(&mut self, event: TokenEvent) -> Flow {
+        if let Some(s) = &mut self.structure {
+            s.push(event.token);
+        }
+        self.inner.token(event)
+    }
+
+    fn greedy_after(&mut self, pending: &[u32]) -> bool {
+        self.structure
+            .as_ref()
+            .is_some_and(|s| s.greedy_after(pending))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The job observer's structure decision on the real DeepSeek-V4
+    //! tokenizer: emitted or still pending, a position's answer is the DSML
+    //! state of the text before it.
+
+    use ds4_engine::decode::TokenSource;
+    use ds4_text::deepseek_v4::DsmlTracker;
+
+    use super::*;
+
+    #[test]
+    fn greedy_after_is_the_dsml_state_of_the_tokens_before() {
+        let tok = crate::deepseek_tests::tokenizer();
+        let text = "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n\
+            <｜DSML｜parameter name=\"command\" string=\"true\">ls -la /tmp</｜DSML｜parameter>\n\
+            <｜DSML｜parameter name=\"n\" string=\"false\">{\"a\": \"b c\", \"d\": [1, 2]}</｜DSML｜parameter>\n\
+            </｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let ids = tok.encode(text, true).unwrap();
+        let new = |structure: bool| JobObserver {
+            inner: Observe::new(|_: PrefillProgress| {}, |_: TokenEvent| Flow::Continue),
+            structure: structure.then(|| StructuralSampling::new(&tok)),
+        };
+        let (mut emitted, ahead) = (new(true), new(true));
+        let mut off = new(false);
+        let (mut greedy, mut payload) = (0, 0);
+        for i in 0..=ids.len() {
+            let mut t = DsmlTracker::new();
+            t.push(&tok.decode(&ids[..i], false).unwrap());
+            let want = t.state().greedy();
+            assert_eq!(emitted.greedy_after(&[]), want, "emitted {i}");
+            assert_eq!(
+                ahead.structure.as_ref().unwrap().greedy_after(&ids[..i]),
+                want,
+                "pending {i}"
+            );
+            assert!(!off.greedy_after(&ids[..i]), "no structure sampling asked");
+            if want {
+                greedy += 1
+            } else {
+                payload += 1
+            }
+            if let Some(&token) = ids.get(i) {
+                let event = TokenEvent {
+                    token,
+                    index: i,
+                    is_stop_token: false,
+                    argmax_fallback: false,
+                    logprobs: None,
+                    source: TokenSource::Sampled,
+                };
+                assert_eq!(emitted.token(event.clone()), Flow::Continue);
+                off.token(event);
+            }
+        }
+        assert!(
+            greedy > 10 && payload > 5,
+            "{greedy} structural, {payload} other"
+        );
     }
 }

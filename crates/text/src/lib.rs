@@ -8,10 +8,13 @@
 //! * [`StopMatcher`]: stop strings matched across token boundaries and never emitted.
 //! * [`TextStream`]: detokenizer + stop strings + stop tokens for one streamed turn (what the
 //!   server's worker and the CLI's `run` and `chat` share).
-//! * [`TextProfile`]: a family's reasoning markers ([`ReasoningSplitter`]) and tool-call format
-//!   ([`ToolCallParser`]), both incremental.
+//! * [`TextProfile`]: a family's reasoning markers ([`ReasoningSplitter`]), tool-call format
+//!   ([`ToolCallParser`]), both incremental, and how its prompt is rendered ([`PromptFormat`]).
+//! * [`deepseek_v4`]: the `deepseek_v4` family's prompt, thinking modes and DSML tool calls, as
+//!   antirez/ds4 serves DeepSeek-V4.
 
 pub mod chat_template;
+pub mod deepseek_v4;
 pub mod detokenizer;
 pub mod error;
 pub mod profile;
@@ -24,7 +27,7 @@ pub mod tool_calls;
 pub use chat_template::{ChatTemplate, RenderOptions};
 pub use detokenizer::Detokenizer;
 pub use error::{Result, TextError};
-pub use profile::TextProfile;
+pub use profile::{PromptFormat, TextProfile};
 pub use reasoning::{ReasoningMarkers, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopOutcome};
 pub use stream::{Piece, TextStream};

@@ -1,6 +1,7 @@
-//! Per-family text conventions: how a family marks its reasoning and how it
-//! writes tool calls. Keyed by the engine family descriptor's `name`, so the
-//! server picks a family's parsers without reading any model-specific flag.
+//! Per-family text conventions: how a family marks its reasoning, how it
+//! writes tool calls and how its prompt is rendered. Keyed by the engine
+//! family descriptor's `name`, so the server picks a family's parsers and
+//! renderer without reading any model-specific flag.
 
 use crate::reasoning::ReasoningMarkers;
 use crate::tool_calls::ToolCallFormat;
@@ -14,6 +15,17 @@ pub struct TextProfile {
     pub reasoning: Option<ReasoningMarkers>,
     /// How the family writes tool calls, when it can call tools.
     pub tool_calls: Option<ToolCallFormat>,
+    /// How a conversation becomes the prompt.
+    pub prompt: PromptFormat,
+}
+
+/// How a family's conversations become prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptFormat {
+    /// The chat template the tokenizer ships (Jinja).
+    Template,
+    /// DeepSeek-V4, rendered in code as ds4 does ([`crate::deepseek_v4::prompt`]).
+    DeepSeekV4,
 }
 
 /// The Qwen families: `<think>…</think>` and Hermes-style tool calls.
@@ -22,8 +34,10 @@ const QWEN: TextProfile = TextProfile {
     reasoning: Some(ReasoningMarkers {
         open: "<think>",
         close: "</think>",
+        skip_blank_after_close: true,
     }),
     tool_calls: Some(ToolCallFormat::Hermes),
+    prompt: PromptFormat::Template,
 };
 
 /// Llama-family instruct models do not reason in markers; their tool calls
@@ -32,6 +46,36 @@ const LLAMA: TextProfile = TextProfile {
     family: "llama",
     reasoning: None,
     tool_calls: Some(ToolCallFormat::Llama3Json),
+    prompt: PromptFormat::Template,
+};
+
+/// DeepSeek-V4 as antirez/ds4 serves it: `<think>…</think>` (everything after
+/// `</think>` is the answer, kept byte for byte), DSML tool calls, the prompt
+/// rendered in code.
+const DEEPSEEK_V4: TextProfile = TextProfile {
+    family: "deepseek_v4",
+    reasoning: Some(ReasoningMarkers {
+        open: "<think>",
+        close: "</think>",
+        skip_blank_after_close: false,
+    }),
+    tool_calls: Some(ToolCallFormat::Dsml),
+    prompt: PromptFormat::DeepSeekV4,
+};
+
+/// GLM-5 (`glm5_next`) reasons in `<think>…</think>`. Its own tool-call
+/// format (`<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>
+/// </tool_call>`) has no parser yet; Hermes shares its `<tool_call>`
+/// markers and is the closest existing format.
+const GLM5: TextProfile = TextProfile {
+    family: "glm5_next",
+    reasoning: Some(ReasoningMarkers {
+        open: "<think>",
+        close: "</think>",
+        skip_blank_after_close: true,
+    }),
+    tool_calls: Some(ToolCallFormat::Hermes),
+    prompt: PromptFormat::Template,
 };
 
 impl TextProfile {
@@ -42,10 +86,13 @@ impl TextProfile {
         match family {
             "llama" => LLAMA,
             "qwen4_exp" => QWEN,
+            "glm5_next" => GLM5,
+            "deepseek_v4" => DEEPSEEK_V4,
             _ => TextProfile {
                 family: "unknown",
                 reasoning: None,
                 tool_calls: None,
+                prompt: PromptFormat::Template,
             },
         }
     }
@@ -65,6 +112,21 @@ mod tests {
         let qwen = TextProfile::for_family("qwen4_exp");
         assert_eq!(qwen.reasoning.map(|m| m.open), Some("<think>"));
         assert_eq!(qwen.tool_calls, Some(ToolCallFormat::Hermes));
+        let glm = TextProfile::for_family("glm5_next");
+        assert_eq!(glm.family, "glm5_next");
+        assert_eq!(
+            glm.reasoning.map(|m| (m.open, m.close)),
+            Some(("<think>", "</think>"))
+        );
         assert_eq!(TextProfile::for_family("nope").tool_calls, None);
+        let ds = TextProfile::for_family("deepseek_v4");
+        assert_eq!(ds.family, "deepseek_v4");
+        assert_eq!(ds.tool_calls, Some(ToolCallFormat::Dsml));
+        assert_eq!(ds.prompt, PromptFormat::DeepSeekV4);
+        assert_eq!(
+            ds.reasoning.map(|m| (m.open, m.close)),
+            Some(("<think>", "</think>"))
+        );
+        assert_eq!(qwen.prompt, PromptFormat::Template);
     }
 }

@@ -9,6 +9,12 @@
 pub struct ReasoningMarkers {
     pub open: &'static str,
     pub close: &'static str,
+    /// Drop the blank text right after the closing marker (the answer
+    /// conventionally starts after a blank line). Off where that text is
+    /// part of what the client must send back unchanged (DeepSeek-V4: ds4
+    /// returns everything after `</think>` as the answer, and the whitespace
+    /// before a tool-call block belongs to the block).
+    pub skip_blank_after_close: bool,
 }
 
 /// A piece of split output.
@@ -79,7 +85,11 @@ impl ReasoningSplitter {
                         let reasoning: String = self.held.drain(..at).collect();
                         self.held.drain(..self.markers.close.len());
                         push(&mut out, Split::Reasoning(reasoning));
-                        self.phase = Phase::AfterClose;
+                        self.phase = if self.markers.skip_blank_after_close {
+                            Phase::AfterClose
+                        } else {
+                            Phase::Answer
+                        };
                         continue;
                     }
                     let keep = partial_suffix(&self.held, self.markers.close);
@@ -148,6 +158,7 @@ mod tests {
     const THINK: ReasoningMarkers = ReasoningMarkers {
         open: "<think>",
         close: "</think>",
+        skip_blank_after_close: true,
     };
 
     /// Feed `text` split at `cuts` and merge adjacent pieces of one kind.

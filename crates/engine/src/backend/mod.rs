@@ -21,10 +21,10 @@
 //! | weights | `matrix`, `experts`, `table` + `gather_rows` (embedding) |
 //! | linear | `matmul` (f32 and block formats, 1..N rows), `experts_swiglu` (gathered routed experts) |
 //! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
-//! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm` |
+//! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm`, `layer_norm` (with bias) |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
-//! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay) |
-//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `attention_gathered` (with sinks), `attention_window` (sliding window + compressed entries + sinks) |
+//! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay), `kda_gate` |
+//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `attention_window` (sliding window + compressed entries + sinks) |
 //! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
 //! | element-wise | `add`, `mul`, `affine`, `silu`, `sigmoid`, `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
@@ -155,7 +155,7 @@ pub struct RouterSpec {
     pub k: usize,
     /// Group-limited selection: `(n_group, topk_group)`; a group's score is
     /// the sum of its two best choices, experts of other groups are masked
-    /// to 0 before the top-k.
+    /// to −∞ before the top-k.
     pub groups: Option<(usize, usize)>,
     /// Weights `s / (Σ s + 1e-20)` over the chosen experts (else `s`).
     pub renormalise: bool,
@@ -311,6 +311,18 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         act: GateAct,
     ) -> Result<Self::Buf>;
 
+    /// LayerNorm with a bias per row of `width` (GLM-5's indexer keys):
+    /// `mean = Σx/n`, `var = Σ(x − mean)²/n` (biased), both summed in
+    /// order, then `(x − mean)·(1/sqrt(var + eps))·w + b`.
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        width: usize,
+        w: &Self::Buf,
+        b: &Self::Buf,
+        eps: f32,
+    ) -> Result<Self::Buf>;
+
     // ---- position ----
 
     /// Rotate the first `2·half` dims of every `head_dim` head of `x:
@@ -360,6 +372,19 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         s: &mut Self::Buf,
     ) -> Result<Self::Buf>;
 
+    /// Kimi delta attention's per-channel log-decay: `f: [rows, H·dim]`,
+    /// `a: [H]` (`exp(A_log)`), `dt_bias: [H·dim]`; `x = f + dt_bias`, then
+    /// `lb·σ(a_h·x)` with a lower bound `lb`, else `−a_h·softplus(x)`
+    /// (`ln(1 + eˣ)`, linear above 20). Per element.
+    fn kda_gate(
+        &self,
+        f: &Self::Buf,
+        a: &Self::Buf,
+        dt_bias: &Self::Buf,
+        dim: usize,
+        lower_bound: Option<f32>,
+    ) -> Result<Self::Buf>;
+
     // ---- attention ----
 
     /// Causal attention over a cache: `q: [rows, Hq·d]` (already scaled),
@@ -401,6 +426,18 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Selection>;
     /// The selection on the host, for traces.
     fn selection_to_host(&self, s: &Self::Selection) -> Result<Vec<Vec<u32>>>;
+    /// Pools of `pool` tokens to token indices (GLM-5's DSA): row `r` (the
+    /// query at token `t = base + r`) lists every token of each of its
+    /// selected pools `p` (`p·pool .. (p+1)·pool`, each pool complete and
+    /// visible: `(p+1)·pool ≤ t + 1`), then, with `tail`, the incomplete
+    /// tail `⌊(t+1)/pool⌋·pool ..= t`. Ascending when the pools are.
+    fn expand_pools(
+        &self,
+        pools: &Self::Selection,
+        base: usize,
+        pool: usize,
+        tail: bool,
+    ) -> Result<Self::Selection>;
     /// Softmax attention of each query over its selected keys only (`q:
     /// [rows, Hq·d]` unscaled, `k, v: [P, Hkv·d]`): sequential dots times
     /// `1/√d`, max, `exp(s − max)` summed in key order, `o += (p/Σ)·v` in key

@@ -5,6 +5,7 @@ use std::time::Instant;
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
 use super::prefill::prefill_turn;
 use super::session::LiveSession;
+use super::step::StepSamplers;
 use super::turn::{FinishReason, TokenSource, TurnObserver, TurnRequest, TurnResult, TurnTimings};
 use crate::error::Result;
 use crate::model::{LogitsRows, Model};
@@ -62,6 +63,7 @@ fn run<M: Model>(
 
     let decode_start = Instant::now();
     let mut out = Emitter::new(&config, observer);
+    let mut samplers = StepSamplers::new(sampler);
     let finish_reason = loop {
         if out.cancelled() {
             // Cancelled before this token was sampled: the session covers
@@ -71,7 +73,8 @@ fn run<M: Model>(
         if out.tokens.len() >= config.max_tokens {
             break FinishReason::MaxTokens;
         }
-        let sampled = sampler.sample(&logits, &out.counts)?;
+        let greedy = out.observer().greedy_after(&[]);
+        let sampled = samplers.pick(greedy)?.sample(&logits, &out.counts)?;
         let token = sampled.token;
         let exit = out.emit(
             token,

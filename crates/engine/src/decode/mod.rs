@@ -5,8 +5,10 @@
 //! [`ds4_sampling::Sampler`].
 //!
 //! Module graph (no cycles): `turn` (request, observer, results) ←
-//! `exit` (emission and the exit classifier) and `prefill` (the cancellable
-//! prefill loop, over `session`) ← `ar`, `mtp` ← [`generate`].
+//! `exit` (emission and the exit classifier), `step` (the per-position
+//! sampler: the request's, or its greedy twin where the observer asks) and
+//! `prefill` (the cancellable prefill loop, over `session`) ← `ar`, `mtp` ←
+//! [`generate`].
 
 mod ar;
 mod exit;
@@ -14,6 +16,9 @@ pub mod logprobs;
 mod mtp;
 pub mod prefill;
 pub mod session;
+mod step;
+#[cfg(test)]
+mod step_tests;
 pub mod turn;
 
 pub use logprobs::{TokenLogprobs, prompt_logprobs, token_logprobs};

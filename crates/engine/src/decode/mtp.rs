@@ -48,7 +48,10 @@
 //! 4. one residual draw (on a rejection) or one bonus draw from row `k`
 //!    (all accepted), unless the turn ended at an accepted draft.
 //!
-//! Greedy samplers take no draws at all. `k` is clamped to the context left
+//! Greedy samplers take no draws at all, and neither does a position the
+//! observer samples at temperature 0 ([`super::turn::TurnObserver::greedy_after`],
+//! asked before every primary, draft, verify row and bonus; a draft and the
+//! verify row at its position get the same answer). `k` is clamped to the context left
 //! before step 2, so the clamp changes the number of draws but never their
 //! order. Penalty counts for a row are the emitted tokens before
 //! its position (drafts count as emitted for the rows after them).
@@ -84,6 +87,7 @@ use ds4_sampling::{Distribution, Sampler};
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
 use super::prefill::prefill_turn;
 use super::session::{LiveSession, MtpSide};
+use super::step::StepSamplers;
 use super::turn::{
     FinishReason, MtpStats, TokenSource, TurnObserver, TurnRequest, TurnResult, TurnTimings,
 };
@@ -142,7 +146,7 @@ pub(crate) fn generate<M: Model>(
     let result = Turn {
         model,
         session: &mut *session,
-        sampler,
+        samplers: StepSamplers::new(sampler),
         out: Emitter::new(&config, observer),
         stats: MtpStats::new(depth),
     }
@@ -158,7 +162,7 @@ pub(crate) fn generate<M: Model>(
 struct Turn<'a, M: Model> {
     model: &'a M,
     session: &'a mut LiveSession<M>,
-    sampler: &'a mut Sampler,
+    samplers: StepSamplers<'a>,
     out: Emitter<'a>,
     stats: MtpStats,
 }
@@ -299,7 +303,11 @@ impl<M: Model> Turn<'_, M> {
             return Ok(FinishReason::MaxTokens);
         }
         // Draw: the primary of the first cycle.
-        let s = self.sampler.sample(&last.logits, &self.out.counts)?;
+        let greedy = self.out.observer().greedy_after(&[]);
+        let s = self
+            .samplers
+            .pick(greedy)?
+            .sample(&last.logits, &self.out.counts)?;
         let mut exit = self.emit(
             s.token,
             s.argmax_fallback,
@@ -341,8 +349,11 @@ impl<M: Model> Turn<'_, M> {
             let mut dcounts = self.out.counts.clone();
             let mut step = head_step.clone();
             for i in 0..k {
-                let q = self.sampler.distribution(&step.logits, &dcounts)?;
-                let d = self.sampler.sample_from(&q);
+                // Draft i's position follows the emitted tokens and d_1..d_{i-1}.
+                let greedy = self.out.observer().greedy_after(&drafts);
+                let sampler = self.samplers.pick(greedy)?;
+                let q = sampler.distribution(&step.logits, &dcounts)?;
+                let d = sampler.sample_from(&q);
                 dcounts.add(d);
                 drafts.push(d);
                 qs.push(q);
@@ -367,8 +378,12 @@ impl<M: Model> Turn<'_, M> {
             let mut next: Option<(u32, bool, usize, TokenSource)> = None;
             for i in 0..k {
                 let row = w.logits.row(i);
-                let p = self.sampler.distribution(row, &self.out.counts)?;
-                if self.sampler.accept(&p, &qs[i], drafts[i]) {
+                // d_1..d_i are emitted: the same position, and so the same
+                // law, as draft i's.
+                let greedy = self.out.observer().greedy_after(&[]);
+                let sampler = self.samplers.pick(greedy)?;
+                let p = sampler.distribution(row, &self.out.counts)?;
+                if sampler.accept(&p, &qs[i], drafts[i]) {
                     accepted += 1;
                     self.stats.accepted[i] += 1;
                     exit = self.emit(
@@ -382,14 +397,15 @@ impl<M: Model> Turn<'_, M> {
                     }
                 } else {
                     let r = Sampler::residual(&p, &qs[i]);
-                    let t = self.sampler.sample_from(&r);
+                    let t = sampler.sample_from(&r);
                     next = Some((t, p.argmax_fallback(), i, TokenSource::Residual));
                     break;
                 }
             }
             if exit.is_none() && next.is_none() {
                 let row = w.logits.row(k);
-                let s = self.sampler.sample(row, &self.out.counts)?;
+                let greedy = self.out.observer().greedy_after(&[]);
+                let s = self.samplers.pick(greedy)?.sample(row, &self.out.counts)?;
                 self.stats.bonus += 1;
                 next = Some((s.token, s.argmax_fallback, k, TokenSource::Bonus));
             }

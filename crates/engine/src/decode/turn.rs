@@ -91,6 +91,17 @@ pub trait TurnObserver {
         let _ = event;
         Flow::Continue
     }
+    /// Whether the token at the next position — after every token emitted
+    /// so far, then `pending` (MTP drafts not emitted yet) — is sampled at
+    /// temperature 0 (the law's argmax, no draw) instead of with the
+    /// request's sampler. The loops ask before every position they sample,
+    /// drafts included. The answer must depend only on those tokens: that is
+    /// what keeps MTP exact (a draft and the verify row at its position get
+    /// the same law). Default: never.
+    fn greedy_after(&mut self, pending: &[u32]) -> bool {
+        let _ = pending;
+        false
+    }
 }
 
 impl TurnObserver for () {}

@@ -7,6 +7,7 @@
 //! [`LoadedModel`] variant, one [`with_model!`] arm and one registry entry.
 
 pub mod deepseek_v4;
+pub mod glm5_next;
 pub mod llama;
 #[cfg(feature = "cuda")]
 mod on_cuda;
@@ -49,6 +50,14 @@ pub static FAMILIES: &[Family] = &[
         load: |path, _| {
             Ok(LoadedModel::DeepseekV4(Box::new(
                 deepseek_v4::DeepseekV4Model::from_hf_dir(path)?,
+            )))
+        },
+    },
+    Family {
+        descriptor: &glm5_next::DESCRIPTOR,
+        load: |path, _| {
+            Ok(LoadedModel::Glm5Next(Box::new(
+                glm5_next::Glm5NextModel::from_hf_dir(path)?,
             )))
         },
     },
@@ -126,12 +135,15 @@ pub enum LoadedModel {
     Llama(llama::LlamaModel),
     Qwen4Exp(qwen4_exp::Qwen4ExpModel),
     DeepseekV4(Box<deepseek_v4::DeepseekV4Model>),
+    Glm5Next(Box<glm5_next::Glm5NextModel>),
     #[cfg(feature = "cuda")]
     LlamaCuda(Box<llama::LlamaModel<crate::backend::CudaOps>>),
     #[cfg(feature = "cuda")]
     Qwen4ExpCuda(Box<qwen4_exp::Qwen4ExpModel<crate::backend::CudaOps>>),
     #[cfg(feature = "cuda")]
     DeepseekV4Cuda(Box<deepseek_v4::DeepseekV4Model<crate::backend::CudaOps>>),
+    #[cfg(feature = "cuda")]
+    Glm5NextCuda(Box<glm5_next::Glm5NextModel<crate::backend::CudaOps>>),
 }
 
 impl LoadedModel {
@@ -163,12 +175,15 @@ impl LoadedModel {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,
             LoadedModel::Qwen4Exp(_) => &qwen4_exp::DESCRIPTOR,
             LoadedModel::DeepseekV4(_) => &deepseek_v4::DESCRIPTOR,
+            LoadedModel::Glm5Next(_) => &glm5_next::DESCRIPTOR,
             #[cfg(feature = "cuda")]
             LoadedModel::LlamaCuda(_) => &llama::DESCRIPTOR,
             #[cfg(feature = "cuda")]
             LoadedModel::Qwen4ExpCuda(_) => &qwen4_exp::DESCRIPTOR,
             #[cfg(feature = "cuda")]
             LoadedModel::DeepseekV4Cuda(_) => &deepseek_v4::DESCRIPTOR,
+            #[cfg(feature = "cuda")]
+            LoadedModel::Glm5NextCuda(_) => &glm5_next::DESCRIPTOR,
         }
     }
 
@@ -197,6 +212,10 @@ macro_rules! with_model {
                 let $model = &**$model;
                 $body
             }
+            $crate::families::LoadedModel::Glm5Next($model) => {
+                let $model = &**$model;
+                $body
+            }
         }
     };
 }
@@ -214,6 +233,10 @@ macro_rules! with_model {
                 let $model = &**$model;
                 $body
             }
+            $crate::families::LoadedModel::Glm5Next($model) => {
+                let $model = &**$model;
+                $body
+            }
             $crate::families::LoadedModel::LlamaCuda($model) => {
                 let $model = &**$model;
                 $body
@@ -223,6 +246,10 @@ macro_rules! with_model {
                 $body
             }
             $crate::families::LoadedModel::DeepseekV4Cuda($model) => {
+                let $model = &**$model;
+                $body
+            }
+            $crate::families::LoadedModel::Glm5NextCuda($model) => {
                 let $model = &**$model;
                 $body
             }

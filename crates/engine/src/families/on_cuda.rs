@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{FamilyDescriptor, LoadedModel, deepseek_v4, llama, qwen4_exp};
+use super::{FamilyDescriptor, LoadedModel, deepseek_v4, glm5_next, llama, qwen4_exp};
 use crate::backend::CudaOps;
 use crate::error::{EngineError, Result};
 use crate::load::ModelFormat;
@@ -33,6 +33,10 @@ pub(super) fn load(
     if std::ptr::eq(family, &deepseek_v4::DESCRIPTOR) {
         let m = deepseek_v4::DeepseekV4Model::load(path, ops)?;
         return Ok(LoadedModel::DeepseekV4Cuda(Box::new(m)));
+    }
+    if std::ptr::eq(family, &glm5_next::DESCRIPTOR) {
+        let m = glm5_next::Glm5NextModel::load(path, ops)?;
+        return Ok(LoadedModel::Glm5NextCuda(Box::new(m)));
     }
     Err(EngineError::Unsupported(format!(
         "the {} family has no CUDA loader yet",

@@ -24,7 +24,8 @@ pub struct DeltaCache<B: Backend> {
 }
 
 /// The scan inputs of a block of rows: `q`, `k` `[R, Hk, dk]` (normalised),
-/// `v` `[R, Hv, dv]`, `g`, `beta` `[R, Hv]`.
+/// `v` `[R, Hv, dv]`, `beta` `[R, Hv]`, `g` `[R, Hv]` (per head) or `[R, Hv,
+/// dk]` (per channel).
 #[derive(Debug, Clone)]
 pub struct ScanInputs<B: Backend> {
     pub q: B::Buf,
@@ -138,11 +139,15 @@ impl<B: Backend> DeltaReplay<B> {
         cache.conv = ops.rows(&all, cc, rows, hist)?;
         let x = &self.inputs;
         let (kq, kv) = (d.hk * d.dk, d.hv * d.dv);
+        // One decay per head (GDN) or per key channel (KDA): the width
+        // follows from the recorded window's row count.
+        let window = ops.len(&x.beta) / d.hv.max(1);
+        let gw = ops.len(&x.g) / window.max(1);
         let prefix: ScanInputs<B> = ScanInputs {
             q: ops.rows(&x.q, kq, 0, rows)?,
             k: ops.rows(&x.k, kq, 0, rows)?,
             v: ops.rows(&x.v, kv, 0, rows)?,
-            g: ops.rows(&x.g, d.hv, 0, rows)?,
+            g: ops.rows(&x.g, gw, 0, rows)?,
             beta: ops.rows(&x.beta, d.hv, 0, rows)?,
         };
         ops.delta_rule_scan(

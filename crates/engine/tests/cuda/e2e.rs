@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use ds4_engine::backend::CpuOps;
 use ds4_engine::decode::{self, LiveSession, Observe, TurnConfig, TurnRequest};
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
+use ds4_engine::families::glm5_next::Glm5NextModel;
 use ds4_engine::families::llama::LlamaModel;
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::checkpoint::{self, CheckpointStore};
@@ -377,6 +378,33 @@ fn cuda_deepseek_v4_tiny_a_matches_transformers_and_is_exact() {
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_deepseek_v4_tiny_b_matches_transformers_and_is_exact() {
     deepseek("tiny_b");
+}
+
+fn glm5(name: &str) {
+    let dir = fixtures().join("glm5_next").join(name);
+    let gm = Glm5NextModel::load(&dir, gpu()).unwrap();
+    let cm = Glm5NextModel::load(&dir, CpuOps).unwrap();
+    let r = Reference::open(&fixtures().join(format!("glm5_next/{name}.ref.safetensors")));
+    against_reference(
+        &format!("glm5_next {name}"),
+        &gm,
+        &cm,
+        &r.ids("input_ids"),
+        &r.f32("logits_full"),
+    );
+    exactness(&format!("glm5_next {name}"), &gm);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_glm5_next_tiny_a_matches_transformers_and_is_exact() {
+    glm5("tiny_a");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_glm5_next_tiny_b_matches_transformers_and_is_exact() {
+    glm5("tiny_b");
 }
 
 /// A checkpoint written by a GPU model is another identity for the CPU

@@ -8,10 +8,11 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::prompt::{ChatTurn, FunctionTool};
-use crate::request::{Common, Finished, Head, Turn, Writer, openai_tools};
+use crate::prompt::{ChatTurn, FunctionTool, ToolShape};
+use crate::request::{Checked, Common, Finished, Head, Output, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
-use crate::state::SharedState;
+use crate::state::{AppState, SharedState};
+use crate::thinking;
 use crate::types::chat::*;
 use crate::types::common::{LogprobEntry, Usage, finish_reason};
 
@@ -35,10 +36,28 @@ pub async fn chat_completions(
         .stream_options
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
+    let (checked, output) = prepare(&state, req)?;
+    let turn = Turn::start(&state, checked, output, "chatcmpl-")?;
+    let tokenizer = state.tokenizer.clone();
+    turn.respond(
+        &state,
+        |tx, head| ChunkWriter::new(tx, head, include_usage, tokenizer),
+        |head, done| complete(&state, head, done),
+    )
+    .await
+}
+
+/// Everything before admission: the shared parameters checked, the
+/// conversation rendered.
+pub(crate) fn prepare(
+    state: &AppState,
+    req: ChatCompletionRequest,
+) -> Result<(Checked, Output), ApiError> {
     let max_tokens = match req.max_completion_tokens {
         Some(m) => ("max_completion_tokens", Some(m)),
         None => ("max_tokens", req.max_tokens),
     };
+    let model = req.model.clone();
     let mut checked = Common {
         model: req.model,
         sampling: SamplingFields {
@@ -57,7 +76,7 @@ pub async fn chat_completions(
         mtp_depth: req.mtp_depth,
         stream: req.stream,
     }
-    .check(&state)?;
+    .check(state)?;
     let top = params::top_logprobs("top_logprobs", req.top_logprobs)?;
     let g = &mut checked.generation;
     g.logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
@@ -70,23 +89,24 @@ pub async fn chat_completions(
         }
         (false, None) => None,
     };
-    let effort = params::effort("reasoning_effort", req.reasoning_effort.as_deref())?;
-    let enable_thinking =
-        params::reasoning(&state.profile, "reasoning_effort", effort, &mut g.warnings);
+    let controls = thinking::Controls {
+        effort: req.reasoning_effort.map(|e| ("reasoning_effort", e)),
+        extension: match (req.think, req.thinking.as_ref()) {
+            (Some(on), _) => Some(("think", on)),
+            (None, Some(t)) => thinking_switch(t).map(|on| ("thinking", on)),
+            (None, None) => None,
+        },
+        model,
+        ..thinking::Controls::default()
+    };
+    let thinking = thinking::resolve(state, &controls, &mut g.warnings)?;
     let conversation = ChatTurn {
         messages: messages(req.messages)?,
         tools: tools(req.tools, req.tool_choice.as_ref())?,
-        enable_thinking,
+        thinking,
     };
-    let output = checked.render(&state, "messages", conversation)?;
-    let turn = Turn::start(&state, checked, output, "chatcmpl-")?;
-    let tokenizer = state.tokenizer.clone();
-    turn.respond(
-        &state,
-        |tx, head| ChunkWriter::new(tx, head, include_usage, tokenizer),
-        |head, done| complete(&state, head, done),
-    )
-    .await
+    let output = checked.render(state, "messages", conversation)?;
+    Ok((checked, output))
 }
 
 /// Function tools, unless `tool_choice` turns them off.
@@ -105,8 +125,28 @@ pub fn tools(
             ));
         }
         let f = t.function;
-        Ok(Some(FunctionTool::new(f.name, f.description, f.parameters)))
+        Ok(Some(FunctionTool::new(
+            ToolShape::OpenAiFunction,
+            f.name,
+            f.description,
+            f.parameters,
+        )))
     })
+}
+
+/// The extension `thinking` switch (ds4's `parse_thinking_control_value`):
+/// `true`/`false`, or `{"type": "enabled" | "disabled"}`; anything else says
+/// nothing.
+fn thinking_switch(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(on) => Some(*on),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("enabled") => Some(true),
+            Some("disabled") => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// The messages in the chat-template shape.
@@ -471,5 +511,47 @@ mod tests {
         let (_, _, text, calls) = chunks("llama", "Two plus two is four.").await;
         assert_eq!(text, "Two plus two is four.");
         assert!(calls.is_empty());
+    }
+
+    /// DeepSeek-V4: DSML calls stream as tool-call deltas as ds4 streams
+    /// them (header once the invoke tag is complete, then `{`, each
+    /// parameter's `"name":` and its value as it grows, `}`), text before
+    /// the block without the blank line that belongs to the block, DSML
+    /// inside the reasoning not executable.
+    #[tokio::test]
+    async fn dsml_calls_stream_as_tool_call_deltas() {
+        let out = "<think>Maybe <｜DSML｜tool_calls> no.</think>I'll look.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; echo \"é\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/tmp/a</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let (chunks, reasoning, text, calls) = chunks("deepseek_v4", out).await;
+        assert_eq!(reasoning, "Maybe <｜DSML｜tool_calls> no.");
+        assert_eq!(text, "I'll look.");
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            calls[0][1..],
+            [
+                "bash".to_string(),
+                "{\"command\":\"ls && echo \\\"é\\\"\",\"timeout\":10}".into()
+            ]
+        );
+        assert_eq!(
+            calls[1][1..],
+            ["read_file".to_string(), "{\"path\":\"/tmp/a\"}".into()]
+        );
+        // The header comes before any argument fragment, and arguments grow
+        // token by token.
+        let args: Vec<&str> = chunks
+            .iter()
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            })
+            .collect();
+        assert_eq!(args[0], "", "the header chunk carries no arguments");
+        assert!(args.len() > 20, "{}", args.len());
+        let finish: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .map(|c| &c["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, [&Value::from("tool_calls")]);
     }
 }

@@ -9,13 +9,16 @@ use crate::error::{ApiError, Flavor};
 use crate::extract::ApiJson;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::prompt::{self, ChatTurn, FunctionTool};
+use crate::prompt::{self, ChatTurn, FunctionTool, ToolShape};
 use crate::request::{Common, Finished, Head, Turn, Writer};
 use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::summary::TurnSummary;
+use crate::thinking;
 use crate::types::anthropic::*;
 use ds4_engine::decode::{CallerStop, FinishReason};
+use ds4_text::PromptFormat;
+use ds4_text::deepseek_v4::dsml::escape_tool_result;
 
 #[utoipa::path(
     post,
@@ -137,18 +140,29 @@ fn tool_choice_none(req: &MessagesRequest) -> bool {
 /// The conversation in the chat-template shape. Also checks `thinking`
 /// and returns the reasoning budget to enforce (`max_tokens` is `None` for
 /// count_tokens, which has no output).
-fn conversation(
+pub(crate) fn conversation(
     state: &SharedState,
     req: &MessagesRequest,
     max_tokens: Option<u64>,
     warnings: &mut Vec<String>,
 ) -> Result<(ChatTurn, Option<usize>), ApiError> {
+    // DeepSeek-V4 reads Anthropic content as ds4 does: tool results stay
+    // inside their user message, system blocks are joined by lines.
+    let ds4 = state.profile.prompt == PromptFormat::DeepSeekV4;
     let mut messages = Vec::new();
     match &req.system {
         None => {}
+        Some(SystemPrompt::Text(t)) if ds4 => {
+            messages.push(json!({"role": "system", "content": ds4_system(&[t.as_str()])}))
+        }
         Some(SystemPrompt::Text(t)) => messages.push(json!({"role": "system", "content": t})),
         Some(SystemPrompt::Blocks(blocks)) => {
-            let text: String = blocks.iter().filter_map(|b| b.text.clone()).collect();
+            let parts: Vec<&str> = blocks.iter().filter_map(|b| b.text.as_deref()).collect();
+            let text = if ds4 {
+                ds4_system(&parts)
+            } else {
+                parts.concat()
+            };
             messages.push(json!({"role": "system", "content": text}));
         }
     }
@@ -156,7 +170,7 @@ fn conversation(
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     for (i, m) in req.messages.iter().enumerate() {
-        convert(i, m, &mut messages)?;
+        convert(i, m, ds4, &mut messages)?;
     }
     let tools = tools(req)?;
     let on = match req.thinking.as_ref().map(|t| t.kind.as_str()) {
@@ -178,7 +192,18 @@ fn conversation(
         )?,
         None => None,
     };
-    let enable_thinking = params::reasoning(&state.profile, "thinking", on, warnings);
+    let controls = thinking::Controls {
+        switch: on.map(|on| ("thinking", on)),
+        extension_effort: req
+            .output_config
+            .as_ref()
+            .and_then(|c| c.effort.clone())
+            .map(|e| ("output_config.effort", e)),
+        model: req.model.clone(),
+        ..thinking::Controls::default()
+    };
+    let thinking = thinking::resolve(state, &controls, warnings)?;
+    let enable_thinking = thinking.requested();
     // Without reasoning markers there is no reasoning to budget.
     if let Some(b) = budget
         && enable_thinking != Some(true)
@@ -193,7 +218,7 @@ fn conversation(
     let turn = ChatTurn {
         messages,
         tools,
-        enable_thinking,
+        thinking,
     };
     Ok((turn, budget))
 }
@@ -222,6 +247,7 @@ fn tools(req: &MessagesRequest) -> Result<Vec<FunctionTool>, ApiError> {
         .flatten()
         .map(|t| {
             FunctionTool::new(
+                ToolShape::Anthropic,
                 t.name.clone(),
                 t.description.clone(),
                 t.input_schema.clone(),
@@ -230,9 +256,48 @@ fn tools(req: &MessagesRequest) -> Result<Vec<FunctionTool>, ApiError> {
         .collect())
 }
 
-/// One Anthropic message as template messages: tool results become `tool`
-/// messages, tool uses become the assistant's `tool_calls`.
-fn convert(i: usize, m: &InputMessage, out: &mut Vec<Value>) -> Result<(), ApiError> {
+/// ds4's Anthropic system text (`append_anthropic_system_part`): parts
+/// joined by a newline unless the text so far ends with one; parts starting
+/// with `x-anthropic-` (client-private) skipped.
+fn ds4_system(parts: &[&str]) -> String {
+    let mut out = String::new();
+    for p in parts
+        .iter()
+        .filter(|p| !p.is_empty() && !p.starts_with("x-anthropic-"))
+    {
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(p);
+    }
+    out
+}
+
+/// A `tool_result` block's content as text: a string, or its parts' text
+/// joined (with `bare_strings`, string parts too, as ds4's `json_content`).
+fn tool_result_text(content: &Option<Value>, bare_strings: bool) -> String {
+    match content {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str().or(p.as_str().filter(|_| bare_strings)))
+            .collect::<Vec<_>>()
+            .join(""),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// One Anthropic message as template messages: tool uses become the
+/// assistant's `tool_calls`; tool results become `tool` messages, or with
+/// `inline_results` (DeepSeek-V4, as ds4's `parse_anthropic_content_block`)
+/// `<tool_result>…</tool_result>` text in the user message, in block order.
+fn convert(
+    i: usize,
+    m: &InputMessage,
+    inline_results: bool,
+    out: &mut Vec<Value>,
+) -> Result<(), ApiError> {
     let role = match m.role {
         AnthropicRole::User => "user",
         AnthropicRole::Assistant => "assistant",
@@ -261,17 +326,13 @@ fn convert(i: usize, m: &InputMessage, out: &mut Vec<Value>) -> Result<(), ApiEr
                     "arguments": b.input.clone().unwrap_or_else(|| json!({})),
                 },
             })),
+            "tool_result" if inline_results => {
+                text.push_str("<tool_result>");
+                text.push_str(&escape_tool_result(&tool_result_text(&b.content, true)));
+                text.push_str("</tool_result>");
+            }
             "tool_result" => {
-                let content = match &b.content {
-                    None => String::new(),
-                    Some(Value::String(s)) => s.clone(),
-                    Some(Value::Array(parts)) => parts
-                        .iter()
-                        .filter_map(|p| p["text"].as_str())
-                        .collect::<Vec<_>>()
-                        .join(""),
-                    Some(other) => other.to_string(),
-                };
+                let content = tool_result_text(&b.content, false);
                 out.push(json!({
                     "role": "tool",
                     "tool_call_id": b.tool_use_id.clone().unwrap_or_default(),
@@ -538,6 +599,26 @@ mod tests {
         assert_eq!(blocks[0].0["name"], "add");
         let input: Value = serde_json::from_str(&blocks[0].1).unwrap();
         assert_eq!(input, json!({"a": 1, "b": 2}));
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    }
+
+    /// DeepSeek-V4: a DSML call becomes a tool_use block whose input
+    /// streams as `input_json_delta` fragments.
+    #[tokio::test]
+    async fn dsml_tool_use_blocks() {
+        let out = "<think>Two calls.</think>Listing.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; echo \"é\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/tmp/a</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let (_, blocks, delta) = blocks("deepseek_v4", out).await;
+        let kinds: Vec<&str> = blocks
+            .iter()
+            .map(|b| b.0["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"]);
+        assert_eq!(blocks[1].1, "Listing.");
+        assert_eq!(blocks[2].0["name"], "bash");
+        let input: Value = serde_json::from_str(&blocks[2].1).unwrap();
+        assert_eq!(input, json!({"command": "ls && echo \"é\"", "timeout": 10}));
+        let input: Value = serde_json::from_str(&blocks[3].1).unwrap();
+        assert_eq!(input, json!({"path": "/tmp/a"}));
         assert_eq!(delta["delta"]["stop_reason"], "tool_use");
     }
 }

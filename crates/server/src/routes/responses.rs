@@ -9,12 +9,13 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::ids::new_id;
 use crate::output::Item;
-use crate::params::{self, SamplingFields};
-use crate::prompt::{ChatTurn, FunctionTool};
+use crate::params::SamplingFields;
+use crate::prompt::{ChatTurn, FunctionTool, ToolShape};
 use crate::request::{Common, Finished, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::summary::TurnSummary;
+use crate::thinking;
 use crate::types::responses::*;
 use ds4_engine::decode::FinishReason;
 
@@ -32,6 +33,7 @@ pub async fn responses(
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     state.metrics.request("responses");
+    let model = req.model.clone();
     let mut checked = Common {
         model: req.model,
         sampling: SamplingFields {
@@ -58,12 +60,16 @@ pub async fn responses(
         ));
     }
     let g = &mut checked.generation;
-    let effort = params::effort(
-        "reasoning.effort",
-        req.reasoning.as_ref().and_then(|r| r.effort.as_deref()),
-    )?;
-    let enable_thinking =
-        params::reasoning(&state.profile, "reasoning.effort", effort, &mut g.warnings);
+    let controls = thinking::Controls {
+        effort: req
+            .reasoning
+            .as_ref()
+            .and_then(|r| r.effort.clone())
+            .map(|e| ("reasoning.effort", e)),
+        model,
+        ..thinking::Controls::default()
+    };
+    let thinking = thinking::resolve(&state, &controls, &mut g.warnings)?;
     let mut messages = Vec::new();
     if let Some(i) = &req.instructions {
         messages.push(json!({"role": "system", "content": i}));
@@ -72,7 +78,7 @@ pub async fn responses(
     let conversation = ChatTurn {
         messages,
         tools: tools(req.tools, req.tool_choice.as_ref())?,
-        enable_thinking,
+        thinking,
     };
     let output = checked.render(&state, "input", conversation)?;
     let has_tools = output.tools;
@@ -141,7 +147,12 @@ fn tools(
                 format!("tools[{i}].name is required"),
             )
         })?;
-        Ok(Some(FunctionTool::new(name, t.description, t.parameters)))
+        Ok(Some(FunctionTool::new(
+            ToolShape::Responses,
+            name,
+            t.description,
+            t.parameters,
+        )))
     })
 }
 
@@ -606,5 +617,29 @@ mod tests {
         assert_eq!(output.as_array().unwrap().len(), 1);
         assert_eq!(output[0]["type"], "function_call");
         assert_eq!(output[0]["name"], "add");
+    }
+
+    /// DeepSeek-V4: DSML calls become function_call items whose arguments
+    /// stream as `function_call_arguments.delta` events.
+    #[tokio::test]
+    async fn dsml_function_call_items() {
+        let out = "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"bash\">\n<｜DSML｜parameter name=\"command\" string=\"true\">ls &amp;&amp; echo \"é\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"timeout\" string=\"false\">10</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/tmp/a</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let ev = events("deepseek_v4", out).await;
+        assert_eq!(joined(&ev, "response.output_text.delta"), "Sure.");
+        let done = ev.last().unwrap();
+        let output = done["response"]["output"].as_array().unwrap();
+        let kinds: Vec<&str> = output.iter().map(|o| o["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["message", "function_call", "function_call"]);
+        assert_eq!(output[1]["name"], "bash");
+        assert_eq!(
+            output[1]["arguments"],
+            "{\"command\":\"ls && echo \\\"é\\\"\",\"timeout\":10}"
+        );
+        assert_eq!(output[2]["arguments"], "{\"path\":\"/tmp/a\"}");
+        let deltas = ev
+            .iter()
+            .filter(|e| e["type"] == "response.function_call_arguments.delta")
+            .count();
+        assert!(deltas > 10, "{deltas}");
     }
 }

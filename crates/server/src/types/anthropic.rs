@@ -20,6 +20,9 @@ pub struct MessagesRequest {
     #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
     pub thinking: Option<Thinking>,
+    /// `output_config.effort` (`deepseek_v4`, as ds4: `max` asks for Think
+    /// Max); other families ignore it.
+    pub output_config: Option<OutputConfig>,
     /// Extension: the sampler's seed (reported back in `usage.seed`).
     pub seed: Option<u64>,
     /// Extension; only families whose law has min_p use it.
@@ -81,6 +84,11 @@ pub struct AnthropicTool {
     pub description: Option<String>,
     #[schema(value_type = Object)]
     pub input_schema: Option<Value>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct OutputConfig {
+    pub effort: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

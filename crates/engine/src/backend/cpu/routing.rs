@@ -44,7 +44,9 @@ pub fn route_scored(
                 };
                 if let Some((groups, keep)) = spec.groups {
                     // Group score: the sum of the group's two best choices;
-                    // experts of the groups not kept are masked to 0.
+                    // experts of the groups not kept are masked to −∞ (a
+                    // biased choice may be negative: masking to 0 would let
+                    // a dropped group's expert beat it, unlike GLM-5).
                     let per = e / groups;
                     let group_scores: Vec<f32> = (0..groups)
                         .map(|g| {
@@ -55,7 +57,7 @@ pub fn route_scored(
                     let kept = top(&group_scores, 0..groups, keep);
                     for (j, c) in choice.iter_mut().enumerate() {
                         if !kept.contains(&(j / per)) {
-                            *c = 0.0;
+                            *c = f32::NEG_INFINITY;
                         }
                     }
                 }
@@ -126,6 +128,22 @@ mod tests {
         // Exact ties go to the lower index.
         sp.groups = None;
         let (e, _) = route_scored(&[0.5, 0.5, 0.5, 0.1, 0.1, 0.1], None, None, &sp);
+        assert_eq!(e, vec![0, 1]);
+    }
+
+    /// A kept group whose biased choices are negative still supplies the
+    /// experts: the dropped groups are −∞, not 0 (GLM-5's router).
+    #[test]
+    fn dropped_groups_lose_to_negative_choices() {
+        let mut sp = spec(Scoring::Sigmoid, 2);
+        sp.experts = 4;
+        sp.groups = Some((2, 1));
+        // Group 0 (experts 0, 1) has choices ≈ −0.3 and −0.5, group 1
+        // ≈ −0.9 and −0.95: group 0 is kept, and both its experts are
+        // chosen although the masked experts would score 0.
+        let logits = [0.0f32, 0.0, 0.0, 0.0];
+        let bias = [-0.8f32, -1.0, -1.4, -1.45];
+        let (e, _) = route_scored(&logits, Some(&bias), None, &sp);
         assert_eq!(e, vec![0, 1]);
     }
 }

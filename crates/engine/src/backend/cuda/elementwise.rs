@@ -438,3 +438,43 @@ pub(super) fn index_scores(
     }
     Ok(y)
 }
+
+pub(super) fn kda_gate(
+    dev: &Device,
+    f: &CudaBuf,
+    a: &CudaBuf,
+    dt_bias: &CudaBuf,
+    dim: usize,
+    lower_bound: Option<f32>,
+) -> Result<CudaBuf> {
+    let c = dt_bias.len();
+    if dim == 0 || c == 0 || c != a.len() * dim || !f.len().is_multiple_of(c) {
+        return Err(shape_err(
+            "kda_gate",
+            format!(
+                "{} values, {} heads, {c} biases for heads of {dim}",
+                f.len(),
+                a.len()
+            ),
+        ));
+    }
+    let y = CudaBuf::uninit(dev, f.len())?;
+    if !f.is_empty() {
+        dev.launch(
+            "kda_gate_f32",
+            Shape::elements(f.len()),
+            args![
+                y.ptr(),
+                f.ptr(),
+                a.ptr(),
+                dt_bias.ptr(),
+                f.len(),
+                c,
+                dim,
+                lower_bound.is_some() as i32,
+                lower_bound.unwrap_or(0.0)
+            ],
+        )?;
+    }
+    Ok(y)
+}

@@ -194,3 +194,29 @@ pub(super) fn rope(
     }
     Ok(())
 }
+
+pub(super) fn layer_norm(
+    dev: &Device,
+    x: &CudaBuf,
+    width: usize,
+    w: &CudaBuf,
+    b: &CudaBuf,
+    eps: f32,
+) -> Result<CudaBuf> {
+    let rows = check("layer_norm", x, width, Some((w, width)))?;
+    if b.len() != width {
+        return Err(shape_err(
+            "layer_norm",
+            format!("a bias of {} for rows of {width}", b.len()),
+        ));
+    }
+    let y = CudaBuf::uninit(dev, x.len())?;
+    if rows > 0 {
+        dev.launch(
+            "layer_norm_f32",
+            Shape::warps(rows),
+            args![y.ptr(), x.ptr(), w.ptr(), b.ptr(), rows, width, eps],
+        )?;
+    }
+    Ok(y)
+}

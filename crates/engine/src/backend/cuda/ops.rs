@@ -170,6 +170,17 @@ impl Backend for CudaOps {
         norms::gated_rms_norm(&self.dev, o, z, w, eps, act)
     }
 
+    fn layer_norm(
+        &self,
+        x: &CudaBuf,
+        width: usize,
+        w: &CudaBuf,
+        b: &CudaBuf,
+        eps: f32,
+    ) -> Result<CudaBuf> {
+        norms::layer_norm(&self.dev, x, width, w, b, eps)
+    }
+
     // ---- position ----
 
     fn rope(
@@ -211,6 +222,17 @@ impl Backend for CudaOps {
         recurrent::delta_rule_scan(&self.dev, d, q, k, v, g, beta, s)
     }
 
+    fn kda_gate(
+        &self,
+        f: &CudaBuf,
+        a: &CudaBuf,
+        dt_bias: &CudaBuf,
+        dim: usize,
+        lower_bound: Option<f32>,
+    ) -> Result<CudaBuf> {
+        elementwise::kda_gate(&self.dev, f, a, dt_bias, dim, lower_bound)
+    }
+
     // ---- attention ----
 
     fn attention_causal(
@@ -248,6 +270,16 @@ impl Backend for CudaOps {
 
     fn selection_to_host(&self, s: &CudaSelection) -> Result<Vec<Vec<u32>>> {
         select::selection_to_host(&self.dev, s)
+    }
+
+    fn expand_pools(
+        &self,
+        pools: &CudaSelection,
+        base: usize,
+        pool: usize,
+        tail: bool,
+    ) -> Result<CudaSelection> {
+        select::expand_pools(&self.dev, pools, base, pool, tail)
     }
 
     fn attention_gathered(

@@ -20,8 +20,9 @@ pub const MAX_GROUPS: usize = 64;
 /// Threads of the top-k kernel (its shared arrays are sized for it).
 const TOPK_THREADS: u32 = 256;
 /// The choice value of an expert in a dropped group (the CPU reference's
-/// `cpu::routing::route_scored`).
-const DROPPED_GROUP_CHOICE: f32 = 0.0;
+/// `cpu::routing::route_scored`: −∞, so a kept group's negative choices
+/// still win).
+const DROPPED_GROUP_CHOICE: f32 = f32::NEG_INFINITY;
 
 /// Per-token kept indices: `[rows, cap]` with a count per row.
 #[derive(Clone)]
@@ -316,4 +317,64 @@ pub(super) fn indexer_select(
         shape.ratio,
         cap,
     )
+}
+
+/// Pools to tokens (GLM-5's DSA). The CPU refuses a pool that is not
+/// complete for its own query; here only the bound is checked on the host
+/// (every pool ends before the last query's token, so no index passes the
+/// cache): pools selected with per-row limits of complete pools, as
+/// `select_topk` is given them, are complete by construction.
+pub(super) fn expand_pools(
+    dev: &Device,
+    pools: &CudaSelection,
+    base: usize,
+    pool: usize,
+    tail: bool,
+) -> Result<CudaSelection> {
+    let rows = pools.rows;
+    let last = base + rows;
+    if pool == 0 || pools.bound * pool > last {
+        return Err(shape_err(
+            "expand_pools",
+            format!(
+                "pools below {} of {pool} tokens for queries up to token {last}",
+                pools.bound
+            ),
+        ));
+    }
+    let cap = pools.cap * pool + if tail { pool } else { 0 };
+    let out = CudaSelection {
+        idx: Arc::new(dev.alloc(rows * cap)?),
+        counts: Arc::new(dev.alloc(rows)?),
+        rows,
+        cap,
+        bound: last,
+    };
+    if rows > 0 && cap == 0 {
+        // Nothing selected and no tail: every row is empty.
+        let counts = dev.alloc_zeros::<u32>(rows)?;
+        return Ok(CudaSelection {
+            counts: Arc::new(counts),
+            ..out
+        });
+    }
+    if rows > 0 {
+        dev.launch(
+            "expand_pools",
+            Shape::elements(rows * cap),
+            args![
+                ptr(&out.idx),
+                ptr(&out.counts),
+                ptr(&pools.idx),
+                ptr(&pools.counts),
+                pools.cap,
+                rows,
+                base,
+                pool,
+                tail as i32,
+                cap
+            ],
+        )?;
+    }
+    Ok(out)
 }

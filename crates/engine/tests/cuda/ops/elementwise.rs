@@ -79,6 +79,33 @@ fn cuda_element_wise_ops_match_the_cpu() {
         1e-6,
         false,
     );
+    // KDA's per-channel decay, both forms: H = 5 heads of 8 channels.
+    let (heads, dim) = (5, 8);
+    let f: Vec<f32> = rnd(rows * heads * dim, 160)
+        .iter()
+        .map(|v| 12.0 * v)
+        .collect();
+    let (ka, kb) = (
+        rnd(heads, 161)
+            .iter()
+            .map(|v| v.abs() + 0.5)
+            .collect::<Vec<_>>(),
+        rnd(heads * dim, 162),
+    );
+    for lb in [None, Some(-5.0f32)] {
+        let gy = down(
+            &g,
+            &g.kda_gate(&up(&g, &f), &up(&g, &ka), &up(&g, &kb), dim, lb)
+                .unwrap(),
+        );
+        check(
+            &format!("kda_gate lb={lb:?}"),
+            &gy,
+            &c.kda_gate(&f, &ka, &kb, dim, lb).unwrap(),
+            1e-6,
+            false,
+        );
+    }
     let s = rnd(rows, 144);
     check(
         "scale_rows",

@@ -113,6 +113,31 @@ fn cuda_norms_match_the_cpu() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_layer_norm_matches_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let (rows, w) = (6, 72);
+    let x: Vec<f32> = rnd(rows * w, 57).iter().map(|v| 3.0 * v + 0.5).collect();
+    let (wt, bias) = (rnd(w, 58), rnd(w, 59));
+    let (gw, gb) = (up(&g, &wt), up(&g, &bias));
+    let run = |r: std::ops::Range<usize>| {
+        down(
+            &g,
+            &g.layer_norm(&up(&g, &x[r.start * w..r.end * w]), w, &gw, &gb, 1e-6)
+                .unwrap(),
+        )
+    };
+    check(
+        "layer_norm",
+        &run(0..rows),
+        &c.layer_norm(&x, w, &wt, &bias, 1e-6).unwrap(),
+        1e-5,
+        false,
+    );
+    rows_invariant("layer_norm", rows, run);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_rope_is_bit_identical_to_the_cpu() {
     let (g, c) = (gpu(), CpuOps);
     let (rows, heads, hd, half) = (5, 3, 16, 6);

@@ -130,3 +130,31 @@ fn cuda_select_topk_matches_the_cpu_with_ties() {
         true,
     );
 }
+
+/// GLM-5's pools → tokens, with and without the tail, on pools chosen among
+/// each query's complete pools.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_expand_pools_matches_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let (pool, base, rows) = (4, 9, 6);
+    let width = (base + rows) / pool;
+    let scores = rnd(rows * width, 170);
+    let limits: Vec<usize> = (0..rows).map(|r| (base + r + 1) / pool).collect();
+    let gsel = g
+        .select_topk(&up(&g, &scores), rows, width, &limits, 2)
+        .unwrap();
+    let csel = c.select_topk(&scores, rows, width, &limits, 2).unwrap();
+    for tail in [false, true] {
+        let ge = g
+            .selection_to_host(&g.expand_pools(&gsel, base, pool, tail).unwrap())
+            .unwrap();
+        let ce = c.expand_pools(&csel, base, pool, tail).unwrap();
+        assert_eq!(ge, ce, "expand_pools tail={tail}");
+    }
+    assert!(
+        g.expand_pools(&gsel, base - 4, pool, true).is_err(),
+        "pools past the queries are refused"
+    );
+    println!("REPORT op=expand_pools identical selections (tail and not)");
+}

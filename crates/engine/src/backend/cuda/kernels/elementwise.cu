@@ -100,3 +100,17 @@ extern "C" __global__ void inject_streams_f32(float* out, const float* xs, const
         out[i] = xs[i] + inj[t * c + s] * y[t * h + j];
     }
 }
+
+// Kimi delta attention's per-channel log-decay (GLM-5): x = f + dt_bias,
+// then lb·σ(a_h·x), or −a_h·ln(1 + eˣ) (linear above 20) without a bound.
+extern "C" __global__ void kda_gate_f32(float* y, const float* f, const float* a,
+                                        const float* dt_bias, u64 n, u64 c, u64 dim,
+                                        int has_lb, float lb) {
+    FOR_EACH(i, n) {
+        u64 ch = i % c;
+        float x = f[i] + dt_bias[ch];
+        float ah = a[ch / dim];
+        y[i] = has_lb ? lb * (1.0f / (1.0f + expf(-(ah * x))))
+                      : -ah * (x > 20.0f ? x : logf(1.0f + expf(x)));
+    }
+}

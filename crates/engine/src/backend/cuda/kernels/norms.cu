@@ -100,3 +100,20 @@ extern "C" __global__ void rope_f32(float* x, const float* cs, const float* sn, 
         }
     }
 }
+
+// LayerNorm with a bias (GLM-5's indexer keys), one warp per row: mean and
+// biased variance by the warp order above, then (x − mean)·inv·w + b.
+extern "C" __global__ void layer_norm_f32(float* y, const float* x, const float* w,
+                                          const float* b, u64 rows, u64 width, float eps) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(r, rows) {
+        const float* xr = x + r * width;
+        float s = 0.0f;
+        for (u64 i = lane; i < width; i += 32) s += xr[i];
+        float mean = warp_sum(s) / (float)width;
+        float v = 0.0f;
+        for (u64 i = lane; i < width; i += 32) v += (xr[i] - mean) * (xr[i] - mean);
+        float inv = 1.0f / sqrtf(warp_sum(v) / (float)width + eps);
+        for (u64 i = lane; i < width; i += 32) y[r * width + i] = (xr[i] - mean) * inv * w[i] + b[i];
+    }
+}

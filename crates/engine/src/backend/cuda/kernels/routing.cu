@@ -243,3 +243,23 @@ extern "C" __global__ void route_scored_f32(u32* experts, float* weights, const 
             }
     }
 }
+
+// Pools of `pool` tokens to tokens (GLM-5's DSA): row r (token t = base +
+// r) lists the tokens of each selected pool in order, then with `tail` the
+// incomplete tail ⌊(t+1)/pool⌋·pool ..= t. One thread per output slot.
+extern "C" __global__ void expand_pools(u32* out, u32* out_counts, const u32* idx,
+                                        const u32* counts, u64 cap, u64 rows, u64 base,
+                                        u64 pool, int tail, u64 out_cap) {
+    FOR_EACH(s, rows * out_cap) {
+        u64 r = s / out_cap, i = s % out_cap;
+        u64 t = base + r;
+        u64 c = counts[r];
+        u64 complete = (t + 1) / pool;
+        u64 tail_n = tail ? t + 1 - complete * pool : 0;
+        if (i == 0) out_counts[r] = (u32)(c * pool + tail_n);
+        if (i < c * pool)
+            out[s] = (u32)((u64)idx[r * cap + i / pool] * pool + i % pool);
+        else if (i < c * pool + tail_n)
+            out[s] = (u32)(complete * pool + (i - c * pool));
+    }
+}

@@ -1,50 +1,23 @@
-//! Parsing a family's tool calls out of streamed text.
+//! The JSON tool-call conventions: Hermes `<tool_call>{"name": …, "arguments": {…}}</tool_call>`
+//! blocks anywhere in the output, text around them kept (Qwen), and the llama 3 bare JSON object
+//! `{"name": …, "parameters": {…}}` as the whole reply (optionally after `<|python_tag|>`;
+//! several calls may be separated by `;`; a reply that does not start with `{` is plain text).
 //!
-//! Two conventions are supported:
-//!
-//! * [`ToolCallFormat::Hermes`] (Qwen): `<tool_call>{"name": …, "arguments":
-//!   {…}}</tool_call>` blocks anywhere in the output, text around them kept.
-//! * [`ToolCallFormat::Llama3Json`] (llama 3): the whole reply is a bare JSON
-//!   object `{"name": …, "parameters": {…}}` (optionally after
-//!   `<|python_tag|>`; several calls may be separated by `;`). A reply that
-//!   does not start with `{` is plain text.
-//!
-//! The parser is incremental: once a call's name is known it reports the
-//! call, then streams the arguments' JSON text as it is generated, so a
-//! client sees arguments grow token by token. The concatenated argument
-//! deltas are exactly the JSON text the model wrote. A call whose header is
-//! not in the expected `name`-then-arguments order is buffered whole and
-//! parsed at its end; one that is not JSON at all is returned as text.
+//! Once a call's name is known it is reported, then the arguments' JSON text streams as it is
+//! generated: the concatenated argument deltas are exactly the JSON text the model wrote. A call
+//! whose header is not in the expected `name`-then-arguments order is buffered whole and parsed
+//! at its end; one that is not JSON at all is returned as text.
 
 use serde_json::Value;
 
+use super::ToolEvent;
 use crate::reasoning::partial_suffix;
 
-/// How a family writes tool calls.
+/// The two JSON conventions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolCallFormat {
+pub(super) enum JsonFormat {
     Hermes,
     Llama3Json,
-}
-
-/// What the parser recognised.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolEvent {
-    Text(String),
-    /// A call `index` (0-based, in order) to the function `name` began.
-    Start {
-        index: usize,
-        name: String,
-    },
-    /// More of call `index`'s arguments (JSON text).
-    Arguments {
-        index: usize,
-        delta: String,
-    },
-    /// Call `index` is complete.
-    End {
-        index: usize,
-    },
 }
 
 const HERMES_OPEN: &str = "<tool_call>";
@@ -68,10 +41,10 @@ enum Phase {
     Text,
 }
 
-/// Incremental tool-call parser for one reply.
+/// Incremental parser of one reply's JSON tool calls.
 #[derive(Debug, Clone)]
-pub struct ToolCallParser {
-    format: ToolCallFormat,
+pub(super) struct JsonCalls {
+    format: JsonFormat,
     phase: Phase,
     held: String,
     /// Calls started so far (the next call's index).
@@ -79,8 +52,8 @@ pub struct ToolCallParser {
     json: JsonScan,
 }
 
-impl ToolCallParser {
-    pub fn new(format: ToolCallFormat) -> Self {
+impl JsonCalls {
+    pub fn new(format: JsonFormat) -> Self {
         Self {
             format,
             phase: Phase::Outside,
@@ -121,22 +94,22 @@ impl ToolCallParser {
     /// header turns out not to be a call after all.
     fn framing_prefix(&self) -> String {
         match self.format {
-            ToolCallFormat::Hermes => HERMES_OPEN.to_string(),
-            ToolCallFormat::Llama3Json => String::new(),
+            JsonFormat::Hermes => HERMES_OPEN.to_string(),
+            JsonFormat::Llama3Json => String::new(),
         }
     }
 
     fn arg_keys(&self) -> &'static [&'static str] {
         match self.format {
-            ToolCallFormat::Hermes => &["arguments"],
-            ToolCallFormat::Llama3Json => &["parameters", "arguments"],
+            JsonFormat::Hermes => &["arguments"],
+            JsonFormat::Llama3Json => &["parameters", "arguments"],
         }
     }
 
     /// One state transition; false when more text is needed.
     fn step(&mut self, out: &mut Vec<ToolEvent>) -> bool {
         match (self.phase, self.format) {
-            (Phase::Outside, ToolCallFormat::Hermes) => {
+            (Phase::Outside, JsonFormat::Hermes) => {
                 if let Some(at) = self.held.find(HERMES_OPEN) {
                     let before: String = self.held.drain(..at + HERMES_OPEN.len()).collect();
                     text(out, before[..at].to_string());
@@ -148,7 +121,7 @@ impl ToolCallParser {
                 text(out, ready);
                 false
             }
-            (Phase::Outside, ToolCallFormat::Llama3Json) => {
+            (Phase::Outside, JsonFormat::Llama3Json) => {
                 let trimmed = self.held.trim_start();
                 let trimmed = trimmed.strip_prefix(PYTHON_TAG).unwrap_or(trimmed);
                 let trimmed = trimmed.trim_start_matches([' ', '\t', '\n', '\r', ';']);
@@ -200,7 +173,7 @@ impl ToolCallParser {
                 }
                 done
             }
-            (Phase::Tail, ToolCallFormat::Hermes) => {
+            (Phase::Tail, JsonFormat::Hermes) => {
                 let Some(at) = self.held.find(HERMES_CLOSE) else {
                     return false;
                 };
@@ -211,7 +184,7 @@ impl ToolCallParser {
                 self.phase = Phase::Outside;
                 true
             }
-            (Phase::Tail, ToolCallFormat::Llama3Json) => {
+            (Phase::Tail, JsonFormat::Llama3Json) => {
                 let trimmed = self.held.trim_start();
                 let Some(rest) = trimmed.strip_prefix('}') else {
                     return false;
@@ -224,7 +197,7 @@ impl ToolCallParser {
                 self.phase = Phase::Outside;
                 true
             }
-            (Phase::Whole, ToolCallFormat::Hermes) => {
+            (Phase::Whole, JsonFormat::Hermes) => {
                 let Some(at) = self.held.find(HERMES_CLOSE) else {
                     return false;
                 };
@@ -233,7 +206,7 @@ impl ToolCallParser {
                 self.phase = Phase::Outside;
                 true
             }
-            (Phase::Whole, ToolCallFormat::Llama3Json) => {
+            (Phase::Whole, JsonFormat::Llama3Json) => {
                 let mut scan = JsonScan::default();
                 let (used, done) = scan.scan(&self.held);
                 if !done {
@@ -427,35 +400,10 @@ impl JsonScan {
 mod tests {
     use super::*;
 
-    /// What a client would assemble: text, and (name, arguments) per call.
-    fn assemble(events: &[ToolEvent]) -> (String, Vec<(String, String)>) {
-        let mut text = String::new();
-        let mut calls: Vec<(String, String)> = Vec::new();
-        let mut open = None;
-        for e in events {
-            match e {
-                ToolEvent::Text(t) => text.push_str(t),
-                ToolEvent::Start { index, name } => {
-                    assert_eq!(*index, calls.len());
-                    assert_eq!(open, None, "a call started inside another");
-                    calls.push((name.clone(), String::new()));
-                    open = Some(*index);
-                }
-                ToolEvent::Arguments { index, delta } => {
-                    assert_eq!(open, Some(*index));
-                    calls[*index].1.push_str(delta);
-                }
-                ToolEvent::End { index } => {
-                    assert_eq!(open.take(), Some(*index));
-                }
-            }
-        }
-        assert_eq!(open, None, "a call never ended");
-        (text, calls)
-    }
+    use crate::tool_calls::testing::assemble;
 
-    fn run(format: ToolCallFormat, pieces: &[&str]) -> (String, Vec<(String, String)>) {
-        let mut p = ToolCallParser::new(format);
+    fn run(format: JsonFormat, pieces: &[&str]) -> (String, Vec<(String, String)>) {
+        let mut p = JsonCalls::new(format);
         let mut events = Vec::new();
         for piece in pieces {
             events.extend(p.push(piece));
@@ -465,11 +413,7 @@ mod tests {
     }
 
     /// Every split of `text` into three pieces gives the same result.
-    fn check_all_splits(
-        format: ToolCallFormat,
-        text: &str,
-        want: &(String, Vec<(String, String)>),
-    ) {
+    fn check_all_splits(format: JsonFormat, text: &str, want: &(String, Vec<(String, String)>)) {
         let cuts: Vec<usize> = (0..=text.len())
             .filter(|&i| text.is_char_boundary(i))
             .collect();
@@ -491,33 +435,33 @@ mod tests {
                 "{\"city\": \"Paris, \\\"FR\\\"\", \"days\": [1, 2]}".to_string(),
             )],
         );
-        check_all_splits(ToolCallFormat::Hermes, text, &want);
+        check_all_splits(JsonFormat::Hermes, text, &want);
     }
 
     #[test]
     fn hermes_two_calls_and_reordered_keys() {
         let text = "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n<tool_call>{\"arguments\": {\"x\": 1}, \"name\": \"b\"}</tool_call>";
-        let (t, calls) = run(ToolCallFormat::Hermes, &[text]);
+        let (t, calls) = run(JsonFormat::Hermes, &[text]);
         assert_eq!(t, "\n");
         assert_eq!(
             calls,
             vec![("a".into(), "{}".into()), ("b".into(), "{\"x\":1}".into())]
         );
-        check_all_splits(ToolCallFormat::Hermes, text, &(t, calls));
+        check_all_splits(JsonFormat::Hermes, text, &(t, calls));
     }
 
     #[test]
     fn hermes_non_json_call_is_text_and_partial_tags_are_text() {
         assert_eq!(
-            run(ToolCallFormat::Hermes, &["<tool_call>not json</tool_call>"]),
+            run(JsonFormat::Hermes, &["<tool_call>not json</tool_call>"]),
             ("<tool_call>not json</tool_call>".into(), vec![])
         );
         assert_eq!(
-            run(ToolCallFormat::Hermes, &["a <tool_c", "all"]),
+            run(JsonFormat::Hermes, &["a <tool_c", "all"]),
             ("a <tool_call".into(), vec![])
         );
         assert_eq!(
-            run(ToolCallFormat::Hermes, &["a <tool"]),
+            run(JsonFormat::Hermes, &["a <tool"]),
             ("a <tool".into(), vec![])
         );
     }
@@ -525,7 +469,7 @@ mod tests {
     #[test]
     fn hermes_truncated_call_still_ends() {
         let (t, calls) = run(
-            ToolCallFormat::Hermes,
+            JsonFormat::Hermes,
             &["<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"ab"],
         );
         assert_eq!(t, "");
@@ -534,7 +478,7 @@ mod tests {
 
     #[test]
     fn arguments_stream_before_the_call_ends() {
-        let mut p = ToolCallParser::new(ToolCallFormat::Hermes);
+        let mut p = JsonCalls::new(JsonFormat::Hermes);
         let events = p.push("<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"ab");
         assert_eq!(
             events,
@@ -569,7 +513,7 @@ mod tests {
                 "{\"query\": \"rust {braces}\"}".to_string(),
             )],
         );
-        check_all_splits(ToolCallFormat::Llama3Json, text, &want);
+        check_all_splits(JsonFormat::Llama3Json, text, &want);
         let two =
             "{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"arguments\": {\"k\": [1]}}";
         let want = (
@@ -579,18 +523,18 @@ mod tests {
                 ("b".into(), "{\"k\": [1]}".into()),
             ],
         );
-        check_all_splits(ToolCallFormat::Llama3Json, two, &want);
+        check_all_splits(JsonFormat::Llama3Json, two, &want);
     }
 
     #[test]
     fn llama3_plain_text_and_non_call_objects() {
         check_all_splits(
-            ToolCallFormat::Llama3Json,
+            JsonFormat::Llama3Json,
             "Hello {there}",
             &("Hello {there}".into(), vec![]),
         );
         assert_eq!(
-            run(ToolCallFormat::Llama3Json, &["{\"a\": 1} tail"]),
+            run(JsonFormat::Llama3Json, &["{\"a\": 1} tail"]),
             ("{\"a\": 1} tail".into(), vec![])
         );
     }

@@ -1,0 +1,47 @@
+//! Per-position sampling: the request's sampler, or — where the observer
+//! says a position is structure rather than content
+//! ([`TurnObserver::greedy_after`]) — its greedy twin: the same law and
+//! parameters at temperature 0. The twin answers by the law's argmax and
+//! takes no draws, so the request's stream advances only at sampled
+//! positions. (ds4 samples the tags of a DSML tool call this way.)
+//!
+//! [`TurnObserver::greedy_after`]: super::turn::TurnObserver::greedy_after
+
+use ds4_sampling::{Sampler, SamplingParams};
+
+use crate::error::{EngineError, Result};
+
+/// The request's sampler and, once a position asks for it, its greedy twin.
+pub(crate) struct StepSamplers<'a> {
+    request: &'a mut Sampler,
+    greedy: Option<Sampler>,
+}
+
+impl<'a> StepSamplers<'a> {
+    pub fn new(request: &'a mut Sampler) -> Self {
+        Self {
+            request,
+            greedy: None,
+        }
+    }
+
+    /// The sampler for a position: greedy or the request's.
+    pub fn pick(&mut self, greedy: bool) -> Result<&mut Sampler> {
+        if !greedy {
+            return Ok(&mut *self.request);
+        }
+        if self.greedy.is_none() {
+            let params = SamplingParams {
+                temperature: 0.0,
+                ..*self.request.params()
+            };
+            let twin = Sampler::new(self.request.law(), params, self.request.seed())
+                .map_err(|e| EngineError::State(format!("greedy sampler: {e}")))?;
+            self.greedy = Some(twin);
+        }
+        match self.greedy.as_mut() {
+            Some(twin) => Ok(twin),
+            None => Err(EngineError::State("greedy sampler missing".into())),
+        }
+    }
+}

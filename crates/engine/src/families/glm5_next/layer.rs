@@ -1,0 +1,243 @@
+//! One GLM-5 decoder layer (`Glm5NextTextDecoderLayer`) over the 4-stream
+//! mHC residual `X: [T, N·D]`:
+//!
+//! ```text
+//! x, mix = attn_hc(X) ;  X = attn_hc.combine(X, mixer(input_layernorm(x)), mix)
+//! x, mix = ffn_hc(X)  ;  X = ffn_hc.combine(X, ffn(post_attention_layernorm(x)), mix)
+//! ```
+//!
+//! The mixer is KDA ([`crate::layers::kda`]) or MLA ([`crate::layers::mla`])
+//! whose selection comes from its own pooled indexer
+//! ([`crate::layers::pooled_indexer`]) or, on a shared-indexer layer, from
+//! the MLA layer right before it.
+
+use super::config::{Glm5NextConfig, IndexerKind, LayerKind};
+use super::ffn::Ffn;
+use super::state::{LayerCache, MlaCache};
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::layers::delta_rule::DeltaReplay;
+use crate::layers::hyper_connections::{HyperConnection, Mhc};
+use crate::layers::kda::{Kda, KdaSpec};
+use crate::layers::linear::BindLinear;
+use crate::layers::mla::{Mla, MlaSpec};
+use crate::layers::norms::RmsNorm;
+use crate::layers::pooled_indexer::{PooledIndexer, PooledIndexerSpec};
+use crate::load::binder::Binder;
+
+#[derive(Debug)]
+pub enum Mixer<B: Backend> {
+    Kda(Kda<B>),
+    Mla {
+        mla: Mla<B>,
+        /// `None` on a shared-indexer layer.
+        indexer: Option<PooledIndexer<B>>,
+    },
+}
+
+#[derive(Debug)]
+pub struct DecoderLayer<B: Backend> {
+    pub mixer: Mixer<B>,
+    ffn: Ffn<B>,
+    input_norm: RmsNorm<B>,
+    post_norm: RmsNorm<B>,
+    attn_hc: Mhc<B>,
+    ffn_hc: Mhc<B>,
+}
+
+/// What one layer did, on the host (only when a trace is asked for).
+#[derive(Debug, Clone)]
+pub struct LayerTrace {
+    /// Output streams `[T, N·D]`.
+    pub streams: Vec<f32>,
+    /// Selected token indices per new query (MLA layers).
+    pub selection: Option<Vec<Vec<u32>>>,
+    /// `[T·k]` experts and weights (sparse FFNs).
+    pub routing: Option<(Vec<usize>, Vec<f32>)>,
+}
+
+/// A layer's output streams `[rows, N·D]`, its selection (MLA layers: what
+/// a shared successor reuses) and its trace when asked.
+pub struct LayerOutput<B: Backend> {
+    pub streams: B::Buf,
+    pub selection: Option<B::Selection>,
+    pub trace: Option<LayerTrace>,
+}
+
+pub fn mla_spec(cfg: &Glm5NextConfig) -> MlaSpec {
+    MlaSpec {
+        heads: cfg.num_heads,
+        q_lora: cfg.q_lora_rank,
+        latent: cfg.kv_lora_rank,
+        nope: cfg.qk_nope_head_dim,
+        v: cfg.v_head_dim,
+        eps: cfg.rms_norm_eps,
+    }
+}
+
+pub fn indexer_spec(cfg: &Glm5NextConfig) -> PooledIndexerSpec {
+    PooledIndexerSpec {
+        heads: cfg.index_n_heads,
+        dim: cfg.index_head_dim,
+        pool: cfg.index_pool,
+        pool_topk: cfg.pool_topk(),
+        tail: true,
+    }
+}
+
+/// mHC parts under either name layout: upstream `hc_attn_fn` /
+/// `hc_attn_base` / `hc_attn_scale`, or internal `attn_hc.fn` / `.base` /
+/// `.scale`.
+fn load_hc<B: Backend>(w: &mut Binder<'_, B>, which: &str, cfg: &Glm5NextConfig) -> Result<Mhc<B>> {
+    let (n, d) = (cfg.hc_mult, cfg.hidden_size);
+    let m = (2 + n) * n;
+    let upstream = format!("hc_{which}_fn");
+    let names: [String; 3] = if w.has(&upstream) {
+        ["fn", "base", "scale"].map(|p| format!("hc_{which}_{p}"))
+    } else {
+        ["fn", "base", "scale"].map(|p| format!("{which}_hc.{p}"))
+    };
+    let proj = w.raw(&names[0], &[m, n * d])?;
+    let proj = w.linear_from(proj, m, n * d)?;
+    let base = w.vector(&names[1], &[m])?;
+    let scale = w.vector(&names[2], &[3])?;
+    Mhc::new(
+        w.ops(),
+        proj,
+        base,
+        scale,
+        n,
+        d,
+        cfg.hc_sinkhorn_iters,
+        cfg.hc_eps as f32,
+        cfg.rms_norm_eps as f32,
+    )
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// Layer `l`, bound under `w`'s scope (`…layers.{l}`).
+    pub fn load(w: &mut Binder<'_, B>, cfg: &Glm5NextConfig, l: usize) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
+        let mixer = {
+            let mut a = w.pp("self_attn");
+            match cfg.layer_kinds[l] {
+                LayerKind::Kda => Mixer::Kda(Kda::load(
+                    &mut a,
+                    h,
+                    KdaSpec {
+                        heads: cfg.linear_num_heads,
+                        head_dim: cfg.linear_head_dim,
+                        kernel: cfg.linear_conv_kernel,
+                        lower_bound: cfg.linear_lower_bound.map(|v| v as f32),
+                        eps: eps as f32,
+                    },
+                )?),
+                LayerKind::Mla => Mixer::Mla {
+                    mla: Mla::load(&mut a, h, mla_spec(cfg))?,
+                    indexer: match cfg.indexer_kinds[l] {
+                        IndexerKind::Full => Some(PooledIndexer::load(
+                            &mut a.pp("indexer"),
+                            h,
+                            cfg.q_lora_rank,
+                            indexer_spec(cfg),
+                        )?),
+                        IndexerKind::Shared => None,
+                    },
+                },
+            }
+        };
+        Ok(Self {
+            mixer,
+            ffn: Ffn::load(&mut w.pp("mlp"), cfg, cfg.mlp_kinds[l])?,
+            input_norm: RmsNorm::load(w, "input_layernorm.weight", h, eps)?,
+            post_norm: RmsNorm::load(w, "post_attention_layernorm.weight", h, eps)?,
+            attn_hc: load_hc(w, "attn", cfg)?,
+            ffn_hc: load_hc(w, "ffn", cfg)?,
+        })
+    }
+
+    pub fn new_cache(&self, ops: &B) -> Result<LayerCache<B>> {
+        Ok(match &self.mixer {
+            Mixer::Kda(k) => LayerCache::Kda(k.new_cache(ops)?),
+            Mixer::Mla { mla, indexer } => LayerCache::Mla(MlaCache::new(
+                ops,
+                mla.spec.latent,
+                indexer.as_ref().map(|i| i.new_cache(ops)).transpose()?,
+            )?),
+        })
+    }
+
+    /// `xs: [rows, N·D]` → `[rows, N·D]`. `prev` is the previous layer's
+    /// selection (what a shared-indexer layer reuses). Returns the streams,
+    /// this layer's selection (MLA) and, with `trace`, what it did.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        rows: usize,
+        cache: &mut LayerCache<B>,
+        prev: Option<&B::Selection>,
+        capture: Option<&mut Option<DeltaReplay<B>>>,
+        trace: bool,
+    ) -> Result<LayerOutput<B>> {
+        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
+        let x = self.input_norm.forward(ops, &x)?;
+        let mut selection = None;
+        let y = match (&self.mixer, cache) {
+            (Mixer::Kda(kda), LayerCache::Kda(c)) => kda.forward(ops, &x, rows, c, capture)?,
+            (Mixer::Mla { mla, indexer }, LayerCache::Mla(c)) => {
+                let (qr, q) = mla.queries(ops, &x, rows)?;
+                c.latent.append(ops, &mla.latents(ops, &x, rows)?)?;
+                let sel = match (indexer, c.indexer.as_mut()) {
+                    (Some(ix), Some(ic)) => ix.forward(ops, &x, &qr, rows, ic)?,
+                    (None, None) => prev.cloned().ok_or_else(|| {
+                        EngineError::State(
+                            "a shared-indexer layer got no selection from the layer before".into(),
+                        )
+                    })?,
+                    _ => return Err(mismatch()),
+                };
+                let y = mla.attend(ops, &q, rows, c.latent.buf(), &sel)?;
+                selection = Some(sel);
+                y
+            }
+            _ => return Err(mismatch()),
+        };
+        let xs = self
+            .attn_hc
+            .combine(ops, xs, &y, &mix.ok_or_else(no_mix)?)?;
+        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
+        let x = self.post_norm.forward(ops, &x)?;
+        let (y, routing) = self.ffn.forward(ops, &x, rows)?;
+        let xs = self
+            .ffn_hc
+            .combine(ops, &xs, &y, &mix.ok_or_else(no_mix)?)?;
+        let tr = if trace {
+            Some(LayerTrace {
+                streams: ops.download(&xs)?,
+                selection: selection
+                    .as_ref()
+                    .map(|s| ops.selection_to_host(s))
+                    .transpose()?,
+                routing: routing.map(|r| ops.routing_to_host(&r)).transpose()?,
+            })
+        } else {
+            None
+        };
+        Ok(LayerOutput {
+            streams: xs,
+            selection,
+            trace: tr,
+        })
+    }
+}
+
+fn mismatch() -> EngineError {
+    EngineError::State("layer cache does not match the layer kind".into())
+}
+
+fn no_mix() -> EngineError {
+    EngineError::State("an mHC block returned no mixing weights".into())
+}
