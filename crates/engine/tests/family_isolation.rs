@@ -1,6 +1,7 @@
-//! Family isolation: GLM-5 (`glm5_next`) and Qwen4-Exp (`qwen4_exp`) share
+//! Family isolation: GLM-5 (`glm5_next`), DeepSeek-V4 (`deepseek_v4`) and
+//! Qwen4-Exp (`qwen4_exp`) share
 //! layers, the decode loops, the MTP machinery and the session cache, but
-//! no policy. GLM is bound to the ds4 law through its descriptor (never to
+//! no policy. GLM and DeepSeek are bound to the ds4 law through its descriptor (never to
 //! the nucleus/MTPLX law Qwen uses), and changing one family's law
 //! parameters, sampling stream (seed) or cache policy (bank budget,
 //! boundary spacing, MTP depth) leaves the other family's tokens, draws,
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 
 use ds4_engine::Model;
 use ds4_engine::decode::{Flow, TokenSource, TurnConfig, TurnRequest, on_tokens};
+use ds4_engine::families::deepseek_v4::DeepseekV4Model;
 use ds4_engine::families::glm5_next::Glm5NextModel;
 use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
 use ds4_engine::state::table::TensorData;
@@ -22,6 +24,10 @@ fn fixtures() -> PathBuf {
 
 fn glm() -> Glm5NextModel {
     Glm5NextModel::from_hf_dir(&fixtures().join("glm5_next/tiny_a")).unwrap()
+}
+
+fn deepseek() -> DeepseekV4Model {
+    DeepseekV4Model::from_hf_dir(&fixtures().join("deepseek_v4/tiny_b")).unwrap()
 }
 
 fn qwen() -> Qwen4ExpModel {
@@ -190,4 +196,60 @@ fn changing_qwen_leaves_glm_bit_identical_and_the_reverse() {
         "Qwen changed after a GLM change"
     );
     assert_eq!(record(&g, defaults(&g)), glm0);
+}
+
+/// DeepSeek-V4 the same way: the ds4 law through its descriptor, and a
+/// Qwen change (law parameters, stream, cache policy, MTP depth) leaves its
+/// tokens, draws, sessions and cache counters bit-identical, and the
+/// reverse.
+#[test]
+fn deepseek_is_bound_to_the_ds4_law_and_apart_from_qwen() {
+    let (d, q) = (deepseek(), qwen());
+    assert_eq!(d.descriptor().law, Law::Ds4);
+    assert_eq!(d.descriptor().sampling_defaults, Law::Ds4.default_params());
+    let ds0 = record(&d, defaults(&d));
+    let mut p = defaults(&d);
+    p.params = SamplingParams {
+        temperature: 1.0,
+        ..Law::Nucleus.default_params()
+    };
+    assert_ne!(
+        ds0.tokens,
+        record_law(&d, p, Law::Nucleus).tokens,
+        "the law must matter"
+    );
+    let qwen0 = record(&q, defaults(&q));
+    let mut qp = defaults(&q);
+    qp.params.top_p = 0.5;
+    qp.params.temperature = 1.3;
+    qp.seed = 999;
+    qp.bank_bytes = 1 << 12;
+    qp.boundary_every = 3;
+    qp.depth = 3;
+    assert_ne!(
+        record(&q, qp).tokens,
+        qwen0.tokens,
+        "the Qwen change must matter"
+    );
+    assert_eq!(
+        record(&d, defaults(&d)),
+        ds0,
+        "DeepSeek changed after a Qwen change"
+    );
+    let mut dp = defaults(&d);
+    dp.params.min_p = 0.2;
+    dp.params.temperature = 0.7;
+    dp.seed = 4242;
+    dp.boundary_every = 5;
+    dp.depth = 1;
+    assert_ne!(
+        record(&d, dp).tokens,
+        ds0.tokens,
+        "the DeepSeek change must matter"
+    );
+    assert_eq!(
+        record(&q, defaults(&q)),
+        qwen0,
+        "Qwen changed after a DeepSeek change"
+    );
 }

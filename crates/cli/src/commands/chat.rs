@@ -76,7 +76,7 @@ fn chat_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &ChatArgs) -> any
             _ => {}
         }
         messages.push(prompt::message("user", line));
-        let prompt_ids = match prompt::chat_prompt(tokenizer, &messages) {
+        let prompt_ids = match prompt::chat_prompt(tokenizer, model.descriptor().name, &messages) {
             Ok(ids) => ids,
             Err(e) => {
                 eprintln!("error: {e:#}");

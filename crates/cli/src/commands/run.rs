@@ -17,7 +17,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     ds4_engine::with_model!(&loaded.model, model => run_with(model, &loaded.tokenizer, &args))
 }
 
-fn prompt_tokens(tokenizer: &Tokenizer, args: &RunArgs) -> anyhow::Result<Vec<u32>> {
+fn prompt_tokens(tokenizer: &Tokenizer, family: &str, args: &RunArgs) -> anyhow::Result<Vec<u32>> {
     if let Some(ids) = &args.prompt.prompt_tokens {
         return Ok(ids.clone());
     }
@@ -35,11 +35,11 @@ fn prompt_tokens(tokenizer: &Tokenizer, args: &RunArgs) -> anyhow::Result<Vec<u3
         messages.push(prompt::message("system", system));
     }
     messages.push(prompt::message("user", &text));
-    prompt::chat_prompt(tokenizer, &messages)
+    prompt::chat_prompt(tokenizer, family, &messages)
 }
 
 fn run_with<M: Model>(model: &M, tokenizer: &Tokenizer, args: &RunArgs) -> anyhow::Result<()> {
-    let prompt = prompt_tokens(tokenizer, args)?;
+    let prompt = prompt_tokens(tokenizer, model.descriptor().name, args)?;
     if prompt.is_empty() {
         anyhow::bail!("the prompt is empty");
     }
