@@ -22,4 +22,8 @@ cp target/release/ds4server "$dest/ds4server"
 strip "$dest/cuda" "$dest/ds4server"
 gzip -9 "$dest/cuda" "$dest/ds4server"
 cp tools/gpu/run.sh "$dest/run.sh"
+# Optional, for the `llamacpp` and `compare` steps: llama.cpp's sources and
+# the default model's tokenizer metadata (tools/gpu/vocab_gguf.py).
+[ -n "${LLAMA_SRC_TGZ:-}" ] && cp "$LLAMA_SRC_TGZ" "$dest/llama-src.tgz"
+[ -n "${VOCAB_GGUF:-}" ] && cp "$VOCAB_GGUF" "$dest/vocab.gguf"
 ls -la "$dest"

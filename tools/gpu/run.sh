@@ -36,6 +36,39 @@ for what in "${@:-tests}"; do
           --prompt-tokens 5,6,7,8,9,10 --max-tokens 16 --temperature 0 2>&1
       done | tee "$OUT/server.log"
       ;;
+    llamacpp)
+      # llama.cpp's CUDA build, from a source tarball carried in .gpu
+      # (llama-src.tgz), for sm_90 only and without flash-attention kernels
+      # (they dominate the compile time); CUDA graphs stay on.
+      export PATH=/usr/local/cuda/bin:$PATH
+      mkdir -p /tmp/llama && tar xzf llama-src.tgz -C /tmp/llama
+      start=$(date +%s)
+      (cd /tmp/llama &&
+        cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+          -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
+          -DGGML_CCACHE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+          -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
+          > "$OUT/llama-configure.log" 2>&1 &&
+        timeout "${LLAMA_BUILD_S:-420}" cmake --build build --target llama-bench -j 16 \
+          > "$OUT/llama-build.log" 2>&1)
+      echo "llama.cpp build rc=$? in $(( $(date +%s) - start ))s"
+      ;;
+    compare)
+      # The same SmolLM2-shaped GGUF (random weights, the real tokenizer)
+      # through our engine bench, our CLI bench and llama-bench.
+      export DS4_VOCAB_GGUF=$PWD/vocab.gguf DS4_SMOLLM2_GGUF=/tmp/smollm2.gguf
+      ./cuda --ignored --test-threads=1 --nocapture smollm2 2>&1 | tee "$OUT/compare.log"
+      for dev in cuda cpu; do
+        echo "== ds4server bench --device $dev" | tee -a "$OUT/compare.log"
+        ./ds4server bench --device "$dev" -m /tmp/smollm2.gguf --ctx-start 512 --ctx-max 2048 \
+          --step 1536 --gen 128 2>&1 | tee -a "$OUT/compare.log"
+      done
+      if [ -x /tmp/llama/build/bin/llama-bench ]; then
+        echo "== llama-bench (CUDA, all layers on the GPU)" | tee -a "$OUT/compare.log"
+        /tmp/llama/build/bin/llama-bench -m /tmp/smollm2.gguf -ngl 99 -p 512 -n 128 \
+          -d 0,2048 -r 3 2>&1 | tee -a "$OUT/compare.log"
+      fi
+      ;;
     *)
       echo "unknown step $what"
       ;;

@@ -210,7 +210,10 @@ fn cuda_bench_kernels_at_full_size() {
 }
 
 /// SmolLM2-135M's shape: 30 layers, hidden 576, 9 query / 3 kv heads of 64,
-/// FFN 1536, vocabulary 49152 (tied, Q8_0), projections Q4_1.
+/// FFN 1536, vocabulary 49152 (tied, Q8_0), projections Q4_1. With
+/// `DS4_VOCAB_GGUF` (a metadata-only GGUF from `tools/gpu/vocab_gguf.py`)
+/// its `tokenizer.*` keys are copied in, so tokenizers and llama.cpp load
+/// the file too.
 fn smollm2_shaped_gguf(path: &std::path::Path) {
     let (layers, hidden, ffn, vocab, heads, kv) =
         (30usize, 576usize, 1536usize, 49_152usize, 9usize, 3usize);
@@ -261,7 +264,16 @@ fn smollm2_shaped_gguf(path: &std::path::Path) {
         ("llama.rope.freq_base", Value::F32(100_000.0)),
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
     ];
-    let meta: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    let vocab = std::env::var_os("DS4_VOCAB_GGUF").map(|p| {
+        let mut f = std::fs::File::open(&p).unwrap();
+        gguf_file::Content::read(&mut f).unwrap().metadata
+    });
+    let mut meta: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    if let Some(v) = &vocab {
+        let mut keys: Vec<&String> = v.keys().filter(|k| k.starts_with("tokenizer.")).collect();
+        keys.sort();
+        meta.extend(keys.into_iter().map(|k| (k.as_str(), &v[k])));
+    }
     let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let mut f = std::fs::File::create(path).unwrap();
     gguf_file::write(&mut f, &meta, &refs).unwrap();
@@ -303,8 +315,11 @@ fn run<M: Model>(m: &M, prompt: &[u32], steps: usize) -> (f64, f64, Vec<u32>) {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_bench_smollm2_shaped_decode() {
+    // `DS4_SMOLLM2_GGUF`: keep the file there (for llama.cpp and the CLI).
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("smollm2-shaped.gguf");
+    let path = std::env::var_os("DS4_SMOLLM2_GGUF")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.path().join("smollm2-shaped.gguf"));
     let t0 = Instant::now();
     smollm2_shaped_gguf(&path);
     let bytes = std::fs::metadata(&path).unwrap().len();
