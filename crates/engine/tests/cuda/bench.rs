@@ -385,3 +385,31 @@ fn cuda_bench_smollm2_shaped_decode() {
         1e6 / gd
     );
 }
+
+/// Host cost per op, where the device work is negligible (64 values): a
+/// launch into a new buffer (allocation, launch, free), an in-place launch,
+/// and a device copy into a new buffer.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_bench_launch_overhead() {
+    let g = gpu();
+    let (a, b) = (g.upload(&[1.0; 64]).unwrap(), g.upload(&[2.0; 64]).unwrap());
+    let n = 5000;
+    let new_buffer = time(&g, n, |_| {
+        g.add(&a, &b).unwrap();
+    });
+    let mut x = g.upload(&[1.0; 64]).unwrap();
+    let in_place = time(&g, n, |_| {
+        g.l2_norm_heads(&mut x, 64, 1.0).unwrap();
+    });
+    let copy = time(&g, n, |_| {
+        g.rows(&a, 64, 0, 1).unwrap();
+    });
+    println!(
+        "REPORT bench=launch_overhead op_new_buffer_us={:.2} op_in_place_us={:.2} copy_new_buffer_us={:.2}",
+        new_buffer * 1e6,
+        in_place * 1e6,
+        copy * 1e6
+    );
+    assert!(g.download(&x).unwrap().iter().all(|v| v.is_finite()));
+}

@@ -1,8 +1,8 @@
 // Row-independent matrix products, y[r, j] = Σ_i x[r, i]·w[j, i].
 //
 // Eight threads own one output column j (a weight row) and walk every
-// activation row of the call, four at a time (the weights are read once per
-// four rows). Thread l of the eight accumulates the indices ≡ l (mod 8) in
+// activation row of the call, eight at a time (the weights are read once per
+// eight rows). Thread l of the eight accumulates the indices ≡ l (mod 8) in
 // order with FMA, and the eight partial sums are added
 // ((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7)), then the tail below 8 runs in order
 // on thread 0: exactly the CPU reference's sequence (`cpu::f32_matmul::dot`),
@@ -13,7 +13,7 @@
 // output row, which streams the quants at a much higher rate than eight
 // threads could.
 
-#define MM_TILE 4
+#define MM_TILE 8
 
 __device__ __forceinline__ unsigned group_mask() { return 0xffu << (threadIdx.x & 24); }
 
@@ -36,7 +36,7 @@ extern "C" __global__ void matmul_f32(float* y, const float* x, u64 rows, const 
     for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
         const float* xr = x + r0 * k;
-        float acc[MM_TILE] = {0.f, 0.f, 0.f, 0.f};
+        float acc[MM_TILE] = {};
 #pragma unroll 4
         for (u64 c = lane; c < k8; c += 8) {
             float wv = wr[c];
@@ -113,7 +113,7 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
     for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
         const float* xr = x + r0 * k;
-        float acc[MM_TILE] = {0.f, 0.f, 0.f, 0.f};
+        float acc[MM_TILE] = {};
         for (u64 b0 = 0; b0 < nb; b0 += 8) {
             u64 b = b0 + lane / 4;
             if (b >= nb) continue;
