@@ -1,8 +1,8 @@
 // Row-independent matrix products, y[r, j] = Σ_i x[r, i]·w[j, i].
 //
 // Eight threads own one output column j (a weight row) and walk every
-// activation row of the call, eight at a time (the weights are read once per
-// eight rows). Thread l of the eight accumulates the indices ≡ l (mod 8) in
+// activation row of the call, four at a time (the weights are read once per
+// four rows). Thread l of the eight accumulates the indices ≡ l (mod 8) in
 // order with FMA, and the eight partial sums are added
 // ((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7)), then the tail below 8 runs in order
 // on thread 0: exactly the CPU reference's sequence (`cpu::f32_matmul::dot`),
@@ -13,7 +13,7 @@
 // output row, which streams the quants at a much higher rate than eight
 // threads could.
 
-#define MM_TILE 8
+#define MM_TILE 4
 
 __device__ __forceinline__ unsigned group_mask() { return 0xffu << (threadIdx.x & 24); }
 
