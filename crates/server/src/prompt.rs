@@ -207,6 +207,23 @@ fn write_call(name: &Value, args: &Value, format: Option<ToolCallFormat>) -> Str
             )
         }
         Some(ToolCallFormat::Llama3Json) => json!({"name": name, "parameters": args}).to_string(),
+        // GLM's template: a string value raw, anything else as JSON.
+        Some(ToolCallFormat::Glm) => {
+            let mut out = format!("<tool_call>{}\n", name.as_str().unwrap_or_default());
+            if let Some(obj) = args.as_object() {
+                for (k, v) in obj {
+                    let v = match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    out.push_str(&format!(
+                        "<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"
+                    ));
+                }
+            }
+            out.push_str("</tool_call>");
+            out
+        }
     }
 }
 
@@ -227,6 +244,17 @@ fn describe_tools(messages: &mut Vec<Value>, tools: &[FunctionTool], format: Too
              </tools>\n\nFor each function call, return a json object with function name and \
              arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": \
              <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>",
+            list.join("\n")
+        ),
+        // The wording of GLM-4.5's chat template.
+        ToolCallFormat::Glm => format!(
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+             You are provided with function signatures within <tools></tools> XML tags:\n\
+             <tools>\n{}\n</tools>\n\nFor each function call, output the function name and \
+             arguments within the following XML format:\n<tool_call>{{function-name}}\n\
+             <arg_key>{{arg-key-1}}</arg_key>\n<arg_value>{{arg-value-1}}</arg_value>\n\
+             <arg_key>{{arg-key-2}}</arg_key>\n<arg_value>{{arg-value-2}}</arg_value>\n...\n\
+             </tool_call>",
             list.join("\n")
         ),
     };

@@ -63,10 +63,9 @@ const DEEPSEEK_V4: TextProfile = TextProfile {
     prompt: PromptFormat::DeepSeekV4,
 };
 
-/// GLM-5 (`glm5_next`) reasons in `<think>…</think>`. Its own tool-call
-/// format (`<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>
-/// </tool_call>`) has no parser yet; Hermes shares its `<tool_call>`
-/// markers and is the closest existing format.
+/// GLM-5 (`glm5_next`) reasons in `<think>…</think>` and writes tool calls
+/// as `<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>
+/// </tool_call>`.
 const GLM5: TextProfile = TextProfile {
     family: "glm5_next",
     reasoning: Some(ReasoningMarkers {
@@ -74,7 +73,7 @@ const GLM5: TextProfile = TextProfile {
         close: "</think>",
         skip_blank_after_close: true,
     }),
-    tool_calls: Some(ToolCallFormat::Hermes),
+    tool_calls: Some(ToolCallFormat::Glm),
     prompt: PromptFormat::Template,
 };
 
@@ -118,6 +117,7 @@ mod tests {
             glm.reasoning.map(|m| (m.open, m.close)),
             Some(("<think>", "</think>"))
         );
+        assert_eq!(glm.tool_calls, Some(ToolCallFormat::Glm));
         assert_eq!(TextProfile::for_family("nope").tool_calls, None);
         let ds = TextProfile::for_family("deepseek_v4");
         assert_eq!(ds.family, "deepseek_v4");

@@ -554,4 +554,35 @@ mod tests {
             .collect();
         assert_eq!(finish, [&Value::from("tool_calls")]);
     }
+
+    /// GLM-5: `<tool_call>name<arg_key>…` calls stream as tool_call deltas
+    /// (a header, then one argument member per completed pair).
+    #[tokio::test]
+    async fn glm_calls_stream_as_tool_call_deltas() {
+        let out = "<think>Two calls.</think>Checking.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call><tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>/tmp/a</arg_value>\n</tool_call>";
+        let (chunks, reasoning, text, calls) = chunks("glm5_next", out).await;
+        assert_eq!(
+            (reasoning.as_str(), text.as_str()),
+            ("Two calls.", "Checking.")
+        );
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            calls[0][1..],
+            [
+                "get_weather".to_string(),
+                "{\"city\": \"Oslo\", \"days\": 3}".into()
+            ]
+        );
+        assert_eq!(
+            calls[1][1..],
+            ["read_file".to_string(), "{\"path\": \"/tmp/a\"}".into()]
+        );
+        let finish: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .map(|c| &c["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, [&Value::from("tool_calls")]);
+    }
 }

@@ -621,4 +621,20 @@ mod tests {
         assert_eq!(input, json!({"path": "/tmp/a"}));
         assert_eq!(delta["delta"]["stop_reason"], "tool_use");
     }
+
+    /// GLM-5: its calls become tool_use blocks with streamed input.
+    #[tokio::test]
+    async fn glm_tool_use_blocks() {
+        let out = "<think>Two calls.</think>Checking.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call><tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>/tmp/a</arg_value>\n</tool_call>";
+        let (_, blocks, delta) = blocks("glm5_next", out).await;
+        let kinds: Vec<&str> = blocks
+            .iter()
+            .map(|b| b.0["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"]);
+        assert_eq!(blocks[2].0["name"], "get_weather");
+        let input: Value = serde_json::from_str(&blocks[2].1).unwrap();
+        assert_eq!(input, json!({"city": "Oslo", "days": 3}));
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    }
 }

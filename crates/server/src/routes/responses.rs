@@ -642,4 +642,22 @@ mod tests {
             .count();
         assert!(deltas > 10, "{deltas}");
     }
+
+    /// GLM-5: its calls become function_call items.
+    #[tokio::test]
+    async fn glm_function_call_items() {
+        let out = "<think>Two calls.</think>Checking.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call><tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>/tmp/a</arg_value>\n</tool_call>";
+        let ev = events("glm5_next", out).await;
+        assert_eq!(joined(&ev, "response.output_text.delta"), "Checking.");
+        let done = ev.last().unwrap();
+        let output = done["response"]["output"].as_array().unwrap();
+        let kinds: Vec<&str> = output.iter().map(|o| o["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            ["reasoning", "message", "function_call", "function_call"]
+        );
+        assert_eq!(output[2]["name"], "get_weather");
+        assert_eq!(output[2]["arguments"], "{\"city\": \"Oslo\", \"days\": 3}");
+        assert_eq!(output[3]["arguments"], "{\"path\": \"/tmp/a\"}");
+    }
 }

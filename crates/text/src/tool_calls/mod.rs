@@ -1,20 +1,24 @@
 //! Parsing a family's tool calls out of streamed text.
 //!
-//! Three conventions:
+//! Four conventions:
 //!
 //! * [`ToolCallFormat::Hermes`] (Qwen) and [`ToolCallFormat::Llama3Json`]
 //!   (llama 3): JSON calls (`json.rs`).
 //! * [`ToolCallFormat::Dsml`] (DeepSeek-V4): DSML blocks, parsed as ds4 does
 //!   (`crate::deepseek_v4::tool_stream`).
+//! * [`ToolCallFormat::Glm`] (GLM-5): `<tool_call>name<arg_key>…</arg_key>
+//!   <arg_value>…</arg_value></tool_call>` (`glm.rs`).
 //!
 //! Every parser is incremental: text pieces in, [`ToolEvent`]s out. Once a
 //! call's name is known it is reported ([`ToolEvent::Start`]), then its
 //! arguments stream as JSON text ([`ToolEvent::Arguments`]) as they are
 //! generated, so a client sees arguments grow token by token.
 
+mod glm;
 mod json;
 
 use crate::deepseek_v4::tool_stream::DsmlCalls;
+use glm::GlmCalls;
 use json::{JsonCalls, JsonFormat};
 
 /// How a family writes tool calls.
@@ -24,6 +28,8 @@ pub enum ToolCallFormat {
     Llama3Json,
     /// DeepSeek-V4's `<｜DSML｜tool_calls>` blocks.
     Dsml,
+    /// GLM's `<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>`.
+    Glm,
 }
 
 /// What the parser recognised.
@@ -57,6 +63,7 @@ pub enum ToolEvent {
 enum Inner {
     Json(JsonCalls),
     Dsml(DsmlCalls),
+    Glm(GlmCalls),
 }
 
 /// Incremental tool-call parser for one reply.
@@ -69,6 +76,7 @@ impl ToolCallParser {
             ToolCallFormat::Hermes => Inner::Json(JsonCalls::new(JsonFormat::Hermes)),
             ToolCallFormat::Llama3Json => Inner::Json(JsonCalls::new(JsonFormat::Llama3Json)),
             ToolCallFormat::Dsml => Inner::Dsml(DsmlCalls::new()),
+            ToolCallFormat::Glm => Inner::Glm(GlmCalls::new()),
         })
     }
 
@@ -77,6 +85,7 @@ impl ToolCallParser {
         match &self.0 {
             Inner::Json(p) => p.calls(),
             Inner::Dsml(p) => p.calls(),
+            Inner::Glm(p) => p.calls(),
         }
     }
 
@@ -84,6 +93,7 @@ impl ToolCallParser {
         match &mut self.0 {
             Inner::Json(p) => p.push(text),
             Inner::Dsml(p) => p.push(text),
+            Inner::Glm(p) => p.push(text),
         }
     }
 
@@ -92,6 +102,7 @@ impl ToolCallParser {
         match &mut self.0 {
             Inner::Json(p) => p.finish(),
             Inner::Dsml(p) => p.finish(),
+            Inner::Glm(p) => p.finish(),
         }
     }
 }
