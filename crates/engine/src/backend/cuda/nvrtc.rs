@@ -266,6 +266,16 @@ mod tests {
         assert_eq!(fnv1a(&[b"ds4"]), 0xe91f_0566_d80d_e9f9);
     }
 
+    /// Every embedded kernel compiles for the H200 (no GPU needed: NVRTC
+    /// from PyPI's `nvidia-cuda-nvrtc==13.0.88`, its `nvidia/cu13/lib` on
+    /// `LD_LIBRARY_PATH`; docs/GPU.md).
+    #[test]
+    #[ignore = "needs NVRTC 13 (libnvrtc.so.13) on the library path"]
+    fn embedded_kernels_compile_for_sm_90a() {
+        let bytes = compile_embedded("sm_90a").unwrap();
+        assert!(bytes > 100_000, "a cubin of {bytes} bytes");
+    }
+
     #[test]
     fn program_starts_with_the_header() {
         let text = program(None).unwrap();
