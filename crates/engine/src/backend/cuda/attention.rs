@@ -5,7 +5,7 @@
 //! merged in tile order (two launches).
 
 use super::buf::CudaBuf;
-use super::device::{Device, Shape, args, ptr};
+use super::device::{Device, Shape, args};
 use super::select::CudaSelection;
 use crate::backend::{EntryKeep, Heads};
 use crate::error::{EngineError, Result};
@@ -74,7 +74,7 @@ pub(super) fn attention_causal(
     // a small table.
     let table: Vec<u64> = k.iter().chain(v).map(|c| c.ptr()).collect();
     let table = dev.upload(&table)?;
-    let (kp, vp) = (ptr(&table), ptr(&table) + 8 * kvh as u64);
+    let (kp, vp) = (table.ptr(), table.ptr() + 8 * kvh as u64);
     let tiles = total.div_ceil(TILE);
     let items = t * q_heads;
     let parts = CudaBuf::uninit(dev, items * tiles * (d + 2))?;
@@ -171,8 +171,8 @@ pub(super) fn attention_gathered(
             q.ptr(),
             k.ptr(),
             v.ptr(),
-            ptr(&keep.idx),
-            ptr(&keep.counts),
+            keep.idx.ptr(),
+            keep.counts.ptr(),
             keep.cap,
             rows,
             q_heads,
@@ -267,8 +267,8 @@ pub(super) fn attention_window(
             window.ptr(),
             entries.ptr(),
             n_entries,
-            sel.map_or(0, |s| ptr(&s.idx)),
-            sel.map_or(0, |s| ptr(&s.counts)),
+            sel.map_or(0, |s| s.idx.ptr()),
+            sel.map_or(0, |s| s.counts.ptr()),
             sel.map_or(0, |s| s.cap),
             rows,
             heads,

@@ -10,14 +10,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
-
-use super::device::{Device, Shape, args, ptr};
+use super::device::{Device, Shape, args};
+use super::mem::DevMem;
 use crate::error::{EngineError, Result};
 
 #[derive(Clone)]
 pub struct CudaBuf {
-    mem: Arc<CudaSlice<f32>>,
+    mem: Arc<DevMem<f32>>,
     len: usize,
 }
 
@@ -32,7 +31,7 @@ fn shape_err(op: &str, msg: String) -> EngineError {
 }
 
 impl CudaBuf {
-    pub(super) fn from_slice(mem: CudaSlice<f32>, len: usize) -> Self {
+    pub(super) fn from_mem(mem: DevMem<f32>, len: usize) -> Self {
         Self {
             mem: Arc::new(mem),
             len,
@@ -41,7 +40,7 @@ impl CudaBuf {
 
     /// A new buffer of `len` values, to be fully written by a kernel.
     pub(super) fn uninit(dev: &Device, len: usize) -> Result<Self> {
-        Ok(Self::from_slice(dev.alloc(len)?, len))
+        Ok(Self::from_mem(dev.alloc(len)?, len))
     }
 
     pub fn len(&self) -> usize {
@@ -54,31 +53,31 @@ impl CudaBuf {
 
     /// The device address of the first value.
     pub(super) fn ptr(&self) -> u64 {
-        ptr(&self.mem)
+        self.mem.ptr()
     }
 
-    /// The allocation, unshared (copied when a clone holds it), with room
-    /// for at least `capacity` values; its address for an in-place kernel.
-    pub(super) fn own(&mut self, dev: &Device, capacity: usize) -> Result<&mut CudaSlice<f32>> {
+    /// Make the allocation this buffer's own (copied when a clone holds
+    /// it) with room for at least `capacity` values; its address, for an
+    /// in-place kernel or an append.
+    pub(super) fn own(&mut self, dev: &Device, capacity: usize) -> Result<u64> {
         let room = self.mem.len() >= capacity.max(1);
         if !(room && Arc::get_mut(&mut self.mem).is_some()) {
-            let mut fresh = dev.alloc::<f32>(capacity.max(self.len))?;
-            dev.copy(&self.mem, 0, &mut fresh, 0, self.len)?;
+            let fresh = dev.alloc::<f32>(capacity.max(self.len))?;
+            dev.copy(&self.mem, 0, &fresh, 0, self.len)?;
             self.mem = Arc::new(fresh);
         }
-        Arc::get_mut(&mut self.mem)
-            .ok_or_else(|| EngineError::Device("a fresh buffer is shared".into()))
+        Ok(self.mem.ptr())
     }
 
-    /// [`CudaBuf::own`] at the current length, returning the address.
+    /// [`CudaBuf::own`] at the current length.
     pub(super) fn own_ptr(&mut self, dev: &Device) -> Result<u64> {
         let len = self.len;
-        Ok(ptr(self.own(dev, len)?))
+        self.own(dev, len)
     }
 }
 
 pub(super) fn upload(dev: &Device, host: &[f32]) -> Result<CudaBuf> {
-    Ok(CudaBuf::from_slice(dev.upload(host)?, host.len()))
+    Ok(CudaBuf::from_mem(dev.upload(host)?, host.len()))
 }
 
 pub(super) fn download(dev: &Device, x: &CudaBuf) -> Result<Vec<f32>> {
@@ -86,7 +85,7 @@ pub(super) fn download(dev: &Device, x: &CudaBuf) -> Result<Vec<f32>> {
 }
 
 pub(super) fn zeros(dev: &Device, n: usize) -> Result<CudaBuf> {
-    Ok(CudaBuf::from_slice(dev.alloc_zeros(n)?, n))
+    Ok(CudaBuf::from_mem(dev.alloc_zeros(n)?, n))
 }
 
 pub(super) fn rows(
@@ -107,9 +106,9 @@ pub(super) fn rows(
             ),
         ));
     }
-    let mut out = dev.alloc(b - a)?;
-    dev.copy(&x.mem, a, &mut out, 0, b - a)?;
-    Ok(CudaBuf::from_slice(out, b - a))
+    let out = dev.alloc(b - a)?;
+    dev.copy(&x.mem, a, &out, 0, b - a)?;
+    Ok(CudaBuf::from_mem(out, b - a))
 }
 
 /// `dst ← [dst | src]`, into spare capacity when there is some.
@@ -122,8 +121,8 @@ pub(super) fn append(dev: &Device, dst: &mut CudaBuf, src: &CudaBuf) -> Result<(
         need.max(2 * dst.mem.len()).max(64)
     };
     let at = dst.len;
-    let mem = dst.own(dev, capacity)?;
-    dev.copy(&src.mem, 0, mem, at, src.len)?;
+    dst.own(dev, capacity)?;
+    dev.copy(&src.mem, 0, &dst.mem, at, src.len)?;
     dst.len = need;
     Ok(())
 }

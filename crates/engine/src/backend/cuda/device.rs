@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    ValidAsZeroBits, result as driver, sys as driver_sys,
+    result as driver, sys as driver_sys,
 };
 use cudarc::nvrtc::Ptx;
 
+use super::mem::{DevMem, Pool};
 use super::nvrtc;
 use super::signature::{self, Param};
 use crate::error::{EngineError, Result};
@@ -98,6 +99,8 @@ impl Shape {
 pub(super) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
+    /// Activations, caches and workspaces (weights are allocated apart).
+    pool: Arc<Pool>,
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     /// Each kernel's parameters, from the embedded sources.
@@ -171,6 +174,7 @@ impl Device {
         let signatures = signature::parse(&text).map_err(EngineError::Device)?;
         Ok(Self {
             ctx,
+            pool: Pool::new(stream.clone()),
             stream,
             module,
             functions: Mutex::new(HashMap::new()),
@@ -243,61 +247,118 @@ impl Device {
         .map_err(|e| dev_err(&format!("launching `{name}`"), e))
     }
 
-    /// An uninitialised allocation of `n` elements (at least one: the
-    /// driver refuses empty allocations).
-    pub fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
-        // SAFETY: every caller writes the elements it later reads (kernels
-        // write their whole output; copies fill their destination).
-        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| dev_err("allocation", e))
+    /// Room for `n` elements from the pool, to be fully written by the
+    /// kernel or copy that fills it.
+    pub fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<DevMem<T>> {
+        DevMem::new(&self.pool, n)
     }
 
-    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
-        self.stream
-            .alloc_zeros::<T>(n.max(1))
-            .map_err(|e| dev_err("allocation", e))
+    /// `n` zeroed elements from the pool.
+    pub fn alloc_zeros<T: DeviceRepr>(&self, n: usize) -> Result<DevMem<T>> {
+        let m = self.alloc::<T>(n)?;
+        if n > 0 {
+            self.bind()?;
+            // SAFETY: `m` holds n elements; the memset is queued on the
+            // stream like every use of it.
+            unsafe {
+                driver::memset_d8_async(
+                    m.ptr(),
+                    0,
+                    n * std::mem::size_of::<T>(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| dev_err("memset", e))?;
+        }
+        Ok(m)
     }
 
-    /// Copy host values to a new allocation.
-    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the context", e))
+    }
+
+    /// Host values copied to a new block of the pool.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DevMem<T>> {
+        let m = self.alloc::<T>(host.len())?;
+        if !host.is_empty() {
+            self.bind()?;
+            // SAFETY: `m` holds host.len() elements; a copy from pageable
+            // memory returns once the source is staged, so `host` may go.
+            unsafe { driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream()) }
+                .map_err(|e| dev_err("host-to-device copy", e))?;
+        }
+        Ok(m)
+    }
+
+    /// A weight: allocated apart from the pool, for the model's lifetime.
+    pub fn upload_weight<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
         if host.is_empty() {
-            return self.alloc(0);
+            // SAFETY: never read (an empty weight has no element).
+            return unsafe { self.stream.alloc::<T>(1) }.map_err(|e| dev_err("allocation", e));
         }
         self.stream
             .clone_htod(host)
             .map_err(|e| dev_err("host-to-device copy", e))
     }
 
-    /// The first `n` elements of `s` on the host (waits for the stream).
+    /// The first `n` elements of `m` on the host (waits for the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(
         &self,
-        s: &CudaSlice<T>,
+        m: &DevMem<T>,
         n: usize,
     ) -> Result<Vec<T>> {
-        if n == 0 {
-            return Ok(Vec::new());
+        let mut host = vec![T::default(); n];
+        if n > 0 {
+            if n > m.len() {
+                return Err(EngineError::Device(format!(
+                    "reading {n} values of a block of {}",
+                    m.len()
+                )));
+            }
+            self.bind()?;
+            // SAFETY: `host` holds n elements and `m` at least n; queued
+            // after every write to `m`, then waited for.
+            unsafe { driver::memcpy_dtoh_async(&mut host, m.ptr(), self.stream.cu_stream()) }
+                .map_err(|e| dev_err("device-to-host copy", e))?;
         }
-        self.stream
-            .clone_dtoh(&s.slice(..n))
-            .map_err(|e| dev_err("device-to-host copy", e))
+        self.sync()?;
+        Ok(host)
     }
 
     /// Copy `n` elements `src[from ..]` → `dst[to ..]` on the stream.
-    pub fn copy<T: DeviceRepr>(
+    pub fn copy<T>(
         &self,
-        src: &CudaSlice<T>,
+        src: &DevMem<T>,
         from: usize,
-        dst: &mut CudaSlice<T>,
+        dst: &DevMem<T>,
         to: usize,
         n: usize,
     ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let src = src.slice(from..from + n);
-        let mut dst = dst.slice_mut(to..to + n);
-        self.stream
-            .memcpy_dtod(&src, &mut dst)
-            .map_err(|e| dev_err("device copy", e))
+        if from + n > src.len() || to + n > dst.len() {
+            return Err(EngineError::Device(format!(
+                "copying {n} values from {from} of {} to {to} of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        let size = std::mem::size_of::<T>();
+        self.bind()?;
+        // SAFETY: both ranges are inside their blocks (checked above), and
+        // the copy is ordered on the stream like every other use.
+        unsafe {
+            driver::memcpy_dtod_async(
+                dst.ptr() + (to * size) as u64,
+                src.ptr() + (from * size) as u64,
+                n * size,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| dev_err("device copy", e))
     }
 
     /// Wait for every queued op (errors of asynchronous kernels surface

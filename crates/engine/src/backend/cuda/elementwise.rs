@@ -55,7 +55,7 @@ pub(super) fn gather_rows(dev: &Device, table: &CudaTable, ids: &[u32]) -> Resul
     dev.launch(
         name,
         Shape::elements(n * width),
-        args![out.ptr(), data, ptr(&ids), n, width],
+        args![out.ptr(), data, ids.ptr(), n, width],
     )?;
     Ok(out)
 }

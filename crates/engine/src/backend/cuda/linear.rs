@@ -112,7 +112,7 @@ pub(super) fn experts_swiglu(
         }
         return Ok(out);
     }
-    let experts = ptr(&routing.experts);
+    let experts = routing.experts.ptr();
     let gu = CudaBuf::uninit(dev, pairs * two_i)?;
     dev.launch(
         "matmul_f32_gather",
@@ -159,7 +159,7 @@ pub(super) fn experts_swiglu(
     dev.launch(
         "experts_combine",
         Shape::elements(rows * h),
-        args![out.ptr(), ys.ptr(), ptr(&routing.weights), rows, k, h],
+        args![out.ptr(), ys.ptr(), routing.weights.ptr(), rows, k, h],
     )?;
     Ok(out)
 }

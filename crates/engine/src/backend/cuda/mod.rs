@@ -31,6 +31,7 @@ mod buf;
 mod device;
 mod elementwise;
 mod linear;
+mod mem;
 mod norms;
 pub mod nvrtc;
 mod ops;

@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
-
 use super::buf::CudaBuf;
-use super::device::{Device, Shape, args, ptr};
+use super::device::{Device, Shape, args};
+use super::mem::DevMem;
 use crate::backend::{IndexerShape, RouterSpec, Scoring};
 use crate::error::{EngineError, Result};
 
@@ -27,8 +26,8 @@ const DROPPED_GROUP_CHOICE: f32 = f32::NEG_INFINITY;
 /// Per-token kept indices: `[rows, cap]` with a count per row.
 #[derive(Clone)]
 pub struct CudaSelection {
-    pub(super) idx: Arc<CudaSlice<u32>>,
-    pub(super) counts: Arc<CudaSlice<u32>>,
+    pub(super) idx: Arc<DevMem<u32>>,
+    pub(super) counts: Arc<DevMem<u32>>,
     pub(super) rows: usize,
     pub(super) cap: usize,
     /// Every index is below this (checked on the host against the cache a
@@ -45,8 +44,8 @@ impl std::fmt::Debug for CudaSelection {
 /// Per-token routed experts and weights, `[rows, k]` each.
 #[derive(Clone)]
 pub struct CudaRouting {
-    pub(super) experts: Arc<CudaSlice<u32>>,
-    pub(super) weights: Arc<CudaSlice<f32>>,
+    pub(super) experts: Arc<DevMem<u32>>,
+    pub(super) weights: Arc<DevMem<f32>>,
     pub(super) rows: usize,
     pub(super) k: usize,
     /// The router's expert count: every id is below it.
@@ -96,8 +95,8 @@ pub(super) fn route_softmax_topk(
             "route_softmax_topk_f32",
             Shape::warps(rows),
             args![
-                ptr(&r.experts),
-                ptr(&r.weights),
+                r.experts.ptr(),
+                r.weights.ptr(),
                 logits.ptr(),
                 rows,
                 experts,
@@ -142,11 +141,11 @@ pub(super) fn route_scored(
         "route_scored_f32",
         Shape::warps(rows),
         args![
-            ptr(&r.experts),
-            ptr(&r.weights),
+            r.experts.ptr(),
+            r.weights.ptr(),
             logits.ptr(),
             bias.map_or(0, |b| b.ptr()),
-            fixed.as_ref().map_or(0, ptr),
+            fixed.as_ref().map_or(0, |f| f.ptr()),
             rows,
             e,
             k as i32,
@@ -211,12 +210,12 @@ fn topk(
             block: TOPK_THREADS,
         },
         args![
-            ptr(&sel.idx),
-            ptr(&sel.counts),
+            sel.idx.ptr(),
+            sel.counts.ptr(),
             scores.ptr(),
             stride,
-            ptr(&limits),
-            ptr(&visible),
+            limits.ptr(),
+            visible.ptr(),
             k as u32,
             ratio as u32,
             cap
@@ -363,10 +362,10 @@ pub(super) fn expand_pools(
             "expand_pools",
             Shape::elements(rows * cap),
             args![
-                ptr(&out.idx),
-                ptr(&out.counts),
-                ptr(&pools.idx),
-                ptr(&pools.counts),
+                out.idx.ptr(),
+                out.counts.ptr(),
+                pools.idx.ptr(),
+                pools.counts.ptr(),
                 pools.cap,
                 rows,
                 base,

@@ -227,7 +227,7 @@ pub(super) fn matrix(dev: &Device, w: HostWeight, out: usize, inp: usize) -> Res
         },
     };
     Ok(CudaMatrix::F32 {
-        w: dev.upload(&host_f32(&t)?)?,
+        w: dev.upload_weight(&host_f32(&t)?)?,
         out,
         inp,
     })
@@ -244,8 +244,8 @@ pub(super) fn block_matrix(
     let (dm, quants) = repack(kind, data);
     Ok(CudaMatrix::Block {
         kind,
-        dm: dev.upload(&dm)?,
-        quants: dev.upload(&quants)?,
+        dm: dev.upload_weight(&dm)?,
+        quants: dev.upload_weight(&quants)?,
         out,
         inp,
     })
@@ -265,7 +265,7 @@ pub(super) fn experts(
         ));
     }
     Ok(CudaExperts {
-        w: dev.upload(&host_f32(&w)?)?,
+        w: dev.upload_weight(&host_f32(&w)?)?,
         e,
         out,
         inp,
@@ -286,7 +286,7 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
             Some((kind, data)) => {
                 return Ok(CudaTable::Block {
                     kind,
-                    data: dev.upload(&data)?,
+                    data: dev.upload_weight(&data)?,
                     rows,
                     width,
                 });
@@ -295,7 +295,7 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
         },
     };
     Ok(CudaTable::F32 {
-        w: dev.upload(&host_f32(&t)?)?,
+        w: dev.upload_weight(&host_f32(&t)?)?,
         rows,
         width,
     })
