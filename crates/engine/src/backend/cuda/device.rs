@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    result as driver, sys as driver_sys,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, result as driver,
+    sys as driver_sys,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -96,15 +96,23 @@ impl Shape {
     }
 }
 
+/// A loaded kernel and its parameters.
+struct Kernel {
+    f: CudaFunction,
+    params: Vec<Param>,
+}
+
+/// Kernel arguments at most (the longest signature has 20).
+const MAX_ARGS: usize = 24;
+
 pub(super) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     /// Activations, caches and workspaces (weights are allocated apart).
     pool: Arc<Pool>,
-    module: Arc<CudaModule>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
-    /// Each kernel's parameters, from the embedded sources.
-    signatures: HashMap<String, Vec<Param>>,
+    /// Every kernel, loaded at open, with its parameters from the sources
+    /// (read-only afterwards: a launch takes no lock).
+    kernels: HashMap<String, Kernel>,
     pub arch: String,
     pub name: String,
     pub kernels_hash: u64,
@@ -171,14 +179,18 @@ impl Device {
             .load_module(Ptx::from_binary(cubin.image))
             .map_err(|e| dev_err("loading the kernel cubin", e))?;
         let text: String = nvrtc::SOURCES.iter().map(|(_, s)| *s).collect();
-        let signatures = signature::parse(&text).map_err(EngineError::Device)?;
+        let mut kernels = HashMap::new();
+        for (name, params) in signature::parse(&text).map_err(EngineError::Device)? {
+            let f = module
+                .load_function(&name)
+                .map_err(|e| dev_err(&format!("kernel `{name}`"), e))?;
+            kernels.insert(name, Kernel { f, params });
+        }
         Ok(Self {
             ctx,
             pool: Pool::new(stream.clone()),
             stream,
-            module,
-            functions: Mutex::new(HashMap::new()),
-            signatures,
+            kernels,
             arch,
             name,
             kernels_hash: cubin.hash,
@@ -188,60 +200,45 @@ impl Device {
         })
     }
 
-    fn function(&self, name: &'static str) -> Result<CudaFunction> {
-        let mut cache = self
-            .functions
-            .lock()
-            .map_err(|_| EngineError::Device("the kernel table lock is poisoned".into()))?;
-        if let Some(f) = cache.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self
-            .module
-            .load_function(name)
-            .map_err(|e| dev_err(&format!("kernel `{name}`"), e))?;
-        cache.insert(name, f.clone());
-        Ok(f)
-    }
-
     /// Queue kernel `name` on the stream.
     pub fn launch(&self, name: &'static str, shape: Shape, args: &[Arg]) -> Result<()> {
-        let sig = self
-            .signatures
+        let k = self
+            .kernels
             .get(name)
             .ok_or_else(|| EngineError::Device(format!("no kernel `{name}` in the sources")))?;
-        if sig.len() != args.len() || !sig.iter().zip(args).all(|(p, a)| p.matches(a)) {
+        if k.params.len() != args.len()
+            || args.len() > MAX_ARGS
+            || !k.params.iter().zip(args).all(|(p, a)| p.matches(a))
+        {
             return Err(EngineError::Device(format!(
-                "kernel `{name}` takes {sig:?}, was given {args:?}"
+                "kernel `{name}` takes {:?}, was given {args:?}",
+                k.params
             )));
         }
-        let f = self.function(name)?;
         self.launches.fetch_add(1, Ordering::Relaxed);
-        let mut params: Vec<*mut c_void> = args
-            .iter()
-            .map(|a| match a {
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (p, a) in params.iter_mut().zip(args) {
+            *p = match a {
                 Arg::U64(v) => v as *const u64 as *mut c_void,
                 Arg::U32(v) => v as *const u32 as *mut c_void,
                 Arg::I32(v) => v as *const i32 as *mut c_void,
                 Arg::F32(v) => v as *const f32 as *mut c_void,
-            })
-            .collect();
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| dev_err("binding the context", e))?;
+            };
+        }
+        self.bind()?;
         // SAFETY: `params` points at live values of the types the kernel
-        // declares (each op passes its kernel's signature); device pointers
+        // declares (checked against its signature above); device pointers
         // come from live allocations of this context, and every op queues
         // on this one stream, so buffers outlive the kernels that use them
-        // (frees are stream-ordered).
+        // (recycled and freed memory is reused in stream order).
         unsafe {
             driver::launch_kernel(
-                f.cu_function(),
+                k.f.cu_function(),
                 (shape.grid.0, shape.grid.1, 1),
                 (shape.block, 1, 1),
                 0,
                 self.stream.cu_stream(),
-                &mut params,
+                &mut params[..args.len()],
             )
         }
         .map_err(|e| dev_err(&format!("launching `{name}`"), e))

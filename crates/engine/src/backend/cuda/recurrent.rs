@@ -114,6 +114,35 @@ pub(super) fn delta_rule_scan(
         return Ok(o);
     }
     let sp = s.own_ptr(dev)?;
+    // The state column in registers for the common key sizes (the same
+    // operations in the same order as the generic kernel).
+    let name = match d.dk {
+        128 => "delta_rule_scan_dk128_f32",
+        64 => "delta_rule_scan_dk64_f32",
+        _ => "delta_rule_scan_f32",
+    };
+    let generic = name == "delta_rule_scan_f32";
+    if !generic {
+        dev.launch(
+            name,
+            Shape::elements(d.hv * d.dv),
+            args![
+                o.ptr(),
+                sp,
+                q.ptr(),
+                k.ptr(),
+                v.ptr(),
+                g.ptr(),
+                beta.ptr(),
+                t_len,
+                d.hk,
+                d.hv,
+                d.dv,
+                per_channel as i32
+            ],
+        )?;
+        return Ok(o);
+    }
     dev.launch(
         "delta_rule_scan_f32",
         Shape::elements(d.hv * d.dv),

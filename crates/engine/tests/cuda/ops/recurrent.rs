@@ -68,13 +68,19 @@ fn cuda_causal_conv_matches_the_cpu_and_chunks() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_delta_rule_matches_the_cpu_and_steps() {
+    // dk 16: the generic kernel; 64 and 128: the state column in registers.
+    for dk in [16, 64, 128] {
+        delta_rule_case(ScanDims {
+            hk: 2,
+            hv: 4,
+            dk,
+            dv: 12,
+        });
+    }
+}
+
+fn delta_rule_case(d: ScanDims) {
     let (g, c) = (gpu(), CpuOps);
-    let d = ScanDims {
-        hk: 2,
-        hv: 4,
-        dk: 16,
-        dv: 12,
-    };
     let t = 7;
     let q = rnd(t * d.hk * d.dk, 80);
     let k: Vec<f32> = rnd(t * d.hk * d.dk, 81).iter().map(|v| 0.3 * v).collect();
@@ -116,14 +122,14 @@ fn cuda_delta_rule_matches_the_cpu_and_steps() {
         };
         let (go, gs) = run(&[t]);
         check(
-            &format!("delta_rule_scan o per_channel={per_channel}"),
+            &format!("delta_rule_scan dk{} o per_channel={per_channel}", d.dk),
             &go,
             &co,
             1e-5,
             false,
         );
         check(
-            &format!("delta_rule_scan S per_channel={per_channel}"),
+            &format!("delta_rule_scan dk{} S per_channel={per_channel}", d.dk),
             &gs,
             &cs,
             1e-5,
