@@ -40,6 +40,6 @@ start() {
 
 DS4_BROWSER_KEY="browser-test-key"
 DS4_BROWSER_BASE="$(start open --model-id smollm2)"
-DS4_BROWSER_KEY_BASE="$(start keyed --model-id smollm2 --api-key "$DS4_BROWSER_KEY" --ctx 512 --max-queue 0)"
+DS4_BROWSER_KEY_BASE="$(start keyed --model-id smollm2 --api-key "$DS4_BROWSER_KEY" --ctx 2048 --max-queue 0)"
 export DS4_BROWSER_BASE DS4_BROWSER_KEY_BASE DS4_BROWSER_KEY
 python3 tests/browser/test_page.py

@@ -5,6 +5,7 @@ replay, the dashboard updating, the API-key prompt, the too-long and busy
 messages, a phone viewport, and no console errors. Screenshots of each state
 go to $DS4_BROWSER_SCREENSHOTS (default: a new temp dir)."""
 
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 
 from playwright.sync_api import sync_playwright
 
@@ -101,6 +103,20 @@ def stats(reply):
 
 def number(text):
     return int(re.sub(r"[^\d]", "", text.split()[0]))
+
+
+def wait_queue(base, ready, timeout=30):
+    """Poll the server's /v1/status until ready(status)."""
+    deadline = time.time() + timeout
+    while True:
+        req = urllib.request.Request(base + "/v1/status", headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            status = json.load(r)
+        if ready(status):
+            return status
+        if time.time() > deadline:
+            raise AssertionError(f"the server did not get there: {status}")
+        time.sleep(0.05)
 
 
 def open_page(b, base=BASE):
@@ -270,26 +286,33 @@ def test_api_key_prompt(pw):
         text, st = wait_done(page)
         assert text.strip() and "tokens" in st, st
 
-        # Too long for this server's --ctx 512: a clear message.
-        send(page, "Please summarise: " + "the quick brown fox jumps over the lazy dog " * 80)
+        # Too long for this server's --ctx 2048: a clear message.
+        send(page, "Please summarise: " + "the quick brown fox jumps over the lazy dog " * 250)
         page.wait_for_selector("#notice:not([hidden])")
         assert "context" in page.inner_text("#notice"), page.inner_text("#notice")
         b.shot("09-too-long")
 
-        # Busy (--max-queue 0): a turn running elsewhere, then one from the page.
+        # Busy: one turn running and one waiting (the queue holds one at
+        # --max-queue 0), then one from the page. The background turns carry
+        # a long prompt: its prefill keeps the worker busy for seconds.
         page.evaluate(
-            """key => { window.__bg = fetch('/v1/chat/completions', {method: 'POST',
+            """key => { window.__startBg = () => { fetch('/v1/chat/completions', {method: 'POST',
                  headers: {'Content-Type': 'application/json', 'Authorization': 'Bearer ' + key},
-                 body: JSON.stringify({messages: [{role: 'user', content: 'Count to one hundred.'}],
-                                       max_tokens: 200, stream: true})})
-                 .then(async r => { window.__bgStarted = true; await r.text(); }); }""",
+                 body: JSON.stringify({messages: [{role: 'user', content: 'apple banana cherry '.repeat(250)}],
+                                       max_tokens: 4, stream: true})})
+                 .then(r => r.text()).catch(() => {}); }; }""",
             KEY,
         )
-        page.wait_for_function("() => window.__bgStarted === true")
+        before = wait_queue(KEY_BASE, lambda s: True)["totals"]["requests"]
+        page.evaluate("() => window.__startBg()")
+        # Taken by the worker: counted, and the queue empty again.
+        wait_queue(KEY_BASE, lambda s: s["totals"]["requests"] > before and s["queue_depth"] == 0)
+        page.evaluate("() => window.__startBg()")
+        wait_queue(KEY_BASE, lambda s: s["queue_depth"] == 1)
+        page.click("#new-chat")  # the long message stays in the old one
         send(page, "Are you there?")
         page.wait_for_function("() => /busy/.test(document.getElementById('notice').textContent)")
         b.shot("10-busy")
-        page.evaluate("() => window.__bg")
         # Only the refusals this test asked for reached the console.
         unexpected = [
             e
@@ -297,6 +320,9 @@ def test_api_key_prompt(pw):
             if not re.search(r"status of (401|400|503)", e)
         ]
         assert not unexpected, unexpected
+    except Exception:
+        b.shot("fail-test_api_key_prompt-keyed")
+        raise
     finally:
         b.close()
 
@@ -362,7 +388,10 @@ def main():
             (test_api_key_prompt, pw),
             (test_phone_viewport, pw),
         ]
+        only = os.environ.get("DS4_BROWSER_ONLY")
         for test, arg in tests:
+            if only and only not in test.__name__:
+                continue
             start = time.time()
             try:
                 test(arg)
