@@ -311,7 +311,7 @@ def test_api_key_prompt(pw):
         wait_queue(KEY_BASE, lambda s: s["queue_depth"] == 1)
         page.click("#new-chat")  # the long message stays in the old one
         send(page, "Are you there?")
-        page.wait_for_function("() => /busy/.test(document.getElementById('notice').textContent)")
+        page.wait_for_function("() => /at capacity/.test(document.getElementById('notice').textContent)")
         b.shot("10-busy")
         # Only the refusals this test asked for reached the console.
         unexpected = [

@@ -179,7 +179,7 @@ async function errorOf(res) {
   const e = (body && body.error) || {};
   let message = typeof e === "string" ? e : e.message || res.statusText || "request failed";
   if (!/[.!?]$/.test(message)) message += ".";
-  if (res.status === 503) return "The server is busy: " + message + " Try again in a moment.";
+  if (res.status === 503) return "The server is at capacity (HTTP 503): " + message;
   if (e.code === "context_length_exceeded")
     return "This conversation no longer fits the model's context: " + message + " Start a new conversation, or edit an earlier message to shorten it.";
   return "Error " + res.status + ": " + message;

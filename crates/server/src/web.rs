@@ -55,9 +55,18 @@ pub fn routes() -> Router<SharedState> {
     Router::new()
         .route("/", get(page))
         .route("/dashboard", get(page))
-        .route("/assets/app.css", get(|| async { asset(ASSETS[1].1, APP_CSS) }))
-        .route("/assets/app.js", get(|| async { asset(ASSETS[2].1, APP_JS) }))
-        .route("/assets/icon.svg", get(|| async { asset(ASSETS[3].1, ICON_SVG) }))
+        .route(
+            "/assets/app.css",
+            get(|| async { asset(ASSETS[1].1, APP_CSS) }),
+        )
+        .route(
+            "/assets/app.js",
+            get(|| async { asset(ASSETS[2].1, APP_JS) }),
+        )
+        .route(
+            "/assets/icon.svg",
+            get(|| async { asset(ASSETS[3].1, ICON_SVG) }),
+        )
 }
 
 #[cfg(test)]

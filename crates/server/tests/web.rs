@@ -31,7 +31,10 @@ async fn page_and_dashboard_are_embedded_and_same_origin() {
         let r = s.client.get(s.url(path)).send().await.expect("GET");
         assert_eq!(r.status(), 200, "{path}");
         let headers = r.headers().clone();
-        assert_eq!(headers["content-type"], "text/html; charset=utf-8", "{path}");
+        assert_eq!(
+            headers["content-type"], "text/html; charset=utf-8",
+            "{path}"
+        );
         let csp = headers["content-security-policy"].to_str().unwrap();
         assert!(csp.contains("default-src 'self'"), "{csp}");
         assert!(csp.contains("connect-src 'self'"), "{csp}");
@@ -115,13 +118,21 @@ async fn status_reports_the_model_a_turn_and_the_cache() {
     let (_, after) = s.get("/v1/status").await;
     assert_eq!(after["totals"]["turns"], 1);
     let covered = after["cache"]["live_session"]["tokens"].as_u64().unwrap();
-    assert!(covered >= r["usage"]["prompt_tokens"].as_u64().unwrap(), "{after}");
+    assert!(
+        covered >= r["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{after}"
+    );
     assert!(after["cache"]["live_session"]["bytes"].as_u64().unwrap() > 0);
     assert_eq!(
         after["totals"]["completion_tokens"],
         r["usage"]["completion_tokens"]
     );
-    assert!(after["speed"]["last_decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(
+        after["speed"]["last_decode_tokens_per_second"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
 
     // The document describes it.
     let (_, doc) = s.get("/openapi.json").await;
