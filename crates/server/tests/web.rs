@@ -24,7 +24,7 @@ fn references(html: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn page_and_dashboard_are_embedded_and_same_origin() {
+async fn default_model_page_and_dashboard_are_embedded_and_same_origin() {
     let s = start().await;
     let mut pages = Vec::new();
     for path in ["/", "/dashboard"] {
@@ -96,7 +96,7 @@ async fn page_and_dashboard_are_embedded_and_same_origin() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn status_reports_the_model_a_turn_and_the_cache() {
+async fn default_model_status_reports_the_model_a_turn_and_the_cache() {
     let s = start().await;
     let (status, before) = s.get("/v1/status").await;
     assert_eq!(status, 200, "{before}");
@@ -141,7 +141,7 @@ async fn status_reports_the_model_a_turn_and_the_cache() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn status_needs_the_key_and_the_page_does_not() {
+async fn default_model_status_needs_the_key_and_the_page_does_not() {
     let s = start_with(|c| c.api_key = Some("sesame".into())).await;
     let (status, _) = s.get("/v1/status").await;
     assert_eq!(status, 401);
