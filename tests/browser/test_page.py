@@ -153,6 +153,9 @@ def test_streamed_answer(b):
         "window.ds4.conversations()[0].messages[1].content"
     )
     b.shot("01-streamed-answer")
+    copy = last_reply(page).locator(".copy-btn")
+    copy.click()
+    page.wait_for_function("() => [...document.querySelectorAll('.copy-btn')].some(b => b.textContent === 'Copied')")
 
 
 def test_stop_mid_answer(b):
@@ -265,6 +268,37 @@ def test_dashboard_updates(b):
     page.click("#tab-chat")
 
 
+def test_stored_reasoning_and_tool_calls(b):
+    """A stored conversation with reasoning and a tool call renders them:
+    the reasoning folded, the call as a call (the default model makes
+    neither, so the conversation is written to storage and reloaded)."""
+    page = b.page
+    if not page.url.startswith(BASE):
+        open_page(b)
+    page.evaluate(
+        """() => {
+          const convs = JSON.parse(localStorage.getItem('ds4.conversations')) || [];
+          convs.unshift({id: 'stored', title: 'Stored', messages: [
+            {role: 'user', content: 'Weather in Paris?'},
+            {role: 'assistant', content: 'Let me check.', reasoning: 'The user wants <b>weather</b>.',
+             tool_calls: [{id: 'call_1', type: 'function', function: {name: 'get_weather', arguments: '{"city":"Paris"}'}}],
+             stats: {completion_tokens: 9, prompt_tokens: 20, cached_tokens: 0, seed: 5, ttft_ms: 10, tps: 50}}]});
+          localStorage.setItem('ds4.conversations', JSON.stringify(convs));
+          localStorage.setItem('ds4.current', JSON.stringify('stored'));
+        }"""
+    )
+    page.reload()
+    reply = last_reply(page)
+    details = reply.locator("details.reasoning")
+    assert details.count() == 1 and details.get_attribute("open") is None, "reasoning folded"
+    assert not reply.locator(".thinking").is_visible()
+    details.locator("summary").click()
+    assert reply.locator(".thinking").inner_text() == "The user wants <b>weather</b>."
+    assert reply.locator(".tool").inner_text() == 'tool call → get_weather({"city":"Paris"})'
+    assert reply.locator(".seed-btn").get_attribute("data-seed") == "5"
+    b.shot("08-reasoning-and-tool-call")
+
+
 def test_no_console_errors(b):
     assert not b.errors, b.errors
 
@@ -276,7 +310,7 @@ def test_api_key_prompt(pw):
         page = b.page
         page.goto(KEY_BASE + "/")
         page.wait_for_selector("#key-dialog[open]")
-        b.shot("08-api-key-prompt")
+        b.shot("09-api-key-prompt")
         page.fill("#key-input", KEY)
         page.click("#key-ok")
         page.wait_for_function("() => document.getElementById('model').textContent.length > 0")
@@ -290,7 +324,7 @@ def test_api_key_prompt(pw):
         send(page, "Please summarise: " + "the quick brown fox jumps over the lazy dog " * 250)
         page.wait_for_selector("#notice:not([hidden])")
         assert "context" in page.inner_text("#notice"), page.inner_text("#notice")
-        b.shot("09-too-long")
+        b.shot("10-too-long")
 
         # Busy: one turn running and one waiting (the queue holds one at
         # --max-queue 0), then one from the page. The background turns carry
@@ -312,7 +346,7 @@ def test_api_key_prompt(pw):
         page.click("#new-chat")  # the long message stays in the old one
         send(page, "Are you there?")
         page.wait_for_function("() => /at capacity/.test(document.getElementById('notice').textContent)")
-        b.shot("10-busy")
+        b.shot("11-busy")
         # Only the refusals this test asked for reached the console.
         unexpected = [
             e
@@ -342,17 +376,17 @@ def test_phone_viewport(pw):
         set_field(page, "max_tokens", 16)
         page.click("#menu")  # settings live in the side panel
         page.wait_for_function("() => document.getElementById('side').getBoundingClientRect().x >= 0")
-        b.shot("11-phone-menu")
+        b.shot("12-phone-menu")
         page.click("#menu")
         send(page, "Say hello in French, with a code block of Python printing it.")
         text, st = wait_done(page)
         assert text.strip() and "tokens" in st, st
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
-        b.shot("12-phone-chat")
+        b.shot("13-phone-chat")
         page.click("#tab-dashboard")
         page.wait_for_selector("dd[data-k=turns]")
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
-        b.shot("13-phone-dashboard")
+        b.shot("14-phone-dashboard")
         assert not b.errors, b.errors
     finally:
         b.close()
@@ -384,6 +418,7 @@ def main():
             (test_seed_replay, b),
             (test_dashboard_updates, b),
             (test_markdown_is_escaped, b),
+            (test_stored_reasoning_and_tool_calls, b),
             (test_no_console_errors, b),
             (test_api_key_prompt, pw),
             (test_phone_viewport, pw),
