@@ -91,6 +91,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/completions", post(routes::completions::completions))
         .route("/v1/responses", post(routes::responses::responses))
         .route("/v1/messages", post(routes::messages::messages))
+        .route("/v1/status", get(routes::status::status))
         .route(
             "/v1/messages/count_tokens",
             post(routes::messages::count_tokens),
@@ -101,6 +102,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(routes::info::metrics))
         .route("/openapi.json", get(crate::openapi::openapi_json))
         .merge(api)
+        .merge(crate::web::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.config.body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), count_errors));

@@ -38,6 +38,7 @@ mod summary;
 mod thinking;
 mod tool_memory;
 mod types;
+mod web;
 mod worker;
 
 pub use app::{Running, ServeError, build_state, router, serve, start};
@@ -46,3 +47,4 @@ pub use error::{ApiError, Flavor};
 pub use family::Serving;
 pub use openapi::ApiDoc;
 pub use state::SharedState;
+pub use web::embedded_bytes;

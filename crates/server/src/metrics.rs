@@ -49,6 +49,54 @@ pub struct Metrics {
     /// The session cache's own counters and the checkpoint store's refused
     /// files by reason (snapshots of the worker's totals).
     cache: Mutex<(CacheStats, BTreeMap<&'static str, u64>)>,
+    /// What the session cache holds now (after the last turn).
+    contents: Mutex<CacheContents>,
+}
+
+/// What the worker's session cache holds: the live session, the bank of
+/// earlier sessions and the checkpoint store (snapshot after each turn).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheContents {
+    pub live_tokens: usize,
+    pub live_bytes: usize,
+    pub bank_entries: usize,
+    pub bank_bytes: usize,
+    /// `None` without `--checkpoint-dir`.
+    pub store: Option<StoreContents>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StoreContents {
+    pub files: usize,
+    pub bytes: u64,
+    pub budget: u64,
+}
+
+/// The counters as numbers (for `GET /v1/status`).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub requests: u64,
+    pub errors_4xx: u64,
+    pub errors_5xx: u64,
+    pub turns: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cached_tokens: u64,
+    pub cache_misses: u64,
+    pub rejected_queue_full: u64,
+    pub rejected_context: u64,
+    pub prefill_tokens: u64,
+    pub prefill_seconds: f64,
+    pub decode_tokens: u64,
+    pub decode_seconds: f64,
+    pub mtp_drafted: u64,
+    pub mtp_accepted: u64,
+    pub last_prefill_rate: f64,
+    pub last_decode_rate: f64,
+    pub cache: CacheStats,
+    pub contents: CacheContents,
 }
 
 impl Metrics {
@@ -87,6 +135,44 @@ impl Metrics {
     pub fn cache(&self, stats: &CacheStats, rejections: &BTreeMap<&'static str, u64>) {
         if let Ok(mut c) = self.cache.lock() {
             *c = (*stats, rejections.clone());
+        }
+    }
+
+    /// The session cache's contents after a turn (or at start).
+    pub fn contents(&self, c: CacheContents) {
+        if let Ok(mut now) = self.contents.lock() {
+            *now = c;
+        }
+    }
+
+    /// Every counter at once.
+    pub fn snapshot(&self) -> Snapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (last_prefill_rate, last_decode_rate) =
+            self.last_rates.lock().map(|r| *r).unwrap_or((0.0, 0.0));
+        Snapshot {
+            requests: self.requests.iter().map(get).sum(),
+            errors_4xx: get(&self.errors_4xx),
+            errors_5xx: get(&self.errors_5xx),
+            turns: get(&self.turns),
+            failed: get(&self.failed),
+            cancelled: get(&self.cancelled),
+            prompt_tokens: get(&self.prompt_tokens),
+            completion_tokens: get(&self.completion_tokens),
+            cached_tokens: get(&self.cached_tokens),
+            cache_misses: get(&self.cache_misses),
+            rejected_queue_full: get(&self.rejected_queue_full),
+            rejected_context: get(&self.rejected_context),
+            prefill_tokens: get(&self.prefill_tokens),
+            prefill_seconds: get(&self.prefill_micros) as f64 / 1e6,
+            decode_tokens: get(&self.decode_tokens),
+            decode_seconds: get(&self.decode_micros) as f64 / 1e6,
+            mtp_drafted: get(&self.mtp_drafted),
+            mtp_accepted: get(&self.mtp_accepted),
+            last_prefill_rate,
+            last_decode_rate,
+            cache: self.cache.lock().map(|c| c.0).unwrap_or_default(),
+            contents: self.contents.lock().map(|c| *c).unwrap_or_default(),
         }
     }
 

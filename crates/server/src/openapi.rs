@@ -18,6 +18,7 @@ use crate::routes;
         routes::info::list_models,
         routes::info::get_model,
         routes::info::metrics,
+        routes::status::status,
         openapi_json,
         routes::chat::chat_completions,
         routes::completions::completions,

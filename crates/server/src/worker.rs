@@ -26,7 +26,7 @@ use ds4_text::deepseek_v4::StructuralSampling;
 use ds4_text::{TextStream, Tokenizer};
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
+use crate::metrics::{CacheContents, Metrics, StoreContents};
 use crate::summary::TurnSummary;
 
 /// One admitted generation request.
@@ -156,7 +156,9 @@ pub fn spawn(
                     Ok(cache) => {
                         let cache = cache.with_boundary_every(boundary_every);
                         let _ = ready_tx.send(Ok(()));
-                        Worker { model: m, cache, tokenizer: &tokenizer, prefill_chunk, metrics: &metrics }.run(rx)
+                        let worker = Worker { model: m, cache, tokenizer: &tokenizer, prefill_chunk, metrics: &metrics };
+                        worker.report_cache();
+                        worker.run(rx)
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.to_string()));
@@ -180,6 +182,24 @@ struct Worker<'a, M: Model> {
 }
 
 impl<M: Model> Worker<'_, M> {
+    /// Publish the session cache's counters and contents to the metrics.
+    fn report_cache(&self) {
+        self.metrics
+            .cache(&self.cache.stats(), &self.cache.rejections());
+        let live = self.cache.live();
+        self.metrics.contents(CacheContents {
+            live_tokens: live.tokens().len(),
+            live_bytes: live.byte_size(),
+            bank_entries: self.cache.bank().len(),
+            bank_bytes: self.cache.bank().total_bytes(),
+            store: self.cache.store().map(|s| StoreContents {
+                files: s.entries().len(),
+                bytes: s.total_bytes(),
+                budget: s.budget(),
+            }),
+        });
+    }
+
     fn run(mut self, mut queue: mpsc::Receiver<Msg>) {
         while let Some(msg) = queue.blocking_recv() {
             match msg {
@@ -190,8 +210,7 @@ impl<M: Model> Worker<'_, M> {
                 Msg::Job(job) => self.turn(*job),
                 Msg::Shutdown(done) => {
                     self.cache.shutdown();
-                    self.metrics
-                        .cache(&self.cache.stats(), &self.cache.rejections());
+                    self.report_cache();
                     let _ = done.send(());
                     return;
                 }
@@ -282,8 +301,7 @@ impl<M: Model> Worker<'_, M> {
         };
         let result = self.cache.decode_turn(self.model, request, &mut observer);
         self.cache.finish(result.as_ref().ok());
-        self.metrics
-            .cache(&self.cache.stats(), &self.cache.rejections());
+        self.report_cache();
         match result {
             Ok(result) => {
                 if !text.stopped() {

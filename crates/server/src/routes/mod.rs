@@ -7,3 +7,4 @@ pub mod completions;
 pub mod info;
 pub mod messages;
 pub mod responses;
+pub mod status;
