@@ -6,34 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin="${1:-target/release/ds4server}"
-work="$(mktemp -d)"
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
-
-# start NAME ARGS...: serve on a free port; prints the base URL.
-start() {
-  local name="$1"
-  shift
-  local port
-  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  "$bin" serve --port "$port" "$@" >"$work/$name.log" 2>&1 &
-  local pid=$!
-  pids+=("$pid")
-  for _ in $(seq 1 600); do
-    if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null; then
-      echo "http://127.0.0.1:$port"
-      return 0
-    fi
-    if ! kill -0 "$pid" 2>/dev/null; then
-      echo "the $name server exited:" >&2
-      cat "$work/$name.log" >&2
-      return 1
-    fi
-    sleep 0.5
-  done
-  echo "the $name server did not come up" >&2
-  return 1
-}
+. tests/e2e/serve.sh
 
 python3 tests/e2e/dsv4_chat_model.py "$work/dsv4_chat" >/dev/null
 DS4_E2E_BASE="$(start default --model-id smollm2)"
