@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod compressor;
 pub mod delta_rule;
+pub mod embedding;
 pub mod hyper_connections;
 pub mod indexer;
 pub mod kda;

@@ -335,15 +335,7 @@ impl<B: Backend> DeepseekV4Model<B> {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
-        for &t in tokens {
-            if t as usize >= self.cfg.vocab_size {
-                return Err(EngineError::TokenOutOfRange {
-                    token: t,
-                    vocab: self.cfg.vocab_size,
-                });
-            }
-        }
-        self.ops.gather_rows(&self.embed, tokens)
+        crate::layers::embedding::embed_tokens(&self.ops, &self.embed, tokens, self.cfg.vocab_size)
     }
 
     /// `head(norm(hc_head(streams)))` for the rows asked.

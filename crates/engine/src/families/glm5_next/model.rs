@@ -134,15 +134,12 @@ impl<B: Backend> Glm5NextModel<B> {
     /// Rows of `table` (the trunk's embedding unless given), after the
     /// vocabulary check.
     fn embed_from(&self, table: Option<&B::Table>, tokens: &[u32]) -> Result<B::Buf> {
-        for &t in tokens {
-            if t as usize >= self.cfg.vocab_size {
-                return Err(EngineError::TokenOutOfRange {
-                    token: t,
-                    vocab: self.cfg.vocab_size,
-                });
-            }
-        }
-        self.ops.gather_rows(table.unwrap_or(&self.embed), tokens)
+        crate::layers::embedding::embed_tokens(
+            &self.ops,
+            table.unwrap_or(&self.embed),
+            tokens,
+            self.cfg.vocab_size,
+        )
     }
 
     fn logits(&self, x: &B::Buf, rows: usize) -> Result<ForwardOutput> {
