@@ -22,11 +22,11 @@
 
 use super::config::{AttnKind, DeepseekV4Config};
 use crate::backend::{Backend, EntryKeep};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::layers::compressor::{Compressor, CompressorCache, STEP_BACK};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::RmsNorm;
-use crate::layers::rope::RopeFreqs;
+use crate::layers::rope::{RopeFreqs, RopeRows};
 use crate::load::binder::Binder;
 use crate::state::tail::Tail;
 use crate::table::{NamedTensor, TableReader};
@@ -36,6 +36,40 @@ use crate::table::{NamedTensor, TableReader};
 pub struct Ropes {
     pub main: RopeFreqs,
     pub compress: RopeFreqs,
+}
+
+/// One forward's rotations: the frequencies (the compressors rotate their
+/// entries at their own positions) and the tables of the new rows, made
+/// once and read by every layer.
+#[derive(Debug)]
+pub struct Rotations<'a, B: Backend> {
+    pub freqs: &'a Ropes,
+    /// Token index of the first new row.
+    pub base: usize,
+    pub main: RopeRows<B>,
+    pub main_inverse: RopeRows<B>,
+    pub compress: RopeRows<B>,
+    pub compress_inverse: RopeRows<B>,
+}
+
+impl Ropes {
+    /// The tables of rows `base .. base + rows`.
+    pub fn for_rows<B: Backend>(
+        &self,
+        ops: &B,
+        base: usize,
+        rows: usize,
+    ) -> Result<Rotations<'_, B>> {
+        let at = base..base + rows;
+        Ok(Rotations {
+            freqs: self,
+            base,
+            main: self.main.tables(ops, at.clone(), false)?,
+            main_inverse: self.main.tables(ops, at.clone(), true)?,
+            compress: self.compress.tables(ops, at.clone(), false)?,
+            compress_inverse: self.compress.tables(ops, at, true)?,
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -178,15 +212,20 @@ impl<B: Backend> Attention<B> {
         x: &B::Buf,
         rows: usize,
         cache: &mut AttnCache<B>,
-        ropes: &Ropes,
+        rot: &Rotations<'_, B>,
     ) -> Result<(B::Buf, Option<B::Selection>)> {
         let (d, r) = (self.dim, self.rope_dim);
         let base = cache.window.len();
-        let rope = match self.kind {
-            AttnKind::Sliding => &ropes.main,
-            AttnKind::Csa | AttnKind::Hca => &ropes.compress,
+        if rot.base != base {
+            return Err(EngineError::State(format!(
+                "rotation tables from token {} for a cache of {base}",
+                rot.base
+            )));
+        }
+        let (tables, inverse) = match self.kind {
+            AttnKind::Sliding => (&rot.main, &rot.main_inverse),
+            AttnKind::Csa | AttnKind::Hca => (&rot.compress, &rot.compress_inverse),
         };
-        let tables = rope.tables(ops, base..base + rows, false)?;
         let qr = self
             .q_norm
             .forward(ops, &self.wq_a.forward(ops, x, rows)?)?;
@@ -200,12 +239,10 @@ impl<B: Backend> Attention<B> {
         cache.window.append(ops, &kv)?;
 
         if let (Some(c), Some(cc)) = (&self.compressor, cache.compressor.as_mut()) {
-            c.forward(ops, x, rows, cc, &ropes.compress)?;
+            c.forward(ops, x, rows, cc, &rot.freqs.compress)?;
         }
         let selection = match (&self.indexer, cache.indexer.as_mut()) {
-            (Some(ix), Some(ic)) => {
-                Some(ix.select(ops, x, &qr, rows, base, ic, &ropes.compress)?)
-            }
+            (Some(ix), Some(ic)) => Some(ix.select(ops, x, &qr, rows, ic, rot)?),
             _ => None,
         };
         let empty = ops.zeros(0)?;
@@ -233,8 +270,7 @@ impl<B: Backend> Attention<B> {
         )?;
         // K = V carried the rotation into the output: undo it at the
         // query's position.
-        rope.tables(ops, base..base + rows, true)?
-            .apply_trailing(ops, &mut o, d, r)?;
+        inverse.apply_trailing(ops, &mut o, d, r)?;
         let g = self.wo_a.len();
         let parts = ops.split_cols(&o, rows, &vec![self.heads * d / g; g], 1)?;
         let outs = parts
@@ -261,18 +297,15 @@ impl<B: Backend> LightningIndexer<B> {
         x: &B::Buf,
         qr: &B::Buf,
         rows: usize,
-        base: usize,
         cache: &mut CompressorCache<B>,
-        rope: &RopeFreqs,
+        rot: &Rotations<'_, B>,
     ) -> Result<B::Selection> {
-        self.compressor.forward(ops, x, rows, cache, rope)?;
+        let base = rot.base;
+        self.compressor
+            .forward(ops, x, rows, cache, &rot.freqs.compress)?;
         let mut q = self.wq_b.forward(ops, qr, rows)?;
-        rope.tables(ops, base..base + rows, false)?.apply_trailing(
-            ops,
-            &mut q,
-            self.dim,
-            self.rope_dim,
-        )?;
+        rot.compress
+            .apply_trailing(ops, &mut q, self.dim, self.rope_dim)?;
         let w = self.weights.forward(ops, x, rows)?;
         let n = cache.entries.rows();
         let scores = ops.index_scores(

@@ -27,7 +27,7 @@
 
 use std::path::Path;
 
-use super::attention::{Attention, AttnCache, Ropes};
+use super::attention::{Attention, AttnCache, Ropes, Rotations};
 use super::config::{AttnKind, DeepseekV4Config, MlpKind};
 use super::moe::Moe;
 use super::state::{DeepseekV4State, MtpState, WindowMark};
@@ -158,7 +158,7 @@ impl<B: Backend> DecoderLayer<B> {
         xs: &B::Buf,
         tokens: &[u32],
         cache: &mut AttnCache<B>,
-        ropes: &Ropes,
+        rot: &Rotations<'_, B>,
         trace: bool,
     ) -> Result<(B::Buf, Option<LayerTrace>)> {
         let rows = tokens.len();
@@ -166,7 +166,7 @@ impl<B: Backend> DecoderLayer<B> {
         let mix = mix.expect("mHC always combines");
         let (y, sel) =
             self.attn
-                .forward(ops, &self.attn_norm.forward(ops, &x)?, rows, cache, ropes)?;
+                .forward(ops, &self.attn_norm.forward(ops, &x)?, rows, cache, rot)?;
         let xs = self.attn_hc.combine(ops, xs, &y, &mix)?;
         let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
         let mix = mix.expect("mHC always combines");
@@ -390,9 +390,10 @@ impl<B: Backend> DeepseekV4Model<B> {
         }
         let x = self.embed(tokens)?;
         let mut xs = ops.tile_streams(&x, self.cfg.hc_mult, self.cfg.hidden_size)?;
+        let rot = self.ropes.for_rows(ops, state.len, tokens.len())?;
         let mut traces = Vec::new();
         for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
-            let (out, tr) = layer.forward(ops, &xs, tokens, cache, &self.ropes, trace)?;
+            let (out, tr) = layer.forward(ops, &xs, tokens, cache, &rot, trace)?;
             xs = out;
             traces.extend(tr);
         }
@@ -449,6 +450,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             .forward(ops, &mtp.hnorm.forward(ops, streams)?, n * c)?;
         let x0 = ops.add(&hs, &ops.tile_streams(&e, c, h)?)?;
         let base = state.positions.len() as u32;
+        let rot = self.ropes.for_rows(ops, base as usize, n)?;
         state
             .positions
             .extend((base..base + n as u32).map(|p| [p; 3]));
@@ -456,7 +458,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         // ids reach it.
         let (x1, _) = mtp
             .layer
-            .forward(ops, &x0, tokens, &mut state.cache, &self.ropes, false)?;
+            .forward(ops, &x0, tokens, &mut state.cache, &rot, false)?;
         let logits = self.logits(&x1, n, &mtp.hc_head, &mtp.norm, rows)?;
         Ok((logits, x1))
     }
