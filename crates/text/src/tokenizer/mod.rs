@@ -11,6 +11,7 @@
 mod gguf;
 mod hf;
 pub mod pretokenizers;
+pub mod tiktoken;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
