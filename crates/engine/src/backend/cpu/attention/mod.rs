@@ -37,6 +37,7 @@
 //! `CpuOps`). Query `i` sees keys `0 ..= offset + i`.
 
 mod exp;
+mod lanes;
 mod tile;
 
 use super::SendPtr;

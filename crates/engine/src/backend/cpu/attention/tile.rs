@@ -1,15 +1,15 @@
 //! One tile of query rows (all of one kv head) through the three phases of
 //! the module docs, each row in its own fixed order.
 //!
-//! The arithmetic is written once, as per-lane code over fixed-size arrays,
-//! and compiled twice: inside an AVX-512 function (16-lane score blocks and
-//! weighted sums, two rows per key block) and at the AVX2 baseline (8 lanes,
-//! one row). Lanes are independent elements (different keys, different
+//! The inner loops are in [`super::lanes`] (16 lanes and two rows per key
+//! block with AVX-512, 8 lanes and one row with AVX2, plain Rust
+//! otherwise). Lanes are independent elements (different keys, different
 //! dimensions), so the width decides only which elements share an
 //! instruction, never the order of any element's own operations.
 
 use super::Isa;
 use super::exp::exp_slice;
+use super::lanes;
 
 /// Keys per transposed block: `kt[block][e][lane]` is key `16·block + lane`,
 /// dimension `e`.
@@ -70,7 +70,7 @@ pub(super) fn run(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
         ))]
         // SAFETY: `Isa::Avx512` is only chosen when the CPU has AVX-512F.
         Isa::Avx512 => unsafe { run_avx512(tile, scratch) },
-        _ => body::<1, 8, 8>(isa, tile, scratch),
+        _ => body::<1>(isa, tile, scratch),
     }
 }
 
@@ -81,14 +81,13 @@ pub(super) fn run(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
 ))]
 #[target_feature(enable = "avx512f")]
 fn run_avx512(tile: &mut Tile<'_>, scratch: &mut Scratch) {
-    body::<2, 16, 16>(Isa::Avx512, tile, scratch)
+    body::<2>(Isa::Avx512, tile, scratch)
 }
 
-/// The three phases for every row of the tile. `QB` rows share each
-/// transposed key block, `KW` score lanes (≤ [`BLOCK`]) per pass, `VW`
-/// output dimensions per weighted-sum pass.
+/// The three phases for every row of the tile; `QB` rows share each
+/// transposed key block.
 #[inline(always)]
-fn body<const QB: usize, const KW: usize, const VW: usize>(
+fn body<const QB: usize>(
     isa: Isa,
     tile: &mut Tile<'_>,
     scratch: &mut Scratch,
@@ -111,20 +110,18 @@ fn body<const QB: usize, const KW: usize, const VW: usize>(
         Keys::Transposed(kt) => {
             for b in 0..width / BLOCK {
                 let block = &kt[b * BLOCK * d..][..BLOCK * d];
-                for half in (0..BLOCK).step_by(KW) {
-                    let mut r = 0;
-                    while r + QB <= n {
-                        let qs: [&[f32]; QB] = std::array::from_fn(|i| tile.rows[r + i].q);
-                        let s: [[f32; KW]; QB] = block_scores::<QB, KW>(qs, block, half, d);
-                        for (i, s) in s.iter().enumerate() {
-                            scores[(r + i) * width + b * BLOCK + half..][..KW].copy_from_slice(s);
-                        }
-                        r += QB;
+                let mut r = 0;
+                while r + QB <= n {
+                    let qs: [&[f32]; QB] = std::array::from_fn(|i| tile.rows[r + i].q);
+                    let s: [[f32; BLOCK]; QB] = lanes::scores::<QB>(isa, qs, block, d);
+                    for (i, s) in s.iter().enumerate() {
+                        scores[(r + i) * width + b * BLOCK..][..BLOCK].copy_from_slice(s);
                     }
-                    for r in r..n {
-                        let s = block_scores::<1, KW>([tile.rows[r].q], block, half, d);
-                        scores[r * width + b * BLOCK + half..][..KW].copy_from_slice(&s[0]);
-                    }
+                    r += QB;
+                }
+                for r in r..n {
+                    let s = lanes::scores::<1>(isa, [tile.rows[r].q], block, d);
+                    scores[r * width + b * BLOCK..][..BLOCK].copy_from_slice(&s[0]);
                 }
             }
         }
@@ -193,7 +190,8 @@ fn body<const QB: usize, const KW: usize, const VW: usize>(
             let rows = (n - r).min(8);
             macro_rules! pass {
                 ($qb:literal) => {
-                    weighted_rows::<$qb, VW>(
+                    lanes::weighted::<$qb>(
+                        isa,
                         &scores[r * width..],
                         width,
                         values,
@@ -221,7 +219,8 @@ fn body<const QB: usize, const KW: usize, const VW: usize>(
     }
     for (r, row) in tile.rows.iter_mut().enumerate() {
         let a = &mut acc[r * d..][..d];
-        weighted_rows::<1, VW>(
+        lanes::weighted::<1>(
+            isa,
             &scores[r * width..],
             width,
             values,
@@ -257,90 +256,4 @@ fn max_of(s: &[f32]) -> f32 {
         }
     }
     max
-}
-
-/// Scores of `QB` queries against lanes `half .. half + KW` of one
-/// transposed block: lane `j` accumulates `q[c·8+l]·k_j[c·8+l]` into its
-/// partial sum `l` by FMA for `c` in order, then the tree and the tail.
-#[inline(always)]
-fn block_scores<const QB: usize, const KW: usize>(
-    qs: [&[f32]; QB],
-    block: &[f32],
-    half: usize,
-    d: usize,
-) -> [[f32; KW]; QB] {
-    let chunks = d / 8;
-    assert!(block.len() >= BLOCK * d && half + KW <= BLOCK);
-    assert!(qs.iter().all(|q| q.len() >= d));
-    let mut acc = [[[0f32; KW]; 8]; QB];
-    for c in 0..chunks {
-        for l in 0..8 {
-            let e = c * 8 + l;
-            let keys: &[f32; KW] = block[e * BLOCK + half..][..KW].try_into().unwrap();
-            for (acc, q) in acc.iter_mut().zip(&qs) {
-                let qe = q[e];
-                for (a, &k) in acc[l].iter_mut().zip(keys) {
-                    *a = qe.mul_add(k, *a);
-                }
-            }
-        }
-    }
-    let mut out = [[0f32; KW]; QB];
-    for ((out, acc), q) in out.iter_mut().zip(&acc).zip(&qs) {
-        for (j, o) in out.iter_mut().enumerate() {
-            let l = |i: usize| acc[i][j];
-            let mut s = ((l(0) + l(4)) + (l(1) + l(5))) + ((l(2) + l(6)) + (l(3) + l(7)));
-            for e in chunks * 8..d {
-                s = q[e].mul_add(block[e * BLOCK + half + j], s);
-            }
-            *o = s;
-        }
-    }
-    out
-}
-
-/// `acc[b] += p_bj · v_j` for keys `keys` in order, for `QB` consecutive
-/// score rows (`p` row `b` at `p[b·width ..]`), `VW` dimensions at a time
-/// held in registers (the dimensions past the last whole group one by one).
-/// A product and then a sum: no FMA, as the scalar code always did.
-#[inline(always)]
-fn weighted_rows<const QB: usize, const VW: usize>(
-    p: &[f32],
-    width: usize,
-    values: &[f32],
-    d: usize,
-    keys: std::ops::Range<usize>,
-    acc: &mut [f32],
-) {
-    if keys.is_empty() {
-        return;
-    }
-    assert!(p.len() >= (QB - 1) * width + keys.end && acc.len() >= QB * d);
-    assert!(values.len() >= keys.end * d);
-    let whole = d / VW * VW;
-    for e0 in (0..whole).step_by(VW) {
-        let mut a: [[f32; VW]; QB] =
-            std::array::from_fn(|b| acc[b * d + e0..][..VW].try_into().unwrap());
-        for j in keys.clone() {
-            let v: &[f32; VW] = values[j * d + e0..][..VW].try_into().unwrap();
-            for (b, a) in a.iter_mut().enumerate() {
-                let pj = p[b * width + j];
-                for (a, &x) in a.iter_mut().zip(v) {
-                    *a += pj * x;
-                }
-            }
-        }
-        for (b, a) in a.iter().enumerate() {
-            acc[b * d + e0..][..VW].copy_from_slice(a);
-        }
-    }
-    for e in whole..d {
-        for b in 0..QB {
-            let mut a = acc[b * d + e];
-            for j in keys.clone() {
-                a += p[b * width + j] * values[j * d + e];
-            }
-            acc[b * d + e] = a;
-        }
-    }
 }
