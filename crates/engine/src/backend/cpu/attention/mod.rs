@@ -122,7 +122,10 @@ pub(crate) fn causal_attention_with(
     }
     // This head's visible keys and values are contiguous rows of `d` (a
     // stride of `d` is what every caller passes).
-    assert!(k.stride == d && v.stride == d, "attention: rows must be packed");
+    assert!(
+        k.stride == d && v.stride == d,
+        "attention: rows must be packed"
+    );
     let total = offset + t;
     let group = rows / t;
     let pool = candle_core::utils::barrier_pool();

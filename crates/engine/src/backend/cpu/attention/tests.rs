@@ -159,9 +159,7 @@ fn kernel_sets() -> Vec<Isa> {
 /// order: scores by `dot` in key order, max, `f32::exp`, the sum in key
 /// order, `acc += p·v` in key order, `acc · (1/sum)`.
 fn per_query(q: &[f32], k: &[f32], v: &[f32], visible: usize, d: usize) -> Vec<f32> {
-    let s: Vec<f32> = (0..visible)
-        .map(|j| dot(q, &k[j * d..][..d]))
-        .collect();
+    let s: Vec<f32> = (0..visible).map(|j| dot(q, &k[j * d..][..d])).collect();
     let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let p: Vec<f32> = s.iter().map(|x| (x - max).exp()).collect();
     let mut sum = 0f32;
@@ -238,8 +236,14 @@ impl Case {
                     heads: qw.chunks(rows * d).collect(),
                     stride: d,
                 },
-                &View { heads: k, stride: d },
-                &View { heads: v, stride: d },
+                &View {
+                    heads: k,
+                    stride: d,
+                },
+                &View {
+                    heads: v,
+                    stride: d,
+                },
                 kvh,
                 rows,
                 t,
@@ -290,7 +294,10 @@ fn long_rows_match_the_per_query_order_for_every_chunking_and_kernel_set() {
             let got = case.run(isa, splits);
             for (i, (a, b)) in got.iter().zip(&per_query_rows).enumerate() {
                 let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(same, "{isa:?} {splits:?}: row {i} differs from the per-query order");
+                assert!(
+                    same,
+                    "{isa:?} {splits:?}: row {i} differs from the per-query order"
+                );
             }
         }
     }
@@ -308,7 +315,10 @@ fn odd_head_sizes_keep_the_per_query_order() {
                 for pos in 0..case.total {
                     let want = per_query(case.query(0, g, pos), &case.k, &case.v, pos + 1, d);
                     let row = &got[g * case.total + pos];
-                    let same = row.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                    let same = row
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(same, "{isa:?} d={d} group={group} pos {pos}");
                 }
             }
@@ -334,7 +344,10 @@ fn long_rows_match_f64_attention_within_the_stated_bound() {
                 for (a, b) in got[g * case.total + pos].iter().zip(&want) {
                     let err = (*a as f64 - b).abs();
                     worst = worst.max(err);
-                    assert!(err <= bound, "scale {scale} pos {pos}: {a} vs {b} (bound {bound:e})");
+                    assert!(
+                        err <= bound,
+                        "scale {scale} pos {pos}: {a} vs {b} (bound {bound:e})"
+                    );
                 }
             }
         }

@@ -87,11 +87,7 @@ fn run_avx512(tile: &mut Tile<'_>, scratch: &mut Scratch) {
 /// The three phases for every row of the tile; `QB` rows share each
 /// transposed key block.
 #[inline(always)]
-fn body<const QB: usize>(
-    isa: Isa,
-    tile: &mut Tile<'_>,
-    scratch: &mut Scratch,
-) {
+fn body<const QB: usize>(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
     let d = tile.d;
     let n = tile.rows.len();
     if n == 0 {
