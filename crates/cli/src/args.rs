@@ -313,6 +313,11 @@ pub struct BenchArgs {
     /// Distance between frontiers (tokens).
     #[arg(long, default_value_t = 512)]
     pub step: usize,
+    /// Cold prompts instead of frontiers: for each length (comma-separated,
+    /// e.g. `1024,4096,8192`) prefill that many tokens from an empty state,
+    /// all of it timed, then decode `--gen` tokens at that depth.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub prompts: Vec<usize>,
     /// Greedy tokens decoded at each frontier.
     #[arg(long = "gen", default_value_t = 64)]
     pub gen_tokens: usize,

@@ -6,7 +6,9 @@
 //! interval is timed for prefill; then a fixed greedy decode of `--gen`
 //! tokens runs from a snapshot of that frontier and the state is restored,
 //! so every frontier sees the same prefix and the decode never leaks into
-//! the next interval.
+//! the next interval. With `--prompts`, each length is instead a cold
+//! prompt: an empty state, the whole prompt prefilled and timed (a first
+//! agent turn), then the decode at that depth.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -66,12 +68,21 @@ fn bench_with<M: Model>(
     tokenizer: &Tokenizer,
     args: &BenchArgs,
 ) -> anyhow::Result<Vec<Row>> {
-    let frontiers = frontiers(args.ctx_start, args.ctx_max, args.step)?;
-    let needed = args.ctx_max + args.gen_tokens;
+    // Cold prompts each start from an empty state; frontiers walk on.
+    let cold = !args.prompts.is_empty();
+    let frontiers = if cold {
+        if args.prompts.contains(&0) {
+            anyhow::bail!("--prompts lengths must be positive");
+        }
+        args.prompts.clone()
+    } else {
+        frontiers(args.ctx_start, args.ctx_max, args.step)?
+    };
+    let longest = frontiers.iter().copied().max().unwrap_or(0);
+    let needed = longest + args.gen_tokens;
     if needed > model.context_length() {
         anyhow::bail!(
-            "--ctx-max {} plus --gen {} exceeds the model's context of {} tokens",
-            args.ctx_max,
+            "a context of {longest} tokens plus --gen {} exceeds the model's context of {} tokens",
             args.gen_tokens,
             model.context_length()
         );
@@ -80,7 +91,7 @@ fn bench_with<M: Model>(
     if text.is_empty() {
         anyhow::bail!("the benchmark corpus tokenized to nothing");
     }
-    let tokens: Vec<u32> = text.iter().copied().cycle().take(args.ctx_max).collect();
+    let tokens: Vec<u32> = text.iter().copied().cycle().take(longest).collect();
 
     let descriptor = model.descriptor();
     let mut greedy = descriptor.law.default_params();
@@ -89,6 +100,10 @@ fn bench_with<M: Model>(
     let mut rows = Vec::new();
     let mut done = 0;
     for &frontier in &frontiers {
+        if cold {
+            state = model.new_state();
+            done = 0;
+        }
         let interval = &tokens[done..frontier];
         let start = Instant::now();
         let out = prefill(model, &mut state, interval, args.chunk, &mut |_| {})?;

@@ -1,0 +1,361 @@
+//! The kernel against f64 softmax attention, against the per-query order
+//! it replaced, across chunkings and kernel sets.
+
+use super::*;
+
+fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Softmax attention in f64 for one query row.
+fn reference(q: &[f32], k: &[f32], v: &[f32], visible: usize, d: usize) -> Vec<f64> {
+    let s: Vec<f64> = (0..visible)
+        .map(|j| (0..d).map(|e| q[e] as f64 * k[j * d + e] as f64).sum())
+        .collect();
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+    let z: f64 = p.iter().sum();
+    (0..d)
+        .map(|e| {
+            (0..visible)
+                .map(|j| p[j] * v[j * d + e] as f64)
+                .sum::<f64>()
+                / z
+        })
+        .collect()
+}
+
+#[test]
+fn four_key_dot_is_bit_identical_to_single_dots() {
+    for d in [64, 20, 5] {
+        // The tree the docs promise, written out in scalar code.
+        let tree = |a: &[f32], b: &[f32]| {
+            let mut l = [0f32; 8];
+            let chunks = a.len() / 8;
+            for c in 0..chunks {
+                for i in 0..8 {
+                    l[i] = a[c * 8 + i].mul_add(b[c * 8 + i], l[i]);
+                }
+            }
+            let mut s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+            for i in chunks * 8..a.len() {
+                s = a[i].mul_add(b[i], s);
+            }
+            s
+        };
+        let a = random(d, 7);
+        let keys: Vec<Vec<f32>> = (0..4).map(|i| random(d, 8 + i)).collect();
+        let four = dot4(&a, [&keys[0], &keys[1], &keys[2], &keys[3]]);
+        for (i, key) in keys.iter().enumerate() {
+            assert_eq!(four[i].to_bits(), dot(&a, key).to_bits(), "d={d} key {i}");
+            assert_eq!(four[i].to_bits(), tree(&a, key).to_bits(), "d={d} key {i}");
+        }
+    }
+}
+
+#[test]
+fn matches_f64_softmax_attention_and_ignores_chunking() {
+    let (kvh, group, d, total) = (2, 3, 16, 11);
+    let kd = random(kvh * total * d, 1);
+    let vd = random(kvh * total * d, 2);
+    // Per (head, group member, position) query vectors.
+    let qd = random(kvh * group * total * d, 3);
+    let query = |h: usize, g: usize, pos: usize| {
+        let at = ((h * group + g) * total + pos) * d;
+        &qd[at..at + d]
+    };
+    // Run the sequence as windows [0..4), [4..5), [5..11) and as one.
+    let run = |splits: &[(usize, usize)]| -> Vec<Vec<f32>> {
+        let mut out = vec![vec![0f32; d]; kvh * group * total];
+        for &(offset, t) in splits {
+            let mut qw = Vec::new();
+            for h in 0..kvh {
+                for g in 0..group {
+                    for i in 0..t {
+                        qw.extend_from_slice(query(h, g, offset + i));
+                    }
+                }
+            }
+            let rows = group * t;
+            fn view(data: &[f32], rows_per_head: usize, d: usize) -> View<'_> {
+                View {
+                    heads: data.chunks(rows_per_head * d).collect(),
+                    stride: d,
+                }
+            }
+            let mut y = vec![0f32; kvh * rows * d];
+            causal_attention(
+                &view(&qw, rows, d),
+                &view(&kd, total, d),
+                &view(&vd, total, d),
+                kvh,
+                rows,
+                t,
+                offset,
+                d,
+                &mut y,
+                &|h, r| (h * rows + r) * d,
+            );
+            for h in 0..kvh {
+                for g in 0..group {
+                    for i in 0..t {
+                        let row = (h * group + g) * t + i;
+                        out[(h * group + g) * total + offset + i] =
+                            y[row * d..(row + 1) * d].to_vec();
+                    }
+                }
+            }
+        }
+        out
+    };
+    let whole = run(&[(0, total)]);
+    let split = run(&[(0, 4), (4, 1), (5, 6)]);
+    assert_eq!(whole, split, "chunking must not change a single bit");
+    for h in 0..kvh {
+        for g in 0..group {
+            for pos in 0..total {
+                let want = reference(
+                    query(h, g, pos),
+                    &kd[h * total * d..],
+                    &vd[h * total * d..],
+                    pos + 1,
+                    d,
+                );
+                let got = &whole[(h * group + g) * total + pos];
+                for (a, b) in got.iter().zip(&want) {
+                    assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
+/// The kernel sets this machine can run.
+fn kernel_sets() -> Vec<Isa> {
+    let mut out = vec![Isa::Portable];
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        out.push(Isa::Avx2);
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            out.push(Isa::Avx512);
+        }
+    }
+    out
+}
+
+/// The per-query loop this kernel replaced, kept as the statement of the
+/// order: scores by `dot` in key order, max, `f32::exp`, the sum in key
+/// order, `acc += p·v` in key order, `acc · (1/sum)`.
+fn per_query(q: &[f32], k: &[f32], v: &[f32], visible: usize, d: usize) -> Vec<f32> {
+    let s: Vec<f32> = (0..visible).map(|j| dot(q, &k[j * d..][..d])).collect();
+    let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let p: Vec<f32> = s.iter().map(|x| (x - max).exp()).collect();
+    let mut sum = 0f32;
+    for &x in &p {
+        sum += x;
+    }
+    let mut acc = vec![0f32; d];
+    for (j, &pj) in p.iter().enumerate() {
+        for (a, &x) in acc.iter_mut().zip(&v[j * d..][..d]) {
+            *a += pj * x;
+        }
+    }
+    let inv = 1.0 / sum;
+    acc.iter().map(|a| a * inv).collect()
+}
+
+/// A sequence of `total` positions for `kvh` kv heads of `group` query
+/// heads each, run as the windows `splits` with kernel set `isa`; returns
+/// each (head, member, position) output row.
+struct Case {
+    kvh: usize,
+    group: usize,
+    d: usize,
+    total: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Case {
+    fn new(kvh: usize, group: usize, d: usize, total: usize, scale: f32) -> Case {
+        let mut q = random(kvh * group * total * d, 11);
+        q.iter_mut().for_each(|x| *x *= scale);
+        Case {
+            kvh,
+            group,
+            d,
+            total,
+            q,
+            k: random(kvh * total * d, 12),
+            v: random(kvh * total * d, 13),
+        }
+    }
+
+    fn query(&self, h: usize, g: usize, pos: usize) -> &[f32] {
+        &self.q[((h * self.group + g) * self.total + pos) * self.d..][..self.d]
+    }
+
+    fn run(&self, isa: Isa, splits: &[(usize, usize)]) -> Vec<Vec<f32>> {
+        let (kvh, group, d, total) = (self.kvh, self.group, self.d, self.total);
+        let mut out = vec![vec![0f32; d]; kvh * group * total];
+        for &(offset, t) in splits {
+            let mut qw = Vec::new();
+            for h in 0..kvh {
+                for g in 0..group {
+                    for i in 0..t {
+                        qw.extend_from_slice(self.query(h, g, offset + i));
+                    }
+                }
+            }
+            let rows = group * t;
+            // Only the keys that exist so far, as the cache holds them.
+            let keys = offset + t;
+            let k: Vec<&[f32]> = (0..kvh)
+                .map(|h| &self.k[h * total * d..][..keys * d])
+                .collect();
+            let v: Vec<&[f32]> = (0..kvh)
+                .map(|h| &self.v[h * total * d..][..keys * d])
+                .collect();
+            let mut y = vec![0f32; kvh * rows * d];
+            causal_attention_with(
+                isa,
+                &View {
+                    heads: qw.chunks(rows * d).collect(),
+                    stride: d,
+                },
+                &View {
+                    heads: k,
+                    stride: d,
+                },
+                &View {
+                    heads: v,
+                    stride: d,
+                },
+                kvh,
+                rows,
+                t,
+                offset,
+                d,
+                &mut y,
+                &|h, r| (h * rows + r) * d,
+            );
+            for h in 0..kvh {
+                for g in 0..group {
+                    for i in 0..t {
+                        let row = (h * group + g) * t + i;
+                        out[(h * group + g) * total + offset + i] = y[row * d..][..d].to_vec();
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Windows over 1100 keys (69 key blocks, many tiles): one forward, uneven
+/// prefill chunks, single steps, a verify-sized window, every kernel set.
+/// Every row equals the per-query order bit for bit.
+#[test]
+fn long_rows_match_the_per_query_order_for_every_chunking_and_kernel_set() {
+    let case = Case::new(2, 3, 64, 1100, 0.5);
+    let per_query_rows: Vec<Vec<f32>> = (0..case.kvh)
+        .flat_map(|h| (0..case.group).map(move |g| (h, g)))
+        .flat_map(|(h, g)| (0..case.total).map(move |pos| (h, g, pos)))
+        .map(|(h, g, pos)| {
+            per_query(
+                case.query(h, g, pos),
+                &case.k[h * case.total * case.d..],
+                &case.v[h * case.total * case.d..],
+                pos + 1,
+                case.d,
+            )
+        })
+        .collect();
+    let chunkings: [&[(usize, usize)]; 3] = [
+        &[(0, 1100)],
+        &[(0, 37), (37, 1), (38, 500), (538, 2), (540, 560)],
+        &[(0, 1000), (1000, 1), (1001, 1), (1002, 5), (1007, 93)],
+    ];
+    for isa in kernel_sets() {
+        for splits in chunkings {
+            let got = case.run(isa, splits);
+            for (i, (a, b)) in got.iter().zip(&per_query_rows).enumerate() {
+                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{isa:?} {splits:?}: row {i} differs from the per-query order"
+                );
+            }
+        }
+    }
+}
+
+/// Odd head sizes (tails of the 8-lane dot, of the 16-lane and 8-lane
+/// weighted sums) and a group of one, still the per-query order.
+#[test]
+fn odd_head_sizes_keep_the_per_query_order() {
+    for (d, group) in [(20, 1), (5, 2), (72, 4)] {
+        let case = Case::new(1, group, d, 90, 1.0);
+        for isa in kernel_sets() {
+            let got = case.run(isa, &[(0, 40), (40, 1), (41, 49)]);
+            for g in 0..group {
+                for pos in 0..case.total {
+                    let want = per_query(case.query(0, g, pos), &case.k, &case.v, pos + 1, d);
+                    let row = &got[g * case.total + pos];
+                    let same = row
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{isa:?} d={d} group={group} pos {pos}");
+                }
+            }
+        }
+    }
+}
+
+/// Long rows against f64 softmax attention. Stated bound: for `n` keys,
+/// `|y − y₆₄| ≤ (2n + d + 8)·2⁻²⁴·max|v|` (each score's dot: `d`
+/// roundings; `exp`: ≤ 1 ulp; the sum and the weighted sum: `n` roundings
+/// each, relative to a sum of positive terms; the final scaling: 2). With
+/// sharp softmaxes (`scale` 4: scores up to ~±30) and flat ones.
+#[test]
+fn long_rows_match_f64_attention_within_the_stated_bound() {
+    for scale in [0.25, 4.0] {
+        let case = Case::new(1, 3, 64, 2500, scale);
+        let got = case.run(block_matmul_isa(), &[(0, 2000), (2000, 500)]);
+        let mut worst = 0f64;
+        for g in 0..3 {
+            for pos in [0, 15, 16, 17, 999, 1999, 2000, 2499] {
+                let want = reference(case.query(0, g, pos), &case.k, &case.v, pos + 1, 64);
+                let bound = (2.0 * (pos + 1) as f64 + 64.0 + 8.0) * 2f64.powi(-24);
+                for (a, b) in got[g * case.total + pos].iter().zip(&want) {
+                    let err = (*a as f64 - b).abs();
+                    worst = worst.max(err);
+                    assert!(
+                        err <= bound,
+                        "scale {scale} pos {pos}: {a} vs {b} (bound {bound:e})"
+                    );
+                }
+            }
+        }
+        // Far inside the worst case in practice.
+        assert!(worst < 2e-6, "scale {scale}: worst error {worst:e}");
+    }
+}
+
+fn block_matmul_isa() -> Isa {
+    super::super::block_matmul::isa()
+}

@@ -1,0 +1,255 @@
+//! One tile of query rows (all of one kv head) through the three phases of
+//! the module docs, each row in its own fixed order.
+//!
+//! The inner loops are in [`super::lanes`] (16 lanes and two rows per key
+//! block with AVX-512, 8 lanes and one row with AVX2, plain Rust
+//! otherwise). Lanes are independent elements (different keys, different
+//! dimensions), so the width decides only which elements share an
+//! instruction, never the order of any element's own operations.
+
+use super::Isa;
+use super::exp::exp_slice;
+use super::lanes;
+
+/// Keys per transposed block: `kt[block][e][lane]` is key `16·block + lane`,
+/// dimension `e`.
+pub(super) const BLOCK: usize = 16;
+/// Keys per pass of the weighted sum: their values (32 KiB at `d = 64`)
+/// stay in L1 while each group of output dimensions goes by.
+const VALUE_CHUNK: usize = 128;
+
+/// How a tile reads its kv head's keys.
+pub(super) enum Keys<'a> {
+    /// Blocks of [`BLOCK`] keys transposed to `[e][lane]`, zero-padded.
+    Transposed(&'a [f32]),
+    /// Token-major rows of `d` (few queries: no transposition).
+    Rows(&'a [f32]),
+}
+
+/// One query row: its query, how many keys it sees, where its output goes.
+pub(super) struct TileRow<'a> {
+    pub q: &'a [f32],
+    pub visible: usize,
+    pub out: &'a mut [f32],
+}
+
+pub(super) struct Tile<'a> {
+    pub rows: Vec<TileRow<'a>>,
+    pub keys: Keys<'a>,
+    pub values: &'a [f32],
+    pub d: usize,
+}
+
+/// Per-thread buffers, reused across the tiles a worker takes.
+#[derive(Default)]
+pub(super) struct Scratch {
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+/// Key `b·BLOCK + lane` of `k` (token-major rows of `d`) to
+/// `out[e·BLOCK + lane]`; lanes past the last key stay zero.
+pub(super) fn transpose_block(k: &[f32], b: usize, d: usize, out: &mut [f32]) {
+    let keys = k.len() / d;
+    for lane in 0..BLOCK.min(keys.saturating_sub(b * BLOCK)) {
+        let key = &k[(b * BLOCK + lane) * d..][..d];
+        for (e, &x) in key.iter().enumerate() {
+            out[e * BLOCK + lane] = x;
+        }
+    }
+}
+
+/// Every row of `tile`, written to its `out`.
+pub(super) fn run(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
+    match isa {
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        // SAFETY: `Isa::Avx512` is only chosen when the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { run_avx512(tile, scratch) },
+        _ => body::<1>(isa, tile, scratch),
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+#[target_feature(enable = "avx512f")]
+fn run_avx512(tile: &mut Tile<'_>, scratch: &mut Scratch) {
+    body::<2>(Isa::Avx512, tile, scratch)
+}
+
+/// The three phases for every row of the tile; `QB` rows share each
+/// transposed key block.
+#[inline(always)]
+fn body<const QB: usize>(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
+    let d = tile.d;
+    let n = tile.rows.len();
+    if n == 0 {
+        return;
+    }
+    let most = tile.rows.iter().map(|r| r.visible).max().unwrap_or(0);
+    let least = tile.rows.iter().map(|r| r.visible).min().unwrap_or(0);
+    // Score rows padded to whole blocks, so `exp` runs whole vectors.
+    let width = most.div_ceil(BLOCK) * BLOCK;
+    scratch.scores.clear();
+    scratch.scores.resize(n * width, 0.0);
+    let scores = &mut scratch.scores;
+
+    // 1. Scores.
+    match tile.keys {
+        Keys::Transposed(kt) => {
+            for b in 0..width / BLOCK {
+                let block = &kt[b * BLOCK * d..][..BLOCK * d];
+                let mut r = 0;
+                while r + QB <= n {
+                    let qs: [&[f32]; QB] = std::array::from_fn(|i| tile.rows[r + i].q);
+                    let s: [[f32; BLOCK]; QB] = lanes::scores::<QB>(isa, qs, block, d);
+                    for (i, s) in s.iter().enumerate() {
+                        scores[(r + i) * width + b * BLOCK..][..BLOCK].copy_from_slice(s);
+                    }
+                    r += QB;
+                }
+                for r in r..n {
+                    let s = lanes::scores::<1>(isa, [tile.rows[r].q], block, d);
+                    scores[r * width + b * BLOCK..][..BLOCK].copy_from_slice(&s[0]);
+                }
+            }
+        }
+        Keys::Rows(k) => {
+            // Four keys at a time, every row per key quad: each key is read
+            // once for the tile, and each score is still `dot`'s.
+            let quads = most / 4;
+            for j4 in 0..quads {
+                let ks = &k[j4 * 4 * d..][..4 * d];
+                let (k0, rest) = ks.split_at(d);
+                let (k1, rest) = rest.split_at(d);
+                let (k2, k3) = rest.split_at(d);
+                for (r, row) in tile.rows.iter().enumerate() {
+                    if j4 * 4 < row.visible {
+                        let s = super::dot4(row.q, [k0, k1, k2, k3]);
+                        scores[r * width + j4 * 4..][..4].copy_from_slice(&s);
+                    }
+                }
+            }
+            for (r, row) in tile.rows.iter().enumerate() {
+                for j in quads * 4..row.visible {
+                    scores[r * width + j] = super::dot(row.q, &k[j * d..][..d]);
+                }
+            }
+        }
+    }
+
+    // 2. Max, exponentials, and the sums in key order.
+    for (r, row) in tile.rows.iter().enumerate() {
+        let s = &mut scores[r * width..][..width];
+        let visible = row.visible;
+        let max = max_of(&s[..visible]);
+        for x in &mut s[..visible] {
+            *x -= max;
+        }
+        // Lanes past the row's keys: exp(0), never read.
+        let whole = visible.div_ceil(BLOCK) * BLOCK;
+        s[visible..whole].fill(0.0);
+        exp_slice(isa, &mut s[..whole]);
+    }
+    scratch.sums.clear();
+    scratch.sums.resize(n, 0.0);
+    let sums = &mut scratch.sums;
+    // The keys every row sees: one addition chain per row, interleaved.
+    for j in 0..least {
+        for (r, sum) in sums.iter_mut().enumerate() {
+            *sum += scores[r * width + j];
+        }
+    }
+    for (r, row) in tile.rows.iter().enumerate() {
+        for j in least..row.visible {
+            sums[r] += scores[r * width + j];
+        }
+    }
+
+    // 3. Weighted sums of values, in key order per row.
+    scratch.acc.clear();
+    scratch.acc.resize(n * d, 0.0);
+    let acc = &mut scratch.acc;
+    let values = tile.values;
+    let mut from = 0;
+    while from < least {
+        let to = (from + VALUE_CHUNK).min(least);
+        let mut r = 0;
+        while r < n {
+            let rows = (n - r).min(8);
+            macro_rules! pass {
+                ($qb:literal) => {
+                    lanes::weighted::<$qb>(
+                        isa,
+                        &scores[r * width..],
+                        width,
+                        values,
+                        d,
+                        from..to,
+                        &mut acc[r * d..][..$qb * d],
+                    )
+                };
+            }
+            let step = match rows {
+                8 => 8,
+                4..=7 => 4,
+                2 | 3 => 2,
+                _ => 1,
+            };
+            match step {
+                8 => pass!(8),
+                4 => pass!(4),
+                2 => pass!(2),
+                _ => pass!(1),
+            }
+            r += step;
+        }
+        from = to;
+    }
+    for (r, row) in tile.rows.iter_mut().enumerate() {
+        let a = &mut acc[r * d..][..d];
+        lanes::weighted::<1>(
+            isa,
+            &scores[r * width..],
+            width,
+            values,
+            d,
+            least..row.visible,
+            a,
+        );
+        let inv = 1.0 / sums[r];
+        for (o, a) in row.out.iter_mut().zip(a.iter()) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// `max` of a row, NaNs ignored as `f32::max` ignores them. Lanes keep
+/// their own maxima; the result is the same value whatever the grouping
+/// (a maximum is exact), and a `±0` tie gives the same `s − max` anyway.
+#[inline(always)]
+fn max_of(s: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = s.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            if x > *m {
+                *m = x;
+            }
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(chunks.remainder()) {
+        if x > max {
+            max = x;
+        }
+    }
+    max
+}
