@@ -367,4 +367,25 @@ pub struct BenchArgs {
     /// Write an SVG plot of tok/s against context here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// MTP mode: AR against MTP at depths 1..=--mtp-max-depth on held-out
+    /// chat prompts (`--gen` tokens each): tok/s, speedup, acceptance per
+    /// draft position, and the cost of each piece of a cycle.
+    #[arg(long)]
+    pub mtp: bool,
+    /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
+    /// built in).
+    #[arg(long, requires = "mtp")]
+    pub mtp_prompts: Option<PathBuf>,
+    /// How many of the prompts `--mtp` runs.
+    #[arg(long, default_value_t = 16)]
+    pub mtp_prompt_count: usize,
+    /// Deepest draft chain `--mtp` measures.
+    #[arg(long, default_value_t = 3)]
+    pub mtp_max_depth: usize,
+    /// Temperatures `--mtp` measures (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.7")]
+    pub mtp_temperatures: Vec<f64>,
+    /// Repetitions of each timed piece in `--mtp`'s cost table (median).
+    #[arg(long, default_value_t = 20)]
+    pub mtp_cost_reps: usize,
 }

@@ -17,10 +17,10 @@ use sha2::{Digest, Sha256};
 
 mod known_tokenizers;
 mod mtp_head;
-pub use mtp_head::{DEFAULT_MTP_HEAD, HeadError, KnownHead, mtp_head_for};
 pub use known_tokenizers::{
     DEEPSEEK_V4_TOKENIZER, KnownTokenizer, deepseek_v4_tokenizer_dir, tokenizer_for_family,
 };
+pub use mtp_head::{DEFAULT_MTP_HEAD, HeadError, KnownHead, mtp_head_for};
 
 /// A model we know how to fetch.
 #[derive(Debug, Clone, Copy)]
@@ -161,12 +161,10 @@ impl KnownModel {
         // refused at load until it is rewritten).
         if self.file_name == DEFAULT_MTP_HEAD.model.file_name {
             let head = DEFAULT_MTP_HEAD.path_next_to(&dest);
-            DEFAULT_MTP_HEAD
-                .install(&head)
-                .map_err(|e| PullError::Io {
-                    path: head,
-                    source: io::Error::other(e.to_string()),
-                })?;
+            DEFAULT_MTP_HEAD.install(&head).map_err(|e| PullError::Io {
+                path: head,
+                source: io::Error::other(e.to_string()),
+            })?;
         }
         progress(PullEvent::Done { path: dest.clone() });
         Ok(dest)

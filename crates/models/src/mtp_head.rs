@@ -181,7 +181,10 @@ mod tests {
         let err = DEFAULT_MTP_HEAD.ensure_next_to(&model).unwrap_err();
         assert!(matches!(err, HeadError::Checksum { .. }), "{err}");
         let text = err.to_string();
-        assert!(text.contains("sha256") && text.contains("delete it"), "{text}");
+        assert!(
+            text.contains("sha256") && text.contains("delete it"),
+            "{text}"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), bytes);
 
         // truncated: refused by size

@@ -24,7 +24,10 @@ Ctrl+C during a reply stops it; the partial reply stays in the conversation.";
 
 pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
-    args.generation.mtp_depth = args.generation.mtp_depth_arg.map(|d| d.resolve(&loaded.model));
+    args.generation.mtp_depth = args
+        .generation
+        .mtp_depth_arg
+        .map(|d| d.resolve(&loaded.model));
     ds4_engine::with_model!(&loaded.model, model => chat_with(model, &loaded.tokenizer, &args))
 }
 

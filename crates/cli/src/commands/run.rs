@@ -14,7 +14,10 @@ use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
 pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
-    args.generation.mtp_depth = args.generation.mtp_depth_arg.map(|d| d.resolve(&loaded.model));
+    args.generation.mtp_depth = args
+        .generation
+        .mtp_depth_arg
+        .map(|d| d.resolve(&loaded.model));
     ds4_engine::with_model!(&loaded.model, model => run_with(model, &loaded.tokenizer, &args))
 }
 

@@ -9,10 +9,12 @@
 use std::path::{Path, PathBuf};
 
 use super::config::LlamaConfig;
+use super::mtp::{LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MtpHead};
 use crate::backend::{Backend, CpuOps, HostWeight};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::attention::Attention;
+use crate::layers::embedding::embed_tokens;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::mlp::SwiGlu;
 use crate::layers::norms::RmsNorm;
@@ -21,12 +23,10 @@ use crate::load::ModelFormat;
 use crate::load::binder::Binder;
 use crate::load::gguf::GgufFile;
 use crate::load::safetensors::SafetensorsDir;
-use crate::layers::embedding::embed_tokens;
 use crate::model::{
     DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract, MtpStep,
     VerifyWindow,
 };
-use super::mtp::{LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MtpHead};
 use crate::state::kv_cache::KvCache;
 
 /// Tensors a Hugging Face llama checkpoint may carry that hold nothing we
@@ -554,8 +554,7 @@ impl<B: Backend> Model for LlamaModel<B> {
 
     fn new_mtp_history(&self) -> Option<LlamaMtpHistory<B>> {
         self.mtp.as_ref().map(|_| {
-            LlamaMtpHistory::new(&self.ops, &self.cfg)
-                .expect("allocating an empty MTP history")
+            LlamaMtpHistory::new(&self.ops, &self.cfg).expect("allocating an empty MTP history")
         })
     }
 

@@ -100,7 +100,10 @@ impl<B: Backend> MtpHead<B> {
         if s == 0 || s > cfg.vocab_size {
             return Err(invalid(
                 path,
-                format!("a vocabulary subset of {s} tokens for a vocabulary of {}", cfg.vocab_size),
+                format!(
+                    "a vocabulary subset of {s} tokens for a vocabulary of {}",
+                    cfg.vocab_size
+                ),
             ));
         }
         let mut root = Binder::new(&mut g, ops);
@@ -190,7 +193,9 @@ fn subset_ids(raw: &[f32], vocab: usize) -> std::result::Result<Vec<u32>, String
         }
         let t = v as u32;
         if out.last().is_some_and(|&p| p >= t) {
-            return Err(format!("mtp.vocab_subset is not strictly increasing at [{i}]"));
+            return Err(format!(
+                "mtp.vocab_subset is not strictly increasing at [{i}]"
+            ));
         }
         out.push(t);
     }
@@ -260,10 +265,18 @@ mod tests {
     #[test]
     fn subset_ids_are_checked() {
         assert_eq!(subset_ids(&[0.0, 3.0, 7.0], 8).unwrap(), vec![0, 3, 7]);
-        assert!(subset_ids(&[0.5], 8).unwrap_err().contains("not a token id"));
+        assert!(
+            subset_ids(&[0.5], 8)
+                .unwrap_err()
+                .contains("not a token id")
+        );
         assert!(subset_ids(&[8.0], 8).unwrap_err().contains("below 8"));
         assert!(subset_ids(&[-1.0], 8).is_err());
         assert!(subset_ids(&[f32::NAN], 8).is_err());
-        assert!(subset_ids(&[3.0, 3.0], 8).unwrap_err().contains("increasing"));
+        assert!(
+            subset_ids(&[3.0, 3.0], 8)
+                .unwrap_err()
+                .contains("increasing")
+        );
     }
 }
