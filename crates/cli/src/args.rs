@@ -135,10 +135,47 @@ pub struct GenerationArgs {
     /// Prefill chunk size in tokens.
     #[arg(long, default_value_t = ds4_engine::decode::DEFAULT_PREFILL_CHUNK)]
     pub chunk: usize,
-    /// MTP speculative draft depth (0 = plain autoregressive decoding).
-    /// Default: the family's (AR for models without an MTP head).
-    #[arg(long)]
+    /// MTP speculative draft depth (0 = plain autoregressive decoding), or
+    /// `auto`: the depth measured fastest for the model (the default
+    /// model's head: see bench/README.md). Default: the family's (AR for
+    /// models without an MTP head, and for the default model).
+    #[arg(long = "mtp-depth")]
+    pub mtp_depth_arg: Option<MtpDepthArg>,
+    /// `mtp_depth_arg` resolved against the loaded model
+    /// ([`MtpDepthArg::resolve`]).
+    #[arg(skip)]
     pub mtp_depth: Option<usize>,
+}
+
+/// `--mtp-depth N|auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MtpDepthArg {
+    Auto,
+    Depth(usize),
+}
+
+impl std::str::FromStr for MtpDepthArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(MtpDepthArg::Auto);
+        }
+        s.parse().map(MtpDepthArg::Depth).map_err(|_| {
+            format!("`{s}` is not a draft depth: give a number (0 = no MTP) or `auto`")
+        })
+    }
+}
+
+impl MtpDepthArg {
+    /// The depth to run on `model` (`auto`: its measured best, 0 without a
+    /// head).
+    pub fn resolve(self, model: &ds4_engine::families::LoadedModel) -> usize {
+        match self {
+            MtpDepthArg::Auto => model.mtp_auto_depth(),
+            MtpDepthArg::Depth(d) => d,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -223,10 +260,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// MTP draft depth for requests that send no `mtp_depth` (0 = plain
-    /// AR decoding). Default: the family's (AR for a model without an MTP
-    /// head). A depth the model cannot run is refused at startup.
-    #[arg(long)]
-    pub mtp_depth: Option<usize>,
+    /// AR decoding), or `auto` (the depth measured fastest for the model).
+    /// Default: the family's (AR for a model without an MTP head, and for
+    /// the default model). A depth the model cannot run is refused at
+    /// startup.
+    #[arg(long = "mtp-depth")]
+    pub mtp_depth: Option<MtpDepthArg>,
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub body_limit: usize,
@@ -333,4 +372,25 @@ pub struct BenchArgs {
     /// Write an SVG plot of tok/s against context here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// MTP mode: AR against MTP at depths 1..=--mtp-max-depth on held-out
+    /// chat prompts (`--gen` tokens each): tok/s, speedup, acceptance per
+    /// draft position, and the cost of each piece of a cycle.
+    #[arg(long)]
+    pub mtp: bool,
+    /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
+    /// built in).
+    #[arg(long, requires = "mtp")]
+    pub mtp_prompts: Option<PathBuf>,
+    /// How many of the prompts `--mtp` runs.
+    #[arg(long, default_value_t = 16)]
+    pub mtp_prompt_count: usize,
+    /// Deepest draft chain `--mtp` measures.
+    #[arg(long, default_value_t = 3)]
+    pub mtp_max_depth: usize,
+    /// Temperatures `--mtp` measures (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.7")]
+    pub mtp_temperatures: Vec<f64>,
+    /// Repetitions of each timed piece in `--mtp`'s cost table (median).
+    #[arg(long, default_value_t = 20)]
+    pub mtp_cost_reps: usize,
 }

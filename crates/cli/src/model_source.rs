@@ -121,6 +121,23 @@ fn auto_device() -> Device {
     Device::Cpu
 }
 
+/// Attach the MTP head shipped for this model, if it has one. A damaged
+/// head file or one that does not fit is reported on stderr and the model
+/// runs without MTP (AR decoding is unaffected).
+pub fn attach_known_head(model: &mut LoadedModel, path: &Path) {
+    match ds4_models::mtp_head_for(path) {
+        None => {}
+        Some(Ok(head)) => match model.attach_mtp_head(&head) {
+            Ok(()) => tracing::info!("MTP head: {}", head.display()),
+            Err(e) => eprintln!(
+                "warning: MTP head {} refused ({e}); running without MTP",
+                head.display()
+            ),
+        },
+        Some(Err(e)) => eprintln!("warning: {e}; running without MTP"),
+    }
+}
+
 /// The pinned tokenizer folder for a directory that lacks `tokenizer.json`
 /// and whose family has one; `None` otherwise (the directory's own files
 /// are read, and a missing tokenizer is reported by that load).
@@ -147,8 +164,9 @@ pub fn load(path: Option<&Path>, device: DeviceArg) -> anyhow::Result<Loaded> {
     let device = self::device(device)?;
     let start = Instant::now();
     let tokenizer = load_tokenizer(&path)?;
-    let model = LoadedModel::load_on(&path, device)
+    let mut model = LoadedModel::load_on(&path, device)
         .with_context(|| format!("loading {} on {device:?}", path.display()))?;
+    attach_known_head(&mut model, &path);
     tracing::info!(
         "loaded {} ({}) on {} in {:.2}s",
         path.display(),

@@ -92,9 +92,14 @@ mod adapter {
         m.context_length()
     }
 
-    /// `(default depth, max depth)` of the family's MTP head, if any.
+    /// `(default depth, max depth)` of the family's MTP head, if any. A
+    /// head whose default is AR (the llama head) is run at depth 2 (or its
+    /// maximum if lower) where a property needs "the MTP mode".
     pub fn mtp_depths<M: Model>(m: &M) -> Option<(usize, usize)> {
-        m.mtp_contract().map(|c| (c.default_depth, c.max_depth))
+        m.mtp_contract().map(|c| match c.default_depth {
+            0 => (c.max_depth.min(2), c.max_depth),
+            d => (d, c.max_depth),
+        })
     }
 
     // ---- bare states ----
@@ -1140,6 +1145,16 @@ macro_rules! conformance {
 conformance!(llama_default_model, || {
     let path = ds4_models::default_model_path().expect("default model available");
     ds4_engine::families::llama::load_llama(&path).unwrap()
+});
+// The default model with its trained MTP head (tools/mtp_head).
+conformance!(llama_mtp_default_model, || {
+    let path = ds4_models::default_model_path().expect("default model available");
+    let head = ds4_models::mtp_head_for(&path)
+        .expect("the default model has a head")
+        .expect("the head file checks out");
+    let mut m = ds4_engine::families::llama::load_llama(&path).unwrap();
+    m.attach_mtp_head(&head).unwrap();
+    m
 });
 conformance!(qwen4_exp_tiny_a, || {
     ds4_engine::families::qwen4_exp::Qwen4ExpModel::from_hf_dir(

@@ -46,6 +46,19 @@ fn drafter(a: u32, b: u32) -> Vec<f32> {
     l
 }
 
+/// A drafter over a fixed vocabulary subset, as the llama head drafts:
+/// token 1 is outside it (`-inf`, probability 0 in the draft law).
+fn drafter_subset(a: u32, b: u32) -> Vec<f32> {
+    let mut l = drafter(a, b);
+    l[1] = f32::NEG_INFINITY;
+    l
+}
+
+thread_local! {
+    /// Whether [`Toy`]'s head drafts from the subset ([`drafter_subset`]).
+    static SUBSET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 struct Toy;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -217,8 +230,13 @@ impl Model for Toy {
         }
         h.0.extend(hs.iter().copied().zip(tokens.iter().copied()));
         let (a, b) = (hs[hs.len() - 1], tokens[tokens.len() - 1]);
+        let draft = if SUBSET.get() {
+            drafter_subset
+        } else {
+            drafter
+        };
         Ok(MtpStep {
-            logits: drafter(a, b),
+            logits: draft(a, b),
             hidden: hidden_of(&[b]),
         })
     }
@@ -437,6 +455,51 @@ fn mtp_sampled_sequences_are_distributed_as_ar() {
             }
         }
     }
+}
+
+/// The subset draft (tokens outside it at `-inf`, as the llama head's):
+/// sampled MTP is still distributed as AR at depth 1..3, the token the
+/// drafter can never propose is still emitted (the residual restores its
+/// mass), and the subset drafter's own law is rejected.
+#[test]
+fn mtp_subset_draft_sequences_are_distributed_as_ar() {
+    const N: usize = 20000;
+    SUBSET.set(true);
+    let law = Law::Nucleus;
+    let want = exact(law, 0.6, target);
+    let draft_law = exact(law, 0.6, drafter_subset);
+    for depth in 1..=3 {
+        let mut seen: BTreeMap<Vec<u32>, usize> = BTreeMap::new();
+        let (mut acc, mut drafted) = (0, 0);
+        for seed in 0..N as u64 {
+            let (toks, _, st) = run_mtp_stats(law, 0.6, depth, seed * 7919 + depth as u64);
+            *seen.entry(toks).or_default() += 1;
+            acc += st.accepted_total();
+            drafted += st.drafted_total();
+        }
+        assert!(acc > drafted / 10 && acc < drafted, "{acc}/{drafted}");
+        let ones: usize = seen
+            .iter()
+            .filter(|(k, _)| k.contains(&1))
+            .map(|(_, &c)| c)
+            .sum();
+        assert!(ones > N / 20, "token 1 emitted in {ones} of {N} sequences");
+        let (chi, df) = chi_square(&seen, &want, N);
+        eprintln!(
+            "subset depth {depth}: accepted {acc}/{drafted}, chi2 {chi:.1} (df {df}, critical {:.1})",
+            critical(df)
+        );
+        assert!(
+            chi < critical(df),
+            "subset depth {depth}: chi2 {chi} df {df}"
+        );
+        let (bad, bdf) = chi_square(&seen, &draft_law, N);
+        assert!(
+            bad > critical(bdf),
+            "subset depth {depth}: the drafter's law was not rejected ({bad})"
+        );
+    }
+    SUBSET.set(false);
 }
 
 /// The spec's draw order written out on the toy: primary (first cycle),

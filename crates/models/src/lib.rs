@@ -16,10 +16,12 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 mod known_tokenizers;
+mod mtp_head;
 pub use known_tokenizers::{
     DEEPSEEK_V4_TOKENIZER, KnownTokenizer, QWEN3_5_TOKENIZER, deepseek_v4_tokenizer_dir,
     qwen3_5_tokenizer_dir, tokenizer_for_family,
 };
+pub use mtp_head::{DEFAULT_MTP_HEAD, HeadError, KnownHead, mtp_head_for};
 
 /// A model we know how to fetch.
 #[derive(Debug, Clone, Copy)]
@@ -156,6 +158,15 @@ impl KnownModel {
             });
         }
         std::fs::rename(&staged, &dest).map_err(io_err(&dest))?;
+        // A pull also restores the model's MTP head (a damaged one is
+        // refused at load until it is rewritten).
+        if self.file_name == DEFAULT_MTP_HEAD.model.file_name {
+            let head = DEFAULT_MTP_HEAD.path_next_to(&dest);
+            DEFAULT_MTP_HEAD.install(&head).map_err(|e| PullError::Io {
+                path: head,
+                source: io::Error::other(e.to_string()),
+            })?;
+        }
         progress(PullEvent::Done { path: dest.clone() });
         Ok(dest)
     }

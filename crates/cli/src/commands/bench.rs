@@ -37,6 +37,14 @@ pub struct Row {
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
+    if args.mtp {
+        let csv = ds4_engine::with_model!(&loaded.model, model => super::bench_mtp::bench_mtp(model, &loaded.tokenizer, &args))?;
+        print!("{csv}");
+        if let Some(path) = &args.csv {
+            std::fs::write(path, &csv).with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
     let rows = ds4_engine::with_model!(&loaded.model, model => bench_with(model, &loaded.tokenizer, &args))?;
     let csv = to_csv(&rows);
     print!("{csv}");

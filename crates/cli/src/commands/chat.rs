@@ -22,8 +22,12 @@ Type a message and press Enter.
   /exit    quit (or Ctrl+D)
 Ctrl+C during a reply stops it; the partial reply stays in the conversation.";
 
-pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
+pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
+    args.generation.mtp_depth = args
+        .generation
+        .mtp_depth_arg
+        .map(|d| d.resolve(&loaded.model));
     ds4_engine::with_model!(&loaded.model, model => chat_with(model, &loaded.tokenizer, &args))
 }
 

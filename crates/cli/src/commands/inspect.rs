@@ -16,8 +16,10 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         Ok(t) => (t.kind(), t.chat_template().is_some()),
         Err(e) => (format!("unavailable: {e:#}"), false),
     };
+    let head = mtp_head(&path);
     if args.json {
         let mut value = serde_json::to_value(&info)?;
+        value["mtp_head"] = head.clone();
         value["path"] = json!(path.display().to_string());
         value["tokenizer"] = json!(tokenizer_kind);
         value["chat_template"] = json!(template);
@@ -37,6 +39,20 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     println!("parameters:    {}", group_thousands(info.parameter_count));
     println!("tokenizer:     {tokenizer_kind}");
     println!("chat template: {}", if template { "yes" } else { "no" });
+    match head["status"].as_str() {
+        Some("ok") => println!(
+            "mtp head:      {} ({} parameters, vocabulary subset {}, sha256 {} checked; \
+             depths: default 0 = AR, auto {}, max {})",
+            head["path"].as_str().unwrap_or_default(),
+            group_thousands(head["parameters"].as_u64().unwrap_or(0)),
+            head["vocab_subset"],
+            head["sha256"].as_str().unwrap_or_default(),
+            head["auto_depth"],
+            head["max_depth"],
+        ),
+        Some(status) => println!("mtp head:      {status}"),
+        None => println!("mtp head:      none"),
+    }
     let histogram: Vec<String> = info
         .dtype_histogram
         .iter()
@@ -55,6 +71,29 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         println!("  {:width$}  {:>6}  {:?}", t.name, t.dtype, t.shape);
     }
     Ok(())
+}
+
+/// The MTP head shipped for this model (checked as at load), as JSON:
+/// `null` when the model has none.
+fn mtp_head(path: &std::path::Path) -> serde_json::Value {
+    use ds4_engine::families::llama::mtp::MTP_MAX_DEPTH;
+    match ds4_models::mtp_head_for(path) {
+        None => serde_json::Value::Null,
+        Some(Err(e)) => json!({ "status": format!("refused: {e} (the model runs without MTP)") }),
+        Some(Ok(head)) => match load::inspect(&head) {
+            Ok(h) => json!({
+                "status": "ok",
+                "path": head.display().to_string(),
+                "sha256": ds4_models::DEFAULT_MTP_HEAD.sha256,
+                "parameters": h.parameter_count,
+                "vocab_subset": h.tensors.iter().find(|t| t.name == "mtp.vocab_subset")
+                    .and_then(|t| t.shape.first().copied()),
+                "auto_depth": ds4_engine::families::llama::MTP_AUTO_DEPTH,
+                "max_depth": MTP_MAX_DEPTH,
+            }),
+            Err(e) => json!({ "status": format!("unreadable: {e}") }),
+        },
+    }
 }
 
 fn group_thousands(n: u64) -> String {

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_mtp;
 pub mod chat;
 pub mod debug;
 pub mod inspect;

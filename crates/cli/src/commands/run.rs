@@ -12,8 +12,12 @@ use crate::commands::sessions::CacheSettings;
 use crate::prompt;
 use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
-pub fn run(args: RunArgs) -> anyhow::Result<()> {
+pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
+    args.generation.mtp_depth = args
+        .generation
+        .mtp_depth_arg
+        .map(|d| d.resolve(&loaded.model));
     ds4_engine::with_model!(&loaded.model, model => run_with(model, &loaded.tokenizer, &args))
 }
 

@@ -23,7 +23,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.cors = args.cors;
     config.seed = args.seed;
     config.body_limit = args.body_limit;
-    config.mtp_depth = args.mtp_depth;
+    config.mtp_depth = args.mtp_depth.map(|d| d.resolve(&loaded.model));
     let cache = CacheSettings::from_args(&args.checkpoints, &path)?;
     config.bank_budget = cache.bank_budget;
     config.boundary_every = cache.boundary_every;

@@ -195,6 +195,34 @@ impl LoadedModel {
     pub fn family_name(&self) -> &'static str {
         self.descriptor().name
     }
+
+    /// Attach the MTP head in the file `path` (llama family only: the head
+    /// `tools/mtp_head` trains). A head that does not fit is refused and the
+    /// model stays as it was.
+    pub fn attach_mtp_head(&mut self, path: &Path) -> Result<()> {
+        match self {
+            LoadedModel::Llama(m) => m.attach_mtp_head(path),
+            #[cfg(feature = "cuda")]
+            LoadedModel::LlamaCuda(m) => m.attach_mtp_head(path),
+            _ => Err(EngineError::Unsupported(format!(
+                "{}: MTP head files are for the llama family",
+                self.family_name()
+            ))),
+        }
+    }
+
+    /// The depth `--mtp-depth auto` runs: the llama head's measured best
+    /// ([`llama::MTP_AUTO_DEPTH`]), the family default for other heads, 0
+    /// (AR) without a head.
+    pub fn mtp_auto_depth(&self) -> usize {
+        match self {
+            LoadedModel::Llama(m) if m.mtp_head().is_some() => llama::MTP_AUTO_DEPTH,
+            #[cfg(feature = "cuda")]
+            LoadedModel::LlamaCuda(m) if m.mtp_head().is_some() => llama::MTP_AUTO_DEPTH,
+            _ => crate::with_model!(self, m => crate::model::Model::mtp_contract(m))
+                .map_or(0, |c| c.default_depth),
+        }
+    }
 }
 
 /// Run `$body` with `$model` bound to the concrete model inside a

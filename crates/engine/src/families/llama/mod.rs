@@ -5,9 +5,11 @@
 
 pub mod config;
 pub mod model;
+pub mod mtp;
 
 pub use config::LlamaConfig;
-pub use model::{GgufWeights, LlamaModel, LlamaState};
+pub use model::{GgufWeights, LlamaModel, LlamaState, LlamaWindow};
+pub use mtp::{LlamaMtpHistory, MTP_AUTO_DEPTH, MtpHead};
 
 /// Load a llama-family model from a `.gguf` file or a Hugging Face
 /// directory, on the CPU.

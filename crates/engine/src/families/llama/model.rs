@@ -9,19 +9,24 @@
 use std::path::{Path, PathBuf};
 
 use super::config::LlamaConfig;
+use super::mtp::{LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MtpHead};
 use crate::backend::{Backend, CpuOps, HostWeight};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::attention::Attention;
+use crate::layers::embedding::embed_tokens;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::mlp::SwiGlu;
 use crate::layers::norms::RmsNorm;
-use crate::layers::rope::{Rope, RopeScaling};
+use crate::layers::rope::{Rope, RopeRows, RopeScaling};
 use crate::load::ModelFormat;
 use crate::load::binder::Binder;
 use crate::load::gguf::GgufFile;
 use crate::load::safetensors::SafetensorsDir;
-use crate::model::{ForwardOutput, LogitsRows, Model, ModelState};
+use crate::model::{
+    DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract, MtpStep,
+    VerifyWindow,
+};
 use crate::state::kv_cache::KvCache;
 
 /// Tensors a Hugging Face llama checkpoint may carry that hold nothing we
@@ -29,12 +34,68 @@ use crate::state::kv_cache::KvCache;
 /// we recompute from the config.
 pub const HF_IGNORED: &[&str] = &["rotary_emb.inv_freq"];
 
+/// One decoder layer (the trunk's, and the MTP head's own).
 #[derive(Debug)]
-struct Block<B: Backend> {
+pub(super) struct Block<B: Backend> {
     attn_norm: RmsNorm<B>,
     attn: Attention<B>,
     mlp_norm: RmsNorm<B>,
     mlp: SwiGlu<B>,
+}
+
+impl<B: Backend> Block<B> {
+    /// Bind a layer under `b`'s scope with the tensor names `n` gives.
+    pub(super) fn load(
+        b: &mut Binder<'_, B>,
+        n: &Names,
+        cfg: &LlamaConfig,
+        mode: GgufWeights,
+    ) -> Result<Self> {
+        let (hidden, d, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+        let (qd, kvd, ffn) = (
+            cfg.num_heads * d,
+            cfg.num_kv_heads * d,
+            cfg.intermediate_size,
+        );
+        let [q, k, v, o, gate, up, down] = n.proj;
+        Ok(Block {
+            attn_norm: RmsNorm::load(b, n.attn_norm, hidden, eps)?,
+            attn: Attention {
+                q: linear(b, q, qd, hidden, mode)?,
+                k: linear(b, k, kvd, hidden, mode)?,
+                v: linear(b, v, kvd, hidden, mode)?,
+                o: linear(b, o, hidden, qd, mode)?,
+                num_heads: cfg.num_heads,
+                num_kv_heads: cfg.num_kv_heads,
+                head_dim: d,
+            },
+            mlp_norm: RmsNorm::load(b, n.mlp_norm, hidden, eps)?,
+            mlp: SwiGlu {
+                gate: linear(b, gate, ffn, hidden, mode)?,
+                up: linear(b, up, ffn, hidden, mode)?,
+                down: linear(b, down, hidden, ffn, mode)?,
+            },
+        })
+    }
+
+    /// `x: [t, hidden]` → the residual stream after this layer; writes
+    /// layer `layer` of `kv` (not advanced).
+    pub(super) fn forward(
+        &self,
+        ops: &B,
+        x: B::Buf,
+        t: usize,
+        rope: &RopeRows<B>,
+        kv: &mut KvCache<B>,
+        layer: usize,
+    ) -> Result<B::Buf> {
+        let h = self
+            .attn
+            .forward(ops, &self.attn_norm.forward(ops, &x)?, t, rope, kv, layer)?;
+        let x = ops.add(&x, &h)?;
+        let h = self.mlp.forward(ops, &self.mlp_norm.forward(ops, &x)?, t)?;
+        ops.add(&x, &h)
+    }
 }
 
 #[derive(Debug)]
@@ -52,6 +113,8 @@ pub struct LlamaModel<B: Backend = CpuOps> {
     norm: RmsNorm<B>,
     head: Linear<B>,
     rope: Rope<B>,
+    /// The MTP head, when one is attached ([`LlamaModel::attach_mtp_head`]).
+    mtp: Option<MtpHead<B>>,
 }
 
 /// What a llama model remembers: the KV cache of every layer.
@@ -74,7 +137,21 @@ impl<B: Backend> LlamaState<B> {
 }
 
 impl<B: Backend> ModelState for LlamaState<B> {
-    type Window = crate::model::NoMtp;
+    type Window = LlamaWindow;
+
+    fn commit(&mut self, window: &LlamaWindow, accepted: usize) -> Result<()> {
+        // Attention only: keeping a prefix of the window is a truncation.
+        if self.kv.len() != window.start + window.rows || accepted > window.rows {
+            return Err(EngineError::State(format!(
+                "commit of {accepted} rows of a {}-row window at {} on a state of {} positions \
+                 (the window must be the last forward)",
+                window.rows,
+                window.start,
+                self.kv.len()
+            )));
+        }
+        self.kv.truncate(window.start + accepted)
+    }
 
     fn len(&self) -> usize {
         self.kv.len()
@@ -137,7 +214,7 @@ fn linear<B: Backend>(
 }
 
 /// Tensor names of the two layouts a llama checkpoint comes in.
-struct Names {
+pub(super) struct Names {
     embed: &'static str,
     head: &'static str,
     norm: &'static str,
@@ -148,7 +225,7 @@ struct Names {
     proj: [&'static str; 7],
 }
 
-const GGUF_NAMES: Names = Names {
+pub(super) const GGUF_NAMES: Names = Names {
     embed: "token_embd.weight",
     head: "output",
     norm: "output_norm.weight",
@@ -262,13 +339,7 @@ impl<B: Backend> LlamaModel<B> {
         format: ModelFormat,
         ops: B,
     ) -> Result<Self> {
-        let (hidden, d) = (cfg.hidden_size, cfg.head_dim);
-        let (qd, kvd, ffn) = (
-            cfg.num_heads * d,
-            cfg.num_kv_heads * d,
-            cfg.intermediate_size,
-        );
-        let eps = cfg.rms_norm_eps;
+        let (hidden, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let mut w = Binder::new(src, &ops);
         let embd = w.raw(n.embed, &[cfg.vocab_size, hidden])?;
         let embed = w.ops().table(embd.clone(), cfg.vocab_size, hidden)?;
@@ -286,26 +357,7 @@ impl<B: Backend> LlamaModel<B> {
         let norm = RmsNorm::load(&mut w, n.norm, hidden, eps)?;
         let mut blocks = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
-            let mut b = w.pp(&(n.block)(i));
-            let [q, k, v, o, gate, up, down] = n.proj;
-            blocks.push(Block {
-                attn_norm: RmsNorm::load(&mut b, n.attn_norm, hidden, eps)?,
-                attn: Attention {
-                    q: linear(&mut b, q, qd, hidden, mode)?,
-                    k: linear(&mut b, k, kvd, hidden, mode)?,
-                    v: linear(&mut b, v, kvd, hidden, mode)?,
-                    o: linear(&mut b, o, hidden, qd, mode)?,
-                    num_heads: cfg.num_heads,
-                    num_kv_heads: cfg.num_kv_heads,
-                    head_dim: d,
-                },
-                mlp_norm: RmsNorm::load(&mut b, n.mlp_norm, hidden, eps)?,
-                mlp: SwiGlu {
-                    gate: linear(&mut b, gate, ffn, hidden, mode)?,
-                    up: linear(&mut b, up, ffn, hidden, mode)?,
-                    down: linear(&mut b, down, hidden, ffn, mode)?,
-                },
-            });
+            blocks.push(Block::load(&mut w.pp(&(n.block)(i)), n, &cfg, mode)?);
         }
         let rope = Rope::new(
             &ops,
@@ -325,6 +377,7 @@ impl<B: Backend> LlamaModel<B> {
             norm,
             head,
             rope,
+            mtp: None,
         })
     }
 
@@ -333,23 +386,88 @@ impl<B: Backend> LlamaModel<B> {
         let ops = &self.ops;
         let rope = self.rope.tables(ops, kv.len(), t)?;
         for (i, b) in self.blocks.iter().enumerate() {
-            let h = b
-                .attn
-                .forward(ops, &b.attn_norm.forward(ops, &x)?, t, &rope, kv, i)?;
-            x = ops.add(&x, &h)?;
-            let h = b.mlp.forward(ops, &b.mlp_norm.forward(ops, &x)?, t)?;
-            x = ops.add(&x, &h)?;
+            x = b.forward(ops, x, t, &rope, kv, i)?;
         }
         Ok(x)
+    }
+
+    /// Bind the MTP head stored in `path` (a head file made by
+    /// `tools/mtp_head`; its checksum is the caller's to check) and enable
+    /// speculative decoding. A file that does not fit this model is refused
+    /// and the model stays as it was.
+    pub fn attach_mtp_head(&mut self, path: &Path) -> Result<()> {
+        self.mtp = Some(MtpHead::load(path, &self.cfg, &self.ops)?);
+        Ok(())
+    }
+
+    /// The attached MTP head, if any.
+    pub fn mtp_head(&self) -> Option<&MtpHead<B>> {
+        self.mtp.as_ref()
+    }
+
+    /// Embeddings, layers and logits of `tokens` after `state`; also the
+    /// pre-norm hidden of every new row (what the MTP head reads).
+    fn run(
+        &self,
+        tokens: &[u32],
+        state: &mut LlamaState<B>,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, B::Buf)> {
+        let ops = &self.ops;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(EngineError::State(
+                "forward needs at least one token".into(),
+            ));
+        }
+        let total = state.len() + t;
+        if total > self.cfg.context_length {
+            return Err(EngineError::ContextOverflow {
+                needed: total,
+                limit: self.cfg.context_length,
+            });
+        }
+        let x = embed_tokens(ops, &self.embed, tokens, self.cfg.vocab_size)?;
+        // A forward that fails half way leaves the cache as it was.
+        let x = match self.layers(x, t, &mut state.kv) {
+            Ok(x) => x,
+            Err(e) => {
+                state.kv.rollback()?;
+                return Err(e);
+            }
+        };
+        state.kv.advance(t)?;
+        let (last, n) = match rows {
+            LogitsRows::Last => (ops.rows(&x, self.cfg.hidden_size, t - 1, 1)?, 1),
+            LogitsRows::All => (x.clone(), t),
+        };
+        let logits = self.head.forward(ops, &self.norm.forward(ops, &last)?, n)?;
+        let out = ForwardOutput {
+            logits: ops.download(&logits)?,
+            rows: n,
+            vocab: self.cfg.vocab_size,
+        };
+        Ok((out, x))
+    }
+
+    fn hidden_rows(&self, buf: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
+        DeviceRows::new(&self.ops, buf, rows, self.cfg.hidden_size)
     }
 }
 
 use crate::load::binder::WeightSource;
 
+/// A verify window of the llama trunk: where it started and its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlamaWindow {
+    pub start: usize,
+    pub rows: usize,
+}
+
 impl<B: Backend> Model for LlamaModel<B> {
     type State = LlamaState<B>;
-    type MtpHistory = crate::model::NoMtp;
-    type Hidden = crate::model::NoMtp;
+    type MtpHistory = LlamaMtpHistory<B>;
+    type Hidden = DeviceRows<B>;
 
     fn descriptor(&self) -> &'static FamilyDescriptor {
         &super::DESCRIPTOR
@@ -386,48 +504,83 @@ impl<B: Backend> Model for LlamaModel<B> {
         state: &mut LlamaState<B>,
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
-        let ops = &self.ops;
-        let t = tokens.len();
-        if t == 0 {
-            return Err(EngineError::State(
-                "forward needs at least one token".into(),
-            ));
+        Ok(self.run(tokens, state, rows)?.0)
+    }
+
+    fn mtp_contract(&self) -> Option<MtpContract> {
+        self.mtp.as_ref().map(|_| MtpContract {
+            default_depth: MTP_DEFAULT_DEPTH,
+            max_depth: MTP_MAX_DEPTH,
+            hidden: MTP_HIDDEN,
+        })
+    }
+
+    fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        state: &mut LlamaState<B>,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, DeviceRows<B>)> {
+        let (out, x) = self.run(tokens, state, rows)?;
+        Ok((out, self.hidden_rows(x, tokens.len())?))
+    }
+
+    fn forward_window(
+        &self,
+        tokens: &[u32],
+        state: &mut LlamaState<B>,
+    ) -> Result<VerifyWindow<LlamaWindow, DeviceRows<B>>> {
+        let start = state.len();
+        let (logits, x) = self.run(tokens, state, LogitsRows::All)?;
+        Ok(VerifyWindow {
+            logits,
+            hidden: self.hidden_rows(x, tokens.len())?,
+            record: LlamaWindow {
+                start,
+                rows: tokens.len(),
+            },
+        })
+    }
+
+    fn hidden_from_host(&self, rows: usize, width: usize, data: Vec<f32>) -> Result<DeviceRows<B>> {
+        if width != self.cfg.hidden_size {
+            return Err(EngineError::State(format!(
+                "llama hidden rows are {} wide, not {width}",
+                self.cfg.hidden_size
+            )));
         }
-        let total = state.len() + t;
-        if total > self.cfg.context_length {
-            return Err(EngineError::ContextOverflow {
-                needed: total,
-                limit: self.cfg.context_length,
-            });
+        self.hidden_rows(self.ops.upload(&data)?, rows)
+    }
+
+    fn new_mtp_history(&self) -> Option<LlamaMtpHistory<B>> {
+        self.mtp.as_ref().map(|_| {
+            LlamaMtpHistory::new(&self.ops, &self.cfg).expect("allocating an empty MTP history")
+        })
+    }
+
+    fn mtp_forward(
+        &self,
+        tokens: &[u32],
+        hidden: &DeviceRows<B>,
+        history: &mut LlamaMtpHistory<B>,
+    ) -> Result<MtpStep<DeviceRows<B>>> {
+        let head = self.mtp.as_ref().ok_or_else(|| {
+            EngineError::Unsupported("llama: no MTP head is attached (mtp_forward)".into())
+        })?;
+        let n = tokens.len();
+        if n == 0 || hidden.rows() != n || hidden.width() != self.cfg.hidden_size {
+            return Err(EngineError::State(format!(
+                "MTP rows: {n} tokens and hidden rows [{}, {}] (expected [{n}, {}])",
+                hidden.rows(),
+                hidden.width(),
+                self.cfg.hidden_size
+            )));
         }
-        if let Some(&bad) = tokens
-            .iter()
-            .find(|&&tok| tok as usize >= self.cfg.vocab_size)
-        {
-            return Err(EngineError::TokenOutOfRange {
-                token: bad,
-                vocab: self.cfg.vocab_size,
-            });
-        }
-        let x = ops.gather_rows(&self.embed, tokens)?;
-        // A forward that fails half way leaves the cache as it was.
-        let x = match self.layers(x, t, &mut state.kv) {
-            Ok(x) => x,
-            Err(e) => {
-                state.kv.rollback()?;
-                return Err(e);
-            }
-        };
-        state.kv.advance(t)?;
-        let (x, n) = match rows {
-            LogitsRows::Last => (ops.rows(&x, self.cfg.hidden_size, t - 1, 1)?, 1),
-            LogitsRows::All => (x, t),
-        };
-        let logits = self.head.forward(ops, &self.norm.forward(ops, &x)?, n)?;
-        Ok(ForwardOutput {
-            logits: ops.download(&logits)?,
-            rows: n,
-            vocab: self.cfg.vocab_size,
+        let emb = embed_tokens(&self.ops, &self.embed, tokens, self.cfg.vocab_size)?;
+        let (logits, last) = head.forward(&self.ops, &emb, hidden.buf(), n, &self.rope, history)?;
+        Ok(MtpStep {
+            logits,
+            hidden: self.hidden_rows(last, 1)?,
         })
     }
 }

@@ -1,0 +1,230 @@
+//! `ds4server bench --mtp`: MTP speculative decoding against plain AR in
+//! one run, on held-out chat prompts (`bench/mtp_prompts.txt`: instructions
+//! of the MTP head's evaluation split, which training never saw).
+//!
+//! For every prompt and temperature the modes (AR, depth 1..=max) run one
+//! after another, each a cold turn from a fresh session with the same seed,
+//! and the starting mode rotates from prompt to prompt, so a slow phase of
+//! a shared machine falls on every mode alike. Reported per temperature and
+//! depth: decode tok/s (decode time only, prefill excluded), its ratio to
+//! AR's over the same prompts, the acceptance rate at each draft position
+//! (accepted / drafted), and the mean accepted length per cycle. At
+//! temperature 0 the MTP tokens must equal AR's (checked; a mismatch is an
+//! error). A second table times the pieces of one cycle on a prompt's
+//! prefilled state: one AR step, a verify window of k + 1 rows, one draft.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use ds4_engine::decode::{self, LiveSession, TurnConfig, TurnRequest};
+use ds4_engine::{HiddenRows, LogitsRows, Model, ModelState};
+use ds4_sampling::Sampler;
+use ds4_text::Tokenizer;
+
+use crate::args::BenchArgs;
+use crate::prompt;
+
+/// The held-out prompts shipped with the binary (one per line).
+const PROMPTS: &str = include_str!("../../../../bench/mtp_prompts.txt");
+
+#[derive(Debug, Default, Clone)]
+struct Tally {
+    tokens: usize,
+    secs: f64,
+    drafted: Vec<usize>,
+    accepted: Vec<usize>,
+    cycles: usize,
+}
+
+pub fn bench_mtp<M: Model>(
+    model: &M,
+    tokenizer: &Tokenizer,
+    args: &BenchArgs,
+) -> anyhow::Result<String> {
+    let Some(contract) = model.mtp_contract() else {
+        anyhow::bail!(
+            "bench --mtp: this model has no MTP head (the default model's head is attached \
+             when its file is next to the model)"
+        );
+    };
+    let max_depth = args.mtp_max_depth.min(contract.max_depth);
+    let text = match &args.mtp_prompts {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => PROMPTS.to_string(),
+    };
+    let family = model.descriptor().name;
+    let prompts: Vec<Vec<u32>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(args.mtp_prompt_count)
+        .map(|l| prompt::chat_prompt(tokenizer, family, &[prompt::message("user", l.trim())]))
+        .collect::<anyhow::Result<_>>()?;
+    if prompts.is_empty() {
+        anyhow::bail!("bench --mtp: no prompts");
+    }
+    let law = model.descriptor().law;
+    let modes: Vec<usize> = (0..=max_depth).collect();
+    let mut out = String::new();
+    out.push_str("temperature,depth,tokens,decode_tps,speedup_vs_ar,acceptance_by_position,mean_accepted_len\n");
+    let mut table = Vec::new();
+    for &temperature in &args.mtp_temperatures {
+        let mut params = model.descriptor().sampling_defaults;
+        params.temperature = temperature;
+        let mut tallies = vec![Tally::default(); modes.len()];
+        for (pi, p) in prompts.iter().enumerate() {
+            let mut emitted = vec![Vec::new(); modes.len()];
+            for r in 0..modes.len() {
+                let mi = (pi + r) % modes.len();
+                let depth = modes[mi];
+                let mut sampler = Sampler::new(law, params, 1000 + pi as u64)?;
+                let mut session = LiveSession::new(model);
+                let res = decode::generate(
+                    model,
+                    &mut session,
+                    TurnRequest {
+                        prompt: p,
+                        sampler: &mut sampler,
+                        config: TurnConfig {
+                            max_tokens: args.gen_tokens,
+                            stop_token_ids: tokenizer.stop_token_ids().to_vec(),
+                            prefill_chunk: args.chunk,
+                            logprobs: None,
+                            cancel: Default::default(),
+                        },
+                        mtp_depth: Some(depth),
+                    },
+                    &mut (),
+                )?;
+                emitted[mi] = res.tokens.clone();
+                let t = &mut tallies[mi];
+                t.tokens += res.tokens.len();
+                t.secs += res.timings.decode.as_secs_f64();
+                if let Some(m) = &res.mtp {
+                    t.drafted.resize(m.drafted.len(), 0);
+                    t.accepted.resize(m.accepted.len(), 0);
+                    for (i, (&d, &a)) in m.drafted.iter().zip(&m.accepted).enumerate() {
+                        t.drafted[i] += d;
+                        t.accepted[i] += a;
+                    }
+                    t.cycles += m.cycles;
+                }
+            }
+            if temperature == 0.0
+                && let Some(mi) = (1..modes.len()).find(|&mi| emitted[mi] != emitted[0])
+            {
+                anyhow::bail!(
+                    "greedy MTP depth {} differs from AR on prompt {pi}",
+                    modes[mi]
+                );
+            }
+        }
+        let ar_tps = tallies[0].tokens as f64 / tallies[0].secs.max(1e-9);
+        for (mi, t) in tallies.iter().enumerate() {
+            let tps = t.tokens as f64 / t.secs.max(1e-9);
+            let acc: Vec<String> = t
+                .drafted
+                .iter()
+                .zip(&t.accepted)
+                .map(|(&d, &a)| format!("{:.3}", a as f64 / d.max(1) as f64))
+                .collect();
+            let mean_len = t.accepted.iter().sum::<usize>() as f64 / t.cycles.max(1) as f64;
+            out.push_str(&format!(
+                "{temperature},{},{},{tps:.2},{:.3},{},{mean_len:.3}\n",
+                modes[mi],
+                t.tokens,
+                tps / ar_tps,
+                acc.join("/"),
+            ));
+            table.push((
+                temperature,
+                modes[mi],
+                tps,
+                tps / ar_tps,
+                acc.join(" / "),
+                mean_len,
+            ));
+        }
+    }
+    out.push('\n');
+    out.push_str(&step_costs(
+        model,
+        &prompts[0],
+        max_depth,
+        args.mtp_cost_reps,
+    )?);
+    eprintln!("| T | depth | tok/s | × AR | acceptance by draft position | accepted per cycle |");
+    eprintln!("|---|---|---|---|---|---|");
+    for (t, d, tps, x, acc, len) in table {
+        eprintln!("| {t} | {d} | {tps:.1} | {x:.2} | {acc} | {len:.2} |");
+    }
+    Ok(out)
+}
+
+/// Milliseconds per call of each piece of a cycle, on `prompt`'s
+/// prefilled state (each timed `reps` times from the same snapshot, the
+/// median reported).
+fn step_costs<M: Model>(
+    model: &M,
+    prompt: &[u32],
+    max_depth: usize,
+    reps: usize,
+) -> anyhow::Result<String> {
+    let mut state = model.new_state();
+    let (out, hidden) = model.forward_hidden(prompt, &mut state, LogitsRows::Last)?;
+    let tok = argmax(out.last_row());
+    let base = state.snapshot();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2] * 1e3
+    };
+    let mut s = String::from("piece,rows,ms_per_call\n");
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let mut st = base.snapshot();
+        let t0 = Instant::now();
+        model.forward(&[tok], &mut st, LogitsRows::Last)?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    s.push_str(&format!("ar_step,1,{:.3}\n", median(times)));
+    for k in 1..=max_depth {
+        let window: Vec<u32> = std::iter::repeat_n(tok, k + 1).collect();
+        let mut times = Vec::new();
+        for _ in 0..reps.max(1) {
+            let mut st = base.snapshot();
+            let t0 = Instant::now();
+            model.forward_window(&window, &mut st)?;
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        s.push_str(&format!("verify_window,{},{:.3}\n", k + 1, median(times)));
+    }
+    // One draft: the head's row for the last prompt position.
+    let mut history = model
+        .new_mtp_history()
+        .context("the model reports an MTP contract but no history")?;
+    let n = prompt.len() - 1;
+    if n > 0 {
+        model.mtp_forward(&prompt[1..], &hidden.narrow(0, n)?, &mut history)?;
+    }
+    let last = hidden.narrow(n, 1)?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let mut h = history.clone();
+        let t0 = Instant::now();
+        model.mtp_forward(&[tok], &last, &mut h)?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    s.push_str(&format!("draft,1,{:.3}\n", median(times)));
+    Ok(s)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

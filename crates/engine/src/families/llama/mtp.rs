@@ -1,0 +1,282 @@
+//! The llama family's MTP head and its contract: a DeepSeek-style layer
+//! trained by self-distillation for the default model (`tools/mtp_head`),
+//! stored in its own GGUF file beside the model and attached with
+//! [`super::LlamaModel::attach_mtp_head`].
+//!
+//! Row `p` of the MTP history pairs the trunk hidden of position `p` with
+//! the token at `p + 1` and predicts the token at `p + 2`:
+//!
+//! ```text
+//! x = eh_proj . [ enorm(embed(tok_{p+1})) | hnorm(h_p) ]   embedding first
+//! x = decoder_layer(x)        the head's own layer and KV cache, RoPE at p
+//! z = output_subset . output_norm(x)                       S rows only
+//! ```
+//!
+//! * `h_p` is the trunk's residual stream after its last layer, **before**
+//!   the final norm (`MTP_HIDDEN`); a deeper draft feeds back the head's own
+//!   `x` (also before its norm) with the drafted token.
+//! * The output head is the trunk's tied embedding restricted to a fixed
+//!   vocabulary subset `S` (the tokens the model emits most often, ranked on
+//!   the training replies): `output_subset` holds those rows of
+//!   `token_embd`, the trunk's Q8_0 blocks copied byte for byte. The draft
+//!   logits row has every token outside `S` at `-inf`, so the draft
+//!   distribution gives them probability 0 under any law setting. Exactness
+//!   does not depend on it: acceptance is the law's `min(1, p/q)` rule and
+//!   the residual `max(0, p - q)` puts the mass of tokens outside `S` back.
+//!   Drafting then costs `|S| / vocab` of a full head (8192 of 49152 rows).
+//!
+//! The head file's tensors (GGUF, `general.architecture = llama-mtp-head`):
+//! `mtp.{enorm,hnorm}.weight [H]`, `mtp.eh_proj.weight [H, 2H]`, one llama
+//! layer under the trunk's GGUF names (`mtp.attn_norm.weight`,
+//! `mtp.attn_q.weight`, ..., `mtp.ffn_down.weight`), `mtp.output_norm.weight
+//! [H]`, `mtp.vocab_subset [S]` (token ids stored as f32: exact below 2^24;
+//! strictly increasing) and `mtp.output_subset.weight [S, H]`. Every tensor
+//! must be bound (strict) and every shape must fit the trunk.
+
+use std::path::{Path, PathBuf};
+
+use super::config::LlamaConfig;
+use super::model::{Block, GGUF_NAMES, GgufWeights};
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::layers::linear::{BindLinear, Linear};
+use crate::layers::norms::RmsNorm;
+use crate::layers::rope::Rope;
+use crate::load::binder::Binder;
+use crate::load::gguf::GgufFile;
+use crate::model::MtpHistory;
+use crate::state::kv_cache::KvCache;
+use crate::table::NamedTensor;
+
+/// What feeds the head (the [`crate::MtpContract`]'s description).
+pub const MTP_HIDDEN: &str = "last layer's residual stream [H], before the final norm";
+
+/// Draft depth when a request leaves it unset: plain AR. The head speeds
+/// decoding up only where drafting is cheap against a verify window, which
+/// depends on the machine; `--mtp-depth auto` picks [`MTP_AUTO_DEPTH`].
+pub const MTP_DEFAULT_DEPTH: usize = 0;
+/// The depth `--mtp-depth auto` runs for this family: the fastest at
+/// temperature 0 and 0.7 in `ds4server bench --mtp` on the 2-core x86 CPU
+/// this project is developed on (table in `bench/README.md`).
+pub const MTP_AUTO_DEPTH: usize = 2;
+/// Deepest chain: the head was trained for depths 1..=3.
+pub const MTP_MAX_DEPTH: usize = 3;
+
+/// The value of `general.architecture` in a head file.
+pub const HEAD_ARCHITECTURE: &str = "llama-mtp-head";
+
+/// The MTP head's weights.
+#[derive(Debug)]
+pub struct MtpHead<B: Backend> {
+    enorm: RmsNorm<B>,
+    hnorm: RmsNorm<B>,
+    eh_proj: Linear<B>,
+    block: Block<B>,
+    norm: RmsNorm<B>,
+    /// Token id of each row of `output`, strictly increasing.
+    subset: Vec<u32>,
+    output: Linear<B>,
+    vocab: usize,
+    hidden: usize,
+    source: PathBuf,
+}
+
+impl<B: Backend> MtpHead<B> {
+    /// Read a head file for a trunk of configuration `cfg`.
+    pub fn load(path: &Path, cfg: &LlamaConfig, ops: &B) -> Result<Self> {
+        let mut g = GgufFile::open(path)?;
+        let arch = g.string("general.architecture")?;
+        if arch != HEAD_ARCHITECTURE {
+            return Err(invalid(
+                path,
+                format!("general.architecture is {arch:?}, not {HEAD_ARCHITECTURE:?}"),
+            ));
+        }
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let s = g
+            .tensor_meta("mtp.vocab_subset")
+            .map(|(dims, _)| dims.first().copied().unwrap_or(0))
+            .ok_or_else(|| invalid(path, "no mtp.vocab_subset tensor".into()))?;
+        if s == 0 || s > cfg.vocab_size {
+            return Err(invalid(
+                path,
+                format!(
+                    "a vocabulary subset of {s} tokens for a vocabulary of {}",
+                    cfg.vocab_size
+                ),
+            ));
+        }
+        let mut root = Binder::new(&mut g, ops);
+        let mut w = root.pp("mtp");
+        let raw = w.host("vocab_subset", &[s])?;
+        let subset = subset_ids(&raw, cfg.vocab_size).map_err(|m| invalid(path, m))?;
+        let head = Self {
+            enorm: RmsNorm::load(&mut w, "enorm.weight", h, eps)?,
+            hnorm: RmsNorm::load(&mut w, "hnorm.weight", h, eps)?,
+            eh_proj: w.linear("eh_proj", h, 2 * h)?,
+            block: Block::load(&mut w, &GGUF_NAMES, cfg, GgufWeights::Quantized)?,
+            norm: RmsNorm::load(&mut w, "output_norm.weight", h, eps)?,
+            output: w.linear("output_subset", s, h)?,
+            subset,
+            vocab: cfg.vocab_size,
+            hidden: h,
+            source: path.to_path_buf(),
+        };
+        g.finish()?;
+        Ok(head)
+    }
+
+    /// The file the head was read from.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Size of the vocabulary subset the head drafts from.
+    pub fn subset_len(&self) -> usize {
+        self.subset.len()
+    }
+
+    /// `emb: [n, H]` (embeddings of the tokens at `p + 1`), `hidden: [n,
+    /// H]`; appends `n` rows to `history`. Returns the last row's logits
+    /// over the whole vocabulary (`-inf` outside the subset) and its output
+    /// `x` `[1, H]`.
+    pub(super) fn forward(
+        &self,
+        ops: &B,
+        emb: &B::Buf,
+        hidden: &B::Buf,
+        n: usize,
+        rope: &Rope<B>,
+        history: &mut LlamaMtpHistory<B>,
+    ) -> Result<(Vec<f32>, B::Buf)> {
+        let h = self.hidden;
+        let e = self.enorm.forward(ops, emb)?;
+        let hn = self.hnorm.forward(ops, hidden)?;
+        let x = self
+            .eh_proj
+            .forward(ops, &ops.concat_cols(&[(&e, h), (&hn, h)], n)?, n)?;
+        let kv = &mut history.kv;
+        let x = match rope
+            .tables(ops, kv.len(), n)
+            .and_then(|r| self.block.forward(ops, x, n, &r, kv, 0))
+        {
+            Ok(x) => x,
+            Err(e) => {
+                kv.rollback()?;
+                return Err(e);
+            }
+        };
+        kv.advance(n)?;
+        let last = ops.rows(&x, h, n - 1, 1)?;
+        let z = ops.download(
+            &self
+                .output
+                .forward(ops, &self.norm.forward(ops, &last)?, 1)?,
+        )?;
+        let mut logits = vec![f32::NEG_INFINITY; self.vocab];
+        for (&t, &v) in self.subset.iter().zip(&z) {
+            logits[t as usize] = v;
+        }
+        Ok((logits, last))
+    }
+}
+
+/// The subset's token ids from their f32 storage: integers, inside the
+/// vocabulary, strictly increasing.
+fn subset_ids(raw: &[f32], vocab: usize) -> std::result::Result<Vec<u32>, String> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, &v) in raw.iter().enumerate() {
+        if !(v >= 0.0 && v.fract() == 0.0 && (v as usize) < vocab) {
+            return Err(format!(
+                "mtp.vocab_subset[{i}] = {v} is not a token id below {vocab}"
+            ));
+        }
+        let t = v as u32;
+        if out.last().is_some_and(|&p| p >= t) {
+            return Err(format!(
+                "mtp.vocab_subset is not strictly increasing at [{i}]"
+            ));
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
+fn invalid(path: &Path, message: String) -> EngineError {
+    EngineError::Tensor {
+        path: path.to_path_buf(),
+        tensor: "mtp".into(),
+        message,
+    }
+}
+
+/// The head's own cache: one llama layer's keys and values, one row per
+/// MTP history row.
+#[derive(Debug, Clone)]
+pub struct LlamaMtpHistory<B: Backend> {
+    kv: KvCache<B>,
+}
+
+impl<B: Backend> LlamaMtpHistory<B> {
+    pub fn new(ops: &B, cfg: &LlamaConfig) -> Result<Self> {
+        Ok(Self {
+            kv: KvCache::new(ops, 1, cfg.num_kv_heads, cfg.head_dim, cfg.context_length)?,
+        })
+    }
+}
+
+impl<B: Backend> MtpHistory for LlamaMtpHistory<B> {
+    fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    fn truncate(&mut self, n: usize) -> Result<()> {
+        self.kv.truncate(n)
+    }
+
+    fn byte_size(&self) -> usize {
+        self.kv.byte_size()
+    }
+
+    /// `kv.0.k` / `kv.0.v`, `[kv_heads, len, head_dim]`.
+    fn export(&self) -> Result<Vec<NamedTensor>> {
+        self.kv.export()
+    }
+
+    fn import(&mut self, tensors: Vec<NamedTensor>) -> Result<()> {
+        self.kv.import(tensors)
+    }
+}
+
+/// Equal when the exported tables are equal (a download: tests and tools).
+impl<B: Backend> PartialEq for LlamaMtpHistory<B> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.export(), other.export()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subset_ids;
+
+    #[test]
+    fn subset_ids_are_checked() {
+        assert_eq!(subset_ids(&[0.0, 3.0, 7.0], 8).unwrap(), vec![0, 3, 7]);
+        assert!(
+            subset_ids(&[0.5], 8)
+                .unwrap_err()
+                .contains("not a token id")
+        );
+        assert!(subset_ids(&[8.0], 8).unwrap_err().contains("below 8"));
+        assert!(subset_ids(&[-1.0], 8).is_err());
+        assert!(subset_ids(&[f32::NAN], 8).is_err());
+        assert!(
+            subset_ids(&[3.0, 3.0], 8)
+                .unwrap_err()
+                .contains("increasing")
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! The default model's MTP head: a file of ~9 MB made by `tools/mtp_head`
+//! (self-distillation against the model itself), shipped inside this crate
+//! and written next to the model in the user cache, where it is read from.
+//!
+//! Every load checks the file's size and SHA-256 against the pinned values;
+//! a wrong or truncated file is refused with a message that says how to
+//! restore it (the model then runs without MTP). A missing file is written
+//! from the embedded copy (atomically: a temporary file renamed into place).
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::{DEFAULT_MODEL, KnownModel, hex};
+
+/// An MTP head trained for one known model.
+#[derive(Debug, Clone, Copy)]
+pub struct KnownHead {
+    /// The model it belongs to.
+    pub model: KnownModel,
+    /// File name, next to the model's file.
+    pub file_name: &'static str,
+    /// SHA-256 of the file, lowercase hex.
+    pub sha256: &'static str,
+    pub size_bytes: u64,
+    /// The file itself (what `install` writes).
+    bytes: &'static [u8],
+}
+
+/// The head of the default model (`tools/mtp_head/README.md` has the
+/// command that made it and its training data).
+pub const DEFAULT_MTP_HEAD: KnownHead = KnownHead {
+    model: DEFAULT_MODEL,
+    file_name: "SmolLM2-135M-Instruct.mtp.gguf",
+    sha256: "ad9110d6c5df8f2fcfbfab55082adc87015cacad10aca716f73a62e45f3f20c0",
+    size_bytes: 9_524_192,
+    bytes: include_bytes!("../assets/SmolLM2-135M-Instruct.mtp.gguf"),
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HeadError {
+    #[error(
+        "{path}: the MTP head file is {actual} bytes, expected {expected} (truncated or \
+         replaced); delete it and it is written again on the next start (or run `ds4server pull`)"
+    )]
+    Size {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "{path}: the MTP head file's sha256 is {actual}, expected {expected} (corrupt or \
+         replaced); delete it and it is written again on the next start (or run `ds4server pull`)"
+    )]
+    Checksum {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> HeadError + '_ {
+    move |source| HeadError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl KnownHead {
+    /// Where the head of the model file `model` lives: beside it.
+    pub fn path_next_to(&self, model: &Path) -> PathBuf {
+        model.with_file_name(self.file_name)
+    }
+
+    /// Whether `model` is this head's model: same file name and size (a
+    /// cheap test; the head is still checked against its own checksum).
+    pub fn belongs_to(&self, model: &Path) -> bool {
+        model.file_name().and_then(|n| n.to_str()) == Some(self.model.file_name)
+            && std::fs::metadata(model).is_ok_and(|m| m.len() == self.model.size_bytes)
+    }
+
+    /// Check the file at `path`: size first (cheap), then SHA-256.
+    pub fn verify(&self, path: &Path) -> Result<(), HeadError> {
+        let size = std::fs::metadata(path).map_err(io_err(path))?.len();
+        if size != self.size_bytes {
+            return Err(HeadError::Size {
+                path: path.to_path_buf(),
+                expected: self.size_bytes,
+                actual: size,
+            });
+        }
+        let mut f = File::open(path).map_err(io_err(path))?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).map_err(io_err(path))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        let actual = hex(&hasher.finalize());
+        if actual != self.sha256 {
+            return Err(HeadError::Checksum {
+                path: path.to_path_buf(),
+                expected: self.sha256.to_string(),
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Write the embedded head to `path` (a temporary file beside it, then
+    /// a rename, so a reader never sees a partial file).
+    pub fn install(&self, path: &Path) -> Result<(), HeadError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io_err(dir))?;
+        tmp.write_all(self.bytes).map_err(io_err(path))?;
+        tmp.as_file().sync_all().map_err(io_err(path))?;
+        tmp.persist(path).map_err(|e| HeadError::Io {
+            path: path.to_path_buf(),
+            source: e.error,
+        })?;
+        Ok(())
+    }
+
+    /// The checked head file for `model`: written beside it first if
+    /// missing, then verified. A present but wrong file is refused (never
+    /// overwritten: it may be someone's experiment).
+    pub fn ensure_next_to(&self, model: &Path) -> Result<PathBuf, HeadError> {
+        let path = self.path_next_to(model);
+        if !path.exists() {
+            self.install(&path)?;
+        }
+        self.verify(&path)?;
+        Ok(path)
+    }
+}
+
+/// The known head for the model file `model`, checked: `None` when the
+/// model has no known head, `Some(Err)` when its head file is wrong.
+pub fn mtp_head_for(model: &Path) -> Option<Result<PathBuf, HeadError>> {
+    DEFAULT_MTP_HEAD
+        .belongs_to(model)
+        .then(|| DEFAULT_MTP_HEAD.ensure_next_to(model))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_head_matches_its_pins() {
+        let h = DEFAULT_MTP_HEAD;
+        assert_eq!(h.bytes.len() as u64, h.size_bytes);
+        assert_eq!(hex(&Sha256::digest(h.bytes)), h.sha256);
+    }
+
+    #[test]
+    fn install_then_verify_and_refuse_damaged_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join(DEFAULT_MODEL.file_name);
+        let path = DEFAULT_MTP_HEAD.path_next_to(&model);
+        assert_eq!(path.parent(), Some(dir.path()));
+        // missing: written, then verified
+        assert_eq!(DEFAULT_MTP_HEAD.ensure_next_to(&model).unwrap(), path);
+        DEFAULT_MTP_HEAD.verify(&path).unwrap();
+
+        // one flipped byte: refused by checksum, left as it is
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[4096] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = DEFAULT_MTP_HEAD.ensure_next_to(&model).unwrap_err();
+        assert!(matches!(err, HeadError::Checksum { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("sha256") && text.contains("delete it"),
+            "{text}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+
+        // truncated: refused by size
+        std::fs::write(&path, &bytes[..1000]).unwrap();
+        let err = DEFAULT_MTP_HEAD.verify(&path).unwrap_err();
+        assert!(matches!(err, HeadError::Size { actual: 1000, .. }), "{err}");
+        assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn only_the_default_model_has_a_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("other.gguf");
+        std::fs::write(&other, b"x").unwrap();
+        assert!(mtp_head_for(&other).is_none());
+        // the right name but the wrong size is not the default model
+        let named = dir.path().join(DEFAULT_MODEL.file_name);
+        std::fs::write(&named, b"x").unwrap();
+        assert!(mtp_head_for(&named).is_none());
+        assert!(!DEFAULT_MTP_HEAD.path_next_to(&named).exists());
+    }
+}
