@@ -25,7 +25,9 @@ impl<T: DeserializeOwned> FromRequest<SharedState> for ApiJson<T> {
         parsed.map(ApiJson).map_err(|e| {
             // The handler counts the requests it sees; this one never
             // reaches it.
-            state.metrics.request(crate::metrics::endpoint_for_path(&path));
+            state
+                .metrics
+                .request(crate::metrics::endpoint_for_path(&path));
             e.with_flavor(flavor)
         })
     }

@@ -60,7 +60,11 @@ fn is_json(headers: &HeaderMap) -> bool {
 
 /// Without an API key, only requests addressed to this machine by a name it
 /// knows get through (DNS rebinding).
-pub async fn allowed_host(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+pub async fn allowed_host(
+    State(state): State<SharedState>,
+    request: Request,
+    next: Next,
+) -> Response {
     if state.config.api_key.is_some() || host_allowed(&request, &state.config.allowed_hosts) {
         return next.run(request).await;
     }
@@ -102,7 +106,11 @@ fn open_route(request: &Request) -> bool {
 }
 
 /// With `--api-key`, everything else needs it.
-pub async fn require_key(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+pub async fn require_key(
+    State(state): State<SharedState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(key) = &state.config.api_key else {
         return next.run(request).await;
     };
@@ -192,7 +200,10 @@ mod tests {
         h.insert("x-api-key", HeaderValue::from_static("wrong"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
         assert!(key_matches(&h, "k1"));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1 "));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer k1 "),
+        );
         assert!(!key_matches(&h, "k1"), "no trimming");
         h.insert("x-api-key", HeaderValue::from_static("k1"));
         assert!(key_matches(&h, "k1"));
@@ -208,7 +219,14 @@ mod tests {
 
     #[test]
     fn loopback_names_and_ip_literals_pass() {
-        for h in ["localhost:8000", "127.0.0.1:8000", "[::1]:8000", "10.0.0.2", "LOCALHOST", "app.localhost"] {
+        for h in [
+            "localhost:8000",
+            "127.0.0.1:8000",
+            "[::1]:8000",
+            "10.0.0.2",
+            "LOCALHOST",
+            "app.localhost",
+        ] {
             assert!(host_allowed(&host(h), &[]), "{h}");
         }
         for h in ["evil.example", "localhost.evil.example", "127.0.0.1.nip.io"] {

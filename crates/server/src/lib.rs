@@ -21,10 +21,10 @@ mod deepseek_prompt;
 mod deepseek_tests;
 mod error;
 mod extract;
-mod guard;
 mod family;
 #[cfg(test)]
 mod family_isolation_tests;
+mod guard;
 mod ids;
 mod metrics;
 mod openapi;

@@ -133,11 +133,20 @@ fn layer_statuses(path: &str, method: &str) -> Vec<(&'static str, &'static str)>
         "Invalid request (the message names the field), or a `Host` this server does not answer to",
     )];
     if path != "/health" {
-        out.push(("401", "`--api-key` is set and the request carries no valid key"));
+        out.push((
+            "401",
+            "`--api-key` is set and the request carries no valid key",
+        ));
     }
     if method == "post" {
-        out.push(("404", "The request names a model this server does not serve"));
-        out.push(("408", "The request body did not arrive within `--body-timeout`"));
+        out.push((
+            "404",
+            "The request names a model this server does not serve",
+        ));
+        out.push((
+            "408",
+            "The request body did not arrive within `--body-timeout`",
+        ));
         out.push(("413", "The request body is larger than `--body-limit`"));
         out.push(("415", "The request body is not declared `application/json`"));
         out.push(("500", "Tokenizing or rendering the prompt failed"));

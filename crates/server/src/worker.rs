@@ -254,7 +254,9 @@ impl<M: Model> Worker<'_, M> {
     fn run(mut self, mut queue: mpsc::Receiver<Msg>) {
         while let Some(msg) = queue.blocking_recv() {
             match msg {
-                Msg::Job(job) if job.events.is_closed() || self.stopping.load(Ordering::Relaxed) => {
+                Msg::Job(job)
+                    if job.events.is_closed() || self.stopping.load(Ordering::Relaxed) =>
+                {
                     // The client left while the job waited, or the server
                     // is stopping.
                     self.metrics.cancelled();

@@ -112,7 +112,10 @@ async fn default_model_shutdown_within_grace_saves_the_live_session() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(checkpoint_lengths(dir.path()).is_empty(), "nothing saved yet");
+    assert!(
+        checkpoint_lengths(dir.path()).is_empty(),
+        "nothing saved yet"
+    );
 
     let t = Instant::now();
     running.shutdown().await.expect("shutdown");
@@ -126,8 +129,16 @@ async fn default_model_shutdown_within_grace_saves_the_live_session() {
     assert_eq!(lengths.len(), 1, "{lengths:?}");
     assert!(lengths[0] > 20, "{lengths:?}");
     // Both half-sent requests were dropped, not left hanging.
-    assert!(read_until_closed(&mut half_head, Duration::from_secs(1)).await.is_ok());
-    assert!(read_until_closed(&mut half_body, Duration::from_secs(1)).await.is_ok());
+    assert!(
+        read_until_closed(&mut half_head, Duration::from_secs(1))
+            .await
+            .is_ok()
+    );
+    assert!(
+        read_until_closed(&mut half_body, Duration::from_secs(1))
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -141,7 +152,10 @@ async fn default_model_slow_clients_are_dropped() {
 
     // Slow loris: a header byte every 200 ms never completes the head.
     let mut loris = TcpStream::connect(addr).await.expect("connect");
-    loris.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n").await.unwrap();
+    loris
+        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
     let t = Instant::now();
     let mut closed = false;
     for _ in 0..20 {
@@ -163,7 +177,11 @@ async fn default_model_slow_clients_are_dropped() {
 
     // A connection that sends nothing is closed too (the idle limit).
     let mut silent = TcpStream::connect(addr).await.expect("connect");
-    assert!(read_until_closed(&mut silent, Duration::from_secs(3)).await.is_ok());
+    assert!(
+        read_until_closed(&mut silent, Duration::from_secs(3))
+            .await
+            .is_ok()
+    );
 
     // A body that trickles gets 408 at the body deadline.
     let mut slow_body = TcpStream::connect(addr).await.expect("connect");
@@ -286,7 +304,9 @@ async fn default_model_a_10_mib_body_is_refused_without_the_memory_or_the_runtim
     assert!(message.contains("at least"), "{message}");
     let peak = vm_hwm_kib().saturating_sub(base) / 1024;
     let worst = health.await.expect("health task");
-    eprintln!("10 MiB body: refused in {refused_in:?}, peak growth {peak} MiB, worst /health {worst:?}");
+    eprintln!(
+        "10 MiB body: refused in {refused_in:?}, peak growth {peak} MiB, worst /health {worst:?}"
+    );
     assert!(peak < BIG_BODY_PEAK_MIB, "peak memory grew by {peak} MiB");
     assert!(worst < Duration::from_millis(100), "/health took {worst:?}");
 }
@@ -371,9 +391,18 @@ async fn default_model_cross_site_requests_and_foreign_hosts_are_refused() {
     assert_eq!(status, 400);
     let (_, m) = s.get("/metrics").await;
     let m = m.as_str().unwrap_or_default().to_string();
-    assert!(m.contains("ds4_requests_total{endpoint=\"completions\"} 1"), "{m}");
-    assert!(m.contains("ds4_requests_total{endpoint=\"messages\"} 1"), "{m}");
-    assert!(m.contains("ds4_requests_total{endpoint=\"chat_completions\"} 1"), "{m}");
+    assert!(
+        m.contains("ds4_requests_total{endpoint=\"completions\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("ds4_requests_total{endpoint=\"messages\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("ds4_requests_total{endpoint=\"chat_completions\"} 1"),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -383,10 +412,22 @@ async fn default_model_the_key_covers_every_route_but_health() {
         c.cors = vec!["https://app.example".into()];
     })
     .await;
-    for path in ["/metrics", "/openapi.json", "/v1/models", "/v1/status", "/nowhere"] {
+    for path in [
+        "/metrics",
+        "/openapi.json",
+        "/v1/models",
+        "/v1/status",
+        "/nowhere",
+    ] {
         let r = s.client.get(s.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 401, "{path} without the key");
-        let r = s.client.get(s.url(path)).bearer_auth("sekrit").send().await.unwrap();
+        let r = s
+            .client
+            .get(s.url(path))
+            .bearer_auth("sekrit")
+            .send()
+            .await
+            .unwrap();
         assert_ne!(r.status(), 401, "{path} with the key");
     }
     for path in ["/health", "/", "/dashboard", "/assets/app.js"] {
@@ -402,9 +443,13 @@ async fn default_model_the_key_covers_every_route_but_health() {
         r.send()
     };
     // Either header may carry the key; the other being wrong does not matter.
-    let r = with(&[("x-api-key", "wrong"), ("authorization", "Bearer sekrit")]).await.unwrap();
+    let r = with(&[("x-api-key", "wrong"), ("authorization", "Bearer sekrit")])
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let r = with(&[("x-api-key", "sekrit"), ("authorization", "Bearer wrong")]).await.unwrap();
+    let r = with(&[("x-api-key", "sekrit"), ("authorization", "Bearer wrong")])
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     // The whole key, exactly: no prefix, no extension, no other case. (HTTP
     // itself drops whitespace around a header value; whitespace inside the
@@ -419,7 +464,9 @@ async fn default_model_the_key_covers_every_route_but_health() {
         assert_eq!(r.status(), 401, "Bearer {bad:?}");
     }
     // With a key, the Host check is off (the key is the protection).
-    let r = with(&[("x-api-key", "sekrit"), ("host", "box.example")]).await.unwrap();
+    let r = with(&[("x-api-key", "sekrit"), ("host", "box.example")])
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 
     // CORS: the listed origin only, never reflected.
@@ -428,7 +475,10 @@ async fn default_model_the_key_covers_every_route_but_health() {
             .request(reqwest::Method::OPTIONS, s.url("/v1/chat/completions"))
             .header("origin", origin)
             .header("access-control-request-method", "POST")
-            .header("access-control-request-headers", "content-type, authorization")
+            .header(
+                "access-control-request-headers",
+                "content-type, authorization",
+            )
             .send()
     };
     let r = preflight("https://app.example").await.unwrap();
@@ -437,7 +487,11 @@ async fn default_model_the_key_covers_every_route_but_health() {
         r.headers().get("access-control-allow-origin").unwrap(),
         "https://app.example"
     );
-    assert!(r.headers().get("access-control-allow-credentials").is_none());
+    assert!(
+        r.headers()
+            .get("access-control-allow-credentials")
+            .is_none()
+    );
     let r = preflight("https://evil.example").await.unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none());
 }
