@@ -250,12 +250,33 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running one; more get 503.
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,
-    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on
+    /// every route but `/health` and the embedded page.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Send permissive CORS headers (browser clients).
-    #[arg(long)]
-    pub cors: bool,
+    /// Let pages from this origin (`https://app.example:3000`) call the API
+    /// from a browser; repeatable; `*` for any origin.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors: Vec<String>,
+    /// Without --api-key, also answer requests for this host name (loopback
+    /// names and IP addresses always pass); repeatable; `*` for any.
+    #[arg(long, value_name = "HOST")]
+    pub allowed_host: Vec<String>,
+    /// Seconds a client has to send a request's headers, counted from when
+    /// the connection waits for them (also the idle keep-alive limit).
+    #[arg(long, default_value = "10", value_parser = seconds, value_name = "SECS")]
+    pub header_timeout: std::time::Duration,
+    /// Seconds a client has to send a request's body once its headers are in.
+    #[arg(long, default_value = "30", value_parser = seconds, value_name = "SECS")]
+    pub body_timeout: std::time::Duration,
+    /// Connections open at once; more are closed on accept.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Seconds running requests may go on after Ctrl+C or SIGTERM; then they
+    /// are cancelled and the live session is saved. A second signal exits
+    /// at once.
+    #[arg(long, default_value = "5", value_parser = seconds, value_name = "SECS")]
+    pub shutdown_grace: std::time::Duration,
     /// Seed for requests that send none (default: a fresh one per request).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -393,4 +414,13 @@ pub struct BenchArgs {
     /// Repetitions of each timed piece in `--mtp`'s cost table (median).
     #[arg(long, default_value_t = 20)]
     pub mtp_cost_reps: usize,
+}
+
+/// A non-negative number of seconds (fractions allowed).
+fn seconds(s: &str) -> Result<std::time::Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    std::time::Duration::try_from_secs_f64(v)
+        .map_err(|_| format!("{s:?} is not a non-negative number of seconds"))
 }

@@ -5,14 +5,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, header};
+use axum::http::{Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ds4_engine::Model;
 use ds4_engine::families::LoadedModel;
 use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
-use tower_http::cors::CorsLayer;
 
 use crate::config::ServerConfig;
 use crate::error::{ApiError, Flavor};
@@ -32,6 +31,8 @@ pub enum ServeError {
     Mtp(String),
     #[error("{0}")]
     Worker(String),
+    #[error("{0}")]
+    Cors(String),
 }
 
 /// Build the shared state and start the engine worker.
@@ -47,6 +48,8 @@ pub fn build_state(
         crate::params::mtp_depth(mtp, Some(d as u64)).map_err(|e| ServeError::Mtp(e.message))?;
     }
     let ctx = config.ctx.map_or(model_ctx, |c| c.min(model_ctx));
+    // A bad --cors origin fails the start, not the first request.
+    crate::guard::cors(&config.cors).map_err(ServeError::Cors)?;
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     let template_has_tools = tokenizer
         .chat_template()
@@ -95,8 +98,8 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/messages/count_tokens",
             post(routes::messages::count_tokens),
-        )
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+        );
+    // Layers run outside in: the last one added sees the request first.
     let mut app = Router::new()
         .route("/health", get(routes::info::health))
         .route("/metrics", get(routes::info::metrics))
@@ -105,11 +108,23 @@ pub fn router(state: SharedState) -> Router {
         .merge(crate::web::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.config.body_limit))
-        .layer(middleware::from_fn_with_state(state.clone(), count_errors));
-    if state.config.cors {
-        app = app.layer(CorsLayer::very_permissive());
+        .layer(middleware::from_fn(large_bodies_off_runtime))
+        .layer(middleware::from_fn(crate::guard::json_body))
+        .layer(middleware::from_fn_with_state(state.clone(), count_unread))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::guard::require_key,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::guard::allowed_host,
+        ));
+    // Checked when the state was built.
+    if let Ok(Some(cors)) = crate::guard::cors(&state.config.cors) {
+        app = app.layer(cors);
     }
-    app.with_state(state)
+    app.layer(middleware::from_fn_with_state(state.clone(), count_errors))
+        .with_state(state)
 }
 
 async fn not_found(request: Request) -> ApiError {
@@ -118,36 +133,43 @@ async fn not_found(request: Request) -> ApiError {
         .with_flavor(Flavor::for_path(&path))
 }
 
-/// With `--api-key`, `/v1/*` needs `Authorization: Bearer KEY` or
-/// `x-api-key: KEY` (the OpenAI and Anthropic conventions).
-async fn require_key(State(state): State<SharedState>, request: Request, next: Next) -> Response {
-    let Some(key) = &state.config.api_key else {
-        return next.run(request).await;
-    };
-    if presented_key(request.headers())
-        .is_some_and(|k| constant_time_eq(k.as_bytes(), key.as_bytes()))
-    {
+/// Bodies at least this large (or of unknown length) are handled on a
+/// blocking thread.
+const LARGE_BODY: u64 = 256 * 1024;
+
+/// Parsing, rendering and tokenizing a large body takes CPU time that must
+/// not stall the async runtime (four 7 MiB bodies once held `/health` for
+/// 4 s): such a request's whole handler runs on a blocking thread. Small
+/// ones stay on the runtime, where a thread hop would cost more than it
+/// saves.
+async fn large_bodies_off_runtime(request: Request, next: Next) -> Response {
+    let large = request.method() == Method::POST
+        && request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_none_or(|n| n >= LARGE_BODY);
+    if !large {
         return next.run(request).await;
     }
-    ApiError::unauthorized()
-        .with_flavor(Flavor::for_path(request.uri().path()))
-        .into_response()
-}
-
-fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
-        return Some(v.trim());
+    let runtime = tokio::runtime::Handle::current();
+    match tokio::task::spawn_blocking(move || runtime.block_on(next.run(request))).await {
+        Ok(response) => response,
+        Err(e) => ApiError::internal(format!("the request handler failed: {e}")).into_response(),
     }
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
 }
 
-/// Compare without an early exit, so timing does not reveal the key.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// A request refused before its handler (wrong content type) still counts
+/// as a request to its endpoint.
+async fn count_unread(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    if response.status() == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        state
+            .metrics
+            .request(crate::metrics::endpoint_for_path(&path));
+    }
+    response
 }
 
 async fn count_errors(State(state): State<SharedState>, request: Request, next: Next) -> Response {
@@ -162,23 +184,19 @@ async fn count_errors(State(state): State<SharedState>, request: Request, next: 
 /// A server listening on its socket.
 pub struct Running {
     pub addr: SocketAddr,
-    pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+    task: tokio::task::JoinHandle<()>,
     stop: tokio::sync::oneshot::Sender<()>,
-    state: SharedState,
 }
 
 impl Running {
-    /// Shut down as `serve` does on a signal: stop accepting, let running
-    /// requests finish, then save the live session (with checkpoints on)
-    /// and stop the engine worker.
+    /// Shut down as `serve` does on a signal: stop accepting, give running
+    /// requests the grace period, cancel what is left, then save the live
+    /// session (with checkpoints on) and stop the engine worker.
     pub async fn shutdown(self) -> std::io::Result<()> {
         let _ = self.stop.send(());
-        let served = self
-            .task
+        self.task
             .await
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        self.state.worker.shutdown().await;
-        served
+            .map_err(|e| std::io::Error::other(e.to_string()))
     }
 }
 
@@ -186,25 +204,16 @@ impl Running {
 pub async fn start(state: SharedState) -> Result<Running, ServeError> {
     let listener = tokio::net::TcpListener::bind(state.config.addr).await?;
     let addr = listener.local_addr()?;
-    let app = router(state.clone());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    Ok(Running {
-        addr,
-        task,
-        stop,
-        state,
-    })
+    let task = tokio::spawn(run(listener, state, async {
+        let _ = stopped.await;
+    }));
+    Ok(Running { addr, task, stop })
 }
 
-/// Serve until Ctrl+C or SIGTERM; then let running requests finish and save
-/// the live session (clean shutdown).
+/// Serve until Ctrl+C or SIGTERM; then give running requests
+/// `--shutdown-grace`, cancel the rest at a consistent point and save the
+/// live session. A second signal exits at once.
 pub async fn serve(state: SharedState) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(state.config.addr).await?;
     let addr = listener.local_addr()?;
@@ -213,32 +222,44 @@ pub async fn serve(state: SharedState) -> Result<(), ServeError> {
         "ds4server listening on http://{addr} (model {})",
         state.config.model_id
     );
-    axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
-    eprintln!("ds4server: shutting down");
-    state.worker.shutdown().await;
+    let grace = state.config.limits.shutdown_grace;
+    run(listener, state, async move {
+        crate::transport::signal::next().await;
+        eprintln!(
+            "ds4server: shutting down (running requests get {:.1} s; a second signal exits at once)",
+            grace.as_secs_f64()
+        );
+        tokio::spawn(async {
+            crate::transport::signal::next().await;
+            eprintln!("ds4server: second signal, exiting without saving");
+            std::process::exit(130);
+        });
+    })
+    .await;
     Ok(())
 }
 
-/// Ctrl+C, or SIGTERM on Unix (what `kill` and service managers send).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => ctrl_c.await,
-        }
+/// Serve until `stop`, drain within the grace period, then stop the turns
+/// still running and save the live session.
+async fn run(
+    listener: tokio::net::TcpListener,
+    state: SharedState,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let app = router(state.clone());
+    let drained = crate::transport::run(
+        listener,
+        app,
+        state.config.limits,
+        state.metrics.clone(),
+        stop,
+    )
+    .await;
+    // Whatever still runs in the worker is cancelled at its next chunk or
+    // token; queued jobs are skipped. Then the session is saved.
+    state.worker.stop_turns();
+    state.worker.shutdown().await;
+    if let crate::transport::Drained::Dropped(n) = drained {
+        eprintln!("ds4server: the grace period ran out; {n} connection(s) dropped");
     }
-    #[cfg(not(unix))]
-    ctrl_c.await;
 }

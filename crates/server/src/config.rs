@@ -16,10 +16,17 @@ pub struct ServerConfig {
     pub ctx: Option<usize>,
     /// Requests that may wait behind the running one before new ones get 503.
     pub max_queue: usize,
-    /// When set, every `/v1/*` request must carry it (Bearer or `x-api-key`).
+    /// When set, every route but `/health` and the embedded page needs it
+    /// (Bearer or `x-api-key`).
     pub api_key: Option<String>,
-    /// Send permissive CORS headers (for browser clients).
-    pub cors: bool,
+    /// Origins allowed to call the API from a browser (`--cors`, exact
+    /// `scheme://host[:port]`, or `*` for any origin); empty: no CORS headers.
+    pub cors: Vec<String>,
+    /// Host names accepted besides loopback names and IP literals when no
+    /// API key is set (`--allowed-host`; `*` accepts any).
+    pub allowed_hosts: Vec<String>,
+    /// Timeouts, connection limit and shutdown grace (`crate::transport`).
+    pub limits: crate::transport::Limits,
     /// The server's seed, used when a request has none.
     pub seed: Option<u64>,
     /// Largest accepted request body.
@@ -50,7 +57,9 @@ impl ServerConfig {
             ctx: None,
             max_queue: 16,
             api_key: None,
-            cors: false,
+            cors: Vec::new(),
+            allowed_hosts: Vec::new(),
+            limits: crate::transport::Limits::default(),
             seed: None,
             body_limit: 8 * 1024 * 1024,
             keep_alive: Duration::from_secs(10),

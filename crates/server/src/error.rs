@@ -69,6 +69,18 @@ impl ApiError {
     }
 
     pub fn context_exceeded(prompt: usize, limit: usize) -> Self {
+        Self::context_exceeded_by(&prompt.to_string(), limit)
+    }
+
+    /// The prompt was still being tokenized when it passed the context:
+    /// `prompt` is a lower bound (tokenizing the rest would only cost time
+    /// and memory). Same wording as [`Self::context_exceeded`].
+    pub fn context_exceeded_at_least(prompt: usize, limit: usize) -> Self {
+        Self::context_exceeded_by(&format!("at least {prompt}"), limit)
+    }
+
+    /// `prompt`: the prompt's size in tokens as said to the client.
+    fn context_exceeded_by(prompt: &str, limit: usize) -> Self {
         let mut e = Self::new(
             StatusCode::BAD_REQUEST,
             format!(
@@ -123,6 +135,38 @@ impl ApiError {
     pub fn not_found(what: impl Into<String>) -> Self {
         let mut e = Self::new(StatusCode::NOT_FOUND, what);
         e.code = Some("not_found");
+        e
+    }
+
+    /// A POST body that does not say it is JSON.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, message);
+        e.param = Some("Content-Type".into());
+        e.code = Some("unsupported_media_type");
+        e
+    }
+
+    /// A `Host` this server does not answer to without an API key.
+    pub fn bad_host(host: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "this server does not answer to the host {host:?}: use localhost or an IP \
+                 address, or start it with --allowed-host {host} (or --api-key)"
+            ),
+        );
+        e.param = Some("Host".into());
+        e.code = Some("host_not_allowed");
+        e
+    }
+
+    /// The body did not arrive in time.
+    pub fn body_timeout(secs: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {secs} s"),
+        );
+        e.code = Some("request_timeout");
         e
     }
 

@@ -10,30 +10,56 @@ use axum::extract::{FromRequest, Request};
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, Flavor};
+use crate::state::SharedState;
+use crate::transport::BodyDeadline;
 
 pub struct ApiJson<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned> FromRequest<SharedState> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let flavor = Flavor::for_path(req.uri().path());
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                // The limit itself is in the message axum gives.
-                ApiError::too_large(&e.body_text()).with_flavor(flavor)
-            } else {
-                ApiError::malformed(format!(
-                    "could not read the request body: {}",
-                    e.body_text()
-                ))
-                .with_flavor(flavor)
-            }
-        })?;
-        parse(&bytes)
-            .map(ApiJson)
-            .map_err(|e| e.with_flavor(flavor))
+    async fn from_request(req: Request, state: &SharedState) -> Result<Self, Self::Rejection> {
+        let path = req.uri().path().to_string();
+        let flavor = Flavor::for_path(&path);
+        let parsed = read(req, state).await.and_then(|bytes| parse(&bytes));
+        parsed.map(ApiJson).map_err(|e| {
+            // The handler counts the requests it sees; this one never
+            // reaches it.
+            state
+                .metrics
+                .request(crate::metrics::endpoint_for_path(&path));
+            e.with_flavor(flavor)
+        })
     }
+}
+
+/// The whole body, within the body limit and before the transport's body
+/// deadline (408 after it: a client that trickles its body does not hold a
+/// connection and a buffer for long).
+async fn read(req: Request, state: &SharedState) -> Result<Bytes, ApiError> {
+    let deadline = req.extensions().get::<BodyDeadline>().copied();
+    let body = Bytes::from_request(req, state);
+    let read = match deadline {
+        Some(BodyDeadline(at)) => match tokio::time::timeout_at(at, body).await {
+            Ok(read) => read,
+            Err(_) => {
+                let secs = state.config.limits.body_timeout.as_secs();
+                return Err(ApiError::body_timeout(secs));
+            }
+        },
+        None => body.await,
+    };
+    read.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            // The limit itself is in the message axum gives.
+            ApiError::too_large(&e.body_text())
+        } else {
+            ApiError::malformed(format!(
+                "could not read the request body: {}",
+                e.body_text()
+            ))
+        }
+    })
 }
 
 /// Parse a JSON body, naming the offending field on a type error.

@@ -24,6 +24,19 @@ pub const ENDPOINTS: [&str; 6] = [
     "other",
 ];
 
+/// The endpoint a path counts under (requests that fail before their
+/// handler are counted by path).
+pub fn endpoint_for_path(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
+        "/v1/responses" => "responses",
+        "/v1/messages" => "messages",
+        "/v1/messages/count_tokens" => "count_tokens",
+        _ => "other",
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
     requests: [AtomicU64; ENDPOINTS.len()],
@@ -45,6 +58,10 @@ pub struct Metrics {
     decode_micros: AtomicU64,
     mtp_drafted: AtomicU64,
     mtp_accepted: AtomicU64,
+    connections_refused: AtomicU64,
+    /// Set once a checkpoint was deleted as soon as it was written: the
+    /// disk budget is smaller than one file.
+    checkpoint_budget_too_small: AtomicU64,
     last_rates: Mutex<(f64, f64)>,
     /// The session cache's own counters and the checkpoint store's refused
     /// files by reason (snapshots of the worker's totals).
@@ -125,6 +142,15 @@ impl Metrics {
 
     pub fn cancelled(&self) {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection closed on accept: the connection limit was reached.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn checkpoint_budget_too_small(&self) {
+        self.checkpoint_budget_too_small.store(1, Ordering::Relaxed);
     }
 
     pub fn failed(&self) {
@@ -320,6 +346,18 @@ impl Metrics {
             "counter",
             "Checkpoint files refused (and removed), by reason; the request was served cold.",
             &rejected,
+        );
+        metric(
+            "ds4_checkpoint_budget_too_small",
+            "gauge",
+            "1 once a checkpoint was deleted as soon as it was written: --checkpoint-budget-mib is smaller than one checkpoint file.",
+            &one(get(&self.checkpoint_budget_too_small)),
+        );
+        metric(
+            "ds4_connections_refused_total",
+            "counter",
+            "Connections closed on accept because --max-connections were open.",
+            &one(get(&self.connections_refused)),
         );
         metric(
             "ds4_checkpoint_saves_total",

@@ -85,7 +85,14 @@ impl Checked {
         turn: ChatTurn,
     ) -> Result<Output, ApiError> {
         let tools = !turn.tools.is_empty();
-        let rendered = prompt::render(state, turn)?;
+        let rendered = prompt::render(state, turn).map_err(|mut e| {
+            // Tokenizing stops early on a prompt past the context; the
+            // error names the field that carried it.
+            if e.code == Some("context_length_exceeded") {
+                e.param = Some(field.into());
+            }
+            e
+        })?;
         self.generation.prompt = rendered.tokens;
         self.generation.prompt_field = field;
         self.generation.thinks = rendered.reasoning_open;

@@ -53,10 +53,36 @@ impl AppState {
         }
     }
 
+    /// A rendered chat prompt's tokens (special-token text parsed). A text
+    /// that cannot fit the context is refused as soon as that is certain
+    /// (`crate::tokenize`), without encoding the rest of it.
     pub fn count_tokens(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        self.tokenizer
-            .encode(text, true)
-            .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
+        self.tokenize(text, |t| self.tokenizer.encode(t, true))
+    }
+
+    /// A raw prompt's tokens as transformers' `encode` gives them (BOS when
+    /// the tokenizer asks for it), with the same early refusal.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.tokenize(text, |t| self.tokenizer.encode_prompt(t))
+    }
+
+    fn tokenize(
+        &self,
+        text: &str,
+        encode: impl Fn(&str) -> ds4_text::Result<Vec<u32>>,
+    ) -> Result<Vec<u32>, ApiError> {
+        let failed = |e: ds4_text::TextError| {
+            ApiError::internal(format!("tokenizing the prompt failed: {e}"))
+        };
+        let counted = crate::tokenize::count_bounded(text, self.ctx, |piece| {
+            self.tokenizer.encode(piece, true).map(|ids| ids.len())
+        })
+        .map_err(failed)?;
+        if let crate::tokenize::Count::AtLeast(n) = counted {
+            self.metrics.rejected_context();
+            return Err(ApiError::context_exceeded_at_least(n, self.ctx));
+        }
+        encode(text).map_err(failed)
     }
 }
 

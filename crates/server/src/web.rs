@@ -28,6 +28,12 @@ pub fn embedded_bytes() -> usize {
     ASSETS.iter().map(|(_, _, body)| body.len()).sum()
 }
 
+/// The page's paths (served without the API key: a browser navigation
+/// cannot send one, and the page asks for the key itself).
+pub fn is_page(path: &str) -> bool {
+    path == "/dashboard" || ASSETS.iter().any(|(p, _, _)| *p == path)
+}
+
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     let mut response = body.into_response();
     let headers = response.headers_mut();

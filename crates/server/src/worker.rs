@@ -12,6 +12,7 @@
 //! the live session (clean-shutdown checkpoint trigger).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use ds4_engine::Model;
@@ -84,6 +85,9 @@ enum Msg {
 #[derive(Clone)]
 pub struct WorkerHandle {
     queue: mpsc::Sender<Msg>,
+    /// Set when the shutdown grace period is over: the running turn stops
+    /// at its next prefill chunk or token, queued ones are skipped.
+    stopping: Arc<AtomicBool>,
 }
 
 #[cfg(test)]
@@ -92,7 +96,10 @@ impl WorkerHandle {
     /// of what happens before a job is queued (rendering, admission rules).
     pub fn detached() -> Self {
         let (queue, _) = mpsc::channel(1);
-        Self { queue }
+        Self {
+            queue,
+            stopping: Arc::default(),
+        }
     }
 }
 
@@ -117,8 +124,16 @@ impl WorkerHandle {
         self.queue.max_capacity() - self.queue.capacity()
     }
 
-    /// Let the queued jobs run, then save the live session (when checkpoints
-    /// are on) and stop the worker. Later submissions are refused.
+    /// Cancel the running turn at its next prefill chunk or token (the
+    /// session then covers exactly what was processed) and skip the queued
+    /// ones: the shutdown grace period is over.
+    pub fn stop_turns(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Let the queued jobs run (unless [`Self::stop_turns`] was called),
+    /// then save the live session (when checkpoints are on) and stop the
+    /// worker. Later submissions are refused.
     pub async fn shutdown(&self) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if self.queue.send(Msg::Shutdown(tx)).await.is_ok() {
@@ -148,6 +163,8 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel(max_queue.max(1));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let boundary_every = cache.boundary_every;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let stop_flag = stopping.clone();
     std::thread::Builder::new()
         .name("engine-worker".into())
         .spawn(move || {
@@ -155,9 +172,19 @@ pub fn spawn(
                 match SessionCache::open(m, cache.bank_budget, cache.checkpoints.as_ref()) {
                     Ok(cache) => {
                         let cache = cache.with_boundary_every(boundary_every);
-                        let _ = ready_tx.send(Ok(()));
-                        let worker = Worker { model: m, cache, tokenizer: &tokenizer, prefill_chunk, metrics: &metrics };
+                        let mut worker = Worker {
+                            model: m,
+                            cache,
+                            tokenizer: &tokenizer,
+                            prefill_chunk,
+                            metrics: &metrics,
+                            stopping: &stop_flag,
+                            saves_seen: 0,
+                        };
+                        // Before the server answers: checkpoint files refused
+                        // while opening the store are in /metrics at once.
                         worker.report_cache();
+                        let _ = ready_tx.send(Ok(()));
                         worker.run(rx)
                     }
                     Err(e) => {
@@ -170,7 +197,10 @@ pub fn spawn(
     ready_rx
         .recv()
         .map_err(|_| "the engine worker stopped while starting".to_string())??;
-    Ok(WorkerHandle { queue: tx })
+    Ok(WorkerHandle {
+        queue: tx,
+        stopping,
+    })
 }
 
 struct Worker<'a, M: Model> {
@@ -179,13 +209,34 @@ struct Worker<'a, M: Model> {
     tokenizer: &'a Tokenizer,
     prefill_chunk: usize,
     metrics: &'a Metrics,
+    stopping: &'a AtomicBool,
+    /// Checkpoint saves already checked against the budget.
+    saves_seen: u64,
 }
 
 impl<M: Model> Worker<'_, M> {
-    /// Publish the session cache's counters and contents to the metrics.
-    fn report_cache(&self) {
-        self.metrics
-            .cache(&self.cache.stats(), &self.cache.rejections());
+    /// Publish the session cache's counters and contents to the metrics;
+    /// warn once when a checkpoint did not survive its own save.
+    fn report_cache(&mut self) {
+        let stats = self.cache.stats();
+        self.metrics.cache(&stats, &self.cache.rejections());
+        if let Some(store) = self.cache.store()
+            && stats.saves > self.saves_seen
+        {
+            self.saves_seen = stats.saves;
+            // The store evicts the file it just wrote only when that file
+            // alone is over the budget: then nothing is ever kept.
+            if store.entries().is_empty() {
+                self.metrics.checkpoint_budget_too_small();
+                let message = format!(
+                    "the checkpoint budget ({} bytes) is smaller than one checkpoint file: every \
+                     checkpoint is deleted as soon as it is written; raise --checkpoint-budget-mib",
+                    store.budget()
+                );
+                tracing::warn!("{message}");
+                eprintln!("ds4server: warning: {message}");
+            }
+        }
         let live = self.cache.live();
         self.metrics.contents(CacheContents {
             live_tokens: live.tokens().len(),
@@ -203,8 +254,11 @@ impl<M: Model> Worker<'_, M> {
     fn run(mut self, mut queue: mpsc::Receiver<Msg>) {
         while let Some(msg) = queue.blocking_recv() {
             match msg {
-                Msg::Job(job) if job.events.is_closed() => {
-                    // The client left while the job waited.
+                Msg::Job(job)
+                    if job.events.is_closed() || self.stopping.load(Ordering::Relaxed) =>
+                {
+                    // The client left while the job waited, or the server
+                    // is stopping.
                     self.metrics.cancelled();
                 }
                 Msg::Job(job) => self.turn(*job),
@@ -234,6 +288,7 @@ impl<M: Model> Worker<'_, M> {
             }
         }
         let cancel = CancelToken::new();
+        let stopping = self.stopping;
         let config = TurnConfig {
             max_tokens: job.max_tokens,
             stop_token_ids: self.tokenizer.stop_token_ids().to_vec(),
@@ -265,7 +320,7 @@ impl<M: Model> Worker<'_, M> {
                 prefill: |_| {
                     // A client that left during a long prefill stops it at the
                     // next chunk.
-                    if events.is_closed() {
+                    if events.is_closed() || stopping.load(Ordering::Relaxed) {
                         cancel.cancel();
                     }
                 },
@@ -287,7 +342,7 @@ impl<M: Model> Worker<'_, M> {
                         text: piece.text,
                         token,
                     };
-                    if events.send(delta).is_err() {
+                    if events.send(delta).is_err() || stopping.load(Ordering::Relaxed) {
                         cancel.cancel();
                         return Flow::Stop(CallerStop::Cancelled);
                     }

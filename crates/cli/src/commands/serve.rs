@@ -21,6 +21,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.max_queue = args.max_queue;
     config.api_key = args.api_key;
     config.cors = args.cors;
+    config.allowed_hosts = args.allowed_host;
+    config.limits = ds4_server::Limits {
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
+        max_connections: args.max_connections,
+        shutdown_grace: args.shutdown_grace,
+    };
     config.seed = args.seed;
     config.body_limit = args.body_limit;
     config.mtp_depth = args.mtp_depth.map(|d| d.resolve(&loaded.model));
@@ -33,6 +40,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(ds4_server::serve(state))?;
+    // A tokenization still running on a blocking thread for a dropped
+    // connection must not hold the exit (it stops at the context anyway).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     Ok(())
 }
 

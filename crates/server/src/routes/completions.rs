@@ -152,10 +152,7 @@ fn prompt_tokens(state: &AppState, prompt: PromptInput) -> Result<Vec<u32>, ApiE
 }
 
 fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
-    state
-        .tokenizer
-        .encode_prompt(text)
-        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
+    state.encode_prompt(text)
 }
 
 /// The prompt, echoed when the request asked for it.

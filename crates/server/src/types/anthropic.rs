@@ -17,7 +17,6 @@ pub struct MessagesRequest {
     pub stop_sequences: Option<Vec<String>>,
     pub stream: Option<bool>,
     pub tools: Option<Vec<AnthropicTool>>,
-    #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
     pub thinking: Option<Thinking>,
     /// `output_config.effort` (`deepseek_v4`, as ds4: `max` asks for Think
@@ -70,11 +69,9 @@ pub struct Block {
     /// `tool_use` blocks.
     pub id: Option<String>,
     pub name: Option<String>,
-    #[schema(value_type = Object)]
     pub input: Option<Value>,
     /// `tool_result` blocks.
     pub tool_use_id: Option<String>,
-    #[schema(value_type = Object)]
     pub content: Option<Value>,
 }
 
@@ -82,7 +79,6 @@ pub struct Block {
 pub struct AnthropicTool {
     pub name: String,
     pub description: Option<String>,
-    #[schema(value_type = Object)]
     pub input_schema: Option<Value>,
 }
 

@@ -29,7 +29,6 @@ pub struct ChatCompletionRequest {
     pub top_logprobs: Option<u64>,
     pub n: Option<u64>,
     pub tools: Option<Vec<ChatTool>>,
-    #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
     /// `low` | `medium` | `high` turn reasoning on, `none` | `minimal` off
     /// (for families that reason; `deepseek_v4`: `max` asks for Think Max,
@@ -37,7 +36,6 @@ pub struct ChatCompletionRequest {
     pub reasoning_effort: Option<String>,
     /// Extension (`deepseek_v4`, as ds4): `{"type": "enabled" | "disabled"}`
     /// or a boolean; other families ignore it.
-    #[schema(value_type = Object)]
     pub thinking: Option<Value>,
     /// Extension (`deepseek_v4`, as ds4): `false` turns thinking off; other
     /// families ignore it.
@@ -129,7 +127,6 @@ pub struct ChatTool {
 pub struct FunctionDef {
     pub name: String,
     pub description: Option<String>,
-    #[schema(value_type = Object)]
     pub parameters: Option<Value>,
 }
 

@@ -17,7 +17,6 @@ pub struct ResponsesRequest {
     pub seed: Option<u64>,
     pub stream: Option<bool>,
     pub tools: Option<Vec<ResponseTool>>,
-    #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
     pub reasoning: Option<ReasoningConfig>,
     /// Stored conversations are not kept; a request must carry its input.
@@ -39,7 +38,6 @@ pub struct InputItem {
     #[serde(rename = "type")]
     pub kind: Option<String>,
     pub role: Option<String>,
-    #[schema(value_type = Object)]
     pub content: Option<Value>,
     pub call_id: Option<String>,
     pub name: Option<String>,
@@ -53,7 +51,6 @@ pub struct ResponseTool {
     pub kind: String,
     pub name: Option<String>,
     pub description: Option<String>,
-    #[schema(value_type = Object)]
     pub parameters: Option<Value>,
 }
 
@@ -69,9 +66,9 @@ pub struct ResponseObject {
     pub created_at: u64,
     /// `in_progress`, `completed`, `incomplete` or `failed`.
     pub status: &'static str,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub incomplete_details: Option<Value>,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub error: Option<Value>,
     pub model: String,
     #[schema(value_type = Vec<Object>)]
