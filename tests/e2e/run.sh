@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end: start `ds4server serve` on free loopback ports — the default
 # model, and a tiny DeepSeek-V4 checkpoint with the real tokenizer — run the
-# official openai and anthropic clients against them, stop them.
+# official openai and anthropic clients against them (structured outputs
+# included), stop them.
 # Usage: tests/e2e/run.sh [path/to/ds4server]   (default: target/release/ds4server)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,4 +17,5 @@ status=0
 python3 tests/e2e/test_openai.py || status=1
 python3 tests/e2e/test_anthropic.py || status=1
 python3 tests/e2e/test_deepseek.py || status=1
+python3 tests/e2e/test_structured.py || status=1
 exit "$status"
