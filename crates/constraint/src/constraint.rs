@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use ds4_engine::decode::TokenMask;
 use llguidance::{Matcher, TokenParser};
 
+/// How `llguidance` names a state no token can extend.
+const NO_EXTENSION: &str = "NoExtensionBias";
+
 /// Time spent computing masks (what `llguidance` costs per position).
 #[derive(Debug, Clone, Default)]
 pub struct MaskTimings {
@@ -19,6 +22,10 @@ pub struct MaskTimings {
 /// starts it exactly as a cold one does.
 pub struct Constraint {
     matcher: Matcher,
+    /// The matcher before any token: a dead end (no token allowed) leaves
+    /// `llguidance`'s matcher stopped for good, so the state is rebuilt
+    /// from here and the tokens replayed.
+    fresh: Matcher,
     /// Tokens the matcher has consumed: the emitted ones, then the pending
     /// ones of the last question.
     fed: Vec<u32>,
@@ -43,8 +50,10 @@ impl std::fmt::Debug for Constraint {
 
 impl Constraint {
     pub(crate) fn new(parser: TokenParser, stop_ids: &[u32], len: usize) -> Self {
+        let matcher = Matcher::new(Ok(parser));
         Self {
-            matcher: Matcher::new(Ok(parser)),
+            fresh: matcher.clone(),
+            matcher,
             fed: Vec::new(),
             emitted: Vec::new(),
             stop_ids: stop_ids.to_vec(),
@@ -118,6 +127,15 @@ impl Constraint {
                 } else {
                     mask
                 }
+            }
+            // No token can extend the text: a dead end of the grammar, not
+            // an internal error. The matcher stays stopped, so start over
+            // from the fresh one (a rejected MTP draft may lead elsewhere).
+            // (`llguidance` reports it as an error with that stop reason.)
+            Err(e) if format!("{e}").contains(NO_EXTENSION) => {
+                self.matcher = self.fresh.clone();
+                self.fed.clear();
+                TokenMask::none(self.len)
             }
             Err(e) => self.fail(format!("mask: {e}")),
         }

@@ -17,6 +17,11 @@ use crate::grammar::Grammar;
 struct Env {
     trie: TokTrie,
     tokenizer: Arc<Tokenizer>,
+    /// Every byte is a token of its own (byte-level BPE, byte fallback):
+    /// `llguidance` may then force the canonical tokens of forced bytes.
+    /// A word-level vocabulary (the fixtures') cannot spell every prefix,
+    /// so there masks are computed over the forced bytes instead.
+    canonical: bool,
 }
 
 impl TokenizerEnv for Env {
@@ -24,14 +29,21 @@ impl TokenizerEnv for Env {
         &self.trie
     }
 
-    /// The model's own tokenization of grammar text (forced bytes), with the
-    /// trie's greedy split for bytes that are not UTF-8.
+    /// The model's own tokenization of grammar text (forced bytes) when its
+    /// tokens spell exactly that text, else the trie's greedy split (bytes
+    /// that are not UTF-8, word-level vocabularies whose pieces carry the
+    /// separating space, an `<unk>`): forced tokens must spell the bytes.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         self.trie.tokenize_with_greedy_fallback(s, |text| {
-            self.tokenizer
-                .encode(text, false)
-                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
+            match self.tokenizer.encode(text, false) {
+                Ok(ids) if self.trie.decode_raw(&ids) == text.as_bytes() => ids,
+                _ => self.trie.greedy_tokenize(text.as_bytes()),
+            }
         })
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        self.canonical
     }
 }
 
@@ -80,11 +92,19 @@ impl Vocabulary {
                 TokenBytes::Missing => Vec::new(),
             })
             .collect();
+        let mut single = [false; 256];
+        for w in &words {
+            if let [b] = w[..] {
+                single[b as usize] = true;
+            }
+        }
+        let canonical = single.iter().all(|&s| s);
         let info = TokRxInfo::new(len as u32, eos);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&stop_ids);
         let env: TokEnv = Arc::new(Env {
             trie,
             tokenizer: tokenizer.clone(),
+            canonical,
         });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| vocab_err(e.to_string()))?;
         factory.quiet();
