@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end: start `ds4server serve` on free loopback ports — the default
 # model, a tiny DeepSeek-V4 checkpoint with the real tokenizer and a tiny
-# GLM-5 chat checkpoint with its chat template — run the
-# official openai and anthropic clients against them, stop them.
+# GLM-5 chat checkpoint with its chat template — run the official openai
+# and anthropic clients against them (structured outputs included), stop
+# them.
 # Usage: tests/e2e/run.sh [path/to/ds4server]   (default: target/release/ds4server)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,4 +20,5 @@ python3 tests/e2e/test_openai.py || status=1
 python3 tests/e2e/test_anthropic.py || status=1
 python3 tests/e2e/test_deepseek.py || status=1
 python3 tests/e2e/test_glm.py || status=1
+python3 tests/e2e/test_structured.py || status=1
 exit "$status"

@@ -36,6 +36,9 @@ pub struct Generation {
     /// Sample tool-call structure at temperature 0 (chat with tools on a
     /// family that does: `family::Serving::structural_greedy`).
     pub structural: bool,
+    /// The compiled structured-output constraint (`constraints.rs`), if the
+    /// request asked for one.
+    pub constraint: Option<Box<ds4_constraint::Constraint>>,
 }
 
 /// A queued turn.
@@ -76,7 +79,8 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     // Under a budget the first job stops at the budget; the output stream
     // then closes the reasoning and continues (`output::Budget`).
     let budget = match (g.reasoning_budget, state.profile.reasoning) {
-        (Some(b), Some(markers)) if b < max_tokens => {
+        // A constrained reply is one job: the grammar covers all of it.
+        (Some(b), Some(markers)) if b < max_tokens && g.constraint.is_none() => {
             // The blank line after the marker is for families whose splitter
             // drops it; elsewhere (DeepSeek-V4) it would become answer text.
             let blank = if markers.skip_blank_after_close {
@@ -97,7 +101,7 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
                     // A stream of its own: the continuation does not replay
                     // the reasoning's draws.
                     let seed = seed ^ 0x9e37_79b9_7f4a_7c15;
-                    plan.submit(&state, prompt, max_tokens, None, seed)
+                    plan.submit(&state, prompt, max_tokens, None, seed, None)
                         .map_err(|e| e.message)
                 }),
             })
@@ -106,7 +110,14 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     };
     let first_max = budget.as_ref().map_or(max_tokens, |b| b.tokens);
     let prompt_tokens = g.prompt.len();
-    let events = plan.submit(state, g.prompt, first_max, g.prompt_logprobs, seed)?;
+    let events = plan.submit(
+        state,
+        g.prompt,
+        first_max,
+        g.prompt_logprobs,
+        seed,
+        g.constraint,
+    )?;
     Ok(Admitted {
         events,
         seed,
@@ -185,6 +196,7 @@ impl JobPlan {
         max_tokens: usize,
         prompt_logprobs: Option<usize>,
         seed: u64,
+        constraint: Option<Box<ds4_constraint::Constraint>>,
     ) -> Result<mpsc::UnboundedReceiver<WorkEvent>, ApiError> {
         let sampler = Sampler::new(self.law, self.params, seed)
             .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
@@ -198,6 +210,7 @@ impl JobPlan {
             prompt_logprobs,
             mtp_depth: self.mtp_depth,
             structural: self.structural,
+            constraint,
             events: tx,
         };
         match state.worker.submit(job) {

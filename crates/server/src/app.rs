@@ -73,6 +73,7 @@ pub fn build_state(
         profile: TextProfile::for_family(descriptor.name),
         serving: crate::family::Serving::for_family(descriptor.name),
         tool_memory: crate::tool_memory::ToolMemory::default(),
+        vocabulary: Default::default(),
         descriptor,
         ctx,
         mtp,

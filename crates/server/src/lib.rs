@@ -16,6 +16,7 @@
 mod admission;
 mod app;
 mod config;
+mod constraints;
 mod deepseek_prompt;
 #[cfg(test)]
 mod deepseek_tests;

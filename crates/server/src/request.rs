@@ -277,22 +277,10 @@ pub fn openai_tools<T>(
         .collect()
 }
 
-/// OpenAI's `tool_choice`: whether tools are offered. Forcing a call
-/// (`required` or a named function) needs constrained decoding, which this
-/// server does not have: refused rather than pretended.
+/// OpenAI's `tool_choice`: whether tools are offered (a forced call is
+/// the route's constraint: `constraints::forced_call`).
 fn openai_tool_choice(choice: Option<&Value>) -> Result<bool, ApiError> {
-    match choice {
-        None | Some(Value::Null) => Ok(true),
-        Some(Value::String(s)) if s == "auto" => Ok(true),
-        Some(Value::String(s)) if s == "none" => Ok(false),
-        Some(other) => Err(ApiError::invalid(
-            "tool_choice",
-            format!(
-                "tool_choice {other} is not supported: only \"auto\" and \"none\" (forcing a call \
-                 needs constrained decoding)"
-            ),
-        )),
-    }
+    Ok(crate::constraints::ToolChoice::openai(choice)?.offers_tools())
 }
 
 #[cfg(test)]

@@ -29,6 +29,8 @@ pub struct AppState {
     /// Sampled tool-call blocks by call id (used when
     /// `serving.exact_tool_replay`).
     pub tool_memory: ToolMemory,
+    /// The vocabulary structured outputs compile against (built on first use).
+    pub vocabulary: crate::constraints::LazyVocabulary,
     pub descriptor: &'static FamilyDescriptor,
     /// Effective context: `--ctx`, capped at the model's.
     pub ctx: usize,
@@ -121,6 +123,7 @@ pub mod testing {
             profile: TextProfile::for_family(descriptor.name),
             serving: Serving::for_family(descriptor.name),
             tool_memory: ToolMemory::default(),
+            vocabulary: Default::default(),
             descriptor,
             ctx,
             mtp: None,

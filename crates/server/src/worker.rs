@@ -18,7 +18,7 @@ use std::time::Instant;
 use ds4_engine::Model;
 use ds4_engine::decode::{
     self, CallerStop, CancelToken, Flow, Observe, PrefillProgress, TokenEvent, TokenLogprobs,
-    TurnConfig, TurnObserver, TurnRequest,
+    TokenMask, TurnConfig, TurnObserver, TurnRequest,
 };
 use ds4_engine::families::LoadedModel;
 use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
@@ -45,6 +45,9 @@ pub struct Job {
     /// Sample DSML tool-call structure at temperature 0 (payload keeps the
     /// job's sampler): [`StructuralSampling`] decides per position.
     pub structural: bool,
+    /// The request's structured-output constraint: the observer's
+    /// [`TurnObserver::allowed_after`] answers from it.
+    pub constraint: Option<Box<ds4_constraint::Constraint>>,
     pub events: mpsc::UnboundedSender<WorkEvent>,
 }
 
@@ -316,6 +319,7 @@ impl<M: Model> Worker<'_, M> {
             structure: job
                 .structural
                 .then(|| StructuralSampling::new(self.tokenizer)),
+            constraint: job.constraint.take(),
             inner: Observe {
                 prefill: |_| {
                     // A client that left during a long prefill stops it at the
@@ -393,6 +397,9 @@ impl<M: Model> Worker<'_, M> {
 struct JobObserver<'t, P, T> {
     inner: Observe<P, T>,
     structure: Option<StructuralSampling<'t>>,
+    /// Per request, never in the session: a warm turn starts it as a cold
+    /// one does.
+    constraint: Option<Box<ds4_constraint::Constraint>>,
 }
 
 impl<P: FnMut(PrefillProgress), T: FnMut(TokenEvent) -> Flow> TurnObserver
@@ -406,7 +413,14 @@ impl<P: FnMut(PrefillProgress), T: FnMut(TokenEvent) -> Flow> TurnObserver
         if let Some(s) = &mut self.structure {
             s.push(event.token);
         }
+        if let Some(c) = &mut self.constraint {
+            c.push(event.token);
+        }
         self.inner.token(event)
+    }
+
+    fn allowed_after(&mut self, pending: &[u32]) -> Option<TokenMask> {
+        self.constraint.as_mut().map(|c| c.allowed_after(pending))
     }
 
     fn greedy_after(&mut self, pending: &[u32]) -> bool {
@@ -438,6 +452,7 @@ mod tests {
         let new = |structure: bool| JobObserver {
             inner: Observe::new(|_: PrefillProgress| {}, |_: TokenEvent| Flow::Continue),
             structure: structure.then(|| StructuralSampling::new(&tok)),
+            constraint: None,
         };
         let (mut emitted, ahead) = (new(true), new(true));
         let mut off = new(false);

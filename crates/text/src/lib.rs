@@ -31,5 +31,5 @@ pub use profile::{PromptFormat, TextProfile};
 pub use reasoning::{ReasoningMarkers, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopOutcome};
 pub use stream::{Piece, TextStream};
-pub use tokenizer::{SpecialToken, Tokenizer};
+pub use tokenizer::{SpecialToken, TokenBytes, Tokenizer};
 pub use tool_calls::{ToolCallFormat, ToolCallParser, ToolEvent};

@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
 use super::prefill::prefill_turn;
 use super::session::LiveSession;
-use super::step::StepSamplers;
+use super::step::{StepSamplers, constrain};
 use super::turn::{FinishReason, TokenSource, TurnObserver, TurnRequest, TurnResult, TurnTimings};
 use crate::error::Result;
 use crate::model::{LogitsRows, Model};
@@ -74,14 +74,16 @@ fn run<M: Model>(
             break FinishReason::MaxTokens;
         }
         let greedy = out.observer().greedy_after(&[]);
-        let sampled = samplers.pick(greedy)?.sample(&logits, &out.counts)?;
+        let mask = out.observer().allowed_after(&[]);
+        let Some(row) = constrain(mask.as_ref(), &logits) else {
+            // The constraint admits no token here: the session already
+            // covers `prompt + emitted` (the last token was forwarded).
+            break FinishReason::NoAllowedToken;
+        };
+        let sampled = samplers.pick(greedy)?.sample(&row, &out.counts)?;
         let token = sampled.token;
-        let exit = out.emit(
-            token,
-            sampled.argmax_fallback,
-            &logits,
-            TokenSource::Sampled,
-        );
+        let exit = out.emit(token, sampled.argmax_fallback, &row, TokenSource::Sampled);
+        drop(row);
         if exit == Some(CANCELLED) {
             // Cancelled: no further forward; the state stays one short.
             break CANCELLED;

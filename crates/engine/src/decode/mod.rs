@@ -5,14 +5,17 @@
 //! [`ds4_sampling::Sampler`].
 //!
 //! Module graph (no cycles): `turn` (request, observer, results) ←
-//! `exit` (emission and the exit classifier), `step` (the per-position
-//! sampler: the request's, or its greedy twin where the observer asks) and
+//! `exit` (emission and the exit classifier), `mask` (a position's allowed
+//! tokens under a constraint), `step` (the per-position sampler: the
+//! request's, or its greedy twin where the observer asks, over the row the
+//! observer's mask leaves) and
 //! `prefill` (the cancellable prefill loop, over `session`) ← `ar`, `mtp` ←
 //! [`generate`].
 
 mod ar;
 mod exit;
 pub mod logprobs;
+mod mask;
 mod mtp;
 pub mod prefill;
 pub mod session;
@@ -22,6 +25,7 @@ mod step_tests;
 pub mod turn;
 
 pub use logprobs::{TokenLogprobs, prompt_logprobs, token_logprobs};
+pub use mask::TokenMask;
 pub use mtp::resolve_mtp_depth;
 pub use prefill::{DEFAULT_PREFILL_CHUNK, prefill};
 pub use session::{LiveSession, SessionImage};

@@ -56,6 +56,20 @@
 //! order. Penalty counts for a row are the emitted tokens before
 //! its position (drafts count as emitted for the rows after them).
 //!
+//! ## Constraints
+//!
+//! Under a constraint ([`super::turn::TurnObserver::allowed_after`]) every
+//! position's row is masked before the law: draft `d_{j+1}` is drawn from
+//! the head's row under the mask of the position after the primary and
+//! `d_1..d_j`, and verify row `j` is read under that same mask (asked once,
+//! kept for the cycle), so `p`, `q`, the acceptance and the residual are
+//! the masked laws' and the emitted tokens are distributed exactly as a
+//! constrained AR turn's (greedy: the same tokens). A rejected draft rolls
+//! the constraint back by itself: the next question's `pending` no longer
+//! contains it. A mask that allows nothing stops drafting at that position
+//! (it depends on the prefix alone); reaching it in verification ends the
+//! turn with [`FinishReason::NoAllowedToken`] after the accepted drafts.
+//!
 //! ## Exits and the final commit
 //!
 //! A turn ends at the primary, at an accepted draft or at the residual/bonus
@@ -87,7 +101,8 @@ use ds4_sampling::{Distribution, Sampler};
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
 use super::prefill::prefill_turn;
 use super::session::{LiveSession, MtpSide};
-use super::step::StepSamplers;
+use super::mask::TokenMask;
+use super::step::{StepSamplers, constrain};
 use super::turn::{
     FinishReason, MtpStats, TokenSource, TurnObserver, TurnRequest, TurnResult, TurnTimings,
 };
@@ -304,16 +319,15 @@ impl<M: Model> Turn<'_, M> {
         }
         // Draw: the primary of the first cycle.
         let greedy = self.out.observer().greedy_after(&[]);
-        let s = self
-            .samplers
-            .pick(greedy)?
-            .sample(&last.logits, &self.out.counts)?;
-        let mut exit = self.emit(
-            s.token,
-            s.argmax_fallback,
-            &last.logits,
-            TokenSource::Sampled,
-        );
+        let mask = self.out.observer().allowed_after(&[]);
+        let Some(row) = constrain(mask.as_ref(), &last.logits) else {
+            // Nothing allowed before the first token: the session covers
+            // the prompt, the history one row behind.
+            return Ok(FinishReason::NoAllowedToken);
+        };
+        let s = self.samplers.pick(greedy)?.sample(&row, &self.out.counts)?;
+        let mut exit = self.emit(s.token, s.argmax_fallback, &row, TokenSource::Sampled);
+        drop(row);
         let mut pending = s.token;
         // Output of the MTP row holding `pending` (history covers S rows).
         let mut head: Option<MtpStep<M::Hidden>> = None;
@@ -341,18 +355,32 @@ impl<M: Model> Turn<'_, M> {
             // Not clamped to the tokens left: a seed's tokens must not depend
             // on `max_tokens` (surplus drafts are verified and dropped).
             let room = self.model.context_length() - s_len - 1;
-            let k = self.stats.depth.min(room);
+            let mut k = self.stats.depth.min(room);
 
-            // Drafts (draws 2).
+            // Drafts (draws 2). `masks[j]`: the constraint's mask at the
+            // position after the primary and d_1..d_j — draft j + 1's and
+            // verify row j's (asked once, used for both).
             let mut drafts = Vec::with_capacity(k);
             let mut qs: Vec<Distribution> = Vec::with_capacity(k);
+            let mut masks: Vec<Option<TokenMask>> = Vec::with_capacity(k + 1);
             let mut dcounts = self.out.counts.clone();
             let mut step = head_step.clone();
             for i in 0..k {
                 // Draft i's position follows the emitted tokens and d_1..d_{i-1}.
                 let greedy = self.out.observer().greedy_after(&drafts);
+                let mask = self.out.observer().allowed_after(&drafts);
+                let Some(row) = constrain(mask.as_ref(), &step.logits) else {
+                    // The constraint admits no token here: draft no further
+                    // (the answer depends on the prefix alone, so the
+                    // verify row at this position ends the turn the same way).
+                    masks.push(mask);
+                    k = i;
+                    break;
+                };
                 let sampler = self.samplers.pick(greedy)?;
-                let q = sampler.distribution(&step.logits, &dcounts)?;
+                let q = sampler.distribution(&row, &dcounts)?;
+                drop(row);
+                masks.push(mask);
                 let d = sampler.sample_from(&q);
                 dcounts.add(d);
                 drafts.push(d);
@@ -377,9 +405,11 @@ impl<M: Model> Turn<'_, M> {
             let mut accepted = 0;
             let mut next: Option<(u32, bool, usize, TokenSource)> = None;
             for i in 0..k {
-                let row = w.logits.row(i);
                 // d_1..d_i are emitted: the same position, and so the same
-                // law, as draft i's.
+                // law and mask, as draft i's.
+                let row = constrain(masks[i].as_ref(), w.logits.row(i))
+                    .ok_or_else(|| state_err("a verify row lost its draft's tokens"))?;
+                let row = &*row;
                 let greedy = self.out.observer().greedy_after(&[]);
                 let sampler = self.samplers.pick(greedy)?;
                 let p = sampler.distribution(row, &self.out.counts)?;
@@ -403,14 +433,29 @@ impl<M: Model> Turn<'_, M> {
                 }
             }
             if exit.is_none() && next.is_none() {
-                let row = w.logits.row(k);
                 let greedy = self.out.observer().greedy_after(&[]);
-                let s = self.samplers.pick(greedy)?.sample(row, &self.out.counts)?;
-                self.stats.bonus += 1;
-                next = Some((s.token, s.argmax_fallback, k, TokenSource::Bonus));
+                // Every draft is emitted: row k's position. Its mask was
+                // asked already if drafting stopped at an empty one.
+                let mask = match masks.len() > k {
+                    true => masks.pop().flatten(),
+                    false => self.out.observer().allowed_after(&[]),
+                };
+                match constrain(mask.as_ref(), w.logits.row(k)) {
+                    Some(row) => {
+                        let s = self.samplers.pick(greedy)?.sample(&row, &self.out.counts)?;
+                        self.stats.bonus += 1;
+                        next = Some((s.token, s.argmax_fallback, k, TokenSource::Bonus));
+                        masks.truncate(k);
+                        masks.push(mask);
+                    }
+                    // Nothing to sample: the turn ends after the drafts.
+                    None => exit = Some(FinishReason::NoAllowedToken),
+                }
             }
             if let Some((token, fallback, row, source)) = next {
-                exit = self.emit(token, fallback, w.logits.row(row), source);
+                let masked = constrain(masks[row].as_ref(), w.logits.row(row))
+                    .ok_or_else(|| state_err("a sampled row has no allowed token"))?;
+                exit = self.emit(token, fallback, &masked, source);
             }
 
             // Commit exactly [primary, accepted drafts] in the trunk.

@@ -7,9 +7,22 @@
 //!
 //! [`TurnObserver::greedy_after`]: super::turn::TurnObserver::greedy_after
 
+use std::borrow::Cow;
+
 use ds4_sampling::{Sampler, SamplingParams};
 
+use super::mask::TokenMask;
 use crate::error::{EngineError, Result};
+
+/// A position's logits row under its constraint mask: the row itself when
+/// there is no mask, the masked copy otherwise (`-inf` where the mask
+/// forbids), `None` when the mask allows no entry of the row.
+pub(crate) fn constrain<'r>(mask: Option<&TokenMask>, row: &'r [f32]) -> Option<Cow<'r, [f32]>> {
+    match mask {
+        None => Some(Cow::Borrowed(row)),
+        Some(m) => m.apply(row).map(Cow::Owned),
+    }
+}
 
 /// The request's sampler and, once a position asks for it, its greedy twin.
 pub(crate) struct StepSamplers<'a> {

@@ -461,3 +461,182 @@ fn a_hook_that_never_fires_changes_nothing() {
         }
     }
 }
+
+// ---- Token masks ([`TurnObserver::allowed_after`]) ----
+
+/// A prefix-dependent constraint over the toy vocabulary: the token after
+/// `t` may not be `(t + 1) % V`, the stop token is allowed only after two
+/// tokens, and after `[.., 1, 1]` nothing is allowed (a dead end that ends
+/// the turn with `NoAllowedToken`).
+fn allowed(before: &[u32]) -> Vec<u32> {
+    if before.ends_with(&[1, 1]) {
+        return Vec::new();
+    }
+    let last = before.last().copied().unwrap_or(PROMPT[1]);
+    (0..V as u32)
+        .filter(|&t| t != (last + 1) % V as u32)
+        .filter(|&t| t != STOP || before.len() >= 2)
+        .collect()
+}
+
+/// Records emitted tokens and answers [`allowed`].
+#[derive(Default)]
+struct Masked {
+    emitted: Vec<u32>,
+    /// Every question: the tokens before the position.
+    asked: Vec<Vec<u32>>,
+}
+
+impl TurnObserver for Masked {
+    fn token(&mut self, event: TokenEvent) -> Flow {
+        self.emitted.push(event.token);
+        Flow::Continue
+    }
+    fn allowed_after(&mut self, pending: &[u32]) -> Option<super::TokenMask> {
+        let mut before = self.emitted.clone();
+        before.extend_from_slice(pending);
+        let mask = super::TokenMask::from_tokens(V, allowed(&before));
+        self.asked.push(before);
+        Some(mask)
+    }
+}
+
+fn run_masked(law: Law, depth: usize, seed: u64, p: SamplingParams) -> (super::TurnResult, Masked) {
+    let mut s = Sampler::new(law, p, seed).unwrap();
+    let mut session = LiveSession::new(&Toy);
+    let mut observer = Masked::default();
+    let r = generate(
+        &Toy,
+        &mut session,
+        TurnRequest {
+            prompt: &PROMPT,
+            sampler: &mut s,
+            config: config(),
+            mtp_depth: Some(depth),
+        },
+        &mut observer,
+    )
+    .unwrap();
+    assert!(session.is_consistent());
+    (r, observer)
+}
+
+/// Exact probability of every emitted sequence under [`allowed`]: each row
+/// masked to `-inf` outside the allowed set, then the law; an empty set
+/// ends the sequence.
+fn exact_masked(law: Law) -> BTreeMap<Vec<u32>, f64> {
+    let mut sampler = Sampler::new(law, params(law), 0).unwrap();
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(Vec::<u32>::new(), 1.0f64)];
+    while let Some((seq, pr)) = stack.pop() {
+        let ok = allowed(&seq);
+        if seq.len() == MAX || seq.last() == Some(&STOP) || ok.is_empty() {
+            *out.entry(seq).or_default() += pr;
+            continue;
+        }
+        let mut ctx = PROMPT.to_vec();
+        ctx.extend(&seq);
+        let n = ctx.len();
+        let row = target(ctx[n - 2], ctx[n - 1]);
+        let masked: Vec<f32> = (0..V)
+            .map(|t| if ok.contains(&(t as u32)) { row[t] } else { f32::NEG_INFINITY })
+            .collect();
+        let d = sampler.distribution(&masked, &TokenCounts::new()).unwrap();
+        for (&id, &p) in d.ids().iter().zip(d.probs()) {
+            let mut next = seq.clone();
+            next.push(id);
+            stack.push((next, pr * p));
+        }
+    }
+    out
+}
+
+#[test]
+fn masked_mtp_is_distributed_as_masked_ar() {
+    const N: usize = 6000;
+    for law in [Law::Ds4, Law::Nucleus] {
+        let want = exact_masked(law);
+        let unmasked = exact(law, |_| false);
+        // The constraint's dead end is reachable and visible.
+        assert!(want.keys().any(|k| k.ends_with(&[1, 1]) && k.len() < MAX));
+        for depth in 0..=3 {
+            let mut seen: BTreeMap<Vec<u32>, usize> = BTreeMap::new();
+            for seed in 0..N as u64 {
+                let (r, _) = run_masked(law, depth, seed * 7919 + depth as u64, params(law));
+                // Nothing outside the mask is ever emitted.
+                for i in 0..r.tokens.len() {
+                    assert!(allowed(&r.tokens[..i]).contains(&r.tokens[i]));
+                }
+                let dead = allowed(&r.tokens).is_empty() && r.tokens.last() != Some(&STOP);
+                assert_eq!(
+                    r.finish_reason == super::FinishReason::NoAllowedToken,
+                    dead && r.tokens.len() < MAX,
+                    "{law:?} depth {depth}: {:?} {:?}",
+                    r.tokens,
+                    r.finish_reason
+                );
+                *seen.entry(r.tokens).or_default() += 1;
+            }
+            let (chi, df) = chi_square(&seen, &want, N);
+            assert!(
+                chi < critical(df),
+                "{law:?} depth {depth}: chi2 {chi:.1} df {df} (critical {:.1})",
+                critical(df)
+            );
+            // Power: the same samples reject the unmasked law.
+            let (off, odf) = chi_square(&seen, &unmasked, N);
+            assert!(off > critical(odf), "{law:?} depth {depth}: mask invisible ({off:.1})");
+        }
+    }
+}
+
+#[test]
+fn greedy_masked_mtp_equals_masked_ar_and_asks_each_position_once_per_cycle() {
+    for law in [Law::Ds4, Law::Nucleus] {
+        let zero = SamplingParams {
+            temperature: 0.0,
+            ..params(law)
+        };
+        let (ar, _) = run_masked(law, 0, 1, zero);
+        for depth in 1..=3 {
+            let (mtp, observer) = run_masked(law, depth, 1, zero);
+            assert_eq!(mtp.tokens, ar.tokens, "{law:?} depth {depth}");
+            assert_eq!(mtp.finish_reason, ar.finish_reason);
+            // Every emitted position was masked on exactly its prefix.
+            for i in 0..mtp.tokens.len() {
+                assert!(observer.asked.contains(&mtp.tokens[..i].to_vec()));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_dead_end_before_the_first_token_ends_the_turn_at_once() {
+    struct Nothing;
+    impl TurnObserver for Nothing {
+        fn allowed_after(&mut self, _: &[u32]) -> Option<super::TokenMask> {
+            Some(super::TokenMask::none(V))
+        }
+    }
+    for depth in 0..=2 {
+        let mut s = Sampler::new(Law::Ds4, params(Law::Ds4), 5).unwrap();
+        let mut session = LiveSession::new(&Toy);
+        let r = generate(
+            &Toy,
+            &mut session,
+            TurnRequest {
+                prompt: &PROMPT,
+                sampler: &mut s,
+                config: config(),
+                mtp_depth: Some(depth),
+            },
+            &mut Nothing,
+        )
+        .unwrap();
+        assert!(r.tokens.is_empty());
+        assert_eq!(r.finish_reason, super::FinishReason::NoAllowedToken);
+        assert_eq!(r.final_state, super::FinalState::Complete);
+        assert_eq!(session.tokens(), &PROMPT);
+        assert_eq!(s.draws_taken(), 0);
+    }
+}

@@ -9,6 +9,7 @@ use ds4_sampling::Sampler;
 use serde::Serialize;
 
 use super::logprobs::TokenLogprobs;
+use super::mask::TokenMask;
 
 /// A shared flag that stops a turn from outside the decode loop (a client
 /// disconnect, Ctrl+C). Cloning shares the flag. The loops check it between
@@ -102,6 +103,22 @@ pub trait TurnObserver {
         let _ = pending;
         false
     }
+    /// The tokens allowed at the next position — after every token emitted
+    /// so far, then `pending` — by the request's constraint (a JSON schema,
+    /// a grammar, a forced tool call); `None`: every token. The mask is
+    /// applied to the logits before the sampling law (a masked token has
+    /// probability 0). Asked once per position the loops sample: an MTP
+    /// draft and the verify row at its position use the same mask, so a
+    /// constrained MTP turn has exactly the distribution of a constrained
+    /// AR turn. Like [`Self::greedy_after`] the answer must depend only on
+    /// those tokens; a constraint that tracks a state rolls it back itself
+    /// when a later call's `pending` no longer extends what it saw (a
+    /// rejected draft). A mask that allows no token of the row ends the turn
+    /// with [`FinishReason::NoAllowedToken`]. Default: no constraint.
+    fn allowed_after(&mut self, pending: &[u32]) -> Option<TokenMask> {
+        let _ = pending;
+        None
+    }
 }
 
 impl TurnObserver for () {}
@@ -188,6 +205,9 @@ pub enum FinishReason {
     ContextFull,
     /// The callback asked to stop.
     Caller(CallerStop),
+    /// The request's constraint allows no token at the next position (see
+    /// [`TurnObserver::allowed_after`]): the turn ends instead of sampling.
+    NoAllowedToken,
 }
 
 impl FinishReason {
@@ -197,6 +217,7 @@ impl FinishReason {
             FinishReason::StopToken | FinishReason::Caller(CallerStop::StopString) => "stop",
             FinishReason::MaxTokens | FinishReason::ContextFull => "length",
             FinishReason::Caller(CallerStop::Cancelled) => "cancelled",
+            FinishReason::NoAllowedToken => "no_allowed_token",
         }
     }
 }

@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use crate::constraints;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::output::Item;
@@ -100,12 +101,20 @@ pub(crate) fn prepare(
         ..thinking::Controls::default()
     };
     let thinking = thinking::resolve(state, &controls, &mut g.warnings)?;
+    let choice = constraints::ToolChoice::openai(req.tool_choice.as_ref())?;
+    let tools = tools(req.tools, req.tool_choice.as_ref())?;
+    let requested = constraints::one_of(vec![
+        constraints::response_format(req.response_format.as_ref())?,
+        constraints::grammar_field(req.grammar.as_ref())?,
+        constraints::forced_call(state, &choice, &tools)?,
+    ])?;
     let conversation = ChatTurn {
         messages: messages(req.messages)?,
-        tools: tools(req.tools, req.tool_choice.as_ref())?,
+        tools,
         thinking,
     };
     let output = checked.render(state, "messages", conversation)?;
+    checked.generation.constraint = constraints::compile(state, requested, output)?;
     Ok((checked, output))
 }
 

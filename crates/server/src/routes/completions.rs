@@ -8,6 +8,7 @@ use ds4_engine::decode::TokenLogprobs;
 use ds4_text::Tokenizer;
 use serde_json::json;
 
+use crate::constraints;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::output::Item;
@@ -86,6 +87,11 @@ pub async fn completions(
         raw: true,
         ..Output::default()
     };
+    let requested = constraints::one_of(vec![
+        constraints::response_format(req.response_format.as_ref())?,
+        constraints::grammar_field(req.grammar.as_ref())?,
+    ])?;
+    checked.generation.constraint = constraints::compile(&state, requested, output)?;
     let turn = Turn::start(&state, checked, output, "cmpl-")?;
     let echo = Echo {
         text: echo.then_some(prompt_text),

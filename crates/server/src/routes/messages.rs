@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use crate::constraints;
 use crate::error::{ApiError, Flavor};
 use crate::extract::ApiJson;
 use crate::output::Item;
@@ -94,7 +95,10 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
     let g = &mut checked.generation;
     let (turn, budget) = conversation(&state, &req, Some(max_tokens), &mut g.warnings)?;
     g.reasoning_budget = budget;
+    let choice = constraints::ToolChoice::anthropic(req.tool_choice.as_ref())?;
+    let requested = constraints::forced_call(&state, &choice, &turn.tools)?;
     let output = checked.render(&state, "messages", turn)?;
+    checked.generation.constraint = constraints::compile(&state, requested, output)?;
     let turn = Turn::start(&state, checked, output, "msg_")?;
     turn.respond(&state, BlockWriter::new, complete).await
 }
@@ -224,20 +228,9 @@ pub(crate) fn conversation(
 }
 
 fn tools(req: &MessagesRequest) -> Result<Vec<FunctionTool>, ApiError> {
-    if let Some(choice) = &req.tool_choice {
-        match choice["type"].as_str() {
-            Some("auto") | Some("none") => {}
-            _ => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!(
-                        "tool_choice {choice} is not supported: only auto and none (forcing a \
-                         call needs constrained decoding)"
-                    ),
-                ));
-            }
-        }
-    }
+    // `any` / `tool` force a call (the route's constraint); the tools are
+    // offered either way.
+    constraints::ToolChoice::anthropic(req.tool_choice.as_ref())?;
     if tool_choice_none(req) {
         return Ok(Vec::new());
     }
@@ -372,6 +365,8 @@ fn stop_reason(s: &TurnSummary, tool_use: bool) -> &'static str {
         FinishReason::Caller(CallerStop::StopString) => "stop_sequence",
         FinishReason::MaxTokens | FinishReason::ContextFull => "max_tokens",
         FinishReason::StopToken | FinishReason::Caller(CallerStop::Cancelled) => "end_turn",
+        // The request's grammar admits no token here (an extension value).
+        FinishReason::NoAllowedToken => "no_allowed_token",
     }
 }
 

@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use crate::constraints;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::ids::new_id;
@@ -75,12 +76,16 @@ pub async fn responses(
         messages.push(json!({"role": "system", "content": i}));
     }
     input_messages(req.input, &mut messages)?;
+    let choice = constraints::ToolChoice::openai(req.tool_choice.as_ref())?;
+    let tools = tools(req.tools, req.tool_choice.as_ref())?;
+    let requested = constraints::forced_call(&state, &choice, &tools)?;
     let conversation = ChatTurn {
         messages,
-        tools: tools(req.tools, req.tool_choice.as_ref())?,
+        tools,
         thinking,
     };
     let output = checked.render(&state, "input", conversation)?;
+    checked.generation.constraint = constraints::compile(&state, requested, output)?;
     let has_tools = output.tools;
     let turn = Turn::start(&state, checked, output, "resp_")?;
     let shell = ResponseObject {

@@ -42,6 +42,16 @@ pub struct ChatCompletionRequest {
     pub think: Option<bool>,
     /// Extension: MTP draft depth (0 only: no served family has MTP).
     pub mtp_depth: Option<u64>,
+    /// `{"type": "text" | "json_object"}` or `{"type": "json_schema",
+    /// "json_schema": {"name", "schema", "strict"}}`: the reply is
+    /// constrained to JSON (valid against the schema).
+    #[schema(value_type = Object)]
+    pub response_format: Option<Value>,
+    /// Extension: constrain the reply to a grammar: `{"type": "lark" |
+    /// "regex" | "json_schema", "value": …}` (a bare string is Lark, in
+    /// llguidance's dialect).
+    #[schema(value_type = Object)]
+    pub grammar: Option<Value>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]

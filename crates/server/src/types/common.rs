@@ -91,6 +91,9 @@ pub fn finish_reason(s: &TurnSummary, tool_calls: bool) -> &'static str {
         FinishReason::StopToken | FinishReason::Caller(CallerStop::StopString) => "stop",
         FinishReason::MaxTokens | FinishReason::ContextFull => "length",
         FinishReason::Caller(CallerStop::Cancelled) => "stop",
+        // The request's grammar admits no token at this point: the reply
+        // ended there rather than loop (an extension value).
+        FinishReason::NoAllowedToken => "no_allowed_token",
     }
 }
 

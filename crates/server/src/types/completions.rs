@@ -32,6 +32,15 @@ pub struct CompletionRequest {
     pub best_of: Option<u64>,
     pub suffix: Option<String>,
     pub mtp_depth: Option<u64>,
+    /// Extension: constrain the completion to a grammar: `{"type": "lark" |
+    /// "regex" | "json_schema", "value": …}` (a bare string is Lark, in
+    /// llguidance's dialect).
+    #[schema(value_type = Object)]
+    pub grammar: Option<serde_json::Value>,
+    /// `{"type": "json_object" | "json_schema", …}` as in chat (vLLM
+    /// accepts it here too).
+    #[schema(value_type = Object)]
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// Text, token ids, or a one-element batch of either.

@@ -8,6 +8,7 @@
 //! which is what transformers' `apply_chat_template(tokenize=True)` does: templates write their
 //! own bos text.
 
+mod bytes;
 mod gguf;
 mod hf;
 pub mod pretokenizers;
@@ -21,6 +22,8 @@ use tokenizers::Tokenizer as HfTokenizer;
 use tokenizers::processors::template::TemplateProcessing;
 
 use crate::error::{Result, TextError};
+
+pub use bytes::TokenBytes;
 
 /// A special token: its text and id.
 #[derive(Debug, Clone, PartialEq, Eq)]
