@@ -153,6 +153,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn count_errors(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let status = response.status();
+    state.metrics.response(status.as_u16());
     if status.is_client_error() || status.is_server_error() {
         state.metrics.error(status.as_u16());
     }
