@@ -52,10 +52,15 @@ def offline_env(home):
     return env
 
 
+METRICS_READS = {}
+
+
 def metrics(base):
-    """The server's /metrics as {name{labels}: value}."""
+    """The server's /metrics as {name{labels}: value} (reads are counted:
+    they are responses the server counts too)."""
     import urllib.request
 
+    METRICS_READS[base] = METRICS_READS.get(base, 0) + 1
     text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
     out = {}
     for line in text.splitlines():
@@ -66,9 +71,13 @@ def metrics(base):
 
 
 def statuses(base):
-    """Responses by HTTP status so far, e.g. {200: 5, 400: 1}."""
-    return {
+    """The client's responses by HTTP status so far, e.g. {200: 5, 400: 1}:
+    the server's counts less this harness's own earlier /metrics reads."""
+    earlier = METRICS_READS.get(base, 0)
+    counts = {
         int(k.split('"')[1]): int(v)
         for k, v in metrics(base).items()
         if k.startswith("ds4_responses_total{status=")
     }
+    counts[200] = counts.get(200, 0) - earlier
+    return {s: n for s, n in counts.items() if n}
