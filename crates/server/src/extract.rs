@@ -53,7 +53,10 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         } else if path == "." || path.starts_with('[') {
             ApiError::malformed(format!("the request body must be a JSON object: {inner}"))
         } else {
-            ApiError::invalid(path.clone(), format!("{path}: {}", plain(&inner.to_string())))
+            ApiError::invalid(
+                path.clone(),
+                format!("{path}: {}", plain(&inner.to_string())),
+            )
         }
     })?;
     de.end()
@@ -65,8 +68,14 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// ("data did not match any variant of untagged enum …") names a Rust type,
 /// not what the client should send.
 const UNTAGGED: &[(&str, &str)] = &[
-    ("MessageContent", "a string or an array of content parts (objects with a \"type\")"),
-    ("InputContent", "a string or an array of content blocks (objects with a \"type\")"),
+    (
+        "MessageContent",
+        "a string or an array of content parts (objects with a \"type\")",
+    ),
+    (
+        "InputContent",
+        "a string or an array of content blocks (objects with a \"type\")",
+    ),
     ("SystemPrompt", "a string or an array of text blocks"),
     ("ResponseInput", "a string or an array of input items"),
     ("StopField", "a string or an array of strings"),

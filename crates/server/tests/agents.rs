@@ -8,7 +8,10 @@ use common::{MODEL_ID, start, start_with, user};
 use serde_json::{Value, json};
 
 fn message(r: &Value) -> String {
-    r["error"]["message"].as_str().unwrap_or_default().to_string()
+    r["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Claude Code's first requests: a system message inside `messages` (its
@@ -45,7 +48,10 @@ async fn default_model_claude_code_request_shapes() {
         let s = &s;
         async move {
             let (status, r) = s
-                .post("/v1/messages/count_tokens", &json!({"model": "claude-haiku-4-5", "messages": messages}))
+                .post(
+                    "/v1/messages/count_tokens",
+                    &json!({"model": "claude-haiku-4-5", "messages": messages}),
+                )
                 .await;
             assert_eq!(status, 200, "{r}");
             r["input_tokens"].as_u64().unwrap()
@@ -198,18 +204,25 @@ async fn default_model_codex_request_shapes() {
     // No limit sent: the server's default (3 here) applies.
     assert!(r["usage"]["output_tokens"].as_u64().unwrap() <= 3, "{r}");
     let warnings = r["warnings"].to_string();
-    for needle in ["tools[1] (type \\\"web_search\\\")", "tools[2] (type \\\"custom\\\" \\\"apply_patch\\\")"] {
+    for needle in [
+        "tools[1] (type \\\"web_search\\\")",
+        "tools[2] (type \\\"custom\\\" \\\"apply_patch\\\")",
+    ] {
         assert!(warnings.contains(needle), "{needle} in {warnings}");
     }
 
     // The same with the array output carrying an image: refused as images
     // are everywhere; an unknown item type is named.
     let mut with_image = body.clone();
-    with_image["input"][3]["output"] = json!([{"type": "input_image", "image_url": "data:image/png;base64,AA"}]);
+    with_image["input"][3]["output"] =
+        json!([{"type": "input_image", "image_url": "data:image/png;base64,AA"}]);
     let (status, r) = s.post("/v1/responses", &with_image).await;
     assert_eq!(status, 400, "{r}");
     assert_eq!(r["error"]["param"], "input[3].output[0]");
-    assert!(message(&r).contains("images are not supported by this model"), "{r}");
+    assert!(
+        message(&r).contains("images are not supported by this model"),
+        "{r}"
+    );
     let mut odd = body.clone();
     odd["input"][3]["output"] = json!(7);
     let (status, r) = s.post("/v1/responses", &odd).await;
@@ -219,7 +232,10 @@ async fn default_model_codex_request_shapes() {
     file["input"][1]["content"] = json!([{"type": "input_file", "file_id": "f"}]);
     let (status, r) = s.post("/v1/responses", &file).await;
     assert_eq!(status, 400, "{r}");
-    assert!(message(&r).contains("\"input_file\" is not supported"), "{r}");
+    assert!(
+        message(&r).contains("\"input_file\" is not supported"),
+        "{r}"
+    );
 
     // An explicit limit is the client's, above the default.
     let (status, r) = s
@@ -265,7 +281,10 @@ async fn default_model_images_and_tools_consistent_across_apis() {
         let (status, r) = s.post(path, &body).await;
         assert_eq!(status, 400, "{path}: {r}");
         let m = r["error"]["message"].as_str().unwrap();
-        assert!(m.contains("images are not supported by this model"), "{path}: {m}");
+        assert!(
+            m.contains("images are not supported by this model"),
+            "{path}: {m}"
+        );
         assert!(m.starts_with(field), "{path}: {m}");
         if path != "/v1/messages" {
             assert_eq!(r["error"]["param"], field);

@@ -225,11 +225,16 @@ pub(crate) fn conversation(
         }
         (Some(_), Some(b)) if on == Some(true) => {
             let why = if state.profile.reasoning.is_none() {
-                format!("the {} family has no reasoning markers", state.profile.family)
+                format!(
+                    "the {} family has no reasoning markers",
+                    state.profile.family
+                )
             } else {
                 "this request does not reason".to_string()
             };
-            warnings.push(format!("thinking.budget_tokens = {b} was not applied: {why}"));
+            warnings.push(format!(
+                "thinking.budget_tokens = {b} was not applied: {why}"
+            ));
             None
         }
         _ => None,
@@ -282,7 +287,11 @@ fn client_tool(i: usize, t: &AnthropicTool, warnings: &mut Vec<String>) -> bool 
     match t.kind.as_deref() {
         None | Some("custom") => true,
         Some(kind) => {
-            warnings.push(crate::error::tool_not_offered(&format!("tools[{i}]"), kind, &t.name));
+            warnings.push(crate::error::tool_not_offered(
+                &format!("tools[{i}]"),
+                kind,
+                &t.name,
+            ));
             false
         }
     }
@@ -323,11 +332,14 @@ fn tool_result_text(content: &Option<Value>, bare_strings: bool) -> String {
 /// A `tool_result` whose content carries an image (not supported: it would
 /// be lost from the text).
 fn has_image(content: &Option<Value>) -> bool {
-    content.as_ref().and_then(Value::as_array).is_some_and(|parts| {
-        parts
-            .iter()
-            .any(|p| matches!(p["type"].as_str(), Some("image" | "document")))
-    })
+    content
+        .as_ref()
+        .and_then(Value::as_array)
+        .is_some_and(|parts| {
+            parts
+                .iter()
+                .any(|p| matches!(p["type"].as_str(), Some("image" | "document")))
+        })
 }
 
 /// One Anthropic message as template messages: tool uses become the
