@@ -2,9 +2,12 @@
 # End-to-end: start `ds4server serve` on free loopback ports — the default
 # model, a tiny DeepSeek-V4 checkpoint with the real tokenizer and a tiny
 # GLM-5 chat checkpoint with its chat template — run the official openai
-# and anthropic clients against them (structured outputs included), stop
-# them.
+# and anthropic clients against them (structured outputs included); then the
+# coding agents (Claude Code, Codex, litellm), each against a server of its
+# own so its responses-by-status counts are its alone; stop them all.
 # Usage: tests/e2e/run.sh [path/to/ds4server]   (default: target/release/ds4server)
+# The agents' npm packages are read from $DS4_E2E_CLIENTS (default
+# target/e2e-clients, where .ci/run installs the pinned versions).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin="${1:-target/release/ds4server}"
@@ -21,4 +24,21 @@ python3 tests/e2e/test_anthropic.py || status=1
 python3 tests/e2e/test_deepseek.py || status=1
 python3 tests/e2e/test_glm.py || status=1
 python3 tests/e2e/test_structured.py || status=1
+
+clients="${DS4_E2E_CLIENTS:-target/e2e-clients}/node_modules/.bin"
+if [ -x "$clients/claude" ] && [ -x "$clients/codex" ]; then
+  DS4_E2E_CLAUDE="$(realpath "$clients/claude")"
+  DS4_E2E_CODEX="$(realpath "$clients/codex")"
+  DS4_E2E_CLAUDE_BASE="$(start claude_code --model-id smollm2)"
+  DS4_E2E_CODEX_BASE="$(start codex --model-id smollm2)"
+  export DS4_E2E_CLAUDE DS4_E2E_CODEX DS4_E2E_CLAUDE_BASE DS4_E2E_CODEX_BASE
+  python3 tests/e2e/test_claude_code.py || status=1
+  python3 tests/e2e/test_codex.py || status=1
+else
+  echo "AGENT TESTS FAILED: Claude Code / Codex not installed in $clients (.ci/run installs them)" >&2
+  status=1
+fi
+DS4_E2E_LITELLM_BASE="$(start litellm --model-id smollm2)"
+export DS4_E2E_LITELLM_BASE
+python3 tests/e2e/test_litellm.py || status=1
 exit "$status"

@@ -114,7 +114,10 @@ def test_errors():
     for kwargs, needle in [
         (dict(temperature=5), "temperature"),
         (dict(n=3), "n = 3"),
-        (dict(model="gpt-nope"), "gpt-nope"),
+        (
+            dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]),
+            "images are not supported",
+        ),
     ]:
         args = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         args.update(kwargs)

@@ -244,7 +244,20 @@ pub struct ServeArgs {
     /// The model id clients use (default: the model file or directory name).
     #[arg(long)]
     pub model_id: Option<String>,
-    /// Context limit in tokens (default and maximum: the model's).
+    /// Another name `/v1/models` lists for the served model (repeatable).
+    /// Any requested name is served anyway unless --strict-model-names.
+    #[arg(long = "model-alias", value_name = "NAME")]
+    pub model_aliases: Vec<String>,
+    /// Answer 404 to a request naming a model other than the id, an alias
+    /// or a family alias (default: serve any name with the loaded model).
+    #[arg(long)]
+    pub strict_model_names: bool,
+    /// Reply length in tokens for requests that set none (agents such as
+    /// Codex send no limit); 0: up to the context.
+    #[arg(long, default_value_t = ds4_server::DEFAULT_MAX_TOKENS)]
+    pub default_max_tokens: u64,
+    /// Context limit in tokens (default and maximum: the model's; a larger
+    /// value is capped, with a warning).
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Requests that may wait behind the running one; more get 503.

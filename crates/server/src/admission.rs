@@ -62,9 +62,13 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         return Err(e);
     }
     // A request may ask for more than fits; it gets what fits (and a
-    // `length` finish if it uses it all), as the issue asks.
+    // `length` finish if it uses it all), as the issue asks. One that sets
+    // no limit gets the server's `--default-max-tokens`.
     let room = state.ctx - g.prompt.len();
-    let max_tokens = g.max_tokens.map_or(room, |m| m.min(room as u64) as usize);
+    let max_tokens = g
+        .max_tokens
+        .or(state.config.default_max_tokens)
+        .map_or(room, |m| m.min(room as u64) as usize);
     let descriptor = state.descriptor;
     let params = sampling(state, &mut g)?;
     let seed = resolve_seed(g.seed, state.config.seed);

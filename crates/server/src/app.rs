@@ -176,6 +176,7 @@ async fn count_unread(State(state): State<SharedState>, request: Request, next: 
 async fn count_errors(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let status = response.status();
+    state.metrics.response(status.as_u16());
     if status.is_client_error() || status.is_server_error() {
         state.metrics.error(status.as_u16());
     }

@@ -5,12 +5,27 @@ use std::time::Duration;
 
 pub use ds4_engine::state::warm::CheckpointConfig;
 
+/// The reply length for requests that set none (`--default-max-tokens`).
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Where to listen. Loopback unless the operator says otherwise.
     pub addr: SocketAddr,
     /// The model id clients use (`model` in requests, `/v1/models`).
     pub model_id: String,
+    /// More names `/v1/models` lists for the served model (`--model-alias`).
+    pub model_aliases: Vec<String>,
+    /// Refuse (404) a request naming a model other than `model_id`, an
+    /// alias or a family alias; by default any name is served by the loaded
+    /// model, as ds4 and llama.cpp do, because agents send their own model
+    /// names (`claude-opus-…`, `gpt-4o`) and background-task names.
+    pub strict_model_names: bool,
+    /// Reply length when a request sets none (`--default-max-tokens`):
+    /// agents such as Codex send no limit, and a small model that loops
+    /// would otherwise decode until the context is full. `None`: up to the
+    /// context.
+    pub default_max_tokens: Option<u64>,
     /// Context limit in tokens; `None` means the model's own. Never above
     /// the model's.
     pub ctx: Option<usize>,
@@ -54,6 +69,9 @@ impl ServerConfig {
         Self {
             addr,
             model_id: model_id.into(),
+            model_aliases: Vec::new(),
+            strict_model_names: false,
+            default_max_tokens: Some(DEFAULT_MAX_TOKENS),
             ctx: None,
             max_queue: 16,
             api_key: None,

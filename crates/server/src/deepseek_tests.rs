@@ -163,7 +163,7 @@ fn thinking_replies_sample_as_ds4_and_structure_is_greedy_only_with_tools() {
 }
 
 #[test]
-fn model_aliases_select_the_mode_and_unknown_models_are_refused() {
+fn model_aliases_select_the_mode_and_other_names_are_served() {
     let state = state(32768);
     let msg = json!([{"role": "user", "content": "hi"}]);
     let (_, g) = chat_prompt(&state, json!({"model": "deepseek-chat", "messages": msg}));
@@ -173,8 +173,9 @@ fn model_aliases_select_the_mode_and_unknown_models_are_refused() {
         json!({"model": "deepseek-reasoner", "messages": msg}),
     );
     assert!(g.thinks);
-    let req = serde_json::from_value(json!({"model": "gpt-4o", "messages": msg})).unwrap();
-    assert!(chat::prepare(&state, req).is_err());
+    // Any other name is served (by default) without selecting a mode.
+    let (_, g) = chat_prompt(&state, json!({"model": "gpt-4o", "messages": msg}));
+    assert!(g.thinks);
     let req = serde_json::from_value(json!({"reasoning_effort": "huge", "messages": msg})).unwrap();
     let e = chat::prepare(&state, req).err().unwrap();
     assert_eq!(e.param.as_deref(), Some("reasoning_effort"));

@@ -39,6 +39,45 @@ pub struct ApiError {
     /// Seconds a client should wait before retrying (503).
     pub retry_after: Option<u64>,
     pub flavor: Flavor,
+    /// Set for context overflow: the message is worded per API (see
+    /// [`Overflow::message`]) when the flavor is known.
+    pub overflow: Option<Overflow>,
+}
+
+/// A prompt that does not fit the context, kept as numbers so that the
+/// message can be worded as each API words it: clients (litellm, aider,
+/// Claude Code) recognise overflow by those words, not by a status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    /// Prompt tokens (a lower bound when `at_least`).
+    pub tokens: usize,
+    /// The context limit in tokens.
+    pub limit: usize,
+    /// `tokens` is a lower bound (counting stopped early).
+    pub at_least: bool,
+}
+
+impl Overflow {
+    /// The one place overflow is worded. OpenAI's sentence is what litellm
+    /// and aider match ("This model's maximum context length is"),
+    /// Anthropic's is what Claude Code and litellm parse ("prompt is too
+    /// long: N tokens > M maximum").
+    pub fn message(&self, flavor: Flavor) -> String {
+        let (tokens, limit) = (self.tokens, self.limit);
+        let at_least = if self.at_least { "at least " } else { "" };
+        match flavor {
+            Flavor::OpenAi => format!(
+                "This model's maximum context length is {limit} tokens. However, your messages \
+                 resulted in {at_least}{tokens} tokens. Please reduce the length of the messages \
+                 (at least one token must be left for the reply)."
+            ),
+            // Anthropic's form, always with ">" (Claude Code's parser reads
+            // "N tokens > M maximum"): a prompt exactly at the limit leaves
+            // no room for the reply, so it is refused too, and a lower bound
+            // is still a size the prompt has at least.
+            Flavor::Anthropic => format!("prompt is too long: {tokens} tokens > {limit} maximum"),
+        }
+    }
 }
 
 impl ApiError {
@@ -50,6 +89,7 @@ impl ApiError {
             code: None,
             retry_after: None,
             flavor: Flavor::OpenAi,
+            overflow: None,
         }
     }
 
@@ -68,28 +108,48 @@ impl ApiError {
         e
     }
 
+    /// The prompt does not fit: worded per API when the flavor is set
+    /// ([`Overflow::message`]), with both numbers and the code
+    /// `context_length_exceeded`.
     pub fn context_exceeded(prompt: usize, limit: usize) -> Self {
-        Self::context_exceeded_by(&prompt.to_string(), limit)
+        Self::overflow(Overflow {
+            tokens: prompt,
+            limit,
+            at_least: false,
+        })
     }
 
     /// The prompt was still being tokenized when it passed the context:
     /// `prompt` is a lower bound (tokenizing the rest would only cost time
-    /// and memory). Same wording as [`Self::context_exceeded`].
+    /// and memory).
     pub fn context_exceeded_at_least(prompt: usize, limit: usize) -> Self {
-        Self::context_exceeded_by(&format!("at least {prompt}"), limit)
+        Self::overflow(Overflow {
+            tokens: prompt,
+            limit,
+            at_least: true,
+        })
     }
 
-    /// `prompt`: the prompt's size in tokens as said to the client.
-    fn context_exceeded_by(prompt: &str, limit: usize) -> Self {
-        let mut e = Self::new(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "the prompt is {prompt} tokens but the context is {limit} tokens; at least one \
-                 token must be left for the reply"
-            ),
-        );
+    /// Context overflow from its numbers (a lower bound too).
+    pub fn overflow(o: Overflow) -> Self {
+        let mut e = Self::new(StatusCode::BAD_REQUEST, o.message(Flavor::OpenAi));
         e.param = Some("messages".into());
         e.code = Some("context_length_exceeded");
+        e.overflow = Some(o);
+        e
+    }
+
+    /// An image (or document) part: the served models read text only.
+    /// Refused on every API alike rather than dropped, so the model never
+    /// answers about a picture it did not see.
+    pub fn image_unsupported(field: impl Into<String>) -> Self {
+        let field = field.into();
+        let message = format!(
+            "{field}: images are not supported by this model (it reads text only); send the \
+             request without image parts"
+        );
+        let mut e = Self::invalid(field, message);
+        e.code = Some("unsupported_content");
         e
     }
 
@@ -176,6 +236,9 @@ impl ApiError {
 
     pub fn with_flavor(mut self, flavor: Flavor) -> Self {
         self.flavor = flavor;
+        if let Some(o) = self.overflow {
+            self.message = o.message(flavor);
+        }
         self
     }
 
@@ -212,6 +275,21 @@ impl ApiError {
             }),
         }
     }
+}
+
+/// The `warnings` entry for a declared tool that is not a function the model
+/// can call (built-in or server tools: `web_search`, `local_shell`, ...):
+/// every API leaves such tools out and says so, in these words.
+pub fn tool_not_offered(field: &str, kind: &str, name: &str) -> String {
+    let name = if name.is_empty() {
+        String::new()
+    } else {
+        format!(" {name:?}")
+    };
+    format!(
+        "{field} (type {kind:?}{name}) was not offered to the model: this server runs only \
+         function tools, which the client executes"
+    )
 }
 
 impl IntoResponse for ApiError {

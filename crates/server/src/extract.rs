@@ -79,10 +79,94 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         } else if path == "." || path.starts_with('[') {
             ApiError::malformed(format!("the request body must be a JSON object: {inner}"))
         } else {
-            ApiError::invalid(path.clone(), format!("{path}: {inner}"))
+            ApiError::invalid(
+                path.clone(),
+                format!("{path}: {}", plain(&inner.to_string())),
+            )
         }
     })?;
     de.end()
         .map_err(|e| ApiError::malformed(format!("trailing data after the JSON body: {e}")))?;
     Ok(value)
+}
+
+/// What each untagged request enum accepts, in words: serde's own message
+/// ("data did not match any variant of untagged enum …") names a Rust type,
+/// not what the client should send.
+const UNTAGGED: &[(&str, &str)] = &[
+    (
+        "MessageContent",
+        "a string or an array of content parts (objects with a \"type\")",
+    ),
+    (
+        "InputContent",
+        "a string or an array of content blocks (objects with a \"type\")",
+    ),
+    ("SystemPrompt", "a string or an array of text blocks"),
+    ("ResponseInput", "a string or an array of input items"),
+    ("StopField", "a string or an array of strings"),
+    (
+        "PromptInput",
+        "a string, an array of token ids, or a one-element array of either",
+    ),
+];
+
+/// serde's type-error message in plain words: untagged enums say what they
+/// accept, "unknown variant" says "unknown value", Rust struct names become
+/// "an object" (the field path is added by the caller).
+fn plain(message: &str) -> String {
+    const UNTAGGED_PREFIX: &str = "data did not match any variant of untagged enum ";
+    if let Some(rest) = message.strip_prefix(UNTAGGED_PREFIX) {
+        let name = rest.split_whitespace().next().unwrap_or_default();
+        if let Some((_, accepts)) = UNTAGGED.iter().find(|(n, _)| *n == name) {
+            return format!("expected {accepts}");
+        }
+        return "has the wrong shape".to_string();
+    }
+    let mut out = message.replace("unknown variant", "unknown value");
+    if let Some(at) = out.find("expected struct ") {
+        // "expected struct ChatMessage" → "expected an object"
+        let end = out[at + 16..]
+            .find(|c: char| !c.is_alphanumeric())
+            .map_or(out.len(), |e| at + 16 + e);
+        out.replace_range(at..end, "expected an object");
+    }
+    out.replace('`', "\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::chat::ChatCompletionRequest;
+
+    #[test]
+    fn type_errors_name_the_field_in_plain_words() {
+        let cases = [
+            (
+                r#"{"messages": [{"role": "user", "content": 5}]}"#,
+                "messages[0].content",
+                "a string or an array of content parts",
+            ),
+            (
+                r#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
+                "messages[0].role",
+                "unknown value \"wizard\"",
+            ),
+            (r#"{"messages": [5]}"#, "messages[0]", "expected an object"),
+            (
+                r#"{"messages": [], "stop": 3}"#,
+                "stop",
+                "a string or an array of strings",
+            ),
+        ];
+        for (body, field, needle) in cases {
+            let e = parse::<ChatCompletionRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}");
+            assert!(e.message.starts_with(field), "{}", e.message);
+            assert!(e.message.contains(needle), "{body}: {}", e.message);
+            for jargon in ["untagged", "variant", "struct", "`"] {
+                assert!(!e.message.contains(jargon), "{}", e.message);
+            }
+        }
+    }
 }

@@ -46,7 +46,7 @@ mod web;
 mod worker;
 
 pub use app::{Running, ServeError, build_state, router, serve, start};
-pub use config::{CheckpointConfig, ServerConfig};
+pub use config::{CheckpointConfig, DEFAULT_MAX_TOKENS, ServerConfig};
 pub use error::{ApiError, Flavor};
 pub use family::Serving;
 pub use openapi::ApiDoc;

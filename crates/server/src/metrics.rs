@@ -68,6 +68,8 @@ pub struct Metrics {
     cache: Mutex<(CacheStats, BTreeMap<&'static str, u64>)>,
     /// What the session cache holds now (after the last turn).
     contents: Mutex<CacheContents>,
+    /// Every response by HTTP status (what a client saw: 200s, 400s, 404s).
+    statuses: Mutex<BTreeMap<u16, u64>>,
 }
 
 /// What the worker's session cache holds: the live session, the bank of
@@ -123,6 +125,13 @@ impl Metrics {
             .position(|e| *e == endpoint)
             .unwrap_or(ENDPOINTS.len() - 1);
         self.requests[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count one response by its status (every route, errors included).
+    pub fn response(&self, status: u16) {
+        if let Ok(mut m) = self.statuses.lock() {
+            *m.entry(status).or_default() += 1;
+        }
     }
 
     pub fn error(&self, status: u16) {
@@ -271,6 +280,20 @@ impl Metrics {
                 ("{class=\"4xx\"}".into(), get(&self.errors_4xx) as f64),
                 ("{class=\"5xx\"}".into(), get(&self.errors_5xx) as f64),
             ],
+        );
+        let statuses: Vec<(String, f64)> = self
+            .statuses
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(status, n)| (format!("{{status=\"{status}\"}}"), n as f64))
+            .collect();
+        metric(
+            "ds4_responses_total",
+            "counter",
+            "HTTP responses by status.",
+            &statuses,
         );
         metric(
             "ds4_queue_depth",

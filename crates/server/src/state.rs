@@ -44,11 +44,20 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
-    /// A request naming another model is refused; naming none is fine, and
-    /// so is one of the family's aliases (`deepseek-chat`, ...).
+    /// Whether `model` names the served model: its id, a `--model-alias`
+    /// or one of the family's aliases (`deepseek-chat`, ...).
+    pub fn is_listed_model(&self, model: &str) -> bool {
+        model == self.config.model_id
+            || self.config.model_aliases.iter().any(|a| a == model)
+            || self.serving.model_aliases.contains(&model)
+    }
+
+    /// By default any model name is served by the loaded model (responses
+    /// report the served id); with `--strict-model-names` a name that is not
+    /// listed is refused. Naming none is always fine.
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.config.model_id && !self.serving.model_aliases.contains(&m) => {
+            Some(m) if self.config.strict_model_names && !self.is_listed_model(m) => {
                 Err(ApiError::unknown_model(m, &self.config.model_id))
             }
             _ => Ok(()),

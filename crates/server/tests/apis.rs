@@ -130,14 +130,9 @@ async fn default_model_anthropic_messages_and_count_tokens() {
             "temperature",
         ),
         (
-            json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
+            json!({"max_tokens": 5, "messages": [{"role": "wizard", "content": "x"}]}),
             400,
-            "role",
-        ),
-        (
-            json!({"max_tokens": 5, "messages": user("hi"), "model": "claude-9"}),
-            404,
-            "claude-9",
+            "messages[0].role",
         ),
         (
             json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}),
@@ -179,16 +174,6 @@ async fn default_model_anthropic_messages_and_count_tokens() {
             json!({"max_tokens": 5, "messages": user("hi"), "stop_sequences": [""]}),
             400,
             "stop_sequences",
-        ),
-        (
-            json!({"max_tokens": 4096, "messages": user("hi"), "thinking": {"type": "enabled", "budget_tokens": 100}}),
-            400,
-            "thinking.budget_tokens = 100",
-        ),
-        (
-            json!({"max_tokens": 2000, "messages": user("hi"), "thinking": {"type": "enabled", "budget_tokens": 2000}}),
-            400,
-            "less than max_tokens",
         ),
         (
             json!({"max_tokens": 2000, "messages": user("hi"), "thinking": {"type": "enabled", "budget_tokens": -1}}),

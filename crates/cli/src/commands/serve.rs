@@ -17,6 +17,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         SocketAddr::new(args.host, args.port),
         args.model_id.unwrap_or_else(|| model_id(&path)),
     );
+    config.model_aliases = args.model_aliases;
+    config.strict_model_names = args.strict_model_names;
+    config.default_max_tokens = (args.default_max_tokens > 0).then_some(args.default_max_tokens);
     config.ctx = args.ctx;
     config.max_queue = args.max_queue;
     config.api_key = args.api_key;
@@ -36,6 +39,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.boundary_every = cache.boundary_every;
     config.checkpoints = cache.checkpoints;
     let state = ds4_server::build_state(config, loaded.model, loaded.tokenizer)?;
+    if let Some(asked) = args.ctx
+        && asked > state.ctx
+    {
+        eprintln!(
+            "warning: --ctx {asked} exceeds what the model supports ({} tokens); serving a \
+             context of {} tokens",
+            state.ctx, state.ctx
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -5,7 +5,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::constraints;
-use crate::error::ApiError;
+use crate::error::{ApiError, tool_not_offered};
 use crate::extract::ApiJson;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
@@ -102,7 +102,7 @@ pub(crate) fn prepare(
     };
     let thinking = thinking::resolve(state, &controls, &mut g.warnings)?;
     let choice = constraints::ToolChoice::openai(req.tool_choice.as_ref())?;
-    let tools = tools(req.tools, req.tool_choice.as_ref())?;
+    let tools = tools(req.tools, req.tool_choice.as_ref(), &mut g.warnings)?;
     let requested = constraints::one_of(vec![
         constraints::response_format(req.response_format.as_ref())?,
         constraints::grammar_field(req.grammar.as_ref())?,
@@ -118,22 +118,30 @@ pub(crate) fn prepare(
     Ok((checked, output))
 }
 
-/// Function tools, unless `tool_choice` turns them off.
+/// Function tools, unless `tool_choice` turns them off. Other tool types
+/// (`custom`, built-ins) are left out and reported in `warnings`, as the
+/// other APIs do.
 pub fn tools(
     tools: Option<Vec<ChatTool>>,
     choice: Option<&Value>,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
+    for (i, t) in tools.iter().flatten().enumerate() {
+        if t.kind != "function" {
+            let name = t.function.as_ref().map_or("", |f| f.name.as_str());
+            warnings.push(tool_not_offered(&format!("tools[{i}]"), &t.kind, name));
+        }
+    }
     openai_tools(tools, choice, |i, t| {
         if t.kind != "function" {
-            return Err(ApiError::invalid(
-                format!("tools[{i}].type"),
-                format!(
-                    "tools[{i}].type = {:?}: only \"function\" tools are supported",
-                    t.kind
-                ),
-            ));
+            return Ok(None);
         }
-        let f = t.function;
+        let Some(f) = t.function else {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function"),
+                format!("tools[{i}].function is required for a function tool"),
+            ));
+        };
         Ok(Some(FunctionTool::new(
             ToolShape::OpenAiFunction,
             f.name,
@@ -175,6 +183,11 @@ fn messages(messages: Vec<ChatMessage>) -> Result<Vec<Value>, ApiError> {
                     for (j, p) in parts.into_iter().enumerate() {
                         match (p.kind.as_str(), p.text) {
                             ("text" | "input_text" | "output_text", Some(t)) => text.push_str(&t),
+                            ("image_url" | "input_image" | "image", _) => {
+                                return Err(ApiError::image_unsupported(format!(
+                                    "messages[{i}].content[{j}]"
+                                )));
+                            }
                             (kind, _) => {
                                 return Err(ApiError::invalid(
                                     format!("messages[{i}].content[{j}]"),

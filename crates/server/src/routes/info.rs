@@ -33,9 +33,9 @@ pub async fn health(State(state): State<SharedState>) -> Json<Health> {
     })
 }
 
-fn model(state: &AppState) -> Model {
+fn model(state: &AppState, id: &str) -> Model {
     Model {
-        id: state.config.model_id.clone(),
+        id: id.to_string(),
         object: "model",
         created: state.created,
         owned_by: "ds4server",
@@ -44,11 +44,14 @@ fn model(state: &AppState) -> Model {
     }
 }
 
+/// The served model under its id, then under each `--model-alias` (all
+/// the same model: clients that pick from this list find their name).
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList)))]
 pub async fn list_models(State(state): State<SharedState>) -> Json<ModelList> {
+    let ids = std::iter::once(&state.config.model_id).chain(&state.config.model_aliases);
     Json(ModelList {
         object: "list",
-        data: vec![model(&state)],
+        data: ids.map(|id| model(&state, id)).collect(),
     })
 }
 
@@ -56,14 +59,21 @@ pub async fn list_models(State(state): State<SharedState>) -> Json<ModelList> {
     get,
     path = "/v1/models/{id}",
     params(("id" = String, Path, description = "Model id")),
-    responses((status = 200, body = Model), (status = 404, description = "Unknown model"))
+    responses((status = 200, body = Model), (status = 404, description = "Unknown model (only with --strict-model-names)"))
 )]
 pub async fn get_model(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Json<Model>, ApiError> {
     state.check_model(Some(&id))?;
-    Ok(Json(model(&state)))
+    // A listed name is itself; any other name (accepted unless
+    // `--strict-model-names`) is served by the loaded model, named as such.
+    let id = if state.is_listed_model(&id) {
+        id
+    } else {
+        state.config.model_id.clone()
+    };
+    Ok(Json(model(&state, &id)))
 }
 
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]

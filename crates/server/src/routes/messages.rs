@@ -161,7 +161,14 @@ pub(crate) fn conversation(
         }
         Some(SystemPrompt::Text(t)) => messages.push(json!({"role": "system", "content": t})),
         Some(SystemPrompt::Blocks(blocks)) => {
-            let parts: Vec<&str> = blocks.iter().filter_map(|b| b.text.as_deref()).collect();
+            // Claude Code's first block is client-private metadata
+            // (`x-anthropic-billing-header: …`, which changes between
+            // versions): not part of the prompt, as in ds4's reading.
+            let parts: Vec<&str> = blocks
+                .iter()
+                .filter_map(|b| b.text.as_deref())
+                .filter(|t| !t.starts_with("x-anthropic-"))
+                .collect();
             let text = if ds4 {
                 ds4_system(&parts)
             } else {
@@ -176,26 +183,30 @@ pub(crate) fn conversation(
     for (i, m) in req.messages.iter().enumerate() {
         convert(i, m, ds4, &mut messages)?;
     }
-    let tools = tools(req)?;
-    let on = match req.thinking.as_ref().map(|t| t.kind.as_str()) {
-        None => None,
-        Some("enabled") => Some(true),
-        Some("disabled") => Some(false),
+    let tools = tools(req, warnings)?;
+    // `adaptive` (Claude Code) lets the model decide: here it is reasoning
+    // on without a budget; `enabled` needs its budget, as Anthropic's does.
+    let (on, needs_budget) = match req.thinking.as_ref().map(|t| t.kind.as_str()) {
+        None => (None, false),
+        Some("enabled") => (Some(true), true),
+        Some("adaptive") => (Some(true), false),
+        Some("disabled") => (Some(false), false),
         Some(other) => {
             return Err(ApiError::invalid(
                 "thinking.type",
-                format!("thinking.type = {other:?}: expected \"enabled\" or \"disabled\""),
+                format!(
+                    "thinking.type = {other:?}: expected \"enabled\", \"adaptive\" or \"disabled\""
+                ),
             ));
         }
     };
-    let budget = match max_tokens {
-        Some(max) => params::thinking_budget(
-            req.thinking.as_ref().and_then(|t| t.budget_tokens),
-            on == Some(true),
-            max,
-        )?,
-        None => None,
-    };
+    let asked_budget = req.thinking.as_ref().and_then(|t| t.budget_tokens);
+    if let Some(max) = max_tokens
+        && needs_budget
+        && asked_budget.is_none()
+    {
+        params::thinking_budget(None, true, max)?;
+    }
     let controls = thinking::Controls {
         switch: on.map(|on| ("thinking", on)),
         extension_effort: req
@@ -208,17 +219,30 @@ pub(crate) fn conversation(
     };
     let thinking = thinking::resolve(state, &controls, warnings)?;
     let enable_thinking = thinking.requested();
-    // Without reasoning markers there is no reasoning to budget.
-    if let Some(b) = budget
-        && enable_thinking != Some(true)
-    {
-        warnings.push(format!(
-            "thinking.budget_tokens = {b} was not applied: the {} family has no reasoning \
-             markers",
-            state.profile.family
-        ));
-    }
-    let budget = budget.filter(|_| enable_thinking == Some(true));
+    // A budget is checked only where it applies: a family that does not
+    // reason here (no reasoning markers, or reasoning off) reports it as not
+    // applied instead of refusing the request (Claude Code sends budgets
+    // below Anthropic's minimum when its output limit is small).
+    let budget = match (max_tokens, asked_budget) {
+        (Some(max), Some(b)) if enable_thinking == Some(true) && on == Some(true) => {
+            params::thinking_budget(Some(b), true, max)?
+        }
+        (Some(_), Some(b)) if on == Some(true) => {
+            let why = if state.profile.reasoning.is_none() {
+                format!(
+                    "the {} family has no reasoning markers",
+                    state.profile.family
+                )
+            } else {
+                "this request does not reason".to_string()
+            };
+            warnings.push(format!(
+                "thinking.budget_tokens = {b} was not applied: {why}"
+            ));
+            None
+        }
+        _ => None,
+    };
     let turn = ChatTurn {
         messages,
         tools,
@@ -227,18 +251,17 @@ pub(crate) fn conversation(
     Ok((turn, budget))
 }
 
-fn tools(req: &MessagesRequest) -> Result<Vec<FunctionTool>, ApiError> {
+fn tools(req: &MessagesRequest, warnings: &mut Vec<String>) -> Result<Vec<FunctionTool>, ApiError> {
     // `any` / `tool` force a call (the route's constraint); the tools are
     // offered either way.
     constraints::ToolChoice::anthropic(req.tool_choice.as_ref())?;
     if tool_choice_none(req) {
         return Ok(Vec::new());
     }
-    Ok(req
-        .tools
-        .iter()
-        .flatten()
-        .map(|t| {
+    let tools = req.tools.iter().flatten().enumerate();
+    Ok(tools
+        .filter(|(i, t)| client_tool(*i, t, warnings))
+        .map(|(_, t)| {
             FunctionTool::new(
                 ToolShape::Anthropic,
                 t.name.clone(),
@@ -247,6 +270,24 @@ fn tools(req: &MessagesRequest) -> Result<Vec<FunctionTool>, ApiError> {
             )
         })
         .collect())
+}
+
+/// Whether a declared tool is one the model can call (a client tool:
+/// no `type`, or `custom`). Anthropic's server tools (`web_search_…`,
+/// `code_execution_…`) run on Anthropic's side, which this server is not:
+/// they are left out and reported, never silently dropped.
+fn client_tool(i: usize, t: &AnthropicTool, warnings: &mut Vec<String>) -> bool {
+    match t.kind.as_deref() {
+        None | Some("custom") => true,
+        Some(kind) => {
+            warnings.push(crate::error::tool_not_offered(
+                &format!("tools[{i}]"),
+                kind,
+                &t.name,
+            ));
+            false
+        }
+    }
 }
 
 /// ds4's Anthropic system text (`append_anthropic_system_part`): parts
@@ -281,6 +322,19 @@ fn tool_result_text(content: &Option<Value>, bare_strings: bool) -> String {
     }
 }
 
+/// A `tool_result` whose content carries an image (not supported: it would
+/// be lost from the text).
+fn has_image(content: &Option<Value>) -> bool {
+    content
+        .as_ref()
+        .and_then(Value::as_array)
+        .is_some_and(|parts| {
+            parts
+                .iter()
+                .any(|p| matches!(p["type"].as_str(), Some("image" | "document")))
+        })
+}
+
 /// One Anthropic message as template messages: tool uses become the
 /// assistant's `tool_calls`; tool results become `tool` messages, or with
 /// `inline_results` (DeepSeek-V4, as ds4's `parse_anthropic_content_block`)
@@ -294,6 +348,9 @@ fn convert(
     let role = match m.role {
         AnthropicRole::User => "user",
         AnthropicRole::Assistant => "assistant",
+        // Rendered in place, as a chat request's system message is: the
+        // template (or ds4's prompt) decides where it may stand.
+        AnthropicRole::System => "system",
     };
     let blocks = match &m.content {
         InputContent::Text(t) => {
@@ -319,6 +376,10 @@ fn convert(
                     "arguments": b.input.clone().unwrap_or_else(|| json!({})),
                 },
             })),
+            "image" | "document" => return Err(ApiError::image_unsupported(field)),
+            "tool_result" if has_image(&b.content) => {
+                return Err(ApiError::image_unsupported(format!("{field}.content")));
+            }
             "tool_result" if inline_results => {
                 text.push_str("<tool_result>");
                 text.push_str(&escape_tool_result(&tool_result_text(&b.content, true)));

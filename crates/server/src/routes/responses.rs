@@ -6,7 +6,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::constraints;
-use crate::error::ApiError;
+use crate::error::{ApiError, tool_not_offered};
 use crate::extract::ApiJson;
 use crate::ids::new_id;
 use crate::output::Item;
@@ -77,7 +77,7 @@ pub async fn responses(
     }
     input_messages(req.input, &mut messages)?;
     let choice = constraints::ToolChoice::openai(req.tool_choice.as_ref())?;
-    let tools = tools(req.tools, req.tool_choice.as_ref())?;
+    let tools = tools(req.tools, req.tool_choice.as_ref(), &mut g.warnings)?;
     let requested = constraints::forced_call(&state, &choice, &tools)?;
     let conversation = ChatTurn {
         messages,
@@ -139,10 +139,18 @@ fn complete(shell: ResponseObject, done: Finished, seed: u64) -> ResponseObject 
 fn tools(
     tools: Option<Vec<ResponseTool>>,
     choice: Option<&Value>,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
+    // Codex also offers built-in tools (web_search, local_shell, custom
+    // freeform tools) the model cannot run here; only function tools are
+    // offered to the model, and the others are reported.
+    for (i, t) in tools.iter().flatten().enumerate() {
+        if t.kind != "function" {
+            let name = t.name.as_deref().unwrap_or_default();
+            warnings.push(tool_not_offered(&format!("tools[{i}]"), &t.kind, name));
+        }
+    }
     openai_tools(tools, choice, |i, t| {
-        // Codex also offers built-in tools (web_search, ...) the model
-        // cannot run here; only function tools are offered to the model.
         if t.kind != "function" {
             return Ok(None);
         }
@@ -191,13 +199,7 @@ fn input_messages(input: ResponseInput, out: &mut Vec<Value>) -> Result<(), ApiE
                         ));
                     }
                 };
-                let text = match item.content {
-                    Some(Value::String(s)) => s,
-                    Some(Value::Array(parts)) => {
-                        parts.iter().filter_map(|p| p["text"].as_str()).collect()
-                    }
-                    _ => String::new(),
-                };
+                let text = content_text(&format!("input[{i}].content"), item.content)?;
                 out.push(json!({"role": role, "content": text}));
             }
             "function_call" => {
@@ -219,11 +221,14 @@ fn input_messages(input: ResponseInput, out: &mut Vec<Value>) -> Result<(), ApiE
                     }
                 }
             }
-            "function_call_output" => out.push(json!({
-                "role": "tool",
-                "tool_call_id": item.call_id.unwrap_or_default(),
-                "content": item.output.unwrap_or_default(),
-            })),
+            "function_call_output" => {
+                let content = content_text(&format!("input[{i}].output"), item.output)?;
+                out.push(json!({
+                    "role": "tool",
+                    "tool_call_id": item.call_id.unwrap_or_default(),
+                    "content": content,
+                }))
+            }
             // Earlier reasoning is not replayed into the prompt.
             "reasoning" => {}
             other => {
@@ -235,6 +240,48 @@ fn input_messages(input: ResponseInput, out: &mut Vec<Value>) -> Result<(), ApiE
         }
     }
     Ok(())
+}
+
+/// A message's `content` or a call output's `output`: a string, or content
+/// items whose text is joined. Images are refused as on every API; other
+/// non-text items are refused by name (never silently dropped).
+fn content_text(field: &str, content: Option<Value>) -> Result<String, ApiError> {
+    let parts = match content {
+        None | Some(Value::Null) => return Ok(String::new()),
+        Some(Value::String(s)) => return Ok(s),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} must be a string or an array of content items"),
+            ));
+        }
+    };
+    let mut text = String::new();
+    for (j, p) in parts.iter().enumerate() {
+        let part = format!("{field}[{j}]");
+        match (p["type"].as_str(), p["text"].as_str()) {
+            (Some("input_text" | "output_text" | "text" | "summary_text"), Some(t)) => {
+                text.push_str(t)
+            }
+            // An assistant's refusal is what it said.
+            (Some("refusal"), _) => text.push_str(p["refusal"].as_str().unwrap_or_default()),
+            (Some("input_image" | "image_url" | "image"), _) => {
+                return Err(ApiError::image_unsupported(part));
+            }
+            (kind, _) => {
+                return Err(ApiError::invalid(
+                    part.clone(),
+                    format!(
+                        "{part}: content of type {} is not supported (text only: input_text, \
+                         output_text)",
+                        kind.map_or("(none)".to_string(), |k| format!("{k:?}"))
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(text)
 }
 
 fn message_item(id: &str, text: &str, status: &str) -> Value {

@@ -42,6 +42,9 @@ pub enum SystemPrompt {
 pub enum AnthropicRole {
     User,
     Assistant,
+    /// Claude Code's mid-conversation system messages (a beta): rendered
+    /// in place as a system message.
+    System,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -77,6 +80,11 @@ pub struct Block {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AnthropicTool {
+    /// Absent or `custom` for a client tool; server tools
+    /// (`web_search_20250305`, ...) are not run here and are reported in
+    /// `warnings`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
     pub name: String,
     pub description: Option<String>,
     pub input_schema: Option<Value>,
@@ -89,7 +97,8 @@ pub struct OutputConfig {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct Thinking {
-    /// `enabled` or `disabled`.
+    /// `enabled`, `adaptive` (the model decides; here: enabled, no budget)
+    /// or `disabled`.
     #[serde(rename = "type")]
     pub kind: String,
     pub budget_tokens: Option<u64>,

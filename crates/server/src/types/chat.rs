@@ -130,7 +130,8 @@ pub struct FunctionCall {
 pub struct ChatTool {
     #[serde(rename = "type")]
     pub kind: String,
-    pub function: FunctionDef,
+    /// Required for `function` tools; other types (`custom`) have none.
+    pub function: Option<FunctionDef>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -42,7 +42,10 @@ pub struct InputItem {
     pub call_id: Option<String>,
     pub name: Option<String>,
     pub arguments: Option<String>,
-    pub output: Option<String>,
+    /// `function_call_output`: a string, or an array of content items
+    /// (`input_text`; images are refused).
+    #[schema(value_type = Object)]
+    pub output: Option<Value>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
