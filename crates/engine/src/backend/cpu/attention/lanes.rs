@@ -128,6 +128,8 @@ mod x86 {
         };
     }
 
+    // `l` names both the partial sum and the key row it reads.
+    #[allow(clippy::needless_range_loop)]
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn scores512<const N: usize>(
@@ -164,6 +166,7 @@ mod x86 {
         }
     }
 
+    #[allow(clippy::needless_range_loop)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn scores256<const N: usize>(
