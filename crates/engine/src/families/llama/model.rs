@@ -114,7 +114,8 @@ pub struct LlamaModel<B: Backend = CpuOps> {
     head: Linear<B>,
     rope: Rope<B>,
     /// The MTP head, when one is attached ([`LlamaModel::attach_mtp_head`]).
-    mtp: Option<MtpHead<B>>,
+    /// (Boxed: `LoadedModel` holds models by value.)
+    mtp: Option<Box<MtpHead<B>>>,
 }
 
 /// What a llama model remembers: the KV cache of every layer.
@@ -396,13 +397,13 @@ impl<B: Backend> LlamaModel<B> {
     /// speculative decoding. A file that does not fit this model is refused
     /// and the model stays as it was.
     pub fn attach_mtp_head(&mut self, path: &Path) -> Result<()> {
-        self.mtp = Some(MtpHead::load(path, &self.cfg, &self.ops)?);
+        self.mtp = Some(Box::new(MtpHead::load(path, &self.cfg, &self.ops)?));
         Ok(())
     }
 
     /// The attached MTP head, if any.
     pub fn mtp_head(&self) -> Option<&MtpHead<B>> {
-        self.mtp.as_ref()
+        self.mtp.as_deref()
     }
 
     /// Embeddings, layers and logits of `tokens` after `state`; also the

@@ -1,0 +1,83 @@
+//! The default model's MTP head through the real binary: `--mtp-depth auto`
+//! drafts with it and greedy output equals AR's; a damaged head file next to
+//! the model is refused with a warning and the model runs without MTP.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ds4server"))
+}
+
+fn json(out: Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap()
+}
+
+fn run(model: Option<&std::path::Path>, depth: &str) -> Output {
+    let mut c = bin();
+    c.arg("run");
+    if let Some(m) = model {
+        c.arg("-m").arg(m);
+    }
+    c.args(["-p", "Why is exercise important?", "--temperature", "0"])
+        .args(["--max-tokens", "24", "--json", "--mtp-depth", depth])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn run_mtp_depth_auto_default_model_matches_ar() {
+    let ar = json(run(None, "0"));
+    assert!(ar["mtp"].is_null());
+    let auto = json(run(None, "auto"));
+    assert_eq!(auto["tokens"], ar["tokens"]);
+    let m = &auto["mtp"];
+    assert_eq!(
+        m["depth"].as_u64().unwrap() as usize,
+        ds4_engine::families::llama::MTP_AUTO_DEPTH
+    );
+    assert!(m["cycles"].as_u64().unwrap() >= 1);
+    let bad = bin()
+        .args(["run", "-p", "x", "--mtp-depth", "deep"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("`auto`"));
+}
+
+#[test]
+fn damaged_head_default_model_is_refused_and_runs_without_mtp() {
+    let model = ds4_models::default_model_path().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The default model under its own name in a fresh folder (a link: the
+    // head is looked up next to the path given).
+    let link = dir.path().join(ds4_models::DEFAULT_MODEL.file_name);
+    std::os::unix::fs::symlink(&model, &link).unwrap();
+    let head = ds4_models::DEFAULT_MTP_HEAD.path_next_to(&link);
+    let good = ds4_models::mtp_head_for(&model).unwrap().unwrap();
+    let bytes = std::fs::read(good).unwrap();
+    std::fs::write(&head, &bytes[..bytes.len() - 1]).unwrap();
+
+    let out = run(Some(&link), "0");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(stderr.contains("running without MTP"), "{stderr}");
+    assert!(stderr.contains("truncated"), "{stderr}");
+    let ar = json(out);
+    assert!(ar["mtp"].is_null());
+    // Asking for MTP now is an error that says why.
+    let out = run(Some(&link), "1");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MTP"));
+    // The damaged file was left as it was.
+    assert_eq!(std::fs::read(&head).unwrap().len(), bytes.len() - 1);
+    // `auto` on a model without a head is plain AR.
+    let auto = json(run(Some(&link), "auto"));
+    assert!(auto["mtp"].is_null());
+    assert_eq!(auto["tokens"], ar["tokens"]);
+}
