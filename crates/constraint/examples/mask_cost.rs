@@ -73,7 +73,10 @@ fn main() -> anyhow::Result<()> {
     let grammars = [
         ("json_schema", Grammar::JsonSchema(schema)),
         ("json_object", Grammar::JsonObject),
-        ("regex", Grammar::Regex("[A-Z][a-z]+( [a-z]+){3,8}\\.".into())),
+        (
+            "regex",
+            Grammar::Regex("[A-Z][a-z]+( [a-z]+){3,8}\\.".into()),
+        ),
         ("tool_call", tool),
     ];
     // SmolLM2's chat format.

@@ -96,7 +96,12 @@ impl Constraint {
         if target.iter().any(|t| self.stop_ids.contains(t)) {
             return none;
         }
-        let common = self.fed.iter().zip(&target).take_while(|(a, b)| a == b).count();
+        let common = self
+            .fed
+            .iter()
+            .zip(&target)
+            .take_while(|(a, b)| a == b)
+            .count();
         if common < self.fed.len() {
             if let Err(e) = self.matcher.rollback(self.fed.len() - common) {
                 return self.fail(format!("rollback: {e}"));
@@ -155,8 +160,17 @@ impl Constraint {
     pub fn is_complete(&mut self) -> bool {
         let emitted = self.emitted.clone();
         let ended = emitted.last().is_some_and(|t| self.stop_ids.contains(t));
-        let body = if ended { &emitted[..emitted.len() - 1] } else { &emitted[..] };
-        let common = self.fed.iter().zip(body).take_while(|(a, b)| a == b).count();
+        let body = if ended {
+            &emitted[..emitted.len() - 1]
+        } else {
+            &emitted[..]
+        };
+        let common = self
+            .fed
+            .iter()
+            .zip(body)
+            .take_while(|(a, b)| a == b)
+            .count();
         if self.matcher.rollback(self.fed.len() - common).is_err() {
             return false;
         }

@@ -74,7 +74,11 @@ impl Vocabulary {
         let bytes = tokenizer.token_bytes();
         let len = bytes.len();
         let vocab_err = |m: String| ConstraintError::Vocabulary(m);
-        let stop_ids: Vec<u32> = stop_ids.iter().copied().filter(|&t| (t as usize) < len).collect();
+        let stop_ids: Vec<u32> = stop_ids
+            .iter()
+            .copied()
+            .filter(|&t| (t as usize) < len)
+            .collect();
         let Some(&eos) = stop_ids.first() else {
             return Err(vocab_err(
                 "the tokenizer names no end-of-turn token inside its vocabulary".into(),

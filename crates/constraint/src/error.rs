@@ -21,7 +21,12 @@ impl ConstraintError {
     /// [`ConstraintError::Unsupported`], everything else
     /// [`ConstraintError::Invalid`].
     pub(crate) fn from_compile(message: String) -> Self {
-        let unsupported = ["Unimplemented", "not supported", "unsupported", "Unknown format"];
+        let unsupported = [
+            "Unimplemented",
+            "not supported",
+            "unsupported",
+            "Unknown format",
+        ];
         if unsupported.iter().any(|u| message.contains(u)) {
             Self::Unsupported(message)
         } else {

@@ -10,7 +10,8 @@ use crate::error::ConstraintError;
 pub const JSON_OBJECT_SCHEMA: &str = r#"{"type": "object"}"#;
 
 /// The JSON-schema keywords that constrain output (`llguidance` 1.9's
-/// implemented set); annotations (`title`, `description`, `default`,
+/// implemented set; `oneOf` only where its branches are provably disjoint,
+/// otherwise refused); annotations (`title`, `description`, `default`,
 /// `examples`, `$schema`, `$id`, `$comment`, `$defs`/`definitions`, …) are
 /// accepted and ignored. Any other keyword is refused by name.
 pub const SUPPORTED_SCHEMA_KEYWORDS: &[&str] = &[

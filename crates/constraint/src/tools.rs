@@ -31,7 +31,10 @@ pub fn tool_call_grammar(
         let rule = match format {
             ToolCallFormat::Llama3Json => format!(
                 "{} %json {} {}",
-                lit(&format!("{{\"name\": {}, \"parameters\": ", json_str(&tool.name))),
+                lit(&format!(
+                    "{{\"name\": {}, \"parameters\": ",
+                    json_str(&tool.name)
+                )),
                 with_layout(&params)?,
                 lit("}")
             ),
@@ -138,7 +141,11 @@ fn members(
             false => format!("%json {}", with_layout(schema)?),
         };
         let p = format!("({})", pair(key, value, raw));
-        out.push(if required.contains(&key.as_str()) { p } else { format!("{p}?") });
+        out.push(if required.contains(&key.as_str()) {
+            p
+        } else {
+            format!("{p}?")
+        });
     }
     Ok(out.join(" "))
 }

@@ -97,7 +97,12 @@ fn turn(
 /// stop only after w7.
 fn check_words(tok: &Tokenizer, r: &TurnResult) {
     let stop = tok.stop_token_ids();
-    let words: Vec<u32> = r.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
+    let words: Vec<u32> = r
+        .tokens
+        .iter()
+        .copied()
+        .filter(|t| !stop.contains(t))
+        .collect();
     for (i, &w) in words.iter().enumerate() {
         let last = i + 1 == words.len();
         let word = (10..20).contains(&w) || (100..128).contains(&w);
@@ -112,12 +117,28 @@ fn check_words(tok: &Tokenizer, r: &TurnResult) {
 fn greedy_mtp_under_a_grammar_equals_ar_under_it() {
     let s = setup();
     let prompt = [1, 5, 9, 14, 3, 77];
-    let ar = turn(&s, &mut LiveSession::new(&s.model), &prompt, GRAMMAR, 0, 0.0, 0);
+    let ar = turn(
+        &s,
+        &mut LiveSession::new(&s.model),
+        &prompt,
+        GRAMMAR,
+        0,
+        0.0,
+        0,
+    );
     check_words(&s.tok, &ar);
     assert!(ar.tokens.len() >= 4, "{:?}", ar.tokens);
     let max = s.model.mtp_contract().unwrap().max_depth;
     for depth in 1..=max {
-        let mtp = turn(&s, &mut LiveSession::new(&s.model), &prompt, GRAMMAR, depth, 0.0, 0);
+        let mtp = turn(
+            &s,
+            &mut LiveSession::new(&s.model),
+            &prompt,
+            GRAMMAR,
+            depth,
+            0.0,
+            0,
+        );
         assert_eq!(mtp.tokens, ar.tokens, "depth {depth}");
         assert_eq!(mtp.finish_reason, ar.finish_reason, "depth {depth}");
         let stats = mtp.mtp.unwrap();
@@ -131,8 +152,24 @@ fn a_seed_replays_under_a_grammar_and_warm_equals_cold() {
     let first = [1, 5, 9, 14, 3, 77];
     for depth in [0, 2] {
         for seed in [3, 11, 29] {
-            let a = turn(&s, &mut LiveSession::new(&s.model), &first, GRAMMAR, depth, 1.0, seed);
-            let b = turn(&s, &mut LiveSession::new(&s.model), &first, GRAMMAR, depth, 1.0, seed);
+            let a = turn(
+                &s,
+                &mut LiveSession::new(&s.model),
+                &first,
+                GRAMMAR,
+                depth,
+                1.0,
+                seed,
+            );
+            let b = turn(
+                &s,
+                &mut LiveSession::new(&s.model),
+                &first,
+                GRAMMAR,
+                depth,
+                1.0,
+                seed,
+            );
             check_words(&s.tok, &a);
             assert_eq!(a.tokens, b.tokens, "depth {depth} seed {seed}");
 
@@ -145,7 +182,15 @@ fn a_seed_replays_under_a_grammar_and_warm_equals_cold() {
             second.extend(&t1.tokens);
             second.push(42);
             let w = turn(&s, &mut warm, &second, GRAMMAR, depth, 1.0, seed + 1);
-            let c = turn(&s, &mut LiveSession::new(&s.model), &second, GRAMMAR, depth, 1.0, seed + 1);
+            let c = turn(
+                &s,
+                &mut LiveSession::new(&s.model),
+                &second,
+                GRAMMAR,
+                depth,
+                1.0,
+                seed + 1,
+            );
             assert!(w.reused_tokens > 0);
             assert_eq!(w.tokens, c.tokens, "depth {depth} seed {seed}");
             check_words(&s.tok, &w);
@@ -160,7 +205,15 @@ fn a_grammar_that_admits_no_token_ends_the_turn() {
     // " w3" then "x": no token of the vocabulary spells "x" (every piece
     // starts with a space), so after w3 nothing is allowed.
     for depth in [0, 1, 3] {
-        let r = turn(&s, &mut LiveSession::new(&s.model), &prompt, "start: \" w3\" \"x\"\n", depth, 1.0, 5);
+        let r = turn(
+            &s,
+            &mut LiveSession::new(&s.model),
+            &prompt,
+            "start: \" w3\" \"x\"\n",
+            depth,
+            1.0,
+            5,
+        );
         assert_eq!(r.tokens, vec![3], "depth {depth}");
         assert_eq!(r.finish_reason, FinishReason::NoAllowedToken);
     }

@@ -37,11 +37,18 @@ fn walk(vocab: &Vocabulary, tok: &Tokenizer, grammar: &Grammar, text: &str) {
     let ids = tok.encode(text, false).unwrap();
     for &t in &ids {
         let mask = c.allowed_after(&[]);
-        assert!(mask.allows(t), "{text:?}: token {t} refused after {:?}", c.emitted());
+        assert!(
+            mask.allows(t),
+            "{text:?}: token {t} refused after {:?}",
+            c.emitted()
+        );
         c.push(t);
     }
     let end = c.allowed_after(&[]);
-    assert!(vocab.stop_ids().iter().any(|&s| end.allows(s)), "{text:?}: no stop");
+    assert!(
+        vocab.stop_ids().iter().any(|&s| end.allows(s)),
+        "{text:?}: no stop"
+    );
     assert!(c.error().is_none());
 }
 
@@ -50,7 +57,11 @@ fn the_default_model_vocabulary_spells_its_text_default_model() {
     let tok = default_model_tokenizer();
     let bytes = tok.token_bytes();
     assert_eq!(bytes.len(), tok.vocab_size());
-    for text in ["{\"a\": [1, 2.5, \"é€😀\"]}\n", " hello  world\t!", "naïve café"] {
+    for text in [
+        "{\"a\": [1, 2.5, \"é€😀\"]}\n",
+        " hello  world\t!",
+        "naïve café",
+    ] {
         let ids = tok.encode(text, false).unwrap();
         assert_eq!(spelled(&bytes, &ids), text.as_bytes(), "{text:?}");
     }
@@ -61,13 +72,30 @@ fn the_default_model_vocabulary_spells_its_text_default_model() {
         "required": ["name", "n"],
         "additionalProperties": false
     });
-    walk(&vocab, &tok, &Grammar::JsonSchema(schema), "{\"name\": \"Ada\", \"n\": 36}");
-    walk(&vocab, &tok, &Grammar::JsonObject, "{\"x\": {\"y\": [true, null]}}");
-    walk(&vocab, &tok, &Grammar::Regex("[a-z]+ [0-9]{2}".into()), "hello 42");
+    walk(
+        &vocab,
+        &tok,
+        &Grammar::JsonSchema(schema),
+        "{\"name\": \"Ada\", \"n\": 36}",
+    );
+    walk(
+        &vocab,
+        &tok,
+        &Grammar::JsonObject,
+        "{\"x\": {\"y\": [true, null]}}",
+    );
+    walk(
+        &vocab,
+        &tok,
+        &Grammar::Regex("[a-z]+ [0-9]{2}".into()),
+        "hello 42",
+    );
     // A JSON value that breaks the schema is refused at the first token
     // that cannot lead to a valid text.
     let mut c = vocab
-        .compile(&Grammar::JsonSchema(json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})))
+        .compile(&Grammar::JsonSchema(
+            json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+        ))
         .unwrap();
     let ids = tok.encode("{\"n\": \"x\"}", false).unwrap();
     let refused = ids.iter().any(|&t| {
@@ -87,7 +115,12 @@ fn fixture_and_deepseek_vocabularies_back_grammars() {
     assert_eq!(bytes[2], TokenBytes::Special("</s>".into()));
     let ids = qwen.encode("w12 w7 w100", false).unwrap();
     assert_eq!(ids, vec![12, 7, 100]);
-    walk(&vocab, &qwen, &Grammar::Regex("( w1[0-9])* w7( w[0-9]+)?".into()), "w12 w7 w100");
+    walk(
+        &vocab,
+        &qwen,
+        &Grammar::Regex("( w1[0-9])* w7( w[0-9]+)?".into()),
+        "w12 w7 w100",
+    );
 
     let glm_dir = fixtures().join("glm5_next/tiny_a");
     let glm = Arc::new(Tokenizer::from_hf_dir(&glm_dir).unwrap());
@@ -98,7 +131,10 @@ fn fixture_and_deepseek_vocabularies_back_grammars() {
     let ds = Arc::new(Tokenizer::from_hf_dir(ds).unwrap());
     let bytes = ds.token_bytes();
     let text = "{\"city\": \"Zürich\", \"days\": 3}";
-    assert_eq!(spelled(&bytes, &ds.encode(text, false).unwrap()), text.as_bytes());
+    assert_eq!(
+        spelled(&bytes, &ds.encode(text, false).unwrap()),
+        text.as_bytes()
+    );
     let vocab = Vocabulary::new(ds.clone(), ds.stop_token_ids()).unwrap();
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"]});
     walk(&vocab, &ds, &Grammar::JsonSchema(schema), text);
@@ -109,14 +145,79 @@ fn what_the_engine_cannot_compile_is_named() {
     let qwen = Arc::new(Tokenizer::from_hf_dir(fixtures().join("qwen4_exp/tiny_a")).unwrap());
     let vocab = Vocabulary::new(qwen.clone(), qwen.stop_token_ids()).unwrap();
     let unsupported = vocab
-        .compile(&Grammar::JsonSchema(json!({"type": "object", "not": {"required": ["a"]}})))
+        .compile(&Grammar::JsonSchema(
+            json!({"type": "object", "not": {"required": ["a"]}}),
+        ))
         .unwrap_err();
     assert!(
         matches!(&unsupported, ConstraintError::Unsupported(m) if m.contains("not")),
         "{unsupported:?}"
     );
-    let invalid = vocab.compile(&Grammar::Lark("start: (".into())).unwrap_err();
-    assert!(matches!(invalid, ConstraintError::Invalid(_)), "{invalid:?}");
+    let invalid = vocab
+        .compile(&Grammar::Lark("start: (".into()))
+        .unwrap_err();
+    assert!(
+        matches!(invalid, ConstraintError::Invalid(_)),
+        "{invalid:?}"
+    );
     let invalid = vocab.compile(&Grammar::JsonSchema(json!([1]))).unwrap_err();
-    assert!(invalid.to_string().contains("object or a boolean"), "{invalid}");
+    assert!(
+        invalid.to_string().contains("object or a boolean"),
+        "{invalid}"
+    );
+}
+
+/// One forced call in each family's format, walked token by token (special
+/// tokens parsed as the model would emit them) through its grammar.
+#[test]
+fn forced_calls_follow_each_family_format() {
+    use ds4_constraint::{ForcedTool, tool_call_grammar};
+    use ds4_text::ToolCallFormat;
+    let tool = ForcedTool {
+        name: "get_weather".into(),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}),
+    };
+    let ds = ds4_models::deepseek_v4_tokenizer_dir().expect("DeepSeek-V4 tokenizer available");
+    let ds = Arc::new(Tokenizer::from_hf_dir(ds).unwrap());
+    let glm = Arc::new(Tokenizer::from_hf_dir(fixtures().join("glm5_next/tiny_a")).unwrap());
+    let cases = [
+        (
+            ds.clone(),
+            ToolCallFormat::Dsml,
+            "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        ),
+        (
+            ds.clone(),
+            ToolCallFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        ),
+        (
+            ds.clone(),
+            ToolCallFormat::Llama3Json,
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 2}}",
+        ),
+        // The GLM fixture's vocabulary is word-level (it cannot spell the
+        // markup), so the format is walked on a byte-level vocabulary; the
+        // fixture's own vocabulary still compiles it (below).
+        (
+            ds.clone(),
+            ToolCallFormat::Glm,
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call>",
+        ),
+    ];
+    for (tok, format, text) in cases {
+        let vocab = Vocabulary::new(tok.clone(), tok.stop_token_ids()).unwrap();
+        let grammar = tool_call_grammar(format, std::slice::from_ref(&tool)).unwrap();
+        let mut c = vocab.compile(&grammar).unwrap();
+        let ids = tok.encode(text, true).unwrap();
+        for &t in &ids {
+            assert!(c.allowed_after(&[]).allows(t), "{format:?}: {t} refused after {:?}", c.emitted());
+            c.push(t);
+        }
+        let end = c.allowed_after(&[]);
+        assert!(vocab.stop_ids().iter().any(|&s| end.allows(s)), "{format:?}: no stop");
+    }
+    let vocab = Vocabulary::new(glm.clone(), glm.stop_token_ids()).unwrap();
+    let grammar = tool_call_grammar(ToolCallFormat::Glm, std::slice::from_ref(&tool)).unwrap();
+    vocab.compile(&grammar).unwrap();
 }

@@ -193,7 +193,10 @@ pub fn response_format(format: Option<&Value>) -> Result<Option<Requested>, ApiE
                     "response_format.json_schema.name must be a string",
                 ));
             }
-            if spec.get("strict").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
+            if spec
+                .get("strict")
+                .is_some_and(|s| !s.is_boolean() && !s.is_null())
+            {
                 return Err(ApiError::invalid(
                     "response_format.json_schema.strict",
                     "response_format.json_schema.strict must be a boolean",
@@ -232,7 +235,10 @@ pub fn grammar_field(value: Option<&Value>) -> Result<Option<Requested>, ApiErro
                 Grammar::JsonSchema(v.clone())
             }
             (Some("lark" | "regex"), _) => {
-                return Err(ApiError::invalid("grammar.value", "grammar.value must be a string"));
+                return Err(ApiError::invalid(
+                    "grammar.value",
+                    "grammar.value must be a string",
+                ));
             }
             (Some("json_schema"), _) => {
                 return Err(ApiError::invalid(
@@ -302,6 +308,9 @@ pub fn compile(
             field,
             format!("{field} uses something this server cannot enforce: {m}"),
         )),
-        Err(e) => Err(ApiError::invalid(field, format!("{field} is not valid: {e}"))),
+        Err(e) => Err(ApiError::invalid(
+            field,
+            format!("{field} is not valid: {e}"),
+        )),
     }
 }

@@ -11,7 +11,8 @@ use common::{MODEL_ID, TestServer, start, user};
 use serde_json::{Value, json};
 
 fn chat(extra: Value) -> Value {
-    let mut body = json!({ "model": MODEL_ID, "messages": user("Describe a cat."), "max_tokens": 80 });
+    let mut body =
+        json!({ "model": MODEL_ID, "messages": user("Describe a cat."), "max_tokens": 80 });
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
         for (k, v) in e {
             b.insert(k.clone(), v.clone());
@@ -44,7 +45,10 @@ fn weather_tool() -> Value {
 async fn content(s: &TestServer, body: Value) -> (Value, String) {
     let (status, r) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{r}");
-    let text = r["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+    let text = r["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     (r, text)
 }
 
@@ -70,17 +74,26 @@ async fn default_model_response_format_and_grammar() {
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
         assert!(v["name"].as_str().unwrap().chars().count() <= 16, "{v}");
         assert!((0..=8).contains(&v["legs"].as_i64().unwrap()), "{v}");
-        assert!(["black", "white", "ginger"].contains(&v["colour"].as_str().unwrap()), "{v}");
+        assert!(
+            ["black", "white", "ginger"].contains(&v["colour"].as_str().unwrap()),
+            "{v}"
+        );
         assert_eq!(v.as_object().unwrap().len(), 3);
         assert_eq!(r["choices"][0]["finish_reason"], "stop");
     }
-    let (_, text) = content(&s, chat(json!({"temperature": 0, "response_format": {"type": "json_object"}}))).await;
+    let (_, text) = content(
+        &s,
+        chat(json!({"temperature": 0, "response_format": {"type": "json_object"}})),
+    )
+    .await;
     // A json_object reply is an object (it may be cut by max_tokens, so only
     // its start is checked here; the e2e suite checks complete ones).
     assert!(text.starts_with('{'), "{text:?}");
 
     // The same seed replays under a grammar.
-    let body = chat(json!({"seed": 7, "temperature": 1.0, "grammar": {"type": "regex", "value": "(Meow|Purr)( (meow|purr)){2,5}\\."}}));
+    let body = chat(
+        json!({"seed": 7, "temperature": 1.0, "grammar": {"type": "regex", "value": "(Meow|Purr)( (meow|purr)){2,5}\\."}}),
+    );
     let (_, a) = content(&s, body.clone()).await;
     let (_, b) = content(&s, body).await;
     assert_eq!(a, b);
@@ -104,9 +117,16 @@ async fn default_model_forced_tool_calls() {
     let s = start().await;
     for (choice, want) in [
         (json!("required"), None),
-        (json!({"type": "function", "function": {"name": "get_time"}}), Some("get_time")),
+        (
+            json!({"type": "function", "function": {"name": "get_time"}}),
+            Some("get_time"),
+        ),
     ] {
-        let (r, _) = content(&s, chat(json!({"tools": weather_tool(), "tool_choice": choice, "temperature": 0}))).await;
+        let (r, _) = content(
+            &s,
+            chat(json!({"tools": weather_tool(), "tool_choice": choice, "temperature": 0})),
+        )
+        .await;
         let choice0 = &r["choices"][0];
         assert_eq!(choice0["finish_reason"], "tool_calls", "{r}");
         let call = &choice0["message"]["tool_calls"][0]["function"];
@@ -128,7 +148,9 @@ async fn default_model_forced_tool_calls() {
     let mut name = String::new();
     let mut finish = Value::Null;
     for (_, data) in &events {
-        let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
         let d = &v["choices"][0]["delta"];
         if let Some(f) = d["tool_calls"][0]["function"]["name"].as_str() {
             name.push_str(f);
@@ -143,16 +165,27 @@ async fn default_model_forced_tool_calls() {
     assert_eq!(name, "get_weather");
     assert_eq!(finish, "tool_calls");
     let args: Value = serde_json::from_str(&args).unwrap();
-    assert!(["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap()), "{args}");
+    assert!(
+        ["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap()),
+        "{args}"
+    );
 
     // Anthropic: `any` and `tool`, and count_tokens ignores the choice.
     let tools = json!([{"name": "get_weather", "input_schema": weather_tool()[0]["function"]["parameters"]}]);
-    for choice in [json!({"type": "any"}), json!({"type": "tool", "name": "get_weather"})] {
+    for choice in [
+        json!({"type": "any"}),
+        json!({"type": "tool", "name": "get_weather"}),
+    ] {
         let body = json!({"model": MODEL_ID, "max_tokens": 80, "messages": user("Weather in Paris?"), "tools": tools, "tool_choice": choice});
         let (status, r) = s.post("/v1/messages", &body).await;
         assert_eq!(status, 200, "{r}");
         assert_eq!(r["stop_reason"], "tool_use", "{r}");
-        let block = r["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").unwrap();
+        let block = r["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "tool_use")
+            .unwrap();
         assert_eq!(block["name"], "get_weather");
         assert!(block["input"]["city"].is_string(), "{block}");
         let (status, n) = s.post("/v1/messages/count_tokens", &body).await;
@@ -169,15 +202,31 @@ async fn default_model_unsupported_constraints_are_refused_by_name() {
     let s = start().await;
     let cases = [
         (
-            chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {"required": ["a"]}}}}})),
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {"required": ["a"]}}}}}),
+            ),
             "response_format",
             "not",
         ),
-        (chat(json!({"response_format": {"type": "xml"}})), "response_format.type", "json_schema"),
-        (chat(json!({"grammar": {"type": "lark", "value": "start: ("}})), "grammar", "grammar"),
-        (chat(json!({"grammar": {"type": "cfg", "value": "x"}})), "grammar.type", "lark"),
         (
-            chat(json!({"tools": weather_tool(), "tool_choice": {"type": "function", "function": {"name": "nope"}}})),
+            chat(json!({"response_format": {"type": "xml"}})),
+            "response_format.type",
+            "json_schema",
+        ),
+        (
+            chat(json!({"grammar": {"type": "lark", "value": "start: ("}})),
+            "grammar",
+            "grammar",
+        ),
+        (
+            chat(json!({"grammar": {"type": "cfg", "value": "x"}})),
+            "grammar.type",
+            "lark",
+        ),
+        (
+            chat(
+                json!({"tools": weather_tool(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            ),
             "tool_choice",
             "nope",
         ),
@@ -198,7 +247,12 @@ async fn default_model_unsupported_constraints_are_refused_by_name() {
     // intersection of two languages): the turn ends with a clear finish
     // reason instead of looping.
     let (status, r) = s
-        .post("/v1/chat/completions", &chat(json!({"grammar": {"type": "lark", "value": "start: X\nX: /[a-z]+/ & /[0-9]+/\n"}})))
+        .post(
+            "/v1/chat/completions",
+            &chat(
+                json!({"grammar": {"type": "lark", "value": "start: X\nX: /[a-z]+/ & /[0-9]+/\n"}}),
+            ),
+        )
         .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["choices"][0]["finish_reason"], "no_allowed_token", "{r}");

@@ -99,9 +99,9 @@ use std::time::Instant;
 use ds4_sampling::{Distribution, Sampler};
 
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
+use super::mask::TokenMask;
 use super::prefill::prefill_turn;
 use super::session::{LiveSession, MtpSide};
-use super::mask::TokenMask;
 use super::step::{StepSamplers, constrain};
 use super::turn::{
     FinishReason, MtpStats, TokenSource, TurnObserver, TurnRequest, TurnResult, TurnTimings,

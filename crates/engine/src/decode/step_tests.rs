@@ -539,7 +539,13 @@ fn exact_masked(law: Law) -> BTreeMap<Vec<u32>, f64> {
         let n = ctx.len();
         let row = target(ctx[n - 2], ctx[n - 1]);
         let masked: Vec<f32> = (0..V)
-            .map(|t| if ok.contains(&(t as u32)) { row[t] } else { f32::NEG_INFINITY })
+            .map(|t| {
+                if ok.contains(&(t as u32)) {
+                    row[t]
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
             .collect();
         let d = sampler.distribution(&masked, &TokenCounts::new()).unwrap();
         for (&id, &p) in d.ids().iter().zip(d.probs()) {
@@ -585,7 +591,10 @@ fn masked_mtp_is_distributed_as_masked_ar() {
             );
             // Power: the same samples reject the unmasked law.
             let (off, odf) = chi_square(&seen, &unmasked, N);
-            assert!(off > critical(odf), "{law:?} depth {depth}: mask invisible ({off:.1})");
+            assert!(
+                off > critical(odf),
+                "{law:?} depth {depth}: mask invisible ({off:.1})"
+            );
         }
     }
 }

@@ -44,7 +44,11 @@ enum PieceForm {
 impl Tokenizer {
     /// The bytes of every id below [`Tokenizer::vocab_size`], in id order.
     pub fn token_bytes(&self) -> Vec<TokenBytes> {
-        let form = piece_form(self.inner.get_decoder().and_then(|d| serde_json::to_value(d).ok()));
+        let form = piece_form(
+            self.inner
+                .get_decoder()
+                .and_then(|d| serde_json::to_value(d).ok()),
+        );
         let added = self.inner.get_added_tokens_decoder();
         let chars = byte_level_chars();
         (0..self.vocab_size() as u32)
@@ -155,7 +159,10 @@ mod tests {
     #[test]
     fn forms_from_decoders() {
         assert_eq!(piece_form(None), PieceForm::Joined);
-        assert_eq!(piece_form(Some(json!({"type": "ByteLevel"}))), PieceForm::ByteLevel);
+        assert_eq!(
+            piece_form(Some(json!({"type": "ByteLevel"}))),
+            PieceForm::ByteLevel
+        );
         let sp = json!({"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}
@@ -175,8 +182,17 @@ mod tests {
             TokenBytes::Text(b"\n".to_vec())
         );
         let sp = PieceForm::ByteFallback { space: '▁' };
-        assert_eq!(piece_bytes("<0x0A>", sp, &chars), TokenBytes::Text(vec![10]));
-        assert_eq!(piece_bytes("▁the", sp, &chars), TokenBytes::Text(b" the".to_vec()));
-        assert_eq!(piece_bytes("w3", PieceForm::Joined, &chars), TokenBytes::Text(b" w3".to_vec()));
+        assert_eq!(
+            piece_bytes("<0x0A>", sp, &chars),
+            TokenBytes::Text(vec![10])
+        );
+        assert_eq!(
+            piece_bytes("▁the", sp, &chars),
+            TokenBytes::Text(b" the".to_vec())
+        );
+        assert_eq!(
+            piece_bytes("w3", PieceForm::Joined, &chars),
+            TokenBytes::Text(b" w3".to_vec())
+        );
     }
 }
