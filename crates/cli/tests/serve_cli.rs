@@ -1,0 +1,60 @@
+//! `ds4server serve`'s start-up flags over the real binary.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `--ctx` above the model's context is capped, and says so at start.
+#[test]
+fn default_model_serve_warns_when_ctx_exceeds_the_model() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--ctx",
+            "10000000",
+            "--default-max-tokens",
+            "0",
+        ])
+        .args(["--model-alias", "gpt-4o", "--strict-model-names"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ds4server serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut lines = Vec::new();
+    while Instant::now() < deadline {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => {
+                let listening = line.contains("listening on");
+                lines.push(line);
+                if listening {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let all = lines.join("\n");
+    assert!(
+        all.contains("listening on"),
+        "the server did not start:\n{all}"
+    );
+    assert!(
+        all.contains("warning: --ctx 10000000 exceeds what the model supports (8192 tokens)"),
+        "{all}"
+    );
+}
