@@ -8,18 +8,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin="${1:-target/release/ds4server}"
-cases="${2:-40}"
+cases="${2:-8}"
 . tests/e2e/serve.sh
 
 # A short context keeps each generated turn short (schemathesis sends any
 # max_tokens the schema allows; a turn never runs past the context).
 base="$(start schemathesis --model-id smollm2 --ctx 128 --seed 1)"
 st="${SCHEMATHESIS:-schemathesis}"
-"$st" run "$base/openapi.json" \
+"$st" --config-file tests/schemathesis/schemathesis.toml run "$base/openapi.json" \
   --checks all \
   --max-examples "$cases" \
   --seed 20261201 \
   --generation-deterministic \
   --no-shrink \
-  --request-timeout 60 \
-  --config-file tests/schemathesis/schemathesis.toml
+  --request-timeout 60

@@ -31,9 +31,22 @@ use crate::state::SharedState;
 /// Host names accepted without `--allowed-host` (ports are ignored).
 const LOOPBACK_NAMES: [&str; 2] = ["localhost", "localhost.localdomain"];
 
+/// The routes that take a JSON body (a POST elsewhere gets the router's
+/// 404 or 405, not a content-type complaint).
+const JSON_ROUTES: [&str; 5] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+];
+
 /// POST requests must declare a JSON body.
 pub async fn json_body(request: Request, next: Next) -> Response {
-    if request.method() == Method::POST && !is_json(request.headers()) {
+    if request.method() == Method::POST
+        && JSON_ROUTES.contains(&request.uri().path())
+        && !is_json(request.headers())
+    {
         let got = request
             .headers()
             .get(header::CONTENT_TYPE)

@@ -11,10 +11,12 @@
 //! (checked by schemathesis in `.ci/run`).
 
 use axum::Json;
+use axum::extract::State;
 use serde_json::{Map, Value, json};
 use utoipa::OpenApi;
 
 use crate::routes;
+use crate::state::SharedState;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -39,8 +41,22 @@ use crate::routes;
 pub struct ApiDoc;
 
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "This API's OpenAPI 3.1 document")))]
-pub async fn openapi_json() -> Json<Value> {
-    Json(document())
+pub async fn openapi_json(State(state): State<SharedState>) -> Json<Value> {
+    let mut doc = document();
+    // `mtp_depth` above the model's maximum draft depth is refused (0 for a
+    // model without an MTP head): this server's bound, in its document.
+    let max_depth = state.mtp.map_or(0, |c| c.max_depth);
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    {
+        for schema in schemas.values_mut() {
+            if let Some(depth) = schema.pointer_mut("/properties/mtp_depth") {
+                depth["maximum"] = json!(max_depth);
+            }
+        }
+    }
+    Json(doc)
 }
 
 /// POST operations that stream SSE when the body says `"stream": true`.

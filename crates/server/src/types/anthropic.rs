@@ -7,12 +7,17 @@ use utoipa::ToSchema;
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct MessagesRequest {
     pub model: Option<String>,
+    #[schema(min_items = 1)]
     pub messages: Vec<InputMessage>,
     pub system: Option<SystemPrompt>,
     /// Required by `/v1/messages` (not by `count_tokens`).
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub temperature: Option<f64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub top_p: Option<f64>,
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
     pub stop_sequences: Option<Vec<String>>,
     pub stream: Option<bool>,
@@ -25,6 +30,7 @@ pub struct MessagesRequest {
     /// Extension: the sampler's seed (reported back in `usage.seed`).
     pub seed: Option<u64>,
     /// Extension; only families whose law has min_p use it.
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f64>,
     /// Extension: MTP draft depth (0 only).
     pub mtp_depth: Option<u64>,

@@ -10,23 +10,34 @@ use crate::params::StopField;
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u64>,
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<u64>,
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub top_p: Option<f64>,
     /// Extension (also vLLM's).
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
     /// Extension; only families whose law has min_p use it.
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f64>,
+    #[schema(minimum = -2, maximum = 2)]
     pub presence_penalty: Option<f64>,
+    #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f64>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<bool>,
+    #[schema(maximum = 20)]
     pub top_logprobs: Option<u64>,
+    #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u64>,
     pub tools: Option<Vec<ChatTool>>,
     pub tool_choice: Option<Value>,

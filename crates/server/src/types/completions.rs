@@ -12,24 +12,35 @@ pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: PromptInput,
     /// Default 16, as in OpenAI's API.
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u64>,
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub top_p: Option<f64>,
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f64>,
+    #[schema(minimum = -2, maximum = 2)]
     pub presence_penalty: Option<f64>,
+    #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f64>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// Log-probabilities with this many alternatives (0-5).
+    #[schema(maximum = 5)]
     pub logprobs: Option<u64>,
     /// Return the prompt before the completion (with `logprobs`, the prompt
     /// tokens' logprobs too).
     pub echo: Option<bool>,
+    #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u64>,
+    #[schema(minimum = 1, maximum = 1)]
     pub best_of: Option<u64>,
+    #[schema(max_length = 0)]
     pub suffix: Option<String>,
     pub mtp_depth: Option<u64>,
     /// Extension: constrain the completion to a grammar: `{"type": "lark" |

@@ -9,10 +9,15 @@ pub struct ResponsesRequest {
     pub model: Option<String>,
     pub input: ResponseInput,
     pub instructions: Option<String>,
+    #[schema(minimum = 1)]
     pub max_output_tokens: Option<u64>,
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub top_p: Option<f64>,
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f64>,
     pub seed: Option<u64>,
     pub stream: Option<bool>,
