@@ -200,26 +200,27 @@ fn describe_operation(path: &str, method: &str, op: &mut Map<String, Value>) {
     }
     // Annotated error statuses without a body schema get the error shape.
     for (status, response) in responses.iter_mut() {
-        if status.starts_with('4') || status.starts_with('5') {
-            if let Some(r) = response.as_object_mut() {
-                r.entry("content").or_insert_with(|| error_content.clone());
-            }
+        if (status.starts_with('4') || status.starts_with('5'))
+            && let Some(r) = response.as_object_mut()
+        {
+            r.entry("content").or_insert_with(|| error_content.clone());
         }
     }
-    if method == "post" && STREAMING.contains(&path) {
-        if let Some(ok) = responses.get_mut("200").and_then(Value::as_object_mut) {
-            let content = ok.entry("content").or_insert_with(|| json!({}));
-            if let Some(c) = content.as_object_mut() {
-                c.insert(
-                    "text/event-stream".into(),
-                    json!({
-                        "schema": {
-                            "type": "string",
-                            "description": "Server-sent events (`stream: true`): each `data:` line is one JSON event of this API's stream (OpenAI: chunks, then `data: [DONE]`; Anthropic and Responses: named events). An error after the headers went out is an `error` event in the API's error shape. Comment lines (`: keep-alive`) keep idle connections open."
-                        }
-                    }),
-                );
-            }
+    if method == "post"
+        && STREAMING.contains(&path)
+        && let Some(ok) = responses.get_mut("200").and_then(Value::as_object_mut)
+    {
+        let content = ok.entry("content").or_insert_with(|| json!({}));
+        if let Some(c) = content.as_object_mut() {
+            c.insert(
+                "text/event-stream".into(),
+                json!({
+                    "schema": {
+                        "type": "string",
+                        "description": "Server-sent events (`stream: true`): each `data:` line is one JSON event of this API's stream (OpenAI: chunks, then `data: [DONE]`; Anthropic and Responses: named events). An error after the headers went out is an `error` event in the API's error shape. Comment lines (`: keep-alive`) keep idle connections open."
+                    }
+                }),
+            );
         }
     }
 }
