@@ -211,11 +211,18 @@ fn forced_calls_follow_each_family_format() {
         let mut c = vocab.compile(&grammar).unwrap();
         let ids = tok.encode(text, true).unwrap();
         for &t in &ids {
-            assert!(c.allowed_after(&[]).allows(t), "{format:?}: {t} refused after {:?}", c.emitted());
+            assert!(
+                c.allowed_after(&[]).allows(t),
+                "{format:?}: {t} refused after {:?}",
+                c.emitted()
+            );
             c.push(t);
         }
         let end = c.allowed_after(&[]);
-        assert!(vocab.stop_ids().iter().any(|&s| end.allows(s)), "{format:?}: no stop");
+        assert!(
+            vocab.stop_ids().iter().any(|&s| end.allows(s)),
+            "{format:?}: no stop"
+        );
     }
     let vocab = Vocabulary::new(glm.clone(), glm.stop_token_ids()).unwrap();
     let grammar = tool_call_grammar(ToolCallFormat::Glm, std::slice::from_ref(&tool)).unwrap();
