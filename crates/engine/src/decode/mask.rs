@@ -19,7 +19,7 @@ impl TokenMask {
     /// allow nothing; bits at or past `len` are ignored.
     pub fn from_words(mut words: Vec<u32>, len: usize) -> Self {
         words.resize(len.div_ceil(32), 0);
-        if len % 32 != 0
+        if !len.is_multiple_of(32)
             && let Some(last) = words.last_mut()
         {
             *last &= (1u32 << (len % 32)) - 1;

@@ -141,7 +141,7 @@ fn decode_base64(s: &str) -> Option<Vec<u8>> {
         } as u32)
     }
     let s = s.as_bytes();
-    if s.len() % 4 != 0 {
+    if !s.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(s.len() / 4 * 3);
