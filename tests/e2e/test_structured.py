@@ -146,6 +146,9 @@ WEATHER = {
                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
             },
             "required": ["city", "unit"],
+            # Without it the grammar admits any extra keys, and a sampled
+            # call may run past max_tokens.
+            "additionalProperties": False,
         },
     },
 }
@@ -157,6 +160,7 @@ CLOCK = {
             "type": "object",
             "properties": {"zone": {"type": "string", "maxLength": 12}},
             "required": ["zone"],
+            "additionalProperties": False,
         },
     },
 }

@@ -33,12 +33,15 @@ fn weather_tool() -> Value {
                     "city": {"type": "string", "maxLength": 24},
                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
                 },
-                "required": ["city", "unit"]
+                "required": ["city", "unit"],
+                // Closed: an open object lets a sampled call add keys until
+                // the token limit cuts it (then the finish is `length`).
+                "additionalProperties": false
             }
         }
     }, {
         "type": "function",
-        "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 12}}, "required": ["zone"]}}
+        "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 12}}, "required": ["zone"], "additionalProperties": false}}
     }])
 }
 

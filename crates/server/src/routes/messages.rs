@@ -422,9 +422,10 @@ fn tool_input(arguments: &str) -> Value {
 
 fn stop_reason(s: &TurnSummary, tool_use: bool) -> &'static str {
     match s.finish_reason {
+        // A call cut by the token limit may be incomplete: say so.
+        FinishReason::MaxTokens | FinishReason::ContextFull => "max_tokens",
         _ if tool_use => "tool_use",
         FinishReason::Caller(CallerStop::StopString) => "stop_sequence",
-        FinishReason::MaxTokens | FinishReason::ContextFull => "max_tokens",
         FinishReason::StopToken | FinishReason::Caller(CallerStop::Cancelled) => "end_turn",
         // The request's grammar admits no token here (an extension value).
         FinishReason::NoAllowedToken => "no_allowed_token",

@@ -84,12 +84,14 @@ impl Usage {
     }
 }
 
-/// OpenAI's finish reason: `tool_calls` when the reply called tools.
+/// OpenAI's finish reason: `tool_calls` when the reply called tools, unless
+/// the token limit cut it (then the last call may be incomplete, and
+/// `length` says so, as OpenAI does).
 pub fn finish_reason(s: &TurnSummary, tool_calls: bool) -> &'static str {
     match s.finish_reason {
+        FinishReason::MaxTokens | FinishReason::ContextFull => "length",
         _ if tool_calls => "tool_calls",
         FinishReason::StopToken | FinishReason::Caller(CallerStop::StopString) => "stop",
-        FinishReason::MaxTokens | FinishReason::ContextFull => "length",
         FinishReason::Caller(CallerStop::Cancelled) => "stop",
         // The request's grammar admits no token at this point: the reply
         // ended there rather than loop (an extension value).
