@@ -172,28 +172,23 @@ pub(super) unsafe fn rows<const R: usize, Q: Quants>(
     let scales: &[f32] = scales;
     let quants = g.quants.as_ptr();
     if fused {
-        for r in 0..m {
-            let xr = &x[r * k..(r + 1) * k];
-            let mut acc = [_mm256_setzero_ps(); R];
-            for b in 0..nb {
-                // SAFETY: block b of xr.
-                let xv: [__m256; 4] = std::array::from_fn(|i| unsafe {
-                    _mm256_loadu_ps(xr.as_ptr().add(b * BLOCK + i * 8))
-                });
-                for (c, a) in acc.iter_mut().enumerate() {
-                    let at = quants.wrapping_add((b * R + c) * Q::BYTES);
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH) as *const i8);
-                    // SAFETY: block b of row c is inside the group.
-                    let u = unsafe { Q::unpack(at) };
-                    let d = _mm256_set1_ps(scales[b * R + c]);
-                    for (u, x) in u.into_iter().zip(xv) {
-                        *a = _mm256_fmadd_ps(_mm256_mul_ps(d, u), x, *a);
-                    }
+        // Two activation rows at a time share each unpacked, scaled block
+        // in registers (2 × R accumulators + 4 weight vectors fit the 16
+        // registers; activations are FMA memory operands).
+        let mut r = 0;
+        while r < m {
+            let n = (m - r).min(2);
+            let (xs, sxs) = (&x[r * k..(r + n) * k], &sx[r * nb..(r + n) * nb]);
+            let o = &mut out[r * R..(r + n) * R];
+            // SAFETY: as this function's contract, for rows r .. r + n.
+            unsafe {
+                if n == 2 {
+                    fused_rows::<R, 2, Q>(g, scales, xs, sxs, o)
+                } else {
+                    fused_rows::<R, 1, Q>(g, scales, xs, sxs, o)
                 }
             }
-            for (c, a) in acc.into_iter().enumerate() {
-                out[r * R + c] = finish::<Q>(a, g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
-            }
+            r += n;
         }
         return;
     }
@@ -256,6 +251,50 @@ pub(super) unsafe fn rows<const R: usize, Q: Quants>(
             i += 8;
         }
         for (c, a) in acc.into_iter().enumerate() {
+            out[r * R + c] = finish::<Q>(a, g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
+        }
+    }
+}
+
+/// `N` activation rows times the `R` rows of `g`, each block's quants
+/// unpacked and scaled once in registers and used for every activation
+/// row: per output element the same operations in the same order as one
+/// row alone.
+///
+/// # Safety
+/// As [`rows`], with `x` holding `N` rows, `sx` their block sums, `scales`
+/// the group's `R · k / 32` scales as f32 and `out` `N · R` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fused_rows<const R: usize, const N: usize, Q: Quants>(
+    g: &RowGroup,
+    scales: &[f32],
+    x: &[f32],
+    sx: &[f32],
+    out: &mut [f32],
+) {
+    let (k, nb) = (g.k, g.k / BLOCK);
+    let quants = g.quants.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); R]; N];
+    for b in 0..nb {
+        for c in 0..R {
+            let at = quants.wrapping_add((b * R + c) * Q::BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH) as *const i8);
+            // SAFETY: block b of row c is inside the group.
+            let u = unsafe { Q::unpack(at) };
+            let d = _mm256_set1_ps(scales[b * R + c]);
+            let w = u.map(|u| _mm256_mul_ps(d, u));
+            for (r, a) in acc.iter_mut().enumerate() {
+                for (i, w) in w.iter().enumerate() {
+                    // SAFETY: block b of row r of x.
+                    let xv = unsafe { _mm256_loadu_ps(x.as_ptr().add(r * k + b * BLOCK + i * 8)) };
+                    a[c] = _mm256_fmadd_ps(*w, xv, a[c]);
+                }
+            }
+        }
+    }
+    for (r, a) in acc.into_iter().enumerate() {
+        for (c, a) in a.into_iter().enumerate() {
             out[r * R + c] = finish::<Q>(a, g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
         }
     }

@@ -132,26 +132,24 @@ pub(super) unsafe fn rows<const R: usize, Q: Quants512>(
     let scales: &[f32] = scales;
     let quants = g.quants.as_ptr();
     if fused {
-        for r in 0..m {
-            let xr = &x[r * k..(r + 1) * k];
-            let mut acc = [_mm512_setzero_ps(); R];
-            for b in 0..nb {
-                // SAFETY: block b of xr.
-                let xv: [__m512; 2] = std::array::from_fn(|i| unsafe {
-                    _mm512_loadu_ps(xr.as_ptr().add(b * BLOCK + i * 16))
-                });
-                for (c, a) in acc.iter_mut().enumerate() {
-                    let at = quants.wrapping_add((b * R + c) * Q::BYTES);
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH) as *const i8);
-                    // SAFETY: block b of row c is inside the group.
-                    let u = unsafe { Q::unpack(at) };
-                    let d = _mm512_set1_ps(scales[b * R + c]);
-                    *a = _mm512_fmadd_ps(d, block_dot(u, xv), *a);
+        // Up to four activation rows share each unpacked block in
+        // registers (4 × R accumulators + 4 × 2 activation vectors fit the
+        // 32 registers): an MTP verify window pays the unpacking once.
+        let mut r = 0;
+        while r < m {
+            let n = (m - r).min(4);
+            let (xs, sxs) = (&x[r * k..(r + n) * k], &sx[r * nb..(r + n) * nb]);
+            let o = &mut out[r * R..(r + n) * R];
+            // SAFETY: as this function's contract, for rows r .. r + n.
+            unsafe {
+                match n {
+                    4 => fused_rows::<R, 4, Q>(g, scales, xs, sxs, o),
+                    3 => fused_rows::<R, 3, Q>(g, scales, xs, sxs, o),
+                    2 => fused_rows::<R, 2, Q>(g, scales, xs, sxs, o),
+                    _ => fused_rows::<R, 1, Q>(g, scales, xs, sxs, o),
                 }
             }
-            for (c, a) in acc.into_iter().enumerate() {
-                out[r * R + c] = finish::<Q>(a, g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
-            }
+            r += n;
         }
         return;
     }
@@ -209,6 +207,47 @@ pub(super) unsafe fn rows<const R: usize, Q: Quants512>(
             }
         }
         for (c, a) in acc.into_iter().enumerate() {
+            out[r * R + c] = finish::<Q>(a, g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
+        }
+    }
+}
+
+/// `N` activation rows times the `R` rows of `g`, each block's quants
+/// unpacked once in registers and used for every activation row: per
+/// output element the same operations in the same order as one row alone.
+///
+/// # Safety
+/// As [`rows`], with `x` holding `N` rows, `sx` their block sums, `scales`
+/// the group's `R · k / 32` scales as f32 and `out` `N · R` values.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn fused_rows<const R: usize, const N: usize, Q: Quants512>(
+    g: &RowGroup,
+    scales: &[f32],
+    x: &[f32],
+    sx: &[f32],
+    out: &mut [f32],
+) {
+    let (k, nb) = (g.k, g.k / BLOCK);
+    let quants = g.quants.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); R]; N];
+    for b in 0..nb {
+        // SAFETY: block b of each of the N rows of x.
+        let xv: [[__m512; 2]; N] =
+            std::array::from_fn(|r| unsafe { load_block(x.as_ptr().add(r * k + b * BLOCK)) });
+        for c in 0..R {
+            let at = quants.wrapping_add((b * R + c) * Q::BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH) as *const i8);
+            // SAFETY: block b of row c is inside the group.
+            let u = unsafe { Q::unpack(at) };
+            let d = _mm512_set1_ps(scales[b * R + c]);
+            for (a, xr) in acc.iter_mut().zip(&xv) {
+                a[c] = _mm512_fmadd_ps(d, block_dot(u, *xr), a[c]);
+            }
+        }
+    }
+    for (r, a) in acc.into_iter().enumerate() {
+        for (c, a) in a.into_iter().enumerate() {
             out[r * R + c] = finish::<Q>(a, g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
         }
     }

@@ -242,8 +242,9 @@ thread_local! {
 /// all of them.
 const COLUMNS: usize = 4;
 
-/// Up to this many activation rows, quants are unpacked in registers for
-/// each row; beyond, once into a buffer shared by all rows.
+/// Up to this many activation rows (a decode step or an MTP verify
+/// window), quants are unpacked in registers and shared by the rows the
+/// registers hold; beyond (prefill), once into a buffer shared by all rows.
 #[cfg_attr(
     not(all(
         target_arch = "x86_64",
@@ -253,7 +254,7 @@ const COLUMNS: usize = 4;
     )),
     allow(dead_code)
 )]
-const FUSED_MAX_ROWS: usize = 1;
+const FUSED_MAX_ROWS: usize = 4;
 
 impl BlockMatrix {
     /// `data`: `n` rows of `k / 32` blocks each, as stored in GGUF.
