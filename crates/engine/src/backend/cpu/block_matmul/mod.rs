@@ -376,8 +376,16 @@ impl BlockMatrix {
         BLOCK_SUMS.set(sx);
     }
 
+    /// Activation rows per tile: about 256 KiB of them (a tile is read
+    /// once per row group), and never fewer than the register-fused path
+    /// takes, so decode and verify windows run untiled.
+    fn row_tile(&self, m: usize) -> usize {
+        const TILE_FLOATS: usize = 64 * 1024;
+        (TILE_FLOATS / self.k).max(2 * FUSED_MAX_ROWS).min(m.max(1))
+    }
+
     fn run_groups(&self, isa: Isa, x: &[f32], sx: &[f32], m: usize, y: &mut [f32]) {
-        let n = self.n;
+        let (n, k, nb) = (self.n, self.k, self.k / BLOCK);
         let y_ptr = SendPtr(y.as_mut_ptr());
         let groups = n.div_ceil(COLUMNS);
         let pool = candle_core::utils::barrier_pool();
@@ -388,17 +396,27 @@ impl BlockMatrix {
             SCRATCH.with(|scratch| {
                 let scratch = &mut *scratch.borrow_mut();
                 let mut out = std::mem::take(&mut scratch.out);
-                out.resize(m * COLUMNS, 0.0);
-                for group in range {
-                    let j0 = group * COLUMNS;
-                    let cols = COLUMNS.min(n - j0);
-                    let out = &mut out[..m * cols];
-                    self.group_times(isa, j0, cols, x, sx, m, scratch, out);
-                    for r in 0..m {
-                        for c in 0..cols {
-                            // SAFETY: (r, j0 + c) is in bounds and written
-                            // only by this group.
-                            unsafe { *y_ptr.0.add(r * n + j0 + c) = out[r * cols + c] };
+                let tile = self.row_tile(m);
+                out.resize(tile * COLUMNS, 0.0);
+                // Activation rows in tiles that stay in the core's L2 while
+                // every row group of this work item passes over them (a
+                // group's quants are unpacked again per tile). The rows of
+                // a tile are the kernels' `m`: an output element's
+                // operations do not depend on it, so tiling changes no bit.
+                for r0 in (0..m).step_by(tile) {
+                    let tm = tile.min(m - r0);
+                    let (xt, st) = (&x[r0 * k..(r0 + tm) * k], &sx[r0 * nb..(r0 + tm) * nb]);
+                    for group in range.clone() {
+                        let j0 = group * COLUMNS;
+                        let cols = COLUMNS.min(n - j0);
+                        let out = &mut out[..tm * cols];
+                        self.group_times(isa, j0, cols, xt, st, tm, scratch, out);
+                        for r in 0..tm {
+                            for c in 0..cols {
+                                // SAFETY: (r0 + r, j0 + c) is in bounds and
+                                // written only by this group.
+                                unsafe { *y_ptr.0.add((r0 + r) * n + j0 + c) = out[r * cols + c] };
+                            }
                         }
                     }
                 }
@@ -666,6 +684,35 @@ mod tests {
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{isa:?} {format:?} split at {split}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn row_tiles_change_no_bit() {
+        // k = 8192: tiles of 8 rows, so 21 rows run as 8 + 8 + 5 (buffer
+        // path) and 19 rows end in a 3-row register-fused tile.
+        for (isa, format) in isas()
+            .into_iter()
+            .flat_map(|i| [(i, BlockFormat::Q4_1), (i, BlockFormat::Q8_0)])
+        {
+            let (n, k) = (9, 8192);
+            let (_, w) = quantized(format, n, k, 31);
+            assert_eq!(w.row_tile(21), 8);
+            for m in [19, 21] {
+                let x = random(m * k, 32 + m as u64);
+                let mut window = vec![0f32; m * n];
+                w.matmul_with(isa, &x, m, &mut window);
+                for r in 0..m {
+                    let mut step = vec![0f32; n];
+                    w.matmul_with(isa, &x[r * k..(r + 1) * k], 1, &mut step);
+                    assert!(
+                        step.iter()
+                            .zip(&window[r * n..(r + 1) * n])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?} {format:?} m={m} row {r}"
+                    );
+                }
             }
         }
     }
