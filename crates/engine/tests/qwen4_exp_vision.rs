@@ -231,6 +231,15 @@ fn qwen4_vl_tower_features_match_transformers() {
         .unwrap()
         .expect("a VL checkpoint");
     let out = tower.config().out_hidden_size;
+    let c = tower.config();
+    assert_eq!(
+        (
+            c.image_token_id,
+            c.vision_start_token_id,
+            c.vision_end_token_id
+        ),
+        (IMAGE_PAD as u32, 124, 125)
+    );
     for k in 0..PROMPTS {
         let mut ours = Vec::new();
         let (_, want) = t.f32(&format!("p{k}.vision_features"));
@@ -504,5 +513,44 @@ fn qwen4_vl_bench_tower_share_of_prefill() {
             trunk_s * 1e3,
             100.0 * tower_s / (tower_s + trunk_s)
         );
+    }
+}
+
+/// An MTP verify window after an image prompt sees the same positions as
+/// AR steps (text continues at index + delta): window rows equal step rows
+/// bit for bit, and after committing part of a window the next window
+/// continues where the steps did.
+#[test]
+fn qwen4_vl_verify_windows_and_commits_match_steps_after_images() {
+    let r = Tensors::open("processor.ref.safetensors");
+    let t = Tensors::open("tiny_vl.ref.safetensors");
+    let cfg = processor_config();
+    let (model, tower) = vl_model();
+    for k in 0..PROMPTS {
+        let p = Prompt::build(k, &tower, &r, &t, &cfg);
+        let tail: Vec<u32> = vec![7, 40, 3, 99, 12];
+        let mut ar = model.new_state();
+        p.run(&model, &mut ar, &[p.ids.len()]);
+        let steps: Vec<Vec<f32>> = tail
+            .iter()
+            .map(|&tok| {
+                model
+                    .forward(&[tok], &mut ar, LogitsRows::All)
+                    .unwrap()
+                    .logits
+            })
+            .collect();
+        let mut spec = model.new_state();
+        p.run(&model, &mut spec, &[p.ids.len()]);
+        let w = Model::forward_window(&model, &tail[..4], &mut spec).unwrap();
+        assert_eq!(
+            w.logits.logits,
+            steps[..4].concat(),
+            "p{k}: window rows != steps"
+        );
+        spec.commit(&w.record, 2).unwrap();
+        assert_eq!(spec.len(), p.ids.len() + 2);
+        let w = Model::forward_window(&model, &tail[2..], &mut spec).unwrap();
+        assert_eq!(w.logits.logits, steps[2..].concat(), "p{k}: after a commit");
     }
 }

@@ -483,7 +483,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let mut at = 0;
         for &(first, rows) in media.spans {
             let n = rows.len() / h;
-            if first < at || rows.len() % h != 0 || n == 0 || first + n > tokens.len() {
+            if first < at || !rows.len().is_multiple_of(h) || n == 0 || first + n > tokens.len() {
                 return Err(EngineError::State(format!(
                     "media rows at token {first}: {} values ({h} per row) do not fit a {}-token chunk after token {at}",
                     rows.len(),

@@ -52,7 +52,7 @@ pub fn mrope_positions(
     let mut pos: i64 = 0;
     for (index, img) in images.iter().enumerate() {
         let [t, gh, gw] = img.grid_thw;
-        if merge == 0 || gh % merge != 0 || gw % merge != 0 {
+        if merge == 0 || !gh.is_multiple_of(merge) || !gw.is_multiple_of(merge) {
             return Err(SpanError::Grid {
                 index,
                 grid: img.grid_thw,

@@ -44,6 +44,11 @@ pub struct VisionConfig {
     pub num_position_embeddings: usize,
     pub rope_theta: f32,
     pub act: GeluForm,
+    /// Prompt token ids (top level of `config.json`): an image is
+    /// `vision_start, image × merged tokens, vision_end`.
+    pub image_token_id: u32,
+    pub vision_start_token_id: u32,
+    pub vision_end_token_id: u32,
 }
 
 fn config_err(path: &Path, field: &str, message: String) -> EngineError {
@@ -106,10 +111,16 @@ impl VisionConfig {
             num_position_embeddings: field(path, v, "num_position_embeddings", 2304)?,
             rope_theta,
             act,
+            image_token_id: field(path, config, "image_token_id", 248_056)? as u32,
+            vision_start_token_id: field(path, config, "vision_start_token_id", 248_053)? as u32,
+            vision_end_token_id: field(path, config, "vision_end_token_id", 248_054)? as u32,
         };
         let side = (c.num_position_embeddings as f64).sqrt() as usize;
         let head_dim = c.hidden_size / c.num_heads.max(1);
-        if c.num_heads == 0 || c.hidden_size % c.num_heads != 0 || head_dim % 4 != 0 {
+        if c.num_heads == 0
+            || !c.hidden_size.is_multiple_of(c.num_heads)
+            || !head_dim.is_multiple_of(4)
+        {
             return Err(config_err(
                 path,
                 "num_heads",
@@ -289,7 +300,10 @@ impl<B: Backend> VisionTower<B> {
         let [t, gh, gw] = img.grid_thw;
         let m = cfg.spatial_merge_size;
         let n = t * gh * gw;
-        if img.pixel_values.len() != n * cfg.patch_dim() || gh % m != 0 || gw % m != 0 {
+        if img.pixel_values.len() != n * cfg.patch_dim()
+            || !gh.is_multiple_of(m)
+            || !gw.is_multiple_of(m)
+        {
             return Err(EngineError::State(format!(
                 "vision tower: {} pixel values for a {t}x{gh}x{gw} grid of {}-value patches (merge {m})",
                 img.pixel_values.len(),
