@@ -15,6 +15,6 @@ pub mod table;
 
 pub use error::EngineError;
 pub use model::{
-    DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract, MtpHistory,
-    MtpStep, NoMtp, VerifyWindow,
+    DeviceRows, ForwardOutput, HiddenRows, LogitsRows, MediaChunk, Model, ModelState, MtpContract,
+    MtpHistory, MtpStep, NoMtp, VerifyWindow,
 };

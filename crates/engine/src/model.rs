@@ -32,6 +32,25 @@ impl ForwardOutput {
 }
 
 /// Everything a model remembers about the tokens it has processed.
+/// Rows of one prefill chunk that come from a media encoder rather than
+/// the token embedding (family-neutral: host values, so no backend type
+/// crosses the contract).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MediaChunk<'a> {
+    /// `(first token index in the chunk, rows [n, width] row-major)`, in
+    /// chunk order, not overlapping.
+    pub spans: &'a [(usize, &'a [f32])],
+    /// One `(t, h, w)` position per token of the chunk, or empty for the
+    /// family's text positions.
+    pub positions: &'a [[u32; 3]],
+}
+
+impl MediaChunk<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty() && self.positions.is_empty()
+    }
+}
+
 pub trait ModelState: Send {
     /// The family's record of a verify window (see [`Model::forward_window`]):
     /// what [`ModelState::commit`] needs to keep any prefix of the window.
@@ -115,6 +134,27 @@ pub trait Model: Send + Sync {
         state: &mut Self::State,
         rows: LogitsRows,
     ) -> Result<ForwardOutput>;
+
+    /// [`Model::forward`] with media: `media.rows` replace the embeddings of
+    /// the tokens they name (placeholders, whose ids stay in `tokens` for
+    /// whatever the family derives from ids), and `media.positions` gives
+    /// every token of the chunk its `(t, h, w)` position. A family without
+    /// media input refuses a non-empty one; an empty one is `forward`.
+    fn forward_media(
+        &self,
+        tokens: &[u32],
+        media: &MediaChunk<'_>,
+        state: &mut Self::State,
+        rows: LogitsRows,
+    ) -> Result<ForwardOutput> {
+        if media.is_empty() {
+            return self.forward(tokens, state, rows);
+        }
+        Err(EngineError::Unsupported(format!(
+            "{} takes no image input",
+            self.descriptor().name
+        )))
+    }
 
     // ---- Speculative decoding (families with an MTP head). The defaults
     // describe a family without one; the AR path never calls these. ----

@@ -24,9 +24,9 @@
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm`, `layer_norm` (with bias) |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
 //! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay), `kda_gate` |
-//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `attention_window` (sliding window + compressed entries + sinks) |
+//! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `selection_from_host` (a selection the caller lists: a vision tower's per-image attention), `attention_window` (sliding window + compressed entries + sinks) |
 //! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
-//! | element-wise | `add`, `mul`, `affine`, `silu`, `sigmoid`, `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
+//! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -87,6 +87,15 @@ pub struct ScanDims {
 pub enum GateAct {
     Sigmoid,
     Silu,
+}
+
+/// The two GELU forms checkpoints use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GeluForm {
+    /// `0.5·x·(1 + erf(x/√2))` (torch `nn.GELU()`).
+    Erf,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (`gelu_pytorch_tanh`).
+    Tanh,
 }
 
 /// How the two halves of a RoPE pair are laid out in a head.
@@ -426,6 +435,11 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Selection>;
     /// The selection on the host, for traces.
     fn selection_to_host(&self, s: &Self::Selection) -> Result<Vec<Vec<u32>>>;
+    /// A selection the caller lists (row `r` keeps `rows[r]`, each index
+    /// below `bound`): attention patterns fixed by the input's shape, such
+    /// as a vision tower's block-diagonal per-image attention, run through
+    /// [`Backend::attention_gathered`].
+    fn selection_from_host(&self, rows: &[Vec<u32>], bound: usize) -> Result<Self::Selection>;
     /// Pools of `pool` tokens to token indices (GLM-5's DSA): row `r` (the
     /// query at token `t = base + r`) lists every token of each of its
     /// selected pools `p` (`p·pool .. (p+1)·pool`, each pool complete and
@@ -522,6 +536,11 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     // ---- element-wise ----
 
     fn add(&self, a: &Self::Buf, b: &Self::Buf) -> Result<Self::Buf>;
+    /// `x[r, j] + b[j]`, `x: [rows, width]`, `b: [width]` (a linear
+    /// layer's bias).
+    fn add_bias(&self, x: &Self::Buf, b: &Self::Buf, width: usize) -> Result<Self::Buf>;
+    /// GELU per element in f32 ([`GeluForm`]).
+    fn gelu(&self, x: &Self::Buf, form: GeluForm) -> Result<Self::Buf>;
     fn mul(&self, a: &Self::Buf, b: &Self::Buf) -> Result<Self::Buf>;
     /// `x·mul + add` (f32).
     fn affine(&self, x: &Self::Buf, mul: f32, add: f32) -> Result<Self::Buf>;

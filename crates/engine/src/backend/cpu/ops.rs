@@ -14,7 +14,7 @@ use super::{
     pool_expand, routing, sparse_attention, window_attention,
 };
 use crate::backend::{
-    Backend, BackendId, EntryKeep, GateAct, Heads, HostWeight, IndexerShape, RopeLayout,
+    Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostWeight, IndexerShape, RopeLayout,
     RouterSpec, ScanDims,
 };
 use crate::error::{EngineError, Result};
@@ -86,6 +86,20 @@ fn host(t: &Tensor) -> Result<Vec<f32>> {
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
+}
+
+/// `0.5·x·(1 + erf(x·(1/√2)))` in f32 (torch's CPU order; `erff` is musl's,
+/// correctly rounded to within an ulp as torch's vectorised one).
+pub(crate) fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` in f32, torch's order.
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const BETA: f32 = 0.797_884_6; // √2 · (2/√π) · 0.5
+    const KAPPA: f32 = 0.044715;
+    let inner = BETA * (x + KAPPA * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
 }
 
 /// Below this many values an element-wise or per-row op runs on the calling
@@ -833,6 +847,16 @@ impl Backend for CpuOps {
         Ok(s.clone())
     }
 
+    fn selection_from_host(&self, rows: &[Vec<u32>], bound: usize) -> Result<Vec<Vec<u32>>> {
+        if let Some(bad) = rows.iter().flatten().find(|&&i| i as usize >= bound) {
+            return Err(shape_err(
+                "selection_from_host",
+                format!("index {bad} of {bound} keys"),
+            ));
+        }
+        Ok(rows.to_vec())
+    }
+
     fn expand_pools(
         &self,
         pools: &Vec<Vec<u32>>,
@@ -1077,6 +1101,27 @@ impl Backend for CpuOps {
 
     fn affine(&self, x: &Vec<f32>, mul: f32, add: f32) -> Result<Vec<f32>> {
         Ok(x.iter().map(|v| v * mul + add).collect())
+    }
+
+    fn add_bias(&self, x: &Vec<f32>, b: &Vec<f32>, width: usize) -> Result<Vec<f32>> {
+        if width == 0 || b.len() != width || !x.len().is_multiple_of(width) {
+            return Err(shape_err(
+                "add_bias",
+                format!(
+                    "{} values, a bias of {} for rows of {width}",
+                    x.len(),
+                    b.len()
+                ),
+            ));
+        }
+        Ok(par_map(x.len(), |i| x[i] + b[i % width]))
+    }
+
+    fn gelu(&self, x: &Vec<f32>, form: GeluForm) -> Result<Vec<f32>> {
+        Ok(match form {
+            GeluForm::Erf => par_map(x.len(), |i| gelu_erf(x[i])),
+            GeluForm::Tanh => par_map(x.len(), |i| gelu_tanh(x[i])),
+        })
     }
 
     fn silu(&self, x: &Vec<f32>) -> Result<Vec<f32>> {

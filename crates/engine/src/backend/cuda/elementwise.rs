@@ -7,6 +7,7 @@
 use super::buf::CudaBuf;
 use super::device::{Arg, Device, Shape, args, ptr};
 use super::weights::{BlockKind, CudaTable};
+use crate::backend::GeluForm;
 use crate::error::{EngineError, Result};
 
 fn shape_err(op: &str, msg: String) -> EngineError {
@@ -79,6 +80,28 @@ pub(super) fn mul(dev: &Device, a: &CudaBuf, b: &CudaBuf) -> Result<CudaBuf> {
 
 pub(super) fn affine(dev: &Device, x: &CudaBuf, mul: f32, add: f32) -> Result<CudaBuf> {
     map(dev, "affine_f32", x.len(), args![x.ptr(), mul, add])
+}
+
+pub(super) fn add_bias(dev: &Device, x: &CudaBuf, b: &CudaBuf, width: usize) -> Result<CudaBuf> {
+    if width == 0 || b.len() != width || !x.len().is_multiple_of(width) {
+        return Err(shape_err(
+            "add_bias",
+            format!(
+                "{} values, a bias of {} for rows of {width}",
+                x.len(),
+                b.len()
+            ),
+        ));
+    }
+    map(dev, "add_bias_f32", x.len(), args![x.ptr(), b.ptr(), width])
+}
+
+pub(super) fn gelu(dev: &Device, x: &CudaBuf, form: GeluForm) -> Result<CudaBuf> {
+    let name = match form {
+        GeluForm::Erf => "gelu_erf_f32",
+        GeluForm::Tanh => "gelu_tanh_f32",
+    };
+    map(dev, name, x.len(), args![x.ptr()])
 }
 
 pub(super) fn silu(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {

@@ -9,7 +9,7 @@ use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
 use crate::backend::{
-    Backend, BackendId, EntryKeep, GateAct, Heads, HostWeight, IndexerShape, RopeLayout,
+    Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostWeight, IndexerShape, RopeLayout,
     RouterSpec, ScanDims,
 };
 use crate::error::Result;
@@ -272,6 +272,10 @@ impl Backend for CudaOps {
         select::selection_to_host(&self.dev, s)
     }
 
+    fn selection_from_host(&self, rows: &[Vec<u32>], bound: usize) -> Result<CudaSelection> {
+        select::selection_from_host(&self.dev, rows, bound)
+    }
+
     fn expand_pools(
         &self,
         pools: &CudaSelection,
@@ -374,6 +378,14 @@ impl Backend for CudaOps {
 
     fn affine(&self, x: &CudaBuf, mul: f32, add: f32) -> Result<CudaBuf> {
         elementwise::affine(&self.dev, x, mul, add)
+    }
+
+    fn add_bias(&self, x: &CudaBuf, b: &CudaBuf, width: usize) -> Result<CudaBuf> {
+        elementwise::add_bias(&self.dev, x, b, width)
+    }
+
+    fn gelu(&self, x: &CudaBuf, form: GeluForm) -> Result<CudaBuf> {
+        elementwise::gelu(&self.dev, x, form)
     }
 
     fn silu(&self, x: &CudaBuf) -> Result<CudaBuf> {

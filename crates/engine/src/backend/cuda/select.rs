@@ -167,6 +167,32 @@ pub(super) fn routing_to_host(dev: &Device, r: &CudaRouting) -> Result<(Vec<usiz
     Ok((experts.into_iter().map(|e| e as usize).collect(), weights))
 }
 
+/// A selection listed on the host, padded to the longest row.
+pub(super) fn selection_from_host(
+    dev: &Device,
+    rows: &[Vec<u32>],
+    bound: usize,
+) -> Result<CudaSelection> {
+    if let Some(bad) = rows.iter().flatten().find(|&&i| i as usize >= bound) {
+        return Err(EngineError::State(format!(
+            "selection_from_host: index {bad} of {bound} keys"
+        )));
+    }
+    let cap = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut idx = vec![0u32; rows.len() * cap];
+    for (r, row) in rows.iter().enumerate() {
+        idx[r * cap..r * cap + row.len()].copy_from_slice(row);
+    }
+    let counts: Vec<u32> = rows.iter().map(|r| r.len() as u32).collect();
+    Ok(CudaSelection {
+        idx: Arc::new(dev.upload(&idx)?),
+        counts: Arc::new(dev.upload(&counts)?),
+        rows: rows.len(),
+        cap,
+        bound,
+    })
+}
+
 pub(super) fn selection_to_host(dev: &Device, s: &CudaSelection) -> Result<Vec<Vec<u32>>> {
     let idx = dev.download(&s.idx, s.rows * s.cap)?;
     let counts = dev.download(&s.counts, s.rows)?;

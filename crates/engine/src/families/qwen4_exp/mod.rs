@@ -21,6 +21,7 @@ pub mod model;
 pub mod moe;
 pub mod ple;
 pub mod state;
+pub mod vision;
 
 pub use config::Qwen4ExpConfig;
 pub use model::{MtpOutput, Qwen4ExpModel, TrunkOutput};

@@ -55,7 +55,7 @@ use crate::layers::rope::{MRope, Positions};
 use crate::load::binder::Binder;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
-    DeviceRows, ForwardOutput, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow,
+    DeviceRows, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
 };
 
 #[derive(Debug)]
@@ -437,7 +437,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         rows: LogitsRows,
         trace: bool,
     ) -> Result<TrunkOutput<B>> {
-        self.run(tokens, state, rows, trace, false)
+        self.run(tokens, &MediaChunk::default(), state, rows, trace, false)
     }
 
     /// A verify window: like [`Self::forward_ext`] with all logits rows, and
@@ -449,12 +449,63 @@ impl<B: Backend> Qwen4ExpModel<B> {
         tokens: &[u32],
         state: &mut Qwen4ExpState<B>,
     ) -> Result<TrunkOutput<B>> {
-        self.run(tokens, state, LogitsRows::All, false, true)
+        self.run(
+            tokens,
+            &MediaChunk::default(),
+            state,
+            LogitsRows::All,
+            false,
+            true,
+        )
+    }
+
+    /// A trunk forward with image rows and M-RoPE positions
+    /// ([`MediaChunk`]); see [`Self::forward_ext`].
+    pub fn forward_media_ext(
+        &self,
+        tokens: &[u32],
+        media: &MediaChunk<'_>,
+        state: &mut Qwen4ExpState<B>,
+        rows: LogitsRows,
+        trace: bool,
+    ) -> Result<TrunkOutput<B>> {
+        self.run(tokens, media, state, rows, trace, false)
+    }
+
+    /// The token embeddings with `media`'s rows in place of theirs.
+    fn embed_media(&self, tokens: &[u32], media: &MediaChunk<'_>) -> Result<B::Buf> {
+        let x = self.embed(tokens)?;
+        if media.spans.is_empty() {
+            return Ok(x);
+        }
+        let (ops, h) = (&self.ops, self.cfg.hidden_size);
+        let mut out = ops.zeros(0)?;
+        let mut at = 0;
+        for &(first, rows) in media.spans {
+            let n = rows.len() / h;
+            if first < at || !rows.len().is_multiple_of(h) || n == 0 || first + n > tokens.len() {
+                return Err(EngineError::State(format!(
+                    "media rows at token {first}: {} values ({h} per row) do not fit a {}-token chunk after token {at}",
+                    rows.len(),
+                    tokens.len()
+                )));
+            }
+            if first > at {
+                ops.append(&mut out, &ops.rows(&x, h, at, first - at)?)?;
+            }
+            ops.append(&mut out, &ops.upload(rows)?)?;
+            at = first + n;
+        }
+        if at < tokens.len() {
+            ops.append(&mut out, &ops.rows(&x, h, at, tokens.len() - at)?)?;
+        }
+        Ok(out)
     }
 
     fn run(
         &self,
         tokens: &[u32],
+        media: &MediaChunk<'_>,
         state: &mut Qwen4ExpState<B>,
         rows: LogitsRows,
         trace: bool,
@@ -474,12 +525,25 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 limit: self.cfg.context_length,
             });
         }
-        let x = self.embed(tokens)?;
-        // Text positions: t = h = w = index. (Image/video tokens would carry
-        // their own (t, h, w) here.)
-        state
-            .positions
-            .extend((base..needed).map(|p| [p as u32; 3]));
+        if !media.positions.is_empty() && media.positions.len() != tokens.len() {
+            return Err(EngineError::State(format!(
+                "{} M-RoPE positions for {} tokens",
+                media.positions.len(),
+                tokens.len()
+            )));
+        }
+        let x = self.embed_media(tokens, media)?;
+        if media.positions.is_empty() {
+            // Text positions continue after the largest so far on all three
+            // axes (transformers' `rope_deltas`): the token index when
+            // there was no image.
+            let next = state.next_text_position();
+            state
+                .positions
+                .extend((0..tokens.len() as u32).map(|i| [next + i; 3]));
+        } else {
+            state.positions.extend_from_slice(media.positions);
+        }
         let rope_rows = self.rope.tables(ops, &state.positions[base..])?;
         let pos = Positions {
             all: &state.positions,
@@ -640,7 +704,19 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         state: &mut Qwen4ExpState<B>,
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
-        Ok(self.run(tokens, state, rows, false, false)?.logits)
+        Ok(self
+            .run(tokens, &MediaChunk::default(), state, rows, false, false)?
+            .logits)
+    }
+
+    fn forward_media(
+        &self,
+        tokens: &[u32],
+        media: &MediaChunk<'_>,
+        state: &mut Qwen4ExpState<B>,
+        rows: LogitsRows,
+    ) -> Result<ForwardOutput> {
+        Ok(self.run(tokens, media, state, rows, false, false)?.logits)
     }
 
     // The speculative contract delegates to the family's own API (see the

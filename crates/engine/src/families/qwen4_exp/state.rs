@@ -139,6 +139,16 @@ impl<B: Backend> AttnCache<B> {
 }
 
 impl<B: Backend> Qwen4ExpState<B> {
+    /// The position of a text token after everything covered: one past the
+    /// largest position on any axis (an image advances the running position
+    /// by its longer merged side, not by its placeholder count), which is
+    /// the token index when the state holds no image. Derived from the
+    /// positions themselves, so truncate, restore, commit and import need
+    /// no separate delta.
+    pub(crate) fn next_text_position(&self) -> u32 {
+        self.positions.iter().flatten().max().map_or(0, |m| m + 1)
+    }
+
     pub fn layers(&self) -> &[LayerCache<B>] {
         &self.layers
     }

@@ -1,6 +1,6 @@
 //! Element-wise ops, PLE gate, stream ops, mHC and compression.
 
-use ds4_engine::backend::{Backend, CpuOps};
+use ds4_engine::backend::{Backend, CpuOps, GeluForm};
 
 use crate::support::{check, down, gpu, rnd, rows_invariant, up};
 
@@ -47,6 +47,29 @@ fn cuda_element_wise_ops_match_the_cpu() {
         1e-6,
         false,
     );
+    for form in [GeluForm::Erf, GeluForm::Tanh] {
+        check(
+            &format!("gelu {form:?}"),
+            &down(&g, &g.gelu(&ga, form).unwrap()),
+            &c.gelu(&a, form).unwrap(),
+            1e-6,
+            false,
+        );
+    }
+    check(
+        "add_bias",
+        &down(&g, &g.add_bias(&ga, &up(&g, &b[..w]), w).unwrap()),
+        &c.add_bias(&a, &b[..w].to_vec(), w).unwrap(),
+        0.0,
+        true,
+    );
+    assert!(g.add_bias(&ga, &up(&g, &b[..w - 1]), w).is_err());
+    // A listed selection round-trips and drives attention_gathered like
+    // any other (the vision tower's per-image attention).
+    let listed: Vec<Vec<u32>> = vec![vec![0, 1, 2], vec![0, 1, 2], vec![3, 4], vec![3, 4]];
+    let gsel = g.selection_from_host(&listed, 5).unwrap();
+    assert_eq!(g.selection_to_host(&gsel).unwrap(), listed);
+    assert!(g.selection_from_host(&listed, 4).is_err());
     assert!(g.add(&ga, &up(&g, &b[..10])).is_err());
     for limit in [None, Some(2.5f32)] {
         let run = |r: std::ops::Range<usize>| {

@@ -11,6 +11,25 @@ extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u64
     FOR_EACH(i, n) y[i] = a[i] * b[i];
 }
 
+// `map` passes n last: y, x, b, width, n.
+extern "C" __global__ void add_bias_f32(float* y, const float* x, const float* b, u64 width, u64 n) {
+    FOR_EACH(i, n) y[i] = x[i] + b[i % width];
+}
+
+// 0.5·x·(1 + erf(x·(1/√2))), the CPU's order.
+extern "C" __global__ void gelu_erf_f32(float* y, const float* x, u64 n) {
+    FOR_EACH(i, n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710677f));
+}
+
+// 0.5·x·(1 + tanh(β·(x + κ·x³))), the CPU's order.
+extern "C" __global__ void gelu_tanh_f32(float* y, const float* x, u64 n) {
+    FOR_EACH(i, n) {
+        float v = x[i];
+        float inner = 0.7978846f * (v + 0.044715f * v * v * v);
+        y[i] = 0.5f * v * (1.0f + tanhf(inner));
+    }
+}
+
 extern "C" __global__ void affine_f32(float* y, const float* x, float mul, float add, u64 n) {
     FOR_EACH(i, n) y[i] = x[i] * mul + add;
 }
