@@ -65,10 +65,17 @@ pub fn tool_call_grammar(
             // JSON, one `<parameter=…>` block per argument.
             ToolCallFormat::QwenXml => {
                 let args = members_raw_enums(&params, true, |key, value, _| {
+                    // Free text runs to its last newline before the closing
+                    // tag (a `TEXT` then a literal newline would leave the
+                    // greedy lexeme holding the newline).
+                    let (value, close) = match value.as_str() {
+                        "TEXT" => ("TEXT_NL".to_string(), "</parameter>\n"),
+                        _ => (value, "\n</parameter>\n"),
+                    };
                     format!(
                         "{} {value} {}",
                         lit(&format!("<parameter={key}>\n")),
-                        lit("\n</parameter>\n")
+                        lit(close)
                     )
                 })?;
                 format!(
@@ -109,6 +116,10 @@ pub fn tool_call_grammar(
     // Raw text values (GLM, DSML and Qwen XML string parameters): anything
     // up to the closing tag's `<`.
     lark.push_str("TEXT: /[^<]*/\n");
+    if format == ToolCallFormat::QwenXml {
+        // A Qwen XML string value and the newline the template writes after it.
+        lark.push_str("TEXT_NL: /[^<]*\\n/\n");
+    }
     Ok(Grammar::Lark(lark))
 }
 

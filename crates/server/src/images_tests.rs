@@ -103,7 +103,7 @@ fn limits_name_the_flag() {
     let mut images = Images::new(
         ImageLimits {
             max_images: 2,
-            max_image_bytes: 16,
+            max_image_bytes: 32,
         },
         true,
     );
@@ -119,22 +119,22 @@ fn limits_name_the_flag() {
     let mut images = Images::new(
         ImageLimits {
             max_images: 2,
-            max_image_bytes: 16,
+            max_image_bytes: 32,
         },
         true,
     );
     let mut big = PNG.to_vec();
-    big.resize(17, 0);
+    big.resize(33, 0);
     let (message, ..) = error(images.push_url("d", &url("image/png", &big)));
     assert!(
-        message.contains("17 bytes") && message.contains("--max-image-bytes of 16"),
+        message.contains("33 bytes") && message.contains("--max-image-bytes of 32"),
         "{message}"
     );
     // Far over the limit: refused from the encoded length, before decoding.
     big.resize(4096, 0);
     let (message, ..) = error(images.push_url("d", &url("image/png", &big)));
     assert!(message.contains("--max-image-bytes"), "{message}");
-    big.truncate(16);
+    big.truncate(32);
     images.push_url("d", &url("image/png", &big)).unwrap();
 }
 

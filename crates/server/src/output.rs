@@ -386,8 +386,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn qwen_reasoning_and_hermes_calls_streamed_token_by_token() {
-        let out = "<think>\nThe user wants weather.\n</think>\n\nChecking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    async fn qwen_reasoning_and_xml_calls_streamed_token_by_token() {
+        let out = "<think>\nThe user wants weather.\n</think>\n\nChecking.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
         let c = scripted("qwen4_exp", true, false, out).await;
         assert_eq!(c.reasoning, "\nThe user wants weather.\n");
         assert_eq!(c.text, "Checking.");

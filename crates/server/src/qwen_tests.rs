@@ -76,7 +76,7 @@ fn chat_image_url_parts_take_their_place_in_the_prompt() {
     let req = serde_json::from_value(chat_body(&data_url())).unwrap();
     let (checked, _) = chat::prepare(&state(true), req).expect("prepared");
     let g = &checked.generation;
-    assert_one_image_between(&g.prompt, "Look:", " what is it?");
+    assert_one_image_between(&g.prompt, "Look: ", " what is it?");
     assert_eq!(g.images.len(), 1);
     assert_eq!(g.images[0].media_type, "image/png");
     assert_eq!(&*g.images[0].bytes, PNG);
@@ -121,7 +121,7 @@ fn responses_input_image_parts_take_their_place_in_the_prompt() {
         ..Default::default()
     };
     let rendered = prompt::render(&state, turn).unwrap();
-    assert_one_image_between(&rendered.tokens, "Look:", " what is it?");
+    assert_one_image_between(&rendered.tokens, "Look: ", " what is it?");
     assert_eq!(rendered.images.len(), 1);
 }
 
@@ -137,7 +137,7 @@ fn anthropic_image_blocks_take_their_place_in_the_prompt() {
     let (turn, _) = messages::conversation(&state, &req, Some(10), &mut Vec::new()).unwrap();
     assert_eq!(turn.images.len(), 1);
     let rendered = prompt::render(&state, turn).unwrap();
-    assert_one_image_between(&rendered.tokens, "Look:", " what is it?");
+    assert_one_image_between(&rendered.tokens, "Look: ", " what is it?");
 
     let remote = json!({"model": "qwen", "max_tokens": 10, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
