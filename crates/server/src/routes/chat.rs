@@ -507,11 +507,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hermes_calls_stream_as_tool_call_deltas() {
-        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+    async fn xml_calls_stream_as_tool_call_deltas() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
         let (chunks, reasoning, text, calls) = chunks("qwen4_exp", out).await;
         assert_eq!(reasoning, "Weather needed.");
-        // The newline between the two calls is text in the Hermes parser.
+        // The newline between the two calls is text, as the reference parser keeps it.
         assert_eq!(text.trim_end(), "Let me check.");
         assert_eq!(calls.len(), 2);
         assert!(calls[0][0].starts_with("call_") && calls[0][0] != calls[1][0]);

@@ -643,8 +643,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hermes_thinking_text_and_tool_use_blocks() {
-        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    async fn xml_thinking_text_and_tool_use_blocks() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
         let (names, blocks, delta) = blocks("qwen4_exp", out).await;
         assert_eq!(names[..2], ["message_start", "ping"]);
         assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);

@@ -652,8 +652,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hermes_reasoning_message_and_function_call_items() {
-        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    async fn xml_reasoning_message_and_function_call_items() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
         let ev = events("qwen4_exp", out).await;
         assert_eq!(
             joined(&ev, "response.reasoning_text.delta"),
