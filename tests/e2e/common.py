@@ -1,5 +1,7 @@
 """Shared helpers for the end-to-end scripts: a tiny test runner that prints
-the 'N passed, N failed' summary line CI reads."""
+the 'N passed, N failed' summary line CI reads, the official clients for a
+server, the `get_weather` tool in each API's shape, and reading a field the
+client library does not model."""
 
 import os
 import sys
@@ -7,6 +9,42 @@ import traceback
 
 BASE = os.environ.get("DS4_E2E_BASE", "http://127.0.0.1:8000")
 MODEL = "smollm2"
+
+
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
+
+
+def tools(parameters=WEATHER_PARAMETERS):
+    """`get_weather` as OpenAI chat tools and as Anthropic tools."""
+    description = "The current weather of a city."
+    openai_tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": description, "parameters": parameters},
+        }
+    ]
+    anthropic_tools = [{"name": "get_weather", "description": description, "input_schema": parameters}]
+    return openai_tools, anthropic_tools
+
+
+def clients(base):
+    """The official openai and anthropic clients for the server at `base`
+    (no retries: a failure shows at once)."""
+    import anthropic
+    import openai
+
+    oa = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    an = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    return oa, an
+
+
+def extra(obj, key):
+    """A field the client library does not model (`reasoning_content`)."""
+    return (obj.model_extra or {}).get(key)
 
 
 def run(tests):

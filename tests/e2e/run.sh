@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end: start `ds4server serve` on free loopback ports — the default
 # model, a tiny DeepSeek-V4 checkpoint with the real tokenizer and a tiny
-# GLM-5 chat checkpoint with its chat template — run the official openai
+# GLM-5 chat checkpoint with its chat template, a tiny qwen4_exp checkpoint
+# with the real Qwen3.5 tokenizer and template — run the official openai
 # and anthropic clients against them (structured outputs included); then the
 # coding agents (Claude Code, Codex, litellm), each against a server of its
 # own so its responses-by-status counts are its alone; stop them all.
@@ -17,12 +18,14 @@ python3 tests/e2e/dsv4_chat_model.py "$work/dsv4_chat" >/dev/null
 DS4_E2E_BASE="$(start default --model-id smollm2)"
 DS4_E2E_DSV4_BASE="$(start deepseek_v4 --model "$work/dsv4_chat" --model-id deepseek-v4-flash)"
 DS4_E2E_GLM_BASE="$(start glm5_next --model tests/fixtures/glm5_next/chat --model-id glm-5.3-flash)"
-export DS4_E2E_BASE DS4_E2E_DSV4_BASE DS4_E2E_GLM_BASE
+DS4_E2E_QWEN_BASE="$(start qwen4_exp --model tests/fixtures/qwen4_exp/chat --model-id qwen3.8-flash-next)"
+export DS4_E2E_BASE DS4_E2E_DSV4_BASE DS4_E2E_GLM_BASE DS4_E2E_QWEN_BASE
 status=0
 python3 tests/e2e/test_openai.py || status=1
 python3 tests/e2e/test_anthropic.py || status=1
 python3 tests/e2e/test_deepseek.py || status=1
 python3 tests/e2e/test_glm.py || status=1
+python3 tests/e2e/test_qwen.py || status=1
 python3 tests/e2e/test_structured.py || status=1
 
 clients="${DS4_E2E_CLIENTS:-target/e2e-clients}/node_modules/.bin"

@@ -11,44 +11,15 @@ import json
 import os
 from pathlib import Path
 
-import anthropic
-import openai
-
-from common import run
+from common import clients, extra, run, tools
 
 BASE = os.environ["DS4_E2E_DSV4_BASE"]
 MODEL = "deepseek-v4-flash"
 SCRIPT = json.loads(
     (Path(__file__).resolve().parent.parent / "fixtures/deepseek_v4/chat/script.json").read_text()
 )
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather of a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-A_TOOLS = [
-    {
-        "name": "get_weather",
-        "description": "The current weather of a city.",
-        "input_schema": TOOLS[0]["function"]["parameters"],
-    }
-]
-
-oa = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0)
-an = anthropic.Anthropic(base_url=BASE, api_key="unused", max_retries=0)
-
-
-def extra(obj, key):
-    return (obj.model_extra or {}).get(key)
+TOOLS, A_TOOLS = tools()
+oa, an = clients(BASE)
 
 
 def test_openai_streamed_tool_call_then_warm_answer():

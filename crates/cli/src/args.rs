@@ -263,6 +263,12 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running one; more get 503.
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,
+    /// Images one request may carry (models that read images); more get 400.
+    #[arg(long, default_value_t = ds4_server::DEFAULT_MAX_IMAGES)]
+    pub max_images: usize,
+    /// Bytes one image may have once decoded; a larger one gets 400.
+    #[arg(long, default_value_t = ds4_server::DEFAULT_MAX_IMAGE_BYTES)]
+    pub max_image_bytes: usize,
     /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on
     /// every route but `/health` and the embedded page.
     #[arg(long)]

@@ -61,6 +61,29 @@ pub fn tool_call_grammar(
                     lit("</tool_call>")
                 )
             }
+            // Qwen3.5's template writes a string raw and anything else as
+            // JSON, one `<parameter=…>` block per argument.
+            ToolCallFormat::QwenXml => {
+                let args = members_raw_enums(&params, true, |key, value, _| {
+                    // Free text runs to its last newline before the closing
+                    // tag (a `TEXT` then a literal newline would leave the
+                    // greedy lexeme holding the newline).
+                    let (value, close) = match value.as_str() {
+                        "TEXT" => ("TEXT_NL".to_string(), "</parameter>\n"),
+                        _ => (value, "\n</parameter>\n"),
+                    };
+                    format!(
+                        "{} {value} {}",
+                        lit(&format!("<parameter={key}>\n")),
+                        lit(close)
+                    )
+                })?;
+                format!(
+                    "{} {args} {}",
+                    lit(&format!("<tool_call>\n<function={}>\n", tool.name)),
+                    lit("</function>\n</tool_call>")
+                )
+            }
             ToolCallFormat::Dsml => {
                 let args = members(&params, |key, value, raw| {
                     let string = if raw { "true" } else { "false" };
@@ -90,9 +113,13 @@ pub fn tool_call_grammar(
         lark.push_str(&r);
         lark.push('\n');
     }
-    // Raw text values (GLM and DSML string parameters): anything up to the
-    // closing tag's `<`.
+    // Raw text values (GLM, DSML and Qwen XML string parameters): anything
+    // up to the closing tag's `<`.
     lark.push_str("TEXT: /[^<]*/\n");
+    if format == ToolCallFormat::QwenXml {
+        // A Qwen XML string value and the newline the template writes after it.
+        lark.push_str("TEXT_NL: /[^<]*\\n/\n");
+    }
     Ok(Grammar::Lark(lark))
 }
 
@@ -111,12 +138,23 @@ fn parameters(tool: &ForcedTool) -> Result<Value, ConstraintError> {
     })
 }
 
-/// Key/value formats (GLM, DSML): one `pair(key, value_rule)` per property
+/// Key/value formats (GLM, DSML, Qwen XML): one `pair(key, value_rule)` per property
 /// in the schema's order, required ones mandatory, the others optional. A
 /// string property's value is raw text (`TEXT`), any other a JSON value
 /// under its own schema.
 fn members(
     params: &Value,
+    pair: impl Fn(&str, String, bool) -> String,
+) -> Result<String, ConstraintError> {
+    members_raw_enums(params, false, pair)
+}
+
+/// [`members`]; with `raw_enums` a string enum's value is one of its
+/// strings written raw (Qwen3.5's template writes every string raw and its
+/// parser keeps a string parameter's text as is, quotes included).
+fn members_raw_enums(
+    params: &Value,
+    raw_enums: bool,
     pair: impl Fn(&str, String, bool) -> String,
 ) -> Result<String, ConstraintError> {
     let props = params.get("properties").and_then(Value::as_object);
@@ -135,10 +173,25 @@ fn members(
                 "property name {key:?} cannot be written in this model's tool-call format"
             )));
         }
-        let raw = schema.get("type") == Some(&json!("string")) && schema.get("enum").is_none();
-        let value = match raw {
-            true => "TEXT".to_string(),
-            false => format!("%json {}", with_layout(schema)?),
+        let is_string = schema.get("type") == Some(&json!("string"));
+        let enum_strings: Option<Vec<&str>> = schema
+            .get("enum")
+            .and_then(Value::as_array)
+            .and_then(|e| e.iter().map(Value::as_str).collect());
+        let (raw, value) = match (is_string, schema.get("enum"), enum_strings) {
+            (true, None, _) => (true, "TEXT".to_string()),
+            (_, Some(_), Some(options)) if raw_enums && !options.is_empty() => (
+                true,
+                format!(
+                    "({})",
+                    options
+                        .iter()
+                        .map(|o| lit(o))
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                ),
+            ),
+            _ => (false, format!("%json {}", with_layout(schema)?)),
         };
         let p = format!("({})", pair(key, value, raw));
         out.push(if required.contains(&key.as_str()) {

@@ -14,6 +14,9 @@ use crate::worker::{Job, Rejected, WorkEvent};
 #[derive(Debug, Default)]
 pub struct Generation {
     pub prompt: Vec<u32>,
+    /// The prompt's images, in placeholder order (read by a model that
+    /// takes images; see `Serving::accepts_images`).
+    pub images: Vec<crate::images::ImageInput>,
     /// The request field that carried the prompt (named in errors).
     pub prompt_field: &'static str,
     pub sampling: SamplingRequest,

@@ -62,6 +62,9 @@ pub struct ServerConfig {
     pub boundary_every: usize,
     /// Durable session checkpoints (`--checkpoint-dir`); `None`: memory only.
     pub checkpoints: Option<CheckpointConfig>,
+    /// Images per request and bytes per image (`--max-images`,
+    /// `--max-image-bytes`).
+    pub images: crate::images::ImageLimits,
 }
 
 impl ServerConfig {
@@ -86,6 +89,7 @@ impl ServerConfig {
             bank_budget: 1 << 30,
             boundary_every: ds4_engine::state::warm::DEFAULT_BOUNDARY_EVERY,
             checkpoints: None,
+            images: crate::images::ImageLimits::default(),
         }
     }
 }

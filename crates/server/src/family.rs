@@ -26,6 +26,12 @@ pub struct Serving {
     /// it byte for byte when a later request carries those ids
     /// ([`crate::tool_memory`]).
     pub exact_tool_replay: bool,
+    /// The model reads images (its engine side takes them with the prompt).
+    /// False for every family until qwen4_exp's vision tower is merged: an
+    /// image to a family without it is refused ([`ApiError::image_unsupported`]).
+    ///
+    /// [`ApiError::image_unsupported`]: crate::error::ApiError::image_unsupported
+    pub accepts_images: bool,
 }
 
 /// ds4's sampling defaults (`DS4_DEFAULT_TEMPERATURE`, `_TOP_P`, `_MIN_P`;
@@ -49,6 +55,7 @@ const DEEPSEEK_V4: Serving = Serving {
     thinking_sampling: Some(DS4_THINKING),
     structural_greedy: true,
     exact_tool_replay: true,
+    accepts_images: false,
 };
 
 impl Serving {
@@ -62,6 +69,7 @@ impl Serving {
                 thinking_sampling: None,
                 structural_greedy: false,
                 exact_tool_replay: false,
+                accepts_images: false,
             },
         }
     }

@@ -4,7 +4,9 @@
 //! collector consume the same [`Item`]s, so both report the same thing.
 
 use ds4_engine::decode::{FinishReason, TokenLogprobs};
-use ds4_text::{ReasoningSplitter, Split, TextProfile, ToolCallParser, ToolEvent};
+use std::sync::Arc;
+
+use ds4_text::{ReasoningSplitter, Split, TextProfile, ToolCallParser, ToolEvent, ToolSchemas};
 use tokio::sync::mpsc;
 
 use crate::ids::new_id;
@@ -41,6 +43,7 @@ pub enum Item {
 pub struct OutputParser {
     reasoning: Option<ReasoningSplitter>,
     tools: Option<ToolCallParser>,
+    format: Option<ds4_text::ToolCallFormat>,
     ids: Vec<String>,
     /// Where sampled tool-call blocks are remembered under their call ids
     /// (families with exact replay).
@@ -58,9 +61,19 @@ impl OutputParser {
                 .tool_calls
                 .filter(|_| tools)
                 .map(ToolCallParser::new),
+            format: profile.tool_calls.filter(|_| tools),
             ids: Vec::new(),
             memory: None,
         }
+    }
+
+    /// Type tool-call values by the offered tools' schemas (Qwen3.5's XML
+    /// calls write every value as text). Before any output.
+    pub fn with_tool_schemas(mut self, schemas: Option<Arc<ToolSchemas>>) -> Self {
+        if let Some(format) = self.format {
+            self.tools = Some(ToolCallParser::with_schemas(format, schemas));
+        }
+        self
     }
 
     /// Remember each sampled tool-call block in `memory` under the ids the
@@ -373,8 +386,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn qwen_reasoning_and_hermes_calls_streamed_token_by_token() {
-        let out = "<think>\nThe user wants weather.\n</think>\n\nChecking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    async fn qwen_reasoning_and_xml_calls_streamed_token_by_token() {
+        let out = "<think>\nThe user wants weather.\n</think>\n\nChecking.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
         let c = scripted("qwen4_exp", true, false, out).await;
         assert_eq!(c.reasoning, "\nThe user wants weather.\n");
         assert_eq!(c.text, "Checking.");

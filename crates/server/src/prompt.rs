@@ -77,6 +77,10 @@ pub struct ChatTurn {
     /// What the request asked about reasoning, as the family reads it
     /// ([`crate::thinking::resolve`]).
     pub thinking: Thinking,
+    /// The conversation's images in order (each message keeps an
+    /// `{"type": "image"}` part where one stood; the template writes its
+    /// tokens there). Empty unless the model reads images.
+    pub images: Vec<crate::images::ImageInput>,
 }
 
 pub struct RenderedPrompt {
@@ -84,6 +88,8 @@ pub struct RenderedPrompt {
     /// The template opened the reasoning block itself (the reply starts
     /// inside it).
     pub reasoning_open: bool,
+    /// The images the prompt's image placeholders stand for, in order.
+    pub images: Vec<crate::images::ImageInput>,
 }
 
 pub fn render(state: &AppState, turn: ChatTurn) -> Result<RenderedPrompt, ApiError> {
@@ -97,6 +103,7 @@ pub fn render(state: &AppState, turn: ChatTurn) -> Result<RenderedPrompt, ApiErr
             Ok(RenderedPrompt {
                 tokens: state.count_tokens(&text)?,
                 reasoning_open: mode.enabled(),
+                images: turn.images,
             })
         }
         (PromptFormat::DeepSeekV4, Thinking::Template(_)) => Err(ApiError::internal(
@@ -156,6 +163,7 @@ fn render_template(state: &AppState, mut turn: ChatTurn) -> Result<RenderedPromp
     Ok(RenderedPrompt {
         tokens,
         reasoning_open,
+        images: turn.images,
     })
 }
 
@@ -224,6 +232,24 @@ fn write_call(name: &Value, args: &Value, format: Option<ToolCallFormat>) -> Str
             out.push_str("</tool_call>");
             out
         }
+        // Qwen3.5's template: a string value raw, anything else as JSON.
+        Some(ToolCallFormat::QwenXml) => {
+            let mut out = format!(
+                "<tool_call>\n<function={}>\n",
+                name.as_str().unwrap_or_default()
+            );
+            if let Some(obj) = args.as_object() {
+                for (k, v) in obj {
+                    let v = match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    out.push_str(&format!("<parameter={k}>\n{v}\n</parameter>\n"));
+                }
+            }
+            out.push_str("</function>\n</tool_call>");
+            out
+        }
     }
 }
 
@@ -255,6 +281,14 @@ fn describe_tools(messages: &mut Vec<Value>, tools: &[FunctionTool], format: Too
              <arg_key>{{arg-key-1}}</arg_key>\n<arg_value>{{arg-value-1}}</arg_value>\n\
              <arg_key>{{arg-key-2}}</arg_key>\n<arg_value>{{arg-value-2}}</arg_value>\n...\n\
              </tool_call>",
+            list.join("\n")
+        ),
+        // The wording of Qwen3.5's chat template.
+        ToolCallFormat::QwenXml => format!(
+            "# Tools\n\nYou have access to the following functions:\n\n<tools>\n{}\n</tools>\n\n\
+             If you choose to call a function ONLY reply in the following format with NO \
+             suffix:\n\n<tool_call>\n<function=example_function_name>\n\
+             <parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n</tool_call>",
             list.join("\n")
         ),
     };

@@ -10,9 +10,11 @@
 //! here once.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
+use ds4_text::ToolSchemas;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -49,6 +51,9 @@ pub struct Common {
 pub struct Checked {
     pub generation: Generation,
     pub stream: bool,
+    /// The offered tools' parameter schemas, by name (a tool-call format
+    /// that writes untyped text types its values by them).
+    pub tool_schemas: Option<Arc<ToolSchemas>>,
 }
 
 impl Common {
@@ -71,6 +76,7 @@ impl Common {
                 ..Generation::default()
             },
             stream: self.stream.unwrap_or(false),
+            tool_schemas: None,
         })
     }
 }
@@ -85,6 +91,14 @@ impl Checked {
         turn: ChatTurn,
     ) -> Result<Output, ApiError> {
         let tools = !turn.tools.is_empty();
+        if tools {
+            let schemas: ToolSchemas = turn
+                .tools
+                .iter()
+                .map(|t| (t.name.clone(), t.parameters.clone()))
+                .collect();
+            self.tool_schemas = Some(Arc::new(schemas));
+        }
         let rendered = prompt::render(state, turn).map_err(|mut e| {
             // Tokenizing stops early on a prompt past the context; the
             // error names the field that carried it.
@@ -94,6 +108,7 @@ impl Checked {
             e
         })?;
         self.generation.prompt = rendered.tokens;
+        self.generation.images = rendered.images;
         self.generation.prompt_field = field;
         self.generation.thinks = rendered.reasoning_open;
         self.generation.structural = tools && state.serving.structural_greedy;
@@ -149,8 +164,9 @@ impl Turn {
         };
         let memory =
             (state.serving.exact_tool_replay && !output.raw).then(|| state.tool_memory.clone());
-        let parser =
-            OutputParser::new(&profile, output.tools, output.reasoning_open).with_memory(memory);
+        let parser = OutputParser::new(&profile, output.tools, output.reasoning_open)
+            .with_tool_schemas(checked.tool_schemas.clone())
+            .with_memory(memory);
         let admitted = admit(state, checked.generation)?;
         Ok(Turn {
             head: Head {

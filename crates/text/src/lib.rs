@@ -32,4 +32,4 @@ pub use reasoning::{ReasoningMarkers, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopOutcome};
 pub use stream::{Piece, TextStream};
 pub use tokenizer::{SpecialToken, TokenBytes, Tokenizer};
-pub use tool_calls::{ToolCallFormat, ToolCallParser, ToolEvent};
+pub use tool_calls::{ToolCallFormat, ToolCallParser, ToolEvent, ToolSchemas};

@@ -28,7 +28,8 @@ pub enum PromptFormat {
     DeepSeekV4,
 }
 
-/// The Qwen families: `<think>…</think>` and Hermes-style tool calls.
+/// Qwen3.5/3.6 (`qwen4_exp`): `<think>…</think>` and the XML tool calls
+/// of its chat template (`<tool_call>\n<function=NAME>…`).
 const QWEN: TextProfile = TextProfile {
     family: "qwen4_exp",
     reasoning: Some(ReasoningMarkers {
@@ -36,7 +37,7 @@ const QWEN: TextProfile = TextProfile {
         close: "</think>",
         skip_blank_after_close: true,
     }),
-    tool_calls: Some(ToolCallFormat::Hermes),
+    tool_calls: Some(ToolCallFormat::QwenXml),
     prompt: PromptFormat::Template,
 };
 
@@ -110,7 +111,7 @@ mod tests {
         );
         let qwen = TextProfile::for_family("qwen4_exp");
         assert_eq!(qwen.reasoning.map(|m| m.open), Some("<think>"));
-        assert_eq!(qwen.tool_calls, Some(ToolCallFormat::Hermes));
+        assert_eq!(qwen.tool_calls, Some(ToolCallFormat::QwenXml));
         let glm = TextProfile::for_family("glm5_next");
         assert_eq!(glm.family, "glm5_next");
         assert_eq!(

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use crate::constraints;
 use crate::error::{ApiError, Flavor};
 use crate::extract::ApiJson;
+use crate::images::Images;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
 use crate::prompt::{self, ChatTurn, FunctionTool, ToolShape};
@@ -180,8 +181,9 @@ pub(crate) fn conversation(
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
+    let mut images = Images::new(state.config.images, state.serving.accepts_images);
     for (i, m) in req.messages.iter().enumerate() {
-        convert(i, m, ds4, &mut messages)?;
+        convert(i, m, ds4, &mut messages, &mut images)?;
     }
     let tools = tools(req, warnings)?;
     // `adaptive` (Claude Code) lets the model decide: here it is reasoning
@@ -247,6 +249,7 @@ pub(crate) fn conversation(
         messages,
         tools,
         thinking,
+        images: images.list,
     };
     Ok((turn, budget))
 }
@@ -344,6 +347,7 @@ fn convert(
     m: &InputMessage,
     inline_results: bool,
     out: &mut Vec<Value>,
+    images: &mut Images,
 ) -> Result<(), ApiError> {
     let role = match m.role {
         AnthropicRole::User => "user",
@@ -360,12 +364,22 @@ fn convert(
         InputContent::Blocks(b) => b,
     };
     let mut text = String::new();
+    // Text and image parts in order, for a message with images.
+    let mut items = Vec::new();
     let mut reasoning = String::new();
     let mut calls = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
         let field = format!("messages[{i}].content[{j}]");
         match b.kind.as_str() {
-            "text" => text.push_str(b.text.as_deref().unwrap_or_default()),
+            "text" => {
+                let t = b.text.as_deref().unwrap_or_default();
+                text.push_str(t);
+                items.push(json!({"type": "text", "text": t}));
+            }
+            "image" => {
+                images.push_anthropic(&field, b.source.as_ref())?;
+                items.push(json!({"type": "image"}));
+            }
             "thinking" => reasoning.push_str(b.thinking.as_deref().unwrap_or_default()),
             "redacted_thinking" => {}
             "tool_use" => calls.push(json!({
@@ -376,7 +390,7 @@ fn convert(
                     "arguments": b.input.clone().unwrap_or_else(|| json!({})),
                 },
             })),
-            "image" | "document" => return Err(ApiError::image_unsupported(field)),
+            "document" => return Err(ApiError::image_unsupported(field)),
             "tool_result" if has_image(&b.content) => {
                 return Err(ApiError::image_unsupported(format!("{field}.content")));
             }
@@ -401,8 +415,13 @@ fn convert(
             }
         }
     }
-    if !text.is_empty() || !calls.is_empty() || !reasoning.is_empty() {
-        let mut msg = json!({"role": role, "content": text});
+    let has_image = items.iter().any(|p| p["type"] == "image");
+    if !text.is_empty() || !calls.is_empty() || !reasoning.is_empty() || has_image {
+        let content = match has_image {
+            true => Value::Array(items),
+            false => Value::String(text),
+        };
+        let mut msg = json!({"role": role, "content": content});
         if !calls.is_empty() {
             msg["tool_calls"] = Value::Array(calls);
         }
@@ -624,8 +643,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hermes_thinking_text_and_tool_use_blocks() {
-        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    async fn xml_thinking_text_and_tool_use_blocks() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
         let (names, blocks, delta) = blocks("qwen4_exp", out).await;
         assert_eq!(names[..2], ["message_start", "ping"]);
         assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);

@@ -9,6 +9,7 @@ use crate::constraints;
 use crate::error::{ApiError, tool_not_offered};
 use crate::extract::ApiJson;
 use crate::ids::new_id;
+use crate::images::Images;
 use crate::output::Item;
 use crate::params::SamplingFields;
 use crate::prompt::{ChatTurn, FunctionTool, ToolShape};
@@ -75,7 +76,8 @@ pub async fn responses(
     if let Some(i) = &req.instructions {
         messages.push(json!({"role": "system", "content": i}));
     }
-    input_messages(req.input, &mut messages)?;
+    let mut images = Images::new(state.config.images, state.serving.accepts_images);
+    input_messages(req.input, &mut messages, &mut images)?;
     let choice = constraints::ToolChoice::openai(req.tool_choice.as_ref())?;
     let tools = tools(req.tools, req.tool_choice.as_ref(), &mut g.warnings)?;
     let requested = constraints::forced_call(&state, &choice, &tools)?;
@@ -83,6 +85,7 @@ pub async fn responses(
         messages,
         tools,
         thinking,
+        images: images.list,
     };
     let output = checked.render(&state, "input", conversation)?;
     checked.generation.constraint = constraints::compile(&state, requested, output)?;
@@ -171,7 +174,11 @@ fn tools(
 
 /// Input items as template messages. Consecutive function calls join one
 /// assistant message; their outputs become `tool` messages.
-fn input_messages(input: ResponseInput, out: &mut Vec<Value>) -> Result<(), ApiError> {
+pub(crate) fn input_messages(
+    input: ResponseInput,
+    out: &mut Vec<Value>,
+    images: &mut Images,
+) -> Result<(), ApiError> {
     let items = match input {
         ResponseInput::Text(t) => {
             out.push(json!({"role": "user", "content": t}));
@@ -199,7 +206,7 @@ fn input_messages(input: ResponseInput, out: &mut Vec<Value>) -> Result<(), ApiE
                         ));
                     }
                 };
-                let text = content_text(&format!("input[{i}].content"), item.content)?;
+                let text = content_text(&format!("input[{i}].content"), item.content, images)?;
                 out.push(json!({"role": role, "content": text}));
             }
             "function_call" => {
@@ -222,7 +229,7 @@ fn input_messages(input: ResponseInput, out: &mut Vec<Value>) -> Result<(), ApiE
                 }
             }
             "function_call_output" => {
-                let content = content_text(&format!("input[{i}].output"), item.output)?;
+                let content = content_text(&format!("input[{i}].output"), item.output, images)?;
                 out.push(json!({
                     "role": "tool",
                     "tool_call_id": item.call_id.unwrap_or_default(),
@@ -243,12 +250,17 @@ fn input_messages(input: ResponseInput, out: &mut Vec<Value>) -> Result<(), ApiE
 }
 
 /// A message's `content` or a call output's `output`: a string, or content
-/// items whose text is joined. Images are refused as on every API; other
+/// items whose text is joined; with `input_image` items (a model that reads
+/// images) the items as template parts, the images into `images`. Other
 /// non-text items are refused by name (never silently dropped).
-fn content_text(field: &str, content: Option<Value>) -> Result<String, ApiError> {
+fn content_text(
+    field: &str,
+    content: Option<Value>,
+    images: &mut Images,
+) -> Result<Value, ApiError> {
     let parts = match content {
-        None | Some(Value::Null) => return Ok(String::new()),
-        Some(Value::String(s)) => return Ok(s),
+        None | Some(Value::Null) => return Ok(Value::String(String::new())),
+        Some(Value::String(s)) => return Ok(Value::String(s)),
         Some(Value::Array(parts)) => parts,
         Some(_) => {
             return Err(ApiError::invalid(
@@ -258,15 +270,25 @@ fn content_text(field: &str, content: Option<Value>) -> Result<String, ApiError>
         }
     };
     let mut text = String::new();
+    let mut items = Vec::new();
     for (j, p) in parts.iter().enumerate() {
         let part = format!("{field}[{j}]");
         match (p["type"].as_str(), p["text"].as_str()) {
             (Some("input_text" | "output_text" | "text" | "summary_text"), Some(t)) => {
-                text.push_str(t)
+                text.push_str(t);
+                items.push(json!({"type": "text", "text": t}));
             }
             // An assistant's refusal is what it said.
-            (Some("refusal"), _) => text.push_str(p["refusal"].as_str().unwrap_or_default()),
-            (Some("input_image" | "image_url" | "image"), _) => {
+            (Some("refusal"), _) => {
+                let t = p["refusal"].as_str().unwrap_or_default();
+                text.push_str(t);
+                items.push(json!({"type": "text", "text": t}));
+            }
+            (Some("input_image"), _) => {
+                images.push_image_url(&part, p.get("image_url"))?;
+                items.push(json!({"type": "image"}));
+            }
+            (Some("image_url" | "image"), _) => {
                 return Err(ApiError::image_unsupported(part));
             }
             (kind, _) => {
@@ -281,7 +303,11 @@ fn content_text(field: &str, content: Option<Value>) -> Result<String, ApiError>
             }
         }
     }
-    Ok(text)
+    if items.iter().any(|p| p["type"] == "image") {
+        Ok(Value::Array(items))
+    } else {
+        Ok(Value::String(text))
+    }
 }
 
 fn message_item(id: &str, text: &str, status: &str) -> Value {
@@ -626,8 +652,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hermes_reasoning_message_and_function_call_items() {
-        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    async fn xml_reasoning_message_and_function_call_items() {
+        let out = "<think>Weather needed.</think>\n\nLet me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
         let ev = events("qwen4_exp", out).await;
         assert_eq!(
             joined(&ev, "response.reasoning_text.delta"),

@@ -82,6 +82,8 @@ pub struct Block {
     /// `tool_result` blocks.
     pub tool_use_id: Option<String>,
     pub content: Option<Value>,
+    /// `image` blocks: `{"type": "base64", "media_type", "data"}`.
+    pub source: Option<Value>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -103,7 +103,8 @@ pub struct ChatMessage {
     pub reasoning_content: Option<String>,
 }
 
-/// A string, or a list of content parts (only text parts are supported).
+/// A string, or a list of content parts (text, and `image_url` for models
+/// that read images).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
@@ -116,6 +117,10 @@ pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// `image_url` parts: `{"url": "data:image/png;base64,…", "detail": …}`
+    /// (or the URL string).
+    #[schema(value_type = Option<Object>)]
+    pub image_url: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]

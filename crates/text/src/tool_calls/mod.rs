@@ -1,6 +1,6 @@
 //! Parsing a family's tool calls out of streamed text.
 //!
-//! Four conventions:
+//! Five conventions:
 //!
 //! * [`ToolCallFormat::Hermes`] (Qwen) and [`ToolCallFormat::Llama3Json`]
 //!   (llama 3): JSON calls (`json.rs`).
@@ -8,6 +8,9 @@
 //!   (`crate::deepseek_v4::tool_stream`).
 //! * [`ToolCallFormat::Glm`] (GLM-5): `<tool_call>name<arg_key>…</arg_key>
 //!   <arg_value>…</arg_value></tool_call>` (`glm.rs`).
+//! * [`ToolCallFormat::QwenXml`] (Qwen3.5, `qwen4_exp`): `<tool_call>
+//!   <function=NAME><parameter=P>…</parameter></function></tool_call>`,
+//!   values typed by the tool's schema (`qwen_xml.rs`).
 //!
 //! Every parser is incremental: text pieces in, [`ToolEvent`]s out. Once a
 //! call's name is known it is reported ([`ToolEvent::Start`]), then its
@@ -16,10 +19,21 @@
 
 mod glm;
 mod json;
+mod qwen_xml;
+#[cfg(test)]
+mod qwen_xml_tests;
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::deepseek_v4::tool_stream::DsmlCalls;
 use glm::GlmCalls;
 use json::{JsonCalls, JsonFormat};
+use qwen_xml::QwenXmlCalls;
+
+/// The tools a request offered, by name: each one's parameters JSON schema
+/// (a format whose values are untyped text reads the types from it).
+pub type ToolSchemas = HashMap<String, serde_json::Value>;
 
 /// How a family writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +44,9 @@ pub enum ToolCallFormat {
     Dsml,
     /// GLM's `<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>`.
     Glm,
+    /// Qwen3.5's `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n
+    /// </function>\n</tool_call>`.
+    QwenXml,
 }
 
 /// What the parser recognised.
@@ -64,6 +81,7 @@ enum Inner {
     Json(JsonCalls),
     Dsml(DsmlCalls),
     Glm(GlmCalls),
+    QwenXml(QwenXmlCalls),
 }
 
 /// Incremental tool-call parser for one reply.
@@ -72,11 +90,18 @@ pub struct ToolCallParser(Inner);
 
 impl ToolCallParser {
     pub fn new(format: ToolCallFormat) -> Self {
+        Self::with_schemas(format, None)
+    }
+
+    /// A parser that knows the offered tools' parameter schemas (`QwenXml`
+    /// types its values by them; the other formats write JSON and ignore them).
+    pub fn with_schemas(format: ToolCallFormat, schemas: Option<Arc<ToolSchemas>>) -> Self {
         Self(match format {
             ToolCallFormat::Hermes => Inner::Json(JsonCalls::new(JsonFormat::Hermes)),
             ToolCallFormat::Llama3Json => Inner::Json(JsonCalls::new(JsonFormat::Llama3Json)),
             ToolCallFormat::Dsml => Inner::Dsml(DsmlCalls::new()),
             ToolCallFormat::Glm => Inner::Glm(GlmCalls::new()),
+            ToolCallFormat::QwenXml => Inner::QwenXml(QwenXmlCalls::new(schemas)),
         })
     }
 
@@ -86,6 +111,7 @@ impl ToolCallParser {
             Inner::Json(p) => p.calls(),
             Inner::Dsml(p) => p.calls(),
             Inner::Glm(p) => p.calls(),
+            Inner::QwenXml(p) => p.calls(),
         }
     }
 
@@ -94,6 +120,7 @@ impl ToolCallParser {
             Inner::Json(p) => p.push(text),
             Inner::Dsml(p) => p.push(text),
             Inner::Glm(p) => p.push(text),
+            Inner::QwenXml(p) => p.push(text),
         }
     }
 
@@ -103,6 +130,7 @@ impl ToolCallParser {
             Inner::Json(p) => p.finish(),
             Inner::Dsml(p) => p.finish(),
             Inner::Glm(p) => p.finish(),
+            Inner::QwenXml(p) => p.finish(),
         }
     }
 }

@@ -1,0 +1,153 @@
+"""The official openai and anthropic clients against ds4server serving a
+tiny qwen4_exp checkpoint with the real Qwen3.5/3.6 tokenizer and chat
+template (`tests/fixtures/qwen4_exp/chat/`, random weights; see
+tools/oracle/qwen4_exp/chat_model.py). A random model writes random text, so
+what must hold is structural: thinking on (the template's default) streams
+reasoning apart from the answer; a forced tool call streams as a tool call in
+Qwen3.5's XML format with JSON arguments (OpenAI argument deltas, Anthropic
+`input_json_delta`); the second turn, the call rendered back by the
+template, starts warm on the first turn's prompt (`cached_tokens`)."""
+
+import json
+import os
+
+from common import clients, extra, run, tools
+
+BASE = os.environ["DS4_E2E_QWEN_BASE"]
+MODEL = "qwen3.8-flash-next"
+# A closed schema: the forced call cannot run past max_tokens in a free
+# string (the enum is written raw, as the template writes strings).
+PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
+    "required": ["city"],
+}
+TOOLS, A_TOOLS = tools(PARAMETERS)
+USER = "What is the weather in Paris?"
+oa, an = clients(BASE)
+
+
+def test_openai_streamed_reasoning_apart():
+    stream = oa.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": USER}],
+        max_tokens=24,
+        seed=7,
+        stream=True,
+    )
+    reasoning, content, finish = "", "", None
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning += extra(choice.delta, "reasoning_content") or ""
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    # The template opened `<think>`: whatever the model wrote until it
+    # closes the block is reasoning, never content, and never the markers.
+    assert reasoning, (reasoning, content)
+    assert "<think>" not in reasoning + content and "</think>" not in reasoning + content
+    assert finish in ("length", "stop"), finish
+
+
+def test_openai_forced_tool_call_then_warm_second_turn():
+    messages = [{"role": "user", "content": USER}]
+    stream = oa.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        reasoning_effort="none",
+        max_tokens=60,
+        seed=7,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    calls, finish, usage, fragments, content = {}, None, None, 0, ""
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for tc in choice.delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = tc.id or call["id"]
+                if tc.function:
+                    call["name"] += tc.function.name or ""
+                    if tc.function.arguments:
+                        call["arguments"] += tc.function.arguments
+                        fragments += 1
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls", (finish, calls, content)
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather", calls
+    args = json.loads(calls[0]["arguments"])
+    assert args["city"] in ("Paris", "Tokyo"), args
+    assert fragments >= 2, fragments
+    first_prompt = usage.prompt_tokens
+
+    messages.append(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": calls[0]["id"],
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": calls[0]["arguments"]},
+                }
+            ],
+        }
+    )
+    messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "Sunny, 21 C"})
+    r = oa.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, reasoning_effort="none", max_tokens=8, seed=7
+    )
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls"), r
+    # The first turn's prompt is a prefix of the second's (the template
+    # renders the empty reasoning block of a thinking-off turn as the
+    # generation prompt wrote it), so it is reused.
+    assert r.usage.prompt_tokens_details.cached_tokens >= first_prompt, (r.usage, first_prompt)
+
+
+def test_anthropic_streamed_forced_tool_use():
+    kinds = set()
+    with an.messages.stream(
+        model=MODEL,
+        max_tokens=60,
+        thinking={"type": "disabled"},
+        tools=A_TOOLS,
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": USER}],
+    ) as stream:
+        for event in stream:
+            if event.type == "content_block_delta":
+                kinds.add(event.delta.type)
+        msg = stream.get_final_message()
+    assert "input_json_delta" in kinds, kinds
+    assert msg.stop_reason == "tool_use", msg
+    tool = [b for b in msg.content if b.type == "tool_use"]
+    assert len(tool) == 1 and tool[0].name == "get_weather", msg.content
+    assert tool[0].input["city"] in ("Paris", "Tokyo"), tool[0].input
+
+
+def test_anthropic_thinking_budget_splits_reasoning_from_answer():
+    # The budget ends the reasoning block (the server closes it with the
+    # family's marker) and the rest of max_tokens is the answer.
+    msg = an.messages.create(
+        model=MODEL,
+        max_tokens=1040,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=[{"role": "user", "content": USER}],
+    )
+    kinds = [b.type for b in msg.content]
+    assert kinds and kinds[0] == "thinking", kinds
+    thinking = msg.content[0].thinking
+    assert thinking and "</think>" not in thinking, thinking[-80:]
+
+
+if __name__ == "__main__":
+    run(
+        [
+            test_openai_streamed_reasoning_apart,
+            test_openai_forced_tool_call_then_warm_second_turn,
+            test_anthropic_streamed_forced_tool_use,
+            test_anthropic_thinking_budget_splits_reasoning_from_answer,
+        ]
+    )
