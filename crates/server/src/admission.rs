@@ -70,6 +70,7 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         .or(state.config.default_max_tokens)
         .map_or(room, |m| m.min(room as u64) as usize);
     let descriptor = state.descriptor;
+    server_sampling(&state.config, &mut g);
     let params = sampling(state, &mut g)?;
     let seed = resolve_seed(g.seed, state.config.seed);
     let plan = JobPlan {
@@ -129,6 +130,33 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         prompt_tokens,
         budget,
     })
+}
+
+/// The operator's `--temperature` and `--seed`: defaults for requests that
+/// set none, or with `--force-sampling` the values every request runs with
+/// (a request's differing value is reported in its warnings, not silently
+/// replaced).
+fn server_sampling(config: &crate::config::ServerConfig, g: &mut Generation) {
+    if !config.force_sampling {
+        g.sampling.temperature = g.sampling.temperature.or(config.temperature);
+        return;
+    }
+    if let Some(t) = config.temperature {
+        if let Some(asked) = g.sampling.temperature.filter(|&asked| asked != t) {
+            g.warnings.push(format!(
+                "temperature {asked} replaced by the server's {t} (--force-sampling)"
+            ));
+        }
+        g.sampling.temperature = Some(t);
+    }
+    if let Some(seed) = config.seed {
+        if let Some(asked) = g.seed.filter(|&asked| asked != seed) {
+            g.warnings.push(format!(
+                "seed {asked} replaced by the server's {seed} (--force-sampling)"
+            ));
+        }
+        g.seed = Some(seed);
+    }
 }
 
 /// The job's sampling parameters: the family's law resolves the request over

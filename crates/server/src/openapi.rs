@@ -18,6 +18,8 @@ use utoipa::OpenApi;
 use crate::routes;
 use crate::state::SharedState;
 
+mod rules;
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -74,6 +76,7 @@ const GENERATING: [&str; 4] = STREAMING;
 pub fn document() -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
     add_error_schemas(&mut doc);
+    rules::apply(&mut doc);
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return doc;
     };
