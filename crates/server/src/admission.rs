@@ -255,3 +255,41 @@ impl JobPlan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn with(temperature: Option<f64>, seed: Option<u64>) -> Generation {
+        let mut g = Generation::default();
+        g.sampling.temperature = temperature;
+        g.seed = seed;
+        g
+    }
+
+    #[test]
+    fn server_temperature_is_a_default_unless_forced() {
+        let mut config = ServerConfig::new(([127, 0, 0, 1], 0).into(), "m");
+        config.temperature = Some(0.0);
+        config.seed = Some(7);
+        // A default: the request's own value wins; none gets the server's.
+        let mut g = with(Some(1.0), Some(3));
+        server_sampling(&config, &mut g);
+        assert_eq!((g.sampling.temperature, g.seed), (Some(1.0), Some(3)));
+        let mut g = with(None, None);
+        server_sampling(&config, &mut g);
+        assert_eq!(g.sampling.temperature, Some(0.0));
+        assert!(g.warnings.is_empty());
+        // Forced: the server's values replace the request's, with warnings.
+        config.force_sampling = true;
+        let mut g = with(Some(1.0), Some(3));
+        server_sampling(&config, &mut g);
+        assert_eq!((g.sampling.temperature, g.seed), (Some(0.0), Some(7)));
+        assert_eq!(g.warnings.len(), 2, "{:?}", g.warnings);
+        assert!(g.warnings[0].contains("--force-sampling"));
+        let mut g = with(Some(0.0), Some(7));
+        server_sampling(&config, &mut g);
+        assert!(g.warnings.is_empty(), "{:?}", g.warnings);
+    }
+}

@@ -217,10 +217,19 @@ fn describe_operation(path: &str, method: &str, op: &mut Map<String, Value>) {
         if let Some(c) = content.as_object_mut() {
             c.insert(
                 "text/event-stream".into(),
+                // One schema per event, as SSE-aware tools (schemathesis)
+                // parse the stream: the event's fields, `data` as text.
                 json!({
                     "schema": {
-                        "type": "string",
-                        "description": "Server-sent events (`stream: true`): each `data:` line is one JSON event of this API's stream (OpenAI: chunks, then `data: [DONE]`; Anthropic and Responses: named events). An error after the headers went out is an `error` event in the API's error shape. Comment lines (`: keep-alive`) keep idle connections open."
+                        "type": "object",
+                        "description": "Server-sent events (`stream: true`): each event's `data` is one JSON object of this API's stream (OpenAI: chunks, then `data: [DONE]`; Anthropic and Responses: named events, `event` naming each). An error after the headers went out is an `error` event in the API's error shape. Comment lines (`: keep-alive`) keep idle connections open.",
+                        "required": ["data"],
+                        "properties": {
+                            "data": {"type": "string"},
+                            "event": {"type": "string"},
+                            "id": {"type": "string"},
+                            "retry": {"type": "integer", "minimum": 0}
+                        }
                     }
                 }),
             );

@@ -98,6 +98,20 @@ fn count_tokens_schema(schemas: &mut Value) {
 /// (`routes::messages::convert`); an `image` or `document` block is refused
 /// by a model without vision.
 fn block_types(schemas: &mut Value) {
+    // System blocks share the type but only their text is read, whatever
+    // their `type`: they keep the open schema, as `SystemBlock`.
+    if let Some(block) = schemas.get("Block").cloned()
+        && let Some(map) = schemas.as_object_mut()
+    {
+        map.insert("SystemBlock".into(), block);
+        if let Some(system) = map.get_mut("SystemPrompt") {
+            retarget(
+                system,
+                "#/components/schemas/Block",
+                "#/components/schemas/SystemBlock",
+            );
+        }
+    }
     if let Some(kind) = schemas.pointer_mut("/Block/properties/type") {
         kind["enum"] = json!([
             "text",
@@ -106,6 +120,20 @@ fn block_types(schemas: &mut Value) {
             "tool_use",
             "tool_result"
         ]);
+    }
+}
+
+/// Every `$ref` to `from` inside `schema` now points at `to`.
+fn retarget(schema: &mut Value, from: &str, to: &str) {
+    match schema {
+        Value::Object(map) => {
+            if map.get("$ref").and_then(Value::as_str) == Some(from) {
+                map.insert("$ref".into(), json!(to));
+            }
+            map.values_mut().for_each(|v| retarget(v, from, to));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| retarget(v, from, to)),
+        _ => {}
     }
 }
 
@@ -159,6 +187,8 @@ mod tests {
             "#/components/schemas/CountTokensRequest"
         );
         assert!(s["Block"]["properties"]["type"]["enum"].is_array());
+        assert!(s["SystemBlock"]["properties"]["type"]["enum"].is_null());
+        assert!(s["SystemPrompt"].to_string().contains("SystemBlock"));
         assert_eq!(s["StopField"]["oneOf"][0]["minLength"], 1);
         assert_eq!(
             s["ChatCompletionRequest"]["then"]["required"][0],
