@@ -4,7 +4,7 @@ a test: it prints numbers, it asserts nothing).
 
   bench/hardening.py [--bin target/release/ds4server] [--model F]
                      [--clients 32] [--disconnect 0.3] [--max-tokens 64]
-                     [--body-mib 7] [--only load,shutdown,body]
+                     [--body-mib 7] [--max-queue N] [--only load,shutdown,body]
 
 - load: N streaming clients at once, each sending one chat request; a
   fraction (chosen with a fixed seed) disconnects after its first token.
@@ -92,6 +92,14 @@ def chat_body(text, max_tokens, stream=True):
     }).encode()
 
 
+def first_text(line):
+    try:
+        chunk = json.loads(line[5:])
+    except ValueError:
+        return False
+    return any((c.get("delta") or {}).get("content") for c in chunk.get("choices", []))
+
+
 def one_client(port, body, disconnect, out):
     t0 = time.perf_counter()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -109,7 +117,9 @@ def one_client(port, body, disconnect, out):
             if not line or line.startswith(b"data: [DONE]"):
                 break
             if line.startswith(b"data:"):
-                if ttft is None and b'"content"' in line:
+                # The first token: the first chunk with text in it (the
+                # opening chunk carries only the role and an empty string).
+                if ttft is None and first_text(line):
                     ttft = time.perf_counter() - t0
                     if disconnect:
                         out.append(("disconnected", 200, ttft, None))
@@ -131,7 +141,8 @@ def pct(values, p):
 
 
 def load(args):
-    s = Server(args.bin, args.model)
+    extra = ["--max-queue", str(args.max_queue)] if args.max_queue is not None else []
+    s = Server(args.bin, args.model, extra)
     try:
         rng = random.Random(1)
         results = []
@@ -159,8 +170,9 @@ def load(args):
             kinds[key] = kinds.get(key, 0) + 1
         ttft = [r[2] for r in done if r[2] is not None]
         lat = [r[3] for r in done]
+        queue = args.max_queue if args.max_queue is not None else "default"
         print(f"load: {args.clients} clients, {args.disconnect:.0%} disconnect after the first token, "
-              f"max_tokens {args.max_tokens}, wall {wall:.1f} s")
+              f"max_tokens {args.max_tokens}, --max-queue {queue}, wall {wall:.1f} s")
         print(f"  outcomes: {json.dumps(kinds, sort_keys=True)}")
         print(f"  completed TTFT p50 {pct(ttft, 50):.2f} s, p95 {pct(ttft, 95):.2f} s; "
               f"latency p50 {pct(lat, 50):.2f} s, p95 {pct(lat, 95):.2f} s")
@@ -210,6 +222,11 @@ def body(args):
         s.stop()
 
 
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bin", default="target/release/ds4server")
@@ -218,11 +235,16 @@ def main():
     p.add_argument("--disconnect", type=float, default=0.3)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--body-mib", type=int, default=7)
+    # The server's queue (default 16: a 32-client burst gets 503s by design).
+    p.add_argument("--max-queue", type=int, default=None)
     p.add_argument("--only", default="load,shutdown,body")
     args = p.parse_args()
     print(f"binary: {os.path.abspath(args.bin)}")
+    # The numbers depend on what else the machine runs: say how busy it was.
+    print(f"load average before: {loadavg()}")
     for part in args.only.split(","):
         {"load": load, "shutdown": shutdown, "body": body}[part](args)
+        print(f"  load average after {part}: {loadavg()}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ bin="${1:-target/release/ds4server}"
 cases="${2:-8}"
 . tests/e2e/serve.sh
 
+# About 3 minutes on an idle 2-core machine (1,311 cases at 8 per
+# operation); a turn is given 120 s, as a loaded machine needs (at load 12,
+# with builds running, a few generated turns took over 60 s).
 # A short context keeps each generated turn short (schemathesis sends any
 # max_tokens the schema allows; a turn never runs past the context).
 base="$(start schemathesis --model-id smollm2 --ctx 128 --seed 1)"
@@ -21,4 +24,4 @@ st="${SCHEMATHESIS:-schemathesis}"
   --seed 20261201 \
   --generation-deterministic \
   --no-shrink \
-  --request-timeout 60
+  --request-timeout 120

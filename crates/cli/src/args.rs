@@ -299,6 +299,16 @@ pub struct ServeArgs {
     /// Seed for requests that send none (default: a fresh one per request).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Temperature for requests that send none (default: the family's);
+    /// 0 decodes greedily.
+    #[arg(long, value_parser = temperature, value_name = "T")]
+    pub temperature: Option<f64>,
+    /// Run every request with the server's --temperature and --seed (those
+    /// given), replacing the request's own values, with a warning in the
+    /// response when they differ. For clients that always send a
+    /// temperature (Claude Code) when replies must be reproducible.
+    #[arg(long)]
+    pub force_sampling: bool,
     /// MTP draft depth for requests that send no `mtp_depth` (0 = plain
     /// AR decoding), or `auto` (the depth measured fastest for the model).
     /// Default: the family's (AR for a model without an MTP head, and for
@@ -442,4 +452,16 @@ fn seconds(s: &str) -> Result<std::time::Duration, String> {
         .map_err(|_| format!("{s:?} is not a number of seconds"))?;
     std::time::Duration::try_from_secs_f64(v)
         .map_err(|_| format!("{s:?} is not a non-negative number of seconds"))
+}
+
+/// `--temperature`: a number from 0 to 2 (OpenAI's range).
+fn temperature(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=2.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{s} is out of range: the temperature must be between 0 and 2"
+        ))
+    }
 }

@@ -73,6 +73,7 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         .or(state.config.default_max_tokens)
         .map_or(room, |m| m.min(room as u64) as usize);
     let descriptor = state.descriptor;
+    server_sampling(&state.config, &mut g);
     let params = sampling(state, &mut g)?;
     let seed = resolve_seed(g.seed, state.config.seed);
     let plan = JobPlan {
@@ -132,6 +133,33 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         prompt_tokens,
         budget,
     })
+}
+
+/// The operator's `--temperature` and `--seed`: defaults for requests that
+/// set none, or with `--force-sampling` the values every request runs with
+/// (a request's differing value is reported in its warnings, not silently
+/// replaced).
+fn server_sampling(config: &crate::config::ServerConfig, g: &mut Generation) {
+    if !config.force_sampling {
+        g.sampling.temperature = g.sampling.temperature.or(config.temperature);
+        return;
+    }
+    if let Some(t) = config.temperature {
+        if let Some(asked) = g.sampling.temperature.filter(|&asked| asked != t) {
+            g.warnings.push(format!(
+                "temperature {asked} replaced by the server's {t} (--force-sampling)"
+            ));
+        }
+        g.sampling.temperature = Some(t);
+    }
+    if let Some(seed) = config.seed {
+        if let Some(asked) = g.seed.filter(|&asked| asked != seed) {
+            g.warnings.push(format!(
+                "seed {asked} replaced by the server's {seed} (--force-sampling)"
+            ));
+        }
+        g.seed = Some(seed);
+    }
 }
 
 /// The job's sampling parameters: the family's law resolves the request over
@@ -228,5 +256,43 @@ impl JobPlan {
             }
             Err(Rejected::WorkerGone) => Err(ApiError::internal("the engine worker has stopped")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn with(temperature: Option<f64>, seed: Option<u64>) -> Generation {
+        let mut g = Generation::default();
+        g.sampling.temperature = temperature;
+        g.seed = seed;
+        g
+    }
+
+    #[test]
+    fn server_temperature_is_a_default_unless_forced() {
+        let mut config = ServerConfig::new(([127, 0, 0, 1], 0).into(), "m");
+        config.temperature = Some(0.0);
+        config.seed = Some(7);
+        // A default: the request's own value wins; none gets the server's.
+        let mut g = with(Some(1.0), Some(3));
+        server_sampling(&config, &mut g);
+        assert_eq!((g.sampling.temperature, g.seed), (Some(1.0), Some(3)));
+        let mut g = with(None, None);
+        server_sampling(&config, &mut g);
+        assert_eq!(g.sampling.temperature, Some(0.0));
+        assert!(g.warnings.is_empty());
+        // Forced: the server's values replace the request's, with warnings.
+        config.force_sampling = true;
+        let mut g = with(Some(1.0), Some(3));
+        server_sampling(&config, &mut g);
+        assert_eq!((g.sampling.temperature, g.seed), (Some(0.0), Some(7)));
+        assert_eq!(g.warnings.len(), 2, "{:?}", g.warnings);
+        assert!(g.warnings[0].contains("--force-sampling"));
+        let mut g = with(Some(0.0), Some(7));
+        server_sampling(&config, &mut g);
+        assert!(g.warnings.is_empty(), "{:?}", g.warnings);
     }
 }

@@ -44,6 +44,14 @@ pub struct ServerConfig {
     pub limits: crate::transport::Limits,
     /// The server's seed, used when a request has none.
     pub seed: Option<u64>,
+    /// The server's temperature, used when a request has none
+    /// (`--temperature`).
+    pub temperature: Option<f64>,
+    /// `--force-sampling`: `temperature` and `seed` (those set) replace the
+    /// request's own, with a warning when they differ. For clients that
+    /// always send a temperature (Claude Code sends 1) where the operator
+    /// wants reproducible, greedy replies (the e2e tests).
+    pub force_sampling: bool,
     /// Largest accepted request body.
     pub body_limit: usize,
     /// Interval of SSE keep-alive comments while nothing else is sent (a long
@@ -82,6 +90,8 @@ impl ServerConfig {
             allowed_hosts: Vec::new(),
             limits: crate::transport::Limits::default(),
             seed: None,
+            temperature: None,
+            force_sampling: false,
             body_limit: 8 * 1024 * 1024,
             keep_alive: Duration::from_secs(10),
             prefill_chunk: ds4_engine::decode::DEFAULT_PREFILL_CHUNK,

@@ -18,6 +18,8 @@ use utoipa::OpenApi;
 use crate::routes;
 use crate::state::SharedState;
 
+mod rules;
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -74,6 +76,7 @@ const GENERATING: [&str; 4] = STREAMING;
 pub fn document() -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
     add_error_schemas(&mut doc);
+    rules::apply(&mut doc);
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return doc;
     };
@@ -214,10 +217,19 @@ fn describe_operation(path: &str, method: &str, op: &mut Map<String, Value>) {
         if let Some(c) = content.as_object_mut() {
             c.insert(
                 "text/event-stream".into(),
+                // One schema per event, as SSE-aware tools (schemathesis)
+                // parse the stream: the event's fields, `data` as text.
                 json!({
                     "schema": {
-                        "type": "string",
-                        "description": "Server-sent events (`stream: true`): each `data:` line is one JSON event of this API's stream (OpenAI: chunks, then `data: [DONE]`; Anthropic and Responses: named events). An error after the headers went out is an `error` event in the API's error shape. Comment lines (`: keep-alive`) keep idle connections open."
+                        "type": "object",
+                        "description": "Server-sent events (`stream: true`): each event's `data` is one JSON object of this API's stream (OpenAI: chunks, then `data: [DONE]`; Anthropic and Responses: named events, `event` naming each). An error after the headers went out is an `error` event in the API's error shape. Comment lines (`: keep-alive`) keep idle connections open.",
+                        "required": ["data"],
+                        "properties": {
+                            "data": {"type": "string"},
+                            "event": {"type": "string"},
+                            "id": {"type": "string"},
+                            "retry": {"type": "integer", "minimum": 0}
+                        }
                     }
                 }),
             );

@@ -17,7 +17,7 @@ pub enum StopField {
 }
 
 /// At most this many stop strings (OpenAI allows 4; Anthropic more).
-const MAX_STOPS: usize = 16;
+pub const MAX_STOPS: usize = 16;
 
 pub fn stops(field: &str, stop: Option<StopField>) -> Result<Vec<String>, ApiError> {
     let list = match stop {

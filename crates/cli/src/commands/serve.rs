@@ -36,6 +36,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: args.shutdown_grace,
     };
     config.seed = args.seed;
+    config.temperature = args.temperature;
+    if args.force_sampling && args.temperature.is_none() && args.seed.is_none() {
+        anyhow::bail!("--force-sampling needs --temperature or --seed (the values to force)");
+    }
+    config.force_sampling = args.force_sampling;
     config.body_limit = args.body_limit;
     config.mtp_depth = args.mtp_depth.map(|d| d.resolve(&loaded.model));
     let cache = CacheSettings::from_args(&args.checkpoints, &path)?;

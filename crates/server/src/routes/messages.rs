@@ -53,7 +53,9 @@ pub async fn count_tokens(
 ) -> Result<Json<TokenCount>, ApiError> {
     state.metrics.request("count_tokens");
     let count = || -> Result<TokenCount, ApiError> {
-        state.check_model(req.model.as_deref())?;
+        // The same fields are judged as `/v1/messages` judges them (the two
+        // share one request schema); only `max_tokens` is optional here.
+        common(&req, req.max_tokens).check(&state)?;
         let mut warnings = Vec::new();
         let (turn, _) = conversation(&state, &req, None, &mut warnings)?;
         Ok(TokenCount {
@@ -72,7 +74,21 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
             "max_tokens: field required",
         ));
     };
-    let mut checked = Common {
+    let mut checked = common(&req, Some(max_tokens)).check(&state)?;
+    let g = &mut checked.generation;
+    let (turn, budget) = conversation(&state, &req, Some(max_tokens), &mut g.warnings)?;
+    g.reasoning_budget = budget;
+    let choice = constraints::ToolChoice::anthropic(req.tool_choice.as_ref())?;
+    let requested = constraints::forced_call(&state, &choice, &turn.tools)?;
+    let output = checked.render(&state, "messages", turn)?;
+    checked.generation.constraint = constraints::compile(&state, requested, output)?;
+    let turn = Turn::start(&state, checked, output, "msg_")?;
+    turn.respond(&state, BlockWriter::new, complete).await
+}
+
+/// The fields every API shares, as this request names them.
+fn common(req: &MessagesRequest, max_tokens: Option<u64>) -> Common {
+    Common {
         model: req.model.clone(),
         sampling: SamplingFields {
             temperature: req.temperature,
@@ -83,7 +99,7 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
         },
         max_temperature: 1.0,
         seed: req.seed,
-        max_tokens: ("max_tokens", Some(max_tokens)),
+        max_tokens: ("max_tokens", max_tokens),
         stop: (
             "stop_sequences",
             req.stop_sequences.clone().map(params::StopField::Many),
@@ -92,16 +108,6 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
         mtp_depth: req.mtp_depth,
         stream: req.stream,
     }
-    .check(&state)?;
-    let g = &mut checked.generation;
-    let (turn, budget) = conversation(&state, &req, Some(max_tokens), &mut g.warnings)?;
-    g.reasoning_budget = budget;
-    let choice = constraints::ToolChoice::anthropic(req.tool_choice.as_ref())?;
-    let requested = constraints::forced_call(&state, &choice, &turn.tools)?;
-    let output = checked.render(&state, "messages", turn)?;
-    checked.generation.constraint = constraints::compile(&state, requested, output)?;
-    let turn = Turn::start(&state, checked, output, "msg_")?;
-    turn.respond(&state, BlockWriter::new, complete).await
 }
 
 fn complete(head: Head, done: Finished) -> MessageResponse {

@@ -1,0 +1,202 @@
+//! Rules the server enforces that the request types' derived schemas do not
+//! state, written into the document so that a request valid under it is
+//! one the server takes (schemathesis checks both directions in `.ci/run`).
+//!
+//! Each rule here mirrors a check in the routes or `crate::params`; the
+//! test below pins that the document carries them.
+
+use serde_json::{Value, json};
+
+use crate::params::MAX_STOPS;
+
+/// Apply every rule to the document's `components.schemas` and paths.
+pub fn apply(doc: &mut Value) {
+    if let Some(schemas) = doc.pointer_mut("/components/schemas") {
+        unsigned_ranges(schemas);
+        stop_strings(schemas);
+        count_tokens_schema(schemas);
+        block_types(schemas);
+        logprobs_dependency(schemas);
+        unsupported_fields(schemas);
+    }
+    if let Some(body) = doc.pointer_mut(
+        "/paths/~1v1~1messages~1count_tokens/post/requestBody/content/application~1json/schema",
+    ) {
+        *body = json!({"$ref": "#/components/schemas/CountTokensRequest"});
+    }
+}
+
+/// Unsigned integers (`format: uint64` …, from utoipa's
+/// `non_strict_integers`) get their real range: a JSON number above
+/// `u64::MAX` does not parse, and without a `maximum` the document would
+/// call it valid (with `int64` it called values above `i64::MAX` invalid,
+/// which the server takes).
+fn unsigned_ranges(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            // utoipa spells them `u-int64` …; the usual name is `uint64`.
+            let unsigned = match map.get("format").and_then(Value::as_str) {
+                Some("uint64" | "u-int64") => Some(("uint64", json!(u64::MAX))),
+                Some("uint32" | "u-int32") => Some(("uint32", json!(u32::MAX))),
+                Some("uint16" | "u-int16") => Some(("uint16", json!(u16::MAX))),
+                Some("uint8" | "u-int8") => Some(("uint8", json!(u8::MAX))),
+                _ => None,
+            };
+            if let Some((format, max)) = unsigned {
+                map.insert("format".into(), json!(format));
+                map.entry("minimum").or_insert(json!(0));
+                map.entry("maximum").or_insert(max);
+            }
+            for v in map.values_mut() {
+                unsigned_ranges(v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(unsigned_ranges),
+        _ => {}
+    }
+}
+
+/// Stop strings: non-empty, at most `MAX_STOPS` of them
+/// (`crate::params::stops`).
+fn stop_strings(schemas: &mut Value) {
+    let one = json!({"type": "string", "minLength": 1});
+    let many = json!({"type": "array", "items": one, "maxItems": MAX_STOPS});
+    if let Some(stop) = schemas.get_mut("StopField") {
+        *stop = json!({
+            "oneOf": [one, many],
+            "description": "One stop string or a list of them; each non-empty."
+        });
+    }
+    if let Some(p) = schemas.pointer_mut("/MessagesRequest/properties/stop_sequences") {
+        *p = json!({"type": ["array", "null"], "items": one, "maxItems": MAX_STOPS});
+    }
+}
+
+/// `/v1/messages` needs `max_tokens` (as Anthropic's does); count_tokens,
+/// which shares its request type, does not: it gets a copy of the schema
+/// without that requirement.
+fn count_tokens_schema(schemas: &mut Value) {
+    let Some(messages) = schemas.get_mut("MessagesRequest") else {
+        return;
+    };
+    let count = messages.clone();
+    if let Some(required) = messages["required"].as_array_mut()
+        && !required.contains(&json!("max_tokens"))
+    {
+        required.push(json!("max_tokens"));
+    }
+    if let Some(p) = messages.pointer_mut("/properties/max_tokens") {
+        p["type"] = json!("integer");
+        p["description"] = json!("Required.");
+    }
+    if let Some(schemas) = schemas.as_object_mut() {
+        schemas.insert("CountTokensRequest".into(), count);
+    }
+}
+
+/// Anthropic content blocks: the types a text model reads
+/// (`routes::messages::convert`); an `image` or `document` block is refused
+/// by a model without vision.
+fn block_types(schemas: &mut Value) {
+    // System blocks share the type but only their text is read, whatever
+    // their `type`: they keep the open schema, as `SystemBlock`.
+    if let Some(block) = schemas.get("Block").cloned()
+        && let Some(map) = schemas.as_object_mut()
+    {
+        map.insert("SystemBlock".into(), block);
+        if let Some(system) = map.get_mut("SystemPrompt") {
+            retarget(
+                system,
+                "#/components/schemas/Block",
+                "#/components/schemas/SystemBlock",
+            );
+        }
+    }
+    if let Some(kind) = schemas.pointer_mut("/Block/properties/type") {
+        kind["enum"] = json!([
+            "text",
+            "thinking",
+            "redacted_thinking",
+            "tool_use",
+            "tool_result"
+        ]);
+    }
+}
+
+/// Every `$ref` to `from` inside `schema` now points at `to`.
+fn retarget(schema: &mut Value, from: &str, to: &str) {
+    match schema {
+        Value::Object(map) => {
+            if map.get("$ref").and_then(Value::as_str) == Some(from) {
+                map.insert("$ref".into(), json!(to));
+            }
+            map.values_mut().for_each(|v| retarget(v, from, to));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| retarget(v, from, to)),
+        _ => {}
+    }
+}
+
+/// Chat `top_logprobs` (a number) needs `logprobs: true`
+/// (`routes::chat::prepare`), as OpenAI's does.
+fn logprobs_dependency(schemas: &mut Value) {
+    if let Some(chat) = schemas
+        .get_mut("ChatCompletionRequest")
+        .and_then(Value::as_object_mut)
+    {
+        chat.insert(
+            "if".into(),
+            json!({"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}}),
+        );
+        chat.insert(
+            "then".into(),
+            json!({"required": ["logprobs"], "properties": {"logprobs": {"const": true}}}),
+        );
+    }
+}
+
+/// Fields the server parses only to refuse a value: stated as `null`.
+fn unsupported_fields(schemas: &mut Value) {
+    if let Some(p) = schemas.pointer_mut("/ResponsesRequest/properties/previous_response_id") {
+        *p = json!({
+            "type": "null",
+            "description": "Not supported: responses are not stored; send the whole conversation in `input`. Any value but null is refused."
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_document_states_the_servers_rules() {
+        let doc = crate::openapi::document();
+        let s = &doc["components"]["schemas"];
+        let seed = &s["ChatCompletionRequest"]["properties"]["seed"];
+        assert_eq!(seed["maximum"], json!(u64::MAX), "{seed}");
+        assert_eq!(seed["minimum"], json!(0), "{seed}");
+        assert_eq!(seed["format"], "uint64", "{seed}");
+        let required = s["MessagesRequest"]["required"].as_array().unwrap();
+        assert!(required.contains(&json!("max_tokens")));
+        let required = s["CountTokensRequest"]["required"].as_array().unwrap();
+        assert!(!required.contains(&json!("max_tokens")));
+        assert_eq!(
+            doc["paths"]["/v1/messages/count_tokens"]["post"]["requestBody"]["content"]["application/json"]
+                ["schema"]["$ref"],
+            "#/components/schemas/CountTokensRequest"
+        );
+        assert!(s["Block"]["properties"]["type"]["enum"].is_array());
+        assert!(s["SystemBlock"]["properties"]["type"]["enum"].is_null());
+        assert!(s["SystemPrompt"].to_string().contains("SystemBlock"));
+        assert_eq!(s["StopField"]["oneOf"][0]["minLength"], 1);
+        assert_eq!(
+            s["ChatCompletionRequest"]["then"]["required"][0],
+            "logprobs"
+        );
+        assert_eq!(
+            s["ResponsesRequest"]["properties"]["previous_response_id"]["type"],
+            "null"
+        );
+    }
+}
