@@ -50,7 +50,11 @@ fn llama_steps_equal_eager_forwards_bit_for_bit() {
         let w = &toks[..1];
         let want = model.forward(w, &mut eager, LogitsRows::Last).unwrap();
         assert_eq!(
-            model.run_step(w, &mut stepped, LogitsRows::Last).unwrap().0.logits,
+            model
+                .run_step(w, &mut stepped, LogitsRows::Last)
+                .unwrap()
+                .0
+                .logits,
             want.logits
         );
         stepped.restore(&snap).unwrap();
@@ -68,7 +72,9 @@ fn llama_steps_equal_eager_forwards_bit_for_bit() {
             Err(EngineError::TokenOutOfRange { .. })
         ));
         stepped.truncate(0).unwrap();
-        model.forward(&toks[..100], &mut stepped, LogitsRows::Last).unwrap();
+        model
+            .forward(&toks[..100], &mut stepped, LogitsRows::Last)
+            .unwrap();
         assert!(matches!(
             model.run_step(&toks[..30], &mut stepped, LogitsRows::Last),
             Err(EngineError::ContextOverflow { .. })

@@ -490,12 +490,28 @@ fn step_session(m: &LlamaModel<ds4_engine::backend::CudaOps>, v: usize) -> Vec<V
         rows = if at < 60 { 1 } else { rows % 4 + 1 };
     }
     let snap = s.snapshot();
-    out.push(bits(&m.forward(&toks[..1], &mut s, LogitsRows::Last).unwrap().logits));
+    out.push(bits(
+        &m.forward(&toks[..1], &mut s, LogitsRows::Last)
+            .unwrap()
+            .logits,
+    ));
     s.restore(&snap).unwrap();
-    out.push(bits(&m.forward(&toks[3..4], &mut s, LogitsRows::Last).unwrap().logits));
+    out.push(bits(
+        &m.forward(&toks[3..4], &mut s, LogitsRows::Last)
+            .unwrap()
+            .logits,
+    ));
     s.truncate(40).unwrap();
-    out.push(bits(&m.forward(&toks[7..10], &mut s, LogitsRows::All).unwrap().logits));
-    out.push(bits(&m.forward(&toks[10..11], &mut s, LogitsRows::Last).unwrap().logits));
+    out.push(bits(
+        &m.forward(&toks[7..10], &mut s, LogitsRows::All)
+            .unwrap()
+            .logits,
+    ));
+    out.push(bits(
+        &m.forward(&toks[10..11], &mut s, LogitsRows::Last)
+            .unwrap()
+            .logits,
+    ));
     out
 }
 

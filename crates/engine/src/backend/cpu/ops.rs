@@ -14,8 +14,8 @@ use super::{
     pool_expand, routing, sparse_attention, window_attention,
 };
 use crate::backend::{
-    Backend, BackendId, EntryKeep, GateAct, Heads, HostStep, HostWeight, IndexerShape,
-    RopeLayout, RouterSpec, ScanDims,
+    Backend, BackendId, EntryKeep, GateAct, Heads, HostStep, HostWeight, IndexerShape, RopeLayout,
+    RouterSpec, ScanDims,
 };
 use crate::error::{EngineError, Result};
 
@@ -1330,7 +1330,6 @@ impl Backend for CpuOps {
     ) -> Result<Vec<f32>> {
         self.attention_causal(q, k, v, step.pos, q_heads, kv)
     }
-
 }
 
 #[cfg(test)]

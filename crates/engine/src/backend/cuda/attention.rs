@@ -5,8 +5,8 @@
 //! merged in tile order (two launches).
 
 use super::buf::{self, CudaBuf};
-use super::graph::CudaStep;
 use super::device::{Device, Shape, args};
+use super::graph::CudaStep;
 use super::select::CudaSelection;
 use crate::backend::{EntryKeep, Heads};
 use crate::error::{EngineError, Result};

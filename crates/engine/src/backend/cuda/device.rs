@@ -293,9 +293,8 @@ impl Device {
     /// what a captured step uploads must not change between its replays
     /// (per-step values come from the step parameters).
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DevMem<T>> {
-        let mut m = self.alloc::<T>(host.len())?;
         if self.pool.capturing() {
-            m.set_constant();
+            let m = DevMem::constant(&self.pool, host.len())?;
             if !host.is_empty() {
                 self.bind()?;
                 // SAFETY: `m` holds host.len() elements; the copy runs on
@@ -308,6 +307,7 @@ impl Device {
             }
             return Ok(m);
         }
+        let m = self.alloc::<T>(host.len())?;
         if !host.is_empty() {
             self.bind()?;
             // SAFETY: `m` holds host.len() elements; a copy from pageable

@@ -5,8 +5,8 @@
 //! Every output element is computed alone, in the CPU reference's order.
 
 use super::buf::CudaBuf;
-use super::graph::CudaStep;
 use super::device::{Arg, Device, Shape, args, ptr};
+use super::graph::CudaStep;
 use super::weights::{BlockKind, CudaTable};
 use crate::error::{EngineError, Result};
 
@@ -49,7 +49,11 @@ pub(super) fn gather_rows(dev: &Device, table: &CudaTable, ids: &[u32]) -> Resul
 
 /// `Backend::gather_rows_step`: the ids are the step's (checked against
 /// the vocabulary by the caller before the step's parameters were written).
-pub(super) fn gather_rows_step(dev: &Device, table: &CudaTable, step: &CudaStep) -> Result<CudaBuf> {
+pub(super) fn gather_rows_step(
+    dev: &Device,
+    table: &CudaTable,
+    step: &CudaStep,
+) -> Result<CudaBuf> {
     gather_at(dev, table, step.ids_ptr(), step.rows)
 }
 

@@ -135,17 +135,7 @@ impl Pool {
             if let Some(p) = self.pop_free(class)? {
                 return Ok((p, class));
             }
-            self.bind()?;
-            // SAFETY: an allocation on the side stream, waited for, so the
-            // block exists before the graph that uses it ever runs (an
-            // allocation queued on the capturing stream would be a node of
-            // the graph instead).
-            let p = unsafe { driver::malloc_async(self.side.cu_stream(), class) }
-                .map_err(|e| EngineError::Device(format!("allocating {class} bytes: {e:?}")))?;
-            self.side
-                .synchronize()
-                .map_err(|e| EngineError::Device(format!("side stream: {e:?}")))?;
-            return Ok((p, class));
+            return self.take_side(class);
         }
         drop(capture);
         if let Some(p) = self.pop_free(class)? {
@@ -156,6 +146,22 @@ impl Pool {
         // stream.
         let p = unsafe { driver::malloc_async(self.stream.cu_stream(), class) }
             .map_err(|e| EngineError::Device(format!("allocating {class} bytes: {e:?}")))?;
+        Ok((p, class))
+    }
+
+    /// A new block of `class` bytes allocated on the side stream and
+    /// waited for, so it exists before the graph that uses it ever runs (an
+    /// allocation queued on the capturing stream would be a node of the
+    /// graph instead).
+    fn take_side(&self, class: usize) -> Result<(u64, usize)> {
+        self.bind()?;
+        // SAFETY: a plain stream-ordered allocation on the side stream,
+        // complete when the synchronize returns.
+        let p = unsafe { driver::malloc_async(self.side.cu_stream(), class) }
+            .map_err(|e| EngineError::Device(format!("allocating {class} bytes: {e:?}")))?;
+        self.side
+            .synchronize()
+            .map_err(|e| EngineError::Device(format!("side stream: {e:?}")))?;
         Ok((p, class))
     }
 
@@ -242,9 +248,21 @@ impl<T> DevMem<T> {
         })
     }
 
-    /// Mark this block as a constant of the graph being captured.
-    pub(super) fn set_constant(&mut self) {
-        self.constant = true;
+    /// Room for a constant of the graph being captured, written at once:
+    /// a new block (a recycled one may still be read or written by queued
+    /// work or by earlier nodes of the capture), never reused while the
+    /// graph lives.
+    pub(super) fn constant(pool: &Arc<Pool>, len: usize) -> Result<Self> {
+        let bytes = len * std::mem::size_of::<T>();
+        let (ptr, class) = pool.take_side(bytes.max(1).div_ceil(GRAIN) * GRAIN)?;
+        Ok(Self {
+            ptr,
+            len,
+            class,
+            pool: pool.clone(),
+            constant: true,
+            _t: PhantomData,
+        })
     }
 
     /// The device address of the first value.

@@ -5,9 +5,9 @@
 use candle_core::Tensor;
 
 use super::buf::{self, CudaBuf};
+use super::graph::{self, CudaStep};
 use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
-use super::graph::{self, CudaStep};
 use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
 use crate::backend::{
     Backend, BackendId, EntryKeep, GateAct, Heads, HostWeight, IndexerShape, RopeLayout,
@@ -506,5 +506,4 @@ impl Backend for CudaOps {
     ) -> Result<CudaBuf> {
         attention::attention_causal_step(&self.dev, q, k, v, step, q_heads, kv)
     }
-
 }

@@ -490,7 +490,10 @@ impl<B: Backend> LlamaModel<B> {
             LogitsRows::Last => (ops.rows(x, self.cfg.hidden_size, t - 1, 1)?, 1),
             LogitsRows::All => (x.clone(), t),
         };
-        Ok((self.head.forward(ops, &self.norm.forward(ops, &last)?, n)?, n))
+        Ok((
+            self.head.forward(ops, &self.norm.forward(ops, &last)?, n)?,
+            n,
+        ))
     }
 
     /// [`LlamaModel::run`] as one step ([`Backend::run_step`]): the same
