@@ -53,6 +53,10 @@ pub struct HostStep {
     pub ids: Vec<u32>,
 }
 
+/// The body of a step ([`Backend::run_step`]): the step's ops, given the
+/// step's parameters, returning its outputs.
+pub type StepBody<'a, S, B> = dyn FnMut(&S) -> Result<Vec<B>> + 'a;
+
 /// Which backend and kernel set produced a state: part of every checkpoint's
 /// identity, because bits differ between backends and kernel sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -633,7 +637,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         key: &[u64],
         pos: usize,
         ids: &[u32],
-        body: &mut dyn FnMut(&Self::Step) -> Result<Vec<Self::Buf>>,
+        body: &mut StepBody<'_, Self::Step, Self::Buf>,
     ) -> Result<Vec<Self::Buf>>;
     /// Set `dst`'s length to `n` values; values past the old length are
     /// unspecified until written. Where its storage is shared or too small

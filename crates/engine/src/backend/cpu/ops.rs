@@ -15,7 +15,7 @@ use super::{
 };
 use crate::backend::{
     Backend, BackendId, EntryKeep, GateAct, Heads, HostStep, HostWeight, IndexerShape, RopeLayout,
-    RouterSpec, ScanDims,
+    RouterSpec, ScanDims, StepBody,
 };
 use crate::error::{EngineError, Result};
 
@@ -1268,7 +1268,7 @@ impl Backend for CpuOps {
         _key: &[u64],
         pos: usize,
         ids: &[u32],
-        body: &mut dyn FnMut(&HostStep) -> Result<Vec<Vec<f32>>>,
+        body: &mut StepBody<'_, HostStep, Vec<f32>>,
     ) -> Result<Vec<Vec<f32>>> {
         body(&HostStep {
             pos,

@@ -23,6 +23,7 @@ use cudarc::driver::{CudaGraph, sys as driver_sys};
 use super::buf::{self, CudaBuf};
 use super::device::{Device, dev_err};
 use super::mem::{Arena, DevMem, Pool};
+use crate::backend::StepBody;
 use crate::error::{EngineError, Result};
 
 /// Rows a step may have at most (a decode step is 1, an MTP verify window
@@ -111,7 +112,7 @@ pub(super) fn run_step(
     key: &[u64],
     pos: usize,
     ids: &[u32],
-    body: &mut dyn FnMut(&CudaStep) -> Result<Vec<CudaBuf>>,
+    body: &mut StepBody<'_, CudaStep, CudaBuf>,
 ) -> Result<Vec<CudaBuf>> {
     let g = &dev.graphs;
     if ids.is_empty() || ids.len() > MAX_STEP_ROWS {

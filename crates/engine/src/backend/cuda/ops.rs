@@ -11,7 +11,7 @@ use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
 use crate::backend::{
     Backend, BackendId, EntryKeep, GateAct, Heads, HostWeight, IndexerShape, RopeLayout,
-    RouterSpec, ScanDims,
+    RouterSpec, ScanDims, StepBody,
 };
 use crate::error::Result;
 
@@ -462,7 +462,7 @@ impl Backend for CudaOps {
         key: &[u64],
         pos: usize,
         ids: &[u32],
-        body: &mut dyn FnMut(&CudaStep) -> Result<Vec<CudaBuf>>,
+        body: &mut StepBody<'_, CudaStep, CudaBuf>,
     ) -> Result<Vec<CudaBuf>> {
         graph::run_step(&self.dev, key, pos, ids, body)
     }

@@ -6,7 +6,7 @@
 //! [`LogitsRows::Last`] (the head is the largest matmul; a prefill chunk
 //! needs only its last row) or `t` for [`LogitsRows::All`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::config::LlamaConfig;
 use super::mtp::{LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MtpHead};
@@ -124,7 +124,9 @@ impl<B: Backend> Block<B> {
 pub struct LlamaModel<B: Backend = CpuOps> {
     ops: B,
     cfg: LlamaConfig,
-    source: PathBuf,
+    /// (A boxed path: `LoadedModel` holds this model by value, and the
+    /// variant's size is kept near the others'.)
+    source: Box<Path>,
     format: ModelFormat,
     /// `[vocab, hidden]`. A block-quantized GGUF table (Q8_0 in the default
     /// model) stays quantized and is dequantized row by row on lookup: the
@@ -403,7 +405,7 @@ impl<B: Backend> LlamaModel<B> {
         Ok(Self {
             ops,
             cfg,
-            source: source.to_path_buf(),
+            source: source.into(),
             format,
             embed,
             blocks,
