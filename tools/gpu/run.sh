@@ -10,11 +10,14 @@ OUT=${OUT:-/tmp/ds4-out}
 mkdir -p "$OUT"
 root=$PWD
 echo "repo: $root ($(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60))"
-# The test binary was built at /work/wt-cuda: it finds the fixtures there.
-if [ ! -d /work/wt-cuda/tests/fixtures ]; then
-  mkdir -p /work/wt-cuda/crates/engine
-  ln -sfn "$root/tests" /work/wt-cuda/tests
-fi
+# Test binaries find the fixtures under the checkout they were built in
+# (/work/wt-cuda or /work/main so far): link this checkout's there.
+for built in /work/wt-cuda /work/main; do
+  if [ "$root" != "$built" ] && [ ! -d "$built/tests/fixtures" ]; then
+    mkdir -p "$built/crates/engine"
+    ln -sfn "$root/tests" "$built/tests"
+  fi
+done
 cd "$root/.gpu" || exit 1
 for f in *.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 chmod +x cuda ds4server 2>/dev/null
@@ -58,10 +61,11 @@ for what in "${@:-tests}"; do
       # through our engine bench, our CLI bench and llama-bench.
       export DS4_VOCAB_GGUF=$PWD/vocab.gguf DS4_SMOLLM2_GGUF=/tmp/smollm2.gguf
       ./cuda --ignored --test-threads=1 --nocapture smollm2 2>&1 | tee "$OUT/compare.log"
-      for dev in cuda cpu; do
+      for dev in cuda cuda-eager cpu; do
         echo "== ds4server bench --device $dev" | tee -a "$OUT/compare.log"
-        ./ds4server bench --device "$dev" -m /tmp/smollm2.gguf --ctx-start 512 --ctx-max 2048 \
-          --step 1536 --gen 128 2>&1 | tee -a "$OUT/compare.log"
+        graphs=1; [ "$dev" = cuda-eager ] && graphs=0
+        DS4_CUDA_GRAPHS=$graphs ./ds4server bench --device "${dev%-eager}" -m /tmp/smollm2.gguf \
+          --ctx-start 512 --ctx-max 2048 --step 1536 --gen 128 2>&1 | tee -a "$OUT/compare.log"
       done
       if [ -x /tmp/llama/build/bin/llama-bench ]; then
         echo "== llama-bench (CUDA, all layers on the GPU)" | tee -a "$OUT/compare.log"

@@ -26,6 +26,7 @@
 //! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay), `kda_gate` |
 //! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `selection_from_host` (a selection the caller lists: a vision tower's per-image attention), `attention_window` (sliding window + compressed entries + sinks) |
 //! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
+//! | steps | `step_graphs`, `storage_key`, `run_step`, `resize`, `gather_rows_step`, `rows_step`, `write_rows_step`, `attention_causal_step` (decode / verify steps whose per-step inputs come from a [`Backend::Step`], so a device can replay them as a graph) |
 //! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
@@ -43,6 +44,18 @@ use crate::error::Result;
 pub use cpu::CpuOps;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaOps;
+
+/// The per-step inputs as the CPU reads them: the cache length before the
+/// step and the step's token ids.
+#[derive(Debug, Clone)]
+pub struct HostStep {
+    pub pos: usize,
+    pub ids: Vec<u32>,
+}
+
+/// The body of a step ([`Backend::run_step`]): the step's ops, given the
+/// step's parameters, returning its outputs.
+pub type StepBody<'a, S, B> = dyn FnMut(&S) -> Result<Vec<B>> + 'a;
 
 /// Which backend and kernel set produced a state: part of every checkpoint's
 /// identity, because bits differ between backends and kernel sets.
@@ -188,6 +201,12 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     type Selection: Clone + Send + Sync + Debug;
     /// Per-token routed experts and weights, `[rows, k]` each.
     type Routing: Clone + Send + Sync + Debug;
+    /// What changes from one decode / verify step to the next (the cache
+    /// length before the step and its token ids), as the step ops read it:
+    /// on the host ([`HostStep`]), or from a small device buffer written
+    /// once per step, so that a step captured as a CUDA graph can be
+    /// replayed.
+    type Step: Send + Sync + Debug;
 
     /// The backend and kernel set (part of a checkpoint's identity).
     fn id(&self) -> BackendId;
@@ -612,5 +631,66 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         y: &Self::Buf,
         inj: &Self::Buf,
         c: usize,
+    ) -> Result<Self::Buf>;
+
+    // ---- steps (graph mode) ----
+
+    /// Whether forwards of a few rows should run as steps
+    /// ([`Backend::run_step`]): true where replaying a captured step pays
+    /// (CUDA graphs); false on the CPU.
+    fn step_graphs(&self) -> bool;
+    /// The identity of `x`'s storage (its address and capacity): part of a
+    /// step's key, because a replayed step writes the buffers it was
+    /// captured with.
+    fn storage_key(&self, x: &Self::Buf) -> [u64; 2];
+    /// Run `body` as the step at cache length `pos` over the tokens `ids`
+    /// and return its outputs. `key` names everything the body's launches
+    /// depend on besides the [`Backend::Step`] (the model, the row count,
+    /// the storage of every buffer it writes): equal keys must mean equal
+    /// launches. The body takes its per-step values only from the step it
+    /// is given. CPU: runs `body`. CUDA: replays the graph captured for
+    /// `key`, capturing it on first use (eager, with one log line, where
+    /// capture fails).
+    fn run_step(
+        &self,
+        key: &[u64],
+        pos: usize,
+        ids: &[u32],
+        body: &mut StepBody<'_, Self::Step, Self::Buf>,
+    ) -> Result<Vec<Self::Buf>>;
+    /// Set `dst`'s length to `n` values; values past the old length are
+    /// unspecified until written. Where its storage is shared or too small
+    /// it is replaced by its own with room for `grow_to` values, so steps
+    /// that fit write the same storage.
+    fn resize(&self, dst: &mut Self::Buf, n: usize, grow_to: usize) -> Result<()>;
+    /// [`Backend::gather_rows`] of the step's token ids (checked by the
+    /// caller).
+    fn gather_rows_step(&self, table: &Self::Table, step: &Self::Step) -> Result<Self::Buf>;
+    /// [`Backend::rows`] from the step's position: rows `pos .. pos + count`.
+    fn rows_step(
+        &self,
+        x: &Self::Buf,
+        width: usize,
+        step: &Self::Step,
+        count: usize,
+    ) -> Result<Self::Buf>;
+    /// Write `src: [n, width]` over rows `pos .. pos + n` of `dst` (already
+    /// [`Backend::resize`]d to hold them).
+    fn write_rows_step(
+        &self,
+        dst: &mut Self::Buf,
+        src: &Self::Buf,
+        width: usize,
+        step: &Self::Step,
+    ) -> Result<()>;
+    /// [`Backend::attention_causal`] at `offset = pos`, bit for bit.
+    fn attention_causal_step(
+        &self,
+        q: &Self::Buf,
+        k: &[&Self::Buf],
+        v: &[&Self::Buf],
+        step: &Self::Step,
+        q_heads: usize,
+        kv: Heads,
     ) -> Result<Self::Buf>;
 }

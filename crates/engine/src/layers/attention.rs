@@ -37,6 +37,23 @@ impl<B: Backend> Attention<B> {
         cache: &mut KvCache<B>,
         layer: usize,
     ) -> Result<B::Buf> {
+        self.forward_at(ops, x, t, rope, cache, layer, None)
+    }
+
+    /// [`Attention::forward`], or with `step` the same computation as a
+    /// step (the cache prepared by [`KvCache::prepare_step`], positions
+    /// from the step): the bits are the same.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_at(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        t: usize,
+        rope: &RopeRows<B>,
+        cache: &mut KvCache<B>,
+        layer: usize,
+        step: Option<&B::Step>,
+    ) -> Result<B::Buf> {
         let offset = cache.len();
         let d = self.head_dim;
         let mut q = self.q.forward(ops, x, t)?;
@@ -44,21 +61,21 @@ impl<B: Backend> Attention<B> {
         let v = self.v.forward(ops, x, t)?;
         rope.apply(ops, &mut q, d)?;
         rope.apply(ops, &mut k, d)?;
-        let (k_all, v_all) = cache.write(layer, &k, &v)?;
+        let (k_all, v_all) = match step {
+            None => cache.write(layer, &k, &v)?,
+            Some(s) => cache.write_step(layer, &k, &v, s)?,
+        };
         // Scale q (t·d values) rather than the scores (t·total values),
         // `q·(1/√d) + 0` as candle's affine computed it.
         let q = ops.affine(&q, (1.0 / (d as f64).sqrt()) as f32, 0.0)?;
-        let y = ops.attention_causal(
-            &q,
-            &k_all,
-            &v_all,
-            offset,
-            self.num_heads,
-            Heads {
-                heads: self.num_kv_heads,
-                dim: d,
-            },
-        )?;
+        let kv = Heads {
+            heads: self.num_kv_heads,
+            dim: d,
+        };
+        let y = match step {
+            None => ops.attention_causal(&q, &k_all, &v_all, offset, self.num_heads, kv)?,
+            Some(s) => ops.attention_causal_step(&q, &k_all, &v_all, s, self.num_heads, kv)?,
+        };
         self.o.forward(ops, &y, t)
     }
 }

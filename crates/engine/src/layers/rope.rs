@@ -176,6 +176,17 @@ impl<B: Backend> Rope<B> {
             layout: self.layout,
         })
     }
+
+    /// [`Rope::tables`] of the `len` positions from the step's (the
+    /// caller checked `pos + len` against [`Rope::max_positions`]).
+    pub fn tables_step(&self, ops: &B, step: &B::Step, len: usize) -> Result<RopeRows<B>> {
+        Ok(RopeRows {
+            cos: ops.rows_step(&self.cos, self.half, step, len)?,
+            sin: ops.rows_step(&self.sin, self.half, step, len)?,
+            half: self.half,
+            layout: self.layout,
+        })
+    }
 }
 
 /// Per-row cos/sin tables `[rows, half]` for one forward.

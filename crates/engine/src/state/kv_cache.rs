@@ -96,6 +96,59 @@ impl<B: Backend> KvCache<B> {
         ))
     }
 
+    /// Make room for a step of `t` rows: every cache covers `len + t` rows
+    /// in storage of its own (grown by doubling, so the storage of
+    /// successive steps stays the same between growth points); the rows
+    /// are written by [`KvCache::write_step`]. Undone by
+    /// [`KvCache::rollback`], kept by [`KvCache::advance`].
+    pub fn prepare_step(&mut self, t: usize) -> Result<()> {
+        let (ops, rows, max) = (self.ops.clone(), self.len + t, self.max_len);
+        if rows > max {
+            return Err(EngineError::ContextOverflow {
+                needed: rows,
+                limit: max,
+            });
+        }
+        for c in self.caches_mut() {
+            c.resize_rows(&ops, rows, max)?;
+        }
+        Ok(())
+    }
+
+    /// The storage of every cache (part of a step's key).
+    pub fn storage_keys(&self) -> Vec<u64> {
+        self.caches()
+            .flat_map(|c| self.ops.storage_key(c.buf()))
+            .collect()
+    }
+
+    /// [`KvCache::write`] in a step prepared by [`KvCache::prepare_step`]:
+    /// the rows go to the step's position.
+    #[allow(clippy::type_complexity)]
+    pub fn write_step(
+        &mut self,
+        layer: usize,
+        k: &B::Buf,
+        v: &B::Buf,
+        step: &B::Step,
+    ) -> Result<(Vec<&B::Buf>, Vec<&B::Buf>)> {
+        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(EngineError::State(format!("kv cache has no layer {layer}"))),
+        };
+        let t = self.ops.len(k) / (self.kv_heads * self.head_dim).max(1);
+        let parts = vec![self.head_dim; self.kv_heads];
+        for (src, heads) in [(k, &mut *kc), (v, &mut *vc)] {
+            for (rows, cache) in self.ops.split_cols(src, t, &parts, 1)?.iter().zip(heads) {
+                cache.write_step(&self.ops, rows, step)?;
+            }
+        }
+        Ok((
+            kc.iter().map(|c| c.buf()).collect(),
+            vc.iter().map(|c| c.buf()).collect(),
+        ))
+    }
+
     /// Every layer was written `t` rows: the cache now covers them.
     pub fn advance(&mut self, t: usize) -> Result<()> {
         let end = self.len + t;

@@ -51,6 +51,23 @@ impl<B: Backend> RowCache<B> {
         Ok(())
     }
 
+    /// Cover `rows` rows (those past the current ones are written by
+    /// [`RowCache::write_step`]) in storage of its own with room for
+    /// `capacity` rows, doubled (up to `max_rows`) when it runs out: the
+    /// storage of a step's caches changes only at these growth points.
+    pub fn resize_rows(&mut self, ops: &B, rows: usize, max_rows: usize) -> Result<()> {
+        let grow_to = rows.max(2 * self.rows).max(256).min(max_rows.max(rows));
+        ops.resize(&mut self.buf, rows * self.width, grow_to * self.width)?;
+        self.rows = rows;
+        Ok(())
+    }
+
+    /// Write `x: [n, width]` at the step's position (rows already covered
+    /// by [`RowCache::resize_rows`]).
+    pub fn write_step(&mut self, ops: &B, x: &B::Buf, step: &B::Step) -> Result<()> {
+        ops.write_rows_step(&mut self.buf, x, self.width, step)
+    }
+
     /// Keep the first `n` rows.
     pub fn truncate(&mut self, ops: &B, n: usize) -> Result<()> {
         if n < self.rows {

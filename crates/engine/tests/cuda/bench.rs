@@ -331,46 +331,78 @@ fn cuda_bench_smollm2_shaped_decode() {
     let g = gpu();
     let gm = LlamaModel::load_gguf(&path, GgufWeights::Quantized, g.clone()).unwrap();
     let prompt: Vec<u32> = (0..256).map(|i| (i * 37 % 49_000 + 5) as u32).collect();
-    let before = g.launches();
-    let (gp, gd, gt) = run(&gm, &prompt, 128);
-    let launches = g.launches() - before;
-    // Launches of the prefill (one forward) and of the 127 decode steps.
-    let per_step = {
-        let mut s = gm.new_state();
-        gm.forward(&prompt[..8], &mut s, LogitsRows::Last).unwrap();
-        let b = g.launches();
-        gm.forward(&[7], &mut s, LogitsRows::Last).unwrap();
-        g.launches() - b
-    };
-    // An MTP verify window is a forward of K + 1 rows: its cost against one
-    // decode step, from the same state (restored between runs).
-    let mut base = gm.new_state();
-    gm.forward(&prompt, &mut base, LogitsRows::Last).unwrap();
-    let mut step = 0.0;
-    for rows in 1..=4usize {
-        let toks: Vec<u32> = (0..rows as u32).map(|i| 100 + i).collect();
-        let reps = 20;
-        let start = Instant::now();
-        for _ in 0..reps {
+    // Side by side in one process: eager launches, then the same steps as
+    // replayed CUDA graphs (captured at the first step and at each growth
+    // point of the caches).
+    let mut tokens = Vec::new();
+    let (mut gp, mut gd) = (0.0, 0.0);
+    for graphs in [false, true] {
+        g.set_graphs(graphs);
+        let mode = if graphs { "graph" } else { "eager" };
+        let (c0, r0) = g.graph_counts();
+        let before = g.launches();
+        let (p, d, t) = run(&gm, &prompt, 128);
+        let launches = g.launches() - before;
+        let (c1, r1) = g.graph_counts();
+        // Kernel launches from the host for one decode step.
+        let per_step = {
+            let mut s = gm.new_state();
+            gm.forward(&prompt[..8], &mut s, LogitsRows::Last).unwrap();
+            gm.forward(&[6], &mut s, LogitsRows::Last).unwrap();
+            let b = g.launches();
+            gm.forward(&[7], &mut s, LogitsRows::Last).unwrap();
+            g.launches() - b
+        };
+        println!(
+            "REPORT bench=smollm2_shaped mode={mode} prefill_tok_s={p:.0} decode_tok_s={d:.1} \
+             step_us={:.0} kernels_per_decode_step={per_step} \
+             total_launches={launches} captures={} replays={}",
+            1e6 / d,
+            c1 - c0,
+            r1 - r0
+        );
+        // An MTP verify window is a forward of K + 1 rows: its cost against
+        // one decode step, from the same state (restored between runs).
+        let mut base = gm.new_state();
+        gm.forward(&prompt, &mut base, LogitsRows::Last).unwrap();
+        let mut step = 0.0;
+        for rows in 1..=4usize {
+            let toks: Vec<u32> = (0..rows as u32).map(|i| 100 + i).collect();
+            let reps = 20;
+            // The first window of each state captures (graph mode): one
+            // state, truncated back between the timed runs.
             let mut s = base.snapshot();
             gm.forward(&toks, &mut s, LogitsRows::All).unwrap();
+            s.truncate(base.len()).unwrap();
+            g.synchronize().unwrap();
+            let start = Instant::now();
+            for _ in 0..reps {
+                gm.forward(&toks, &mut s, LogitsRows::All).unwrap();
+                s.truncate(base.len()).unwrap();
+            }
+            let t = start.elapsed().as_secs_f64() / reps as f64;
+            if rows == 1 {
+                step = t;
+            }
+            println!(
+                "REPORT bench=smollm2_shaped mode={mode} verify_rows={rows} (K={}) time_us={:.0} \
+                 vs_one_step={:.2}",
+                rows - 1,
+                t * 1e6,
+                t / step
+            );
         }
-        let t = start.elapsed().as_secs_f64() / reps as f64;
-        if rows == 1 {
-            step = t;
+        tokens.push(t);
+        if graphs {
+            (gp, gd) = (p, d);
         }
-        println!(
-            "REPORT bench=smollm2_shaped verify_rows={rows} (K={}) time_us={:.0} vs_one_step={:.2}",
-            rows - 1,
-            t * 1e6,
-            t / step
-        );
     }
+    assert_eq!(tokens[0], tokens[1], "greedy tokens: graphs vs eager");
+    let gt = tokens.pop().unwrap();
     let (cp, cd, ct) = run(&cm, &prompt, 32);
     let agree = gt.iter().zip(&ct).take_while(|(a, b)| a == b).count();
     println!(
-        "REPORT bench=smollm2_shaped device=gpu prefill_tok_s={gp:.0} decode_tok_s={gd:.1} \
-         kernels_per_decode_step={per_step} total_launches={launches}"
+        "REPORT bench=smollm2_shaped device=gpu (graphs) prefill_tok_s={gp:.0} decode_tok_s={gd:.1}"
     );
     println!(
         "REPORT bench=smollm2_shaped device=cpu prefill_tok_s={cp:.0} decode_tok_s={cd:.1} \

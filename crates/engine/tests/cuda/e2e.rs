@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use ds4_engine::backend::CpuOps;
+use ds4_engine::backend::{Backend, CpuOps};
 use ds4_engine::decode::{self, LiveSession, Observe, TurnConfig, TurnRequest};
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
 use ds4_engine::families::glm5_next::Glm5NextModel;
@@ -464,5 +464,91 @@ fn cuda_checkpoints_do_not_cross_backends() {
         assert!(!found, "{label}: a foreign checkpoint was used");
         assert!(own_found, "{label}: the maker's lookup");
         println!("REPORT e2e=checkpoint {label}: refused (foreign), served cold");
+    }
+}
+
+/// One decode session's logits bits: a 5-token prefill, single steps, then
+/// verify windows of 2..=4 rows (every row), a snapshot, a step, a
+/// restore, a truncate and a window from there.
+fn step_session(m: &LlamaModel<ds4_engine::backend::CudaOps>, v: usize) -> Vec<Vec<u32>> {
+    let toks = prompt(77, 120, v);
+    let mut out = Vec::new();
+    let mut s = m.new_state();
+    out.push(rows_bits(m, &mut s, &toks[..5]));
+    let (mut at, mut rows) = (5, 1);
+    while at + rows <= 118 {
+        let w = &toks[at..at + rows];
+        let mode = if rows == 1 {
+            LogitsRows::Last
+        } else {
+            LogitsRows::All
+        };
+        let (o, h) = m.forward_hidden(w, &mut s, mode).unwrap();
+        out.push(bits(&o.logits));
+        out.push(bits(&m.ops().download(h.buf()).unwrap()));
+        at += rows;
+        rows = if at < 60 { 1 } else { rows % 4 + 1 };
+    }
+    let snap = s.snapshot();
+    out.push(bits(
+        &m.forward(&toks[..1], &mut s, LogitsRows::Last)
+            .unwrap()
+            .logits,
+    ));
+    s.restore(&snap).unwrap();
+    out.push(bits(
+        &m.forward(&toks[3..4], &mut s, LogitsRows::Last)
+            .unwrap()
+            .logits,
+    ));
+    s.truncate(40).unwrap();
+    out.push(bits(
+        &m.forward(&toks[7..10], &mut s, LogitsRows::All)
+            .unwrap()
+            .logits,
+    ));
+    out.push(bits(
+        &m.forward(&toks[10..11], &mut s, LogitsRows::Last)
+            .unwrap()
+            .logits,
+    ));
+    out
+}
+
+/// Decode steps and verify windows replayed as CUDA graphs give the eager
+/// launches' bits: over many steps (the caches cross their growth points,
+/// each a new capture), windows of 2..=4 rows, snapshot / restore /
+/// truncate between replays; and the exactness suite (one forward ==
+/// chunks == steps, warm == cold) with graphs on.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_llama_graph_steps_equal_eager() {
+    let g = gpu();
+    for variant in ["f32_untied", "rope_llama3"] {
+        let dir = fixtures().join("llama/tiny").join(variant);
+        let gm = LlamaModel::load_hf(&dir, g.clone()).unwrap();
+        let v = gm.vocab_size();
+        g.set_graphs(false);
+        let eager = step_session(&gm, v);
+        g.set_graphs(true);
+        let (c0, r0) = g.graph_counts();
+        let graphs = step_session(&gm, v);
+        let (c1, r1) = g.graph_counts();
+        assert!(g.graphs(), "{variant}: no capture may fail");
+        assert_eq!(graphs.len(), eager.len());
+        for (i, (a, b)) in graphs.iter().zip(&eager).enumerate() {
+            assert!(a == b, "{variant}: graph step {i} differs from eager");
+        }
+        assert!(r1 - r0 > 50, "{variant}: {} replays", r1 - r0);
+        assert!(c1 - c0 >= 5, "{variant}: {} captures", c1 - c0);
+        println!(
+            "REPORT e2e=llama {variant} graphs==eager over {} outputs ({} captures, {} replays)",
+            eager.len(),
+            c1 - c0,
+            r1 - r0
+        );
+        if variant == "f32_untied" {
+            exactness("llama f32_untied (graphs)", &gm);
+        }
     }
 }

@@ -14,8 +14,8 @@ use super::{
     pool_expand, routing, sparse_attention, window_attention,
 };
 use crate::backend::{
-    Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostWeight, IndexerShape, RopeLayout,
-    RouterSpec, ScanDims,
+    Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostStep, HostWeight, IndexerShape,
+    RopeLayout, RouterSpec, ScanDims, StepBody,
 };
 use crate::error::{EngineError, Result};
 
@@ -151,6 +151,7 @@ impl Backend for CpuOps {
     type Table = CpuTable;
     type Selection = Vec<Vec<u32>>;
     type Routing = CpuRouting;
+    type Step = HostStep;
 
     fn id(&self) -> BackendId {
         let isa = block_matmul::isa();
@@ -1295,6 +1296,84 @@ impl Backend for CpuOps {
             }
         }
         Ok(out)
+    }
+
+    // ---- steps (graph mode): the eager ops at the step's values ----
+
+    fn step_graphs(&self) -> bool {
+        false
+    }
+
+    fn storage_key(&self, x: &Vec<f32>) -> [u64; 2] {
+        [x.as_ptr() as u64, x.capacity() as u64]
+    }
+
+    fn run_step(
+        &self,
+        _key: &[u64],
+        pos: usize,
+        ids: &[u32],
+        body: &mut StepBody<'_, HostStep, Vec<f32>>,
+    ) -> Result<Vec<Vec<f32>>> {
+        body(&HostStep {
+            pos,
+            ids: ids.to_vec(),
+        })
+    }
+
+    fn resize(&self, dst: &mut Vec<f32>, n: usize, _grow_to: usize) -> Result<()> {
+        dst.resize(n, 0.0);
+        Ok(())
+    }
+
+    fn gather_rows_step(&self, table: &CpuTable, step: &HostStep) -> Result<Vec<f32>> {
+        self.gather_rows(table, &step.ids)
+    }
+
+    fn rows_step(
+        &self,
+        x: &Vec<f32>,
+        width: usize,
+        step: &HostStep,
+        count: usize,
+    ) -> Result<Vec<f32>> {
+        self.rows(x, width, step.pos, count)
+    }
+
+    fn write_rows_step(
+        &self,
+        dst: &mut Vec<f32>,
+        src: &Vec<f32>,
+        width: usize,
+        step: &HostStep,
+    ) -> Result<()> {
+        let at = step.pos * width;
+        match dst.get_mut(at..at + src.len()) {
+            Some(d) => {
+                d.copy_from_slice(src);
+                Ok(())
+            }
+            None => Err(shape_err(
+                "write_rows_step",
+                format!(
+                    "{} values at {at} of a buffer of {} (resize it first)",
+                    src.len(),
+                    dst.len()
+                ),
+            )),
+        }
+    }
+
+    fn attention_causal_step(
+        &self,
+        q: &Vec<f32>,
+        k: &[&Vec<f32>],
+        v: &[&Vec<f32>],
+        step: &HostStep,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Vec<f32>> {
+        self.attention_causal(q, k, v, step.pos, q_heads, kv)
     }
 }
 

@@ -4,8 +4,9 @@
 //! head) is cut into fixed tiles of its keys, computed in parallel and
 //! merged in tile order (two launches).
 
-use super::buf::CudaBuf;
+use super::buf::{self, CudaBuf};
 use super::device::{Device, Shape, args};
+use super::graph::CudaStep;
 use super::select::CudaSelection;
 use crate::backend::{EntryKeep, Heads};
 use crate::error::{EngineError, Result};
@@ -54,6 +55,13 @@ pub(super) fn attention_causal(
     q_heads: usize,
     kv: Heads,
 ) -> Result<CudaBuf> {
+    if dev.pool.capturing() {
+        return Err(shape_err(
+            "attention_causal",
+            "the cache length of a captured step comes from the step (attention_causal_step)"
+                .into(),
+        ));
+    }
     let (kvh, d) = (kv.heads, kv.dim);
     let t = q.len() / (q_heads * d).max(1);
     let total = offset + t;
@@ -95,6 +103,72 @@ pub(super) fn attention_causal(
         ],
     )?;
     merge(dev, &parts, items, tiles, q_heads, d, None)
+}
+
+/// `Backend::attention_causal_step`: the cache length from the step, the
+/// grid over the caches' capacity (see the kernels).
+pub(super) fn attention_causal_step(
+    dev: &Device,
+    q: &CudaBuf,
+    k: &[&CudaBuf],
+    v: &[&CudaBuf],
+    step: &CudaStep,
+    q_heads: usize,
+    kv: Heads,
+) -> Result<CudaBuf> {
+    let (kvh, d) = (kv.heads, kv.dim);
+    let t = q.len() / (q_heads * d).max(1);
+    let total = step.pos + t;
+    let bad = t == 0
+        || t != step.rows
+        || kvh == 0
+        || !q_heads.is_multiple_of(kvh)
+        || q.len() != t * q_heads * d
+        || k.len() != kvh
+        || v.len() != kvh
+        || k.iter().chain(v).any(|c| c.len() < total * d);
+    if bad {
+        return Err(shape_err(
+            "attention_causal_step",
+            format!("{t} queries over {total} keys in {} kv heads", k.len()),
+        ));
+    }
+    // Replays may reach any length the caches have room for.
+    let cap_rows = k
+        .iter()
+        .chain(v)
+        .map(|c| buf::capacity(c) / d.max(1))
+        .min()
+        .unwrap_or(0);
+    let cap_tiles = cap_rows.div_ceil(TILE);
+    let table: Vec<u64> = k.iter().chain(v).map(|c| c.ptr()).collect();
+    let table = dev.upload(&table)?;
+    let (kp, vp) = (table.ptr(), table.ptr() + 8 * kvh as u64);
+    let items = t * q_heads;
+    let parts = CudaBuf::uninit(dev, items * cap_tiles * (d + 2))?;
+    dev.launch(
+        "attention_causal_tiles_step_f32",
+        Shape::warps(items * cap_tiles),
+        args![
+            parts.ptr(),
+            q.ptr(),
+            kp,
+            vp,
+            t,
+            q_heads,
+            kvh,
+            d,
+            step.ptr,
+            cap_tiles
+        ],
+    )?;
+    let y = CudaBuf::uninit(dev, items * d)?;
+    dev.launch(
+        "attention_merge_step_f32",
+        Shape::warps(items),
+        args![y.ptr(), parts.ptr(), items, cap_tiles, t, d, step.ptr],
+    )?;
+    Ok(y)
 }
 
 pub(super) fn block_keys(

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use super::device::{Device, Shape, args};
+use super::graph::CudaStep;
 use super::mem::DevMem;
 use crate::error::{EngineError, Result};
 
@@ -124,6 +125,92 @@ pub(super) fn append(dev: &Device, dst: &mut CudaBuf, src: &CudaBuf) -> Result<(
     dst.own(dev, capacity)?;
     dev.copy(&src.mem, 0, &dst.mem, at, src.len)?;
     dst.len = need;
+    Ok(())
+}
+
+/// A copy of `x` in a new block.
+pub(super) fn copy_of(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
+    let out = dev.alloc(x.len)?;
+    dev.copy(&x.mem, 0, &out, 0, x.len)?;
+    Ok(CudaBuf::from_mem(out, x.len))
+}
+
+/// `Backend::resize`: the length becomes `n`; storage shared or too small
+/// is replaced by its own with room for `grow_to` values.
+pub(super) fn resize(dev: &Device, dst: &mut CudaBuf, n: usize, grow_to: usize) -> Result<()> {
+    if !(dst.mem.len() >= n.max(1) && Arc::get_mut(&mut dst.mem).is_some()) {
+        dst.own(dev, grow_to.max(n))?;
+    }
+    dst.len = n;
+    Ok(())
+}
+
+/// The storage's identity: its address and capacity.
+pub(super) fn storage_key(x: &CudaBuf) -> [u64; 2] {
+    [x.mem.ptr(), x.mem.len() as u64]
+}
+
+/// Values the storage has room for.
+pub(super) fn capacity(x: &CudaBuf) -> usize {
+    x.mem.len()
+}
+
+/// Rows `pos .. pos + count` of `x: [_, width]`, `pos` from the step.
+pub(super) fn rows_step(
+    dev: &Device,
+    x: &CudaBuf,
+    width: usize,
+    step: &CudaStep,
+    count: usize,
+) -> Result<CudaBuf> {
+    let n = count * width;
+    if (step.pos + count) * width > x.len {
+        return Err(shape_err(
+            "rows_step",
+            format!(
+                "rows {}..{} of a {}-row buffer",
+                step.pos,
+                step.pos + count,
+                x.len / width.max(1)
+            ),
+        ));
+    }
+    let out = CudaBuf::uninit(dev, n)?;
+    if n > 0 {
+        dev.launch(
+            "rows_step_f32",
+            Shape::elements(n),
+            args![out.ptr(), x.ptr(), width, n, step.ptr],
+        )?;
+    }
+    Ok(out)
+}
+
+/// `src` over rows `pos ..` of `dst`, which must own its storage (a step
+/// never reallocates: the caller resized it before).
+pub(super) fn write_rows_step(
+    dev: &Device,
+    dst: &mut CudaBuf,
+    src: &CudaBuf,
+    width: usize,
+    step: &CudaStep,
+) -> Result<()> {
+    if step.pos * width + src.len > dst.len || Arc::get_mut(&mut dst.mem).is_none() {
+        return Err(shape_err(
+            "write_rows_step",
+            format!(
+                "{} values at row {} of a buffer of {} (resize it to its own storage first)",
+                src.len, step.pos, dst.len
+            ),
+        ));
+    }
+    if src.len > 0 {
+        dev.launch(
+            "write_rows_step_f32",
+            Shape::elements(src.len),
+            args![dst.ptr(), src.ptr(), width, src.len, step.ptr],
+        )?;
+    }
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use super::graph::Graphs;
 use super::mem::{DevMem, Pool};
 use super::nvrtc;
 use super::signature::{self, Param};
@@ -108,8 +109,13 @@ const MAX_ARGS: usize = 24;
 pub(super) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
+    /// Work that must not join a capture on `stream` (allocations, the
+    /// constants a captured step uploads).
+    side: Arc<CudaStream>,
     /// Activations, caches and workspaces (weights are allocated apart).
-    pool: Arc<Pool>,
+    pub(super) pool: Arc<Pool>,
+    /// Captured decode / verify steps and their parameter buffer.
+    pub(super) graphs: Graphs,
     /// Every kernel, loaded at open, with its parameters from the sources
     /// (read-only afterwards: a launch takes no lock).
     kernels: HashMap<String, Kernel>,
@@ -158,6 +164,8 @@ impl Device {
         // SAFETY: nothing has been allocated on this context yet.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| dev_err("cuStreamCreate", e))?;
+        // Allocations made while `stream` is capturing a graph.
+        let side = ctx.new_stream().map_err(|e| dev_err("cuStreamCreate", e))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| dev_err("compute capability", e))?;
@@ -186,9 +194,12 @@ impl Device {
                 .map_err(|e| dev_err(&format!("kernel `{name}`"), e))?;
             kernels.insert(name, Kernel { f, params });
         }
+        let pool = Pool::new(stream.clone(), side.clone());
         Ok(Self {
             ctx,
-            pool: Pool::new(stream.clone()),
+            graphs: Graphs::new(&pool)?,
+            pool,
+            side,
             stream,
             kernels,
             arch,
@@ -276,8 +287,26 @@ impl Device {
             .map_err(|e| dev_err("binding the context", e))
     }
 
-    /// Host values copied to a new block of the pool.
+    /// Host values copied to a new block of the pool. During a capture
+    /// the copy is made at once (a copy from pageable memory cannot be a
+    /// node of a graph) and the block becomes a constant of the graph: so
+    /// what a captured step uploads must not change between its replays
+    /// (per-step values come from the step parameters).
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DevMem<T>> {
+        if self.pool.capturing() {
+            let m = DevMem::constant(&self.pool, host.len())?;
+            if !host.is_empty() {
+                self.bind()?;
+                // SAFETY: `m` holds host.len() elements; the copy runs on
+                // the side stream (not capturing) and is waited for.
+                unsafe { driver::memcpy_htod_async(m.ptr(), host, self.side.cu_stream()) }
+                    .map_err(|e| dev_err("host-to-device copy", e))?;
+                self.side
+                    .synchronize()
+                    .map_err(|e| dev_err("side stream synchronize", e))?;
+            }
+            return Ok(m);
+        }
         let m = self.alloc::<T>(host.len())?;
         if !host.is_empty() {
             self.bind()?;
@@ -287,6 +316,26 @@ impl Device {
                 .map_err(|e| dev_err("host-to-device copy", e))?;
         }
         Ok(m)
+    }
+
+    /// Overwrite the first `host.len()` elements of `m` (queued on the
+    /// stream: work queued before still reads the old values).
+    pub fn write<T: DeviceRepr>(&self, m: &DevMem<T>, host: &[T]) -> Result<()> {
+        if host.len() > m.len() {
+            return Err(EngineError::Device(format!(
+                "writing {} values into a block of {}",
+                host.len(),
+                m.len()
+            )));
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: in bounds (checked); a copy from pageable memory returns
+        // once the source is staged.
+        unsafe { driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream()) }
+            .map_err(|e| dev_err("host-to-device copy", e))
     }
 
     /// A weight: allocated apart from the pool, for the model's lifetime.

@@ -6,6 +6,7 @@
 
 use super::buf::CudaBuf;
 use super::device::{Arg, Device, Shape, args, ptr};
+use super::graph::CudaStep;
 use super::weights::{BlockKind, CudaTable};
 use crate::backend::GeluForm;
 use crate::error::{EngineError, Result};
@@ -27,19 +28,43 @@ fn map(dev: &Device, name: &'static str, n: usize, inputs: &[Arg]) -> Result<Cud
 }
 
 pub(super) fn gather_rows(dev: &Device, table: &CudaTable, ids: &[u32]) -> Result<CudaBuf> {
-    let (rows, width) = table.dims();
+    let (rows, _) = table.dims();
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= rows) {
         return Err(shape_err(
             "gather_rows",
             format!("row {bad} of a {rows}-row table"),
         ));
     }
-    let n = ids.len();
+    if dev.pool.capturing() {
+        return Err(shape_err(
+            "gather_rows",
+            "token ids of a captured step come from the step (gather_rows_step)".into(),
+        ));
+    }
+    if ids.is_empty() {
+        return CudaBuf::uninit(dev, 0);
+    }
+    let ids = dev.upload(ids)?;
+    gather_at(dev, table, ids.ptr(), ids.len())
+}
+
+/// `Backend::gather_rows_step`: the ids are the step's (checked against
+/// the vocabulary by the caller before the step's parameters were written).
+pub(super) fn gather_rows_step(
+    dev: &Device,
+    table: &CudaTable,
+    step: &CudaStep,
+) -> Result<CudaBuf> {
+    gather_at(dev, table, step.ids_ptr(), step.rows)
+}
+
+/// Rows `ids[0 .. n]` (device u32 at `ids`) of `table`.
+fn gather_at(dev: &Device, table: &CudaTable, ids: u64, n: usize) -> Result<CudaBuf> {
+    let (_, width) = table.dims();
     let out = CudaBuf::uninit(dev, n * width)?;
     if n * width == 0 {
         return Ok(out);
     }
-    let ids = dev.upload(ids)?;
     let (name, data) = match table {
         CudaTable::F32 { w, .. } => ("gather_f32", ptr(w)),
         CudaTable::Block {
@@ -56,7 +81,7 @@ pub(super) fn gather_rows(dev: &Device, table: &CudaTable, ids: &[u32]) -> Resul
     dev.launch(
         name,
         Shape::elements(n * width),
-        args![out.ptr(), data, ids.ptr(), n, width],
+        args![out.ptr(), data, ids, n, width],
     )?;
     Ok(out)
 }

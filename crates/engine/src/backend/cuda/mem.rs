@@ -11,6 +11,15 @@
 //! after the work that used it before. Up to [`CACHE_BYTES`] are kept;
 //! beyond, blocks go back to the driver. Weights are allocated once and do
 //! not use the pool.
+//!
+//! While a step is captured as a CUDA graph ([`Pool::begin_capture`]) the
+//! blocks freed are not handed to anything outside the capture: they are
+//! reused only by later allocations of the same capture (which the graph
+//! orders after their last use), and at its end they become the graph's
+//! arena, returned to the pool when the graph is dropped. New blocks are
+//! allocated on a side stream (an allocation on the capturing stream would
+//! become a node of the graph), and blocks holding constants uploaded
+//! during the capture are never reused while the graph lives.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -29,17 +38,82 @@ const GRAIN: usize = 256;
 
 pub(super) struct Pool {
     stream: Arc<CudaStream>,
+    /// Where blocks are allocated while `stream` is capturing.
+    side: Arc<CudaStream>,
     free: Mutex<HashMap<usize, Vec<u64>>>,
     cached: AtomicUsize,
+    capture: Mutex<Option<Capture>>,
+}
+
+/// The blocks a capture freed: reusable within it, then the graph's.
+#[derive(Default)]
+struct Capture {
+    free: HashMap<usize, Vec<u64>>,
+    /// Constants baked into the graph (never reused while it lives).
+    held: Vec<(u64, usize)>,
+}
+
+/// Blocks a captured graph uses; back to the pool when it is dropped.
+pub(super) struct Arena {
+    pool: Arc<Pool>,
+    blocks: Vec<(u64, usize)>,
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for (p, class) in self.blocks.drain(..) {
+            self.pool.give(p, class, false);
+        }
+    }
 }
 
 impl Pool {
-    pub fn new(stream: Arc<CudaStream>) -> Arc<Self> {
+    pub fn new(stream: Arc<CudaStream>, side: Arc<CudaStream>) -> Arc<Self> {
         Arc::new(Self {
             stream,
+            side,
             free: Mutex::new(HashMap::new()),
             cached: AtomicUsize::new(0),
+            capture: Mutex::new(None),
         })
+    }
+
+    fn capture_lock(&self) -> Result<std::sync::MutexGuard<'_, Option<Capture>>> {
+        self.capture
+            .lock()
+            .map_err(|_| EngineError::Device("the memory pool lock is poisoned".into()))
+    }
+
+    /// From now until [`Pool::end_capture`], freed blocks stay with the
+    /// capture.
+    pub fn begin_capture(&self) -> Result<()> {
+        *self.capture_lock()? = Some(Capture::default());
+        Ok(())
+    }
+
+    /// Whether a capture is under way.
+    pub fn capturing(&self) -> bool {
+        self.capture.lock().map(|c| c.is_some()).unwrap_or(false)
+    }
+
+    /// The blocks the capture freed, as the graph's arena.
+    pub fn end_capture(self: &Arc<Self>) -> Arena {
+        let c = self.capture.lock().ok().and_then(|mut c| c.take());
+        let blocks = c
+            .map(|c| {
+                let mut b: Vec<_> = c
+                    .free
+                    .into_iter()
+                    .flat_map(|(class, v)| v.into_iter().map(move |p| (p, class)))
+                    .collect();
+                b.extend(c.held);
+                b
+            })
+            .unwrap_or_default();
+        Arena {
+            pool: self.clone(),
+            blocks,
+        }
     }
 
     fn bind(&self) -> Result<()> {
@@ -53,14 +127,18 @@ impl Pool {
     /// else a new one from the driver).
     fn take(&self, bytes: usize) -> Result<(u64, usize)> {
         let class = bytes.max(1).div_ceil(GRAIN) * GRAIN;
-        let recycled = self
-            .free
-            .lock()
-            .map_err(|_| EngineError::Device("the memory pool lock is poisoned".into()))?
-            .get_mut(&class)
-            .and_then(Vec::pop);
-        if let Some(p) = recycled {
-            self.cached.fetch_sub(class, Ordering::Relaxed);
+        let mut capture = self.capture_lock()?;
+        if let Some(c) = capture.as_mut() {
+            if let Some(p) = c.free.get_mut(&class).and_then(Vec::pop) {
+                return Ok((p, class));
+            }
+            if let Some(p) = self.pop_free(class)? {
+                return Ok((p, class));
+            }
+            return self.take_side(class);
+        }
+        drop(capture);
+        if let Some(p) = self.pop_free(class)? {
             return Ok((p, class));
         }
         self.bind()?;
@@ -71,7 +149,49 @@ impl Pool {
         Ok((p, class))
     }
 
-    fn give(&self, p: u64, class: usize) {
+    /// A new block of `class` bytes allocated on the side stream and
+    /// waited for, so it exists before the graph that uses it ever runs (an
+    /// allocation queued on the capturing stream would be a node of the
+    /// graph instead).
+    fn take_side(&self, class: usize) -> Result<(u64, usize)> {
+        self.bind()?;
+        // SAFETY: a plain stream-ordered allocation on the side stream,
+        // complete when the synchronize returns.
+        let p = unsafe { driver::malloc_async(self.side.cu_stream(), class) }
+            .map_err(|e| EngineError::Device(format!("allocating {class} bytes: {e:?}")))?;
+        self.side
+            .synchronize()
+            .map_err(|e| EngineError::Device(format!("side stream: {e:?}")))?;
+        Ok((p, class))
+    }
+
+    /// A recycled block of `class` bytes, if one is free.
+    fn pop_free(&self, class: usize) -> Result<Option<u64>> {
+        let recycled = self
+            .free
+            .lock()
+            .map_err(|_| EngineError::Device("the memory pool lock is poisoned".into()))?
+            .get_mut(&class)
+            .and_then(Vec::pop);
+        if recycled.is_some() {
+            self.cached.fetch_sub(class, Ordering::Relaxed);
+        }
+        Ok(recycled)
+    }
+
+    /// Take back a block nothing refers to; `constant`: it holds values
+    /// uploaded during a capture, which the graph reads on every replay.
+    fn give(&self, p: u64, class: usize, constant: bool) {
+        if let Ok(mut capture) = self.capture.lock()
+            && let Some(c) = capture.as_mut()
+        {
+            if constant {
+                c.held.push((p, class));
+            } else {
+                c.free.entry(class).or_default().push(p);
+            }
+            return;
+        }
         if self.cached.load(Ordering::Relaxed) + class <= CACHE_BYTES
             && let Ok(mut free) = self.free.lock()
         {
@@ -109,6 +229,8 @@ pub struct DevMem<T> {
     len: usize,
     class: usize,
     pool: Arc<Pool>,
+    /// Uploaded during a capture: a constant of the graph.
+    constant: bool,
     _t: PhantomData<T>,
 }
 
@@ -121,6 +243,24 @@ impl<T> DevMem<T> {
             len,
             class,
             pool: pool.clone(),
+            constant: false,
+            _t: PhantomData,
+        })
+    }
+
+    /// Room for a constant of the graph being captured, written at once:
+    /// a new block (a recycled one may still be read or written by queued
+    /// work or by earlier nodes of the capture), never reused while the
+    /// graph lives.
+    pub(super) fn constant(pool: &Arc<Pool>, len: usize) -> Result<Self> {
+        let bytes = len * std::mem::size_of::<T>();
+        let (ptr, class) = pool.take_side(bytes.max(1).div_ceil(GRAIN) * GRAIN)?;
+        Ok(Self {
+            ptr,
+            len,
+            class,
+            pool: pool.clone(),
+            constant: true,
             _t: PhantomData,
         })
     }
@@ -138,6 +278,6 @@ impl<T> DevMem<T> {
 
 impl<T> Drop for DevMem<T> {
     fn drop(&mut self) {
-        self.pool.give(self.ptr, self.class);
+        self.pool.give(self.ptr, self.class, self.constant);
     }
 }

@@ -30,6 +30,7 @@ mod attention;
 mod buf;
 mod device;
 mod elementwise;
+mod graph;
 mod linear;
 mod mem;
 mod norms;
@@ -43,6 +44,7 @@ mod weights;
 use std::sync::Arc;
 
 pub use buf::CudaBuf;
+pub use graph::{CudaStep, MAX_STEP_ROWS};
 pub use select::{CudaRouting, CudaSelection};
 pub use weights::{BlockKind, CudaExperts, CudaMatrix, CudaTable};
 
@@ -88,6 +90,25 @@ impl CudaOps {
     /// Kernels launched on this device so far.
     pub fn launches(&self) -> u64 {
         self.dev.launches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether decode / verify steps run as captured graphs (on unless
+    /// `DS4_CUDA_GRAPHS=0`, or after a capture failed).
+    pub fn graphs(&self) -> bool {
+        self.dev.graphs.enabled()
+    }
+
+    /// Turn step graphs on or off for this device (off drops the captured
+    /// ones): for side-by-side runs and tests.
+    pub fn set_graphs(&self, on: bool) {
+        self.dev.graphs.set_enabled(on)
+    }
+
+    /// Steps captured and replayed so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let g = &self.dev.graphs;
+        (g.captures.load(Relaxed), g.replays.load(Relaxed))
     }
 
     /// Wait until every queued op has run (for timing; ops queue

@@ -5,12 +5,13 @@
 use candle_core::Tensor;
 
 use super::buf::{self, CudaBuf};
+use super::graph::{self, CudaStep};
 use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
 use crate::backend::{
     Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostWeight, IndexerShape, RopeLayout,
-    RouterSpec, ScanDims,
+    RouterSpec, ScanDims, StepBody,
 };
 use crate::error::Result;
 
@@ -21,6 +22,7 @@ impl Backend for CudaOps {
     type Table = CudaTable;
     type Selection = CudaSelection;
     type Routing = CudaRouting;
+    type Step = CudaStep;
 
     fn id(&self) -> BackendId {
         self.backend_id()
@@ -455,5 +457,65 @@ impl Backend for CudaOps {
         c: usize,
     ) -> Result<CudaBuf> {
         elementwise::inject_streams(&self.dev, xs, y, inj, c)
+    }
+
+    // ---- steps (graph mode) ----
+
+    fn step_graphs(&self) -> bool {
+        self.dev.graphs.enabled()
+    }
+
+    fn storage_key(&self, x: &CudaBuf) -> [u64; 2] {
+        buf::storage_key(x)
+    }
+
+    fn run_step(
+        &self,
+        key: &[u64],
+        pos: usize,
+        ids: &[u32],
+        body: &mut StepBody<'_, CudaStep, CudaBuf>,
+    ) -> Result<Vec<CudaBuf>> {
+        graph::run_step(&self.dev, key, pos, ids, body)
+    }
+
+    fn resize(&self, dst: &mut CudaBuf, n: usize, grow_to: usize) -> Result<()> {
+        buf::resize(&self.dev, dst, n, grow_to)
+    }
+
+    fn gather_rows_step(&self, table: &CudaTable, step: &CudaStep) -> Result<CudaBuf> {
+        elementwise::gather_rows_step(&self.dev, table, step)
+    }
+
+    fn rows_step(
+        &self,
+        x: &CudaBuf,
+        width: usize,
+        step: &CudaStep,
+        count: usize,
+    ) -> Result<CudaBuf> {
+        buf::rows_step(&self.dev, x, width, step, count)
+    }
+
+    fn write_rows_step(
+        &self,
+        dst: &mut CudaBuf,
+        src: &CudaBuf,
+        width: usize,
+        step: &CudaStep,
+    ) -> Result<()> {
+        buf::write_rows_step(&self.dev, dst, src, width, step)
+    }
+
+    fn attention_causal_step(
+        &self,
+        q: &CudaBuf,
+        k: &[&CudaBuf],
+        v: &[&CudaBuf],
+        step: &CudaStep,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<CudaBuf> {
+        attention::attention_causal_step(&self.dev, q, k, v, step, q_heads, kv)
     }
 }

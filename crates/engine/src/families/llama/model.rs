@@ -6,7 +6,7 @@
 //! [`LogitsRows::Last`] (the head is the largest matmul; a prefill chunk
 //! needs only its last row) or `t` for [`LogitsRows::All`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::config::LlamaConfig;
 use super::mtp::{LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MtpHead};
@@ -89,9 +89,31 @@ impl<B: Backend> Block<B> {
         kv: &mut KvCache<B>,
         layer: usize,
     ) -> Result<B::Buf> {
-        let h = self
-            .attn
-            .forward(ops, &self.attn_norm.forward(ops, &x)?, t, rope, kv, layer)?;
+        self.forward_at(ops, x, t, rope, kv, layer, None)
+    }
+
+    /// [`Block::forward`], as a step when `step` is given (see
+    /// [`Attention::forward_at`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward_at(
+        &self,
+        ops: &B,
+        x: B::Buf,
+        t: usize,
+        rope: &RopeRows<B>,
+        kv: &mut KvCache<B>,
+        layer: usize,
+        step: Option<&B::Step>,
+    ) -> Result<B::Buf> {
+        let h = self.attn.forward_at(
+            ops,
+            &self.attn_norm.forward(ops, &x)?,
+            t,
+            rope,
+            kv,
+            layer,
+            step,
+        )?;
         let x = ops.add(&x, &h)?;
         let h = self.mlp.forward(ops, &self.mlp_norm.forward(ops, &x)?, t)?;
         ops.add(&x, &h)
@@ -102,7 +124,9 @@ impl<B: Backend> Block<B> {
 pub struct LlamaModel<B: Backend = CpuOps> {
     ops: B,
     cfg: LlamaConfig,
-    source: PathBuf,
+    /// (A boxed path: `LoadedModel` holds this model by value, and the
+    /// variant's size is kept near the others'.)
+    source: Box<Path>,
     format: ModelFormat,
     /// `[vocab, hidden]`. A block-quantized GGUF table (Q8_0 in the default
     /// model) stays quantized and is dequantized row by row on lookup: the
@@ -116,7 +140,17 @@ pub struct LlamaModel<B: Backend = CpuOps> {
     /// The MTP head, when one is attached ([`LlamaModel::attach_mtp_head`]).
     /// (Boxed: `LoadedModel` holds models by value.)
     mtp: Option<Box<MtpHead<B>>>,
+    /// This model's part of a step's key (unique per loaded model, so a
+    /// graph captured with one model's weights never serves another).
+    step_scope: u64,
 }
+
+/// Forwards of at most this many rows run as steps where the backend
+/// replays them ([`Backend::step_graphs`]): a decode step and an MTP
+/// verify window; longer ones are prefill chunks, run eagerly.
+pub const STEP_MAX_ROWS: usize = 8;
+
+static STEP_SCOPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// What a llama model remembers: the KV cache of every layer.
 #[derive(Debug, Clone)]
@@ -371,7 +405,7 @@ impl<B: Backend> LlamaModel<B> {
         Ok(Self {
             ops,
             cfg,
-            source: source.to_path_buf(),
+            source: source.into(),
             format,
             embed,
             blocks,
@@ -379,6 +413,7 @@ impl<B: Backend> LlamaModel<B> {
             head,
             rope,
             mtp: None,
+            step_scope: STEP_SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -428,6 +463,9 @@ impl<B: Backend> LlamaModel<B> {
                 limit: self.cfg.context_length,
             });
         }
+        if t <= STEP_MAX_ROWS && ops.step_graphs() {
+            return self.run_step(tokens, state, rows);
+        }
         let x = embed_tokens(ops, &self.embed, tokens, self.cfg.vocab_size)?;
         // A forward that fails half way leaves the cache as it was.
         let x = match self.layers(x, t, &mut state.kv) {
@@ -438,15 +476,87 @@ impl<B: Backend> LlamaModel<B> {
             }
         };
         state.kv.advance(t)?;
-        let (last, n) = match rows {
-            LogitsRows::Last => (ops.rows(&x, self.cfg.hidden_size, t - 1, 1)?, 1),
-            LogitsRows::All => (x.clone(), t),
-        };
-        let logits = self.head.forward(ops, &self.norm.forward(ops, &last)?, n)?;
+        let (logits, n) = self.logits(&x, t, rows)?;
         let out = ForwardOutput {
             logits: ops.download(&logits)?,
             rows: n,
             vocab: self.cfg.vocab_size,
+        };
+        Ok((out, x))
+    }
+
+    /// The head over the last row or every row of `x: [t, hidden]`.
+    fn logits(&self, x: &B::Buf, t: usize, rows: LogitsRows) -> Result<(B::Buf, usize)> {
+        let ops = &self.ops;
+        let (last, n) = match rows {
+            LogitsRows::Last => (ops.rows(x, self.cfg.hidden_size, t - 1, 1)?, 1),
+            LogitsRows::All => (x.clone(), t),
+        };
+        Ok((
+            self.head.forward(ops, &self.norm.forward(ops, &last)?, n)?,
+            n,
+        ))
+    }
+
+    /// [`LlamaModel::run`] as one step ([`Backend::run_step`]): the same
+    /// ops in the same order, with the token ids, the rope rows, the cache
+    /// writes and the attention's key count taken from the step, so that
+    /// a device can replay it (a CUDA graph); the bits are the eager
+    /// forward's. Checks run on the host first: a refused forward leaves
+    /// the state as it was. (Checked by the caller: `t ≥ 1`, the context.)
+    pub fn run_step(
+        &self,
+        tokens: &[u32],
+        state: &mut LlamaState<B>,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, B::Buf)> {
+        let ops = &self.ops;
+        let (t, pos, vocab) = (tokens.len(), state.len(), self.cfg.vocab_size);
+        if let Some(&token) = tokens.iter().find(|&&x| x as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { token, vocab });
+        }
+        if pos + t > self.rope.max_positions() {
+            return Err(EngineError::ContextOverflow {
+                needed: pos + t,
+                limit: self.rope.max_positions(),
+            });
+        }
+        state.kv.prepare_step(t)?;
+        let mut key = vec![
+            self.step_scope,
+            t as u64,
+            matches!(rows, LogitsRows::All) as u64,
+        ];
+        key.extend(state.kv.storage_keys());
+        let kv = &mut state.kv;
+        let mut body = |step: &B::Step| -> Result<Vec<B::Buf>> {
+            let mut x = ops.gather_rows_step(&self.embed, step)?;
+            let rope = self.rope.tables_step(ops, step, t)?;
+            for (i, b) in self.blocks.iter().enumerate() {
+                x = b.forward_at(ops, x, t, &rope, kv, i, Some(step))?;
+            }
+            let (logits, _) = self.logits(&x, t, rows)?;
+            Ok(vec![logits, x])
+        };
+        let outs = match ops.run_step(&key, pos, tokens, &mut body) {
+            Ok(o) => o,
+            Err(e) => {
+                state.kv.rollback()?;
+                return Err(e);
+            }
+        };
+        state.kv.advance(t)?;
+        let [logits, x]: [B::Buf; 2] = outs.try_into().map_err(|o: Vec<B::Buf>| {
+            EngineError::State(format!("a llama step returned {} buffers, not 2", o.len()))
+        })?;
+        let n = match rows {
+            LogitsRows::Last => 1,
+            LogitsRows::All => t,
+        };
+        let out = ForwardOutput {
+            logits: ops.download(&logits)?,
+            rows: n,
+            vocab,
         };
         Ok((out, x))
     }

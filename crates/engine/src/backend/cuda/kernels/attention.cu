@@ -109,32 +109,37 @@ __device__ __forceinline__ void tile_partial(float* part, const float* qh, const
     __syncwarp();
 }
 
+// Merge the `tiles` partials at pw (stride 2 + d) of one (query, head) in
+// order into o [d]; `sink` is −∞ without one.
+__device__ __forceinline__ void merge_item(float* o, const float* pw, u64 tiles, u64 d,
+                                           float sink) {
+    unsigned lane = threadIdx.x & 31;
+    float mx = sink;
+    for (u64 t = 0; t < tiles; t++) mx = fmaxf(mx, pw[t * (d + 2)]);
+    if (mx == DS4_NEG_INF) {
+        // No key and no sink: nothing is attended (the CPU's output stays
+        // zero).
+        for (u64 e = lane; e < d; e += 32) o[e] = 0.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (u64 t = 0; t < tiles; t++) sum += pw[t * (d + 2) + 1] * expf(pw[t * (d + 2)] - mx);
+    if (sink != DS4_NEG_INF) sum += expf(sink - mx);
+    for (u64 e = lane; e < d; e += 32) {
+        float acc = 0.0f;
+        for (u64 t = 0; t < tiles; t++) acc += pw[t * (d + 2) + 2 + e] * expf(pw[t * (d + 2)] - mx);
+        o[e] = acc / sum;
+    }
+}
+
 // Merge the tiles of every (query, head) in order into y [items, d].
 // parts: [items, tiles, 2 + d]; sinks (per head, items = rows·heads) or 0.
 extern "C" __global__ void attention_merge_f32(float* y, const float* parts, u64 items,
                                                u64 tiles, u64 heads, u64 d,
                                                const float* sinks) {
-    unsigned lane = threadIdx.x & 31;
     FOR_EACH_WARP(w, items) {
-        const float* pw = parts + w * tiles * (d + 2);
-        float mx = sinks ? sinks[w % heads] : DS4_NEG_INF;
-        for (u64 t = 0; t < tiles; t++) mx = fmaxf(mx, pw[t * (d + 2)]);
-        float* o = y + w * d;
-        if (mx == DS4_NEG_INF) {
-            // No key and no sink: nothing is attended (the CPU's output
-            // stays zero).
-            for (u64 e = lane; e < d; e += 32) o[e] = 0.0f;
-            continue;
-        }
-        float sum = 0.0f;
-        for (u64 t = 0; t < tiles; t++) sum += pw[t * (d + 2) + 1] * expf(pw[t * (d + 2)] - mx);
-        if (sinks) sum += expf(sinks[w % heads] - mx);
-        for (u64 e = lane; e < d; e += 32) {
-            float acc = 0.0f;
-            for (u64 t = 0; t < tiles; t++)
-                acc += pw[t * (d + 2) + 2 + e] * expf(pw[t * (d + 2)] - mx);
-            o[e] = acc / sum;
-        }
+        merge_item(y + w * d, parts + w * tiles * (d + 2), tiles, d,
+                   sinks ? sinks[w % heads] : DS4_NEG_INF);
     }
 }
 
@@ -221,5 +226,35 @@ extern "C" __global__ void indexer_scores_f32(float* scores, const float* q, con
         for (u64 h = 0; h < heads; h++)
             sum += fmaxf(dot_seq(q + (r * heads + h) * dim, blocks + j * dim, (int)dim), 0.0f);
         scores[i] = sum * scale;
+    }
+}
+
+// Step forms of causal attention (a replayed CUDA graph): the cache length
+// `offset` is step[0], and the grid covers `cap_tiles`, the tiles of the
+// caches' capacity. Only the tiles an eager call at this offset would make
+// (ceil((offset + t_len)/ATT_TILE)) are computed and merged, with the same
+// code, so the bits are the eager launch's; parts is [items, cap_tiles, 2 + d].
+extern "C" __global__ void attention_causal_tiles_step_f32(float* parts, const float* q,
+                                                           const u64* kptr, const u64* vptr,
+                                                           u64 t_len, u64 hq, u64 hkv, u64 d,
+                                                           const u32* step, u64 cap_tiles) {
+    u64 offset = step[0];
+    u64 tiles = (offset + t_len + ATT_TILE - 1) / ATT_TILE;
+    FOR_EACH_WARP(w, t_len * hq * cap_tiles) {
+        u64 item = w / cap_tiles, tile = w % cap_tiles;
+        if (tile >= tiles) continue;
+        u64 i = item / hq, qh = item % hq;
+        u64 kvh = qh / (hq / hkv);
+        CacheKeys keys{(const float*)kptr[kvh], (const float*)vptr[kvh], d};
+        tile_partial(parts + w * (d + 2), q + item * d, keys, offset + i + 1, tile, d, 1, 1.0f);
+    }
+}
+
+extern "C" __global__ void attention_merge_step_f32(float* y, const float* parts, u64 items,
+                                                    u64 cap_tiles, u64 t_len, u64 d,
+                                                    const u32* step) {
+    u64 tiles = ((u64)step[0] + t_len + ATT_TILE - 1) / ATT_TILE;
+    FOR_EACH_WARP(w, items) {
+        merge_item(y + w * d, parts + w * cap_tiles * (d + 2), tiles, d, DS4_NEG_INF);
     }
 }

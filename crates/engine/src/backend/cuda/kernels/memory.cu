@@ -47,3 +47,21 @@ extern "C" __global__ void gather_q4_1(float* dst, const u8* table, const u32* i
         dst[i] = (float)u * d + m;
     }
 }
+
+// Step ops (a decode / verify step replayed as a CUDA graph): the cache
+// length `pos` is step[0] of the step parameters written before each
+// launch, so the same launch serves every position.
+
+// dst = rows pos .. pos + n/width of src [_, width].
+extern "C" __global__ void rows_step_f32(float* dst, const float* src, u64 width, u64 n,
+                                         const u32* step) {
+    u64 at = (u64)step[0] * width;
+    FOR_EACH(i, n) dst[i] = src[at + i];
+}
+
+// Rows pos .. of dst [_, width] = src (n values).
+extern "C" __global__ void write_rows_step_f32(float* dst, const float* src, u64 width, u64 n,
+                                               const u32* step) {
+    u64 at = (u64)step[0] * width;
+    FOR_EACH(i, n) dst[at + i] = src[i];
+}
