@@ -55,14 +55,13 @@ pub const MTP_HIDDEN: &str = "last layer's residual stream [H], before the final
 /// decoding up only where drafting is cheap against a verify window, which
 /// depends on the machine; `--mtp-depth auto` picks [`MTP_AUTO_DEPTH`].
 pub const MTP_DEFAULT_DEPTH: usize = 0;
-/// The depth `--mtp-depth auto` runs for this family. Chosen from
-/// `ds4server bench --mtp` on the 2-core x86 CPU this project is developed
-/// on (`bench/README.md`): there a verify window of 3 rows cost about one
-/// AR step and a draft under a tenth of one, and depth 2 accepts 1.2
-/// drafts per cycle greedy; the tok/s of that run were taken on a machine
-/// shared by five builds (load ~15) and did not separate depths 1..3
-/// reliably, so this is the cost model's pick, to be re-measured on an
-/// idle machine.
+/// The depth `--mtp-depth auto` runs for this family: the fastest depth of
+/// `ds4server bench --mtp` on the idle 2-core x86 CPU this project is
+/// developed on (`bench/README.md`, 2026-12-01: depth 2 at 1.35× AR greedy
+/// and 1.27× at temperature 0.7, against 1.30× / 1.22× at depth 1 and
+/// 1.31× / 1.18× at depth 3). A verify window of 3 rows costs 1.29 AR
+/// steps there and a draft 0.03; depth 3 loses because its fourth row
+/// costs more than the 0.25 drafts it adds per cycle.
 pub const MTP_AUTO_DEPTH: usize = 2;
 /// Deepest chain: the head was trained for depths 1..=3.
 pub const MTP_MAX_DEPTH: usize = 3;
