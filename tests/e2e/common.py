@@ -47,6 +47,26 @@ def extra(obj, key):
     return (obj.model_extra or {}).get(key)
 
 
+def tool_call_turn(call, result, reasoning=None):
+    """The assistant turn that made `call` (a streamed OpenAI call gathered as
+    `{"id", "name", "arguments"}`) and the tool's answer, as the next request
+    sends them back."""
+    turn = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]},
+            }
+        ],
+    }
+    if reasoning is not None:
+        turn["reasoning_content"] = reasoning
+    return [turn, {"role": "tool", "tool_call_id": call["id"], "content": result}]
+
+
 def run(tests):
     passed = failed = 0
     for test in tests:

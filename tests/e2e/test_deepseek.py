@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from common import clients, extra, run, tools
+from common import clients, extra, run, tool_call_turn, tools
 
 BASE = os.environ["DS4_E2E_DSV4_BASE"]
 MODEL = "deepseek-v4-flash"
@@ -56,21 +56,7 @@ def test_openai_streamed_tool_call_then_warm_answer():
     assert fragments >= 1 and calls[0]["id"].startswith("call_"), calls
     first = usage.prompt_tokens + usage.completion_tokens
 
-    messages.append(
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": reasoning,
-            "tool_calls": [
-                {
-                    "id": calls[0]["id"],
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": calls[0]["arguments"]},
-                }
-            ],
-        }
-    )
-    messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": SCRIPT["tool_result"]})
+    messages += tool_call_turn(calls[0], SCRIPT["tool_result"], reasoning)
     r = oa.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=100)
     m = r.choices[0].message
     assert m.content == SCRIPT["answer"], m

@@ -11,7 +11,7 @@ template, starts warm on the first turn's prompt (`cached_tokens`)."""
 import json
 import os
 
-from common import clients, extra, run, tools
+from common import clients, extra, run, tool_call_turn, tools
 
 BASE = os.environ["DS4_E2E_QWEN_BASE"]
 MODEL = "qwen3.8-flash-next"
@@ -82,20 +82,7 @@ def test_openai_forced_tool_call_then_warm_second_turn():
     assert fragments >= 2, fragments
     first_prompt = usage.prompt_tokens
 
-    messages.append(
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": calls[0]["id"],
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": calls[0]["arguments"]},
-                }
-            ],
-        }
-    )
-    messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "Sunny, 21 C"})
+    messages += tool_call_turn(calls[0], "Sunny, 21 C")
     r = oa.chat.completions.create(
         model=MODEL, messages=messages, tools=TOOLS, reasoning_effort="none", max_tokens=8, seed=7
     )
