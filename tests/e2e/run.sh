@@ -32,12 +32,15 @@ clients="${DS4_E2E_CLIENTS:-target/e2e-clients}/node_modules/.bin"
 if [ -x "$clients/claude" ] && [ -x "$clients/codex" ]; then
   DS4_E2E_CLAUDE="$(realpath "$clients/claude")"
   DS4_E2E_CODEX="$(realpath "$clients/codex")"
-  # Greedy replies (Claude Code sends no temperature, so the server's
+  # Greedy replies (neither agent sends a temperature, so the server's
   # default applies): at its default sampling the 135M model now and then
-  # rambled past the output limit; greedy, the reduced-tool-set turn's
-  # reply is the same short one every run (test_claude_code.py).
+  # rambled past the output limit (Claude Code in about 1 run of 7; Codex
+  # looped "no, no, ..." to max_output_tokens in stop 14's CI); greedy,
+  # with the paths and time zone the tests fix, each reply is the same
+  # short one every run and for every date checked
+  # (tests/e2e/agent_prompt_sweep.py).
   DS4_E2E_CLAUDE_BASE="$(start claude_code --model-id smollm2 --temperature 0 --seed 1)"
-  DS4_E2E_CODEX_BASE="$(start codex --model-id smollm2)"
+  DS4_E2E_CODEX_BASE="$(start codex --model-id smollm2 --temperature 0 --seed 1)"
   export DS4_E2E_CLAUDE DS4_E2E_CODEX DS4_E2E_CLAUDE_BASE DS4_E2E_CODEX_BASE
   python3 tests/e2e/test_claude_code.py || status=1
   python3 tests/e2e/test_codex.py || status=1

@@ -8,6 +8,7 @@ read here are Codex's alone) and DS4_E2E_CODEX (the binary)."""
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -15,8 +16,19 @@ from common import metrics, offline_env, run, statuses
 
 BASE = os.environ["DS4_E2E_CODEX_BASE"]
 CODEX = os.environ["DS4_E2E_CODEX"]
-HOME = tempfile.mkdtemp(prefix="codex-home-")
-WORK = tempfile.mkdtemp(prefix="codex-work-")
+# Fixed paths, emptied each run: Codex writes its home (the skills root)
+# and its working directory into the prompt, and the server decodes
+# greedily (run.sh), so the same paths give the same replies every run.
+# What still varies is the date in Codex's <environment_context>; the
+# replies to both prompts below were checked for every date from
+# 2026-12-01 to 2028-12-31 with tests/e2e/agent_prompt_sweep.py (all end
+# by EOS after 3-4 tokens).
+ROOT = os.path.join(tempfile.gettempdir(), "ds4-e2e-codex")
+shutil.rmtree(ROOT, ignore_errors=True)
+HOME = os.path.join(ROOT, "home")
+WORK = os.path.join(ROOT, "work")
+os.makedirs(HOME)
+os.makedirs(WORK)
 
 # The provider block the README documents. No `env_key`: the server has no
 # --api-key here. Retries off so a refusal shows at once.
@@ -60,6 +72,8 @@ def codex(*args, timeout=300):
         f.write(CONFIG)
     env = offline_env(HOME)
     env["CODEX_HOME"] = codex_home
+    # Codex writes these into the prompt too.
+    env.update(TZ="Etc/UTC", SHELL="/bin/bash")
     return subprocess.run(
         [CODEX, "exec", *args],
         cwd=WORK,
