@@ -1,5 +1,6 @@
 """Structured outputs through the official clients: response_format
-(json_object, json_schema) and `chat.completions.parse` with pydantic models
+(json_object, json_schema), `chat.completions.parse` and `responses.parse`
+with pydantic models
 (nested objects, arrays, enums, bounded numbers, required fields) valid on
 every run, forced tool calls through both SDKs (streaming and not), seed
 replay under a grammar, helpful refusals, and a grammar that admits no
@@ -67,6 +68,22 @@ def test_parse_with_pydantic_models():
             assert isinstance(parsed, model_cls), choice.message.content
             # pydantic validated every bound, enum and required field.
             model_cls.model_validate_json(choice.message.content)
+
+
+def test_responses_parse_with_a_pydantic_model():
+    # The Responses API's text.format, as `responses.parse` sends it.
+    for seed in SEEDS[:2]:
+        r = client.responses.parse(
+            model=MODEL,
+            input="Invent a person.",
+            text_format=Person,
+            max_output_tokens=200,
+            temperature=1.0,
+            extra_body={"seed": seed},
+        )
+        assert r.status == "completed", r
+        assert isinstance(r.output_parsed, Person), r.output_text
+        Person.model_validate_json(r.output_text)
 
 
 def test_response_format_json_schema_and_object():
@@ -318,6 +335,7 @@ def test_a_grammar_that_admits_no_token_ends_the_turn():
 run(
     [
         test_parse_with_pydantic_models,
+        test_responses_parse_with_a_pydantic_model,
         test_response_format_json_schema_and_object,
         test_streaming_json_schema,
         test_openai_forced_tool_calls,

@@ -175,32 +175,81 @@ pub fn response_format(format: Option<&Value>) -> Result<Option<Requested>, ApiE
     let Some(format) = format.filter(|f| !f.is_null()) else {
         return Ok(None);
     };
-    let field = "response_format";
+    let fields = FormatFields {
+        whole: "response_format",
+        kind: "response_format.type",
+        spec: "response_format.json_schema",
+    };
+    if format["type"].as_str() == Some("json_schema") && !format["json_schema"].is_object() {
+        return Err(ApiError::invalid(
+            fields.spec,
+            "response_format.json_schema must be an object with `name` and `schema`",
+        ));
+    }
+    format_grammar(format, &format["json_schema"], &fields)
+}
+
+/// OpenAI Responses `text.format`: the same three kinds as
+/// `response_format`, with the schema's fields beside `type`
+/// (`{"type": "json_schema", "name", "schema", "strict"}`), as the Responses
+/// API and the openai client's `responses.parse(text_format=…)` send them.
+pub fn text_format(text: Option<&Value>) -> Result<Option<Requested>, ApiError> {
+    let Some(text) = text.filter(|t| !t.is_null()) else {
+        return Ok(None);
+    };
+    if !text.is_object() {
+        return Err(ApiError::invalid(
+            "text",
+            "text must be an object such as {\"format\": {\"type\": \"json_schema\", …}}",
+        ));
+    }
+    let Some(format) = text.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    if !format.is_object() {
+        return Err(ApiError::invalid(
+            "text.format",
+            "text.format must be an object with a `type`",
+        ));
+    }
+    let fields = FormatFields {
+        whole: "text.format",
+        kind: "text.format.type",
+        spec: "text.format",
+    };
+    format_grammar(format, format, &fields)
+}
+
+/// Where a format's parts live in the request, for the error messages.
+struct FormatFields {
+    /// The constraint's own field (what `one_of` names).
+    whole: &'static str,
+    kind: &'static str,
+    /// The object that holds `name`, `schema` and `strict`.
+    spec: &'static str,
+}
+
+fn format_grammar(
+    format: &Value,
+    spec: &Value,
+    fields: &FormatFields,
+) -> Result<Option<Requested>, ApiError> {
     let grammar = match format["type"].as_str() {
         Some("text") => return Ok(None),
         Some("json_object") => Grammar::JsonObject,
         Some("json_schema") => {
-            let spec = &format["json_schema"];
-            if !spec.is_object() {
-                return Err(ApiError::invalid(
-                    "response_format.json_schema",
-                    "response_format.json_schema must be an object with `name` and `schema`",
-                ));
-            }
             if spec.get("name").is_some_and(|n| !n.is_string()) {
-                return Err(ApiError::invalid(
-                    "response_format.json_schema.name",
-                    "response_format.json_schema.name must be a string",
-                ));
+                let field = format!("{}.name", fields.spec);
+                let message = format!("{field} must be a string");
+                return Err(ApiError::invalid(field, message));
             }
             if spec
                 .get("strict")
                 .is_some_and(|s| !s.is_boolean() && !s.is_null())
             {
-                return Err(ApiError::invalid(
-                    "response_format.json_schema.strict",
-                    "response_format.json_schema.strict must be a boolean",
-                ));
+                let field = format!("{}.strict", fields.spec);
+                let message = format!("{field} must be a boolean");
+                return Err(ApiError::invalid(field, message));
             }
             match spec.get("schema") {
                 // No schema: any JSON value (OpenAI's own default).
@@ -210,16 +259,18 @@ pub fn response_format(format: Option<&Value>) -> Result<Option<Requested>, ApiE
         }
         _ => {
             return Err(ApiError::invalid(
-                "response_format.type",
+                fields.kind,
                 format!(
-                    "response_format.type {} is not one of \"text\", \"json_object\", \
-                     \"json_schema\"",
-                    format["type"]
+                    "{} {} is not one of \"text\", \"json_object\", \"json_schema\"",
+                    fields.kind, format["type"]
                 ),
             ));
         }
     };
-    Ok(Some(Requested { field, grammar }))
+    Ok(Some(Requested {
+        field: fields.whole,
+        grammar,
+    }))
 }
 
 /// The `grammar` extension field (see the module docs).

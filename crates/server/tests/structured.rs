@@ -3,7 +3,7 @@
 //! chat and completions, forced tool calls (OpenAI `required` / named,
 //! Anthropic `any` / `tool`, streaming and not), refusals that name what is
 //! unsupported, a grammar that admits no token, and `count_tokens`
-//! unaffected by `tool_choice`.
+//! unaffected by `tool_choice`; the Responses API's `text.format`.
 
 mod common;
 
@@ -259,4 +259,72 @@ async fn default_model_unsupported_constraints_are_refused_by_name() {
         .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["choices"][0]["finish_reason"], "no_allowed_token", "{r}");
+}
+
+/// The Responses API's `text.format` (the schema's fields beside `type`, as
+/// Codex and `responses.parse(text_format=…)` send it) constrains the reply
+/// like chat's `response_format`, is echoed in the response object, and is
+/// refused by name when malformed or combined with a forced call.
+#[tokio::test(flavor = "multi_thread")]
+async fn default_model_responses_text_format() {
+    let s = start().await;
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "legs": {"type": "integer", "minimum": 0, "maximum": 8}
+        },
+        "required": ["name", "legs"],
+        "additionalProperties": false
+    });
+    let format = json!({"type": "json_schema", "name": "cat", "strict": true, "schema": schema});
+    for seed in 0..3 {
+        let body = json!({"model": MODEL_ID, "input": "Describe a cat.", "max_output_tokens": 80,
+            "seed": seed, "temperature": 1.0, "text": {"format": format}});
+        let (status, r) = s.post("/v1/responses", &body).await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["status"], "completed", "{r}");
+        assert_eq!(r["text"]["format"], format, "{r}");
+        let text = r["output"][0]["content"][0]["text"].as_str().unwrap();
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v["name"].as_str().unwrap().chars().count() <= 16, "{v}");
+        assert!((0..=8).contains(&v["legs"].as_i64().unwrap()), "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+    }
+    // No format: plain text, and the echo says so.
+    let body = json!({"model": MODEL_ID, "input": "Hi", "max_output_tokens": 4});
+    let (status, r) = s.post("/v1/responses", &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["text"], json!({"format": {"type": "text"}}), "{r}");
+
+    let refused = [
+        (json!({"text": "json"}), "text", "object"),
+        (
+            json!({"text": {"format": {"type": "xml"}}}),
+            "text.format.type",
+            "json_schema",
+        ),
+        (
+            json!({"text": {"format": {"type": "json_schema", "name": 3, "schema": {}}}}),
+            "text.format.name",
+            "string",
+        ),
+        (
+            json!({"text": {"format": {"type": "json_object"}}, "tool_choice": "required",
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}),
+            "tool_choice",
+            "cannot be combined",
+        ),
+    ];
+    for (extra, param, needle) in refused {
+        let mut body = json!({"model": MODEL_ID, "input": "Hi", "max_output_tokens": 4});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, r) = s.post("/v1/responses", &body).await;
+        assert_eq!(status, 400, "{r}");
+        assert_eq!(r["error"]["param"], param, "{r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{msg}");
+    }
 }

@@ -80,7 +80,14 @@ pub async fn responses(
     input_messages(req.input, &mut messages, &mut images)?;
     let choice = constraints::ToolChoice::openai(req.tool_choice.as_ref())?;
     let tools = tools(req.tools, req.tool_choice.as_ref(), &mut g.warnings)?;
-    let requested = constraints::forced_call(&state, &choice, &tools)?;
+    let requested = constraints::one_of(vec![
+        constraints::text_format(req.text.as_ref())?,
+        constraints::forced_call(&state, &choice, &tools)?,
+    ])?;
+    let text = match req.text {
+        Some(Value::Object(t)) if t.get("format").is_some_and(|f| !f.is_null()) => Value::Object(t),
+        _ => json!({"format": {"type": "text"}}),
+    };
     let conversation = ChatTurn {
         messages,
         tools,
@@ -106,6 +113,7 @@ pub async fn responses(
         tools: Vec::new(),
         instructions: req.instructions,
         max_output_tokens: req.max_output_tokens,
+        text,
         warnings: turn.head.warnings.clone(),
     };
     let seed = turn.head.seed;
@@ -627,6 +635,7 @@ mod tests {
             tools: Vec::new(),
             instructions: None,
             max_output_tokens: None,
+            text: json!({"format": {"type": "text"}}),
             warnings: Vec::new(),
         }
     }

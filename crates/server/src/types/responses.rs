@@ -27,6 +27,11 @@ pub struct ResponsesRequest {
     /// Stored conversations are not kept; a request must carry its input.
     pub previous_response_id: Option<String>,
     pub mtp_depth: Option<u64>,
+    /// `{"format": {"type": "text" | "json_object"}}` or `{"format":
+    /// {"type": "json_schema", "name", "schema", "strict"}}`: the reply is
+    /// constrained to JSON (valid against the schema).
+    #[schema(value_type = Object)]
+    pub text: Option<Value>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -88,6 +93,10 @@ pub struct ResponseObject {
     pub tools: Vec<Value>,
     pub instructions: Option<String>,
     pub max_output_tokens: Option<u64>,
+    /// The request's `text` (its output format), `{"format": {"type":
+    /// "text"}}` when it sent none, as OpenAI echoes it.
+    #[schema(value_type = Object)]
+    pub text: Value,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
