@@ -21,8 +21,7 @@
 
 use serde_json::Value;
 
-use super::ToolEvent;
-use crate::reasoning::partial_suffix;
+use super::{ToolEvent, text_until_marker};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -97,22 +96,11 @@ impl GlmCalls {
     }
 
     fn outside(&mut self, out: &mut Vec<ToolEvent>) -> bool {
-        if let Some(at) = self.held.find(OPEN) {
-            if at > 0 {
-                out.push(ToolEvent::Text(self.held[..at].to_string()));
-            }
-            self.held.drain(..at + OPEN.len());
+        let opened = text_until_marker(&mut self.held, OPEN, out);
+        if opened {
             self.phase = Phase::Name;
-            return true;
         }
-        // Keep back what may be the start of `<tool_call>`.
-        let keep = partial_suffix(&self.held, OPEN);
-        let emit = self.held.len() - keep;
-        if emit > 0 {
-            out.push(ToolEvent::Text(self.held[..emit].to_string()));
-            self.held.drain(..emit);
-        }
-        false
+        opened
     }
 
     fn name(&mut self, out: &mut Vec<ToolEvent>) -> bool {

@@ -31,8 +31,7 @@ use std::sync::Arc;
 
 use serde_json::{Number, Value};
 
-use super::{ToolEvent, ToolSchemas};
-use crate::reasoning::partial_suffix;
+use super::{ToolEvent, ToolSchemas, text_until_marker};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -131,22 +130,11 @@ impl QwenXmlCalls {
     }
 
     fn outside(&mut self, out: &mut Vec<ToolEvent>) -> bool {
-        if let Some(at) = self.held.find(OPEN) {
-            if at > 0 {
-                out.push(ToolEvent::Text(self.held[..at].to_string()));
-            }
-            self.held.drain(..at + OPEN.len());
+        let opened = text_until_marker(&mut self.held, OPEN, out);
+        if opened {
             self.phase = Phase::Header;
-            return true;
         }
-        // Keep back what may be the start of `<tool_call>`.
-        let keep = partial_suffix(&self.held, OPEN);
-        let emit = self.held.len() - keep;
-        if emit > 0 {
-            out.push(ToolEvent::Text(self.held[..emit].to_string()));
-            self.held.drain(..emit);
-        }
-        false
+        opened
     }
 
     fn header(&mut self, out: &mut Vec<ToolEvent>) -> bool {
