@@ -135,6 +135,27 @@ impl ToolCallParser {
     }
 }
 
+/// Text before a call's opening `marker`, for the XML-style formats (GLM,
+/// Qwen): moves the text in `held` up to `marker` into `out` and drops the
+/// marker, returning true once it has been seen; until then emits what
+/// cannot be the start of `marker` and keeps back the rest (a marker split
+/// across tokens).
+pub(crate) fn text_until_marker(held: &mut String, marker: &str, out: &mut Vec<ToolEvent>) -> bool {
+    if let Some(at) = held.find(marker) {
+        if at > 0 {
+            out.push(ToolEvent::Text(held[..at].to_string()));
+        }
+        held.drain(..at + marker.len());
+        return true;
+    }
+    let emit = held.len() - crate::reasoning::partial_suffix(held, marker);
+    if emit > 0 {
+        out.push(ToolEvent::Text(held[..emit].to_string()));
+        held.drain(..emit);
+    }
+    false
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     use super::ToolEvent;
@@ -170,25 +191,4 @@ pub(crate) mod testing {
         assert_eq!(open, None, "a call never ended");
         (text, calls)
     }
-}
-
-/// Text before a call's opening `marker`, for the XML-style formats (GLM,
-/// Qwen): moves the text in `held` up to `marker` into `out` and drops the
-/// marker, returning true once it has been seen; until then emits what
-/// cannot be the start of `marker` and keeps back the rest (a marker split
-/// across tokens).
-pub(crate) fn text_until_marker(held: &mut String, marker: &str, out: &mut Vec<ToolEvent>) -> bool {
-    if let Some(at) = held.find(marker) {
-        if at > 0 {
-            out.push(ToolEvent::Text(held[..at].to_string()));
-        }
-        held.drain(..at + marker.len());
-        return true;
-    }
-    let emit = held.len() - crate::reasoning::partial_suffix(held, marker);
-    if emit > 0 {
-        out.push(ToolEvent::Text(held[..emit].to_string()));
-        held.drain(..emit);
-    }
-    false
 }
