@@ -92,11 +92,6 @@ impl Vision {
         }))
     }
 
-    /// The processor's limit on decoded pixels.
-    pub fn max_pixels(&self) -> u64 {
-        self.processor.max_decoded_pixels
-    }
-
     /// Process `images` and expand their placeholders in `prompt` (one
     /// `vision_start, image_pad, vision_end` per image, in order). Returns
     /// the keys the session layer matches and the [`VisionPrompt`].

@@ -4,8 +4,9 @@
 //! answer, `usage` and `count_tokens` count the expanded image tokens, the
 //! same request again is warm and equal to a cold server's answer, a
 //! changed image reuses less, and bad images get a 400 that names the part
-//! and says what to send (the server keeps serving). The text-only chat
-//! checkpoint keeps refusing images.
+//! and says what to send (the server keeps serving); the OpenAPI document
+//! lists Anthropic `image` blocks only for a model that reads images. The
+//! text-only chat checkpoint keeps refusing images.
 
 mod common;
 
