@@ -18,7 +18,7 @@ python3 tests/e2e/dsv4_chat_model.py "$work/dsv4_chat" >/dev/null
 DS4_E2E_BASE="$(start default --model-id smollm2)"
 DS4_E2E_DSV4_BASE="$(start deepseek_v4 --model "$work/dsv4_chat" --model-id deepseek-v4-flash)"
 DS4_E2E_GLM_BASE="$(start glm5_next --model tests/fixtures/glm5_next/chat --model-id glm-5.3-flash)"
-DS4_E2E_QWEN_BASE="$(start qwen4_exp --model tests/fixtures/qwen4_exp/chat --model-id qwen3.8-flash-next)"
+DS4_E2E_QWEN_BASE="$(start qwen4_exp --model tests/fixtures/qwen4_exp/chat_vl --model-id qwen3.8-flash-next)"
 export DS4_E2E_BASE DS4_E2E_DSV4_BASE DS4_E2E_GLM_BASE DS4_E2E_QWEN_BASE
 status=0
 python3 tests/e2e/test_openai.py || status=1

@@ -269,6 +269,11 @@ pub struct ServeArgs {
     /// Bytes one image may have once decoded; a larger one gets 400.
     #[arg(long, default_value_t = ds4_server::DEFAULT_MAX_IMAGE_BYTES)]
     pub max_image_bytes: usize,
+    /// Pixels (width x height) one image may have, read from its header
+    /// before it is decoded; a larger one gets 400. Default: the model's
+    /// image processor's limit.
+    #[arg(long)]
+    pub max_image_pixels: Option<u64>,
     /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on
     /// every route but `/health` and the embedded page.
     #[arg(long)]

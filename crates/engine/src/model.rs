@@ -159,6 +159,24 @@ pub trait Model: Send + Sync {
     // ---- Speculative decoding (families with an MTP head). The defaults
     // describe a family without one; the AR path never calls these. ----
 
+    /// [`Model::forward_hidden`] with media (see [`Model::forward_media`]):
+    /// an MTP turn's prefill of a prompt with images.
+    fn forward_hidden_media(
+        &self,
+        tokens: &[u32],
+        media: &MediaChunk<'_>,
+        state: &mut Self::State,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, Self::Hidden)> {
+        if media.is_empty() {
+            return self.forward_hidden(tokens, state, rows);
+        }
+        Err(EngineError::Unsupported(format!(
+            "{} takes no image input",
+            self.descriptor().name
+        )))
+    }
+
     /// The family's MTP contract, `None` when the model has no MTP head.
     fn mtp_contract(&self) -> Option<MtpContract> {
         None

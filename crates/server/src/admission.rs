@@ -17,6 +17,9 @@ pub struct Generation {
     /// The prompt's images, in placeholder order (read by a model that
     /// takes images; see `Serving::accepts_images`).
     pub images: Vec<crate::images::ImageInput>,
+    /// The images processed and expanded (`vision::expand`): `prompt` then
+    /// holds the session keys, this the real ids and the tower's input.
+    pub vision: Option<std::sync::Arc<crate::vision::VisionPrompt>>,
     /// The request field that carried the prompt (named in errors).
     pub prompt_field: &'static str,
     pub sampling: SamplingRequest,
@@ -83,6 +86,7 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         stops: g.stops,
         logprobs: g.logprobs,
         mtp_depth: g.mtp_depth.or(state.config.mtp_depth),
+        vision: g.vision.clone(),
     };
     // Under a budget the first job stops at the budget; the output stream
     // then closes the reasoning and continues (`output::Budget`).
@@ -221,6 +225,7 @@ struct JobPlan {
     stops: Vec<String>,
     logprobs: Option<usize>,
     mtp_depth: Option<usize>,
+    vision: Option<std::sync::Arc<crate::vision::VisionPrompt>>,
 }
 
 impl JobPlan {
@@ -246,6 +251,7 @@ impl JobPlan {
             mtp_depth: self.mtp_depth,
             structural: self.structural,
             constraint,
+            vision: self.vision.clone(),
             events: tx,
         };
         match state.worker.submit(job) {

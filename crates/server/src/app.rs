@@ -56,6 +56,16 @@ pub fn build_state(
         .is_some_and(|t| t.contains("tools"));
     let tokenizer = Arc::new(tokenizer);
     let metrics = Arc::new(Metrics::default());
+    // A vision-language checkpoint reads images; every other model keeps
+    // refusing them.
+    let vision = match &config.model_dir {
+        Some(dir) => crate::vision::Vision::load(dir, descriptor.name, config.max_image_pixels)
+            .map_err(ServeError::Worker)?
+            .map(Arc::new),
+        None => None,
+    };
+    let mut serving = crate::family::Serving::for_family(descriptor.name);
+    serving.accepts_images = vision.is_some();
     let worker = worker::spawn(
         Arc::new(model),
         tokenizer.clone(),
@@ -67,11 +77,13 @@ pub fn build_state(
             checkpoints: config.checkpoints.clone(),
         },
         metrics.clone(),
+        vision.clone(),
     )
     .map_err(ServeError::Worker)?;
     Ok(Arc::new(AppState {
         profile: TextProfile::for_family(descriptor.name),
-        serving: crate::family::Serving::for_family(descriptor.name),
+        serving,
+        vision,
         tool_memory: crate::tool_memory::ToolMemory::default(),
         vocabulary: Default::default(),
         descriptor,

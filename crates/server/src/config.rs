@@ -73,6 +73,13 @@ pub struct ServerConfig {
     /// Images per request and bytes per image (`--max-images`,
     /// `--max-image-bytes`).
     pub images: crate::images::ImageLimits,
+    /// Largest decoded image in pixels (`--max-image-pixels`; read from the
+    /// image's header before decoding). `None`: the image processor's own
+    /// limit.
+    pub max_image_pixels: Option<u64>,
+    /// The model's directory, where a vision-language checkpoint's tower and
+    /// `preprocessor_config.json` are read from (`None`: text only).
+    pub model_dir: Option<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -100,6 +107,8 @@ impl ServerConfig {
             boundary_every: ds4_engine::state::warm::DEFAULT_BOUNDARY_EVERY,
             checkpoints: None,
             images: crate::images::ImageLimits::default(),
+            max_image_pixels: None,
+            model_dir: None,
         }
     }
 }

@@ -27,8 +27,10 @@ pub struct Serving {
     /// ([`crate::tool_memory`]).
     pub exact_tool_replay: bool,
     /// The model reads images (its engine side takes them with the prompt).
-    /// False for every family until qwen4_exp's vision tower is merged: an
-    /// image to a family without it is refused ([`ApiError::image_unsupported`]).
+    /// False in every family's rules: it depends on the checkpoint, so
+    /// `build_state` sets it when a `qwen4_exp` checkpoint has a vision
+    /// tower ([`crate::vision::Vision::load`]). An image to any other model
+    /// is refused ([`ApiError::image_unsupported`]).
     ///
     /// [`ApiError::image_unsupported`]: crate::error::ApiError::image_unsupported
     pub accepts_images: bool,
@@ -96,6 +98,10 @@ mod tests {
                 "{other}"
             );
             assert!(!s.structural_greedy && !s.exact_tool_replay, "{other}");
+            assert!(
+                !s.accepts_images,
+                "{other}: set per checkpoint, not per family"
+            );
         }
     }
 }

@@ -52,6 +52,9 @@ pub struct ImageInput {
     pub bytes: Arc<[u8]>,
     /// SHA-256 of `bytes`: what a cached prefix with images is keyed by.
     pub sha256: [u8; 32],
+    /// The request field that carried it (named when the model's image
+    /// processor refuses it).
+    pub field: String,
 }
 
 /// The images of one request, in conversation order.
@@ -191,6 +194,7 @@ impl Images {
             media_type,
             bytes: bytes.into(),
             sha256,
+            field: field.to_string(),
         });
         Ok(())
     }

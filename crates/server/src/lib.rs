@@ -45,6 +45,7 @@ mod tokenize;
 mod tool_memory;
 mod transport;
 mod types;
+mod vision;
 mod web;
 mod worker;
 

@@ -57,6 +57,11 @@ pub async fn openapi_json(State(state): State<SharedState>) -> Json<Value> {
                 depth["maximum"] = json!(max_depth);
             }
         }
+        // Anthropic `image` blocks are read only by a model that takes
+        // images; every other model refuses them (`Serving::accepts_images`).
+        if state.serving.accepts_images {
+            rules::accept_image_blocks(schemas);
+        }
     }
     Json(doc)
 }

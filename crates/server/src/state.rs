@@ -34,6 +34,9 @@ pub struct AppState {
     pub descriptor: &'static FamilyDescriptor,
     /// Effective context: `--ctx`, capped at the model's.
     pub ctx: usize,
+    /// The vision tower, processor and prompt ids of a model that reads
+    /// images (`serving.accepts_images` is set exactly then).
+    pub vision: Option<Arc<crate::vision::Vision>>,
     /// The model's MTP head, if it has one.
     pub mtp: Option<ds4_engine::model::MtpContract>,
     pub metrics: Arc<Metrics>,
@@ -135,6 +138,7 @@ pub mod testing {
             vocabulary: Default::default(),
             descriptor,
             ctx,
+            vision: None,
             mtp: None,
             metrics: Arc::default(),
             created: 0,

@@ -48,6 +48,9 @@ pub struct Job {
     /// The request's structured-output constraint: the observer's
     /// [`TurnObserver::allowed_after`] answers from it.
     pub constraint: Option<Box<ds4_constraint::Constraint>>,
+    /// The prompt's images (`prompt` then holds session keys:
+    /// [`crate::vision`]).
+    pub vision: Option<Arc<crate::vision::VisionPrompt>>,
     pub events: mpsc::UnboundedSender<WorkEvent>,
 }
 
@@ -162,6 +165,7 @@ pub fn spawn(
     prefill_chunk: usize,
     cache: CacheSettings,
     metrics: Arc<Metrics>,
+    vision: Option<Arc<crate::vision::Vision>>,
 ) -> Result<WorkerHandle, String> {
     let (tx, rx) = mpsc::channel(max_queue.max(1));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -183,6 +187,7 @@ pub fn spawn(
                             metrics: &metrics,
                             stopping: &stop_flag,
                             saves_seen: 0,
+                            vision: vision.as_deref(),
                         };
                         // Before the server answers: checkpoint files refused
                         // while opening the store are in /metrics at once.
@@ -215,6 +220,8 @@ struct Worker<'a, M: Model> {
     stopping: &'a AtomicBool,
     /// Checkpoint saves already checked against the budget.
     saves_seen: u64,
+    /// The vision tower, for a model that reads images.
+    vision: Option<&'a crate::vision::Vision>,
 }
 
 impl<M: Model> Worker<'_, M> {
@@ -358,7 +365,26 @@ impl<M: Model> Worker<'_, M> {
                 },
             },
         };
-        let result = self.cache.decode_turn(self.model, request, &mut observer);
+        // A prompt with images: its real ids, positions and the tower,
+        // run on an image when the prefill first reaches it.
+        let vision = self.vision.zip(job.vision.as_deref());
+        let encode = |i: usize| match vision {
+            Some((tower, v)) => tower.encode(&v.images[i]),
+            None => Err(ds4_engine::EngineError::State("no vision tower".into())),
+        };
+        let media = match vision {
+            Some((tower, v)) => match tower.media(v, &job.prompt, &encode) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    let _ = events.send(WorkEvent::Failed(e));
+                    return;
+                }
+            },
+            None => None,
+        };
+        let result =
+            self.cache
+                .decode_turn_with_media(self.model, request, media.as_ref(), &mut observer);
         self.cache.finish(result.as_ref().ok());
         self.report_cache();
         match result {

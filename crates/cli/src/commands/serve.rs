@@ -26,6 +26,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_images: args.max_images,
         max_image_bytes: args.max_image_bytes,
     };
+    config.max_image_pixels = args.max_image_pixels;
+    // A vision-language checkpoint's tower is read from its directory.
+    config.model_dir = Some(path.clone());
     config.api_key = args.api_key;
     config.cors = args.cors;
     config.allowed_hosts = args.allowed_host;

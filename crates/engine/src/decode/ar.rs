@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
+use super::media::PromptMedia;
 use super::prefill::prefill_turn;
 use super::session::LiveSession;
 use super::step::{StepSamplers, constrain};
@@ -16,9 +17,10 @@ pub(crate) fn generate<M: Model>(
     model: &M,
     session: &mut LiveSession<M>,
     request: TurnRequest<'_>,
+    media: Option<&PromptMedia<'_>>,
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
-    let result = run(model, session, request, observer);
+    let result = run(model, session, request, media, observer);
     if result.is_err() {
         session.reset(model);
     }
@@ -30,6 +32,7 @@ fn run<M: Model>(
     model: &M,
     session: &mut LiveSession<M>,
     request: TurnRequest<'_>,
+    media: Option<&PromptMedia<'_>>,
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
     let TurnRequest {
@@ -43,12 +46,20 @@ fn run<M: Model>(
     *session.mtp_mut() = None;
     let fresh = &prompt[reused..];
     let prefill_start = Instant::now();
-    let prefilled = prefill_turn(model, session, fresh, &config, observer, |s, piece| {
-        Ok(model
-            .forward(piece, s.state_mut(), LogitsRows::Last)?
-            .last_row()
-            .to_vec())
-    })?;
+    let prefilled = prefill_turn(
+        model,
+        session,
+        fresh,
+        &config,
+        observer,
+        media,
+        |s, piece, chunk| {
+            Ok(model
+                .forward_media(piece, chunk, s.state_mut(), LogitsRows::Last)?
+                .last_row()
+                .to_vec())
+        },
+    )?;
     let Some(mut logits) = prefilled else {
         // Cancelled between chunks: the session covers the chunks that ran
         // (with their last logits), nothing was emitted.

@@ -16,6 +16,7 @@ mod ar;
 mod exit;
 pub mod logprobs;
 mod mask;
+pub mod media;
 mod mtp;
 pub mod prefill;
 pub mod session;
@@ -26,6 +27,7 @@ pub mod turn;
 
 pub use logprobs::{TokenLogprobs, prompt_logprobs, token_logprobs};
 pub use mask::TokenMask;
+pub use media::{KeyedSpan, PromptMedia, media_keys};
 pub use mtp::resolve_mtp_depth;
 pub use prefill::{DEFAULT_PREFILL_CHUNK, prefill};
 pub use session::{LiveSession, SessionImage};
@@ -61,8 +63,21 @@ pub fn generate<M: Model>(
     request: TurnRequest<'_>,
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
+    generate_with_media(model, session, request, None, observer)
+}
+
+/// [`generate`] for a prompt with media: `request.prompt` holds the keys
+/// ([`media_keys`]) the session matches, `media` the real ids, image rows
+/// and positions the prefill feeds the model.
+pub fn generate_with_media<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    request: TurnRequest<'_>,
+    media: Option<&PromptMedia<'_>>,
+    observer: &mut dyn TurnObserver,
+) -> Result<TurnResult> {
     match resolve_mtp_depth(model, request.mtp_depth)? {
-        0 => ar::generate(model, session, request, observer),
-        depth => mtp::generate(model, session, request, depth, observer),
+        0 => ar::generate(model, session, request, media, observer),
+        depth => mtp::generate(model, session, request, depth, media, observer),
     }
 }

@@ -100,6 +100,7 @@ use ds4_sampling::{Distribution, Sampler};
 
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
 use super::mask::TokenMask;
+use super::media::PromptMedia;
 use super::prefill::prefill_turn;
 use super::session::{LiveSession, MtpSide};
 use super::step::{StepSamplers, constrain};
@@ -138,6 +139,7 @@ pub(crate) fn generate<M: Model>(
     session: &mut LiveSession<M>,
     request: TurnRequest<'_>,
     depth: usize,
+    media: Option<&PromptMedia<'_>>,
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
     let contract = model.mtp_contract().ok_or_else(|| {
@@ -164,6 +166,7 @@ pub(crate) fn generate<M: Model>(
         samplers: StepSamplers::new(sampler),
         out: Emitter::new(&config, observer),
         stats: MtpStats::new(depth),
+        media,
     }
     .run(prompt);
     if result.is_err() {
@@ -180,6 +183,8 @@ struct Turn<'a, M: Model> {
     samplers: StepSamplers<'a>,
     out: Emitter<'a>,
     stats: MtpStats,
+    /// The prompt's real ids and image rows when it holds keys.
+    media: Option<&'a PromptMedia<'a>>,
 }
 
 /// Trunk output at the last covered position.
@@ -248,9 +253,14 @@ impl<M: Model> Turn<'_, M> {
             fresh,
             config,
             self.out.observer(),
-            |session, piece| {
-                let (out, hidden) =
-                    model.forward_hidden(piece, session.state_mut(), LogitsRows::Last)?;
+            self.media,
+            |session, piece, chunk| {
+                let (out, hidden) = model.forward_hidden_media(
+                    piece,
+                    chunk,
+                    session.state_mut(),
+                    LogitsRows::Last,
+                )?;
                 // MTP rows: (pending hidden, piece[0]), then (hidden[j], piece[j+1]).
                 let n = piece.len();
                 let side = side_of(session)?;

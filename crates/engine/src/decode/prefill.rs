@@ -6,10 +6,11 @@
 
 use std::time::Instant;
 
+use super::media::PromptMedia;
 use super::session::LiveSession;
 use super::turn::{PrefillProgress, TurnConfig, TurnObserver};
 use crate::error::{EngineError, Result};
-use crate::model::{ForwardOutput, LogitsRows, Model, ModelState};
+use crate::model::{ForwardOutput, LogitsRows, MediaChunk, Model, ModelState};
 
 /// Tokens per prefill chunk when the caller does not choose.
 pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
@@ -55,7 +56,9 @@ pub fn prefill<M: Model>(
 /// before each chunk, each chunk recorded in the session as soon as it ran,
 /// with its last logits row, and the observer told after each.
 /// `forward_chunk` runs one chunk through the model (the MTP loop also
-/// through its head) and returns the chunk's last logits row.
+/// through its head) and returns the chunk's last logits row; it gets the
+/// chunk's real ids and media from `media` (the prompt then holds keys:
+/// [`super::media`]), or the chunk itself and no media.
 ///
 /// Returns the logits row of the last prompt token (the kept row when
 /// `fresh` is empty: the session covers the whole prompt), or `None` when
@@ -67,7 +70,8 @@ pub(crate) fn prefill_turn<M: Model>(
     fresh: &[u32],
     config: &TurnConfig,
     observer: &mut dyn TurnObserver,
-    mut forward_chunk: impl FnMut(&mut LiveSession<M>, &[u32]) -> Result<Vec<f32>>,
+    media: Option<&PromptMedia<'_>>,
+    mut forward_chunk: impl FnMut(&mut LiveSession<M>, &[u32], &MediaChunk<'_>) -> Result<Vec<f32>>,
 ) -> Result<Option<Vec<f32>>> {
     if fresh.is_empty() {
         // The session covers the whole prompt and kept its last logits.
@@ -91,7 +95,10 @@ pub(crate) fn prefill_turn<M: Model>(
             return Ok(None);
         }
         session.set_last_logits(None);
-        let row = forward_chunk(session, piece)?;
+        let at = session.tokens().len();
+        let row = PromptMedia::run(media, at, piece, |ids, chunk| {
+            forward_chunk(session, ids, chunk)
+        })?;
         session.record(piece);
         session.set_last_logits(Some(row.clone()));
         logits = Some(row);

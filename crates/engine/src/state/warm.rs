@@ -40,7 +40,8 @@ use std::path::PathBuf;
 use super::bank::{SessionBank, common_prefix};
 use super::checkpoint::{self, CheckpointStore};
 use crate::decode::{
-    self, FinalState, LiveSession, TurnConfig, TurnObserver, TurnRequest, TurnResult, TurnTimings,
+    self, FinalState, LiveSession, PromptMedia, TurnConfig, TurnObserver, TurnRequest, TurnResult,
+    TurnTimings,
 };
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsRows, Model, ModelState};
@@ -326,15 +327,28 @@ impl<M: Model> SessionCache<M> {
         request: TurnRequest<'_>,
         observer: &mut dyn TurnObserver,
     ) -> Result<TurnResult> {
+        self.decode_turn_with_media(model, request, None, observer)
+    }
+
+    /// [`SessionCache::decode_turn`] for a prompt with media
+    /// ([`decode::generate_with_media`]): `request.prompt` holds the keys
+    /// every cache matches, so a prefix is reused only with the same images.
+    pub fn decode_turn_with_media(
+        &mut self,
+        model: &M,
+        request: TurnRequest<'_>,
+        media: Option<&PromptMedia<'_>>,
+        observer: &mut dyn TurnObserver,
+    ) -> Result<TurnResult> {
         let prompt = request.prompt;
         let covered = common_prefix(self.live.tokens(), prompt);
         if covered < prompt.len()
             && request.config.max_tokens > 0
-            && self.live_is_recurrent(model, prompt)?
+            && self.live_is_recurrent(model, media.map_or(prompt, |m| &m.tokens))?
         {
-            self.generate_from_prompt_boundary(model, request, observer)
+            self.generate_from_prompt_boundary(model, request, media, observer)
         } else {
-            decode::generate(model, &mut self.live, request, observer)
+            decode::generate_with_media(model, &mut self.live, request, media, observer)
         }
     }
 
@@ -372,6 +386,7 @@ impl<M: Model> SessionCache<M> {
         &mut self,
         model: &M,
         request: TurnRequest<'_>,
+        media: Option<&PromptMedia<'_>>,
         observer: &mut dyn TurnObserver,
     ) -> Result<TurnResult> {
         let TurnRequest {
@@ -399,7 +414,8 @@ impl<M: Model> SessionCache<M> {
                 },
                 mtp_depth,
             };
-            let step = decode::generate(model, &mut self.live, prefill_only, observer)?;
+            let step =
+                decode::generate_with_media(model, &mut self.live, prefill_only, media, observer)?;
             if step.final_state != FinalState::Complete {
                 // Cancelled during the prefill: that is this turn.
                 return Ok(TurnResult {
@@ -424,7 +440,8 @@ impl<M: Model> SessionCache<M> {
             config,
             mtp_depth,
         };
-        let mut turn = decode::generate(model, &mut self.live, request, observer)?;
+        let mut turn =
+            decode::generate_with_media(model, &mut self.live, request, media, observer)?;
         turn.reused_tokens = reused;
         turn.timings.prefill_tokens = prompt.len() - reused;
         turn.timings.prefill = prefill;

@@ -123,6 +123,16 @@ fn block_types(schemas: &mut Value) {
     }
 }
 
+/// A model that reads images also takes Anthropic `image` blocks.
+pub fn accept_image_blocks(schemas: &mut serde_json::Map<String, Value>) {
+    if let Some(Value::Array(kinds)) = schemas
+        .get_mut("Block")
+        .and_then(|b| b.pointer_mut("/properties/type/enum"))
+    {
+        kinds.push(json!("image"));
+    }
+}
+
 /// Every `$ref` to `from` inside `schema` now points at `to`.
 fn retarget(schema: &mut Value, from: &str, to: &str) {
     match schema {

@@ -38,7 +38,8 @@ pub async fn chat_completions(
         .stream_options
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let (checked, output) = prepare(&state, req)?;
+    let (mut checked, output) = prepare(&state, req)?;
+    crate::vision::expand(state.vision.as_ref(), &mut checked.generation).await?;
     let turn = Turn::start(&state, checked, output, "chatcmpl-")?;
     let tokenizer = state.tokenizer.clone();
     turn.respond(

@@ -52,17 +52,20 @@ pub async fn count_tokens(
     ApiJson(req): ApiJson<MessagesRequest>,
 ) -> Result<Json<TokenCount>, ApiError> {
     state.metrics.request("count_tokens");
-    let count = || -> Result<TokenCount, ApiError> {
+    let count = async || -> Result<TokenCount, ApiError> {
         // The same fields are judged as `/v1/messages` judges them (the two
         // share one request schema); only `max_tokens` is optional here.
         common(&req, req.max_tokens).check(&state)?;
         let mut warnings = Vec::new();
         let (turn, _) = conversation(&state, &req, None, &mut warnings)?;
-        Ok(TokenCount {
-            input_tokens: prompt::render(&state, turn)?.tokens.len(),
-        })
+        let rendered = prompt::render(&state, turn)?;
+        // Images count as the tokens they expand to.
+        let input_tokens =
+            crate::vision::count(state.vision.as_ref(), rendered.tokens, rendered.images).await?;
+        Ok(TokenCount { input_tokens })
     };
     count()
+        .await
         .map(Json)
         .map_err(|e| e.with_flavor(Flavor::Anthropic))
 }
@@ -82,6 +85,7 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
     let requested = constraints::forced_call(&state, &choice, &turn.tools)?;
     let output = checked.render(&state, "messages", turn)?;
     checked.generation.constraint = constraints::compile(&state, requested, output)?;
+    crate::vision::expand(state.vision.as_ref(), &mut checked.generation).await?;
     let turn = Turn::start(&state, checked, output, "msg_")?;
     turn.respond(&state, BlockWriter::new, complete).await
 }

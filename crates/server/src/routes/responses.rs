@@ -97,6 +97,7 @@ pub async fn responses(
     let output = checked.render(&state, "input", conversation)?;
     checked.generation.constraint = constraints::compile(&state, requested, output)?;
     let has_tools = output.tools;
+    crate::vision::expand(state.vision.as_ref(), &mut checked.generation).await?;
     let turn = Turn::start(&state, checked, output, "resp_")?;
     let shell = ResponseObject {
         id: turn.head.id.clone(),

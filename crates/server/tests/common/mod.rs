@@ -14,7 +14,7 @@ pub const MODEL_ID: &str = "smollm2";
 pub struct TestServer {
     pub base: String,
     pub client: reqwest::Client,
-    _running: ds4_server::Running,
+    pub _running: ds4_server::Running,
 }
 
 pub async fn start() -> TestServer {

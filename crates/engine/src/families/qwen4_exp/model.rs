@@ -740,6 +740,17 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         Ok((out.logits, self.hidden(out.streams, tokens.len())?))
     }
 
+    fn forward_hidden_media(
+        &self,
+        tokens: &[u32],
+        media: &MediaChunk<'_>,
+        state: &mut Qwen4ExpState<B>,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, DeviceRows<B>)> {
+        let out = self.run(tokens, media, state, rows, false, false)?;
+        Ok((out.logits, self.hidden(out.streams, tokens.len())?))
+    }
+
     fn forward_window(
         &self,
         tokens: &[u32],
