@@ -11,7 +11,8 @@
 # empty context (llama-bench -p N) and decode of --gen tokens at depth N
 # (llama-bench -n GEN -d N). `--prompt N` is `--prompts N`. `--kv-cache T`
 # (default f16, llama.cpp's own default) is passed to both engines:
-# `ds4server bench --kv-cache T` and `llama-bench -ctk T -ctv T`.
+# `ds4server bench --kv-cache T` and `llama-bench -ctk T -ctv T` (llama-bench
+# has no f32 cache: with f32, llama.cpp stays at f16).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
@@ -54,6 +55,13 @@ isa_flags() {
     -DGGML_AVX512_BF16="$([ $avx512 = ON ] && on avx512_bf16 || echo OFF)" \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 }
+# llama-bench takes f16 (its default), q8_0, … but not f32 for -ctk/-ctv:
+# with `--kv-cache f32` ours runs f32 against llama.cpp's f16 (said below).
+llama_kv="$kv"
+if [ "$kv" = f32 ]; then
+  echo "llama-bench has no f32 KV cache: llama.cpp runs f16, ds4server f32" >&2
+  llama_kv=f16
+fi
 flags="$(isa_flags)"
 # One build per flag set (a different CPU gets its own), beside the source.
 build="$cache/llama.cpp/build-$(printf "%s" "$flags" | sha256sum | cut -c1-12)"
@@ -80,8 +88,8 @@ echo "llama-bench: $bench_bin ($flags)" >&2
 # as ds4server's does (it decodes after the prompt), so attention costs the
 # same for both.
 llamacpp() {
-  { "$bench_bin" -m "$model" -p "$1" -n 0 -t "$threads" -ctk "$kv" -ctv "$kv" -r 1 -o csv 2>/dev/null
-    "$bench_bin" -m "$model" -p 0 -n "$gen" -d "$1" -t "$threads" -ctk "$kv" -ctv "$kv" -r 1 -o csv 2>/dev/null |
+  { "$bench_bin" -m "$model" -p "$1" -n 0 -t "$threads" -ctk "$llama_kv" -ctv "$llama_kv" -r 1 -o csv 2>/dev/null
+    "$bench_bin" -m "$model" -p 0 -n "$gen" -d "$1" -t "$threads" -ctk "$llama_kv" -ctv "$llama_kv" -r 1 -o csv 2>/dev/null |
       tail -n +2
   } | python3 -c '
 import csv, sys
@@ -121,4 +129,4 @@ for n in "${lengths[@]}"; do
   echo "prompt $n: median ratio (ds4server / llama.cpp): prefill $(median ${pre_ratios[$n]}), decode $(median ${dec_ratios[$n]})"
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min)"
-echo "($gen generated at depth N, $threads threads, $pairs pairs, kv cache $kv on both)"
+echo "($gen generated at depth N, $threads threads, $pairs pairs, kv cache: ds4server $kv, llama.cpp $llama_kv)"
