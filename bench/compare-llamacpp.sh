@@ -6,15 +6,18 @@
 # llama.cpp is built from the source vendored in the llama-cpp-python sdist,
 # in a cache directory (never in the repository):
 #   bench/compare-llamacpp.sh [--model F.gguf] [--prompts N,N,...] [--gen N]
-#                             [--threads N] [--pairs N]
+#                             [--threads N] [--pairs N] [--kv-cache f32|f16]
 # Each prompt length N gives a row: prefill of an N-token prompt from an
 # empty context (llama-bench -p N) and decode of --gen tokens at depth N
-# (llama-bench -n GEN -d N). `--prompt N` is `--prompts N`.
+# (llama-bench -n GEN -d N). `--prompt N` is `--prompts N`. `--kv-cache T`
+# (default f16, llama.cpp's own default) is passed to both engines:
+# `ds4server bench --kv-cache T` and `llama-bench -ctk T -ctv T` (llama-bench
+# has no f32 cache: with f32, llama.cpp stays at f16).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
 cache="${DS4SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ds4server}/llamacpp"
-model="" prompts=512 gen=64 threads=2 pairs=3 sdist_version=0.3.36
+model="" prompts=512 gen=64 threads=2 pairs=3 kv=f16 sdist_version=0.3.36
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -22,6 +25,7 @@ while [ $# -gt 0 ]; do
     --gen) gen="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --pairs) pairs="$2"; shift 2 ;;
+    --kv-cache) kv="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -51,6 +55,13 @@ isa_flags() {
     -DGGML_AVX512_BF16="$([ $avx512 = ON ] && on avx512_bf16 || echo OFF)" \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 }
+# llama-bench takes f16 (its default), q8_0, … but not f32 for -ctk/-ctv:
+# with `--kv-cache f32` ours runs f32 against llama.cpp's f16 (said below).
+llama_kv="$kv"
+if [ "$kv" = f32 ]; then
+  echo "llama-bench has no f32 KV cache: llama.cpp runs f16, ds4server f32" >&2
+  llama_kv=f16
+fi
 flags="$(isa_flags)"
 # One build per flag set (a different CPU gets its own), beside the source.
 build="$cache/llama.cpp/build-$(printf "%s" "$flags" | sha256sum | cut -c1-12)"
@@ -77,8 +88,9 @@ echo "llama-bench: $bench_bin ($flags)" >&2
 # as ds4server's does (it decodes after the prompt), so attention costs the
 # same for both.
 llamacpp() {
-  { "$bench_bin" -m "$model" -p "$1" -n 0 -t "$threads" -r 1 -o csv 2>/dev/null
-    "$bench_bin" -m "$model" -p 0 -n "$gen" -d "$1" -t "$threads" -r 1 -o csv 2>/dev/null | tail -n +2
+  { "$bench_bin" -m "$model" -p "$1" -n 0 -t "$threads" -ctk "$llama_kv" -ctv "$llama_kv" -r 1 -o csv 2>/dev/null
+    "$bench_bin" -m "$model" -p 0 -n "$gen" -d "$1" -t "$threads" -ctk "$llama_kv" -ctv "$llama_kv" -r 1 -o csv 2>/dev/null |
+      tail -n +2
   } | python3 -c '
 import csv, sys
 pp = tg = None
@@ -90,7 +102,7 @@ print(pp, tg)'
 
 # One ds4server run, a cold prompt of $1 tokens: prints "prefill_tps decode_tps".
 ds4() {
-  "$ours" bench -m "$model" --prompts "$1" --gen "$gen" --threads "$threads" 2>/dev/null |
+  "$ours" bench -m "$model" --prompts "$1" --gen "$gen" --threads "$threads" --kv-cache "$kv" 2>/dev/null |
     python3 -c '
 import csv, sys
 row = next(csv.DictReader(sys.stdin))
@@ -117,4 +129,4 @@ for n in "${lengths[@]}"; do
   echo "prompt $n: median ratio (ds4server / llama.cpp): prefill $(median ${pre_ratios[$n]}), decode $(median ${dec_ratios[$n]})"
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min)"
-echo "($gen generated at depth N, $threads threads, $pairs pairs)"
+echo "($gen generated at depth N, $threads threads, $pairs pairs, kv cache: ds4server $kv, llama.cpp $llama_kv)"

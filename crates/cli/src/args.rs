@@ -93,6 +93,29 @@ pub struct ModelArgs {
     /// CPU, saying so).
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,
+    /// KV cache element type (llama.cpp's `-ctk/-ctv`): `f32` keeps keys and
+    /// values as computed (4 bytes a value); `f16` rounds them to half
+    /// precision (2 bytes: half the cache memory and half the bytes each
+    /// decode step reads at depth; outputs may differ from f32 in the last
+    /// bits). f16 is for llama-family models on the CPU.
+    #[arg(long, value_enum, default_value_t = KvCacheArg::F32)]
+    pub kv_cache: KvCacheArg,
+}
+
+/// `--kv-cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheArg {
+    F32,
+    F16,
+}
+
+impl KvCacheArg {
+    pub fn kv_type(self) -> ds4_engine::state::kv_cache::KvType {
+        match self {
+            KvCacheArg::F32 => ds4_engine::state::kv_cache::KvType::F32,
+            KvCacheArg::F16 => ds4_engine::state::kv_cache::KvType::F16,
+        }
+    }
 }
 
 /// `--device`.

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::args::DeviceArg;
+use crate::args::{DeviceArg, KvCacheArg};
 use ds4_engine::families::{Device, LoadedModel};
 use ds4_models::{DEFAULT_MODEL, PullEvent};
 use ds4_text::Tokenizer;
@@ -159,19 +159,23 @@ fn known_tokenizer(dir: &Path) -> anyhow::Result<Option<PathBuf>> {
     Ok(Some(known.ensure(&mut |_| {})?))
 }
 
-pub fn load(path: Option<&Path>, device: DeviceArg) -> anyhow::Result<Loaded> {
+pub fn load(path: Option<&Path>, device: DeviceArg, kv: KvCacheArg) -> anyhow::Result<Loaded> {
     let path = resolve(path)?;
     let device = self::device(device)?;
     let start = Instant::now();
     let tokenizer = load_tokenizer(&path)?;
     let mut model = LoadedModel::load_on(&path, device)
         .with_context(|| format!("loading {} on {device:?}", path.display()))?;
+    model
+        .set_kv_type(kv.kv_type())
+        .with_context(|| format!("--kv-cache {}", kv.kv_type()))?;
     attach_known_head(&mut model, &path);
     tracing::info!(
-        "loaded {} ({}) on {} in {:.2}s",
+        "loaded {} ({}) on {} (kv cache {}) in {:.2}s",
         path.display(),
         model.family_name(),
         model.backend(),
+        model.kv_type(),
         start.elapsed().as_secs_f64()
     );
     Ok(Loaded { model, tokenizer })

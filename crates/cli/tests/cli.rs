@@ -367,8 +367,9 @@ fn bench_writes_csv_and_svg_default_model() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[0],
-        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes"
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache"
     );
+    assert!(lines[1..].iter().all(|l| l.ends_with(",f32")), "{out}");
     let ctx: Vec<&str> = lines[1..]
         .iter()
         .map(|l| l.split(',').next().unwrap())

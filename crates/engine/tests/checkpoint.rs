@@ -111,6 +111,48 @@ fn llama_round_trip_is_bit_exact() {
     assert!(LiveSession::import(&qwen(), image).is_err());
 }
 
+/// The KV cache type is part of a checkpoint's identity (through the
+/// model's backend tag): a session saved by the f16 model is refused as
+/// another model's (left alone, counted as foreign, the turn served cold)
+/// by the f32 model of the same weights, and the reverse; each type still
+/// hits its own. The f32 identity is the one earlier releases wrote.
+#[test]
+fn kv_cache_type_is_part_of_the_identity() {
+    use ds4_engine::state::checkpoint;
+    use ds4_engine::state::kv_cache::KvType;
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama/tiny/f32_tied");
+    let f32m = ds4_engine::families::llama::load_llama(&dir).unwrap();
+    let mut f16m = ds4_engine::families::llama::load_llama(&dir).unwrap();
+    f16m.set_kv_type(KvType::F16).unwrap();
+    let id = |m: &ds4_engine::families::llama::LlamaModel| {
+        checkpoint::identity(&dir, "llama", &m.backend()).unwrap()
+    };
+    assert_ne!(id(&f32m), id(&f16m));
+    assert_eq!(
+        f32m.backend().tag,
+        f32m.backend().tag.replace("+kv-f16", "")
+    );
+    assert!(id(&f16m).model.ends_with("+kv-f16"));
+    let prompt: Vec<u32> = tokens(4, 30).iter().map(|t| t % 90).collect();
+    for (writer, reader) in [(&f16m, &f32m), (&f32m, &f16m)] {
+        let s = session(writer, &prompt, 0);
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::open(tmp.path(), id(writer), u64::MAX).unwrap();
+        let path = store.save(&s).unwrap();
+        let err = format::read(&path, &id(reader)).unwrap_err();
+        assert_eq!(err.reason, RejectReason::OtherModel, "{err}");
+        let mut next = s.tokens().to_vec();
+        next.push(9);
+        let mut other = CheckpointStore::open(tmp.path(), id(reader), u64::MAX).unwrap();
+        assert!(other.lookup(reader, &next).is_none());
+        assert_eq!(other.foreign_files(), 1);
+        assert!(path.exists(), "another cache type's file is left alone");
+        let mut own = CheckpointStore::open(tmp.path(), id(writer), u64::MAX).unwrap();
+        assert!(own.lookup(writer, &next).is_some());
+    }
+}
+
 /// Save a good checkpoint, damage it, and check the store refuses it with
 /// `reason`, removes it (unless it is merely foreign), and the turn is
 /// served cold with the same result as a never-banked session.

@@ -1170,6 +1170,24 @@ conformance!(
     },
     {}
 );
+// The default model with its MTP head on an f16 KV cache (`--kv-cache
+// f16`): chunkings, single steps, verify windows, warm == cold, export /
+// import, all bit for bit under the f16 cache as under the f32 one.
+conformance!(
+    llama_mtp_default_model_kv_f16,
+    || {
+        let path = ds4_models::default_model_path().expect("default model available");
+        let head = ds4_models::mtp_head_for(&path)
+            .expect("the default model has a head")
+            .expect("the head file checks out");
+        let mut m = ds4_engine::families::llama::load_llama(&path).unwrap();
+        m.attach_mtp_head(&head).unwrap();
+        m.set_kv_type(ds4_engine::state::kv_cache::KvType::F16)
+            .unwrap();
+        m
+    },
+    {}
+);
 conformance!(qwen4_exp_tiny_a, || {
     ds4_engine::families::qwen4_exp::Qwen4ExpModel::from_hf_dir(
         &super::fixtures().join("qwen4_exp/tiny_a"),

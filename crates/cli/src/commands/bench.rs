@@ -33,10 +33,16 @@ pub struct Row {
     pub gen_tokens: usize,
     pub gen_tps: f64,
     pub state_bytes: usize,
+    /// The KV cache element type (`f32`, `f16`: `--kv-cache`).
+    pub kv_cache: &'static str,
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
+    let loaded = crate::model_source::load(
+        args.model.model.as_deref(),
+        args.model.device,
+        args.model.kv_cache,
+    )?;
     if args.mtp {
         let csv = ds4_engine::with_model!(&loaded.model, model => super::bench_mtp::bench_mtp(model, &loaded.tokenizer, &args))?;
         print!("{csv}");
@@ -45,7 +51,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let rows = ds4_engine::with_model!(&loaded.model, model => bench_with(model, &loaded.tokenizer, &args))?;
+    let kv_cache = loaded.model.kv_type().name();
+    let rows = ds4_engine::with_model!(&loaded.model, model => bench_with(model, &loaded.tokenizer, &args, kv_cache))?;
     let csv = to_csv(&rows);
     print!("{csv}");
     if let Some(path) = &args.csv {
@@ -75,6 +82,7 @@ fn bench_with<M: Model>(
     model: &M,
     tokenizer: &Tokenizer,
     args: &BenchArgs,
+    kv_cache: &'static str,
 ) -> anyhow::Result<Vec<Row>> {
     // Cold prompts each start from an empty state; frontiers walk on.
     let cold = !args.prompts.is_empty();
@@ -140,6 +148,7 @@ fn bench_with<M: Model>(
             gen_tokens: args.gen_tokens,
             gen_tps: args.gen_tokens as f64 / gen_secs.max(1e-9),
             state_bytes,
+            kv_cache,
         };
         eprintln!(
             "ctx {:>6}: prefill {:>5} tok at {:>8.1} tok/s, decode {} tok at {:>6.1} tok/s",
@@ -151,13 +160,20 @@ fn bench_with<M: Model>(
 }
 
 pub fn to_csv(rows: &[Row]) -> String {
-    let mut out =
-        String::from("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes\n");
+    let mut out = String::from(
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache\n",
+    );
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{:.2},{},{:.2},{}",
-            r.ctx_tokens, r.prefill_tokens, r.prefill_tps, r.gen_tokens, r.gen_tps, r.state_bytes
+            "{},{},{:.2},{},{:.2},{},{}",
+            r.ctx_tokens,
+            r.prefill_tokens,
+            r.prefill_tps,
+            r.gen_tokens,
+            r.gen_tps,
+            r.state_bytes,
+            r.kv_cache
         );
     }
     out
@@ -234,10 +250,11 @@ mod tests {
             gen_tokens: 32,
             gen_tps: 60.5,
             state_bytes: 1024,
+            kv_cache: "f16",
         }]);
         assert_eq!(
             csv,
-            "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes\n512,512,150.00,32,60.50,1024\n"
+            "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache\n512,512,150.00,32,60.50,1024,f16\n"
         );
     }
 }

@@ -23,7 +23,11 @@ Type a message and press Enter.
 Ctrl+C during a reply stops it; the partial reply stays in the conversation.";
 
 pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
+    let loaded = crate::model_source::load(
+        args.model.model.as_deref(),
+        args.model.device,
+        args.model.kv_cache,
+    )?;
     args.generation.mtp_depth = args
         .generation
         .mtp_depth_arg

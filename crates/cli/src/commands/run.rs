@@ -13,7 +13,11 @@ use crate::prompt;
 use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
 pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
+    let loaded = crate::model_source::load(
+        args.model.model.as_deref(),
+        args.model.device,
+        args.model.kv_cache,
+    )?;
     args.generation.mtp_depth = args
         .generation
         .mtp_depth_arg

@@ -207,6 +207,10 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// once per step, so that a step captured as a CUDA graph can be
     /// replayed.
     type Step: Send + Sync + Debug;
+    /// Rows of IEEE binary16 values on the device: an f16 KV cache
+    /// ([`crate::state::kv_cache::KvType::F16`]). Backends without one
+    /// use an uninhabited type and refuse [`Backend::half_empty`].
+    type Half: Clone + Send + Sync + Debug;
 
     /// The backend and kernel set (part of a checkpoint's identity).
     fn id(&self) -> BackendId;
@@ -690,6 +694,35 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         k: &[&Self::Buf],
         v: &[&Self::Buf],
         step: &Self::Step,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Self::Buf>;
+
+    // ---- f16 row caches ----
+
+    /// An empty f16 buffer; an `Unsupported` error where the backend has
+    /// no f16 cache.
+    fn half_empty(&self) -> Result<Self::Half>;
+    /// The number of f16 values held.
+    fn half_len(&self, x: &Self::Half) -> usize;
+    /// Append `src` rounded to f16: round to nearest, ties to even (as
+    /// F16C's `vcvtps2ph` and `half::f16::from_f32`); beyond ±65504 an
+    /// infinity, NaN stays NaN.
+    fn half_append(&self, dst: &mut Self::Half, src: &Self::Buf) -> Result<()>;
+    /// Keep the first `n` values.
+    fn half_truncate(&self, dst: &mut Self::Half, n: usize) -> Result<()>;
+    /// The values widened to f32 on the host (exact).
+    fn half_download(&self, x: &Self::Half) -> Result<Vec<f32>>;
+    /// [`Backend::attention_causal`] over f16 keys and values: each element
+    /// widened to f32 (exact) as it is read, then the f32 op's sequence, so
+    /// the result equals `attention_causal` over the widened rows, bit for
+    /// bit.
+    fn attention_causal_half(
+        &self,
+        q: &Self::Buf,
+        k: &[&Self::Half],
+        v: &[&Self::Half],
+        offset: usize,
         q_heads: usize,
         kv: Heads,
     ) -> Result<Self::Buf>;

@@ -196,6 +196,36 @@ impl LoadedModel {
         self.descriptor().name
     }
 
+    /// Choose the KV cache element type of the states the model makes
+    /// (`--kv-cache`). f32 is every family's; f16 is the llama family's on
+    /// the CPU (elsewhere refused, naming what to use instead). Changes the
+    /// model's backend tag, so checkpoints of one type are refused under
+    /// the other.
+    pub fn set_kv_type(&mut self, kv_type: crate::state::kv_cache::KvType) -> Result<()> {
+        use crate::state::kv_cache::KvType;
+        match self {
+            LoadedModel::Llama(m) => m.set_kv_type(kv_type),
+            #[cfg(feature = "cuda")]
+            LoadedModel::LlamaCuda(m) => m.set_kv_type(kv_type),
+            _ if kv_type == KvType::F32 => Ok(()),
+            _ => Err(EngineError::Unsupported(format!(
+                "{}: an f16 KV cache is for the llama family (use `--kv-cache f32`)",
+                self.family_name()
+            ))),
+        }
+    }
+
+    /// The KV cache element type of the states the model makes (f32 for
+    /// families without a choice).
+    pub fn kv_type(&self) -> crate::state::kv_cache::KvType {
+        match self {
+            LoadedModel::Llama(m) => m.kv_type(),
+            #[cfg(feature = "cuda")]
+            LoadedModel::LlamaCuda(m) => m.kv_type(),
+            _ => crate::state::kv_cache::KvType::F32,
+        }
+    }
+
     /// Attach the MTP head in the file `path` (llama family only: the head
     /// `tools/mtp_head` trains). A head that does not fit is refused and the
     /// model stays as it was.

@@ -4,14 +4,15 @@
 //! length). Keys and values are written to the cache first, then every
 //! query attends from the cache (query head `h` reads kv head `h / group`,
 //! as transformers' `repeat_kv` does) through
-//! [`crate::backend::Backend::attention_causal`], whose per-query result
-//! does not depend on the window size (warm == cold bit for bit).
+//! [`crate::backend::Backend::attention_causal`] (or `attention_causal_half`
+//! over an f16 cache), whose per-query result does not depend on the window
+//! size (warm == cold bit for bit).
 
 use crate::backend::{Backend, Heads};
 use crate::error::Result;
 use crate::layers::linear::Linear;
 use crate::layers::rope::RopeRows;
-use crate::state::kv_cache::KvCache;
+use crate::state::kv_cache::{KvCache, KvRows};
 
 #[derive(Debug)]
 pub struct Attention<B: Backend> {
@@ -61,7 +62,7 @@ impl<B: Backend> Attention<B> {
         let v = self.v.forward(ops, x, t)?;
         rope.apply(ops, &mut q, d)?;
         rope.apply(ops, &mut k, d)?;
-        let (k_all, v_all) = match step {
+        let rows = match step {
             None => cache.write(layer, &k, &v)?,
             Some(s) => cache.write_step(layer, &k, &v, s)?,
         };
@@ -72,9 +73,17 @@ impl<B: Backend> Attention<B> {
             heads: self.num_kv_heads,
             dim: d,
         };
-        let y = match step {
-            None => ops.attention_causal(&q, &k_all, &v_all, offset, self.num_heads, kv)?,
-            Some(s) => ops.attention_causal_step(&q, &k_all, &v_all, s, self.num_heads, kv)?,
+        let y = match (rows, step) {
+            (KvRows::F32(k, v), None) => {
+                ops.attention_causal(&q, &k, &v, offset, self.num_heads, kv)?
+            }
+            (KvRows::F32(k, v), Some(s)) => {
+                ops.attention_causal_step(&q, &k, &v, s, self.num_heads, kv)?
+            }
+            // (An f16 cache refuses step mode in `write_step`.)
+            (KvRows::F16(k, v), _) => {
+                ops.attention_causal_half(&q, &k, &v, offset, self.num_heads, kv)?
+            }
         };
         self.o.forward(ops, &y, t)
     }

@@ -1,23 +1,95 @@
-//! Per-layer key/value caches for softmax attention: one [`RowCache`] of
-//! `[P, head_dim]` rows per layer and kv head for keys and one for values,
-//! on the backend's device, so each head's keys are contiguous for the
-//! attention kernel. A decode step appends one row per head (amortised
-//! O(1)); snapshots are deep copies of the valid rows.
+//! Per-layer key/value caches for softmax attention: per layer and kv head
+//! one cache of `[P, head_dim]` rows for keys and one for values, on the
+//! backend's device, so each head's keys are contiguous for the attention
+//! kernel. A decode step appends one row per head (amortised O(1));
+//! snapshots are deep copies of the valid rows.
+//!
+//! The element type is chosen per model load ([`KvType`]): f32 (the rows
+//! as computed) or f16 (each value rounded to nearest even on write, half
+//! the memory and half the bytes a decode step reads; attention widens
+//! them back exactly, [`crate::backend::Backend::attention_causal_half`]).
 //!
 //! The exported table is the checkpoint format of the first releases:
-//! `kv.{l}.k` / `kv.{l}.v` as `[kv_heads, len, head_dim]` (head-major).
+//! `kv.{l}.k` / `kv.{l}.v` as `[kv_heads, len, head_dim]` (head-major), f32
+//! (an f16 cache exports its values widened, exactly, and imports them
+//! rounded back, exactly; the cache type is part of a checkpoint's identity
+//! through the model's backend tag, so the two never meet).
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::state::rows::RowCache;
 use crate::state::table::{NamedTensor, TableReader};
 
+/// The element type of a KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// The rows as computed (bit-identical to every release before f16).
+    #[default]
+    F32,
+    /// IEEE binary16, rounded to nearest even on write.
+    F16,
+}
+
+impl KvType {
+    /// `f32` / `f16` (the `--kv-cache` values).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+
+    /// Bytes per cached value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            _ => Err(format!("`{s}` is not a KV cache type (use f32 or f16)")),
+        }
+    }
+}
+
+/// Per layer, per kv head: keys and values.
+#[derive(Debug, Clone)]
+enum Store<B: Backend> {
+    F32 {
+        k: Vec<Vec<RowCache<B>>>,
+        v: Vec<Vec<RowCache<B>>>,
+    },
+    F16 {
+        k: Vec<Vec<B::Half>>,
+        v: Vec<Vec<B::Half>>,
+    },
+}
+
+/// One layer's keys and values per kv head, `[len, head_dim]` each, as
+/// [`KvCache::write`] returns them for the attention op.
+pub enum KvRows<'a, B: Backend> {
+    F32(Vec<&'a B::Buf>, Vec<&'a B::Buf>),
+    F16(Vec<&'a B::Half>, Vec<&'a B::Half>),
+}
+
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     ops: B,
-    /// `[layer][kv head]`.
-    k: Vec<Vec<RowCache<B>>>,
-    v: Vec<Vec<RowCache<B>>>,
+    store: Store<B>,
+    layers: usize,
     len: usize,
     max_len: usize,
     kv_heads: usize,
@@ -25,7 +97,7 @@ pub struct KvCache<B: Backend> {
 }
 
 impl<B: Backend> KvCache<B> {
-    /// An empty cache.
+    /// An empty f32 cache.
     pub fn new(
         ops: &B,
         num_layers: usize,
@@ -33,20 +105,59 @@ impl<B: Backend> KvCache<B> {
         head_dim: usize,
         max_len: usize,
     ) -> Result<Self> {
-        let rows = |_| {
-            (0..kv_heads)
-                .map(|_| RowCache::new(ops, head_dim))
-                .collect::<Result<Vec<_>>>()
+        Self::with_type(ops, num_layers, kv_heads, head_dim, max_len, KvType::F32)
+    }
+
+    /// An empty cache of `kv_type` (f16 is refused where the backend has no
+    /// f16 rows).
+    pub fn with_type(
+        ops: &B,
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        max_len: usize,
+        kv_type: KvType,
+    ) -> Result<Self> {
+        let store = match kv_type {
+            KvType::F32 => {
+                let rows = |_| {
+                    (0..kv_heads)
+                        .map(|_| RowCache::new(ops, head_dim))
+                        .collect::<Result<Vec<_>>>()
+                };
+                Store::F32 {
+                    k: (0..num_layers).map(rows).collect::<Result<_>>()?,
+                    v: (0..num_layers).map(rows).collect::<Result<_>>()?,
+                }
+            }
+            KvType::F16 => {
+                let rows = |_| {
+                    (0..kv_heads)
+                        .map(|_| ops.half_empty())
+                        .collect::<Result<Vec<_>>>()
+                };
+                Store::F16 {
+                    k: (0..num_layers).map(rows).collect::<Result<_>>()?,
+                    v: (0..num_layers).map(rows).collect::<Result<_>>()?,
+                }
+            }
         };
         Ok(Self {
             ops: ops.clone(),
-            k: (0..num_layers).map(rows).collect::<Result<_>>()?,
-            v: (0..num_layers).map(rows).collect::<Result<_>>()?,
+            store,
+            layers: num_layers,
             len: 0,
             max_len,
             kv_heads,
             head_dim,
         })
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        match self.store {
+            Store::F32 { .. } => KvType::F32,
+            Store::F16 { .. } => KvType::F16,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -58,49 +169,86 @@ impl<B: Backend> KvCache<B> {
     }
 
     pub fn num_layers(&self) -> usize {
-        self.k.len()
+        self.layers
+    }
+
+    fn no_layer(layer: usize) -> EngineError {
+        EngineError::State(format!("kv cache has no layer {layer}"))
     }
 
     /// Append this forward's `k, v: [t, kv_heads·head_dim]` to `layer` and
     /// return the layer's keys and values per head, `[len + t, head_dim]`.
     /// The length advances through [`KvCache::advance`] once every layer is
     /// done.
-    #[allow(clippy::type_complexity)]
-    pub fn write(
-        &mut self,
-        layer: usize,
-        k: &B::Buf,
-        v: &B::Buf,
-    ) -> Result<(Vec<&B::Buf>, Vec<&B::Buf>)> {
-        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
-            (Some(k), Some(v)) => (k, v),
-            _ => return Err(EngineError::State(format!("kv cache has no layer {layer}"))),
-        };
+    pub fn write(&mut self, layer: usize, k: &B::Buf, v: &B::Buf) -> Result<KvRows<'_, B>> {
         let t = self.ops.len(k) / (self.kv_heads * self.head_dim).max(1);
         let parts = vec![self.head_dim; self.kv_heads];
-        for (src, heads) in [(k, &mut *kc), (v, &mut *vc)] {
-            for (rows, cache) in self.ops.split_cols(src, t, &parts, 1)?.iter().zip(heads) {
-                cache.append(&self.ops, rows)?;
+        let ops = &self.ops;
+        let rows = match &mut self.store {
+            Store::F32 { k: kc, v: vc } => {
+                let (kc, vc) = match (kc.get_mut(layer), vc.get_mut(layer)) {
+                    (Some(k), Some(v)) => (k, v),
+                    _ => return Err(Self::no_layer(layer)),
+                };
+                for (src, heads) in [(k, &mut *kc), (v, &mut *vc)] {
+                    for (rows, cache) in ops.split_cols(src, t, &parts, 1)?.iter().zip(heads) {
+                        cache.append(ops, rows)?;
+                    }
+                }
+                kc.first().map_or(0, |c| c.rows())
             }
-        }
-        let rows = kc.first().map_or(0, |c| c.rows());
+            Store::F16 { k: kc, v: vc } => {
+                let (kc, vc) = match (kc.get_mut(layer), vc.get_mut(layer)) {
+                    (Some(k), Some(v)) => (k, v),
+                    _ => return Err(Self::no_layer(layer)),
+                };
+                for (src, heads) in [(k, &mut *kc), (v, &mut *vc)] {
+                    for (rows, cache) in ops.split_cols(src, t, &parts, 1)?.iter().zip(heads) {
+                        ops.half_append(cache, rows)?;
+                    }
+                }
+                kc.first()
+                    .map_or(0, |c| ops.half_len(c) / self.head_dim.max(1))
+            }
+        };
         if rows > self.max_len {
             return Err(EngineError::ContextOverflow {
                 needed: rows,
                 limit: self.max_len,
             });
         }
-        Ok((
-            kc.iter().map(|c| c.buf()).collect(),
-            vc.iter().map(|c| c.buf()).collect(),
-        ))
+        Ok(self.layer_rows(layer))
+    }
+
+    /// `layer`'s keys and values per head (a layer that exists).
+    fn layer_rows(&self, layer: usize) -> KvRows<'_, B> {
+        match &self.store {
+            Store::F32 { k, v } => KvRows::F32(
+                k[layer].iter().map(|c| c.buf()).collect(),
+                v[layer].iter().map(|c| c.buf()).collect(),
+            ),
+            Store::F16 { k, v } => {
+                KvRows::F16(k[layer].iter().collect(), v[layer].iter().collect())
+            }
+        }
+    }
+
+    /// Step mode (graph replay) is for f32 caches: the backends that replay
+    /// steps (CUDA) have no f16 cache, and the CPU never runs steps.
+    fn f32_caches_mut(&mut self) -> Result<impl Iterator<Item = &mut RowCache<B>>> {
+        match &mut self.store {
+            Store::F32 { k, v } => Ok(k.iter_mut().chain(v.iter_mut()).flatten()),
+            Store::F16 { .. } => Err(EngineError::Unsupported(
+                "an f16 kv cache runs forwards eagerly (no step mode)".into(),
+            )),
+        }
     }
 
     /// Make room for a step of `t` rows: every cache covers `len + t` rows
     /// in storage of its own (grown by doubling, so the storage of
     /// successive steps stays the same between growth points); the rows
     /// are written by [`KvCache::write_step`]. Undone by
-    /// [`KvCache::rollback`], kept by [`KvCache::advance`].
+    /// [`KvCache::rollback`], kept by [`KvCache::advance`]. f32 caches only.
     pub fn prepare_step(&mut self, t: usize) -> Result<()> {
         let (ops, rows, max) = (self.ops.clone(), self.len + t, self.max_len);
         if rows > max {
@@ -109,7 +257,7 @@ impl<B: Backend> KvCache<B> {
                 limit: max,
             });
         }
-        for c in self.caches_mut() {
+        for c in self.f32_caches_mut()? {
             c.resize_rows(&ops, rows, max)?;
         }
         Ok(())
@@ -117,9 +265,15 @@ impl<B: Backend> KvCache<B> {
 
     /// The storage of every cache (part of a step's key).
     pub fn storage_keys(&self) -> Vec<u64> {
-        self.caches()
-            .flat_map(|c| self.ops.storage_key(c.buf()))
-            .collect()
+        match &self.store {
+            Store::F32 { k, v } => k
+                .iter()
+                .chain(v)
+                .flatten()
+                .flat_map(|c| self.ops.storage_key(c.buf()))
+                .collect(),
+            Store::F16 { .. } => Vec::new(),
+        }
     }
 
     /// [`KvCache::write`] in a step prepared by [`KvCache::prepare_step`]:
@@ -131,28 +285,44 @@ impl<B: Backend> KvCache<B> {
         k: &B::Buf,
         v: &B::Buf,
         step: &B::Step,
-    ) -> Result<(Vec<&B::Buf>, Vec<&B::Buf>)> {
-        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
-            (Some(k), Some(v)) => (k, v),
-            _ => return Err(EngineError::State(format!("kv cache has no layer {layer}"))),
-        };
+    ) -> Result<KvRows<'_, B>> {
         let t = self.ops.len(k) / (self.kv_heads * self.head_dim).max(1);
         let parts = vec![self.head_dim; self.kv_heads];
+        let ops = self.ops.clone();
+        let Store::F32 { k: kc, v: vc } = &mut self.store else {
+            return Err(EngineError::Unsupported(
+                "an f16 kv cache runs forwards eagerly (no step mode)".into(),
+            ));
+        };
+        let (kc, vc) = match (kc.get_mut(layer), vc.get_mut(layer)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(Self::no_layer(layer)),
+        };
         for (src, heads) in [(k, &mut *kc), (v, &mut *vc)] {
-            for (rows, cache) in self.ops.split_cols(src, t, &parts, 1)?.iter().zip(heads) {
-                cache.write_step(&self.ops, rows, step)?;
+            for (rows, cache) in ops.split_cols(src, t, &parts, 1)?.iter().zip(heads) {
+                cache.write_step(&ops, rows, step)?;
             }
         }
-        Ok((
-            kc.iter().map(|c| c.buf()).collect(),
-            vc.iter().map(|c| c.buf()).collect(),
-        ))
+        Ok(self.layer_rows(layer))
+    }
+
+    /// Rows held by every cache.
+    fn cache_rows(&self) -> Vec<usize> {
+        match &self.store {
+            Store::F32 { k, v } => k.iter().chain(v).flatten().map(|c| c.rows()).collect(),
+            Store::F16 { k, v } => k
+                .iter()
+                .chain(v)
+                .flatten()
+                .map(|c| self.ops.half_len(c) / self.head_dim.max(1))
+                .collect(),
+        }
     }
 
     /// Every layer was written `t` rows: the cache now covers them.
     pub fn advance(&mut self, t: usize) -> Result<()> {
         let end = self.len + t;
-        if self.caches().any(|c| c.rows() != end) {
+        if self.cache_rows().iter().any(|&r| r != end) {
             return Err(EngineError::State(format!(
                 "kv cache advance to {end} with layers written unevenly"
             )));
@@ -161,22 +331,28 @@ impl<B: Backend> KvCache<B> {
         Ok(())
     }
 
-    fn caches(&self) -> impl Iterator<Item = &RowCache<B>> {
-        self.k.iter().chain(&self.v).flatten()
-    }
-
-    fn caches_mut(&mut self) -> impl Iterator<Item = &mut RowCache<B>> {
-        self.k.iter_mut().chain(self.v.iter_mut()).flatten()
+    /// Every cache to its first `n` rows.
+    fn cut(&mut self, n: usize) -> Result<()> {
+        let ops = &self.ops;
+        match &mut self.store {
+            Store::F32 { k, v } => {
+                for c in k.iter_mut().chain(v.iter_mut()).flatten() {
+                    c.truncate(ops, n)?;
+                }
+            }
+            Store::F16 { k, v } => {
+                for c in k.iter_mut().chain(v.iter_mut()).flatten() {
+                    ops.half_truncate(c, n * self.head_dim)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Forget rows written after the last [`KvCache::advance`] (a forward
     /// that failed half way leaves the cache as it was).
     pub fn rollback(&mut self) -> Result<()> {
-        let (ops, len) = (self.ops.clone(), self.len);
-        for c in self.caches_mut() {
-            c.truncate(&ops, len)?;
-        }
-        Ok(())
+        self.cut(self.len)
     }
 
     /// Keep the first `n` positions.
@@ -187,12 +363,24 @@ impl<B: Backend> KvCache<B> {
                 self.len
             )));
         }
-        let ops = self.ops.clone();
-        for c in self.caches_mut() {
-            c.truncate(&ops, n)?;
-        }
+        self.cut(n)?;
         self.len = n;
         Ok(())
+    }
+
+    /// One head's valid rows on the host, f32 (f16 widened exactly).
+    fn head_values(&self, layer: usize, value: bool, head: usize) -> Result<Vec<f32>> {
+        let n = self.len * self.head_dim;
+        let mut x = match &self.store {
+            Store::F32 { k, v } => self
+                .ops
+                .download((if value { v } else { k })[layer][head].buf())?,
+            Store::F16 { k, v } => self
+                .ops
+                .half_download(&(if value { v } else { k })[layer][head])?,
+        };
+        x.truncate(n);
+        Ok(x)
     }
 
     /// The valid rows of every layer as host tensors `kv.{l}.k` / `kv.{l}.v`,
@@ -201,10 +389,10 @@ impl<B: Backend> KvCache<B> {
         let shape = vec![self.kv_heads, self.len, self.head_dim];
         let mut out = Vec::with_capacity(2 * self.num_layers());
         for l in 0..self.num_layers() {
-            for (what, heads) in [("k", &self.k[l]), ("v", &self.v[l])] {
+            for (what, value) in [("k", false), ("v", true)] {
                 let mut hm = Vec::with_capacity(self.kv_heads * self.len * self.head_dim);
-                for c in heads {
-                    hm.extend(self.ops.download(c.buf())?);
+                for h in 0..self.kv_heads {
+                    hm.extend(self.head_values(l, value, h)?);
                 }
                 out.push(NamedTensor::f32(
                     format!("kv.{l}.{what}"),
@@ -249,10 +437,22 @@ impl<B: Backend> KvCache<B> {
         }
         r.finish()?;
         let per_head = rows * d;
+        let ops = &self.ops;
         for (l, (k, v)) in layers.into_iter().enumerate() {
-            for (hm, heads) in [(k, &mut self.k[l]), (v, &mut self.v[l])] {
-                for (chunk, c) in hm.chunks(per_head.max(1)).zip(heads.iter_mut()) {
-                    c.append(&self.ops, &self.ops.upload(chunk)?)?;
+            match &mut self.store {
+                Store::F32 { k: kc, v: vc } => {
+                    for (hm, heads) in [(k, &mut kc[l]), (v, &mut vc[l])] {
+                        for (chunk, c) in hm.chunks(per_head.max(1)).zip(heads.iter_mut()) {
+                            c.append(ops, &ops.upload(chunk)?)?;
+                        }
+                    }
+                }
+                Store::F16 { k: kc, v: vc } => {
+                    for (hm, heads) in [(k, &mut kc[l]), (v, &mut vc[l])] {
+                        for (chunk, c) in hm.chunks(per_head.max(1)).zip(heads.iter_mut()) {
+                            ops.half_append(c, &ops.upload(chunk)?)?;
+                        }
+                    }
                 }
             }
         }
@@ -262,7 +462,15 @@ impl<B: Backend> KvCache<B> {
 
     /// Bytes of cache memory held (valid rows, all layers, k and v).
     pub fn byte_size(&self) -> usize {
-        self.caches().map(|c| c.byte_size()).sum()
+        match &self.store {
+            Store::F32 { k, v } => k.iter().chain(v).flatten().map(|c| c.byte_size()).sum(),
+            Store::F16 { k, v } => k
+                .iter()
+                .chain(v)
+                .flatten()
+                .map(|c| 2 * self.ops.half_len(c))
+                .sum(),
+        }
     }
 }
 
@@ -310,7 +518,9 @@ mod tests {
         c.rollback().unwrap();
         assert_eq!(c.export().unwrap(), snap.export().unwrap());
         c.truncate(1).unwrap();
-        let (k, _) = c.write(0, &rows(1, 2, 9.0), &rows(1, 2, 9.0)).unwrap();
+        let KvRows::F32(k, _) = c.write(0, &rows(1, 2, 9.0), &rows(1, 2, 9.0)).unwrap() else {
+            panic!("an f32 cache")
+        };
         assert_eq!(k, vec![&vec![0.0, 1.0, 9.0, 10.0]]);
         assert!(matches!(
             KvCache::new(&ops, 1, 1, 2, 2)
@@ -318,5 +528,38 @@ mod tests {
                 .write(0, &rows(3, 2, 0.0), &rows(3, 2, 0.0)),
             Err(EngineError::ContextOverflow { .. })
         ));
+    }
+
+    #[test]
+    fn f16_cache_rounds_to_nearest_even_and_round_trips_exactly() {
+        let ops = CpuOps;
+        let mut c = KvCache::with_type(&ops, 1, 1, 4, 8, KvType::F16).unwrap();
+        // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1);
+        // 1 + 3·2^-11 ties up to 1 + 2^-9; 1e5 overflows to +inf; a value
+        // below f16's smallest subnormal goes to +0.
+        let tie = 1.0 + 2f32.powi(-11);
+        let k = vec![tie, 1.0 + 3.0 * 2f32.powi(-11), 1e5, 1e-9];
+        c.write(0, &k, &k).unwrap();
+        c.advance(1).unwrap();
+        let table = c.export().unwrap();
+        let crate::state::table::TensorData::F32(k0) = &table[0].data else {
+            panic!("f32 table")
+        };
+        assert_eq!(k0, &vec![1.0, 1.0 + 2f32.powi(-9), f32::INFINITY, 0.0]);
+        assert_eq!(c.byte_size(), 2 * 2 * 4);
+        let mut d = KvCache::with_type(&ops, 1, 1, 4, 8, KvType::F16).unwrap();
+        d.import(table.clone()).unwrap();
+        assert_eq!(d.export().unwrap(), table);
+        d.truncate(0).unwrap();
+        assert_eq!(d.byte_size(), 0);
+        assert_eq!(d.kv_type(), KvType::F16);
+    }
+
+    #[test]
+    fn kv_type_parses_its_names_only() {
+        for t in [KvType::F32, KvType::F16] {
+            assert_eq!(t.name().parse::<KvType>(), Ok(t));
+        }
+        assert!("q8_0".parse::<KvType>().is_err());
     }
 }

@@ -72,6 +72,57 @@ fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     Ok(f(&cpu.as_slice::<f32>()?[start..end]))
 }
 
+/// [`Backend::attention_causal`] over caches of f32 or f16 rows.
+fn causal_over<E: attention::KvElem>(
+    q: &[f32],
+    k: &[&Vec<E>],
+    v: &[&Vec<E>],
+    offset: usize,
+    q_heads: usize,
+    kv: Heads,
+) -> Result<Vec<f32>> {
+    let (kvh, d) = (kv.heads, kv.dim);
+    let group = q_heads / kvh;
+    let t = q.len() / (q_heads * d);
+    let total = offset + t;
+    if t == 0 || k.len() != kvh || v.len() != kvh || k.iter().chain(v).any(|c| c.len() < total * d)
+    {
+        return Err(shape_err(
+            "attention_causal",
+            format!("{t} queries over {total} keys in {} kv heads", k.len()),
+        ));
+    }
+    // Kernel rows per kv head: `g·t + i` is group member `g` at window
+    // position `i`, i.e. token `i`, query head `h·group + g`; the queries
+    // are copied into that head-major order once.
+    let rows = group * t;
+    let mut qr = vec![0f32; kvh * rows * d];
+    for h in 0..kvh {
+        for r in 0..rows {
+            let (g, i) = (r / t, r % t);
+            let src = (i * q_heads + h * group + g) * d;
+            qr[(h * rows + r) * d..][..d].copy_from_slice(&q[src..src + d]);
+        }
+    }
+    fn view<E>(heads: Vec<&[E]>, d: usize) -> attention::View<'_, E> {
+        attention::View { heads, stride: d }
+    }
+    let mut y = vec![0f32; t * q_heads * d];
+    attention::causal_attention(
+        &view(qr.chunks(rows * d).collect(), d),
+        &view(k.iter().map(|c| c.as_slice()).collect(), d),
+        &view(v.iter().map(|c| c.as_slice()).collect(), d),
+        kvh,
+        rows,
+        t,
+        offset,
+        d,
+        &mut y,
+        &|h, r| ((r % t) * q_heads + h * group + r / t) * d,
+    );
+    Ok(y)
+}
+
 fn shape_err(op: &str, msg: String) -> EngineError {
     EngineError::State(format!("{op}: {msg}"))
 }
@@ -152,6 +203,7 @@ impl Backend for CpuOps {
     type Selection = Vec<Vec<u32>>;
     type Routing = CpuRouting;
     type Step = HostStep;
+    type Half = Vec<half::f16>;
 
     fn id(&self) -> BackendId {
         let isa = block_matmul::isa();
@@ -748,49 +800,7 @@ impl Backend for CpuOps {
         q_heads: usize,
         kv: Heads,
     ) -> Result<Vec<f32>> {
-        let (kvh, d) = (kv.heads, kv.dim);
-        let group = q_heads / kvh;
-        let t = q.len() / (q_heads * d);
-        let total = offset + t;
-        if t == 0
-            || k.len() != kvh
-            || v.len() != kvh
-            || k.iter().chain(v).any(|c| c.len() < total * d)
-        {
-            return Err(shape_err(
-                "attention_causal",
-                format!("{t} queries over {total} keys in {} kv heads", k.len()),
-            ));
-        }
-        // Kernel rows per kv head: `g·t + i` is group member `g` at window
-        // position `i`, i.e. token `i`, query head `h·group + g`; the queries
-        // are copied into that head-major order once.
-        let rows = group * t;
-        let mut qr = vec![0f32; kvh * rows * d];
-        for h in 0..kvh {
-            for r in 0..rows {
-                let (g, i) = (r / t, r % t);
-                let src = (i * q_heads + h * group + g) * d;
-                qr[(h * rows + r) * d..][..d].copy_from_slice(&q[src..src + d]);
-            }
-        }
-        fn view(heads: Vec<&[f32]>, d: usize) -> attention::View<'_> {
-            attention::View { heads, stride: d }
-        }
-        let mut y = vec![0f32; t * q_heads * d];
-        attention::causal_attention(
-            &view(qr.chunks(rows * d).collect(), d),
-            &view(k.iter().map(|c| c.as_slice()).collect(), d),
-            &view(v.iter().map(|c| c.as_slice()).collect(), d),
-            kvh,
-            rows,
-            t,
-            offset,
-            d,
-            &mut y,
-            &|h, r| ((r % t) * q_heads + h * group + r / t) * d,
-        );
-        Ok(y)
+        causal_over(q, k, v, offset, q_heads, kv)
     }
 
     fn block_keys(
@@ -1374,6 +1384,41 @@ impl Backend for CpuOps {
         kv: Heads,
     ) -> Result<Vec<f32>> {
         self.attention_causal(q, k, v, step.pos, q_heads, kv)
+    }
+
+    fn half_empty(&self) -> Result<Vec<half::f16>> {
+        Ok(Vec::new())
+    }
+
+    fn half_len(&self, x: &Vec<half::f16>) -> usize {
+        x.len()
+    }
+
+    fn half_append(&self, dst: &mut Vec<half::f16>, src: &Vec<f32>) -> Result<()> {
+        // `half` rounds to nearest even (F16C's `vcvtps2ph` where present).
+        dst.extend(src.iter().map(|&x| half::f16::from_f32(x)));
+        Ok(())
+    }
+
+    fn half_truncate(&self, dst: &mut Vec<half::f16>, n: usize) -> Result<()> {
+        dst.truncate(n);
+        Ok(())
+    }
+
+    fn half_download(&self, x: &Vec<half::f16>) -> Result<Vec<f32>> {
+        Ok(x.iter().map(|h| h.to_f32()).collect())
+    }
+
+    fn attention_causal_half(
+        &self,
+        q: &Vec<f32>,
+        k: &[&Vec<half::f16>],
+        v: &[&Vec<half::f16>],
+        offset: usize,
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Vec<f32>> {
+        causal_over(q, k, v, offset, q_heads, kv)
     }
 }
 

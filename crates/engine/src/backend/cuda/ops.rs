@@ -23,6 +23,9 @@ impl Backend for CudaOps {
     type Selection = CudaSelection;
     type Routing = CudaRouting;
     type Step = CudaStep;
+    /// No f16 KV cache on CUDA yet: `--kv-cache f16` is refused at load
+    /// (`half_empty`), so no value of this type ever exists.
+    type Half = std::convert::Infallible;
 
     fn id(&self) -> BackendId {
         self.backend_id()
@@ -517,5 +520,43 @@ impl Backend for CudaOps {
         kv: Heads,
     ) -> Result<CudaBuf> {
         attention::attention_causal_step(&self.dev, q, k, v, step, q_heads, kv)
+    }
+
+    fn half_empty(&self) -> Result<Self::Half> {
+        Err(crate::error::EngineError::Unsupported(
+            "the CUDA backend has no f16 KV cache: use `--kv-cache f32` with `--device cuda`"
+                .into(),
+        ))
+    }
+
+    fn half_len(&self, x: &Self::Half) -> usize {
+        match *x {}
+    }
+
+    fn half_append(&self, dst: &mut Self::Half, _src: &CudaBuf) -> Result<()> {
+        match *dst {}
+    }
+
+    fn half_truncate(&self, dst: &mut Self::Half, _n: usize) -> Result<()> {
+        match *dst {}
+    }
+
+    fn half_download(&self, x: &Self::Half) -> Result<Vec<f32>> {
+        match *x {}
+    }
+
+    fn attention_causal_half(
+        &self,
+        _q: &CudaBuf,
+        k: &[&Self::Half],
+        _v: &[&Self::Half],
+        _offset: usize,
+        _q_heads: usize,
+        _kv: Heads,
+    ) -> Result<CudaBuf> {
+        match k.first() {
+            Some(x) => match **x {},
+            None => self.half_empty().map(|never| match never {}),
+        }
     }
 }

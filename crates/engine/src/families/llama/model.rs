@@ -27,7 +27,7 @@ use crate::model::{
     DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract, MtpStep,
     VerifyWindow,
 };
-use crate::state::kv_cache::KvCache;
+use crate::state::kv_cache::{KvCache, KvType};
 
 /// Tensors a Hugging Face llama checkpoint may carry that hold nothing we
 /// need: old transformers versions saved the RoPE inverse frequencies, which
@@ -143,6 +143,9 @@ pub struct LlamaModel<B: Backend = CpuOps> {
     /// This model's part of a step's key (unique per loaded model, so a
     /// graph captured with one model's weights never serves another).
     step_scope: u64,
+    /// The element type of the states this model makes
+    /// ([`LlamaModel::set_kv_type`]).
+    kv_type: KvType,
 }
 
 /// Forwards of at most this many rows run as steps where the backend
@@ -414,6 +417,7 @@ impl<B: Backend> LlamaModel<B> {
             rope,
             mtp: None,
             step_scope: STEP_SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            kv_type: KvType::F32,
         })
     }
 
@@ -431,6 +435,20 @@ impl<B: Backend> LlamaModel<B> {
     /// `tools/mtp_head`; its checksum is the caller's to check) and enable
     /// speculative decoding. A file that does not fit this model is refused
     /// and the model stays as it was.
+    /// Make states with a KV cache of `kv_type` from now on (f16 is
+    /// refused where the backend has no f16 rows: CUDA). The MTP head's own
+    /// one-layer cache stays f32.
+    pub fn set_kv_type(&mut self, kv_type: KvType) -> Result<()> {
+        KvCache::with_type(&self.ops, 1, 1, 1, 1, kv_type)?;
+        self.kv_type = kv_type;
+        Ok(())
+    }
+
+    /// The element type of this model's KV caches.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
     pub fn attach_mtp_head(&mut self, path: &Path) -> Result<()> {
         self.mtp = Some(Box::new(MtpHead::load(path, &self.cfg, &self.ops)?));
         Ok(())
@@ -585,7 +603,14 @@ impl<B: Backend> Model for LlamaModel<B> {
     }
 
     fn backend(&self) -> crate::backend::BackendId {
-        self.ops.id()
+        let mut id = self.ops.id();
+        // The cache type decides what a state holds: an f16 state must not
+        // seed an f32 server's warm turn, nor the reverse (the f32 tag is
+        // the one earlier releases wrote).
+        if self.kv_type == KvType::F16 {
+            id.tag.push_str("+kv-f16");
+        }
+        id
     }
 
     fn vocab_size(&self) -> usize {
@@ -598,12 +623,13 @@ impl<B: Backend> Model for LlamaModel<B> {
 
     fn new_state(&self) -> LlamaState<B> {
         LlamaState {
-            kv: KvCache::new(
+            kv: KvCache::with_type(
                 &self.ops,
                 self.cfg.num_layers,
                 self.cfg.num_kv_heads,
                 self.cfg.head_dim,
                 self.cfg.context_length,
+                self.kv_type,
             )
             .expect("allocating an empty kv cache"),
         }

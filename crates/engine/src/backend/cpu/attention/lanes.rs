@@ -7,8 +7,8 @@
 //! exactly the portable form's sequence of operations, so the bits are the
 //! same whichever form runs.
 
-use super::Isa;
 use super::tile::BLOCK;
+use super::{Isa, KvElem};
 
 /// Scores of `N` queries against the 16 keys of one transposed block:
 /// lane `j` accumulates `q[c·8+l]·k_j[c·8+l]` into partial sum `l` by FMA
@@ -26,7 +26,8 @@ pub(super) fn scores<const N: usize>(
         #[cfg(all(
             target_arch = "x86_64",
             target_feature = "avx2",
-            target_feature = "fma"
+            target_feature = "fma",
+            target_feature = "f16c"
         ))]
         // SAFETY: AVX-512F is detected before `Isa::Avx512` is chosen; the
         // lengths are checked above.
@@ -34,7 +35,8 @@ pub(super) fn scores<const N: usize>(
         #[cfg(all(
             target_arch = "x86_64",
             target_feature = "avx2",
-            target_feature = "fma"
+            target_feature = "fma",
+            target_feature = "f16c"
         ))]
         // SAFETY: AVX2 and FMA at compile time; lengths checked above.
         Isa::Avx2 => unsafe { x86::scores256(qs, block, d) },
@@ -43,13 +45,14 @@ pub(super) fn scores<const N: usize>(
 }
 
 /// `acc[b·d + e] += p[b·width + j] · v[j·d + e]` for `j` in `keys` in
-/// order, for `QB` rows: a product and then a sum (no FMA).
+/// order, for `QB` rows: a product and then a sum (no FMA); an f16 `v`
+/// widened to f32 first.
 #[inline(always)]
-pub(super) fn weighted<const QB: usize>(
+pub(super) fn weighted<const QB: usize, E: KvElem>(
     isa: Isa,
     p: &[f32],
     width: usize,
-    values: &[f32],
+    values: &[E],
     d: usize,
     keys: std::ops::Range<usize>,
     acc: &mut [f32],
@@ -63,17 +66,19 @@ pub(super) fn weighted<const QB: usize>(
         #[cfg(all(
             target_arch = "x86_64",
             target_feature = "avx2",
-            target_feature = "fma"
+            target_feature = "fma",
+            target_feature = "f16c"
         ))]
         // SAFETY: as in `scores`; every index is below the lengths checked.
-        Isa::Avx512 => unsafe { x86::weighted512::<QB>(p, width, values, d, keys.clone(), acc) },
+        Isa::Avx512 => unsafe { x86::weighted512::<QB, E>(p, width, values, d, keys.clone(), acc) },
         #[cfg(all(
             target_arch = "x86_64",
             target_feature = "avx2",
-            target_feature = "fma"
+            target_feature = "fma",
+            target_feature = "f16c"
         ))]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::weighted256::<QB>(p, width, values, d, keys.clone(), acc) },
+        Isa::Avx2 => unsafe { x86::weighted256::<QB, E>(p, width, values, d, keys.clone(), acc) },
         _ => 0,
     };
     // The dimensions past the last whole vector (all of them, portably).
@@ -81,7 +86,7 @@ pub(super) fn weighted<const QB: usize>(
         for b in 0..QB {
             let mut a = acc[b * d + e];
             for j in keys.clone() {
-                a += p[b * width + j] * values[j * d + e];
+                a += p[b * width + j] * values[j * d + e].widen();
             }
             acc[b * d + e] = a;
         }
@@ -112,10 +117,11 @@ fn portable_scores<const N: usize>(qs: [&[f32]; N], block: &[f32], d: usize) -> 
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
-    target_feature = "fma"
+    target_feature = "fma",
+    target_feature = "f16c"
 ))]
 mod x86 {
-    use super::BLOCK;
+    use super::{BLOCK, KvElem};
     use std::arch::x86_64::*;
 
     /// The 8 partial sums to one score per lane, in the documented tree.
@@ -206,11 +212,11 @@ mod x86 {
 
     /// Whole groups of 16 dimensions; returns how many dimensions it did.
     #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn weighted512<const QB: usize>(
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn weighted512<const QB: usize, E: KvElem>(
         p: &[f32],
         width: usize,
-        values: &[f32],
+        values: &[E],
         d: usize,
         keys: std::ops::Range<usize>,
         acc: &mut [f32],
@@ -223,7 +229,7 @@ mod x86 {
                 let mut a: [__m512; QB] =
                     std::array::from_fn(|b| _mm512_loadu_ps(ap.add(b * d + e0)));
                 for j in keys.clone() {
-                    let v = _mm512_loadu_ps(vp.add(j * d + e0));
+                    let v = load16!(E, vp.add(j * d + e0));
                     for (b, a) in a.iter_mut().enumerate() {
                         let pj = _mm512_set1_ps(*pp.add(b * width + j));
                         *a = _mm512_add_ps(*a, _mm512_mul_ps(pj, v));
@@ -239,11 +245,11 @@ mod x86 {
 
     /// Whole groups of 8 dimensions; returns how many dimensions it did.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted256<const QB: usize>(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn weighted256<const QB: usize, E: KvElem>(
         p: &[f32],
         width: usize,
-        values: &[f32],
+        values: &[E],
         d: usize,
         keys: std::ops::Range<usize>,
         acc: &mut [f32],
@@ -256,7 +262,7 @@ mod x86 {
                 let mut a: [__m256; QB] =
                     std::array::from_fn(|b| _mm256_loadu_ps(ap.add(b * d + e0)));
                 for j in keys.clone() {
-                    let v = _mm256_loadu_ps(vp.add(j * d + e0));
+                    let v = load8!(E, vp.add(j * d + e0));
                     for (b, a) in a.iter_mut().enumerate() {
                         let pj = _mm256_set1_ps(*pp.add(b * width + j));
                         *a = _mm256_add_ps(*a, _mm256_mul_ps(pj, v));

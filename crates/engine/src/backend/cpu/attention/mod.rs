@@ -31,10 +31,56 @@
 //! sequence of operations is the one above, so the AVX-512 and AVX2 kernel
 //! sets and the portable code give the same bits, and so does any tiling.
 //!
-//! Inputs (f32, strided [`View`]s): per kv head `h`, query rows `r = g·t +
-//! i` (group member `g` at window position `i`, already scaled by `1/√d`)
-//! and keys/values `0 .. offset + t` (the cache, token-major in
-//! `CpuOps`). Query `i` sees keys `0 ..= offset + i`.
+//! Inputs (strided [`View`]s): per kv head `h`, query rows `r = g·t + i`
+//! (f32; group member `g` at window position `i`, already scaled by
+//! `1/√d`) and keys/values `0 .. offset + t` (the cache, token-major in
+//! `CpuOps`), f32 or f16 ([`KvElem`]). Query `i` sees keys `0 ..= offset +
+//! i`.
+//!
+//! An f16 cache is read by widening each key and value element to f32 as
+//! it is loaded (F16C `vcvtph2ps` in the AVX2 and AVX-512 sets, `half`'s
+//! exact conversion portably) and then running the f32 sequence above
+//! unchanged. Widening is exact, so the result over f16 rows equals, bit
+//! for bit, the f32 kernel over the widened rows, whatever the kernel set,
+//! tiling or chunking.
+
+/// Eight key/value elements at `$p` (a `*const $E`) as f32 lanes: a load,
+/// or for f16 a 128-bit load widened by `vcvtph2ps`. (Macros rather than
+/// trait methods: they expand inside each caller's `target_feature`
+/// function, so the intrinsics inline.)
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+macro_rules! load8 {
+    ($E:ty, $p:expr) => {
+        if <$E as $crate::backend::cpu::attention::KvElem>::HALF {
+            _mm256_cvtph_ps(_mm_loadu_si128($p as *const __m128i))
+        } else {
+            _mm256_loadu_ps($p as *const f32)
+        }
+    };
+}
+
+/// Sixteen elements at `$p` as f32 lanes (AVX-512F; f16 widened from a
+/// 256-bit load).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+macro_rules! load16 {
+    ($E:ty, $p:expr) => {
+        if <$E as $crate::backend::cpu::attention::KvElem>::HALF {
+            _mm512_cvtph_ps(_mm256_loadu_si256($p as *const __m256i))
+        } else {
+            _mm512_loadu_ps($p as *const f32)
+        }
+    };
+}
 
 mod exp;
 mod lanes;
@@ -44,16 +90,41 @@ use super::SendPtr;
 use super::block_matmul::Isa;
 use tile::{Keys, Tile, TileRow};
 
+/// An element of a key/value cache the kernels read: `f32`, or `f16`
+/// (IEEE binary16, widened to f32 exactly as it is loaded).
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// Whether the element is an f16 (the vector loads convert with F16C).
+    const HALF: bool;
+    /// The element as f32 (exact for both types).
+    fn widen(self) -> f32;
+}
+
+impl KvElem for f32 {
+    const HALF: bool = false;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for half::f16 {
+    const HALF: bool = true;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
 /// Rows of `d` values per head: row `b` of head `a` starts at
 /// `heads[a][b·stride]` (each head's rows contiguous in its own buffer).
-pub struct View<'a> {
-    pub heads: Vec<&'a [f32]>,
+pub struct View<'a, E = f32> {
+    pub heads: Vec<&'a [E]>,
     pub stride: usize,
 }
 
-impl View<'_> {
+impl<E> View<'_, E> {
     #[inline]
-    fn row(&self, a: usize, b: usize, d: usize) -> &[f32] {
+    fn row(&self, a: usize, b: usize, d: usize) -> &[E] {
         &self.heads[a][b * self.stride..][..d]
     }
 }
@@ -75,10 +146,10 @@ const TRANSPOSE_FROM_ROWS: usize = 8;
 /// output row `(h, r)` is written at `y[out_row(h, r) ..]` (the caller
 /// chooses the layout).
 #[allow(clippy::too_many_arguments)]
-pub fn causal_attention(
+pub fn causal_attention<E: KvElem>(
     q: &View<'_>,
-    k: &View<'_>,
-    v: &View<'_>,
+    k: &View<'_, E>,
+    v: &View<'_, E>,
     kvh: usize,
     rows: usize,
     t: usize,
@@ -104,11 +175,11 @@ pub fn causal_attention(
 
 /// [`causal_attention`] with the kernel set named (tests run every set).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn causal_attention_with(
+pub(crate) fn causal_attention_with<E: KvElem>(
     isa: Isa,
     q: &View<'_>,
-    k: &View<'_>,
-    v: &View<'_>,
+    k: &View<'_, E>,
+    v: &View<'_, E>,
     kvh: usize,
     rows: usize,
     t: usize,
@@ -206,11 +277,12 @@ pub(crate) fn causal_attention_with(
 }
 
 #[inline]
-fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+fn dot4<E: KvElem>(a: &[f32], b: [&[E]; 4]) -> [f32; 4] {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
-        target_feature = "fma"
+        target_feature = "fma",
+        target_feature = "f16c"
     ))]
     {
         // SAFETY: the cfg guarantees AVX2 and FMA at compile time.
@@ -219,7 +291,8 @@ fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
     #[cfg(not(all(
         target_arch = "x86_64",
         target_feature = "avx2",
-        target_feature = "fma"
+        target_feature = "fma",
+        target_feature = "f16c"
     )))]
     {
         b.map(|b| dot(a, b))
@@ -228,13 +301,15 @@ fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
 
 /// A fixed-order dot product: 8 interleaved partial sums `l[i % 8]` (one
 /// FMA each), added as `((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7))`, then the
-/// tail. The same for every call whatever the batch.
+/// tail. The same for every call whatever the batch (and `b` widened to
+/// f32 first when it is f16).
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
-        target_feature = "fma"
+        target_feature = "fma",
+        target_feature = "f16c"
     ))]
     {
         // SAFETY: the cfg guarantees AVX2 and FMA at compile time.
@@ -243,20 +318,21 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(not(all(
         target_arch = "x86_64",
         target_feature = "avx2",
-        target_feature = "fma"
+        target_feature = "fma",
+        target_feature = "f16c"
     )))]
     {
         let mut lanes = [0f32; 8];
         let chunks = a.len() / 8;
         for c in 0..chunks {
             for l in 0..8 {
-                lanes[l] = a[c * 8 + l].mul_add(b[c * 8 + l], lanes[l]);
+                lanes[l] = a[c * 8 + l].mul_add(b[c * 8 + l].widen(), lanes[l]);
             }
         }
         let mut s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
             + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
         for i in chunks * 8..a.len() {
-            s = a[i].mul_add(b[i], s);
+            s = a[i].mul_add(b[i].widen(), s);
         }
         s
     }
@@ -265,17 +341,19 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
-    target_feature = "fma"
+    target_feature = "fma",
+    target_feature = "f16c"
 ))]
 mod avx2 {
+    use super::KvElem;
     use std::arch::x86_64::*;
 
     /// `dot` of `a` with each of `b` (all at least `a.len()` long).
     // Inlined into the per-query loop (a call per key costs ~4% of a
     // prefill).
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn dots<const N: usize>(a: &[f32], b: [&[f32]; N]) -> [f32; N] {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn dots<const N: usize, E: KvElem>(a: &[f32], b: [&[E]; N]) -> [f32; N] {
         let n = a.len();
         assert!(b.iter().all(|b| b.len() >= n));
         let chunks = n / 8;
@@ -285,7 +363,8 @@ mod avx2 {
             unsafe {
                 let av = _mm256_loadu_ps(a.as_ptr().add(c * 8));
                 for (acc, b) in acc.iter_mut().zip(&b) {
-                    *acc = _mm256_fmadd_ps(av, _mm256_loadu_ps(b.as_ptr().add(c * 8)), *acc);
+                    let bv = load8!(E, b.as_ptr().add(c * 8));
+                    *acc = _mm256_fmadd_ps(av, bv, *acc);
                 }
             }
         }
@@ -296,7 +375,7 @@ mod avx2 {
             let h = _mm_hadd_ps(s, s);
             let mut total = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
             for e in chunks * 8..n {
-                total = a[e].mul_add(b[i][e], total);
+                total = a[e].mul_add(b[i][e].widen(), total);
             }
             total
         })

@@ -209,6 +209,39 @@ impl Case {
     }
 
     fn run(&self, isa: Isa, splits: &[(usize, usize)]) -> Vec<Vec<f32>> {
+        self.run_over(isa, splits, &self.k, &self.v)
+    }
+
+    /// [`Case::run`] over an f16 cache: the keys and values rounded.
+    fn run_f16(&self, isa: Isa, splits: &[(usize, usize)]) -> Vec<Vec<f32>> {
+        let half =
+            |x: &[f32]| -> Vec<half::f16> { x.iter().map(|&x| half::f16::from_f32(x)).collect() };
+        self.run_over(isa, splits, &half(&self.k), &half(&self.v))
+    }
+
+    /// This case with its keys and values rounded to f16 and widened back.
+    fn rounded(&self) -> Case {
+        let r = |x: &[f32]| -> Vec<f32> {
+            x.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+        };
+        Case {
+            kvh: self.kvh,
+            group: self.group,
+            d: self.d,
+            total: self.total,
+            q: self.q.clone(),
+            k: r(&self.k),
+            v: r(&self.v),
+        }
+    }
+
+    fn run_over<E: KvElem>(
+        &self,
+        isa: Isa,
+        splits: &[(usize, usize)],
+        kc: &[E],
+        vc: &[E],
+    ) -> Vec<Vec<f32>> {
         let (kvh, group, d, total) = (self.kvh, self.group, self.d, self.total);
         let mut out = vec![vec![0f32; d]; kvh * group * total];
         for &(offset, t) in splits {
@@ -223,12 +256,8 @@ impl Case {
             let rows = group * t;
             // Only the keys that exist so far, as the cache holds them.
             let keys = offset + t;
-            let k: Vec<&[f32]> = (0..kvh)
-                .map(|h| &self.k[h * total * d..][..keys * d])
-                .collect();
-            let v: Vec<&[f32]> = (0..kvh)
-                .map(|h| &self.v[h * total * d..][..keys * d])
-                .collect();
+            let k: Vec<&[E]> = (0..kvh).map(|h| &kc[h * total * d..][..keys * d]).collect();
+            let v: Vec<&[E]> = (0..kvh).map(|h| &vc[h * total * d..][..keys * d]).collect();
             let mut y = vec![0f32; kvh * rows * d];
             causal_attention_with(
                 isa,
@@ -358,4 +387,69 @@ fn long_rows_match_f64_attention_within_the_stated_bound() {
 
 fn block_matmul_isa() -> Isa {
     super::super::block_matmul::isa()
+}
+
+/// An f16 cache: over 1100 keys (many key blocks and tiles), one forward,
+/// uneven chunks, single steps and a verify-sized window under every kernel
+/// set give, bit for bit, the f32 kernel's rows over the same keys and
+/// values rounded to f16 and widened (widening is exact, and the order of
+/// operations is the f32 one).
+#[test]
+fn f16_rows_equal_the_f32_kernel_over_the_widened_rows() {
+    for (d, group) in [(64, 3), (20, 1), (72, 2)] {
+        let case = Case::new(2, group, d, 1100, 0.5);
+        let widened = case.rounded();
+        let chunkings: [&[(usize, usize)]; 3] = [
+            &[(0, 1100)],
+            &[(0, 37), (37, 1), (38, 500), (538, 2), (540, 560)],
+            &[(0, 1000), (1000, 1), (1001, 1), (1002, 5), (1007, 93)],
+        ];
+        let want = widened.run(Isa::Portable, chunkings[0]);
+        for isa in kernel_sets() {
+            for splits in chunkings {
+                let got = case.run_f16(isa, splits);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{isa:?} d={d} {splits:?}: row {i} differs");
+                }
+            }
+        }
+    }
+}
+
+/// An f16 cache on long rows (2500 keys, 157 key blocks) against f64
+/// softmax attention over the f16-rounded keys and values: the f32 bound
+/// of [`long_rows_match_f64_attention_within_the_stated_bound`], since the
+/// kernel reads the rounded values exactly. Against the unrounded f32 rows
+/// the rounding itself adds at most `2⁻¹¹` relative per key and value
+/// element (checked loosely: ≤ 4e-3 here, values in ±1).
+#[test]
+fn f16_long_rows_match_f64_attention_within_the_stated_bound() {
+    for scale in [0.25, 4.0] {
+        let case = Case::new(1, 3, 64, 2500, scale);
+        let rounded = case.rounded();
+        for isa in kernel_sets() {
+            let got = case.run_f16(isa, &[(0, 2000), (2000, 1), (2001, 499)]);
+            let mut worst = 0f64;
+            for g in 0..3 {
+                for pos in [0, 15, 16, 17, 999, 1999, 2000, 2499] {
+                    let row = &got[g * case.total + pos];
+                    let want =
+                        reference(case.query(0, g, pos), &rounded.k, &rounded.v, pos + 1, 64);
+                    let exact = reference(case.query(0, g, pos), &case.k, &case.v, pos + 1, 64);
+                    let bound = (2.0 * (pos + 1) as f64 + 64.0 + 8.0) * 2f64.powi(-24);
+                    for ((a, b), c) in row.iter().zip(&want).zip(&exact) {
+                        let err = (*a as f64 - b).abs();
+                        worst = worst.max(err);
+                        assert!(err <= bound, "{isa:?} scale {scale} pos {pos}: {a} vs {b}");
+                        assert!(
+                            (*a as f64 - c).abs() <= 4e-3,
+                            "{isa:?} pos {pos}: {a} vs {c}"
+                        );
+                    }
+                }
+            }
+            assert!(worst < 2e-6, "{isa:?} scale {scale}: worst error {worst:e}");
+        }
+    }
 }

@@ -7,9 +7,9 @@
 //! dimensions), so the width decides only which elements share an
 //! instruction, never the order of any element's own operations.
 
-use super::Isa;
 use super::exp::exp_slice;
 use super::lanes;
+use super::{Isa, KvElem};
 
 /// Keys per transposed block: `kt[block][e][lane]` is key `16·block + lane`,
 /// dimension `e`.
@@ -19,11 +19,12 @@ pub(super) const BLOCK: usize = 16;
 const VALUE_CHUNK: usize = 128;
 
 /// How a tile reads its kv head's keys.
-pub(super) enum Keys<'a> {
-    /// Blocks of [`BLOCK`] keys transposed to `[e][lane]`, zero-padded.
+pub(super) enum Keys<'a, E> {
+    /// Blocks of [`BLOCK`] keys transposed to `[e][lane]`, zero-padded
+    /// (f32 whatever the cache holds: the transposition widens).
     Transposed(&'a [f32]),
     /// Token-major rows of `d` (few queries: no transposition).
-    Rows(&'a [f32]),
+    Rows(&'a [E]),
 }
 
 /// One query row: its query, how many keys it sees, where its output goes.
@@ -33,10 +34,10 @@ pub(super) struct TileRow<'a> {
     pub out: &'a mut [f32],
 }
 
-pub(super) struct Tile<'a> {
+pub(super) struct Tile<'a, E> {
     pub rows: Vec<TileRow<'a>>,
-    pub keys: Keys<'a>,
-    pub values: &'a [f32],
+    pub keys: Keys<'a, E>,
+    pub values: &'a [E],
     pub d: usize,
 }
 
@@ -49,45 +50,48 @@ pub(super) struct Scratch {
 }
 
 /// Key `b·BLOCK + lane` of `k` (token-major rows of `d`) to
-/// `out[e·BLOCK + lane]`; lanes past the last key stay zero.
-pub(super) fn transpose_block(k: &[f32], b: usize, d: usize, out: &mut [f32]) {
+/// `out[e·BLOCK + lane]` (widened to f32, exactly); lanes past the last
+/// key stay zero.
+pub(super) fn transpose_block<E: KvElem>(k: &[E], b: usize, d: usize, out: &mut [f32]) {
     let keys = k.len() / d;
     for lane in 0..BLOCK.min(keys.saturating_sub(b * BLOCK)) {
         let key = &k[(b * BLOCK + lane) * d..][..d];
         for (e, &x) in key.iter().enumerate() {
-            out[e * BLOCK + lane] = x;
+            out[e * BLOCK + lane] = x.widen();
         }
     }
 }
 
 /// Every row of `tile`, written to its `out`.
-pub(super) fn run(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
+pub(super) fn run<E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &mut Scratch) {
     match isa {
         #[cfg(all(
             target_arch = "x86_64",
             target_feature = "avx2",
-            target_feature = "fma"
+            target_feature = "fma",
+            target_feature = "f16c"
         ))]
         // SAFETY: `Isa::Avx512` is only chosen when the CPU has AVX-512F.
         Isa::Avx512 => unsafe { run_avx512(tile, scratch) },
-        _ => body::<1>(isa, tile, scratch),
+        _ => body::<1, E>(isa, tile, scratch),
     }
 }
 
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
-    target_feature = "fma"
+    target_feature = "fma",
+    target_feature = "f16c"
 ))]
 #[target_feature(enable = "avx512f")]
-fn run_avx512(tile: &mut Tile<'_>, scratch: &mut Scratch) {
-    body::<2>(Isa::Avx512, tile, scratch)
+fn run_avx512<E: KvElem>(tile: &mut Tile<'_, E>, scratch: &mut Scratch) {
+    body::<2, E>(Isa::Avx512, tile, scratch)
 }
 
 /// The three phases for every row of the tile; `QB` rows share each
 /// transposed key block.
 #[inline(always)]
-fn body<const QB: usize>(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
+fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &mut Scratch) {
     let d = tile.d;
     let n = tile.rows.len();
     if n == 0 {
@@ -186,7 +190,7 @@ fn body<const QB: usize>(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
             let rows = (n - r).min(8);
             macro_rules! pass {
                 ($qb:literal) => {
-                    lanes::weighted::<$qb>(
+                    lanes::weighted::<$qb, E>(
                         isa,
                         &scores[r * width..],
                         width,
@@ -215,7 +219,7 @@ fn body<const QB: usize>(isa: Isa, tile: &mut Tile<'_>, scratch: &mut Scratch) {
     }
     for (r, row) in tile.rows.iter_mut().enumerate() {
         let a = &mut acc[r * d..][..d];
-        lanes::weighted::<1>(
+        lanes::weighted::<1, E>(
             isa,
             &scores[r * width..],
             width,
