@@ -36,6 +36,9 @@ pub struct Row {
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(family) = &args.synthetic {
+        return super::bench_synthetic::bench_synthetic(family, &args);
+    }
     let loaded = crate::model_source::load(args.model.model.as_deref(), args.model.device)?;
     if args.mtp {
         let csv = ds4_engine::with_model!(&loaded.model, model => super::bench_mtp::bench_mtp(model, &loaded.tokenizer, &args))?;
