@@ -6,7 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.gpu}
-cargo build --release --locked -p ds4server --features cuda
+# The binary's path as cargo reports it (target/release/ds4server can be a
+# stale hard link shared with another worktree's target).
+bin=$(cargo build --release --locked -p ds4server --features cuda --message-format=json |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "ds4server" and m.get("executable"):
+        print(m["executable"])' | tail -1)
+[ -n "$bin" ] || { echo "ds4server did not build" >&2; exit 1; }
 # The test executable's path is printed by cargo; take the `cuda` target's.
 exe=$(cargo test --release --locked -p ds4-engine --features cuda --test cuda --no-run \
   --message-format=json 2>/dev/null |
@@ -18,7 +26,7 @@ for l in sys.stdin:
 [ -n "$exe" ] || { echo "the cuda test binary did not build" >&2; exit 1; }
 rm -rf "$dest" && mkdir -p "$dest"
 cp "$exe" "$dest/cuda"
-cp target/release/ds4server "$dest/ds4server"
+cp "$bin" "$dest/ds4server"
 strip "$dest/cuda" "$dest/ds4server"
 gzip -9 "$dest/cuda" "$dest/ds4server"
 cp tools/gpu/run.sh "$dest/run.sh"

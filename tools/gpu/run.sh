@@ -39,6 +39,19 @@ for what in "${@:-tests}"; do
           --prompt-tokens 5,6,7,8,9,10 --max-tokens 16 --temperature 0 2>&1
       done | tee "$OUT/server.log"
       ;;
+    synthetic|synthetic:*)
+      # Full-size synthetic qwen4_exp (random 4-bit weights made on the
+      # device): prefill, decode, verify rows and the roofline fraction.
+      # `synthetic:ARGS` passes extra bench arguments (commas for spaces).
+      extra=""; [ "$what" != synthetic ] && extra=$(echo "${what#synthetic:}" | tr ',' ' ')
+      for graphs in 1; do
+        echo "== bench --synthetic qwen4_exp --shape full $extra"
+        # shellcheck disable=SC2086
+        DS4_CUDA_GRAPHS=$graphs ./ds4server bench --synthetic qwen4_exp --shape full \
+          --device cuda --ctx-start 512 --gen 64 $extra 2>&1
+        nvidia-smi --query-gpu=memory.used --format=csv
+      done | tee -a "$OUT/synthetic.log"
+      ;;
     llamacpp)
       # llama.cpp's CUDA build, from a source tarball carried in .gpu
       # (llama-src.tgz), for sm_90 only and without flash-attention kernels

@@ -455,6 +455,19 @@ pub struct BenchArgs {
     /// draft position, and the cost of each piece of a cycle.
     #[arg(long)]
     pub mtp: bool,
+    /// Random weights at a family's real configuration instead of a model
+    /// file (`qwen4_exp`): prefill `--ctx-start` random tokens, decode
+    /// `--gen`, verify windows of 1..4 rows, and the bytes a decode step
+    /// reads against the measured device copy bandwidth (on CUDA).
+    #[arg(long, value_name = "FAMILY")]
+    pub synthetic: Option<String>,
+    /// The `--synthetic` configuration: `full` (the real one), `tiny` (the
+    /// tiny fixture's) or a `config.json` path.
+    #[arg(long, default_value = "full")]
+    pub shape: String,
+    /// Seed of the `--synthetic` weights and prompt.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
     /// built in).
     #[arg(long, requires = "mtp")]

@@ -38,6 +38,9 @@ pub struct Row {
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(family) = &args.synthetic {
+        return super::bench_synthetic::bench_synthetic(family, &args);
+    }
     let loaded = crate::model_source::load(
         args.model.model.as_deref(),
         args.model.device,

@@ -83,6 +83,38 @@ pub enum HostWeight {
     F32(Tensor),
     /// A block-quantized GGUF tensor, kept quantized.
     Gguf(Arc<QTensor>),
+    /// Random weights described by a seed ([`crate::load::synthetic`]),
+    /// materialised by the backend that places them (on the device where
+    /// it can).
+    Synthetic(Arc<crate::load::synthetic::SyntheticWeight>),
+}
+
+impl HostWeight {
+    pub fn dims(&self) -> Vec<usize> {
+        match self {
+            HostWeight::F32(t) => t.dims().to_vec(),
+            HostWeight::Gguf(q) => q.shape().dims().to_vec(),
+            HostWeight::Synthetic(s) => s.dims.clone(),
+        }
+    }
+
+    /// Synthetic weights materialised on the host; others as they are.
+    pub fn on_host(self) -> Result<Self> {
+        match self {
+            HostWeight::Synthetic(s) => s.to_host(),
+            other => Ok(other),
+        }
+    }
+
+    /// The values as an f32 host tensor (block formats dequantized as GGUF
+    /// defines them).
+    pub fn to_f32(self) -> Result<Tensor> {
+        match self.on_host()? {
+            HostWeight::F32(t) => Ok(t),
+            HostWeight::Gguf(q) => Ok(q.dequantize(&candle_core::Device::Cpu)?),
+            HostWeight::Synthetic(s) => s.to_f32(),
+        }
+    }
 }
 
 /// Dimensions of one delta-rule scan: `Hk` key heads of `dk`, `Hv` value
@@ -193,7 +225,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     type Buf: Clone + Send + Sync + Debug;
     /// A weight matrix `[out, in]` (f32 or block-quantized).
     type Matrix: Send + Sync + Debug;
-    /// A stack of expert matrices `[E, out, in]` (f32).
+    /// A stack of expert matrices `[E, out, in]` (f32 or block-quantized).
     type Experts: Send + Sync + Debug;
     /// An embedding table `[V, width]` (f32 or block-quantized), read by rows.
     type Table: Send + Sync + Debug;
@@ -245,8 +277,10 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
 
     /// Place a weight matrix `[out, in]` on the device.
     fn matrix(&self, w: HostWeight, out: usize, inp: usize) -> Result<Self::Matrix>;
-    /// A stack of `E` f32 matrices `[E, out, in]` (contiguous).
-    fn experts(&self, w: Tensor, e: usize, out: usize, inp: usize) -> Result<Self::Experts>;
+    /// A stack of `E` matrices `[E, out, in]`: f32, or block-quantized
+    /// where the backend keeps a format quantized (the dequantized values
+    /// are the same everywhere).
+    fn experts(&self, w: HostWeight, e: usize, out: usize, inp: usize) -> Result<Self::Experts>;
     /// Place an embedding table `[V, width]` on the device.
     fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<Self::Table>;
     /// Embedding lookup: rows `ids` of `table`, dequantized to f32 exactly

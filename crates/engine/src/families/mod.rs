@@ -170,6 +170,51 @@ impl LoadedModel {
         }
     }
 
+    /// `family` at a synthetic configuration ([`crate::load::synthetic`]:
+    /// random weights from `seed`, with the MTP head when `mtp`) on
+    /// `device`, bound by the family's own loader; also the bytes of every
+    /// weight the source handed out, by name.
+    pub fn synthetic(
+        family: &str,
+        config: &serde_json::Value,
+        seed: u64,
+        mtp: bool,
+        device: Device,
+    ) -> Result<(Self, crate::load::synthetic::Ledger)> {
+        if family != qwen4_exp::DESCRIPTOR.name {
+            return Err(EngineError::Unsupported(format!(
+                "no synthetic weights for family `{family}` (qwen4_exp)"
+            )));
+        }
+        let path = std::path::PathBuf::from(format!("synthetic:{family}"));
+        let parsed = qwen4_exp::Qwen4ExpConfig::from_hf(&path, config)?;
+        let mut src = crate::load::synthetic::SyntheticSource::new(seed, mtp, family);
+        let model = match device {
+            Device::Cpu => LoadedModel::Qwen4Exp(qwen4_exp::Qwen4ExpModel::load_from(
+                &mut src,
+                &path,
+                parsed,
+                crate::backend::CpuOps,
+            )?),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                LoadedModel::Qwen4ExpCuda(Box::new(qwen4_exp::Qwen4ExpModel::load_from(
+                    &mut src,
+                    &path,
+                    parsed,
+                    crate::backend::CudaOps::new(n)?,
+                )?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => {
+                return Err(EngineError::Unsupported(
+                    "this build has no CUDA backend (build with `--features cuda`)".into(),
+                ));
+            }
+        };
+        Ok((model, src.ledger().clone()))
+    }
+
     pub fn descriptor(&self) -> &'static FamilyDescriptor {
         match self {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,

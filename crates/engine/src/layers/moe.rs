@@ -14,7 +14,7 @@
 
 use candle_core::Tensor;
 
-use crate::backend::{Backend, RouterSpec};
+use crate::backend::{Backend, HostWeight, RouterSpec};
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::load::binder::Binder;
@@ -53,9 +53,10 @@ impl<B: Backend> Experts<B> {
         names: [&str; 3],
     ) -> Result<Self> {
         let (gu, dn) = if w.has("experts.gate_up_proj") {
+            // As read: a quantized or synthetic stack stays so.
             (
-                w.tensor("experts.gate_up_proj", &[n_experts, 2 * inter, h])?,
-                w.tensor("experts.down_proj", &[n_experts, h, inter])?,
+                w.raw("experts.gate_up_proj", &[n_experts, 2 * inter, h])?,
+                w.raw("experts.down_proj", &[n_experts, h, inter])?,
             )
         } else {
             let mut gus = Vec::with_capacity(n_experts);
@@ -67,7 +68,10 @@ impl<B: Backend> Experts<B> {
                 gus.push(Tensor::cat(&[g, u], 0)?);
                 dns.push(x.tensor(&format!("{}.weight", names[2]), &[h, inter])?);
             }
-            (Tensor::stack(&gus, 0)?, Tensor::stack(&dns, 0)?)
+            (
+                HostWeight::F32(Tensor::stack(&gus, 0)?),
+                HostWeight::F32(Tensor::stack(&dns, 0)?),
+            )
         };
         let ops = w.ops();
         Ok(Self {

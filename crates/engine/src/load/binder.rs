@@ -11,6 +11,7 @@ use candle_core::{Device, Tensor};
 
 use super::gguf::GgufFile;
 use super::safetensors::SafetensorsDir;
+use super::synthetic::SyntheticSource;
 use crate::backend::{Backend, HostWeight};
 use crate::error::{EngineError, Result};
 
@@ -28,6 +29,10 @@ pub trait WeightSource {
     fn ignore(&mut self, name: &str);
     /// The safetensors directory, for bindings that map shards directly.
     fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
+        None
+    }
+    /// The synthetic source, for tensors it generates on demand.
+    fn synthetic(&mut self) -> Option<&mut SyntheticSource> {
         None
     }
 }
@@ -164,6 +169,15 @@ impl<'a, B: Backend> Binder<'a, B> {
         rows: &[usize],
         cols: usize,
     ) -> Result<HostWeight> {
+        if let Some(s) = self.src.synthetic() {
+            // One synthetic weight of the fused shape (kept 4-bit).
+            let name = names
+                .iter()
+                .map(|n| format!("{}{n}", self.prefix))
+                .collect::<Vec<_>>()
+                .join("+");
+            return s.read(&name, &[rows.iter().sum(), cols]);
+        }
         let parts = names
             .iter()
             .zip(rows)
@@ -205,6 +219,11 @@ impl<'a, B: Backend> Binder<'a, B> {
             tensor: n,
             message,
         }
+    }
+
+    /// The synthetic source behind this binder, if that is the source.
+    pub fn synthetic(&mut self) -> Option<&mut SyntheticSource> {
+        self.src.synthetic()
     }
 
     /// The safetensors directory behind this binder, if that is the format.

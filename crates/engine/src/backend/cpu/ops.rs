@@ -303,7 +303,7 @@ impl Backend for CpuOps {
     // ---- weights ----
 
     fn matrix(&self, w: HostWeight, out: usize, inp: usize) -> Result<CpuMatrix> {
-        match w {
+        match w.on_host()? {
             HostWeight::F32(t) => {
                 if t.dims() != [out, inp] {
                     return Err(shape_err(
@@ -339,24 +339,25 @@ impl Backend for CpuOps {
                     inp,
                 }),
             },
+            HostWeight::Synthetic(_) => Err(shape_err("matrix", "not materialised".into())),
         }
     }
 
-    fn experts(&self, w: Tensor, e: usize, out: usize, inp: usize) -> Result<Tensor> {
+    fn experts(&self, w: HostWeight, e: usize, out: usize, inp: usize) -> Result<Tensor> {
         if w.dims() != [e, out, inp] {
             return Err(shape_err(
                 "experts",
                 format!("{:?} is not [{e}, {out}, {inp}]", w.dims()),
             ));
         }
-        Ok(w.contiguous()?)
+        // The CPU keeps expert stacks in f32: block formats are dequantized
+        // once, to the values every backend uses.
+        Ok(w.to_f32()?.contiguous()?)
     }
 
     fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<CpuTable> {
-        let dims = match &w {
-            HostWeight::F32(t) => t.dims().to_vec(),
-            HostWeight::Gguf(q) => q.shape().dims().to_vec(),
-        };
+        let w = w.on_host()?;
+        let dims = w.dims();
         if dims != [rows, width] {
             return Err(shape_err(
                 "table",
@@ -384,6 +385,7 @@ impl Backend for CpuOps {
                     })
                 }
             },
+            HostWeight::Synthetic(_) => Err(shape_err("table", "not materialised".into())),
         }
     }
 

@@ -349,6 +349,14 @@ impl Device {
             .map_err(|e| dev_err("host-to-device copy", e))
     }
 
+    /// Room for `n` elements of a weight a kernel fills (apart from the
+    /// pool, for the model's lifetime).
+    pub fn alloc_weight<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: filled by the kernel queued next on the same stream,
+        // before any read.
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| dev_err("allocation", e))
+    }
+
     /// The first `n` elements of `m` on the host (waits for the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(
         &self,

@@ -7,7 +7,7 @@
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
 use super::select::CudaRouting;
-use super::weights::{BlockKind, CudaExperts, CudaMatrix};
+use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
 use crate::error::{EngineError, Result};
 
 /// Output columns per block of the product kernels (8 threads each).
@@ -114,20 +114,7 @@ pub(super) fn experts_swiglu(
     }
     let experts = routing.experts.ptr();
     let gu = CudaBuf::uninit(dev, pairs * two_i)?;
-    dev.launch(
-        "matmul_f32_gather",
-        columns(two_i, pairs),
-        args![
-            gu.ptr(),
-            x.ptr(),
-            k,
-            experts,
-            pairs,
-            ptr(&gate_up.w),
-            two_i,
-            h
-        ],
-    )?;
+    gather_product(dev, &gu, x, k, experts, pairs, gate_up)?;
     let act = CudaBuf::uninit(dev, pairs * inter)?;
     dev.launch(
         "swiglu_f32",
@@ -142,24 +129,59 @@ pub(super) fn experts_swiglu(
         ],
     )?;
     let ys = CudaBuf::uninit(dev, pairs * h)?;
-    dev.launch(
-        "matmul_f32_gather",
-        columns(h, pairs),
-        args![
-            ys.ptr(),
-            act.ptr(),
-            1usize,
-            experts,
-            pairs,
-            ptr(&down.w),
-            h,
-            inter
-        ],
-    )?;
+    gather_product(dev, &ys, &act, 1, experts, pairs, down)?;
     dev.launch(
         "experts_combine",
         Shape::elements(rows * h),
         args![out.ptr(), ys.ptr(), routing.weights.ptr(), rows, k, h],
     )?;
     Ok(out)
+}
+
+/// `y[p] = w_{experts[p]} · x[p / x_div]` for every pair, one launch.
+fn gather_product(
+    dev: &Device,
+    y: &CudaBuf,
+    x: &CudaBuf,
+    x_div: usize,
+    experts: u64,
+    pairs: usize,
+    w: &CudaExperts,
+) -> Result<()> {
+    let (n, k) = (w.out, w.inp);
+    match &w.w {
+        ExpertWeights::F32(wf) => dev.launch(
+            "matmul_f32_gather",
+            columns(n, pairs),
+            args![y.ptr(), x.ptr(), x_div, experts, pairs, ptr(wf), n, k],
+        ),
+        ExpertWeights::Block { kind, dm, quants } => {
+            let name = match kind {
+                BlockKind::Q4_1 => "matmul_q4_1_gather",
+                BlockKind::Q8_0 => "matmul_q8_0_gather",
+            };
+            let shape = Shape {
+                grid: (
+                    n.div_ceil(ROWS_PER_BLOCK) as u32,
+                    pairs.clamp(1, MAX_GRID_Y) as u32,
+                ),
+                block: (ROWS_PER_BLOCK * 32) as u32,
+            };
+            dev.launch(
+                name,
+                shape,
+                args![
+                    y.ptr(),
+                    x.ptr(),
+                    x_div,
+                    experts,
+                    pairs,
+                    ptr(dm),
+                    ptr(quants),
+                    n,
+                    k
+                ],
+            )
+        }
+    }
 }

@@ -117,6 +117,25 @@ impl CudaOps {
         self.dev.sync()
     }
 
+    /// The device copy bandwidth over `bytes` (read + written per second),
+    /// the best of `reps` copies: the ceiling a bandwidth-bound step is
+    /// measured against.
+    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
+        let n = bytes / 4;
+        let a = self.dev.alloc_zeros::<f32>(n)?;
+        let b = self.dev.alloc::<f32>(n)?;
+        self.dev.copy(&a, 0, &b, 0, n)?;
+        self.dev.sync()?;
+        let mut best = f64::MAX;
+        for _ in 0..reps.max(1) {
+            let start = std::time::Instant::now();
+            self.dev.copy(&a, 0, &b, 0, n)?;
+            self.dev.sync()?;
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * (4 * n) as f64 / best)
+    }
+
     fn backend_id(&self) -> BackendId {
         BackendId {
             backend: "cuda",

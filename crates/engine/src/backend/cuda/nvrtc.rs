@@ -32,6 +32,7 @@ pub(super) const SOURCES: &[(&str, &str)] = &[
     ("compression.cu", include_str!("kernels/compression.cu")),
     ("routing.cu", include_str!("kernels/routing.cu")),
     ("hyper.cu", include_str!("kernels/hyper.cu")),
+    ("synthetic.cu", include_str!("kernels/synthetic.cu")),
 ];
 
 /// The environment variable naming a directory of kernel overrides.

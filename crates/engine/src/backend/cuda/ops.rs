@@ -2,8 +2,6 @@
 //! so no kernel reads out of bounds) and queues its kernels; the work is in
 //! the modules named per group.
 
-use candle_core::Tensor;
-
 use super::buf::{self, CudaBuf};
 use super::graph::{self, CudaStep};
 use super::select::{self, CudaRouting, CudaSelection};
@@ -81,7 +79,7 @@ impl Backend for CudaOps {
         weights::matrix(&self.dev, w, out, inp)
     }
 
-    fn experts(&self, w: Tensor, e: usize, out: usize, inp: usize) -> Result<CudaExperts> {
+    fn experts(&self, w: HostWeight, e: usize, out: usize, inp: usize) -> Result<CudaExperts> {
         weights::experts(&self.dev, w, e, out, inp)
     }
 

@@ -14,9 +14,10 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device as CpuDevice, Tensor};
 use cudarc::driver::CudaSlice;
 
-use super::device::Device;
+use super::device::{Device, Shape, args, ptr};
 use crate::backend::HostWeight;
 use crate::error::{EngineError, Result};
+use crate::load::synthetic::{SynthForm, SyntheticWeight};
 
 /// The block formats kept quantized on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,17 +98,46 @@ impl CudaMatrix {
     }
 }
 
-/// A stack of `E` f32 matrices `[E, out, in]`.
+/// A stack of `E` matrices `[E, out, in]`: f32, or Q8_0 / Q4_1 in the
+/// device layout of [`CudaMatrix::Block`] (expert `e`'s rows follow expert
+/// `e − 1`'s).
 pub struct CudaExperts {
-    pub(super) w: CudaSlice<f32>,
+    pub(super) w: ExpertWeights,
     pub(super) e: usize,
     pub(super) out: usize,
     pub(super) inp: usize,
 }
 
+pub(super) enum ExpertWeights {
+    F32(CudaSlice<f32>),
+    Block {
+        kind: BlockKind,
+        dm: CudaSlice<u32>,
+        quants: CudaSlice<u8>,
+    },
+}
+
 impl std::fmt::Debug for CudaExperts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaExperts[{}, {}, {}]", self.e, self.out, self.inp)
+        let kind = match &self.w {
+            ExpertWeights::F32(_) => "F32".to_string(),
+            ExpertWeights::Block { kind, .. } => format!("{kind:?}"),
+        };
+        write!(
+            f,
+            "CudaExperts::{kind}[{}, {}, {}]",
+            self.e, self.out, self.inp
+        )
+    }
+}
+
+impl CudaExperts {
+    /// Bytes one expert's matrix occupies (what a routed product reads).
+    pub fn expert_bytes(&self) -> usize {
+        match &self.w {
+            ExpertWeights::F32(_) => 4 * self.out * self.inp,
+            ExpertWeights::Block { kind, .. } => self.out * self.inp / 32 * kind.block_bytes(),
+        }
     }
 }
 
@@ -156,10 +186,7 @@ fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 fn dims_of(w: &HostWeight) -> Vec<usize> {
-    match w {
-        HostWeight::F32(t) => t.dims().to_vec(),
-        HostWeight::Gguf(q) => q.shape().dims().to_vec(),
-    }
+    w.dims()
 }
 
 /// The GGUF bytes of `q` as a block format the kernels read, if it is one.
@@ -225,6 +252,18 @@ pub(super) fn matrix(dev: &Device, w: HostWeight, out: usize, inp: usize) -> Res
             Some((kind, data)) => return block_matrix(dev, kind, &data, out, inp),
             None => q.dequantize(&CpuDevice::Cpu)?,
         },
+        HostWeight::Synthetic(s) => match synthetic_blocks(dev, &s)? {
+            Some((kind, dm, quants)) => {
+                return Ok(CudaMatrix::Block {
+                    kind,
+                    dm,
+                    quants,
+                    out,
+                    inp,
+                });
+            }
+            None => s.to_f32()?,
+        },
     };
     Ok(CudaMatrix::F32 {
         w: dev.upload_weight(&host_f32(&t)?)?,
@@ -253,23 +292,78 @@ pub(super) fn block_matrix(
 
 pub(super) fn experts(
     dev: &Device,
-    w: Tensor,
+    w: HostWeight,
     e: usize,
     out: usize,
     inp: usize,
 ) -> Result<CudaExperts> {
-    if w.dims() != [e, out, inp] {
+    let dims = dims_of(&w);
+    if dims != [e, out, inp] {
         return Err(shape_err(
             "experts",
-            format!("{:?} is not [{e}, {out}, {inp}]", w.dims()),
+            format!("{dims:?} is not [{e}, {out}, {inp}]"),
         ));
     }
+    let block = |kind, dm, quants| CudaExperts {
+        w: ExpertWeights::Block { kind, dm, quants },
+        e,
+        out,
+        inp,
+    };
+    let t = match w {
+        HostWeight::F32(t) => t,
+        HostWeight::Gguf(q) => match block_data(&q, e * out, inp)? {
+            Some((kind, data)) => {
+                let (dm, quants) = repack(kind, &data);
+                return Ok(block(
+                    kind,
+                    dev.upload_weight(&dm)?,
+                    dev.upload_weight(&quants)?,
+                ));
+            }
+            None => q.dequantize(&CpuDevice::Cpu)?,
+        },
+        HostWeight::Synthetic(s) => match synthetic_blocks(dev, &s)? {
+            Some((kind, dm, quants)) => return Ok(block(kind, dm, quants)),
+            None => s.to_f32()?,
+        },
+    };
     Ok(CudaExperts {
-        w: dev.upload_weight(&host_f32(&w)?)?,
+        w: ExpertWeights::F32(dev.upload_weight(&host_f32(&t)?)?),
         e,
         out,
         inp,
     })
+}
+
+/// A synthetic Q4_1 weight generated on the device in the block layout
+/// (`kernels/synthetic.cu`: the hash of [`crate::load::synthetic`], so the
+/// bytes are the host's); `None` for an f32 one.
+#[allow(clippy::type_complexity)]
+fn synthetic_blocks(
+    dev: &Device,
+    s: &SyntheticWeight,
+) -> Result<Option<(BlockKind, CudaSlice<u32>, CudaSlice<u8>)>> {
+    let SynthForm::Q4_1 { d, m } = s.form else {
+        return Ok(None);
+    };
+    let blocks = s.elements() / 32;
+    let dm = dev.alloc_weight::<u32>(blocks)?;
+    let quants = dev.alloc_weight::<u8>(blocks * 16)?;
+    if blocks > 0 {
+        dev.launch(
+            "synth_q4_1",
+            Shape::elements(blocks),
+            args![
+                ptr(&dm),
+                ptr(&quants),
+                blocks,
+                s.seed,
+                d as u32 | (m as u32) << 16
+            ],
+        )?;
+    }
+    Ok(Some((BlockKind::Q4_1, dm, quants)))
 }
 
 pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> Result<CudaTable> {
@@ -280,8 +374,10 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
             format!("{dims:?} is not [{rows}, {width}]"),
         ));
     }
+    let w = w.on_host()?;
     let t = match w {
         HostWeight::F32(t) => t,
+        HostWeight::Synthetic(s) => s.to_f32()?,
         HostWeight::Gguf(q) => match block_data(&q, rows, width)? {
             Some((kind, data)) => {
                 return Ok(CudaTable::Block {

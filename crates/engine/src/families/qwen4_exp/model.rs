@@ -36,7 +36,7 @@
 
 use std::path::Path;
 
-use super::config::{LayerKind, Qwen4ExpConfig};
+use super::config::{LayerKind, ParsedConfig, Qwen4ExpConfig};
 use super::gated_attention::GatedAttention;
 use super::gated_deltanet::GatedDeltaNet;
 use super::moe::{Moe, Routing};
@@ -52,7 +52,7 @@ use crate::layers::hyper_connections::{GatedResidual, HyperConnection};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, Positions};
-use crate::load::binder::Binder;
+use crate::load::binder::{Binder, WeightSource};
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
     DeviceRows, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
@@ -289,8 +289,6 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let mut st = SafetensorsDir::open(dir)?;
         let config_path = st.config_path();
         let parsed = Qwen4ExpConfig::from_hf(&config_path, st.config())?;
-        let (cfg, p) = (parsed.config, parsed.prefix);
-        let (h, c, eps) = (cfg.hidden_size, cfg.hc_count, cfg.rms_norm_eps);
         // The vision tower is not part of the text model.
         let visual: Vec<String> = st
             .entries()
@@ -300,9 +298,25 @@ impl<B: Backend> Qwen4ExpModel<B> {
         for n in visual {
             st.ignore(&n);
         }
+        let model = Self::load_from(&mut st, &config_path, parsed, ops)?;
+        st.finish(&[])?;
+        Ok(model)
+    }
+
+    /// Bind a parsed configuration's weights from any source (a checkpoint
+    /// directory, or [`crate::load::synthetic::SyntheticSource`]).
+    pub fn load_from(
+        st: &mut dyn WeightSource,
+        config_path: &Path,
+        parsed: ParsedConfig,
+        ops: B,
+    ) -> Result<Self> {
+        let config_path = config_path.to_path_buf();
+        let (cfg, p) = (parsed.config, parsed.prefix);
+        let (h, c, eps) = (cfg.hidden_size, cfg.hc_count, cfg.rms_norm_eps);
         let has_mtp = st.has("mtp.fc_embedding.weight");
         let (embed, lm_head, layers, mixer, mtp) = {
-            let mut root = Binder::new(&mut st, &ops);
+            let mut root = Binder::new(st, &ops);
             let mut w = root.pp(p.trim_end_matches('.'));
             let embed_w = w.raw("embed_tokens.weight", &[cfg.vocab_size, h])?;
             let embed = w.ops().table(embed_w.clone(), cfg.vocab_size, h)?;
@@ -371,7 +385,6 @@ impl<B: Backend> Qwen4ExpModel<B> {
             };
             (embed, lm_head, layers, mixer, mtp)
         };
-        st.finish(&[])?;
         let rope = MRope::new(cfg.rope_theta, cfg.rotary_dim, cfg.mrope_section);
         Ok(Self {
             ops,

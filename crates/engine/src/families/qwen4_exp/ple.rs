@@ -207,35 +207,44 @@ impl<B: Backend> Ple<B> {
         let heads = hash.sizes.len();
         let dh = e / heads;
         let emb = w.name("ple_embedding.");
-        let st = w.safetensors().ok_or_else(|| EngineError::Config {
-            path: config_path.to_path_buf(),
-            field: "ple_layer_ids".into(),
-            message: "PLE tables are read from safetensors shards".into(),
-        })?;
-        // The int64 hash buffers carry no information beyond the config.
-        for b in [
-            "layer_multipliers",
-            "ngram_heads_vocab_sizes",
-            "ngram_heads_offsets",
-        ] {
-            st.ignore(&format!("{emb}{b}"));
-        }
-        let single = format!("{emb}ngram_embedding.weight");
-        let names: Vec<String> = if st.has(&single) {
-            vec![single]
+        let table = if let Some(s) = w.synthetic() {
+            // Random rows made when gathered: nothing table-sized exists.
+            PleTable::synthetic(
+                s.seed_of(&format!("{emb}ngram_embedding")),
+                dh,
+                hash.padded_rows,
+            )
         } else {
-            (0..)
-                .map(|i| format!("{emb}ngram_embedding.shard_{i}.weight"))
-                .take_while(|n| st.has(n))
-                .collect()
+            let st = w.safetensors().ok_or_else(|| EngineError::Config {
+                path: config_path.to_path_buf(),
+                field: "ple_layer_ids".into(),
+                message: "PLE tables are read from safetensors shards".into(),
+            })?;
+            // The int64 hash buffers carry no information beyond the config.
+            for b in [
+                "layer_multipliers",
+                "ngram_heads_vocab_sizes",
+                "ngram_heads_offsets",
+            ] {
+                st.ignore(&format!("{emb}{b}"));
+            }
+            let single = format!("{emb}ngram_embedding.weight");
+            let names: Vec<String> = if st.has(&single) {
+                vec![single]
+            } else {
+                (0..)
+                    .map(|i| format!("{emb}ngram_embedding.shard_{i}.weight"))
+                    .take_while(|n| st.has(n))
+                    .collect()
+            };
+            PleTable::bind(
+                st,
+                &names,
+                dh,
+                hash.padded_rows,
+                &format!("{emb}ngram_embedding"),
+            )?
         };
-        let table = PleTable::bind(
-            st,
-            &names,
-            dh,
-            hash.padded_rows,
-            &format!("{emb}ngram_embedding"),
-        )?;
         let eps = cfg.rms_norm_eps;
         Ok(Self {
             hash,
@@ -335,6 +344,9 @@ struct TableShard {
 #[derive(Debug, Clone)]
 pub struct PleTable {
     shards: Vec<TableShard>,
+    /// A synthetic table's stream (`load::synthetic`): row `r`'s values
+    /// are `uniform(seed, r·dim + i)`, and `shards` is empty.
+    synthetic: Option<u64>,
     rows: usize,
     dim: usize,
 }
@@ -418,7 +430,22 @@ impl PleTable {
                 ),
             });
         }
-        Ok(Self { shards, rows, dim })
+        Ok(Self {
+            shards,
+            synthetic: None,
+            rows,
+            dim,
+        })
+    }
+
+    /// A synthetic `[rows, dim]` table of uniform values in [−1, 1).
+    fn synthetic(seed: u64, dim: usize, rows: usize) -> Self {
+        Self {
+            shards: Vec::new(),
+            synthetic: Some(seed),
+            rows,
+            dim,
+        }
     }
 
     /// Rows `ids` (each `< rows`) as f32, concatenated: `[ids.len(), dim]`.
@@ -426,6 +453,13 @@ impl PleTable {
         let mut out = Vec::with_capacity(ids.len() * self.dim);
         for &id in ids {
             let id = (id.max(0) as usize).min(self.rows - 1);
+            if let Some(seed) = self.synthetic {
+                let first = (id * self.dim) as u64;
+                out.extend(
+                    (0..self.dim as u64).map(|i| crate::load::synthetic::uniform(seed, first + i)),
+                );
+                continue;
+            }
             let s = &self.shards[self.shards.partition_point(|s| s.first_row <= id) - 1];
             let row = id - s.first_row;
             match s.dtype {

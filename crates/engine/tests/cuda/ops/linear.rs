@@ -98,12 +98,13 @@ fn cuda_experts_swiglu_matches_the_cpu() {
     let gu = Tensor::from_vec(rnd(e * 2 * inter * h, 40), (e, 2 * inter, h), &Device::Cpu).unwrap();
     let dn = Tensor::from_vec(rnd(e * h * inter, 41), (e, h, inter), &Device::Cpu).unwrap();
     let (ggu, gdn) = (
-        g.experts(gu.clone(), e, 2 * inter, h).unwrap(),
-        g.experts(dn.clone(), e, h, inter).unwrap(),
+        g.experts(HostWeight::F32(gu.clone()), e, 2 * inter, h)
+            .unwrap(),
+        g.experts(HostWeight::F32(dn.clone()), e, h, inter).unwrap(),
     );
     let (cgu, cdn) = (
-        c.experts(gu, e, 2 * inter, h).unwrap(),
-        c.experts(dn, e, h, inter).unwrap(),
+        c.experts(HostWeight::F32(gu), e, 2 * inter, h).unwrap(),
+        c.experts(HostWeight::F32(dn), e, h, inter).unwrap(),
     );
     let x: Vec<f32> = rnd(rows * h, 42).iter().map(|v| 3.0 * v).collect();
     let logits = rnd(rows * e, 43);
@@ -147,4 +148,79 @@ fn cuda_experts_swiglu_matches_the_cpu() {
             )
         });
     }
+}
+
+/// Block-quantized expert stacks: synthetic Q4_1 stacks generated on the
+/// device (`load::synthetic`, the host's bytes) against the CPU, which
+/// dequantizes them to f32; and every routed product is a row of the block
+/// GEMV of that expert's matrix (the same order), bit for bit.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_block_experts_match_the_cpu() {
+    use ds4_engine::load::synthetic::{SyntheticWeight, tensor_seed};
+    let (g, c) = (gpu(), CpuOps);
+    let (rows, e, k, h, inter) = (5, 8, 3, 256, 96);
+    let gu = Arc::new(SyntheticWeight::q4_1(
+        tensor_seed(9, "gu"),
+        vec![e, 2 * inter, h],
+    ));
+    let dn = Arc::new(SyntheticWeight::q4_1(
+        tensor_seed(9, "dn"),
+        vec![e, h, inter],
+    ));
+    let ggu = g
+        .experts(HostWeight::Synthetic(gu.clone()), e, 2 * inter, h)
+        .unwrap();
+    let gdn = g
+        .experts(HostWeight::Synthetic(dn.clone()), e, h, inter)
+        .unwrap();
+    let cgu = c
+        .experts(HostWeight::Synthetic(gu.clone()), e, 2 * inter, h)
+        .unwrap();
+    let cdn = c.experts(HostWeight::Synthetic(dn), e, h, inter).unwrap();
+    let x: Vec<f32> = rnd(rows * h, 52).iter().map(|v| 3.0 * v).collect();
+    let logits = rnd(rows * e, 53);
+    let groute = g
+        .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
+        .unwrap();
+    let croute = c.route_softmax_topk(&logits, rows, e, k, true).unwrap();
+    let (chosen, _) = g.routing_to_host(&groute).unwrap();
+    assert_eq!(chosen, croute.experts);
+    let gy = down(
+        &g,
+        &g.experts_swiglu(&up(&g, &x), rows, &groute, &ggu, &gdn, None)
+            .unwrap(),
+    );
+    let cy = c
+        .experts_swiglu(&x, rows, &croute, &cgu, &cdn, None)
+        .unwrap();
+    check("experts_swiglu Q4_1 stacks", &gy, &cy, 1e-5, false);
+    // The device generator makes the host's bytes: a synthetic matrix
+    // filled on the device and the same matrix expanded on the host and
+    // uploaded give the same product, bit for bit.
+    let w = Arc::new(SyntheticWeight::q4_1(tensor_seed(9, "m"), vec![300, h]));
+    let dev_made = g.matrix(HostWeight::Synthetic(w.clone()), 300, h).unwrap();
+    let host_made = g.matrix(w.to_host().unwrap(), 300, h).unwrap();
+    let xs = up(&g, &x);
+    let a = down(&g, &g.matmul(&xs, rows, &dev_made).unwrap());
+    let b = down(&g, &g.matmul(&xs, rows, &host_made).unwrap());
+    assert_eq!(a, b, "device-made vs host-made synthetic Q4_1");
+    rows_invariant("experts_swiglu Q4_1", rows, |r| {
+        let l = &logits[r.start * e..r.end * e];
+        let route = g
+            .route_softmax_topk(&up(&g, l), r.len(), e, k, true)
+            .unwrap();
+        down(
+            &g,
+            &g.experts_swiglu(
+                &up(&g, &x[r.start * h..r.end * h]),
+                r.len(),
+                &route,
+                &ggu,
+                &gdn,
+                None,
+            )
+            .unwrap(),
+        )
+    });
 }

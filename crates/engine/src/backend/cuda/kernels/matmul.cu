@@ -169,3 +169,72 @@ extern "C" __global__ void matmul_q8_0(float* y, const float* x, u64 rows, const
                                        const u8* quants, u64 n, u64 k) {
     matmul_block<0>(y, x, rows, dm, quants, n, k);
 }
+
+// Routed experts in a block format: pair p (a (token, slot)) multiplies x
+// row p / x_div by expert experts[p] of the stack [E, n, k]; y: [pairs, n].
+// Pairs run over grid.y, a warp per output row as above, in the order of
+// `matmul_block` for one activation row, so a routed product has the bits
+// of a `matmul` by that expert's matrix.
+template <int Q4>
+__device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u64 x_div,
+                                                    const u32* experts, u64 pairs,
+                                                    const u32* dm, const u8* quants, u64 n,
+                                                    u64 k) {
+    const int qb = Q4 ? 16 : 32;
+    u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (j >= n) return;
+    unsigned lane = threadIdx.x & 31, qtr = lane & 3;
+    u64 nb = k / 32;
+    for (u64 p = blockIdx.y; p < pairs; p += gridDim.y) {
+        u64 row = (u64)experts[p] * n + j;
+        const u32* dmr = dm + row * nb;
+        const u8* qr = quants + row * nb * qb;
+        const float* xr = x + (p / x_div) * k;
+        float acc = 0.f;
+        for (u64 b0 = 0; b0 < nb; b0 += 8) {
+            u64 b = b0 + lane / 4;
+            if (b >= nb) continue;
+            u32 sm = dmr[b];
+            float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
+            float w[8];
+            if (Q4) {
+                uint2 q = *(const uint2*)(qr + b * 16 + (qtr & 1) * 8);
+                u32 shift = (qtr >> 1) * 4;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
+                    w[i] = (float)((byte >> shift) & 0x0f) * d + m;
+                }
+            } else {
+                uint2 q = *(const uint2*)(qr + b * 32 + qtr * 8);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    w[i] = (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
+            }
+            const float4* xb = (const float4*)(xr + b * 32 + qtr * 8);
+            float4 v0 = xb[0], v1 = xb[1];
+            acc = fmaf(w[0], v0.x, acc);
+            acc = fmaf(w[1], v0.y, acc);
+            acc = fmaf(w[2], v0.z, acc);
+            acc = fmaf(w[3], v0.w, acc);
+            acc = fmaf(w[4], v1.x, acc);
+            acc = fmaf(w[5], v1.y, acc);
+            acc = fmaf(w[6], v1.z, acc);
+            acc = fmaf(w[7], v1.w, acc);
+        }
+        float s = warp_sum(acc);
+        if (lane == 0) y[p * n + j] = s;
+    }
+}
+
+extern "C" __global__ void matmul_q4_1_gather(float* y, const float* x, u64 x_div,
+                                              const u32* experts, u64 pairs, const u32* dm,
+                                              const u8* quants, u64 n, u64 k) {
+    matmul_block_gather<1>(y, x, x_div, experts, pairs, dm, quants, n, k);
+}
+
+extern "C" __global__ void matmul_q8_0_gather(float* y, const float* x, u64 x_div,
+                                              const u32* experts, u64 pairs, const u32* dm,
+                                              const u8* quants, u64 n, u64 k) {
+    matmul_block_gather<0>(y, x, x_div, experts, pairs, dm, quants, n, k);
+}

@@ -1,0 +1,308 @@
+//! `ds4server bench --synthetic FAMILY [--shape full|tiny|PATH.json]`:
+//! prefill and decode of a family at its real configuration with random
+//! weights (`ds4_engine::load::synthetic`: 4-bit projections and expert
+//! stacks, generated on the device on CUDA), against the memory roofline.
+//!
+//! The bytes a decode step must read are counted from the weights the
+//! synthetic source handed out: every weight once, except the expert stacks
+//! (`k` of `E` experts per layer), the embedding table (one row) and the
+//! MTP head (not run by a plain decode step); plus the state (KV caches,
+//! recurrent states and windows) at the decode context. On CUDA that is
+//! set against a device copy measured in the same run (bytes read +
+//! written per second), as `bench.rs` in the CUDA tests does.
+
+use std::time::Instant;
+
+use ds4_engine::decode::prefill;
+use ds4_engine::families::LoadedModel;
+use ds4_engine::load::synthetic::{Ledger, hash64, shape_config};
+use ds4_engine::{LogitsRows, Model, ModelState};
+
+use crate::args::BenchArgs;
+
+/// One run's measurements.
+#[derive(Debug, Clone)]
+pub struct SyntheticReport {
+    pub load_secs: f64,
+    pub prefill_tokens: usize,
+    pub prefill_tps: f64,
+    pub gen_tokens: usize,
+    pub gen_tps: f64,
+    /// Seconds of a forward of K + 1 rows, K = 0..=3 (median of the reps).
+    pub verify_secs: Vec<f64>,
+    pub state_bytes: usize,
+}
+
+pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
+    let config = shape_config(family, &args.shape)?;
+    let device = crate::model_source::device(args.model.device)?;
+    let start = Instant::now();
+    let (loaded, ledger) = LoadedModel::synthetic(family, &config, args.seed, false, device)?;
+    let load_secs = start.elapsed().as_secs_f64();
+    // Kernels launched by the load (the device-made weights): where an
+    // `ncu --launch-skip` of the first forward starts.
+    #[cfg(feature = "cuda")]
+    if let LoadedModel::Qwen4ExpCuda(m) = &loaded {
+        println!("REPORT load_launches={}", m.ops().launches());
+    }
+    let report = ds4_engine::with_model!(&loaded, model => run(model, args, load_secs))?;
+    let count = |key: &str| config.get(key).and_then(|v| v.as_u64()).unwrap_or(1) as usize;
+    let step = step_bytes(
+        &ledger,
+        count("num_experts_per_tok"),
+        count("num_experts"),
+        count("vocab_size"),
+    );
+    let weight_total: usize = ledger.values().sum();
+    let step_secs = 1.0 / report.gen_tps.max(1e-12);
+    println!(
+        "REPORT synthetic={family} shape={} device={device:?} weights_gb={:.2} load_s={:.1}",
+        args.shape,
+        weight_total as f64 / 1e9,
+        report.load_secs
+    );
+    println!(
+        "REPORT prefill_tokens={} prefill_tok_s={:.1} decode_tokens={} decode_tok_s={:.2} step_ms={:.3}",
+        report.prefill_tokens,
+        report.prefill_tps,
+        report.gen_tokens,
+        report.gen_tps,
+        step_secs * 1e3
+    );
+    let verify: Vec<String> = report
+        .verify_secs
+        .iter()
+        .enumerate()
+        .map(|(k, t)| format!("K={k}:{:.3}ms({:.2}x)", t * 1e3, t / report.verify_secs[0]))
+        .collect();
+    println!("REPORT verify_rows {}", verify.join(" "));
+    let bytes = step.weights + report.state_bytes;
+    println!(
+        "REPORT step_bytes_mb={:.1} (weights {:.1}: dense {:.1}, experts {:.1}, lm_head {:.1}; state {:.1})",
+        bytes as f64 / 1e6,
+        step.weights as f64 / 1e6,
+        step.dense as f64 / 1e6,
+        step.experts as f64 / 1e6,
+        step.head as f64 / 1e6,
+        report.state_bytes as f64 / 1e6
+    );
+    #[cfg(feature = "cuda")]
+    if let LoadedModel::Qwen4ExpCuda(m) = &loaded {
+        let ops = m.ops();
+        let bw = ops.copy_bandwidth(1 << 30, 10)?;
+        let floor = bytes as f64 / bw;
+        println!(
+            "REPORT hbm_copy_tb_s={:.3} roofline_step_ms={:.3} roofline_tok_s={:.1} fraction={:.3} launches_per_step={:.0}",
+            bw / 1e12,
+            floor * 1e3,
+            1.0 / floor,
+            floor / step_secs,
+            launches_per_step(m)?
+        );
+    }
+    Ok(())
+}
+
+/// Kernel launches of one decode step (the second of a fresh state).
+#[cfg(feature = "cuda")]
+fn launches_per_step(
+    m: &ds4_engine::families::qwen4_exp::Qwen4ExpModel<ds4_engine::backend::CudaOps>,
+) -> anyhow::Result<f64> {
+    let mut state = m.new_state();
+    m.forward(&[1], &mut state, LogitsRows::Last)?;
+    let before = m.ops().launches();
+    m.forward(&[2], &mut state, LogitsRows::Last)?;
+    Ok((m.ops().launches() - before) as f64)
+}
+
+/// The weights one decode step reads, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepBytes {
+    pub weights: usize,
+    pub dense: usize,
+    pub experts: usize,
+    pub head: usize,
+}
+
+/// From a source's ledger: the routed experts at `k / e` of their stacks,
+/// one row of the embedding table, no MTP head, every other weight once.
+pub fn step_bytes(ledger: &Ledger, k: usize, e: usize, vocab: usize) -> StepBytes {
+    let mut s = StepBytes::default();
+    for (name, &b) in ledger {
+        if name.starts_with("mtp.") {
+            continue;
+        }
+        if name.ends_with("embed_tokens.weight") {
+            s.dense += b / vocab.max(1);
+        } else if name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj") {
+            s.experts += b / e.max(1) * k;
+        } else if name.starts_with("lm_head") {
+            s.head += b;
+        } else {
+            s.dense += b;
+        }
+    }
+    s.weights = s.dense + s.experts + s.head;
+    s
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn finite(logits: &[f32], what: &str) -> anyhow::Result<()> {
+    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+        anyhow::bail!(
+            "{what}: logit {i} is {} (synthetic activations diverged)",
+            logits[i]
+        );
+    }
+    Ok(())
+}
+
+/// Prefill `--ctx-start` random tokens, decode `--gen` greedy tokens (every
+/// logits row checked finite), then time forwards of 1..=4 rows from the
+/// decoded state (restored after each).
+pub fn run<M: Model>(
+    model: &M,
+    args: &BenchArgs,
+    load_secs: f64,
+) -> anyhow::Result<SyntheticReport> {
+    let vocab = model.vocab_size() as u64;
+    let prompt: Vec<u32> = (0..args.ctx_start as u64)
+        .map(|i| (hash64(args.seed ^ 0x5eed, i) % vocab) as u32)
+        .collect();
+    if prompt.is_empty() || args.gen_tokens == 0 {
+        anyhow::bail!("--ctx-start and --gen must be positive");
+    }
+    let mut state = model.new_state();
+    let start = Instant::now();
+    let out = prefill(model, &mut state, &prompt, args.chunk, &mut |_| {})?;
+    let prefill_secs = start.elapsed().as_secs_f64();
+    finite(&out.logits, "prefill")?;
+    let mut token = argmax(out.row(out.rows - 1));
+    // One untimed step first (lazy allocations, a graph capture).
+    let warm = model.forward(&[token], &mut state, LogitsRows::Last)?;
+    finite(&warm.logits, "decode")?;
+    token = argmax(warm.row(0));
+    let start = Instant::now();
+    for _ in 0..args.gen_tokens {
+        let out = model.forward(&[token], &mut state, LogitsRows::Last)?;
+        finite(&out.logits, "decode")?;
+        token = argmax(out.row(0));
+    }
+    let gen_secs = start.elapsed().as_secs_f64();
+    let state_bytes = state.byte_size();
+    let mut verify_secs = Vec::new();
+    for rows in 1..=4usize {
+        let toks: Vec<u32> = (0..rows as u64)
+            .map(|i| (hash64(args.seed, 1000 + i) % vocab) as u32)
+            .collect();
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let snapshot = state.snapshot();
+            let start = Instant::now();
+            let out = model.forward(&toks, &mut state, LogitsRows::All)?;
+            times.push(start.elapsed().as_secs_f64());
+            finite(&out.logits, "verify")?;
+            state.restore(&snapshot);
+        }
+        times.sort_by(f64::total_cmp);
+        verify_secs.push(times[times.len() / 2]);
+    }
+    Ok(SyntheticReport {
+        load_secs,
+        prefill_tokens: prompt.len(),
+        prefill_tps: prompt.len() as f64 / prefill_secs.max(1e-9),
+        gen_tokens: args.gen_tokens,
+        gen_tps: args.gen_tokens as f64 / gen_secs.max(1e-9),
+        verify_secs,
+        state_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn step_bytes_count_routed_experts_and_one_embedding_row() {
+        let mut l = Ledger::new();
+        l.insert("model.embed_tokens.weight".into(), 1000);
+        l.insert("model.layers.0.mlp.experts.gate_up_proj".into(), 800);
+        l.insert("model.layers.0.mlp.experts.down_proj".into(), 400);
+        l.insert("model.layers.0.mlp.gate.weight".into(), 7);
+        l.insert("lm_head.weight".into(), 50);
+        l.insert("mtp.fc_hidden.weight".into(), 99);
+        let s = step_bytes(&l, 2, 8, 10);
+        assert_eq!(s.experts, 200 + 100);
+        assert_eq!(s.dense, 100 + 7);
+        assert_eq!(s.head, 50);
+        assert_eq!(s.weights, 457);
+    }
+
+    /// The synthetic source and the bench path on the CPU at the tiny
+    /// shape: deterministic for a seed, finite logits, decode runs.
+    #[test]
+    fn synthetic_tiny_bench_runs_on_the_cpu() {
+        let cli = crate::args::Cli::parse_from([
+            "ds4server",
+            "bench",
+            "--synthetic",
+            "qwen4_exp",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--ctx-start",
+            "12",
+            "--gen",
+            "4",
+            "--seed",
+            "3",
+        ]);
+        let crate::args::Command::Bench(args) = cli.command else {
+            panic!("not a bench command");
+        };
+        let config = shape_config("qwen4_exp", "tiny").unwrap();
+        let greedy = |seed: u64| {
+            let (loaded, ledger) = LoadedModel::synthetic(
+                "qwen4_exp",
+                &config,
+                seed,
+                false,
+                ds4_engine::families::Device::Cpu,
+            )
+            .unwrap();
+            let LoadedModel::Qwen4Exp(m) = &loaded else {
+                panic!("not the CPU qwen4_exp model");
+            };
+            let report = run(m, &args, 0.0).unwrap();
+            assert!(report.gen_tps > 0.0 && report.verify_secs.len() == 4);
+            let mut state = m.new_state();
+            let out = m.forward(&[5, 6, 7], &mut state, LogitsRows::All).unwrap();
+            (out.logits, ledger)
+        };
+        let (a, ledger) = greedy(3);
+        let (b, _) = greedy(3);
+        let (c, _) = greedy(4);
+        assert!(a.iter().all(|v| v.is_finite()));
+        assert_eq!(a, b, "same seed, same weights");
+        assert_ne!(a, c, "another seed, other weights");
+        // Projections whose rows are whole blocks are 4-bit: the tiny
+        // shape's [64, 32] gate/up stack is, its [32, 8] down stack is not.
+        let gu = ledger["model.layers.0.mlp.experts.gate_up_proj"];
+        assert_eq!(gu, 4 * 16 * 32 / 32 * 20);
+        assert_eq!(
+            ledger["model.layers.0.mlp.experts.down_proj"],
+            4 * 32 * 8 * 4
+        );
+    }
+}

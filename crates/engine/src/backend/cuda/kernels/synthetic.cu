@@ -1,0 +1,20 @@
+// Synthetic Q4_1 weights generated on the device (`load::synthetic`): block
+// b's quants are SplitMix64 outputs 2b and 2b + 1 of the tensor's stream,
+// little-endian (the GPU's byte order, so the bytes are the host's); every
+// block has the same scale and minimum word `dm_word` (f16 d | f16 m << 16).
+
+__device__ __forceinline__ u64 synth_hash(u64 seed, u64 i) {
+    u64 z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+extern "C" __global__ void synth_q4_1(u32* dm, u8* quants, u64 blocks, u64 seed, u32 dm_word) {
+    FOR_EACH(b, blocks) {
+        dm[b] = dm_word;
+        u64* q = (u64*)(quants + b * 16);
+        q[0] = synth_hash(seed, 2 * b);
+        q[1] = synth_hash(seed, 2 * b + 1);
+    }
+}
