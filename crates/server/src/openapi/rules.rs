@@ -191,6 +191,21 @@ mod tests {
         assert!(required.contains(&json!("max_tokens")));
         let required = s["CountTokensRequest"]["required"].as_array().unwrap();
         assert!(!required.contains(&json!("max_tokens")));
+        // Optional JSON-valued fields stay optional in the document (a
+        // field typed as a bare object is listed as required otherwise).
+        assert_eq!(s["ChatCompletionRequest"]["required"], json!(["messages"]));
+        assert_eq!(s["ResponsesRequest"]["required"], json!(["input"]));
+        let required = s["CompletionRequest"]["required"].as_array().unwrap();
+        assert!(!required.contains(&json!("grammar")), "{required:?}");
+        assert!(
+            !required.contains(&json!("response_format")),
+            "{required:?}"
+        );
+        assert!(
+            s["InputItem"]["required"]
+                .as_array()
+                .is_none_or(|r| !r.contains(&json!("output")))
+        );
         assert_eq!(
             doc["paths"]["/v1/messages/count_tokens"]["post"]["requestBody"]["content"]["application/json"]
                 ["schema"]["$ref"],

@@ -56,6 +56,9 @@ pub(crate) fn prepare(
     state: &AppState,
     req: ChatCompletionRequest,
 ) -> Result<(Checked, Output), ApiError> {
+    // `max_completion_tokens` wins when both are sent, but an invalid
+    // `max_tokens` beside it is still refused, not silently ignored.
+    params::max_tokens("max_tokens", req.max_tokens)?;
     let max_tokens = match req.max_completion_tokens {
         Some(m) => ("max_completion_tokens", Some(m)),
         None => ("max_tokens", req.max_tokens),

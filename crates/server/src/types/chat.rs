@@ -56,12 +56,12 @@ pub struct ChatCompletionRequest {
     /// `{"type": "text" | "json_object"}` or `{"type": "json_schema",
     /// "json_schema": {"name", "schema", "strict"}}`: the reply is
     /// constrained to JSON (valid against the schema).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub response_format: Option<Value>,
     /// Extension: constrain the reply to a grammar: `{"type": "lark" |
     /// "regex" | "json_schema", "value": …}` (a bare string is Lark, in
     /// llguidance's dialect).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub grammar: Option<Value>,
 }
 

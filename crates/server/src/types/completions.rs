@@ -46,11 +46,11 @@ pub struct CompletionRequest {
     /// Extension: constrain the completion to a grammar: `{"type": "lark" |
     /// "regex" | "json_schema", "value": …}` (a bare string is Lark, in
     /// llguidance's dialect).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub grammar: Option<serde_json::Value>,
     /// `{"type": "json_object" | "json_schema", …}` as in chat (vLLM
     /// accepts it here too).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
 }
 

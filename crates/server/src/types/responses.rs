@@ -30,7 +30,7 @@ pub struct ResponsesRequest {
     /// `{"format": {"type": "text" | "json_object"}}` or `{"format":
     /// {"type": "json_schema", "name", "schema", "strict"}}`: the reply is
     /// constrained to JSON (valid against the schema).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub text: Option<Value>,
 }
 
@@ -54,7 +54,7 @@ pub struct InputItem {
     pub arguments: Option<String>,
     /// `function_call_output`: a string, or an array of content items
     /// (`input_text`; images are refused).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
 }
 
