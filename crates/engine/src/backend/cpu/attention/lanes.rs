@@ -45,8 +45,10 @@ pub(super) fn scores<const N: usize>(
 }
 
 /// `acc[b·d + e] += p[b·width + j] · v[j·d + e]` for `j` in `keys` in
-/// order, for `QB` rows: a product and then a sum (no FMA); an f16 `v`
-/// widened to f32 first.
+/// order and `e` in `cols`, for `QB` rows: a product and then a sum (no
+/// FMA); an f16 `v` widened to f32 first. (Columns are independent
+/// elements: any split of `0..d` gives the same bits.)
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn weighted<const QB: usize, E: KvElem>(
     isa: Isa,
@@ -54,12 +56,14 @@ pub(super) fn weighted<const QB: usize, E: KvElem>(
     width: usize,
     values: &[E],
     d: usize,
+    cols: std::ops::Range<usize>,
     keys: std::ops::Range<usize>,
     acc: &mut [f32],
 ) {
-    if keys.is_empty() {
+    if keys.is_empty() || cols.is_empty() {
         return;
     }
+    assert!(cols.end <= d);
     assert!(p.len() >= (QB - 1) * width + keys.end && acc.len() >= QB * d);
     assert!(values.len() >= keys.end * d);
     let done = match isa {
@@ -70,7 +74,9 @@ pub(super) fn weighted<const QB: usize, E: KvElem>(
             target_feature = "f16c"
         ))]
         // SAFETY: as in `scores`; every index is below the lengths checked.
-        Isa::Avx512 => unsafe { x86::weighted512::<QB, E>(p, width, values, d, keys.clone(), acc) },
+        Isa::Avx512 => unsafe {
+            x86::weighted512::<QB, E>(p, width, values, d, cols.clone(), keys.clone(), acc)
+        },
         #[cfg(all(
             target_arch = "x86_64",
             target_feature = "avx2",
@@ -78,11 +84,13 @@ pub(super) fn weighted<const QB: usize, E: KvElem>(
             target_feature = "f16c"
         ))]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::weighted256::<QB, E>(p, width, values, d, keys.clone(), acc) },
-        _ => 0,
+        Isa::Avx2 => unsafe {
+            x86::weighted256::<QB, E>(p, width, values, d, cols.clone(), keys.clone(), acc)
+        },
+        _ => cols.start,
     };
-    // The dimensions past the last whole vector (all of them, portably).
-    for e in done..d {
+    // The columns past the last whole vector (all of them, portably).
+    for e in done..cols.end {
         for b in 0..QB {
             let mut a = acc[b * d + e];
             for j in keys.clone() {
@@ -210,7 +218,8 @@ mod x86 {
         out
     }
 
-    /// Whole groups of 16 dimensions; returns how many dimensions it did.
+    /// Whole groups of 16 dimensions of `cols` from its start; returns
+    /// where they stopped.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn weighted512<const QB: usize, E: KvElem>(
@@ -218,14 +227,15 @@ mod x86 {
         width: usize,
         values: &[E],
         d: usize,
+        cols: std::ops::Range<usize>,
         keys: std::ops::Range<usize>,
         acc: &mut [f32],
     ) -> usize {
-        let whole = d / 16 * 16;
+        let whole = cols.start + cols.len() / 16 * 16;
         let (pp, vp, ap) = (p.as_ptr(), values.as_ptr(), acc.as_mut_ptr());
         // SAFETY: the caller checked every length these indices reach.
         unsafe {
-            for e0 in (0..whole).step_by(16) {
+            for e0 in (cols.start..whole).step_by(16) {
                 let mut a: [__m512; QB] =
                     std::array::from_fn(|b| _mm512_loadu_ps(ap.add(b * d + e0)));
                 for j in keys.clone() {
@@ -243,7 +253,8 @@ mod x86 {
         whole
     }
 
-    /// Whole groups of 8 dimensions; returns how many dimensions it did.
+    /// Whole groups of 8 dimensions of `cols` from its start; returns
+    /// where they stopped.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn weighted256<const QB: usize, E: KvElem>(
@@ -251,14 +262,15 @@ mod x86 {
         width: usize,
         values: &[E],
         d: usize,
+        cols: std::ops::Range<usize>,
         keys: std::ops::Range<usize>,
         acc: &mut [f32],
     ) -> usize {
-        let whole = d / 8 * 8;
+        let whole = cols.start + cols.len() / 8 * 8;
         let (pp, vp, ap) = (p.as_ptr(), values.as_ptr(), acc.as_mut_ptr());
         // SAFETY: the caller checked every length these indices reach.
         unsafe {
-            for e0 in (0..whole).step_by(8) {
+            for e0 in (cols.start..whole).step_by(8) {
                 let mut a: [__m256; QB] =
                     std::array::from_fn(|b| _mm256_loadu_ps(ap.add(b * d + e0)));
                 for j in keys.clone() {

@@ -84,6 +84,7 @@ macro_rules! load16 {
 
 mod exp;
 mod lanes;
+mod split;
 mod tile;
 
 use super::SendPtr;
@@ -158,8 +159,9 @@ pub fn causal_attention<E: KvElem>(
     y: &mut [f32],
     out_row: &(dyn Fn(usize, usize) -> usize + Sync),
 ) {
-    causal_attention_with(
+    causal_attention_planned(
         super::block_matmul::isa(),
+        plan(),
         q,
         k,
         v,
@@ -173,10 +175,40 @@ pub fn causal_attention<E: KvElem>(
     )
 }
 
-/// [`causal_attention`] with the kernel set named (tests run every set).
+/// From this many keys, few query rows are computed by [`split`] (keys
+/// and dimensions across threads) rather than by tiles: below it a step's
+/// cache is small enough that the extra passes cost more than they save.
+const SPLIT_FROM_KEYS: usize = 512;
+
+/// The plan [`causal_attention`] runs: [`Plan::Auto`], or the one the
+/// environment variable `DS4_CPU_ATTENTION=tiles|split` names (benchmarks
+/// compare the two side by side; the bits are the same either way).
+fn plan() -> Plan {
+    static PLAN: std::sync::OnceLock<Plan> = std::sync::OnceLock::new();
+    *PLAN.get_or_init(|| match std::env::var("DS4_CPU_ATTENTION").as_deref() {
+        Ok("tiles") => Plan::Tiles,
+        Ok("split") => Plan::Split,
+        _ => Plan::Auto,
+    })
+}
+
+/// How the rows are spread over threads; every plan gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Tiles, or [`split`] for few rows over many keys.
+    Auto,
+    /// Tiles of query rows ([`tile`]).
+    Tiles,
+    /// Three passes split by keys and dimensions ([`split`]).
+    Split,
+}
+
+/// [`causal_attention`] with the kernel set and the plan named (tests run
+/// every set and compare the plans).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn causal_attention_with<E: KvElem>(
+pub(crate) fn causal_attention_planned<E: KvElem>(
     isa: Isa,
+    plan: Plan,
     q: &View<'_>,
     k: &View<'_, E>,
     v: &View<'_, E>,
@@ -202,6 +234,19 @@ pub(crate) fn causal_attention_with<E: KvElem>(
     let pool = candle_core::utils::barrier_pool();
     let threads = candle_core::utils::get_num_threads().max(1);
 
+    // Few tiles (decode steps, verify windows) over a long cache: split by
+    // keys and dimensions instead, so each kv head's cache is read once.
+    let few_tiles = kvh * t.div_ceil((TILE_ROWS / group).clamp(1, t)) < 4 * threads;
+    let split = match plan {
+        Plan::Auto => few_tiles && threads > 1 && total >= SPLIT_FROM_KEYS,
+        Plan::Tiles => false,
+        Plan::Split => true,
+    };
+    if split {
+        split::run(isa, q, k, v, kvh, rows, t, offset, d, y, out_row);
+        return;
+    }
+
     let transposed = rows >= TRANSPOSE_FROM_ROWS;
     let blocks = total.div_ceil(BLOCK);
     let mut kt = Vec::new();
@@ -225,7 +270,7 @@ pub(crate) fn causal_attention_with<E: KvElem>(
     // work; otherwise a tile takes the whole group, which shares its keys.
     let mut members = group;
     let mut span = (TILE_ROWS / group).clamp(1, t);
-    if kvh * t.div_ceil(span) < 4 * threads {
+    if few_tiles {
         members = 1;
         span = TILE_ROWS.min(t);
     }

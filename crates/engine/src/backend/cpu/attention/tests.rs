@@ -209,14 +209,32 @@ impl Case {
     }
 
     fn run(&self, isa: Isa, splits: &[(usize, usize)]) -> Vec<Vec<f32>> {
-        self.run_over(isa, splits, &self.k, &self.v)
+        self.run_over(isa, Plan::Auto, splits, &self.k, &self.v)
+    }
+
+    /// [`Case::run`] with the plan named, over an f32 or (`half`) f16 cache.
+    fn run_planned(
+        &self,
+        isa: Isa,
+        plan: Plan,
+        splits: &[(usize, usize)],
+        half: bool,
+    ) -> Vec<Vec<f32>> {
+        if half {
+            let h = |x: &[f32]| -> Vec<half::f16> {
+                x.iter().map(|&x| half::f16::from_f32(x)).collect()
+            };
+            self.run_over(isa, plan, splits, &h(&self.k), &h(&self.v))
+        } else {
+            self.run_over(isa, plan, splits, &self.k, &self.v)
+        }
     }
 
     /// [`Case::run`] over an f16 cache: the keys and values rounded.
     fn run_f16(&self, isa: Isa, splits: &[(usize, usize)]) -> Vec<Vec<f32>> {
         let half =
             |x: &[f32]| -> Vec<half::f16> { x.iter().map(|&x| half::f16::from_f32(x)).collect() };
-        self.run_over(isa, splits, &half(&self.k), &half(&self.v))
+        self.run_over(isa, Plan::Auto, splits, &half(&self.k), &half(&self.v))
     }
 
     /// This case with its keys and values rounded to f16 and widened back.
@@ -238,6 +256,7 @@ impl Case {
     fn run_over<E: KvElem>(
         &self,
         isa: Isa,
+        plan: Plan,
         splits: &[(usize, usize)],
         kc: &[E],
         vc: &[E],
@@ -259,8 +278,9 @@ impl Case {
             let k: Vec<&[E]> = (0..kvh).map(|h| &kc[h * total * d..][..keys * d]).collect();
             let v: Vec<&[E]> = (0..kvh).map(|h| &vc[h * total * d..][..keys * d]).collect();
             let mut y = vec![0f32; kvh * rows * d];
-            causal_attention_with(
+            causal_attention_planned(
                 isa,
+                plan,
                 &View {
                     heads: qw.chunks(rows * d).collect(),
                     stride: d,
@@ -349,6 +369,56 @@ fn odd_head_sizes_keep_the_per_query_order() {
                         .zip(&want)
                         .all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(same, "{isa:?} d={d} group={group} pos {pos}");
+                }
+            }
+        }
+    }
+}
+
+/// The split plan (keys and dimensions across threads) and the tiles give
+/// every row the same bits: decode steps and verify windows deep into a
+/// long cache, a prefill chunk, odd head sizes (the weighted sum's column
+/// tails inside a column chunk), f32 and f16 caches, every kernel set.
+/// Both equal the per-query order, which the tests above pin.
+#[test]
+fn both_plans_keep_the_per_query_order() {
+    let windows: &[(usize, usize)] = &[(0, 700), (700, 1), (701, 2), (703, 4), (707, 313)];
+    for (kvh, group, d) in [(3, 3, 64), (2, 2, 72), (1, 3, 20), (2, 1, 128)] {
+        let case = Case::new(kvh, group, d, 1020, 0.7);
+        for isa in kernel_sets() {
+            for half in [false, true] {
+                let tiles = case.run_planned(isa, Plan::Tiles, windows, half);
+                let split = case.run_planned(isa, Plan::Split, windows, half);
+                for (i, (a, b)) in tiles.iter().zip(&split).enumerate() {
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{isa:?} d={d} group={group} f16={half}: row {i} differs"
+                    );
+                }
+            }
+        }
+        // The f32 split rows are also the per-query order itself.
+        let split = case.run_planned(kernel_sets()[0], Plan::Split, windows, false);
+        for h in 0..kvh {
+            for g in 0..group {
+                for pos in [0, 699, 700, 702, 706, 1019] {
+                    let want = per_query(
+                        case.query(h, g, pos),
+                        &case.k[h * case.total * d..],
+                        &case.v[h * case.total * d..],
+                        pos + 1,
+                        d,
+                    );
+                    let row = &split[(h * group + g) * case.total + pos];
+                    let same = row
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "split d={d}: ({h}, {g}, {pos}) differs from the per-query order"
+                    );
                 }
             }
         }

@@ -196,6 +196,7 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
                         width,
                         values,
                         d,
+                        0..d,
                         from..to,
                         &mut acc[r * d..][..$qb * d],
                     )
@@ -225,6 +226,7 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
             width,
             values,
             d,
+            0..d,
             least..row.visible,
             a,
         );
@@ -239,7 +241,7 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
 /// their own maxima; the result is the same value whatever the grouping
 /// (a maximum is exact), and a `±0` tie gives the same `s − max` anyway.
 #[inline(always)]
-fn max_of(s: &[f32]) -> f32 {
+pub(super) fn max_of(s: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut chunks = s.chunks_exact(16);
     for c in &mut chunks {
