@@ -554,3 +554,115 @@ fn qwen4_vl_verify_windows_and_commits_match_steps_after_images() {
         assert_eq!(w.logits.logits, steps[2..].concat(), "p{k}: after a commit");
     }
 }
+
+/// The vision tower's share of a prefill on a medium random model (ignored
+/// by default: a speed measurement). Synthetic weights
+/// ([`ds4_engine::load::synthetic::SyntheticSource`]: 4-bit projections,
+/// small f32 elsewhere) at transformers' default vision tower (27 blocks,
+/// width 1152, 16 heads, MLP 4304) feeding an 8-layer trunk of width 1024
+/// (the real text configuration shrunk: 64 experts, top 8); one image of
+/// each size with 128 text tokens before and after it.
+///
+/// ```text
+/// cargo nextest run --workspace --release --run-ignored only -E 'test(/qwen4_vl_bench_medium/)' --no-capture
+/// ```
+#[test]
+#[ignore = "speed measurement; run explicitly in release"]
+fn qwen4_vl_bench_medium_tower_share_of_prefill() {
+    use ds4_engine::families::qwen4_exp::Qwen4ExpConfig;
+    use ds4_engine::families::qwen4_exp::vision::VisionConfig;
+    use ds4_engine::load::synthetic::{SyntheticSource, shape_config};
+    use std::time::Instant;
+
+    let mut text = shape_config("qwen4_exp", "full").unwrap();
+    for (k, v) in [
+        ("hidden_size", 1024),
+        ("num_hidden_layers", 8),
+        ("num_experts", 64),
+        ("num_experts_per_tok", 8),
+        ("moe_intermediate_size", 512),
+        ("shared_expert_intermediate_size", 512),
+        ("num_attention_heads", 8),
+        ("linear_num_key_heads", 8),
+        ("linear_num_value_heads", 16),
+        ("ple_embed_dim", 1024),
+        ("hc_lowrank", 128),
+    ] {
+        text[k] = serde_json::json!(v);
+    }
+    text["model_type"] = serde_json::json!("qwen4_exp_text");
+    let config = serde_json::json!({
+        "model_type": "qwen4_exp",
+        "image_token_id": 248056,
+        "vision_start_token_id": 248053,
+        "vision_end_token_id": 248054,
+        "text_config": text,
+        "vision_config": {
+            "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+            "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+            "in_channels": 3, "out_hidden_size": 1024, "num_position_embeddings": 2304,
+            "hidden_act": "gelu_pytorch_tanh"
+        }
+    });
+    let path = PathBuf::from("synthetic:qwen4_exp-medium-vl");
+    let parsed = Qwen4ExpConfig::from_hf(&path, &config).unwrap();
+    let mut src = SyntheticSource::new(7, false, "qwen4_exp-medium-vl");
+    let model = Qwen4ExpModel::load_from(&mut src, &path, parsed, CpuOps).unwrap();
+    let vcfg = VisionConfig::from_hf(&path, &config).unwrap().unwrap();
+    let tower = VisionTower::load_from(&mut src, vcfg.clone(), CpuOps).unwrap();
+    let pcfg = ProcessorConfig::from_json(
+        r#"{"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "merge_size": 2,
+            "patch_size": 16, "temporal_patch_size": 2,
+            "size": {"longest_edge": 16777216, "shortest_edge": 65536}}"#,
+    )
+    .unwrap();
+    // (Larger images outgrow the 4-minute test limit on a 2-core machine:
+    // the tower's attention grows with the square of its patches.)
+    for (h, w) in [(256, 256), (512, 384)] {
+        let data: Vec<u8> = (0..h * w * 3).map(|i| (i * 7 % 251) as u8).collect();
+        let img = process_rgb(
+            &Rgb8 {
+                height: h,
+                width: w,
+                data,
+            },
+            &pcfg,
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        let features = CpuOps.download(&tower.forward(&img).unwrap()).unwrap();
+        let tower_s = t0.elapsed().as_secs_f64();
+        let span = ImageSpan {
+            first: 129,
+            grid_thw: img.grid_thw,
+        };
+        let n = span.tokens(2);
+        let mut ids: Vec<u32> = (0..128).map(|i| 1000 + i * 13).collect();
+        ids.push(vcfg.vision_start_token_id);
+        ids.extend(std::iter::repeat_n(vcfg.image_token_id, n));
+        ids.push(vcfg.vision_end_token_id);
+        ids.extend((0..128).map(|i| 2000 + i * 17));
+        let (pos, _) = mrope_positions(ids.len(), &[span], 2).unwrap();
+        let positions: Vec<[u32; 3]> = pos.iter().map(|p| p.map(|v| v as u32)).collect();
+        let spans = [(129usize, &features[..])];
+        let media = MediaChunk {
+            spans: &spans,
+            positions: &positions,
+        };
+        let t0 = Instant::now();
+        let out = model
+            .forward_media(&ids, &media, &mut model.new_state(), LogitsRows::Last)
+            .unwrap();
+        let trunk_s = t0.elapsed().as_secs_f64();
+        assert!(out.logits.iter().all(|x| x.is_finite()));
+        let mp = (img.grid_thw[1] * img.grid_thw[2] * 256) as f64 / 1e6;
+        println!(
+            "{h}x{w} image ({mp:.3} MP after resize, {n} image tokens, {:.0} per MP), {} prompt tokens: tower {:.1} ms, trunk prefill {:.1} ms, tower share {:.1}%",
+            n as f64 / mp,
+            ids.len(),
+            tower_s * 1e3,
+            trunk_s * 1e3,
+            100.0 * tower_s / (tower_s + trunk_s)
+        );
+    }
+}

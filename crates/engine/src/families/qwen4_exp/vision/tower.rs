@@ -26,7 +26,7 @@ use super::processor::ProcessedImage;
 use crate::backend::{Backend, GeluForm, Heads, HostWeight, RopeLayout};
 use crate::error::{EngineError, Result};
 use crate::layers::linear::{BindLinear, Linear};
-use crate::load::binder::Binder;
+use crate::load::binder::{Binder, WeightSource};
 use crate::load::safetensors::SafetensorsDir;
 
 /// `vision_config` of a `qwen4_exp` checkpoint.
@@ -228,10 +228,20 @@ impl<B: Backend> VisionTower<B> {
         for n in others {
             st.ignore(&n);
         }
+        let tower = Self::load_from(&mut st, cfg, ops)?;
+        st.finish(&[])?;
+        Ok(Some(tower))
+    }
+
+    /// Bind a parsed `vision_config`'s weights (`model.visual.*`) from any
+    /// source (a checkpoint directory, or
+    /// [`crate::load::synthetic::SyntheticSource`] for speed measurements
+    /// at sizes no fixture has).
+    pub fn load_from(st: &mut dyn WeightSource, cfg: VisionConfig, ops: B) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let merged = h * cfg.spatial_merge_size * cfg.spatial_merge_size;
         let tower = {
-            let mut root = Binder::new(&mut st, &ops);
+            let mut root = Binder::new(st, &ops);
             let mut w = root.pp("model.visual");
             let pd = cfg.patch_dim();
             let conv = w.tensor(
@@ -268,7 +278,6 @@ impl<B: Backend> VisionTower<B> {
             let merger_fc2 = Affine::load(&mut m, "linear_fc2", cfg.out_hidden_size, merged)?;
             (patch, pos, blocks, merger_norm, merger_fc1, merger_fc2)
         };
-        st.finish(&[])?;
         // transformers: 1 / θ^(arange(0, d/2, 2)/(d/2)) in f32.
         let spatial = cfg.head_dim() / 2;
         let inv_freq = (0..spatial)
@@ -276,7 +285,7 @@ impl<B: Backend> VisionTower<B> {
             .map(|j| 1.0 / cfg.rope_theta.powf(j as f32 / spatial as f32))
             .collect();
         let (patch, pos, blocks, merger_norm, merger_fc1, merger_fc2) = tower;
-        Ok(Some(Self {
+        Ok(Self {
             cfg,
             ops,
             patch,
@@ -286,7 +295,7 @@ impl<B: Backend> VisionTower<B> {
             merger_fc1,
             merger_fc2,
             inv_freq,
-        }))
+        })
     }
 
     pub fn config(&self) -> &VisionConfig {
