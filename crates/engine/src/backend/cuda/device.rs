@@ -87,6 +87,15 @@ impl Shape {
         }
     }
 
+    /// One block of `threads` per item (grid-stride past the grid limit).
+    pub fn blocks(n: usize, threads: u32) -> Self {
+        let blocks = (n as u64).clamp(1, MAX_BLOCKS);
+        Shape {
+            grid: (blocks as u32, 1),
+            block: threads,
+        }
+    }
+
     /// One warp per item, four warps per block.
     pub fn warps(n: usize) -> Self {
         let blocks = (n as u64).div_ceil(4).clamp(1, MAX_BLOCKS);

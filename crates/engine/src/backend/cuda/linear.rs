@@ -14,6 +14,13 @@ use crate::error::{EngineError, Result};
 const COLUMNS_PER_BLOCK: usize = 32;
 /// Output rows per block of the block-format products (a warp each).
 const ROWS_PER_BLOCK: usize = 8;
+/// Block-format matrices at least this long and at most this many output
+/// rows run `matmul_*_split` (eight warps per output row): a warp per row
+/// left the GPU idle on the hyper-connection mixers' [4, 10240] and
+/// [320, 10240]. Expert stacks (k = 2560 or 640 at full size) never match,
+/// so a routed product keeps the bits of `matmul_block`.
+const SPLIT_FROM_K: usize = 4096;
+const SPLIT_UP_TO_N: usize = 2048;
 /// Blocks along y (pairs of a gathered product) at most; the kernel loops.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -53,14 +60,23 @@ pub(super) fn matmul(dev: &Device, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> 
         CudaMatrix::Block {
             kind, dm, quants, ..
         } => {
-            // One warp per output row.
-            let shape = Shape {
-                grid: (n.div_ceil(ROWS_PER_BLOCK) as u32, 1),
-                block: (ROWS_PER_BLOCK * 32) as u32,
+            // One warp per output row; for few long rows a block of eight
+            // warps per output row (the kernel's own order, chosen by the
+            // matrix's shape alone so every row count gives the same bits).
+            let split = k >= SPLIT_FROM_K && n <= SPLIT_UP_TO_N;
+            let shape = if split {
+                Shape::blocks(n, 256)
+            } else {
+                Shape {
+                    grid: (n.div_ceil(ROWS_PER_BLOCK) as u32, 1),
+                    block: (ROWS_PER_BLOCK * 32) as u32,
+                }
             };
-            let name = match kind {
-                BlockKind::Q4_1 => "matmul_q4_1",
-                BlockKind::Q8_0 => "matmul_q8_0",
+            let name = match (kind, split) {
+                (BlockKind::Q4_1, false) => "matmul_q4_1",
+                (BlockKind::Q8_0, false) => "matmul_q8_0",
+                (BlockKind::Q4_1, true) => "matmul_q4_1_split",
+                (BlockKind::Q8_0, true) => "matmul_q8_0_split",
             };
             dev.launch(
                 name,

@@ -1,7 +1,9 @@
 //! Norms and RoPE on the device (`kernels/norms.cu`): one warp per
 //! normalised slice, whose sum of squares runs in the GPU's fixed order
 //! (lanes over indices mod 32, then a butterfly), the formula around it the
-//! CPU reference's.
+//! CPU reference's; the grouped norm's long slices (whole hyper-connection
+//! streams) take a block of 256 threads each (threads over indices mod 256,
+//! each warp's butterfly, then the warps in order).
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args};
@@ -67,9 +69,10 @@ pub(super) fn rms_norm_grouped(
         // candle's mean multiplies by (1/n) as f64 → f32, and adds eps as
         // f32 (an affine map).
         let inv_n = (1f64 / group as f64) as f32;
+        // A block of 256 threads per slice (the kernel's stated order).
         dev.launch(
             "rms_norm_grouped_f32",
-            Shape::warps(slices),
+            Shape::blocks(slices, 256),
             args![
                 y.ptr(),
                 x.ptr(),

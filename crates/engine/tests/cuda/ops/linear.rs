@@ -5,7 +5,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use ds4_engine::backend::cpu::block_matmul::isa;
-use ds4_engine::backend::{Backend, CpuOps, HostWeight};
+use ds4_engine::backend::{Backend, CpuOps, CudaOps, HostWeight};
 
 use crate::support::{check, down, gpu, rnd, rows_invariant, up};
 
@@ -62,26 +62,33 @@ fn cuda_matmul_f32_is_bit_identical_to_the_cpu() {
 fn cuda_matmul_blocks_match_the_cpu() {
     let (g, c) = (gpu(), CpuOps);
     println!("REPORT cpu_block_kernels={:?}", isa());
-    // k = 608: 19 blocks (eight-lane minima plus a tail of 3).
-    let (rows, n, k) = (7, 70, 608);
+    // k = 608: 19 blocks (eight-lane minima plus a tail of 3); k = 4192:
+    // 131 blocks, few output rows (the split kernel: eight warps per row,
+    // steps not a multiple of eight warps).
+    for (rows, n, k) in [(7, 70, 608), (6, 5, 4192)] {
+        blocks_at(&g, &c, rows, n, k);
+    }
+}
+
+fn blocks_at(g: &CudaOps, c: &CpuOps, rows: usize, n: usize, k: usize) {
     for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
         let t = Tensor::from_vec(rnd(n * k, 30), (n, k), &Device::Cpu).unwrap();
         let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
         let gm = g.matrix(q.clone(), n, k).unwrap();
         let cm = c.matrix(q, n, k).unwrap();
         let x = rnd(rows * k, 31);
-        let gy = down(&g, &g.matmul(&up(&g, &x), rows, &gm).unwrap());
+        let gy = down(g, &g.matmul(&up(g, &x), rows, &gm).unwrap());
         check(
-            &format!("matmul {dtype:?}"),
+            &format!("matmul {dtype:?} k={k}"),
             &gy,
             &c.matmul(&x, rows, &cm).unwrap(),
             1e-5,
             false,
         );
-        rows_invariant(&format!("matmul {dtype:?}"), rows, |r| {
+        rows_invariant(&format!("matmul {dtype:?} k={k}"), rows, |r| {
             down(
-                &g,
-                &g.matmul(&up(&g, &x[r.start * k..r.end * k]), r.len(), &gm)
+                g,
+                &g.matmul(&up(g, &x[r.start * k..r.end * k]), r.len(), &gm)
                     .unwrap(),
             )
         });

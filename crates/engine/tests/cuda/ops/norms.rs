@@ -1,7 +1,7 @@
 //! Norms (the GPU's own warp order for Σx², so a bound) and RoPE (the CPU's
 //! operations exactly).
 
-use ds4_engine::backend::{Backend, CpuOps, GateAct, RopeLayout};
+use ds4_engine::backend::{Backend, CpuOps, CudaOps, GateAct, RopeLayout};
 
 use crate::support::{check, down, gpu, rnd, rows_invariant, up};
 
@@ -28,16 +28,24 @@ fn cuda_norms_match_the_cpu() {
                 .unwrap(),
         )
     });
-    // Grouped, zero-centred scale.
-    let (width, group) = (96, 32);
+    // Grouped, zero-centred scale: short groups, and groups longer than
+    // the kernel's 256 threads (not a multiple of them).
+    for (width, group) in [(96, 32), (2 * 1000, 1000)] {
+        grouped(&g, &c, rows, width, group);
+    }
+    grouped_tail(&g, &c, rows);
+}
+
+/// The grouped norm (zero-centred scale) at one shape.
+fn grouped(g: &CudaOps, c: &CpuOps, rows: usize, width: usize, group: usize) {
     let xg = rnd(rows * width, 52);
     let scale: Vec<f32> = rnd(width, 53).iter().map(|v| 1.0 + v).collect();
-    let gs = up(&g, &scale);
+    let gs = up(g, &scale);
     check(
         "rms_norm_grouped",
         &down(
-            &g,
-            &g.rms_norm_grouped(&up(&g, &xg), width, group, &gs, 1e-6)
+            g,
+            &g.rms_norm_grouped(&up(g, &xg), width, group, &gs, 1e-6)
                 .unwrap(),
         ),
         &c.rms_norm_grouped(&xg, width, group, &scale, 1e-6).unwrap(),
@@ -46,9 +54,9 @@ fn cuda_norms_match_the_cpu() {
     );
     rows_invariant("rms_norm_grouped", rows, |r| {
         down(
-            &g,
+            g,
             &g.rms_norm_grouped(
-                &up(&g, &xg[r.start * width..r.end * width]),
+                &up(g, &xg[r.start * width..r.end * width]),
                 width,
                 group,
                 &gs,
@@ -57,15 +65,19 @@ fn cuda_norms_match_the_cpu() {
             .unwrap(),
         )
     });
+}
+
+/// The per-head, L2 and gated norms and RoPE.
+fn grouped_tail(g: &CudaOps, c: &CpuOps, rows: usize) {
     // Per-head in place.
     let (dim, heads) = (24, 3);
     let xh = rnd(rows * heads * dim, 54);
     let sh = rnd(dim, 55);
-    let gsh = up(&g, &sh);
+    let gsh = up(g, &sh);
     let heads_norm = |v: &[f32]| {
-        let mut b = up(&g, v);
+        let mut b = up(g, v);
         g.rms_norm_heads(&mut b, dim, &gsh, 1e-6).unwrap();
-        down(&g, &b)
+        down(g, &b)
     };
     let mut ch = xh.clone();
     c.rms_norm_heads(&mut ch, dim, &sh, 1e-6).unwrap();
@@ -74,14 +86,14 @@ fn cuda_norms_match_the_cpu() {
         heads_norm(&xh[r.start * heads * dim..r.end * heads * dim])
     });
     // In place on a clone leaves the original alone.
-    let orig = up(&g, &xh);
+    let orig = up(g, &xh);
     let mut cl = orig.clone();
     g.rms_norm_heads(&mut cl, dim, &gsh, 1e-6).unwrap();
-    assert_eq!(down(&g, &orig), xh, "an in-place op wrote through a clone");
+    assert_eq!(down(g, &orig), xh, "an in-place op wrote through a clone");
     let l2 = |v: &[f32]| {
-        let mut b = up(&g, v);
+        let mut b = up(g, v);
         g.l2_norm_heads(&mut b, dim, 0.5).unwrap();
-        down(&g, &b)
+        down(g, &b)
     };
     let mut cl2 = xh.clone();
     c.l2_norm_heads(&mut cl2, dim, 0.5).unwrap();
@@ -95,8 +107,8 @@ fn cuda_norms_match_the_cpu() {
         let gz = |r: std::ops::Range<usize>| {
             let s = r.start * heads * dim..r.end * heads * dim;
             down(
-                &g,
-                &g.gated_rms_norm(&up(&g, &xh[s.clone()]), &up(&g, &z[s]), &gsh, 1e-6, act)
+                g,
+                &g.gated_rms_norm(&up(g, &xh[s.clone()]), &up(g, &z[s]), &gsh, 1e-6, act)
                     .unwrap(),
             )
         };

@@ -9,6 +9,38 @@ use crate::support::{check, down, gpu, rnd, rows_invariant, up};
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_routers_match_the_cpu() {
     let (g, c) = (gpu(), CpuOps);
+    // The softmax router keeps up to 512 experts in registers and walks
+    // more in memory: both paths, top 10, with tied logits (lower index
+    // first), experts equal to the CPU's and rows 1 vs n identical.
+    for (e, k) in [(512, 10), (600, 10)] {
+        let rows = 5;
+        let mut logits: Vec<f32> = rnd(rows * e, 122).iter().map(|v| 4.0 * v).collect();
+        for r in 0..rows {
+            // Ties among the top candidates.
+            logits[r * e + 7] = 9.0;
+            logits[r * e + 300] = 9.0;
+            logits[r * e + e - 1] = 9.0;
+        }
+        let gr = g
+            .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
+            .unwrap();
+        let cr = c.route_softmax_topk(&logits, rows, e, k, true).unwrap();
+        let (ge, gw) = g.routing_to_host(&gr).unwrap();
+        assert_eq!(ge, cr.experts, "route_softmax_topk experts ({e} experts)");
+        check(
+            &format!("route_softmax_topk ({e} experts)"),
+            &gw,
+            &cr.weights,
+            1e-5,
+            false,
+        );
+        rows_invariant("route_softmax_topk", rows, |r| {
+            let l = up(&g, &logits[r.start * e..r.end * e]);
+            g.routing_to_host(&g.route_softmax_topk(&l, r.len(), e, k, true).unwrap())
+                .unwrap()
+                .1
+        });
+    }
     let (rows, e) = (9, 16);
     let logits: Vec<f32> = rnd(rows * e, 120).iter().map(|v| 3.0 * v).collect();
     for renorm in [false, true] {

@@ -160,6 +160,95 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
     }
 }
 
+// Short and long block-format matrices (k ≥ 4096, at most 2048 output rows:
+// the hyper-connection mixers' [4, 10240] and [320, 10240]), where a warp
+// per output row left most of the GPU idle: a block of MM_SPLIT warps per
+// output row, warp w taking the eight-block steps ≡ w (mod MM_SPLIT) in
+// order with `matmul_block`'s lane arithmetic, each warp's butterfly, then
+// the MM_SPLIT warp sums in warp order from +0. The order depends on
+// (n, k) alone (the launch picks this kernel by the matrix's shape, never
+// by the row count), so every row count gives the same bits.
+#define MM_SPLIT 8
+template <int Q4>
+__device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64 rows,
+                                                   const u32* dm, const u8* quants, u64 n,
+                                                   u64 k) {
+    __shared__ float part[MM_SPLIT][MM_TILE];
+    const int qb = Q4 ? 16 : 32;
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31, qtr = lane & 3;
+    u64 nb = k / 32;
+    for (u64 j = blockIdx.x; j < n; j += gridDim.x) {
+        const u32* dmr = dm + j * nb;
+        const u8* qr = quants + j * nb * qb;
+        for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
+            u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
+            const float* xr = x + r0 * k;
+            float acc[MM_TILE] = {};
+            for (u64 b0 = 8 * (u64)warp; b0 < nb; b0 += 8 * MM_SPLIT) {
+                u64 b = b0 + lane / 4;
+                if (b >= nb) continue;
+                u32 sm = dmr[b];
+                float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
+                float w[8];
+                if (Q4) {
+                    uint2 q = *(const uint2*)(qr + b * 16 + (qtr & 1) * 8);
+                    u32 shift = (qtr >> 1) * 4;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
+                        w[i] = (float)((byte >> shift) & 0x0f) * d + m;
+                    }
+                } else {
+                    uint2 q = *(const uint2*)(qr + b * 32 + qtr * 8);
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        w[i] =
+                            (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
+                }
+#pragma unroll
+                for (int t = 0; t < MM_TILE; t++) {
+                    if (t < nr) {
+                        const float4* xb = (const float4*)(xr + t * k + b * 32 + qtr * 8);
+                        float4 v0 = xb[0], v1 = xb[1];
+                        float a = acc[t];
+                        a = fmaf(w[0], v0.x, a);
+                        a = fmaf(w[1], v0.y, a);
+                        a = fmaf(w[2], v0.z, a);
+                        a = fmaf(w[3], v0.w, a);
+                        a = fmaf(w[4], v1.x, a);
+                        a = fmaf(w[5], v1.y, a);
+                        a = fmaf(w[6], v1.z, a);
+                        a = fmaf(w[7], v1.w, a);
+                        acc[t] = a;
+                    }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MM_TILE; t++) {
+                float s = warp_sum(acc[t]);
+                if (lane == 0) part[warp][t] = s;
+            }
+            __syncthreads();
+            if (threadIdx.x < nr) {
+                float s = 0.0f;
+                for (int w = 0; w < MM_SPLIT; w++) s += part[w][threadIdx.x];
+                y[(r0 + threadIdx.x) * n + j] = s;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void matmul_q4_1_split(float* y, const float* x, u64 rows, const u32* dm,
+                                             const u8* quants, u64 n, u64 k) {
+    matmul_block_split<1>(y, x, rows, dm, quants, n, k);
+}
+
+extern "C" __global__ void matmul_q8_0_split(float* y, const float* x, u64 rows, const u32* dm,
+                                             const u8* quants, u64 n, u64 k) {
+    matmul_block_split<0>(y, x, rows, dm, quants, n, k);
+}
+
 extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
     matmul_block<1>(y, x, rows, dm, quants, n, k);

@@ -26,17 +26,34 @@ extern "C" __global__ void rms_norm_f32(float* y, const float* x, const float* w
 }
 
 // Zero-centred grouped RMSNorm (candle's ops): mean = Σx²·(1/g) + 0,
-// inv = 1/sqrt(mean·1 + eps), out = (x·inv)·scale.
+// inv = 1/sqrt(mean·1 + eps), out = (x·inv)·scale. One block of
+// GROUPED_THREADS (256) per slice, since a slice is a whole hyper-connection
+// stream row (4 × 2560 values) and one warp walked it alone: thread t adds
+// x·x over the indices ≡ t (mod 256) in order, each warp's butterfly, then
+// the eight warp sums in warp order from +0. The order depends on the slice
+// width only (the launch always uses 256 threads).
+#define GROUPED_THREADS 256
 extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const float* scale,
                                                 u64 slices, u64 width, u64 group, float inv_n,
                                                 float eps) {
-    unsigned lane = threadIdx.x & 31;
-    FOR_EACH_WARP(s, slices) {
+    __shared__ float part[GROUPED_THREADS / 32];
+    unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (u64 s = blockIdx.x; s < slices; s += gridDim.x) {
         const float* xs = x + s * group;
-        float mean = slice_sumsq(xs, group) * inv_n + 0.0f;
+        float a = 0.0f;
+        for (u64 i = tid; i < group; i += GROUPED_THREADS) a += xs[i] * xs[i];
+        a = warp_sum(a);
+        if (lane == 0) part[warp] = a;
+        __syncthreads();
+        float sum = 0.0f;
+        for (int w = 0; w < GROUPED_THREADS / 32; w++) sum += part[w];
+        float mean = sum * inv_n + 0.0f;
         float inv = 1.0f / sqrtf(mean * 1.0f + eps);
         u64 c0 = (s * group) % width;
-        for (u64 i = lane; i < group; i += 32) y[s * group + i] = (xs[i] * inv) * scale[c0 + i];
+        for (u64 i = tid; i < group; i += GROUPED_THREADS)
+            y[s * group + i] = (xs[i] * inv) * scale[c0 + i];
+        // `part` is rewritten by the next slice.
+        __syncthreads();
     }
 }
 

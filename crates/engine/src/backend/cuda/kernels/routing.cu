@@ -105,6 +105,8 @@ extern "C" __global__ void topk_select(u32* out, u32* counts, const float* score
 
 #define ROUTE_MAX_K 64
 #define ROUTE_MAX_GROUPS 64
+// Experts per lane the softmax router keeps in registers (32 · 16 = 512).
+#define ROUTE_REG 16
 
 __device__ __forceinline__ bool chosen_has(const u32* chosen, int n, u32 e) {
     for (int i = 0; i < n; i++)
@@ -164,9 +166,51 @@ extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
         auto p = [&](u32 e) { return expf(x[e] - mx); };
         u32 chosen[ROUTE_MAX_K];
         float top[ROUTE_MAX_K];
-        for (int s = 0; s < k; s++) {
-            chosen[s] = warp_argbest(0, n_exp, p, [&](u32 e) { return chosen_has(chosen, s, e); });
-            top[s] = p(chosen[s]) / sum;
+        if (n_exp <= 32 * ROUTE_REG) {
+            // Up to 512 experts: each lane's ranking keys computed once and
+            // kept in registers with a taken mask, instead of k passes that
+            // each recompute every exp and scan the chosen list. The same
+            // candidates in the same order with the same comparisons as
+            // `warp_argbest`, so the same experts and bits.
+            u32 keys[ROUTE_REG];
+            u32 taken = 0;
+#pragma unroll
+            for (int j = 0; j < ROUTE_REG; j++) {
+                u64 e = lane + 32 * (u64)j;
+                keys[j] = e < n_exp ? total_key(p((u32)e)) : 0;
+            }
+            for (int s = 0; s < k; s++) {
+                u32 best = 0, bi = 0xffffffffu;
+#pragma unroll
+                for (int j = 0; j < ROUTE_REG; j++) {
+                    u32 e = lane + 32 * j;
+                    if (e >= n_exp || ((taken >> j) & 1u)) continue;
+                    if (bi == 0xffffffffu || ranks_before(keys[j], e, best, bi)) {
+                        best = keys[j];
+                        bi = e;
+                    }
+                }
+                if (bi == 0xffffffffu) best = 0;
+                for (int o = 16; o > 0; o >>= 1) {
+                    u32 k2 = __shfl_xor_sync(FULL_MASK, best, o);
+                    u32 i2 = __shfl_xor_sync(FULL_MASK, bi, o);
+                    bool better =
+                        i2 != 0xffffffffu && (bi == 0xffffffffu || ranks_before(k2, i2, best, bi));
+                    if (better) {
+                        best = k2;
+                        bi = i2;
+                    }
+                }
+                chosen[s] = bi;
+                if (bi != 0xffffffffu && (bi & 31u) == lane) taken |= 1u << (bi >> 5);
+                top[s] = p(bi) / sum;
+            }
+        } else {
+            for (int s = 0; s < k; s++) {
+                chosen[s] =
+                    warp_argbest(0, n_exp, p, [&](u32 e) { return chosen_has(chosen, s, e); });
+                top[s] = p(chosen[s]) / sum;
+            }
         }
         float norm = 1.0f;
         if (renormalise) {
