@@ -24,7 +24,7 @@
 
 use super::exp::exp_slice;
 use super::lanes;
-use super::tile::{BLOCK, max_of};
+use super::tile::{BLOCK, max_of, weighted_keys_all_rows_see};
 use super::{Isa, KvElem, SendPtr, View, dot, dot4};
 
 /// Keys per scoring item: 256 keys of `d = 64` f16 are 32 KiB, read once
@@ -33,9 +33,6 @@ const KEY_CHUNK: usize = 256;
 /// Dimensions per weighted-sum item: at `d = 64` an f16 value row is two
 /// 64-byte lines, so an item reads whole lines and two items share a head.
 const COL_CHUNK: usize = 32;
-/// Keys per pass of the weighted sum (as in the tiles: the chunk's values
-/// stay in L1 while the rows' column groups go by).
-const VALUE_CHUNK: usize = 128;
 
 /// The arguments of [`super::causal_attention_with`], computed by keys and
 /// dimensions. Row `r` of kv head `h` sees keys `0 ..= offset + r % t`.
@@ -142,41 +139,17 @@ pub(super) fn run<E: KvElem>(
             let p = &scores[h * rows * width..][..rows * width];
             let values = &v.heads[h][..total * d];
             acc.fill(0.0);
-            let mut from = 0;
-            while from < least {
-                let to = (from + VALUE_CHUNK).min(least);
-                let mut r = 0;
-                while r < rows {
-                    macro_rules! pass {
-                        ($qb:literal) => {
-                            lanes::weighted::<$qb, E>(
-                                isa,
-                                &p[r * width..],
-                                width,
-                                values,
-                                d,
-                                cols.clone(),
-                                from..to,
-                                &mut acc[r * d..][..$qb * d],
-                            )
-                        };
-                    }
-                    let step = match rows - r {
-                        8.. => 8,
-                        4..=7 => 4,
-                        2 | 3 => 2,
-                        _ => 1,
-                    };
-                    match step {
-                        8 => pass!(8),
-                        4 => pass!(4),
-                        2 => pass!(2),
-                        _ => pass!(1),
-                    }
-                    r += step;
-                }
-                from = to;
-            }
+            weighted_keys_all_rows_see(
+                isa,
+                p,
+                width,
+                values,
+                d,
+                cols.clone(),
+                least,
+                rows,
+                &mut acc,
+            );
             for r in 0..rows {
                 let a = &mut acc[r * d..][..d];
                 lanes::weighted::<1, E>(

@@ -182,42 +182,7 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
     scratch.acc.resize(n * d, 0.0);
     let acc = &mut scratch.acc;
     let values = tile.values;
-    let mut from = 0;
-    while from < least {
-        let to = (from + VALUE_CHUNK).min(least);
-        let mut r = 0;
-        while r < n {
-            let rows = (n - r).min(8);
-            macro_rules! pass {
-                ($qb:literal) => {
-                    lanes::weighted::<$qb, E>(
-                        isa,
-                        &scores[r * width..],
-                        width,
-                        values,
-                        d,
-                        0..d,
-                        from..to,
-                        &mut acc[r * d..][..$qb * d],
-                    )
-                };
-            }
-            let step = match rows {
-                8 => 8,
-                4..=7 => 4,
-                2 | 3 => 2,
-                _ => 1,
-            };
-            match step {
-                8 => pass!(8),
-                4 => pass!(4),
-                2 => pass!(2),
-                _ => pass!(1),
-            }
-            r += step;
-        }
-        from = to;
-    }
+    weighted_keys_all_rows_see(isa, scores, width, values, d, 0..d, least, n, acc);
     for (r, row) in tile.rows.iter_mut().enumerate() {
         let a = &mut acc[r * d..][..d];
         lanes::weighted::<1, E>(
@@ -258,4 +223,60 @@ pub(super) fn max_of(s: &[f32]) -> f32 {
         }
     }
     max
+}
+
+/// `acc[r] += p_r · v` over the keys `0..least` every row sees, for rows
+/// `0..n` (row `r`'s probabilities at `p[r·width..]`, its sums at
+/// `acc[r·d..]`), columns `cols`: [`VALUE_CHUNK`] keys at a time so their
+/// values stay in L1, rows in register groups of 8, 4, 2 or 1. Each
+/// element still adds its keys in order (the chunks and groups only decide
+/// which elements share a pass).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn weighted_keys_all_rows_see<E: KvElem>(
+    isa: Isa,
+    p: &[f32],
+    width: usize,
+    values: &[E],
+    d: usize,
+    cols: std::ops::Range<usize>,
+    least: usize,
+    n: usize,
+    acc: &mut [f32],
+) {
+    let mut from = 0;
+    while from < least {
+        let to = (from + VALUE_CHUNK).min(least);
+        let mut r = 0;
+        while r < n {
+            macro_rules! pass {
+                ($qb:literal) => {
+                    lanes::weighted::<$qb, E>(
+                        isa,
+                        &p[r * width..],
+                        width,
+                        values,
+                        d,
+                        cols.clone(),
+                        from..to,
+                        &mut acc[r * d..][..$qb * d],
+                    )
+                };
+            }
+            let step = match n - r {
+                8.. => 8,
+                4..=7 => 4,
+                2 | 3 => 2,
+                _ => 1,
+            };
+            match step {
+                8 => pass!(8),
+                4 => pass!(4),
+                2 => pass!(2),
+                _ => pass!(1),
+            }
+            r += step;
+        }
+        from = to;
+    }
 }
