@@ -100,58 +100,106 @@ extern "C" __global__ void experts_combine(float* out, const float* ys, const fl
 // (`warp_sum`). The order depends on k alone. Device layout: `dm` holds
 // each block's f16 scale (low half) and, for Q4_1, its f16 minimum (high
 // half), `[n, k/32]`; `quants` `[n, k/32, 16 or 32]`.
+
+// Steps whose quants and scales a one-row product (decode, the expert
+// gathers) loads before it uses any of them: a warp walks its row's steps
+// one after another, and with one load in flight per step a short row
+// (k = 2560: ten steps) waited out ten DRAM latencies. Loading ahead
+// changes only when a value arrives, never the order of any lane's FMAs,
+// so the bits are those of one step at a time. Products of several rows
+// (prefill, verify windows) load one step at a time: with two steps ahead
+// there, prefill ran 11% slower (run 15, `docs/GPU.md`), as run 12's
+// unrolled loop had. Four steps ahead beat eight (run 15).
+#define MM_AHEAD 4
+
+// The eight weights of lane `qtr`'s quarter of a block, dequantized.
+template <int Q4>
+__device__ __forceinline__ void dequant8(float w[8], uint2 q, u32 sm, unsigned qtr) {
+    float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
+    if (Q4) {
+        u32 shift = (qtr >> 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
+            w[i] = (float)((byte >> shift) & 0x0f) * d + m;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w[i] = (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
+    }
+}
+
+// acc[t] (t < nr) += this lane's share of row `dmr`/`qr` times activation
+// row t of `xr`, over the eight-block steps starting at block `b_first`,
+// `b_stride` blocks apart, in order: the one loop of every block-format
+// product (`matmul_block`, `matmul_block_split`, `matmul_block_gather`),
+// `AHEAD` steps loaded at a time.
+template <int Q4, int T, int AHEAD>
+__device__ __forceinline__ void block_steps(float (&acc)[T], u64 nr, const float* xr, u64 k,
+                                            const u32* dmr, const u8* qr, u64 nb, u64 b_first,
+                                            u64 b_stride, unsigned lane) {
+    const int qb = Q4 ? 16 : 32;
+    unsigned qtr = lane & 3;
+    u64 at = Q4 ? (qtr & 1) * 8 : qtr * 8;
+    for (u64 b0 = b_first + lane / 4; b0 < nb; b0 += b_stride * AHEAD) {
+        uint2 q[AHEAD];
+        u32 sm[AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            u64 b = b0 + u * b_stride;
+            if (b < nb) {
+                q[u] = *(const uint2*)(qr + b * qb + at);
+                sm[u] = dmr[b];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            u64 b = b0 + u * b_stride;
+            if (b < nb) {
+                float w[8];
+                dequant8<Q4>(w, q[u], sm[u], qtr);
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    if (t < nr) {
+                        const float4* xb = (const float4*)(xr + t * k + b * 32 + qtr * 8);
+                        float4 v0 = xb[0], v1 = xb[1];
+                        float a = acc[t];
+                        a = fmaf(w[0], v0.x, a);
+                        a = fmaf(w[1], v0.y, a);
+                        a = fmaf(w[2], v0.z, a);
+                        a = fmaf(w[3], v0.w, a);
+                        a = fmaf(w[4], v1.x, a);
+                        a = fmaf(w[5], v1.y, a);
+                        a = fmaf(w[6], v1.z, a);
+                        a = fmaf(w[7], v1.w, a);
+                        acc[t] = a;
+                    }
+                }
+            }
+        }
+    }
+}
+
 template <int Q4>
 __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
     const int qb = Q4 ? 16 : 32;
     u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (j >= n) return;
-    unsigned lane = threadIdx.x & 31, qtr = lane & 3;
+    unsigned lane = threadIdx.x & 31;
     u64 nb = k / 32;
     const u32* dmr = dm + j * nb;
     const u8* qr = quants + j * nb * qb;
     for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
-        const float* xr = x + r0 * k;
         float acc[MM_TILE] = {};
-        for (u64 b0 = 0; b0 < nb; b0 += 8) {
-            u64 b = b0 + lane / 4;
-            if (b >= nb) continue;
-            u32 sm = dmr[b];
-            float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
-            float w[8];
-            if (Q4) {
-                uint2 q = *(const uint2*)(qr + b * 16 + (qtr & 1) * 8);
-                u32 shift = (qtr >> 1) * 4;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
-                    w[i] = (float)((byte >> shift) & 0x0f) * d + m;
-                }
-            } else {
-                uint2 q = *(const uint2*)(qr + b * 32 + qtr * 8);
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    w[i] = (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
-            }
-#pragma unroll
-            for (int t = 0; t < MM_TILE; t++) {
-                if (t < nr) {
-                    const float4* xb = (const float4*)(xr + t * k + b * 32 + qtr * 8);
-                    float4 v0 = xb[0], v1 = xb[1];
-                    float a = acc[t];
-                    a = fmaf(w[0], v0.x, a);
-                    a = fmaf(w[1], v0.y, a);
-                    a = fmaf(w[2], v0.z, a);
-                    a = fmaf(w[3], v0.w, a);
-                    a = fmaf(w[4], v1.x, a);
-                    a = fmaf(w[5], v1.y, a);
-                    a = fmaf(w[6], v1.z, a);
-                    a = fmaf(w[7], v1.w, a);
-                    acc[t] = a;
-                }
-            }
-        }
+        if (rows == 1) {
+            float one[1] = {0.f};
+            block_steps<Q4, 1, MM_AHEAD>(one, 1, x, k, dmr, qr, nb, 0, 8, lane);
+            acc[0] = one[0];
+        } else
+            block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 0, 8, lane);
 #pragma unroll
         for (int t = 0; t < MM_TILE; t++) {
             float s = warp_sum(acc[t]);
@@ -175,54 +223,22 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
                                                    u64 k) {
     __shared__ float part[MM_SPLIT][MM_TILE];
     const int qb = Q4 ? 16 : 32;
-    unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31, qtr = lane & 3;
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     u64 nb = k / 32;
     for (u64 j = blockIdx.x; j < n; j += gridDim.x) {
         const u32* dmr = dm + j * nb;
         const u8* qr = quants + j * nb * qb;
         for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
             u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
-            const float* xr = x + r0 * k;
             float acc[MM_TILE] = {};
-            for (u64 b0 = 8 * (u64)warp; b0 < nb; b0 += 8 * MM_SPLIT) {
-                u64 b = b0 + lane / 4;
-                if (b >= nb) continue;
-                u32 sm = dmr[b];
-                float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
-                float w[8];
-                if (Q4) {
-                    uint2 q = *(const uint2*)(qr + b * 16 + (qtr & 1) * 8);
-                    u32 shift = (qtr >> 1) * 4;
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
-                        w[i] = (float)((byte >> shift) & 0x0f) * d + m;
-                    }
-                } else {
-                    uint2 q = *(const uint2*)(qr + b * 32 + qtr * 8);
-#pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        w[i] =
-                            (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
-                }
-#pragma unroll
-                for (int t = 0; t < MM_TILE; t++) {
-                    if (t < nr) {
-                        const float4* xb = (const float4*)(xr + t * k + b * 32 + qtr * 8);
-                        float4 v0 = xb[0], v1 = xb[1];
-                        float a = acc[t];
-                        a = fmaf(w[0], v0.x, a);
-                        a = fmaf(w[1], v0.y, a);
-                        a = fmaf(w[2], v0.z, a);
-                        a = fmaf(w[3], v0.w, a);
-                        a = fmaf(w[4], v1.x, a);
-                        a = fmaf(w[5], v1.y, a);
-                        a = fmaf(w[6], v1.z, a);
-                        a = fmaf(w[7], v1.w, a);
-                        acc[t] = a;
-                    }
-                }
-            }
+            if (rows == 1) {
+                float one[1] = {0.f};
+                block_steps<Q4, 1, MM_AHEAD>(one, 1, x, k, dmr, qr, nb, 8 * (u64)warp,
+                                             8 * MM_SPLIT, lane);
+                acc[0] = one[0];
+            } else
+                block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 8 * (u64)warp,
+                                            8 * MM_SPLIT, lane);
 #pragma unroll
             for (int t = 0; t < MM_TILE; t++) {
                 float s = warp_sum(acc[t]);
@@ -272,46 +288,14 @@ __device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u6
     const int qb = Q4 ? 16 : 32;
     u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (j >= n) return;
-    unsigned lane = threadIdx.x & 31, qtr = lane & 3;
+    unsigned lane = threadIdx.x & 31;
     u64 nb = k / 32;
     for (u64 p = blockIdx.y; p < pairs; p += gridDim.y) {
         u64 row = (u64)experts[p] * n + j;
-        const u32* dmr = dm + row * nb;
-        const u8* qr = quants + row * nb * qb;
-        const float* xr = x + (p / x_div) * k;
-        float acc = 0.f;
-        for (u64 b0 = 0; b0 < nb; b0 += 8) {
-            u64 b = b0 + lane / 4;
-            if (b >= nb) continue;
-            u32 sm = dmr[b];
-            float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
-            float w[8];
-            if (Q4) {
-                uint2 q = *(const uint2*)(qr + b * 16 + (qtr & 1) * 8);
-                u32 shift = (qtr >> 1) * 4;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
-                    w[i] = (float)((byte >> shift) & 0x0f) * d + m;
-                }
-            } else {
-                uint2 q = *(const uint2*)(qr + b * 32 + qtr * 8);
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    w[i] = (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
-            }
-            const float4* xb = (const float4*)(xr + b * 32 + qtr * 8);
-            float4 v0 = xb[0], v1 = xb[1];
-            acc = fmaf(w[0], v0.x, acc);
-            acc = fmaf(w[1], v0.y, acc);
-            acc = fmaf(w[2], v0.z, acc);
-            acc = fmaf(w[3], v0.w, acc);
-            acc = fmaf(w[4], v1.x, acc);
-            acc = fmaf(w[5], v1.y, acc);
-            acc = fmaf(w[6], v1.z, acc);
-            acc = fmaf(w[7], v1.w, acc);
-        }
-        float s = warp_sum(acc);
+        float acc[1] = {0.f};
+        block_steps<Q4, 1, MM_AHEAD>(acc, 1, x + (p / x_div) * k, k, dm + row * nb,
+                                     quants + row * nb * qb, nb, 0, 8, lane);
+        float s = warp_sum(acc[0]);
         if (lane == 0) y[p * n + j] = s;
     }
 }
