@@ -8,7 +8,7 @@
 //! floating-point work of decode (+7% decode tok/s on the default model;
 //! prefill pays 10% for it and stays far ahead). Decode unpacks the quants
 //! in registers; prefill unpacks them once into an L1 buffer and reuses
-//! them for two activation rows at a time; both run the same operations in
+//! them for four activation rows at a time; both run the same operations in
 //! the same order, so one-row and window results agree bit for bit.
 //! Results differ from the AVX2 path in the last bits (another summation
 //! order), which is why one process uses one path for every matrix
@@ -167,46 +167,67 @@ pub(super) unsafe fn rows<const R: usize, Q: Quants512>(
         }
     }
     let weights: &[f32] = weights;
+    // Four activation rows per pass over the buffer (4 × R accumulators,
+    // 4 × 2 activation vectors), then pairs, then one: per output element
+    // the same operations in the same order whatever the pass.
     let mut r = 0;
-    while r + 2 <= m {
-        let (x0, x1) = (&x[r * k..(r + 1) * k], &x[(r + 1) * k..(r + 2) * k]);
-        let mut acc0 = [_mm512_setzero_ps(); R];
-        let mut acc1 = [_mm512_setzero_ps(); R];
-        for b in 0..nb {
-            // SAFETY: block b of both rows of x and of the buffer's rows.
-            unsafe {
-                let xv0 = load_block(x0.as_ptr().add(b * BLOCK));
-                let xv1 = load_block(x1.as_ptr().add(b * BLOCK));
-                for c in 0..R {
-                    let u = load_block(weights.as_ptr().add(c * k + b * BLOCK));
-                    let d = _mm512_set1_ps(scales[b * R + c]);
-                    acc0[c] = _mm512_fmadd_ps(d, block_dot(u, xv0), acc0[c]);
-                    acc1[c] = _mm512_fmadd_ps(d, block_dot(u, xv1), acc1[c]);
-                }
+    while r < m {
+        let n = match m - r {
+            4.. => 4,
+            2 | 3 => 2,
+            _ => 1,
+        };
+        let (xs, sxs) = (&x[r * k..(r + n) * k], &sx[r * nb..(r + n) * nb]);
+        let o = &mut out[r * R..(r + n) * R];
+        // SAFETY: as this function's contract, for rows r .. r + n; the
+        // buffer holds the group's R rows of k unpacked values.
+        unsafe {
+            match n {
+                4 => buffered_rows::<R, 4, Q>(g, scales, weights, xs, sxs, o),
+                2 => buffered_rows::<R, 2, Q>(g, scales, weights, xs, sxs, o),
+                _ => buffered_rows::<R, 1, Q>(g, scales, weights, xs, sxs, o),
             }
         }
-        for c in 0..R {
-            out[r * R + c] = finish::<Q>(acc0[c], g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
-            out[(r + 1) * R + c] =
-                finish::<Q>(acc1[c], g.mins_of(c), &sx[(r + 1) * nb..(r + 2) * nb]);
-        }
-        r += 2;
+        r += n;
     }
-    if r < m {
-        let xr = &x[r * k..(r + 1) * k];
-        let mut acc = [_mm512_setzero_ps(); R];
-        for b in 0..nb {
-            // SAFETY: as above.
-            unsafe {
-                let xv = load_block(xr.as_ptr().add(b * BLOCK));
-                for (c, a) in acc.iter_mut().enumerate() {
-                    let u = load_block(weights.as_ptr().add(c * k + b * BLOCK));
-                    let d = _mm512_set1_ps(scales[b * R + c]);
-                    *a = _mm512_fmadd_ps(d, block_dot(u, xv), *a);
+}
+
+/// `N` activation rows times the `R` rows of `g` from their unpacked
+/// weights (`weights`: `R` rows of `k` values): per output element the
+/// operations of [`fused_rows`], in the same order.
+///
+/// # Safety
+/// As [`rows`], with `x` holding `N` rows, `sx` their block sums, `scales`
+/// the group's `R · k / 32` scales as f32 and `out` `N · R` values.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn buffered_rows<const R: usize, const N: usize, Q: Quants512>(
+    g: &RowGroup,
+    scales: &[f32],
+    weights: &[f32],
+    x: &[f32],
+    sx: &[f32],
+    out: &mut [f32],
+) {
+    let (k, nb) = (g.k, g.k / BLOCK);
+    let mut acc = [[_mm512_setzero_ps(); R]; N];
+    for b in 0..nb {
+        // SAFETY: block b of each of the N rows of x and of the buffer's
+        // R rows.
+        unsafe {
+            let xv: [[__m512; 2]; N] =
+                std::array::from_fn(|r| load_block(x.as_ptr().add(r * k + b * BLOCK)));
+            for c in 0..R {
+                let u = load_block(weights.as_ptr().add(c * k + b * BLOCK));
+                let d = _mm512_set1_ps(*scales.get_unchecked(b * R + c));
+                for (a, xr) in acc.iter_mut().zip(&xv) {
+                    a[c] = _mm512_fmadd_ps(d, block_dot(u, *xr), a[c]);
                 }
             }
         }
-        for (c, a) in acc.into_iter().enumerate() {
+    }
+    for (r, a) in acc.into_iter().enumerate() {
+        for (c, a) in a.into_iter().enumerate() {
             out[r * R + c] = finish::<Q>(a, g.mins_of(c), &sx[r * nb..(r + 1) * nb]);
         }
     }
