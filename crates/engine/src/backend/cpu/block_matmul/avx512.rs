@@ -20,7 +20,7 @@ use super::avx2::{Q4, Q8, min_share};
 use super::{BLOCK, GroupScratch, RowGroup};
 
 /// See the AVX2 path: decode streams every weight once from DRAM.
-const PREFETCH: usize = 768;
+const PREFETCH: usize = 3072;
 
 /// One format's quants as two vectors of sixteen unscaled values.
 pub(super) trait Quants512 {
