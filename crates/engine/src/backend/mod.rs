@@ -134,6 +134,21 @@ pub enum GateAct {
     Silu,
 }
 
+/// One step of [`Backend::unary_chain`]: the element-wise op of the same
+/// name, with its rounding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    /// `x·mul + add` ([`Backend::affine`]).
+    Affine(f32, f32),
+    /// [`Backend::silu`].
+    Silu,
+    /// [`Backend::sigmoid`].
+    Sigmoid,
+}
+
+/// Steps a [`Backend::unary_chain`] takes at most.
+pub const UNARY_CHAIN_MAX: usize = 4;
+
 /// The two GELU forms checkpoints use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GeluForm {
@@ -605,6 +620,31 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn silu(&self, x: &Self::Buf) -> Result<Self::Buf>;
     /// `1 / (exp(−x) + 1)`.
     fn sigmoid(&self, x: &Self::Buf) -> Result<Self::Buf>;
+    /// The ops of `chain` (at most [`UNARY_CHAIN_MAX`]) applied in turn:
+    /// the bits of calling them one after another, which is what this
+    /// default does. A device overrides it with one pass over the data
+    /// (on CUDA one launch instead of one per step: the hyper-connection
+    /// gates are chains of two and three).
+    fn unary_chain(&self, x: &Self::Buf, chain: &[Unary]) -> Result<Self::Buf> {
+        let step = |v: &Self::Buf, u: &Unary| match *u {
+            Unary::Affine(m, a) => self.affine(v, m, a),
+            Unary::Silu => self.silu(v),
+            Unary::Sigmoid => self.sigmoid(v),
+        };
+        match chain {
+            [first, rest @ ..] if chain.len() <= UNARY_CHAIN_MAX => {
+                let mut y = step(x, first)?;
+                for u in rest {
+                    y = step(&y, u)?;
+                }
+                Ok(y)
+            }
+            _ => Err(crate::error::EngineError::State(format!(
+                "a unary chain of {} steps (1 to {UNARY_CHAIN_MAX})",
+                chain.len()
+            ))),
+        }
+    }
     /// `gu: [rows, 2·I]` rows `[g | u]` → `silu(g)·u`, `[rows, I]`; with a
     /// `limit` L, `silu(min(g, L))·clamp(u, −L, L)`.
     fn swiglu(&self, gu: &Self::Buf, inter: usize, limit: Option<f32>) -> Result<Self::Buf>;

@@ -23,7 +23,7 @@
 //! ([`crate::backend::Backend::hc_sinkhorn`]); the block reads `Σ pre·X`
 //! and writes `X'[k] = post[k]·y + Σ_j C[j,k]·X[j]`.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Unary};
 use crate::error::{EngineError, Result};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
@@ -80,14 +80,23 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
         // `t / C` as candle computed it: `t·(1/C) + 0`.
         let inv_c = (1.0 / self.c as f64) as f32;
         let n = self.norm.forward(ops, xs)?;
-        let d = ops.affine(&self.down.forward(ops, &n, rows)?, inv_c, 0.0)?;
-        let m = ops.sigmoid(&self.up.forward(ops, &ops.silu(&d)?, rows)?)?;
+        // The gates as unary chains: the bits of the ops one by one, one
+        // launch on a device.
+        let d = ops.unary_chain(
+            &self.down.forward(ops, &n, rows)?,
+            &[Unary::Affine(inv_c, 0.0), Unary::Silu],
+        )?;
+        let m = ops.sigmoid(&self.up.forward(ops, &d, rows)?)?;
         let x = ops.mean_streams(&ops.mul(&m, &n)?, self.c, self.h)?;
         let inj = match &self.inject {
-            Some(w) => {
-                let s = ops.sigmoid(&ops.affine(&w.forward(ops, &n, rows)?, inv_c, 0.0)?)?;
-                Some(ops.affine(&s, 2.0, 0.0)?)
-            }
+            Some(w) => Some(ops.unary_chain(
+                &w.forward(ops, &n, rows)?,
+                &[
+                    Unary::Affine(inv_c, 0.0),
+                    Unary::Sigmoid,
+                    Unary::Affine(2.0, 0.0),
+                ],
+            )?),
             None => None,
         };
         Ok((x, inj))

@@ -1451,6 +1451,31 @@ mod tests {
     }
 
     #[test]
+    fn unary_chains_are_their_steps_in_turn() {
+        use crate::backend::Unary;
+        let ops = CpuOps;
+        let x = data(37, 0.4);
+        let chain = [
+            Unary::Affine(0.25, 0.0),
+            Unary::Sigmoid,
+            Unary::Affine(2.0, 0.0),
+        ];
+        let steps = ops
+            .affine(
+                &ops.sigmoid(&ops.affine(&x, 0.25, 0.0).unwrap()).unwrap(),
+                2.0,
+                0.0,
+            )
+            .unwrap();
+        assert_eq!(bits(&ops.unary_chain(&x, &chain).unwrap()), bits(&steps));
+        let silu = ops.silu(&ops.affine(&x, 0.5, -1.0).unwrap()).unwrap();
+        let chain = [Unary::Affine(0.5, -1.0), Unary::Silu];
+        assert_eq!(bits(&ops.unary_chain(&x, &chain).unwrap()), bits(&silu));
+        assert!(ops.unary_chain(&x, &[]).is_err());
+        assert!(ops.unary_chain(&x, &[Unary::Silu; 5]).is_err());
+    }
+
+    #[test]
     fn element_wise_ops_equal_candle() {
         let ops = CpuOps;
         let (x, y) = (data(96, 0.3), data(96, 1.9));

@@ -8,7 +8,7 @@ use super::buf::CudaBuf;
 use super::device::{Arg, Device, Shape, args, ptr};
 use super::graph::CudaStep;
 use super::weights::{BlockKind, CudaTable};
-use crate::backend::GeluForm;
+use crate::backend::{GeluForm, UNARY_CHAIN_MAX, Unary};
 use crate::error::{EngineError, Result};
 
 fn shape_err(op: &str, msg: String) -> EngineError {
@@ -135,6 +135,26 @@ pub(super) fn silu(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
 
 pub(super) fn sigmoid(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
     map(dev, "sigmoid_f32", x.len(), args![x.ptr()])
+}
+
+/// [`crate::backend::Backend::unary_chain`] in one launch.
+pub(super) fn unary_chain(dev: &Device, x: &CudaBuf, chain: &[Unary]) -> Result<CudaBuf> {
+    if chain.is_empty() || chain.len() > UNARY_CHAIN_MAX {
+        return Err(shape_err(
+            "unary_chain",
+            format!("{} steps (1 to {UNARY_CHAIN_MAX})", chain.len()),
+        ));
+    }
+    let mut a: Vec<Arg> = vec![Arg::U64(x.ptr()), Arg::I32(chain.len() as i32)];
+    for i in 0..UNARY_CHAIN_MAX {
+        let (kind, m, b) = match chain.get(i) {
+            Some(Unary::Affine(m, b)) => (0, *m, *b),
+            Some(Unary::Silu) => (1, 0.0, 0.0),
+            Some(Unary::Sigmoid) | None => (2, 0.0, 0.0),
+        };
+        a.extend([Arg::I32(kind), Arg::F32(m), Arg::F32(b)]);
+    }
+    map(dev, "unary_chain_f32", x.len(), &a)
 }
 
 pub(super) fn swiglu(

@@ -9,7 +9,7 @@ use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
 use crate::backend::{
     Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostWeight, IndexerShape, RopeLayout,
-    RouterSpec, ScanDims, StepBody,
+    RouterSpec, ScanDims, StepBody, Unary,
 };
 use crate::error::Result;
 
@@ -397,6 +397,10 @@ impl Backend for CudaOps {
 
     fn sigmoid(&self, x: &CudaBuf) -> Result<CudaBuf> {
         elementwise::sigmoid(&self.dev, x)
+    }
+
+    fn unary_chain(&self, x: &CudaBuf, chain: &[Unary]) -> Result<CudaBuf> {
+        elementwise::unary_chain(&self.dev, x, chain)
     }
 
     fn swiglu(&self, gu: &CudaBuf, inter: usize, limit: Option<f32>) -> Result<CudaBuf> {

@@ -1,6 +1,6 @@
 //! Element-wise ops, PLE gate, stream ops, mHC and compression.
 
-use ds4_engine::backend::{Backend, CpuOps, GeluForm};
+use ds4_engine::backend::{Backend, CpuOps, GeluForm, Unary};
 
 use crate::support::{check, down, gpu, rnd, rows_invariant, up};
 
@@ -47,6 +47,49 @@ fn cuda_element_wise_ops_match_the_cpu() {
         1e-6,
         false,
     );
+    // Unary chains: one launch, the bits of the steps launched one by one,
+    // and the CPU's (whose chain is those steps) within the steps' bound.
+    for chain in [
+        vec![Unary::Affine(0.25, 0.0), Unary::Silu],
+        vec![
+            Unary::Affine(0.25, 0.0),
+            Unary::Sigmoid,
+            Unary::Affine(2.0, 0.0),
+        ],
+        vec![
+            Unary::Sigmoid,
+            Unary::Affine(-3.0, 0.5),
+            Unary::Silu,
+            Unary::Affine(1.5, 0.25),
+        ],
+    ] {
+        let fused = down(&g, &g.unary_chain(&ga, &chain).unwrap());
+        let mut one_by_one = ga.clone();
+        for u in &chain {
+            one_by_one = match *u {
+                Unary::Affine(m, b) => g.affine(&one_by_one, m, b).unwrap(),
+                Unary::Silu => g.silu(&one_by_one).unwrap(),
+                Unary::Sigmoid => g.sigmoid(&one_by_one).unwrap(),
+            };
+        }
+        let one_by_one = down(&g, &one_by_one);
+        assert!(
+            fused
+                .iter()
+                .zip(&one_by_one)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "unary chain {chain:?}: fused and one-by-one launches differ"
+        );
+        check(
+            &format!("unary_chain {chain:?}"),
+            &fused,
+            &c.unary_chain(&a, &chain).unwrap(),
+            1e-6,
+            false,
+        );
+    }
+    assert!(g.unary_chain(&ga, &[]).is_err());
+    assert!(g.unary_chain(&ga, &[Unary::Silu; 5]).is_err());
     for form in [GeluForm::Erf, GeluForm::Tanh] {
         check(
             &format!("gelu {form:?}"),

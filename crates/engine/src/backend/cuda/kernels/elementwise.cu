@@ -42,6 +42,27 @@ extern "C" __global__ void sigmoid_f32(float* y, const float* x, u64 n) {
     FOR_EACH(i, n) y[i] = 1.0f / (expf(-x[i]) + 1.0f);
 }
 
+// Up to four of affine (kind 0: `v·a + b`), silu (1) and sigmoid (2) in
+// one pass, each written exactly as its own kernel above (--fmad=false, the
+// same expf), so a chain has the bits of its steps launched one by one.
+__device__ __forceinline__ float unary_step(float v, int kind, float a, float b) {
+    if (kind == 0) return v * a + b;
+    if (kind == 1) return v / (1.0f + expf(-v));
+    return 1.0f / (expf(-v) + 1.0f);
+}
+
+extern "C" __global__ void unary_chain_f32(float* y, const float* x, int steps, int k0, float a0,
+                                           float b0, int k1, float a1, float b1, int k2, float a2,
+                                           float b2, int k3, float a3, float b3, u64 n) {
+    FOR_EACH(i, n) {
+        float v = unary_step(x[i], k0, a0, b0);
+        if (steps > 1) v = unary_step(v, k1, a1, b1);
+        if (steps > 2) v = unary_step(v, k2, a2, b2);
+        if (steps > 3) v = unary_step(v, k3, a3, b3);
+        y[i] = v;
+    }
+}
+
 // `silu(g)·u`, or `silu(min(g, L))·clamp(u, −L, L)` when has_limit.
 __device__ __forceinline__ float swiglu_one(float g, float u, int has_limit, float limit) {
     if (has_limit) {
