@@ -702,6 +702,19 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn tile_streams(&self, x: &Self::Buf, c: usize, h: usize) -> Result<Self::Buf>;
     /// `x: [rows, C·H]` → `(0 + x_0 + … + x_{C−1})·(1/C)`, `[rows, H]`.
     fn mean_streams(&self, x: &Self::Buf, c: usize, h: usize) -> Result<Self::Buf>;
+    /// `mean_streams(mul(sigmoid(gates), x))`, `gates` and `x` `[rows,
+    /// C·H]`: the gated-residual mix. The default runs the three ops; a
+    /// device may fuse them with the same bits (every intermediate is an
+    /// f32 either way).
+    fn gated_mean_streams(
+        &self,
+        gates: &Self::Buf,
+        x: &Self::Buf,
+        c: usize,
+        h: usize,
+    ) -> Result<Self::Buf> {
+        self.mean_streams(&self.mul(&self.sigmoid(gates)?, x)?, c, h)
+    }
     /// `X + concat_s(inj_s·y)`: `X [rows, C·H]`, `y [rows, H]`, `inj [rows, C]`.
     fn inject_streams(
         &self,

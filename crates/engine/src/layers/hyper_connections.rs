@@ -86,8 +86,7 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
             &self.down.forward(ops, &n, rows)?,
             &[Unary::Affine(inv_c, 0.0), Unary::Silu],
         )?;
-        let m = ops.sigmoid(&self.up.forward(ops, &d, rows)?)?;
-        let x = ops.mean_streams(&ops.mul(&m, &n)?, self.c, self.h)?;
+        let x = ops.gated_mean_streams(&self.up.forward(ops, &d, rows)?, &n, self.c, self.h)?;
         let inj = match &self.inject {
             Some(w) => Some(ops.unary_chain(
                 &w.forward(ops, &n, rows)?,

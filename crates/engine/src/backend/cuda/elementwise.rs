@@ -309,6 +309,34 @@ pub(super) fn mean_streams(dev: &Device, x: &CudaBuf, c: usize, h: usize) -> Res
     Ok(y)
 }
 
+/// [`crate::backend::Backend::gated_mean_streams`] in one launch.
+pub(super) fn gated_mean_streams(
+    dev: &Device,
+    g: &CudaBuf,
+    x: &CudaBuf,
+    c: usize,
+    h: usize,
+) -> Result<CudaBuf> {
+    same_len("gated_mean_streams", g, x)?;
+    if c == 0 || h == 0 || !x.len().is_multiple_of(c * h) {
+        return Err(shape_err(
+            "gated_mean_streams",
+            format!("{} values in rows of {c}×{h}", x.len()),
+        ));
+    }
+    let rows = x.len() / (c * h);
+    let y = CudaBuf::uninit(dev, rows * h)?;
+    if rows > 0 {
+        let inv = (1f64 / c as f64) as f32;
+        dev.launch(
+            "gated_mean_streams_f32",
+            Shape::elements(rows * h),
+            args![y.ptr(), g.ptr(), x.ptr(), rows, c, h, inv],
+        )?;
+    }
+    Ok(y)
+}
+
 pub(super) fn inject_streams(
     dev: &Device,
     xs: &CudaBuf,

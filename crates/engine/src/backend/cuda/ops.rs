@@ -454,6 +454,10 @@ impl Backend for CudaOps {
         elementwise::mean_streams(&self.dev, x, c, h)
     }
 
+    fn gated_mean_streams(&self, g: &CudaBuf, x: &CudaBuf, c: usize, h: usize) -> Result<CudaBuf> {
+        elementwise::gated_mean_streams(&self.dev, g, x, c, h)
+    }
+
     fn inject_streams(
         &self,
         xs: &CudaBuf,

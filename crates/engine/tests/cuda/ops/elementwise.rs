@@ -223,6 +223,29 @@ fn cuda_element_wise_ops_match_the_cpu() {
         0.0,
         true,
     );
+    // The fused gated mix: the bits of sigmoid, mul and mean_streams
+    // launched one by one, and the CPU's within sigmoid's bound.
+    let (gk, gq) = (up(&g, &key), up(&g, &qry));
+    let fused = down(&g, &g.gated_mean_streams(&gk, &gq, cs, hh).unwrap());
+    let steps = down(
+        &g,
+        &g.mean_streams(&g.mul(&g.sigmoid(&gk).unwrap(), &gq).unwrap(), cs, hh)
+            .unwrap(),
+    );
+    assert!(
+        fused
+            .iter()
+            .zip(&steps)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "gated_mean_streams: fused and one-by-one launches differ"
+    );
+    check(
+        "gated_mean_streams",
+        &fused,
+        &c.gated_mean_streams(&key, &qry, cs, hh).unwrap(),
+        1e-6,
+        false,
+    );
     let inj = rnd(rows * cs, 149);
     check(
         "inject_streams",

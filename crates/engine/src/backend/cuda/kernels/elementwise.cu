@@ -132,6 +132,22 @@ extern "C" __global__ void mean_streams_f32(float* y, const float* x, u64 rows, 
     }
 }
 
+// mean_streams(sigmoid(g)·x) in one pass: each gate, product and sum
+// rounded to f32 as the three kernels above round them.
+extern "C" __global__ void gated_mean_streams_f32(float* y, const float* g, const float* x,
+                                                  u64 rows, u64 c, u64 h, float inv) {
+    FOR_EACH(i, rows * h) {
+        u64 r = i / h, j = i % h;
+        float s = 0.0f;
+        for (u64 st = 0; st < c; st++) {
+            u64 at = (r * c + st) * h + j;
+            float m = 1.0f / (expf(-g[at]) + 1.0f);
+            s += m * x[at];
+        }
+        y[i] = s * inv + 0.0f;
+    }
+}
+
 // X + concat_s(inj_s·y).
 extern "C" __global__ void inject_streams_f32(float* out, const float* xs, const float* y,
                                               const float* inj, u64 rows, u64 c, u64 h) {
