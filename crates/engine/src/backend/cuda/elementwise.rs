@@ -290,23 +290,7 @@ pub(super) fn tile_streams(dev: &Device, x: &CudaBuf, c: usize, h: usize) -> Res
 }
 
 pub(super) fn mean_streams(dev: &Device, x: &CudaBuf, c: usize, h: usize) -> Result<CudaBuf> {
-    if c == 0 || h == 0 || !x.len().is_multiple_of(c * h) {
-        return Err(shape_err(
-            "mean_streams",
-            format!("{} values in rows of {c}×{h}", x.len()),
-        ));
-    }
-    let rows = x.len() / (c * h);
-    let y = CudaBuf::uninit(dev, rows * h)?;
-    if rows > 0 {
-        let inv = (1f64 / c as f64) as f32;
-        dev.launch(
-            "mean_streams_f32",
-            Shape::elements(rows * h),
-            args![y.ptr(), x.ptr(), rows, c, h, inv],
-        )?;
-    }
-    Ok(y)
+    stream_mean(dev, "mean_streams_f32", x, c, h, args![x.ptr()])
 }
 
 /// [`crate::backend::Backend::gated_mean_streams`] in one launch.
@@ -318,9 +302,29 @@ pub(super) fn gated_mean_streams(
     h: usize,
 ) -> Result<CudaBuf> {
     same_len("gated_mean_streams", g, x)?;
+    stream_mean(
+        dev,
+        "gated_mean_streams_f32",
+        x,
+        c,
+        h,
+        args![g.ptr(), x.ptr()],
+    )
+}
+
+/// `y [rows, H]` from streams `x [rows, C·H]` by `kernel`, which takes
+/// `(y, inputs…, rows, c, h, 1/C)`.
+fn stream_mean(
+    dev: &Device,
+    kernel: &'static str,
+    x: &CudaBuf,
+    c: usize,
+    h: usize,
+    inputs: &[Arg],
+) -> Result<CudaBuf> {
     if c == 0 || h == 0 || !x.len().is_multiple_of(c * h) {
         return Err(shape_err(
-            "gated_mean_streams",
+            kernel.trim_end_matches("_f32"),
             format!("{} values in rows of {c}×{h}", x.len()),
         ));
     }
@@ -328,11 +332,15 @@ pub(super) fn gated_mean_streams(
     let y = CudaBuf::uninit(dev, rows * h)?;
     if rows > 0 {
         let inv = (1f64 / c as f64) as f32;
-        dev.launch(
-            "gated_mean_streams_f32",
-            Shape::elements(rows * h),
-            args![y.ptr(), g.ptr(), x.ptr(), rows, c, h, inv],
-        )?;
+        let mut a = vec![Arg::U64(y.ptr())];
+        a.extend_from_slice(inputs);
+        a.extend([
+            Arg::U64(rows as u64),
+            Arg::U64(c as u64),
+            Arg::U64(h as u64),
+            Arg::F32(inv),
+        ]);
+        dev.launch(kernel, Shape::elements(rows * h), &a)?;
     }
     Ok(y)
 }

@@ -2,7 +2,7 @@
 
 use ds4_engine::backend::{Backend, CpuOps, GeluForm, Unary};
 
-use crate::support::{check, down, gpu, rnd, rows_invariant, up};
+use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
@@ -73,11 +73,9 @@ fn cuda_element_wise_ops_match_the_cpu() {
             };
         }
         let one_by_one = down(&g, &one_by_one);
-        assert!(
-            fused
-                .iter()
-                .zip(&one_by_one)
-                .all(|(x, y)| x.to_bits() == y.to_bits()),
+        assert_eq!(
+            bits(&fused),
+            bits(&one_by_one),
             "unary chain {chain:?}: fused and one-by-one launches differ"
         );
         check(
@@ -232,11 +230,9 @@ fn cuda_element_wise_ops_match_the_cpu() {
         &g.mean_streams(&g.mul(&g.sigmoid(&gk).unwrap(), &gq).unwrap(), cs, hh)
             .unwrap(),
     );
-    assert!(
-        fused
-            .iter()
-            .zip(&steps)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
+    assert_eq!(
+        bits(&fused),
+        bits(&steps),
         "gated_mean_streams: fused and one-by-one launches differ"
     );
     check(

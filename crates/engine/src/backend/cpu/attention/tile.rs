@@ -198,6 +198,18 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
     }
 }
 
+/// Rows a pass over the keys takes when `left` rows remain: the register
+/// groups of 8, 4, 2 or 1 both key-order passes below use.
+#[inline(always)]
+fn rows_per_pass(left: usize) -> usize {
+    match left {
+        8.. => 8,
+        4..=7 => 4,
+        2 | 3 => 2,
+        _ => 1,
+    }
+}
+
 /// `sums[r] += Σ_{j < least} p[r·width + j]` for every row, each row one
 /// addition chain in key order. Rows go in groups of 8, 4, 2 or 1 whose
 /// chains are interleaved in registers (a chain kept in memory cost a
@@ -207,12 +219,7 @@ fn sums_keys_all_rows_see(p: &[f32], width: usize, least: usize, sums: &mut [f32
     let n = sums.len();
     let mut r = 0;
     while r < n {
-        let step = match n - r {
-            8.. => 8,
-            4..=7 => 4,
-            2 | 3 => 2,
-            _ => 1,
-        };
+        let step = rows_per_pass(n - r);
         let (p, s) = (&p[r * width..], &mut sums[r..r + step]);
         match step {
             8 => interleaved_chains::<8>(p, width, least, s),
@@ -297,12 +304,7 @@ pub(super) fn weighted_keys_all_rows_see<E: KvElem>(
                     )
                 };
             }
-            let step = match n - r {
-                8.. => 8,
-                4..=7 => 4,
-                2 | 3 => 2,
-                _ => 1,
-            };
+            let step = rows_per_pass(n - r);
             match step {
                 8 => pass!(8),
                 4 => pass!(4),
