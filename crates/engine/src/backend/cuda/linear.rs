@@ -72,17 +72,32 @@ pub(super) fn matmul(dev: &Device, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> 
                     block: (ROWS_PER_BLOCK * 32) as u32,
                 }
             };
-            let name = match (kind, split) {
-                (BlockKind::Q4_1, false) => "matmul_q4_1",
-                (BlockKind::Q8_0, false) => "matmul_q8_0",
-                (BlockKind::Q4_1, true) => "matmul_q4_1_split",
-                (BlockKind::Q8_0, true) => "matmul_q8_0_split",
+            // One activation row (decode) has kernels of its own: the same
+            // arithmetic, loading ahead, without the several-row path's
+            // registers (`kernels/matmul.cu`).
+            let name = match (kind, split, rows == 1) {
+                (BlockKind::Q4_1, false, false) => "matmul_q4_1",
+                (BlockKind::Q8_0, false, false) => "matmul_q8_0",
+                (BlockKind::Q4_1, true, false) => "matmul_q4_1_split",
+                (BlockKind::Q8_0, true, false) => "matmul_q8_0_split",
+                (BlockKind::Q4_1, false, true) => "matmul_q4_1_one",
+                (BlockKind::Q8_0, false, true) => "matmul_q8_0_one",
+                (BlockKind::Q4_1, true, true) => "matmul_q4_1_split_one",
+                (BlockKind::Q8_0, true, true) => "matmul_q8_0_split_one",
             };
-            dev.launch(
-                name,
-                shape,
-                args![y.ptr(), x.ptr(), rows, ptr(dm), ptr(quants), n, k],
-            )?
+            if rows == 1 {
+                dev.launch(
+                    name,
+                    shape,
+                    args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k],
+                )?
+            } else {
+                dev.launch(
+                    name,
+                    shape,
+                    args![y.ptr(), x.ptr(), rows, ptr(dm), ptr(quants), n, k],
+                )?
+            }
         }
     }
     Ok(y)

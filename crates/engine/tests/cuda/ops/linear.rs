@@ -64,8 +64,10 @@ fn cuda_matmul_blocks_match_the_cpu() {
     println!("REPORT cpu_block_kernels={:?}", isa());
     // k = 608: 19 blocks (eight-lane minima plus a tail of 3); k = 4192:
     // 131 blocks, few output rows (the split kernel: eight warps per row,
-    // steps not a multiple of eight warps).
-    for (rows, n, k) in [(7, 70, 608), (6, 5, 4192)] {
+    // steps not a multiple of eight warps). "One row at a time" runs the
+    // one-row kernels, the whole call the several-row ones: bit for bit;
+    // n = 4098 runs them over many blocks of warps.
+    for (rows, n, k) in [(7, 70, 608), (6, 5, 4192), (4, 4098, 608)] {
         blocks_at(&g, &c, rows, n, k);
     }
 }

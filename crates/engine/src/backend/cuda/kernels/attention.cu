@@ -62,8 +62,13 @@ template <typename Keys>
 __device__ __forceinline__ void tile_partial(float* part, const float* qh, const Keys& keys,
                                              u64 n, u64 tile, u64 d, int scaled, float scale) {
     __shared__ float sp_all[ATT_WARPS][ATT_TILE];
+    // The tile's value rows, looked up once by the lane that scores the
+    // key (a gathered key's row is behind an index load): the Σ p·v loop
+    // then has no dependent load before each row's values.
+    __shared__ const float* vp_all[ATT_WARPS][ATT_TILE];
     unsigned lane = threadIdx.x & 31;
     float* sp = sp_all[(threadIdx.x / 32) % ATT_WARPS];
+    const float** vp = vp_all[(threadIdx.x / 32) % ATT_WARPS];
     u64 j0 = tile * ATT_TILE;
     u64 cnt = j0 < n ? (n - j0 < ATT_TILE ? n - j0 : ATT_TILE) : 0;
     float s[2] = {DS4_NEG_INF, DS4_NEG_INF};
@@ -71,6 +76,7 @@ __device__ __forceinline__ void tile_partial(float* part, const float* qh, const
         u64 i = lane + 32 * h;
         if (i < cnt) {
             const float* kj = keys.key(j0 + i);
+            vp[i] = keys.val(j0 + i);
             s[h] = scaled ? dot8_attn(qh, kj, (int)d) : dot_seq(qh, kj, (int)d) * scale;
         }
     }
@@ -86,10 +92,10 @@ __device__ __forceinline__ void tile_partial(float* part, const float* qh, const
         float acc[ATT_DIMS];
 #pragma unroll
         for (int t = 0; t < ATT_DIMS; t++) acc[t] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
         for (u64 i = 0; i < cnt; i++) {
             float p = sp[i];
-            const float* vj = keys.val(j0 + i);
+            const float* vj = vp[i];
 #pragma unroll
             for (int t = 0; t < ATT_DIMS; t++) {
                 u64 e = e0 + lane + 32 * t;

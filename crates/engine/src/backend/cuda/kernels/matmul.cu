@@ -181,6 +181,8 @@ __device__ __forceinline__ void block_steps(float (&acc)[T], u64 nr, const float
     }
 }
 
+// Several activation rows (prefill, verify windows): a warp per output row,
+// the rows four at a time, one step loaded at a time.
 template <int Q4>
 __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
@@ -194,18 +196,35 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
     for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
         float acc[MM_TILE] = {};
-        if (rows == 1) {
-            float one[1] = {0.f};
-            block_steps<Q4, 1, MM_AHEAD>(one, 1, x, k, dmr, qr, nb, 0, 8, lane);
-            acc[0] = one[0];
-        } else
-            block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 0, 8, lane);
+        block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 0, 8, lane);
 #pragma unroll
         for (int t = 0; t < MM_TILE; t++) {
             float s = warp_sum(acc[t]);
             if (lane == 0 && t < nr) y[(r0 + t) * n + j] = s;
         }
     }
+}
+
+// One activation row (decode): a warp per output row, MM_AHEAD steps loaded
+// ahead; the bits of `matmul_block`. A kernel of its own because a
+// kernel's register count is set by its heaviest path: with both paths in
+// one kernel every launch ran at the occupancy of the heavier one (run 16,
+// `docs/GPU.md`: prefill 1.01×, decode 1.00–1.03×). Giving a warp two or
+// four output rows, reading the activations once for them, was slower
+// (fewer warps in flight: decode 0.93× and 0.88×, run 16), and so was
+// loading eight steps ahead (0.97×).
+template <int Q4>
+__device__ __forceinline__ void matmul_block_one(float* y, const float* x, const u32* dm,
+                                                 const u8* quants, u64 n, u64 k) {
+    const int qb = Q4 ? 16 : 32;
+    u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (j >= n) return;
+    unsigned lane = threadIdx.x & 31;
+    u64 nb = k / 32;
+    float acc[1] = {0.f};
+    block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, k, dm + j * nb, quants + j * nb * qb, nb, 0, 8, lane);
+    float s = warp_sum(acc[0]);
+    if (lane == 0) y[j] = s;
 }
 
 // Short and long block-format matrices (k ≥ 4096, at most 2048 output rows:
@@ -216,8 +235,9 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
 // the MM_SPLIT warp sums in warp order from +0. The order depends on
 // (n, k) alone (the launch picks this kernel by the matrix's shape, never
 // by the row count), so every row count gives the same bits.
+// `ONE`: the one-row form (a kernel of its own, as `matmul_block_one`).
 #define MM_SPLIT 8
-template <int Q4>
+template <int Q4, int ONE>
 __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64 rows,
                                                    const u32* dm, const u8* quants, u64 n,
                                                    u64 k) {
@@ -231,7 +251,7 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
         for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
             u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
             float acc[MM_TILE] = {};
-            if (rows == 1) {
+            if (ONE) {
                 float one[1] = {0.f};
                 block_steps<Q4, 1, MM_AHEAD>(one, 1, x, k, dmr, qr, nb, 8 * (u64)warp,
                                              8 * MM_SPLIT, lane);
@@ -257,12 +277,22 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
 
 extern "C" __global__ void matmul_q4_1_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
-    matmul_block_split<1>(y, x, rows, dm, quants, n, k);
+    matmul_block_split<1, 0>(y, x, rows, dm, quants, n, k);
+}
+
+extern "C" __global__ void matmul_q4_1_split_one(float* y, const float* x, const u32* dm,
+                                                 const u8* quants, u64 n, u64 k) {
+    matmul_block_split<1, 1>(y, x, 1, dm, quants, n, k);
 }
 
 extern "C" __global__ void matmul_q8_0_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
-    matmul_block_split<0>(y, x, rows, dm, quants, n, k);
+    matmul_block_split<0, 0>(y, x, rows, dm, quants, n, k);
+}
+
+extern "C" __global__ void matmul_q8_0_split_one(float* y, const float* x, const u32* dm,
+                                                 const u8* quants, u64 n, u64 k) {
+    matmul_block_split<0, 1>(y, x, 1, dm, quants, n, k);
 }
 
 extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
@@ -273,6 +303,16 @@ extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const
 extern "C" __global__ void matmul_q8_0(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
     matmul_block<0>(y, x, rows, dm, quants, n, k);
+}
+
+extern "C" __global__ void matmul_q4_1_one(float* y, const float* x, const u32* dm,
+                                           const u8* quants, u64 n, u64 k) {
+    matmul_block_one<1>(y, x, dm, quants, n, k);
+}
+
+extern "C" __global__ void matmul_q8_0_one(float* y, const float* x, const u32* dm,
+                                           const u8* quants, u64 n, u64 k) {
+    matmul_block_one<0>(y, x, dm, quants, n, k);
 }
 
 // Routed experts in a block format: pair p (a (token, slot)) multiplies x
