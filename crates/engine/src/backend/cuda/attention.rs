@@ -28,7 +28,7 @@ fn merge(
     let y = CudaBuf::uninit(dev, items * d)?;
     dev.launch(
         "attention_merge_f32",
-        Shape::warps(items),
+        Shape::warps(items * d.div_ceil(32)),
         args![
             y.ptr(),
             parts.ptr(),
@@ -165,7 +165,7 @@ pub(super) fn attention_causal_step(
     let y = CudaBuf::uninit(dev, items * d)?;
     dev.launch(
         "attention_merge_step_f32",
-        Shape::warps(items),
+        Shape::warps(items * d.div_ceil(32)),
         args![y.ptr(), parts.ptr(), items, cap_tiles, t, d, step.ptr],
     )?;
     Ok(y)

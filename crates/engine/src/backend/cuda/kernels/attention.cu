@@ -116,36 +116,61 @@ __device__ __forceinline__ void tile_partial(float* part, const float* qh, const
 }
 
 // Merge the `tiles` partials at pw (stride 2 + d) of one (query, head) in
-// order into o [d]; `sink` is −∞ without one.
-__device__ __forceinline__ void merge_item(float* o, const float* pw, u64 tiles, u64 d,
-                                           float sink) {
+// order into its output dims chunk·32 .. +32 at o; `sink` is −∞ without
+// one. A warp per (query, head, 32 dims), so a decode step's few heads
+// still fill the GPU; every warp of an item computes the same M and Σ by
+// the same sequence, so the split changes no bit. Each tile's factor
+// e^(m_t − M) is computed once (lane t mod 32) and broadcast. Empty tiles
+// (past the keys, or an unused capacity tile: m_t = −∞, l_t = 0, acc_t = 0)
+// are skipped: their terms are exact +0s, and adding +0 to a sum that
+// started at +0 changes nothing.
+__device__ __forceinline__ void merge_chunk(float* o, const float* pw, u64 tiles, u64 d,
+                                            u64 chunk, float sink) {
     unsigned lane = threadIdx.x & 31;
+    u64 e = chunk * 32 + lane;
     float mx = sink;
-    for (u64 t = 0; t < tiles; t++) mx = fmaxf(mx, pw[t * (d + 2)]);
+    for (u64 t = lane; t < tiles; t += 32) mx = fmaxf(mx, pw[t * (d + 2)]);
+    mx = warp_max(mx);
     if (mx == DS4_NEG_INF) {
         // No key and no sink: nothing is attended (the CPU's output stays
         // zero).
-        for (u64 e = lane; e < d; e += 32) o[e] = 0.0f;
+        if (e < d) o[e] = 0.0f;
         return;
     }
-    float sum = 0.0f;
-    for (u64 t = 0; t < tiles; t++) sum += pw[t * (d + 2) + 1] * expf(pw[t * (d + 2)] - mx);
-    if (sink != DS4_NEG_INF) sum += expf(sink - mx);
-    for (u64 e = lane; e < d; e += 32) {
-        float acc = 0.0f;
-        for (u64 t = 0; t < tiles; t++) acc += pw[t * (d + 2) + 2 + e] * expf(pw[t * (d + 2)] - mx);
-        o[e] = acc / sum;
+    float sum = 0.0f, acc = 0.0f;
+    for (u64 t0 = 0; t0 < tiles; t0 += 32) {
+        u64 mine = t0 + lane;
+        float m_t = mine < tiles ? pw[mine * (d + 2)] : DS4_NEG_INF;
+        float l_t = mine < tiles ? pw[mine * (d + 2) + 1] : 0.0f;
+        // Empty: −∞ with l = 0 (a tile whose scores were all −∞ has l =
+        // NaN and is kept, as the one-by-one merge kept it).
+        bool empty = m_t == DS4_NEG_INF && l_t == 0.0f;
+        float f_t = expf(m_t - mx);
+        unsigned live = __ballot_sync(0xffffffffu, !empty);
+        while (live) {
+            int src = __ffs(live) - 1;
+            live &= live - 1;
+            float f = __shfl_sync(0xffffffffu, f_t, src);
+            float l = __shfl_sync(0xffffffffu, l_t, src);
+            sum += l * f;
+            if (e < d) acc += pw[(t0 + src) * (d + 2) + 2 + e] * f;
+        }
     }
+    if (sink != DS4_NEG_INF) sum += expf(sink - mx);
+    if (e < d) o[e] = acc / sum;
 }
 
-// Merge the tiles of every (query, head) in order into y [items, d].
-// parts: [items, tiles, 2 + d]; sinks (per head, items = rows·heads) or 0.
+// Merge the tiles of every (query, head) in order into y [items, d]: a warp
+// per (item, 32 output dims). parts: [items, tiles, 2 + d]; sinks (per
+// head, items = rows·heads) or 0.
 extern "C" __global__ void attention_merge_f32(float* y, const float* parts, u64 items,
                                                u64 tiles, u64 heads, u64 d,
                                                const float* sinks) {
-    FOR_EACH_WARP(w, items) {
-        merge_item(y + w * d, parts + w * tiles * (d + 2), tiles, d,
-                   sinks ? sinks[w % heads] : DS4_NEG_INF);
+    u64 chunks = (d + 31) / 32;
+    FOR_EACH_WARP(w, items * chunks) {
+        u64 item = w / chunks;
+        merge_chunk(y + item * d, parts + item * tiles * (d + 2), tiles, d, w % chunks,
+                    sinks ? sinks[item % heads] : DS4_NEG_INF);
     }
 }
 
@@ -260,7 +285,10 @@ extern "C" __global__ void attention_merge_step_f32(float* y, const float* parts
                                                     u64 cap_tiles, u64 t_len, u64 d,
                                                     const u32* step) {
     u64 tiles = ((u64)step[0] + t_len + ATT_TILE - 1) / ATT_TILE;
-    FOR_EACH_WARP(w, items) {
-        merge_item(y + w * d, parts + w * cap_tiles * (d + 2), tiles, d, DS4_NEG_INF);
+    u64 chunks = (d + 31) / 32;
+    FOR_EACH_WARP(w, items * chunks) {
+        u64 item = w / chunks;
+        merge_chunk(y + item * d, parts + item * cap_tiles * (d + 2), tiles, d, w % chunks,
+                    DS4_NEG_INF);
     }
 }

@@ -157,28 +157,43 @@ extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
     for (u64 r = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
          r += (u64)gridDim.x * (blockDim.x / 32)) {
         const float* x = logits + r * n_exp;
-        float mx = DS4_NEG_INF;
-        for (u64 e = lane; e < n_exp; e += 32) mx = fmaxf(mx, x[e]);
-        mx = warp_max(mx);
-        float part = 0.0f;
-        for (u64 e = lane; e < n_exp; e += 32) part += expf(x[e] - mx);
-        float sum = warp_sum(part);
-        auto p = [&](u32 e) { return expf(x[e] - mx); };
         u32 chosen[ROUTE_MAX_K];
         float top[ROUTE_MAX_K];
+        float sum;
         if (n_exp <= 32 * ROUTE_REG) {
-            // Up to 512 experts: each lane's ranking keys computed once and
-            // kept in registers with a taken mask, instead of k passes that
-            // each recompute every exp and scan the chosen list. The same
-            // candidates in the same order with the same comparisons as
-            // `warp_argbest`, so the same experts and bits.
-            u32 keys[ROUTE_REG];
-            u32 taken = 0;
+            // Up to 512 experts: each lane loads its logits once (all in
+            // flight together) and keeps them, their exps and ranking keys
+            // in registers with a taken mask, instead of three passes over
+            // memory and k passes that each recompute every exp and scan
+            // the chosen list. The same values in the same order with the
+            // same comparisons as `warp_argbest`, so the same experts and
+            // bits.
+            float pv[ROUTE_REG];
 #pragma unroll
             for (int j = 0; j < ROUTE_REG; j++) {
                 u64 e = lane + 32 * (u64)j;
-                keys[j] = e < n_exp ? total_key(p((u32)e)) : 0;
+                pv[j] = e < n_exp ? x[e] : DS4_NEG_INF;
             }
+            float mx = DS4_NEG_INF;
+#pragma unroll
+            for (int j = 0; j < ROUTE_REG; j++) mx = fmaxf(mx, pv[j]);
+            mx = warp_max(mx);
+            float part = 0.0f;
+            u32 keys[ROUTE_REG];
+#pragma unroll
+            for (int j = 0; j < ROUTE_REG; j++) {
+                u64 e = lane + 32 * (u64)j;
+                if (e < n_exp) {
+                    pv[j] = expf(pv[j] - mx);
+                    part += pv[j];
+                    keys[j] = total_key(pv[j]);
+                } else {
+                    pv[j] = 0.0f;
+                    keys[j] = 0;
+                }
+            }
+            sum = warp_sum(part);
+            u32 taken = 0;
             for (int s = 0; s < k; s++) {
                 u32 best = 0, bi = 0xffffffffu;
 #pragma unroll
@@ -203,9 +218,21 @@ extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
                 }
                 chosen[s] = bi;
                 if (bi != 0xffffffffu && (bi & 31u) == lane) taken |= 1u << (bi >> 5);
-                top[s] = p(bi) / sum;
+                // The chosen expert's p from the lane that holds it.
+                float mine = 0.0f;
+#pragma unroll
+                for (int j = 0; j < ROUTE_REG; j++)
+                    if ((u32)j == (bi >> 5)) mine = pv[j];
+                top[s] = __shfl_sync(FULL_MASK, mine, bi & 31u) / sum;
             }
         } else {
+            float mx = DS4_NEG_INF;
+            for (u64 e = lane; e < n_exp; e += 32) mx = fmaxf(mx, x[e]);
+            mx = warp_max(mx);
+            float part = 0.0f;
+            for (u64 e = lane; e < n_exp; e += 32) part += expf(x[e] - mx);
+            sum = warp_sum(part);
+            auto p = [&](u32 e) { return expf(x[e] - mx); };
             for (int s = 0; s < k; s++) {
                 chosen[s] =
                     warp_argbest(0, n_exp, p, [&](u32 e) { return chosen_has(chosen, s, e); });
