@@ -27,7 +27,7 @@
 //! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `selection_from_host` (a selection the caller lists: a vision tower's per-image attention), `attention_window` (sliding window + compressed entries + sinks) |
 //! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
 //! | steps | `step_graphs`, `storage_key`, `run_step`, `resize`, `gather_rows_step`, `rows_step`, `write_rows_step`, `attention_causal_step` (decode / verify steps whose per-step inputs come from a [`Backend::Step`], so a device can replay them as a graph) |
-//! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
+//! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `unary_chain`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `add_gated_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `gated_mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -658,6 +658,19 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Buf>;
     /// `x[r, j]·s[r]`, `x: [rows, width]`, `s: [rows]`.
     fn scale_rows(&self, x: &Self::Buf, s: &Self::Buf, width: usize) -> Result<Self::Buf>;
+    /// `base + scale_rows(x, sigmoid(g), width)`: a residual plus rows of
+    /// `x` scaled by their sigmoid gates (`g`: one per row; Qwen's gated
+    /// shared expert). The default runs the three ops; a device may fuse
+    /// them with the same bits.
+    fn add_gated_rows(
+        &self,
+        base: &Self::Buf,
+        x: &Self::Buf,
+        g: &Self::Buf,
+        width: usize,
+    ) -> Result<Self::Buf> {
+        self.add(base, &self.scale_rows(x, &self.sigmoid(g)?, width)?)
+    }
     /// Qwen's PLE gate per stream: `g = ⟨key_s, qry_s⟩/√H` (sequential
     /// dot), `g ← sign(g)·sqrt(max(|g|, 1e-6))`, `out_s = σ(g)·val`; `key,
     /// qry: [rows, C·H]`, `val: [rows, H]`.

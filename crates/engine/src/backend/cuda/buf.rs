@@ -288,6 +288,34 @@ pub(super) fn split_cols(
             format!("{} values are not {rows} rows of {repeats}×{period}", x.len),
         ));
     }
+    // Up to four parts (q / k / v, a gate beside its values) in one launch.
+    if (1..=4).contains(&parts.len()) && period > 0 {
+        let out = parts
+            .iter()
+            .map(|&p| CudaBuf::uninit(dev, rows * repeats * p))
+            .collect::<Result<Vec<_>>>()?;
+        let at = |i: usize| out.get(i).map_or(0, |o| o.ptr());
+        let width = |i: usize| parts.get(i).copied().unwrap_or(0);
+        if x.len > 0 {
+            dev.launch(
+                "split_cols4",
+                Shape::elements(x.len),
+                args![
+                    at(0),
+                    at(1),
+                    at(2),
+                    at(3),
+                    x.ptr(),
+                    rows * repeats,
+                    width(0),
+                    width(1),
+                    width(2),
+                    width(3)
+                ],
+            )?;
+        }
+        return Ok(out);
+    }
     let mut off = 0;
     let mut out = Vec::with_capacity(parts.len());
     for &p in parts {

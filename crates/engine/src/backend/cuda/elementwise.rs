@@ -230,6 +230,32 @@ pub(super) fn scale_rows(dev: &Device, x: &CudaBuf, s: &CudaBuf, width: usize) -
     Ok(y)
 }
 
+/// [`crate::backend::Backend::add_gated_rows`] in one launch.
+pub(super) fn add_gated_rows(
+    dev: &Device,
+    base: &CudaBuf,
+    x: &CudaBuf,
+    g: &CudaBuf,
+    width: usize,
+) -> Result<CudaBuf> {
+    same_len("add_gated_rows", base, x)?;
+    if width == 0 || x.len() != g.len() * width {
+        return Err(shape_err(
+            "add_gated_rows",
+            format!("{} values, {} gates of rows of {width}", x.len(), g.len()),
+        ));
+    }
+    let y = CudaBuf::uninit(dev, x.len())?;
+    if !x.is_empty() {
+        dev.launch(
+            "add_gated_rows_f32",
+            Shape::elements(x.len()),
+            args![y.ptr(), base.ptr(), x.ptr(), g.ptr(), x.len(), width],
+        )?;
+    }
+    Ok(y)
+}
+
 pub(super) fn ple_gate(
     dev: &Device,
     key: &CudaBuf,

@@ -415,6 +415,16 @@ impl Backend for CudaOps {
         elementwise::scale_rows(&self.dev, x, s, width)
     }
 
+    fn add_gated_rows(
+        &self,
+        base: &CudaBuf,
+        x: &CudaBuf,
+        g: &CudaBuf,
+        width: usize,
+    ) -> Result<CudaBuf> {
+        elementwise::add_gated_rows(&self.dev, base, x, g, width)
+    }
+
     fn ple_gate(
         &self,
         key: &CudaBuf,

@@ -73,8 +73,8 @@ impl<B: Backend> Moe<B> {
         let gu = self.shared_gate_up.forward(ops, x, rows)?;
         let act = ops.swiglu(&gu, self.shared_inter, None)?;
         let shared = self.shared_down.forward(ops, &act, rows)?;
-        let g = ops.sigmoid(&self.shared_expert_gate.forward(ops, x, rows)?)?;
-        let y = ops.add(&out, &ops.scale_rows(&shared, &g, self.h)?)?;
+        let g = self.shared_expert_gate.forward(ops, x, rows)?;
+        let y = ops.add_gated_rows(&out, &shared, &g, self.h)?;
         Ok((y, routing))
     }
 }

@@ -242,6 +242,36 @@ fn cuda_element_wise_ops_match_the_cpu() {
         1e-6,
         false,
     );
+    // The gated shared expert's residual: the bits of sigmoid, scale_rows
+    // and add launched one by one, and the CPU's within sigmoid's bound.
+    let gates = rnd(rows, 150);
+    let shared = key[..rows * hh].to_vec();
+    let (gg, gbase, gx) = (up(&g, &gates), up(&g, &val), up(&g, &shared));
+    let fused = down(&g, &g.add_gated_rows(&gbase, &gx, &gg, hh).unwrap());
+    let steps = down(
+        &g,
+        &g.add(
+            &gbase,
+            &g.scale_rows(&gx, &g.sigmoid(&gg).unwrap(), hh).unwrap(),
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        bits(&fused),
+        bits(&steps),
+        "add_gated_rows: fused and one-by-one launches differ"
+    );
+    check(
+        "add_gated_rows",
+        &fused,
+        &c.add_gated_rows(&val, &shared, &gates, hh).unwrap(),
+        1e-6,
+        false,
+    );
+    assert!(
+        g.add_gated_rows(&gbase, &gx, &up(&g, &gates[..1]), hh)
+            .is_err()
+    );
     let inj = rnd(rows * cs, 149);
     check(
         "inject_streams",

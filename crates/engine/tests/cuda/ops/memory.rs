@@ -54,12 +54,29 @@ fn cuda_memory_ops_match_the_cpu() {
         .unwrap();
     let cc = c.concat_cols(&[(&p1, 3), (&p2, 5)], 4).unwrap();
     check("concat_cols", &down(&g, &gc), &cc, 0.0, true);
-    let y = rnd(2 * 3 * 5, 4);
-    let gs = g.split_cols(&up(&g, &y), 2, &[2, 3], 3).unwrap();
-    let cs = c.split_cols(&y, 2, &[2, 3], 3).unwrap();
-    for (i, (a, b)) in gs.iter().zip(&cs).enumerate() {
-        check(&format!("split_cols[{i}]"), &down(&g, a), b, 0.0, true);
+    // Two to four parts run in one launch (a part may be empty), five in
+    // one copy each.
+    for parts in [&[2, 3][..], &[4, 0, 1], &[1, 2, 3, 4], &[1, 1, 2, 1, 3]] {
+        let period: usize = parts.iter().sum();
+        let y = rnd(2 * 3 * period, 4);
+        let gs = g.split_cols(&up(&g, &y), 2, parts, 3).unwrap();
+        let cs = c.split_cols(&y, 2, parts, 3).unwrap();
+        assert_eq!(gs.len(), parts.len());
+        for (i, (a, b)) in gs.iter().zip(&cs).enumerate() {
+            if b.is_empty() {
+                assert!(down(&g, a).is_empty(), "split_cols{parts:?}[{i}]");
+                continue;
+            }
+            check(
+                &format!("split_cols{parts:?}[{i}]"),
+                &down(&g, a),
+                b,
+                0.0,
+                true,
+            );
+        }
     }
+    let y = rnd(2 * 3 * 5, 4);
     assert!(g.split_cols(&up(&g, &y), 2, &[4, 4], 1).is_err());
     let z = down(&g, &g.zeros(33).unwrap());
     assert!(z.iter().all(|&v| v == 0.0) && z.len() == 33);

@@ -97,6 +97,18 @@ extern "C" __global__ void scale_rows_f32(float* y, const float* x, const float*
     FOR_EACH(i, n) y[i] = x[i] * s[i / width];
 }
 
+// base + x·sigmoid(g[row]): `sigmoid_f32`, `scale_rows_f32` and `add_f32`
+// in one pass, each written as its own kernel (--fmad=false, the same
+// expf), so the bits of the three launches.
+extern "C" __global__ void add_gated_rows_f32(float* y, const float* base, const float* x,
+                                              const float* g, u64 n, u64 width) {
+    FOR_EACH(i, n) {
+        float s = 1.0f / (expf(-g[i / width]) + 1.0f);
+        float t = x[i] * s;
+        y[i] = base[i] + t;
+    }
+}
+
 // Qwen's PLE gate, one thread per (token, stream): the sequential dot, the
 // signed square root, then σ(g)·val over the stream's h values.
 extern "C" __global__ void ple_gate_f32(float* out, const float* key, const float* qry,

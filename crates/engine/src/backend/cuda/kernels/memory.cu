@@ -10,6 +10,27 @@ extern "C" __global__ void copy2d(float* dst, u64 dst_stride, u64 dst_off, const
     }
 }
 
+// Up to four column parts of src [nrows, w0 + w1 + w2 + w3] into their own
+// buffers in one pass (`split_cols`; an unused part has width 0).
+extern "C" __global__ void split_cols4(float* d0, float* d1, float* d2, float* d3,
+                                       const float* src, u64 nrows, u64 w0, u64 w1, u64 w2,
+                                       u64 w3) {
+    u64 period = w0 + w1 + w2 + w3;
+    FOR_EACH(i, nrows * period) {
+        u64 r = i / period, c = i % period;
+        float v = src[i];
+        if (c < w0) {
+            d0[r * w0 + c] = v;
+        } else if (c < w0 + w1) {
+            d1[r * w1 + c - w0] = v;
+        } else if (c < w0 + w1 + w2) {
+            d2[r * w2 + c - w0 - w1] = v;
+        } else {
+            d3[r * w3 + c - w0 - w1 - w2] = v;
+        }
+    }
+}
+
 // Rows `ids` of an f32 table `[V, width]`.
 extern "C" __global__ void gather_f32(float* dst, const float* table, const u32* ids, u64 n,
                                       u64 width) {
