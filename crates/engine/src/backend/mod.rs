@@ -19,7 +19,7 @@
 //! |---|---|
 //! | memory | `upload`, `download`, `zeros`, `len`, `rows`, `append`, `truncate`, `concat_cols`, `split_cols` |
 //! | weights | `matrix`, `experts`, `table` + `gather_rows` (embedding) |
-//! | linear | `matmul` (f32 and block formats, 1..N rows), `experts_swiglu` (gathered routed experts) |
+//! | linear | `matmul` (f32 and block formats, 1..N rows), `matmul_unary` (a product, then a `unary_chain`), `experts_swiglu` (gathered routed experts) |
 //! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm`, `layer_norm` (with bias) |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
@@ -310,6 +310,23 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// Block formats: the block kernel's documented order
     /// ([`cpu::block_matmul`]).
     fn matmul(&self, x: &Self::Buf, rows: usize, w: &Self::Matrix) -> Result<Self::Buf>;
+    /// `unary_chain(matmul(x, w), chain)` (an empty chain: the product):
+    /// a projection and its gate. The default runs the two ops; a device
+    /// may apply the chain as it stores the product, with the same bits.
+    fn matmul_unary(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: &Self::Matrix,
+        chain: &[Unary],
+    ) -> Result<Self::Buf> {
+        let y = self.matmul(x, rows, w)?;
+        if chain.is_empty() {
+            Ok(y)
+        } else {
+            self.unary_chain(&y, chain)
+        }
+    }
     /// Routed SwiGLU experts: `out[t] = Σ_k w[t,k]·down_e(act(g, u))`,
     /// `[g | u] = gate_up_e·x_t`, `e = routing[t,k]`, `act = silu(g)·u`, or
     /// with a `limit` L `silu(min(g, L))·clamp(u, −L, L)` (DeepSeek, GLM);

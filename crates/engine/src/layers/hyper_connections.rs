@@ -80,16 +80,17 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
         // `t / C` as candle computed it: `t·(1/C) + 0`.
         let inv_c = (1.0 / self.c as f64) as f32;
         let n = self.norm.forward(ops, xs)?;
-        // The gates as unary chains: the bits of the ops one by one, one
-        // launch on a device.
-        let d = ops.unary_chain(
-            &self.down.forward(ops, &n, rows)?,
-            &[Unary::Affine(inv_c, 0.0), Unary::Silu],
-        )?;
+        // The gates as unary chains on their projections: the bits of the
+        // ops one by one, applied as the product is stored on a device.
+        let d =
+            self.down
+                .forward_unary(ops, &n, rows, &[Unary::Affine(inv_c, 0.0), Unary::Silu])?;
         let x = ops.gated_mean_streams(&self.up.forward(ops, &d, rows)?, &n, self.c, self.h)?;
         let inj = match &self.inject {
-            Some(w) => Some(ops.unary_chain(
-                &w.forward(ops, &n, rows)?,
+            Some(w) => Some(w.forward_unary(
+                ops,
+                &n,
+                rows,
                 &[
                     Unary::Affine(inv_c, 0.0),
                     Unary::Sigmoid,

@@ -4,7 +4,7 @@
 //! it runs in a decode step, a verify window or any prefill chunk
 //! ([`crate::backend::Backend::matmul`] documents the reduction order).
 
-use crate::backend::{Backend, HostWeight};
+use crate::backend::{Backend, HostWeight, Unary};
 use crate::error::{EngineError, Result};
 use crate::load::binder::Binder;
 
@@ -35,6 +35,24 @@ impl<B: Backend> Linear<B> {
 
     /// `x: [rows, in]` → `[rows, out]`.
     pub fn forward(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<B::Buf> {
+        self.check(ops, x, rows)?;
+        ops.matmul(x, rows, &self.w)
+    }
+
+    /// [`Self::forward`], then `chain` ([`Backend::matmul_unary`]: one
+    /// launch on a device for a decode row).
+    pub fn forward_unary(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        chain: &[Unary],
+    ) -> Result<B::Buf> {
+        self.check(ops, x, rows)?;
+        ops.matmul_unary(x, rows, &self.w, chain)
+    }
+
+    fn check(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<()> {
         if ops.len(x) != rows * self.inp {
             return Err(EngineError::State(format!(
                 "linear [{}, {}]: input of {} values is not {rows} rows",
@@ -43,7 +61,7 @@ impl<B: Backend> Linear<B> {
                 ops.len(x)
             )));
         }
-        ops.matmul(x, rows, &self.w)
+        Ok(())
     }
 }
 

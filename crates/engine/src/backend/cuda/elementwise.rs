@@ -139,13 +139,28 @@ pub(super) fn sigmoid(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
 
 /// [`crate::backend::Backend::unary_chain`] in one launch.
 pub(super) fn unary_chain(dev: &Device, x: &CudaBuf, chain: &[Unary]) -> Result<CudaBuf> {
-    if chain.is_empty() || chain.len() > UNARY_CHAIN_MAX {
+    if chain.is_empty() {
         return Err(shape_err(
             "unary_chain",
-            format!("{} steps (1 to {UNARY_CHAIN_MAX})", chain.len()),
+            format!("0 steps (1 to {UNARY_CHAIN_MAX})"),
         ));
     }
-    let mut a: Vec<Arg> = vec![Arg::U64(x.ptr()), Arg::I32(chain.len() as i32)];
+    let mut a: Vec<Arg> = vec![Arg::U64(x.ptr())];
+    a.extend(chain_args("unary_chain", chain)?);
+    map(dev, "unary_chain_f32", x.len(), &a)
+}
+
+/// A chain of at most four steps as the kernels take it (`Chain` in
+/// `elementwise.cu`): the step count, then (kind, mul, add) for each of
+/// four slots.
+pub(super) fn chain_args(op: &str, chain: &[Unary]) -> Result<Vec<Arg>> {
+    if chain.len() > UNARY_CHAIN_MAX {
+        return Err(shape_err(
+            op,
+            format!("{} steps (at most {UNARY_CHAIN_MAX})", chain.len()),
+        ));
+    }
+    let mut a = vec![Arg::I32(chain.len() as i32)];
     for i in 0..UNARY_CHAIN_MAX {
         let (kind, m, b) = match chain.get(i) {
             Some(Unary::Affine(m, b)) => (0, *m, *b),
@@ -154,7 +169,7 @@ pub(super) fn unary_chain(dev: &Device, x: &CudaBuf, chain: &[Unary]) -> Result<
         };
         a.extend([Arg::I32(kind), Arg::F32(m), Arg::F32(b)]);
     }
-    map(dev, "unary_chain_f32", x.len(), &a)
+    Ok(a)
 }
 
 pub(super) fn swiglu(

@@ -6,8 +6,10 @@
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
+use super::elementwise::{chain_args, unary_chain};
 use super::select::CudaRouting;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
+use crate::backend::Unary;
 use crate::error::{EngineError, Result};
 
 /// Output columns per block of the product kernels (8 threads each).
@@ -38,7 +40,16 @@ fn columns(n: usize, pairs: usize) -> Shape {
     }
 }
 
-pub(super) fn matmul(dev: &Device, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> Result<CudaBuf> {
+/// `chain(x·wᵀ)`: [`crate::backend::Backend::matmul_unary`] (an empty chain
+/// is the plain product). One-row block products apply the chain as they
+/// store (one launch); the others run the product, then `unary_chain`.
+pub(super) fn matmul(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    w: &CudaMatrix,
+    chain: &[Unary],
+) -> Result<CudaBuf> {
     let (n, k) = w.dims();
     if x.len() != rows * k {
         return Err(shape_err(
@@ -86,11 +97,10 @@ pub(super) fn matmul(dev: &Device, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> 
                 (BlockKind::Q8_0, true, true) => "matmul_q8_0_split_one",
             };
             if rows == 1 {
-                dev.launch(
-                    name,
-                    shape,
-                    args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k],
-                )?
+                let mut a = args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k].to_vec();
+                a.extend(chain_args("matmul_unary", chain)?);
+                dev.launch(name, shape, &a)?;
+                return Ok(y);
             } else {
                 dev.launch(
                     name,
@@ -100,7 +110,11 @@ pub(super) fn matmul(dev: &Device, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> 
             }
         }
     }
-    Ok(y)
+    if chain.is_empty() {
+        Ok(y)
+    } else {
+        unary_chain(dev, &y, chain)
+    }
 }
 
 /// `out[t] = Σ_k w[t,k]·down_e(act(gate_up_e·x_t))`: gate/up for every

@@ -94,7 +94,17 @@ impl Backend for CudaOps {
     // ---- linear algebra ----
 
     fn matmul(&self, x: &CudaBuf, rows: usize, w: &CudaMatrix) -> Result<CudaBuf> {
-        linear::matmul(&self.dev, x, rows, w)
+        linear::matmul(&self.dev, x, rows, w, &[])
+    }
+
+    fn matmul_unary(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: &CudaMatrix,
+        chain: &[Unary],
+    ) -> Result<CudaBuf> {
+        linear::matmul(&self.dev, x, rows, w, chain)
     }
 
     fn experts_swiglu(

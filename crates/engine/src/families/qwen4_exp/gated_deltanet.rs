@@ -19,7 +19,7 @@
 //! independent of the chunking.
 
 use super::config::{GateAct, Qwen4ExpConfig};
-use crate::backend::{Backend, ScanDims};
+use crate::backend::{Backend, ScanDims, Unary};
 use crate::error::Result;
 use crate::layers::delta_rule::{DeltaCache, DeltaReplay, DeltaShape, ScanInputs};
 use crate::layers::linear::{BindLinear, Linear};
@@ -106,7 +106,7 @@ impl<B: Backend> GatedDeltaNet<B> {
         let mut q = parts.pop().expect("three parts");
         ops.l2_norm_heads(&mut q, d.dk, (d.dk as f32).powf(-0.5))?;
         ops.l2_norm_heads(&mut k, d.dk, 1.0)?;
-        let beta = ops.sigmoid(&self.in_b.forward(ops, x, rows)?)?;
+        let beta = self.in_b.forward_unary(ops, x, rows, &[Unary::Sigmoid])?;
         let a = self.in_a.forward(ops, x, rows)?;
         let g = ops.softplus_decay(&a, &self.neg_a, &self.dt_bias)?;
         let inputs = ScanInputs { q, k, v, g, beta };

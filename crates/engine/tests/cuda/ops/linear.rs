@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 use ds4_engine::backend::cpu::block_matmul::isa;
 use ds4_engine::backend::{Backend, CpuOps, CudaOps, HostWeight};
 
-use crate::support::{check, down, gpu, rnd, rows_invariant, up};
+use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
 
 /// f32 weights: the kernel runs the CPU's 8-lane sequence, so every bit
 /// matches; n and k leave partial column groups and a tail below 8.
@@ -232,4 +232,70 @@ fn cuda_block_experts_match_the_cpu() {
             .unwrap(),
         )
     });
+}
+
+/// A product and its gate chain (`matmul_unary`): a one-row block product
+/// applies the chain as it stores (one launch), every other call runs the
+/// two ops; both have the bits of `unary_chain(matmul)`, for the warp-per-
+/// row and the split kernels, and rows stay independent.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_matmul_unary_is_the_product_then_the_chain() {
+    use ds4_engine::backend::Unary;
+    let (g, c) = (gpu(), CpuOps);
+    let chains: [&[Unary]; 3] = [
+        &[],
+        &[Unary::Affine(0.25, 0.0), Unary::Silu],
+        &[
+            Unary::Affine(0.25, 0.0),
+            Unary::Sigmoid,
+            Unary::Affine(2.0, 0.0),
+        ],
+    ];
+    for (rows, n, k) in [(4, 70, 608), (3, 5, 4192)] {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
+            let t = Tensor::from_vec(rnd(n * k, 60), (n, k), &Device::Cpu).unwrap();
+            let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+            let gm = g.matrix(q.clone(), n, k).unwrap();
+            let cm = c.matrix(q, n, k).unwrap();
+            let x = rnd(rows * k, 61);
+            for chain in chains {
+                let what = format!("matmul_unary {dtype:?} [{n},{k}] {chain:?}");
+                let one = down(
+                    &g,
+                    &g.matmul_unary(&up(&g, &x[..k]), 1, &gm, chain).unwrap(),
+                );
+                let product = g.matmul(&up(&g, &x[..k]), 1, &gm).unwrap();
+                let two = if chain.is_empty() {
+                    down(&g, &product)
+                } else {
+                    down(&g, &g.unary_chain(&product, chain).unwrap())
+                };
+                assert_eq!(
+                    bits(&one),
+                    bits(&two),
+                    "{what}: fused and two launches differ"
+                );
+                check(
+                    &what,
+                    &one,
+                    &c.matmul_unary(&x[..k].to_vec(), 1, &cm, chain).unwrap(),
+                    1e-5,
+                    false,
+                );
+                rows_invariant(&what, rows, |r| {
+                    down(
+                        &g,
+                        &g.matmul_unary(&up(&g, &x[r.start * k..r.end * k]), r.len(), &gm, chain)
+                            .unwrap(),
+                    )
+                });
+            }
+        }
+    }
+    let x = up(&g, &rnd(608, 62));
+    let t = Tensor::from_vec(rnd(70 * 608, 60), (70, 608), &Device::Cpu).unwrap();
+    let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, GgmlDType::Q4_1).unwrap()));
+    let gm = g.matrix(q, 70, 608).unwrap();
+    assert!(g.matmul_unary(&x, 1, &gm, &[Unary::Silu; 5]).is_err());
 }

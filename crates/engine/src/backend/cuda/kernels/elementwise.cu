@@ -51,16 +51,24 @@ __device__ __forceinline__ float unary_step(float v, int kind, float a, float b)
     return 1.0f / (expf(-v) + 1.0f);
 }
 
+// A chain of up to four steps as the kernels take it (`steps` = 0: none).
+struct Chain {
+    int steps;
+    int k[4];
+    float a[4], b[4];
+    __device__ __forceinline__ float apply(float v) const {
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+            if (t < steps) v = unary_step(v, k[t], a[t], b[t]);
+        return v;
+    }
+};
+
 extern "C" __global__ void unary_chain_f32(float* y, const float* x, int steps, int k0, float a0,
                                            float b0, int k1, float a1, float b1, int k2, float a2,
                                            float b2, int k3, float a3, float b3, u64 n) {
-    FOR_EACH(i, n) {
-        float v = unary_step(x[i], k0, a0, b0);
-        if (steps > 1) v = unary_step(v, k1, a1, b1);
-        if (steps > 2) v = unary_step(v, k2, a2, b2);
-        if (steps > 3) v = unary_step(v, k3, a3, b3);
-        y[i] = v;
-    }
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    FOR_EACH(i, n) y[i] = c.apply(x[i]);
 }
 
 // `silu(g)·u`, or `silu(min(g, L))·clamp(u, −L, L)` when has_limit.

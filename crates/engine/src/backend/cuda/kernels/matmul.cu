@@ -206,7 +206,10 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
 }
 
 // One activation row (decode): a warp per output row, MM_AHEAD steps loaded
-// ahead; the bits of `matmul_block`. A kernel of its own because a
+// ahead; the bits of `matmul_block`. The stored value goes through the
+// caller's unary chain first (`Backend::matmul_unary`; the steps of
+// `unary_chain_f32`, so the bits of the two launches), which saves a
+// launch per gated projection. A kernel of its own because a
 // kernel's register count is set by its heaviest path: with both paths in
 // one kernel every launch ran at the occupancy of the heavier one (run 16,
 // `docs/GPU.md`: prefill 1.01×, decode 1.00–1.03×). Giving a warp two or
@@ -215,7 +218,7 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
 // loading eight steps ahead (0.97×).
 template <int Q4>
 __device__ __forceinline__ void matmul_block_one(float* y, const float* x, const u32* dm,
-                                                 const u8* quants, u64 n, u64 k) {
+                                                 const u8* quants, u64 n, u64 k, Chain c) {
     const int qb = Q4 ? 16 : 32;
     u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (j >= n) return;
@@ -224,7 +227,7 @@ __device__ __forceinline__ void matmul_block_one(float* y, const float* x, const
     float acc[1] = {0.f};
     block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, k, dm + j * nb, quants + j * nb * qb, nb, 0, 8, lane);
     float s = warp_sum(acc[0]);
-    if (lane == 0) y[j] = s;
+    if (lane == 0) y[j] = c.apply(s);
 }
 
 // Short and long block-format matrices (k ≥ 4096, at most 2048 output rows:
@@ -240,7 +243,7 @@ __device__ __forceinline__ void matmul_block_one(float* y, const float* x, const
 template <int Q4, int ONE>
 __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64 rows,
                                                    const u32* dm, const u8* quants, u64 n,
-                                                   u64 k) {
+                                                   u64 k, Chain c) {
     __shared__ float part[MM_SPLIT][MM_TILE];
     const int qb = Q4 ? 16 : 32;
     unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -268,7 +271,7 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
             if (threadIdx.x < nr) {
                 float s = 0.0f;
                 for (int w = 0; w < MM_SPLIT; w++) s += part[w][threadIdx.x];
-                y[(r0 + threadIdx.x) * n + j] = s;
+                y[(r0 + threadIdx.x) * n + j] = c.apply(s);
             }
             __syncthreads();
         }
@@ -277,22 +280,30 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
 
 extern "C" __global__ void matmul_q4_1_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
-    matmul_block_split<1, 0>(y, x, rows, dm, quants, n, k);
+    matmul_block_split<1, 0>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
 }
 
 extern "C" __global__ void matmul_q4_1_split_one(float* y, const float* x, const u32* dm,
-                                                 const u8* quants, u64 n, u64 k) {
-    matmul_block_split<1, 1>(y, x, 1, dm, quants, n, k);
+                                                 const u8* quants, u64 n, u64 k, int steps,
+                                                 int k0, float a0, float b0, int k1, float a1,
+                                                 float b1, int k2, float a2, float b2, int k3,
+                                                 float a3, float b3) {
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_split<1, 1>(y, x, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q8_0_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
-    matmul_block_split<0, 0>(y, x, rows, dm, quants, n, k);
+    matmul_block_split<0, 0>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
 }
 
 extern "C" __global__ void matmul_q8_0_split_one(float* y, const float* x, const u32* dm,
-                                                 const u8* quants, u64 n, u64 k) {
-    matmul_block_split<0, 1>(y, x, 1, dm, quants, n, k);
+                                                 const u8* quants, u64 n, u64 k, int steps,
+                                                 int k0, float a0, float b0, int k1, float a1,
+                                                 float b1, int k2, float a2, float b2, int k3,
+                                                 float a3, float b3) {
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_split<0, 1>(y, x, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
@@ -306,13 +317,19 @@ extern "C" __global__ void matmul_q8_0(float* y, const float* x, u64 rows, const
 }
 
 extern "C" __global__ void matmul_q4_1_one(float* y, const float* x, const u32* dm,
-                                           const u8* quants, u64 n, u64 k) {
-    matmul_block_one<1>(y, x, dm, quants, n, k);
+                                           const u8* quants, u64 n, u64 k, int steps, int k0,
+                                           float a0, float b0, int k1, float a1, float b1, int k2,
+                                           float a2, float b2, int k3, float a3, float b3) {
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_one<1>(y, x, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q8_0_one(float* y, const float* x, const u32* dm,
-                                           const u8* quants, u64 n, u64 k) {
-    matmul_block_one<0>(y, x, dm, quants, n, k);
+                                           const u8* quants, u64 n, u64 k, int steps, int k0,
+                                           float a0, float b0, int k1, float a1, float b1, int k2,
+                                           float a2, float b2, int k3, float a3, float b3) {
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_one<0>(y, x, dm, quants, n, k, c);
 }
 
 // Routed experts in a block format: pair p (a (token, slot)) multiplies x
