@@ -62,7 +62,11 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 __device__ __forceinline__ bool aligned16(const float* a, const float* b) {
     return (((unsigned long long)a | (unsigned long long)b) & 15) == 0;
 }
-// float4s of each side a dot loads ahead (`dot8_attn`, `dot_seq`).
+// float4s of each side a dot loads ahead (`dot8_attn`, `dot_seq`). The two
+// dots keep their own copy of the load-ahead loop: one helper taking the
+// accumulation as a lambda kept every bit but decoded 3.5% slower
+// (`docs/gpu-logs/16-review-dot-helper-ab.log`: 78.3–78.7 against
+// 81.3 tok/s, the captured lane sums no longer in registers).
 #define DOT_AHEAD 8
 
 // The CPU's 8-lane FMA dot of attention (`cpu::attention::dot`): lane l
