@@ -19,7 +19,7 @@
 //! |---|---|
 //! | memory | `upload`, `download`, `zeros`, `len`, `rows`, `append`, `truncate`, `concat_cols`, `split_cols` |
 //! | weights | `matrix`, `experts`, `table` + `gather_rows` (embedding) |
-//! | linear | `matmul` (f32 and block formats, 1..N rows), `matmul_unary` (a product, then a `unary_chain`), `experts_swiglu` (gathered routed experts) |
+//! | linear | `matmul` (f32 and block formats, 1..N rows), `matmul_unary` (a product, then a `unary_chain`), `matmul_many` (several products of one input, each with its chain or a SwiGLU), `experts_swiglu` (gathered routed experts) |
 //! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm`, `layer_norm` (with bias) |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
@@ -148,6 +148,17 @@ pub enum Unary {
 
 /// Steps a [`Backend::unary_chain`] takes at most.
 pub const UNARY_CHAIN_MAX: usize = 4;
+
+/// What one product of [`Backend::matmul_many`] becomes as it is stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Epilogue<'a> {
+    /// `unary_chain(x·wᵀ, chain)` ([`Backend::matmul_unary`]; an empty
+    /// chain is the product).
+    Chain(&'a [Unary]),
+    /// `swiglu(x·wᵀ, out/2, limit)` ([`Backend::swiglu`]): the matrix's rows
+    /// are `[gate | up]`, the result has half as many columns.
+    Swiglu(Option<f32>),
+}
 
 /// The two GELU forms checkpoints use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,6 +337,29 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         } else {
             self.unary_chain(&y, chain)
         }
+    }
+    /// Several products of the same input `x: [rows, in]` (every matrix
+    /// `[out_i, in]`), each followed by its [`Epilogue`]: the values of
+    /// [`Backend::matmul_unary`] / [`Backend::matmul`] then
+    /// [`Backend::swiglu`] part by part (the default runs exactly those);
+    /// a device may run them as one launch, with the same bits.
+    fn matmul_many(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        parts: &[(&Self::Matrix, Epilogue<'_>)],
+    ) -> Result<Vec<Self::Buf>> {
+        parts
+            .iter()
+            .map(|&(w, then)| match then {
+                Epilogue::Chain(chain) => self.matmul_unary(x, rows, w, chain),
+                Epilogue::Swiglu(limit) => {
+                    let gu = self.matmul(x, rows, w)?;
+                    let inter = self.len(&gu) / (2 * rows.max(1));
+                    self.swiglu(&gu, inter, limit)
+                }
+            })
+            .collect()
     }
     /// Routed SwiGLU experts: `out[t] = Σ_k w[t,k]·down_e(act(g, u))`,
     /// `[g | u] = gate_up_e·x_t`, `e = routing[t,k]`, `act = silu(g)·u`, or

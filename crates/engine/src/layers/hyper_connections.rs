@@ -23,7 +23,7 @@
 //! ([`crate::backend::Backend::hc_sinkhorn`]); the block reads `Σ pre·X`
 //! and writes `X'[k] = post[k]·y + Σ_j C[j,k]·X[j]`.
 
-use crate::backend::{Backend, Unary};
+use crate::backend::{Backend, Epilogue, Unary};
 use crate::error::{EngineError, Result};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
@@ -81,24 +81,30 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
         let inv_c = (1.0 / self.c as f64) as f32;
         let n = self.norm.forward(ops, xs)?;
         // The gates as unary chains on their projections: the bits of the
-        // ops one by one, applied as the product is stored on a device.
-        let d =
-            self.down
-                .forward_unary(ops, &n, rows, &[Unary::Affine(inv_c, 0.0), Unary::Silu])?;
-        let x = ops.gated_mean_streams(&self.up.forward(ops, &d, rows)?, &n, self.c, self.h)?;
-        let inj = match &self.inject {
-            Some(w) => Some(w.forward_unary(
-                ops,
-                &n,
-                rows,
-                &[
+        // ops one by one, applied as the product is stored on a device; the
+        // two projections of `n` as one call (one launch for a decode row).
+        let down = [Unary::Affine(inv_c, 0.0), Unary::Silu];
+        let (d, inj) = match &self.inject {
+            Some(w) => {
+                let inject = [
                     Unary::Affine(inv_c, 0.0),
                     Unary::Sigmoid,
                     Unary::Affine(2.0, 0.0),
-                ],
-            )?),
-            None => None,
+                ];
+                let [d, inj] = Linear::forward_many(
+                    ops,
+                    &n,
+                    rows,
+                    [
+                        (&self.down, Epilogue::Chain(&down)),
+                        (w, Epilogue::Chain(&inject)),
+                    ],
+                )?;
+                (d, Some(inj))
+            }
+            None => (self.down.forward_unary(ops, &n, rows, &down)?, None),
         };
+        let x = ops.gated_mean_streams(&self.up.forward(ops, &d, rows)?, &n, self.c, self.h)?;
         Ok((x, inj))
     }
 

@@ -4,7 +4,7 @@
 //! it runs in a decode step, a verify window or any prefill chunk
 //! ([`crate::backend::Backend::matmul`] documents the reduction order).
 
-use crate::backend::{Backend, HostWeight, Unary};
+use crate::backend::{Backend, Epilogue, HostWeight, Unary};
 use crate::error::{EngineError, Result};
 use crate::load::binder::Binder;
 
@@ -50,6 +50,31 @@ impl<B: Backend> Linear<B> {
     ) -> Result<B::Buf> {
         self.check(ops, x, rows)?;
         ops.matmul_unary(x, rows, &self.w, chain)
+    }
+
+    /// Several layers over the same input, each with its [`Epilogue`]
+    /// ([`Backend::matmul_many`]: one launch on a device for a decode row).
+    pub fn forward_many<const N: usize>(
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        parts: [(&Self, Epilogue<'_>); N],
+    ) -> Result<[B::Buf; N]> {
+        for (l, then) in &parts {
+            l.check(ops, x, rows)?;
+            if matches!(then, Epilogue::Swiglu(_)) && l.out % 2 != 0 {
+                return Err(EngineError::State(format!(
+                    "linear [{}, {}]: a SwiGLU needs an even number of outputs",
+                    l.out, l.inp
+                )));
+            }
+        }
+        let mats = parts.map(|(l, then)| (&l.w, then));
+        ops.matmul_many(x, rows, &mats)?
+            .try_into()
+            .map_err(|v: Vec<B::Buf>| {
+                EngineError::State(format!("matmul_many: {} outputs for {N} parts", v.len()))
+            })
     }
 
     fn check(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<()> {

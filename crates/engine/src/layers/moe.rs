@@ -131,7 +131,18 @@ impl<B: Backend> SoftmaxRouter<B> {
 
     pub fn route(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<B::Routing> {
         let logits = self.gate.forward(ops, x, rows)?;
-        ops.route_softmax_topk(&logits, rows, self.n_experts, self.top_k, self.renormalise)
+        self.route_logits(ops, &logits, rows)
+    }
+
+    /// The gate `[E, H]` (for a caller that computes the logits together
+    /// with other products of the same input).
+    pub fn gate(&self) -> &Linear<B> {
+        &self.gate
+    }
+
+    /// [`Self::route`] from the gate's logits `[rows, E]`.
+    pub fn route_logits(&self, ops: &B, logits: &B::Buf, rows: usize) -> Result<B::Routing> {
+        ops.route_softmax_topk(logits, rows, self.n_experts, self.top_k, self.renormalise)
     }
 }
 

@@ -14,6 +14,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::graph::Graphs;
+use super::linear::ManyArgs;
 use super::mem::{DevMem, Pool};
 use super::nvrtc;
 use super::signature::{self, Param};
@@ -259,6 +260,39 @@ impl Device {
                 0,
                 self.stream.cu_stream(),
                 &mut params[..args.len()],
+            )
+        }
+        .map_err(|e| dev_err(&format!("launching `{name}`"), e))
+    }
+
+    /// Queue kernel `name`, whose one parameter is the `Many` struct of
+    /// `matmul.cu`, with `value` (its `repr(C)` mirror) as that parameter.
+    pub fn launch_many(&self, name: &'static str, shape: Shape, value: &ManyArgs) -> Result<()> {
+        let k = self
+            .kernels
+            .get(name)
+            .ok_or_else(|| EngineError::Device(format!("no kernel `{name}` in the sources")))?;
+        if k.params != [Param::Many] {
+            return Err(EngineError::Device(format!(
+                "kernel `{name}` takes {:?}, not one `Many`",
+                k.params
+            )));
+        }
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        let mut params = [value as *const ManyArgs as *mut c_void];
+        self.bind()?;
+        // SAFETY: the kernel's one parameter is `Many`, whose layout
+        // `ManyArgs` mirrors field for field (`repr(C)`); the driver copies
+        // the parameter at launch, and the pointers in it are live
+        // allocations of this context used in stream order (as `launch`).
+        unsafe {
+            driver::launch_kernel(
+                k.f.cu_function(),
+                (shape.grid.0, shape.grid.1, 1),
+                (shape.block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
             )
         }
         .map_err(|e| dev_err(&format!("launching `{name}`"), e))

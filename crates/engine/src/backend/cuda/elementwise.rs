@@ -154,22 +154,44 @@ pub(super) fn unary_chain(dev: &Device, x: &CudaBuf, chain: &[Unary]) -> Result<
 /// `elementwise.cu`): the step count, then (kind, mul, add) for each of
 /// four slots.
 pub(super) fn chain_args(op: &str, chain: &[Unary]) -> Result<Vec<Arg>> {
+    let f = chain_fields(op, chain)?;
+    let mut a = vec![Arg::I32(f.steps)];
+    for i in 0..UNARY_CHAIN_MAX {
+        a.extend([Arg::I32(f.kinds[i]), Arg::F32(f.mul[i]), Arg::F32(f.add[i])]);
+    }
+    Ok(a)
+}
+
+/// The fields of a kernel's `Chain` (`elementwise.cu`), in its layout.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ChainFields {
+    pub steps: i32,
+    pub kinds: [i32; UNARY_CHAIN_MAX],
+    pub mul: [f32; UNARY_CHAIN_MAX],
+    pub add: [f32; UNARY_CHAIN_MAX],
+}
+
+pub(super) fn chain_fields(op: &str, chain: &[Unary]) -> Result<ChainFields> {
     if chain.len() > UNARY_CHAIN_MAX {
         return Err(shape_err(
             op,
             format!("{} steps (at most {UNARY_CHAIN_MAX})", chain.len()),
         ));
     }
-    let mut a = vec![Arg::I32(chain.len() as i32)];
+    let mut f = ChainFields {
+        steps: chain.len() as i32,
+        ..Default::default()
+    };
     for i in 0..UNARY_CHAIN_MAX {
         let (kind, m, b) = match chain.get(i) {
             Some(Unary::Affine(m, b)) => (0, *m, *b),
             Some(Unary::Silu) => (1, 0.0, 0.0),
             Some(Unary::Sigmoid) | None => (2, 0.0, 0.0),
         };
-        a.extend([Arg::I32(kind), Arg::F32(m), Arg::F32(b)]);
+        (f.kinds[i], f.mul[i], f.add[i]) = (kind, m, b);
     }
-    Ok(a)
+    Ok(f)
 }
 
 pub(super) fn swiglu(

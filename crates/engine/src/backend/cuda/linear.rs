@@ -6,10 +6,10 @@
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
-use super::elementwise::{chain_args, unary_chain};
+use super::elementwise::{ChainFields, chain_args, chain_fields, swiglu, unary_chain};
 use super::select::CudaRouting;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
-use crate::backend::Unary;
+use crate::backend::{Epilogue, Unary};
 use crate::error::{EngineError, Result};
 
 /// Output columns per block of the product kernels (8 threads each).
@@ -74,14 +74,11 @@ pub(super) fn matmul(
             // One warp per output row; for few long rows a block of eight
             // warps per output row (the kernel's own order, chosen by the
             // matrix's shape alone so every row count gives the same bits).
-            let split = k >= SPLIT_FROM_K && n <= SPLIT_UP_TO_N;
+            let split = split_form(n, k);
             let shape = if split {
                 Shape::blocks(n, 256)
             } else {
-                Shape {
-                    grid: (n.div_ceil(ROWS_PER_BLOCK) as u32, 1),
-                    block: (ROWS_PER_BLOCK * 32) as u32,
-                }
+                warp_rows(n)
             };
             // One activation row (decode) has kernels of its own: the same
             // arithmetic, loading ahead, without the several-row path's
@@ -114,6 +111,153 @@ pub(super) fn matmul(
         Ok(y)
     } else {
         unary_chain(dev, &y, chain)
+    }
+}
+
+/// Products in one `matmul_*_many` launch at most (`MANY_PARTS` in
+/// `matmul.cu`).
+const MANY_PARTS: usize = 4;
+
+/// One part of a `Many` launch: `ManyPart` of `matmul.cu`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ManyPart {
+    dm: u64,
+    quants: u64,
+    y: u64,
+    n: u64,
+    first: u64,
+    swiglu: i32,
+    has_limit: i32,
+    limit: f32,
+    chain: ChainFields,
+}
+
+/// The `Many` parameter of `matmul.cu`'s `matmul_*_many` kernels.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ManyArgs {
+    x: u64,
+    k: u64,
+    parts: u64,
+    p: [ManyPart; MANY_PARTS],
+}
+
+/// Whether `matmul` runs a block matrix `[n, k]` in the split form.
+fn split_form(n: usize, k: usize) -> bool {
+    k >= SPLIT_FROM_K && n <= SPLIT_UP_TO_N
+}
+
+/// [`crate::backend::Backend::matmul_many`]: one launch when the call is
+/// one activation row and every part is a block matrix of one format and
+/// one kernel form (SwiGLU parts only in the warp form); otherwise the
+/// parts one by one. Either way each part has the bits of its own
+/// `matmul_unary` (or `matmul` then `swiglu`).
+pub(super) fn matmul_many(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    parts: &[(&CudaMatrix, Epilogue<'_>)],
+) -> Result<Vec<CudaBuf>> {
+    if let Some(outs) = many_in_one(dev, x, rows, parts)? {
+        return Ok(outs);
+    }
+    parts
+        .iter()
+        .map(|&(w, then)| match then {
+            Epilogue::Chain(chain) => matmul(dev, x, rows, w, chain),
+            Epilogue::Swiglu(limit) => {
+                let gu = matmul(dev, x, rows, w, &[])?;
+                swiglu(dev, &gu, w.dims().0 / 2, limit)
+            }
+        })
+        .collect()
+}
+
+fn many_in_one(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    parts: &[(&CudaMatrix, Epilogue<'_>)],
+) -> Result<Option<Vec<CudaBuf>>> {
+    if rows != 1 || parts.len() < 2 || parts.len() > MANY_PARTS {
+        return Ok(None);
+    }
+    let (_, k) = parts[0].0.dims();
+    let mut form = None;
+    for &(w, then) in parts {
+        let CudaMatrix::Block { kind, out, inp, .. } = w else {
+            return Ok(None);
+        };
+        let this = (*kind, split_form(*out, *inp));
+        let swiglu = matches!(then, Epilogue::Swiglu(_));
+        let fits = *inp == k
+            && *out > 0
+            && form.is_none_or(|f| f == this)
+            && !(swiglu && (this.1 || out % 2 != 0));
+        if !fits {
+            return Ok(None);
+        }
+        form = Some(this);
+    }
+    let Some((kind, split)) = form else {
+        return Ok(None);
+    };
+    if x.len() != k {
+        return Err(shape_err(
+            "matmul_many",
+            format!("{} values are not [1, {k}]", x.len()),
+        ));
+    }
+    let mut a = ManyArgs {
+        x: x.ptr(),
+        k: k as u64,
+        parts: parts.len() as u64,
+        ..Default::default()
+    };
+    let mut outs = Vec::with_capacity(parts.len());
+    let mut first = 0;
+    for (i, &(w, then)) in parts.iter().enumerate() {
+        let CudaMatrix::Block {
+            dm, quants, out, ..
+        } = w
+        else {
+            unreachable!("checked above")
+        };
+        let (n, swiglu, limit, chain) = match then {
+            Epilogue::Chain(chain) => (*out, false, None, chain_fields("matmul_many", chain)?),
+            Epilogue::Swiglu(limit) => (out / 2, true, limit, ChainFields::default()),
+        };
+        let y = CudaBuf::uninit(dev, n)?;
+        a.p[i] = ManyPart {
+            dm: ptr(dm),
+            quants: ptr(quants),
+            y: y.ptr(),
+            n: n as u64,
+            first: first as u64,
+            swiglu: swiglu as i32,
+            has_limit: limit.is_some() as i32,
+            limit: limit.unwrap_or(0.0),
+            chain,
+        };
+        first += n;
+        outs.push(y);
+    }
+    let (name, shape) = match (kind, split) {
+        (BlockKind::Q4_1, false) => ("matmul_q4_1_many", warp_rows(first)),
+        (BlockKind::Q8_0, false) => ("matmul_q8_0_many", warp_rows(first)),
+        (BlockKind::Q4_1, true) => ("matmul_q4_1_split_many", Shape::blocks(first, 256)),
+        (BlockKind::Q8_0, true) => ("matmul_q8_0_split_many", Shape::blocks(first, 256)),
+    };
+    dev.launch_many(name, shape, &a)?;
+    Ok(Some(outs))
+}
+
+/// A warp per output row, [`ROWS_PER_BLOCK`] warps per block.
+fn warp_rows(n: usize) -> Shape {
+    Shape {
+        grid: (n.div_ceil(ROWS_PER_BLOCK) as u32, 1),
+        block: (ROWS_PER_BLOCK * 32) as u32,
     }
 }
 
@@ -158,21 +302,47 @@ pub(super) fn experts_swiglu(
         return Ok(out);
     }
     let experts = routing.experts.ptr();
-    let gu = CudaBuf::uninit(dev, pairs * two_i)?;
-    gather_product(dev, &gu, x, k, experts, pairs, gate_up)?;
     let act = CudaBuf::uninit(dev, pairs * inter)?;
-    dev.launch(
-        "swiglu_f32",
-        Shape::elements(pairs * inter),
-        args![
-            act.ptr(),
-            gu.ptr(),
-            pairs,
-            inter,
-            limit.is_some() as i32,
-            limit.unwrap_or(0.0)
-        ],
-    )?;
+    if let ExpertWeights::Block { kind, dm, quants } = &gate_up.w {
+        // Block stacks: gate, up and SwiGLU in one launch (the bits of the
+        // gathered product then `swiglu_f32`, `kernels/matmul.cu`).
+        let name = match kind {
+            BlockKind::Q4_1 => "matmul_q4_1_gather_swiglu",
+            BlockKind::Q8_0 => "matmul_q8_0_gather_swiglu",
+        };
+        dev.launch(
+            name,
+            gather_rows(inter, pairs),
+            args![
+                act.ptr(),
+                x.ptr(),
+                k,
+                experts,
+                pairs,
+                ptr(dm),
+                ptr(quants),
+                two_i,
+                h,
+                limit.is_some() as i32,
+                limit.unwrap_or(0.0)
+            ],
+        )?;
+    } else {
+        let gu = CudaBuf::uninit(dev, pairs * two_i)?;
+        gather_product(dev, &gu, x, k, experts, pairs, gate_up)?;
+        dev.launch(
+            "swiglu_f32",
+            Shape::elements(pairs * inter),
+            args![
+                act.ptr(),
+                gu.ptr(),
+                pairs,
+                inter,
+                limit.is_some() as i32,
+                limit.unwrap_or(0.0)
+            ],
+        )?;
+    }
     let ys = CudaBuf::uninit(dev, pairs * h)?;
     gather_product(dev, &ys, &act, 1, experts, pairs, down)?;
     dev.launch(
@@ -205,16 +375,9 @@ fn gather_product(
                 BlockKind::Q4_1 => "matmul_q4_1_gather",
                 BlockKind::Q8_0 => "matmul_q8_0_gather",
             };
-            let shape = Shape {
-                grid: (
-                    n.div_ceil(ROWS_PER_BLOCK) as u32,
-                    pairs.clamp(1, MAX_GRID_Y) as u32,
-                ),
-                block: (ROWS_PER_BLOCK * 32) as u32,
-            };
             dev.launch(
                 name,
-                shape,
+                gather_rows(n, pairs),
                 args![
                     y.ptr(),
                     x.ptr(),
@@ -228,5 +391,16 @@ fn gather_product(
                 ],
             )
         }
+    }
+}
+
+/// A warp per output row and pair of a gathered block product.
+fn gather_rows(n: usize, pairs: usize) -> Shape {
+    Shape {
+        grid: (
+            n.div_ceil(ROWS_PER_BLOCK) as u32,
+            pairs.clamp(1, MAX_GRID_Y) as u32,
+        ),
+        block: (ROWS_PER_BLOCK * 32) as u32,
     }
 }

@@ -8,8 +8,8 @@ use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
 use crate::backend::{
-    Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostWeight, IndexerShape, RopeLayout,
-    RouterSpec, ScanDims, StepBody, Unary,
+    Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostWeight, IndexerShape,
+    RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
 };
 use crate::error::Result;
 
@@ -105,6 +105,15 @@ impl Backend for CudaOps {
         chain: &[Unary],
     ) -> Result<CudaBuf> {
         linear::matmul(&self.dev, x, rows, w, chain)
+    }
+
+    fn matmul_many(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        parts: &[(&CudaMatrix, Epilogue<'_>)],
+    ) -> Result<Vec<CudaBuf>> {
+        linear::matmul_many(&self.dev, x, rows, parts)
     }
 
     fn experts_swiglu(

@@ -14,6 +14,9 @@ pub(super) enum Param {
     U32,
     I32,
     F32,
+    /// The `Many` struct of `matmul.cu`, by value
+    /// ([`super::device::Device::launch_many`]).
+    Many,
 }
 
 impl Param {
@@ -26,6 +29,7 @@ impl Param {
             "u32" => Some(Param::U32),
             "int" => Some(Param::I32),
             "float" => Some(Param::F32),
+            "Many" => Some(Param::Many),
             _ => None,
         }
     }
@@ -89,6 +93,7 @@ mod tests {
         assert_eq!(sigs["route_softmax_topk_f32"][5], Param::I32);
         assert_eq!(sigs["affine_f32"][2], Param::F32);
         assert_eq!(sigs["topk_select"][6], Param::U32);
+        assert_eq!(sigs["matmul_q4_1_many"], vec![Param::Many]);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 
 use super::config::Qwen4ExpConfig;
 use super::state::AttnCache;
-use crate::backend::{Backend, Heads, IndexerShape};
+use crate::backend::{Backend, Epilogue, Heads, IndexerShape};
 use crate::error::Result;
 use crate::layers::indexer::Indexer;
 use crate::layers::linear::{BindLinear, Linear};
@@ -92,12 +92,21 @@ impl<B: Backend> GatedAttention<B> {
         let selected = self
             .indexer
             .forward(ops, x, rows, &mut cache.indexer, pos)?;
-        let qg = self.q_proj.forward(ops, x, rows)?;
+        // The three projections of `x` as one call (one launch for a
+        // decode row).
+        let [qg, mut k, v] = Linear::forward_many(
+            ops,
+            x,
+            rows,
+            [
+                (&self.q_proj, Epilogue::Chain(&[])),
+                (&self.k_proj, Epilogue::Chain(&[])),
+                (&self.v_proj, Epilogue::Chain(&[])),
+            ],
+        )?;
         let mut parts = ops.split_cols(&qg, rows, &[d, d], hq)?;
         let gate = parts.pop().expect("two parts");
         let mut q = parts.pop().expect("two parts");
-        let mut k = self.k_proj.forward(ops, x, rows)?;
-        let v = self.v_proj.forward(ops, x, rows)?;
         self.k_norm.apply_heads(ops, &mut k)?;
         pos.rows.apply(ops, &mut k, d)?;
         cache.k.append(ops, &k)?;

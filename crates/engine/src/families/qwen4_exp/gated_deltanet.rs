@@ -19,7 +19,7 @@
 //! independent of the chunking.
 
 use super::config::{GateAct, Qwen4ExpConfig};
-use crate::backend::{Backend, ScanDims, Unary};
+use crate::backend::{Backend, Epilogue, ScanDims, Unary};
 use crate::error::Result;
 use crate::layers::delta_rule::{DeltaCache, DeltaReplay, DeltaShape, ScanInputs};
 use crate::layers::linear::{BindLinear, Linear};
@@ -97,7 +97,18 @@ impl<B: Backend> GatedDeltaNet<B> {
     ) -> Result<B::Buf> {
         let d = self.shape.dims;
         let (kd, vd) = (d.hk * d.dk, d.hv * d.dv);
-        let u = self.in_qkv.forward(ops, x, rows)?;
+        // Every projection of `x` as one call (one launch for a decode row).
+        let [u, z, beta, a] = Linear::forward_many(
+            ops,
+            x,
+            rows,
+            [
+                (&self.in_qkv, Epilogue::Chain(&[])),
+                (&self.in_z, Epilogue::Chain(&[])),
+                (&self.in_b, Epilogue::Chain(&[Unary::Sigmoid])),
+                (&self.in_a, Epilogue::Chain(&[])),
+            ],
+        )?;
         let before = capture.is_some().then(|| cache.clone());
         let c = self.shape.conv(ops, &u, cache, &self.conv_w)?;
         let mut parts = ops.split_cols(&c, rows, &[kd, kd, vd], 1)?;
@@ -106,8 +117,6 @@ impl<B: Backend> GatedDeltaNet<B> {
         let mut q = parts.pop().expect("three parts");
         ops.l2_norm_heads(&mut q, d.dk, (d.dk as f32).powf(-0.5))?;
         ops.l2_norm_heads(&mut k, d.dk, 1.0)?;
-        let beta = self.in_b.forward_unary(ops, x, rows, &[Unary::Sigmoid])?;
-        let a = self.in_a.forward(ops, x, rows)?;
         let g = ops.softplus_decay(&a, &self.neg_a, &self.dt_bias)?;
         let inputs = ScanInputs { q, k, v, g, beta };
         let o = self.shape.scan(ops, &inputs, cache)?;
@@ -121,7 +130,6 @@ impl<B: Backend> GatedDeltaNet<B> {
                 inputs,
             });
         }
-        let z = self.in_z.forward(ops, x, rows)?;
         let y = ops.gated_rms_norm(&o, &z, &self.norm_w, self.eps, self.act)?;
         self.out.forward(ops, &y, rows)
     }

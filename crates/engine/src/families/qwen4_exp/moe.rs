@@ -11,7 +11,7 @@
 //! [`crate::layers::moe`] pieces; the shared expert and its gate are Qwen's.
 
 use super::config::Qwen4ExpConfig;
-use crate::backend::Backend;
+use crate::backend::{Backend, Epilogue};
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::moe::{Experts, SoftmaxRouter};
@@ -25,7 +25,6 @@ pub struct Moe<B: Backend> {
     shared_gate_up: Linear<B>,
     shared_down: Linear<B>,
     shared_expert_gate: Linear<B>,
-    shared_inter: usize,
     h: usize,
 }
 
@@ -61,19 +60,28 @@ impl<B: Backend> Moe<B> {
             shared_gate_up: w.linear_from(fused, 2 * shared_inter, h)?,
             shared_down: w.linear("shared_expert.down_proj", h, shared_inter)?,
             shared_expert_gate: w.linear("shared_expert_gate", 1, h)?,
-            shared_inter,
             h,
         })
     }
 
     /// `x: [T, H]` → `[T, H]`; also returns the routing.
     pub fn forward(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<(B::Buf, B::Routing)> {
-        let routing = self.router.route(ops, x, rows)?;
+        // The three products of `x` outside the routed experts as one call
+        // (one launch for a decode row): router logits, the shared
+        // expert's SwiGLU, its gate logit.
+        let [logits, act, g] = Linear::forward_many(
+            ops,
+            x,
+            rows,
+            [
+                (self.router.gate(), Epilogue::Chain(&[])),
+                (&self.shared_gate_up, Epilogue::Swiglu(None)),
+                (&self.shared_expert_gate, Epilogue::Chain(&[])),
+            ],
+        )?;
+        let routing = self.router.route_logits(ops, &logits, rows)?;
         let out = self.experts.forward(ops, x, rows, &routing)?;
-        let gu = self.shared_gate_up.forward(ops, x, rows)?;
-        let act = ops.swiglu(&gu, self.shared_inter, None)?;
         let shared = self.shared_down.forward(ops, &act, rows)?;
-        let g = self.shared_expert_gate.forward(ops, x, rows)?;
         let y = ops.add_gated_rows(&out, &shared, &g, self.h)?;
         Ok((y, routing))
     }

@@ -299,3 +299,82 @@ fn cuda_matmul_unary_is_the_product_then_the_chain() {
     let gm = g.matrix(q, 70, 608).unwrap();
     assert!(g.matmul_unary(&x, 1, &gm, &[Unary::Silu; 5]).is_err());
 }
+
+/// Several products of one input (`matmul_many`): one launch for a
+/// one-row call whose parts share a block format and kernel form (warp per
+/// row, or the split form), each part with the bits of its own
+/// `matmul_unary` (or `matmul` then `swiglu`); other calls (several rows,
+/// mixed forms) run the parts one by one, with the same bits.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_matmul_many_is_each_product_alone() {
+    use ds4_engine::backend::{Epilogue, Unary};
+    let (g, c) = (gpu(), CpuOps);
+    let gate: &[Unary] = &[Unary::Affine(0.25, 0.0), Unary::Silu];
+    let inject: &[Unary] = &[
+        Unary::Affine(0.25, 0.0),
+        Unary::Sigmoid,
+        Unary::Affine(2.0, 0.0),
+    ];
+    let warp: &[(usize, Epilogue)] = &[
+        (70, Epilogue::Chain(&[])),
+        (64, Epilogue::Swiglu(None)),
+        (5, Epilogue::Chain(gate)),
+        (2, Epilogue::Swiglu(Some(0.5))),
+    ];
+    let split: &[(usize, Epilogue)] = &[(40, Epilogue::Chain(gate)), (3, Epilogue::Chain(inject))];
+    // n = 2049 is past the split form's rows: mixed forms, one by one.
+    let mixed: &[(usize, Epilogue)] = &[(3, Epilogue::Chain(inject)), (2049, Epilogue::Chain(&[]))];
+    for (k, parts, launches) in [(608, warp, 1), (4192, split, 1), (4096, mixed, 2)] {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
+            let mats: Vec<_> = parts
+                .iter()
+                .enumerate()
+                .map(|(i, &(n, _))| {
+                    let t =
+                        Tensor::from_vec(rnd(n * k, 70 + i as u64), (n, k), &Device::Cpu).unwrap();
+                    let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+                    (
+                        g.matrix(q.clone(), n, k).unwrap(),
+                        c.matrix(q, n, k).unwrap(),
+                    )
+                })
+                .collect();
+            let gparts: Vec<_> = mats
+                .iter()
+                .zip(parts)
+                .map(|((m, _), &(_, e))| (m, e))
+                .collect();
+            let cparts: Vec<_> = mats
+                .iter()
+                .zip(parts)
+                .map(|((_, m), &(_, e))| (m, e))
+                .collect();
+            let rows = 3;
+            let x = rnd(rows * k, 69);
+            let what = format!("matmul_many {dtype:?} k={k}");
+            let before = g.launches();
+            let many = g.matmul_many(&up(&g, &x[..k]), 1, &gparts).unwrap();
+            // `up` is a copy, not a launch.
+            assert_eq!(g.launches() - before, launches, "{what}: launches");
+            for (i, (&(w, then), cpu)) in gparts.iter().zip(&cparts).enumerate() {
+                let xg = up(&g, &x[..k]);
+                let alone = match then {
+                    Epilogue::Chain(chain) => g.matmul_unary(&xg, 1, w, chain).unwrap(),
+                    Epilogue::Swiglu(limit) => {
+                        let gu = g.matmul(&xg, 1, w).unwrap();
+                        g.swiglu(&gu, parts[i].0 / 2, limit).unwrap()
+                    }
+                };
+                let got = down(&g, &many[i]);
+                assert_eq!(bits(&got), bits(&down(&g, &alone)), "{what} part {i}");
+                let want = c.matmul_many(&x[..k].to_vec(), 1, &[*cpu]).unwrap();
+                check(&format!("{what} part {i}"), &got, &want[0], 1e-5, false);
+                rows_invariant(&format!("{what} part {i}"), rows, |r| {
+                    let xs = up(&g, &x[r.start * k..r.end * k]);
+                    down(&g, &g.matmul_many(&xs, r.len(), &gparts).unwrap()[i])
+                });
+            }
+        }
+    }
+}

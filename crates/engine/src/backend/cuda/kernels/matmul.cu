@@ -240,6 +240,27 @@ __device__ __forceinline__ void matmul_block_one(float* y, const float* x, const
 // by the row count), so every row count gives the same bits.
 // `ONE`: the one-row form (a kernel of its own, as `matmul_block_one`).
 #define MM_SPLIT 8
+
+// One activation row of the split form: warp w's steps, its butterfly, the
+// MM_SPLIT warp sums in warp order from +0 through `part` (a shared
+// [MM_SPLIT][MM_TILE] array; column 0 is used). Every thread of the block
+// calls it; thread 0 holds the sum. Shared by `matmul_block_split` and
+// `matmul_block_split_many`, so both store the same bits.
+template <int Q4>
+__device__ __forceinline__ float split_row_one(float* part, const float* x, u64 k,
+                                               const u32* dmr, const u8* qr, u64 nb) {
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    float one[1] = {0.f};
+    block_steps<Q4, 1, MM_AHEAD>(one, 1, x, k, dmr, qr, nb, 8 * (u64)warp, 8 * MM_SPLIT, lane);
+    float s = warp_sum(one[0]);
+    if (lane == 0) part[warp * MM_TILE] = s;
+    __syncthreads();
+    float sum = 0.0f;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < MM_SPLIT; w++) sum += part[w * MM_TILE];
+    return sum;
+}
+
 template <int Q4, int ONE>
 __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64 rows,
                                                    const u32* dm, const u8* quants, u64 n,
@@ -253,15 +274,15 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
         const u8* qr = quants + j * nb * qb;
         for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
             u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
-            float acc[MM_TILE] = {};
             if (ONE) {
-                float one[1] = {0.f};
-                block_steps<Q4, 1, MM_AHEAD>(one, 1, x, k, dmr, qr, nb, 8 * (u64)warp,
-                                             8 * MM_SPLIT, lane);
-                acc[0] = one[0];
-            } else
-                block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 8 * (u64)warp,
-                                            8 * MM_SPLIT, lane);
+                float s = split_row_one<Q4>(&part[0][0], x, k, dmr, qr, nb);
+                if (threadIdx.x == 0) y[j] = c.apply(s);
+                __syncthreads();
+                continue;
+            }
+            float acc[MM_TILE] = {};
+            block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 8 * (u64)warp,
+                                        8 * MM_SPLIT, lane);
 #pragma unroll
             for (int t = 0; t < MM_TILE; t++) {
                 float s = warp_sum(acc[t]);
@@ -332,39 +353,147 @@ extern "C" __global__ void matmul_q8_0_one(float* y, const float* x, const u32* 
     matmul_block_one<0>(y, x, dm, quants, n, k, c);
 }
 
+// Several products of one activation row in one launch
+// (`Backend::matmul_many`): part i multiplies x by its own matrix (the same
+// k and block format, and the kernel form `matmul` picks for each alone),
+// its warps (split form: blocks) numbered from `first` in the launch. Each
+// output runs the code of that part's own launch (`block_steps` with
+// MM_AHEAD, the butterfly, `split_row_one` for the split form, the chain
+// as it stores), so it has that launch's bits. A SwiGLU part (rows
+// [g | u], 2·I of them) has a warp per j < I computing rows j and I + j
+// and storing `swiglu_one(g_j, u_j)`, as `swiglu_f32` does. The fields
+// mirror `ManyArgs` in `cuda/linear.rs` (repr(C)).
+#define MANY_PARTS 4
+struct ManyPart {
+    const u32* dm;
+    const u8* quants;
+    float* y;
+    u64 n;      // outputs of the part (I for a SwiGLU part)
+    u64 first;  // its first warp (split form: block) in the launch
+    int swiglu;
+    int has_limit;
+    float limit;
+    Chain c;
+};
+struct Many {
+    const float* x;
+    u64 k;
+    u64 parts;
+    ManyPart p[MANY_PARTS];
+};
+
+// The part unit `g` (a warp, or a block in the split form) belongs to,
+// selected with constant indices only (the struct stays in the parameter
+// bank).
+__device__ __forceinline__ ManyPart many_part(const Many& m, u64 g) {
+    ManyPart p = m.p[0];
+#pragma unroll
+    for (int t = 1; t < MANY_PARTS; t++)
+        if ((u64)t < m.parts && g >= m.p[t].first) p = m.p[t];
+    return p;
+}
+
+template <int Q4>
+__device__ __forceinline__ void matmul_block_many(const Many& m) {
+    const int qb = Q4 ? 16 : 32;
+    u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    ManyPart p = many_part(m, g);
+    u64 j = g - p.first;
+    if (j >= p.n) return;
+    unsigned lane = threadIdx.x & 31;
+    u64 nb = m.k / 32;
+    float acc[1] = {0.f};
+    block_steps<Q4, 1, MM_AHEAD>(acc, 1, m.x, m.k, p.dm + j * nb, p.quants + j * nb * qb, nb, 0,
+                                 8, lane);
+    float s = warp_sum(acc[0]);
+    if (p.swiglu) {
+        u64 r = p.n + j;
+        float up[1] = {0.f};
+        block_steps<Q4, 1, MM_AHEAD>(up, 1, m.x, m.k, p.dm + r * nb, p.quants + r * nb * qb, nb,
+                                     0, 8, lane);
+        float u = warp_sum(up[0]);
+        if (lane == 0) p.y[j] = swiglu_one(s, u, p.has_limit, p.limit);
+    } else if (lane == 0)
+        p.y[j] = p.c.apply(s);
+}
+
+template <int Q4>
+__device__ __forceinline__ void matmul_block_split_many(const Many& m) {
+    __shared__ float part[MM_SPLIT][MM_TILE];
+    const int qb = Q4 ? 16 : 32;
+    ManyPart p = many_part(m, blockIdx.x);
+    u64 j = blockIdx.x - p.first;
+    if (j >= p.n) return;
+    u64 nb = m.k / 32;
+    float s = split_row_one<Q4>(&part[0][0], m.x, m.k, p.dm + j * nb, p.quants + j * nb * qb, nb);
+    if (threadIdx.x == 0) p.y[j] = p.c.apply(s);
+}
+
+extern "C" __global__ void matmul_q4_1_many(Many m) { matmul_block_many<1>(m); }
+extern "C" __global__ void matmul_q8_0_many(Many m) { matmul_block_many<0>(m); }
+extern "C" __global__ void matmul_q4_1_split_many(Many m) { matmul_block_split_many<1>(m); }
+extern "C" __global__ void matmul_q8_0_split_many(Many m) { matmul_block_split_many<0>(m); }
+
 // Routed experts in a block format: pair p (a (token, slot)) multiplies x
 // row p / x_div by expert experts[p] of the stack [E, n, k]; y: [pairs, n].
 // Pairs run over grid.y, a warp per output row as above, in the order of
 // `matmul_block` for one activation row, so a routed product has the bits
-// of a `matmul` by that expert's matrix.
-template <int Q4>
+// of a `matmul` by that expert's matrix. `SWIGLU`: the stack's rows are
+// [g | u] (n = 2·I), a warp per j < I computes rows j and I + j and stores
+// `swiglu_one(g_j, u_j)` to y [pairs, I], as `swiglu_f32` would from the
+// plain product (one launch instead of two).
+template <int Q4, int SWIGLU>
 __device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u64 x_div,
                                                     const u32* experts, u64 pairs,
                                                     const u32* dm, const u8* quants, u64 n,
-                                                    u64 k) {
+                                                    u64 k, int has_limit, float limit) {
     const int qb = Q4 ? 16 : 32;
     u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (j >= n) return;
+    u64 outs = SWIGLU ? n / 2 : n;
+    if (j >= outs) return;
     unsigned lane = threadIdx.x & 31;
     u64 nb = k / 32;
     for (u64 p = blockIdx.y; p < pairs; p += gridDim.y) {
         u64 row = (u64)experts[p] * n + j;
+        const float* xr = x + (p / x_div) * k;
         float acc[1] = {0.f};
-        block_steps<Q4, 1, MM_AHEAD>(acc, 1, x + (p / x_div) * k, k, dm + row * nb,
-                                     quants + row * nb * qb, nb, 0, 8, lane);
+        block_steps<Q4, 1, MM_AHEAD>(acc, 1, xr, k, dm + row * nb, quants + row * nb * qb, nb, 0,
+                                     8, lane);
         float s = warp_sum(acc[0]);
-        if (lane == 0) y[p * n + j] = s;
+        if (SWIGLU) {
+            u64 r = row + outs;
+            float up[1] = {0.f};
+            block_steps<Q4, 1, MM_AHEAD>(up, 1, xr, k, dm + r * nb, quants + r * nb * qb, nb, 0,
+                                         8, lane);
+            float u = warp_sum(up[0]);
+            if (lane == 0) y[p * outs + j] = swiglu_one(s, u, has_limit, limit);
+        } else if (lane == 0)
+            y[p * n + j] = s;
     }
 }
 
 extern "C" __global__ void matmul_q4_1_gather(float* y, const float* x, u64 x_div,
                                               const u32* experts, u64 pairs, const u32* dm,
                                               const u8* quants, u64 n, u64 k) {
-    matmul_block_gather<1>(y, x, x_div, experts, pairs, dm, quants, n, k);
+    matmul_block_gather<1, 0>(y, x, x_div, experts, pairs, dm, quants, n, k, 0, 0.0f);
 }
 
 extern "C" __global__ void matmul_q8_0_gather(float* y, const float* x, u64 x_div,
                                               const u32* experts, u64 pairs, const u32* dm,
                                               const u8* quants, u64 n, u64 k) {
-    matmul_block_gather<0>(y, x, x_div, experts, pairs, dm, quants, n, k);
+    matmul_block_gather<0, 0>(y, x, x_div, experts, pairs, dm, quants, n, k, 0, 0.0f);
+}
+
+extern "C" __global__ void matmul_q4_1_gather_swiglu(float* y, const float* x, u64 x_div,
+                                                     const u32* experts, u64 pairs,
+                                                     const u32* dm, const u8* quants, u64 n,
+                                                     u64 k, int has_limit, float limit) {
+    matmul_block_gather<1, 1>(y, x, x_div, experts, pairs, dm, quants, n, k, has_limit, limit);
+}
+
+extern "C" __global__ void matmul_q8_0_gather_swiglu(float* y, const float* x, u64 x_div,
+                                                     const u32* experts, u64 pairs,
+                                                     const u32* dm, const u8* quants, u64 n,
+                                                     u64 k, int has_limit, float limit) {
+    matmul_block_gather<0, 1>(y, x, x_div, experts, pairs, dm, quants, n, k, has_limit, limit);
 }
