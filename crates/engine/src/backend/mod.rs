@@ -19,7 +19,7 @@
 //! |---|---|
 //! | memory | `upload`, `download`, `zeros`, `len`, `rows`, `append`, `truncate`, `concat_cols`, `split_cols` |
 //! | weights | `matrix`, `experts`, `table` + `gather_rows` (embedding) |
-//! | linear | `matmul` (f32 and block formats, 1..N rows), `matmul_unary` (a product, then a `unary_chain`), `matmul_many` (several products of one input, each with its chain or a SwiGLU), `experts_swiglu` (gathered routed experts) |
+//! | linear | `matmul` (f32 and block formats, 1..N rows), `matmul_unary` (a product, then a `unary_chain`), `matmul_many` (several products of one input, each with its chain or a SwiGLU), `experts_swiglu` (gathered routed experts), `experts_swiglu_gated` (plus a gated shared expert) |
 //! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm`, `layer_norm` (with bias) |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
@@ -27,7 +27,7 @@
 //! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `selection_from_host` (a selection the caller lists: a vision tower's per-image attention), `attention_window` (sliding window + compressed entries + sinks) |
 //! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
 //! | steps | `step_graphs`, `storage_key`, `run_step`, `resize`, `gather_rows_step`, `rows_step`, `write_rows_step`, `attention_causal_step` (decode / verify steps whose per-step inputs come from a [`Backend::Step`], so a device can replay them as a graph) |
-//! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `unary_chain`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `add_gated_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `gated_mean_streams`, `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
+//! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `unary_chain`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `add_gated_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `gated_mean_streams`, `matmul_gated_mean` (the mix's gates as a product), `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -375,6 +375,27 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         down: &Self::Experts,
         limit: Option<f32>,
     ) -> Result<Self::Buf>;
+    /// `add_gated_rows(experts_swiglu(x, …), shared, gate, H)`: the routed
+    /// experts plus a shared expert's output `[rows, H]` gated per row by
+    /// `sigmoid(gate)` (`gate` `[rows]`; Qwen's MoE). The default runs the
+    /// two ops; a device may add the gated term as it sums the slots, with
+    /// the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn experts_swiglu_gated(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        routing: &Self::Routing,
+        gate_up: &Self::Experts,
+        down: &Self::Experts,
+        limit: Option<f32>,
+        shared: &Self::Buf,
+        gate: &Self::Buf,
+    ) -> Result<Self::Buf> {
+        let out = self.experts_swiglu(x, rows, routing, gate_up, down, limit)?;
+        let width = self.len(&out) / rows.max(1);
+        self.add_gated_rows(&out, shared, gate, width)
+    }
 
     // ---- routing ----
 
@@ -778,6 +799,21 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         h: usize,
     ) -> Result<Self::Buf> {
         self.mean_streams(&self.mul(&self.sigmoid(gates)?, x)?, c, h)
+    }
+    /// `gated_mean_streams(matmul(x, rows, w), streams, c, h)`: the
+    /// gated-residual mix whose gates are a product (`w` `[C·H, in]`). The
+    /// default runs the two ops; a device may compute each output column's
+    /// `C` gates and their mean in one launch, with the same bits.
+    fn matmul_gated_mean(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: &Self::Matrix,
+        streams: &Self::Buf,
+        c: usize,
+        h: usize,
+    ) -> Result<Self::Buf> {
+        self.gated_mean_streams(&self.matmul(x, rows, w)?, streams, c, h)
     }
     /// `X + concat_s(inj_s·y)`: `X [rows, C·H]`, `y [rows, H]`, `inj [rows, C]`.
     fn inject_streams(

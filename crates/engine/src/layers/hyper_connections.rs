@@ -104,7 +104,9 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
             }
             None => (self.down.forward_unary(ops, &n, rows, &down)?, None),
         };
-        let x = ops.gated_mean_streams(&self.up.forward(ops, &d, rows)?, &n, self.c, self.h)?;
+        let x = self
+            .up
+            .forward_gated_mean(ops, &d, rows, &n, self.c, self.h)?;
         Ok((x, inj))
     }
 

@@ -52,6 +52,21 @@ impl<B: Backend> Linear<B> {
         ops.matmul_unary(x, rows, &self.w, chain)
     }
 
+    /// `gated_mean_streams(self·x, streams, c, h)` ([`Backend::matmul_gated_mean`]:
+    /// one launch on a device for a decode row).
+    pub fn forward_gated_mean(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        streams: &B::Buf,
+        c: usize,
+        h: usize,
+    ) -> Result<B::Buf> {
+        self.check(ops, x, rows)?;
+        ops.matmul_gated_mean(x, rows, &self.w, streams, c, h)
+    }
+
     /// Several layers over the same input, each with its [`Epilogue`]
     /// ([`Backend::matmul_many`]: one launch on a device for a decode row).
     pub fn forward_many<const N: usize>(

@@ -100,6 +100,29 @@ impl<B: Backend> Experts<B> {
     ) -> Result<B::Buf> {
         ops.experts_swiglu(x, rows, routing, &self.gate_up, &self.down, self.limit)
     }
+
+    /// [`Self::forward`] plus `shared [rows, H]` gated by `sigmoid(gate)`
+    /// per row ([`Backend::experts_swiglu_gated`]).
+    pub fn forward_gated(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        routing: &B::Routing,
+        shared: &B::Buf,
+        gate: &B::Buf,
+    ) -> Result<B::Buf> {
+        ops.experts_swiglu_gated(
+            x,
+            rows,
+            routing,
+            &self.gate_up,
+            &self.down,
+            self.limit,
+            shared,
+            gate,
+        )
+    }
 }
 
 /// Softmax router: `p = softmax(W_gate·x)`, the top `k` experts (ties to

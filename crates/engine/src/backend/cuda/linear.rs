@@ -261,9 +261,76 @@ fn warp_rows(n: usize) -> Shape {
     }
 }
 
+/// Stream gates at most in `matmul_*_gated_mean` (`MEAN_STREAMS` in
+/// `matmul.cu`).
+const MEAN_STREAMS: usize = 8;
+
+/// [`crate::backend::Backend::matmul_gated_mean`]: one launch for one
+/// activation row and a block matrix in the warp form (a warp per output
+/// column computes its `C` gate rows, then the mean with the streams, as
+/// `gated_mean_streams_f32`), else the product then the mix.
+pub(super) fn matmul_gated_mean(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    w: &CudaMatrix,
+    streams: &CudaBuf,
+    c: usize,
+    h: usize,
+) -> Result<CudaBuf> {
+    let (n, k) = w.dims();
+    if let CudaMatrix::Block {
+        kind, dm, quants, ..
+    } = w
+        && rows == 1
+        && c > 0
+        && c <= MEAN_STREAMS
+        && n == c * h
+        && !split_form(n, k)
+    {
+        if x.len() != k || streams.len() != n {
+            return Err(shape_err(
+                "matmul_gated_mean",
+                format!(
+                    "{} inputs and {} stream values for [{n}, {k}] in {c} streams",
+                    x.len(),
+                    streams.len()
+                ),
+            ));
+        }
+        let y = CudaBuf::uninit(dev, h)?;
+        let name = match kind {
+            BlockKind::Q4_1 => "matmul_q4_1_gated_mean",
+            BlockKind::Q8_0 => "matmul_q8_0_gated_mean",
+        };
+        let inv = (1f64 / c as f64) as f32;
+        dev.launch(
+            name,
+            warp_rows(h),
+            args![
+                y.ptr(),
+                x.ptr(),
+                ptr(dm),
+                ptr(quants),
+                streams.ptr(),
+                c,
+                h,
+                k,
+                inv
+            ],
+        )?;
+        return Ok(y);
+    }
+    let g = matmul(dev, x, rows, w, &[])?;
+    super::elementwise::gated_mean_streams(dev, &g, streams, c, h)
+}
+
 /// `out[t] = Σ_k w[t,k]·down_e(act(gate_up_e·x_t))`: gate/up for every
 /// (token, slot) pair in one launch, SwiGLU, down in one launch, then the
-/// slots summed in order.
+/// slots summed in order; with `gated = (shared, gate)`, plus
+/// `shared[t]·sigmoid(gate[t])` as `add_gated_rows_f32` adds it, in the
+/// summing launch.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn experts_swiglu(
     dev: &Device,
     x: &CudaBuf,
@@ -272,6 +339,7 @@ pub(super) fn experts_swiglu(
     gate_up: &CudaExperts,
     down: &CudaExperts,
     limit: Option<f32>,
+    gated: Option<(&CudaBuf, &CudaBuf)>,
 ) -> Result<CudaBuf> {
     let (h, two_i) = (gate_up.inp, gate_up.out);
     let inter = two_i / 2;
@@ -292,14 +360,29 @@ pub(super) fn experts_swiglu(
             ),
         ));
     }
+    if let Some((shared, gate)) = gated
+        && (shared.len() != rows * h || gate.len() != rows)
+    {
+        return Err(shape_err(
+            "experts_swiglu_gated",
+            format!(
+                "shared {} and gate {} values for {rows} rows of {h}",
+                shared.len(),
+                gate.len()
+            ),
+        ));
+    }
     let k = routing.k;
     let pairs = rows * k;
     let out = CudaBuf::uninit(dev, rows * h)?;
     if pairs == 0 {
-        if rows * h > 0 {
-            return super::buf::zeros(dev, rows * h);
-        }
-        return Ok(out);
+        let zeros = super::buf::zeros(dev, rows * h)?;
+        return match gated {
+            Some((shared, gate)) if rows > 0 => {
+                super::elementwise::add_gated_rows(dev, &zeros, shared, gate, h)
+            }
+            _ => Ok(zeros),
+        };
     }
     let experts = routing.experts.ptr();
     let act = CudaBuf::uninit(dev, pairs * inter)?;
@@ -345,11 +428,27 @@ pub(super) fn experts_swiglu(
     }
     let ys = CudaBuf::uninit(dev, pairs * h)?;
     gather_product(dev, &ys, &act, 1, experts, pairs, down)?;
-    dev.launch(
-        "experts_combine",
-        Shape::elements(rows * h),
-        args![out.ptr(), ys.ptr(), routing.weights.ptr(), rows, k, h],
-    )?;
+    match gated {
+        None => dev.launch(
+            "experts_combine",
+            Shape::elements(rows * h),
+            args![out.ptr(), ys.ptr(), routing.weights.ptr(), rows, k, h],
+        )?,
+        Some((shared, gate)) => dev.launch(
+            "experts_combine_gated",
+            Shape::elements(rows * h),
+            args![
+                out.ptr(),
+                ys.ptr(),
+                routing.weights.ptr(),
+                rows,
+                k,
+                h,
+                shared.ptr(),
+                gate.ptr()
+            ],
+        )?,
+    }
     Ok(out)
 }
 

@@ -116,6 +116,18 @@ impl Backend for CudaOps {
         linear::matmul_many(&self.dev, x, rows, parts)
     }
 
+    fn matmul_gated_mean(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: &CudaMatrix,
+        streams: &CudaBuf,
+        c: usize,
+        h: usize,
+    ) -> Result<CudaBuf> {
+        linear::matmul_gated_mean(&self.dev, x, rows, w, streams, c, h)
+    }
+
     fn experts_swiglu(
         &self,
         x: &CudaBuf,
@@ -125,7 +137,22 @@ impl Backend for CudaOps {
         down: &CudaExperts,
         limit: Option<f32>,
     ) -> Result<CudaBuf> {
-        linear::experts_swiglu(&self.dev, x, rows, routing, gate_up, down, limit)
+        linear::experts_swiglu(&self.dev, x, rows, routing, gate_up, down, limit, None)
+    }
+
+    fn experts_swiglu_gated(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        routing: &CudaRouting,
+        gate_up: &CudaExperts,
+        down: &CudaExperts,
+        limit: Option<f32>,
+        shared: &CudaBuf,
+        gate: &CudaBuf,
+    ) -> Result<CudaBuf> {
+        let gated = Some((shared, gate));
+        linear::experts_swiglu(&self.dev, x, rows, routing, gate_up, down, limit, gated)
     }
 
     // ---- routing ----

@@ -12,6 +12,10 @@ fn shape_err(op: &str, msg: String) -> EngineError {
     EngineError::State(format!("{op}: {msg}"))
 }
 
+/// Rows up to which a convolution runs as one launch (output and window
+/// together); a prefill chunk keeps two (the output grid is its size).
+const STEP_ROWS: usize = 8;
+
 pub(super) fn causal_conv_silu(
     dev: &Device,
     u: &CudaBuf,
@@ -42,6 +46,29 @@ pub(super) fn causal_conv_silu(
     let t_len = u.len() / channels;
     let out = CudaBuf::uninit(dev, u.len())?;
     if t_len == 0 {
+        return Ok(out);
+    }
+    if hist > 0 && t_len <= STEP_ROWS {
+        // A decode step or verify window: the output and the new window
+        // in one launch (the formulas of the two kernels below).
+        let next = CudaBuf::uninit(dev, hist * channels)?;
+        dev.launch(
+            "causal_conv_silu_window_f32",
+            Shape::elements(t_len.max(hist) * channels),
+            args![
+                out.ptr(),
+                next.ptr(),
+                u.ptr(),
+                window.ptr(),
+                w.ptr(),
+                t_len,
+                channels,
+                kernel,
+                dilation,
+                hist
+            ],
+        )?;
+        *window = next;
         return Ok(out);
     }
     dev.launch(

@@ -25,7 +25,6 @@ pub struct Moe<B: Backend> {
     shared_gate_up: Linear<B>,
     shared_down: Linear<B>,
     shared_expert_gate: Linear<B>,
-    h: usize,
 }
 
 /// Routing decisions of one forward, on the host: `[T, k]` expert ids and
@@ -60,7 +59,6 @@ impl<B: Backend> Moe<B> {
             shared_gate_up: w.linear_from(fused, 2 * shared_inter, h)?,
             shared_down: w.linear("shared_expert.down_proj", h, shared_inter)?,
             shared_expert_gate: w.linear("shared_expert_gate", 1, h)?,
-            h,
         })
     }
 
@@ -80,9 +78,10 @@ impl<B: Backend> Moe<B> {
             ],
         )?;
         let routing = self.router.route_logits(ops, &logits, rows)?;
-        let out = self.experts.forward(ops, x, rows, &routing)?;
         let shared = self.shared_down.forward(ops, &act, rows)?;
-        let y = ops.add_gated_rows(&out, &shared, &g, self.h)?;
+        let y = self
+            .experts
+            .forward_gated(ops, x, rows, &routing, &shared, &g)?;
         Ok((y, routing))
     }
 }

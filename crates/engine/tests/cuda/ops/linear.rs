@@ -378,3 +378,122 @@ fn cuda_matmul_many_is_each_product_alone() {
         }
     }
 }
+
+/// The gated-residual mix with its gates as a product
+/// (`matmul_gated_mean`): one launch for a decode row of a block matrix,
+/// with the bits of `matmul` then `gated_mean_streams`, rows independent;
+/// against the CPU within the product's bound.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_matmul_gated_mean_is_the_product_then_the_mix() {
+    let (g, c) = (gpu(), CpuOps);
+    // The last shape is the split form: the two ops.
+    for (streams, h, k, launches) in [(4, 70, 320, 1), (3, 33, 64, 1), (4, 10, 4096, 2)] {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
+            let n = streams * h;
+            let t = Tensor::from_vec(rnd(n * k, 80), (n, k), &Device::Cpu).unwrap();
+            let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+            let (gm, cm) = (
+                g.matrix(q.clone(), n, k).unwrap(),
+                c.matrix(q, n, k).unwrap(),
+            );
+            let rows = 3;
+            let x = rnd(rows * k, 81);
+            let s = rnd(rows * n, 82);
+            let what = format!("matmul_gated_mean {dtype:?} {streams}x{h} k={k}");
+            let (x1, s1) = (up(&g, &x[..k]), up(&g, &s[..n]));
+            let before = g.launches();
+            let fused = down(
+                &g,
+                &g.matmul_gated_mean(&x1, 1, &gm, &s1, streams, h).unwrap(),
+            );
+            assert_eq!(g.launches() - before, launches, "{what}: launches");
+            let gates = g.matmul(&x1, 1, &gm).unwrap();
+            let two = down(&g, &g.gated_mean_streams(&gates, &s1, streams, h).unwrap());
+            assert_eq!(
+                bits(&fused),
+                bits(&two),
+                "{what}: fused and two launches differ"
+            );
+            let cpu = c
+                .matmul_gated_mean(&x[..k].to_vec(), 1, &cm, &s[..n].to_vec(), streams, h)
+                .unwrap();
+            check(&what, &fused, &cpu, 1e-5, false);
+            rows_invariant(&what, rows, |r| {
+                let xs = up(&g, &x[r.start * k..r.end * k]);
+                let ss = up(&g, &s[r.start * n..r.end * n]);
+                down(
+                    &g,
+                    &g.matmul_gated_mean(&xs, r.len(), &gm, &ss, streams, h)
+                        .unwrap(),
+                )
+            });
+        }
+    }
+}
+
+/// Routed experts plus a gated shared expert (`experts_swiglu_gated`): the
+/// gated term added in the launch that sums the slots, with the bits of
+/// `experts_swiglu` then `add_gated_rows`; rows independent; against the
+/// CPU within the experts' bound.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_experts_swiglu_gated_is_the_experts_then_the_gate() {
+    use ds4_engine::load::synthetic::{SyntheticWeight, tensor_seed};
+    let (g, c) = (gpu(), CpuOps);
+    let (rows, e, k, h, inter) = (5, 8, 3, 256, 96);
+    let gu = Arc::new(SyntheticWeight::q4_1(
+        tensor_seed(11, "gu"),
+        vec![e, 2 * inter, h],
+    ));
+    let dn = Arc::new(SyntheticWeight::q4_1(
+        tensor_seed(11, "dn"),
+        vec![e, h, inter],
+    ));
+    let ggu = g
+        .experts(HostWeight::Synthetic(gu.clone()), e, 2 * inter, h)
+        .unwrap();
+    let gdn = g
+        .experts(HostWeight::Synthetic(dn.clone()), e, h, inter)
+        .unwrap();
+    let cgu = c
+        .experts(HostWeight::Synthetic(gu), e, 2 * inter, h)
+        .unwrap();
+    let cdn = c.experts(HostWeight::Synthetic(dn), e, h, inter).unwrap();
+    let x: Vec<f32> = rnd(rows * h, 90).iter().map(|v| 3.0 * v).collect();
+    let logits = rnd(rows * e, 91);
+    let shared = rnd(rows * h, 92);
+    let gate = rnd(rows, 93);
+    let run = |r: std::ops::Range<usize>| {
+        let route = g
+            .route_softmax_topk(
+                &up(&g, &logits[r.start * e..r.end * e]),
+                r.len(),
+                e,
+                k,
+                true,
+            )
+            .unwrap();
+        let xs = up(&g, &x[r.start * h..r.end * h]);
+        let (sh, ga) = (
+            up(&g, &shared[r.start * h..r.end * h]),
+            up(&g, &gate[r.clone()]),
+        );
+        let fused = g
+            .experts_swiglu_gated(&xs, r.len(), &route, &ggu, &gdn, None, &sh, &ga)
+            .unwrap();
+        let out = g
+            .experts_swiglu(&xs, r.len(), &route, &ggu, &gdn, None)
+            .unwrap();
+        let two = g.add_gated_rows(&out, &sh, &ga, h).unwrap();
+        (down(&g, &fused), down(&g, &two))
+    };
+    let (fused, two) = run(0..rows);
+    assert_eq!(bits(&fused), bits(&two), "fused and two launches differ");
+    let croute = c.route_softmax_topk(&logits, rows, e, k, true).unwrap();
+    let cy = c
+        .experts_swiglu_gated(&x, rows, &croute, &cgu, &cdn, None, &shared, &gate)
+        .unwrap();
+    check("experts_swiglu_gated", &fused, &cy, 1e-5, false);
+    rows_invariant("experts_swiglu_gated", rows, |r| run(r).0);
+}

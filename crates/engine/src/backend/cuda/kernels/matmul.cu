@@ -90,6 +90,22 @@ extern "C" __global__ void experts_combine(float* out, const float* ys, const fl
     }
 }
 
+// `experts_combine`, plus a gated shared expert: base + shared·σ(gate[r]),
+// each step rounded as `add_gated_rows_f32` rounds it (one launch instead
+// of two).
+extern "C" __global__ void experts_combine_gated(float* out, const float* ys,
+                                                 const float* weights, u64 rows, u64 top_k,
+                                                 u64 h, const float* shared, const float* gate) {
+    FOR_EACH(i, rows * h) {
+        u64 r = i / h, e = i % h;
+        float o = 0.0f;
+        for (u64 s = 0; s < top_k; s++) o += weights[r * top_k + s] * ys[(r * top_k + s) * h + e];
+        float g = 1.0f / (expf(-gate[r]) + 1.0f);
+        float t = shared[i] * g;
+        out[i] = o + t;
+    }
+}
+
 // Block formats, one warp per output row, eight blocks per step: lane l
 // takes block b0 + l/4 and its quarter l%4 (elements 8·(l%4) .. +8), so the
 // warp reads 8 consecutive blocks of quants and 256 consecutive activations
@@ -433,6 +449,58 @@ extern "C" __global__ void matmul_q4_1_many(Many m) { matmul_block_many<1>(m); }
 extern "C" __global__ void matmul_q8_0_many(Many m) { matmul_block_many<0>(m); }
 extern "C" __global__ void matmul_q4_1_split_many(Many m) { matmul_block_split_many<1>(m); }
 extern "C" __global__ void matmul_q8_0_split_many(Many m) { matmul_block_split_many<0>(m); }
+
+// The gated-residual mix with its gates as a product, one activation row
+// (`Backend::matmul_gated_mean`): a warp per output column j < h computes
+// the gate rows s·h + j of w [c·h, k] (s < c ≤ MEAN_STREAMS) with
+// `matmul_block_one`'s code, then the mean of σ(g_s)·streams[s·h + j] in
+// stream order as `gated_mean_streams_f32` does: the bits of the product
+// then the mix.
+#define MEAN_STREAMS 8
+template <int Q4>
+__device__ __forceinline__ void matmul_block_gated_mean(float* y, const float* x, const u32* dm,
+                                                        const u8* quants, const float* streams,
+                                                        u64 c, u64 h, u64 k, float inv) {
+    const int qb = Q4 ? 16 : 32;
+    u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (j >= h) return;
+    unsigned lane = threadIdx.x & 31;
+    u64 nb = k / 32;
+    float g[MEAN_STREAMS];
+#pragma unroll
+    for (int st = 0; st < MEAN_STREAMS; st++) {
+        if ((u64)st < c) {
+            u64 row = st * h + j;
+            float acc[1] = {0.f};
+            block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, k, dm + row * nb, quants + row * nb * qb, nb,
+                                         0, 8, lane);
+            g[st] = warp_sum(acc[0]);
+        }
+    }
+    if (lane == 0) {
+        float s = 0.0f;
+#pragma unroll
+        for (int st = 0; st < MEAN_STREAMS; st++) {
+            if ((u64)st < c) {
+                float m = 1.0f / (expf(-g[st]) + 1.0f);
+                s += m * streams[st * h + j];
+            }
+        }
+        y[j] = s * inv + 0.0f;
+    }
+}
+
+extern "C" __global__ void matmul_q4_1_gated_mean(float* y, const float* x, const u32* dm,
+                                                  const u8* quants, const float* streams, u64 c,
+                                                  u64 h, u64 k, float inv) {
+    matmul_block_gated_mean<1>(y, x, dm, quants, streams, c, h, k, inv);
+}
+
+extern "C" __global__ void matmul_q8_0_gated_mean(float* y, const float* x, const u32* dm,
+                                                  const u8* quants, const float* streams, u64 c,
+                                                  u64 h, u64 k, float inv) {
+    matmul_block_gated_mean<0>(y, x, dm, quants, streams, c, h, k, inv);
+}
 
 // Routed experts in a block format: pair p (a (token, slot)) multiplies x
 // row p / x_div by expert experts[p] of the stack [E, n, k]; y: [pairs, n].

@@ -32,6 +32,28 @@ extern "C" __global__ void conv_window_f32(float* next, const float* u, const fl
     }
 }
 
+// Both of the above in one launch (a step of a few rows: the launch, not
+// the work, is the cost): thread i computes output i and window value i
+// with the formulas above. `next` is a new buffer, so no thread reads
+// what another writes.
+extern "C" __global__ void causal_conv_silu_window_f32(float* out, float* next, const float* u,
+                                                       const float* window, const float* w,
+                                                       u64 t_len, u64 channels, u64 kernel,
+                                                       u64 dilation, u64 hist) {
+    u64 n_out = t_len * channels, n_next = hist * channels;
+    FOR_EACH(i, n_out > n_next ? n_out : n_next) {
+        u64 c = i % channels;
+        if (i < n_out) {
+            u64 t = i / channels;
+            float acc = 0.0f;
+            for (u64 k = 0; k < kernel; k++)
+                acc += w[c * kernel + k] * conv_row(window, u, hist, t + k * dilation, channels, c);
+            out[i] = acc * (1.0f / (1.0f + expf(-acc)));
+        }
+        if (i < n_next) next[i] = conv_row(window, u, hist, i / channels + t_len, channels, c);
+    }
+}
+
 // One thread per (value head j, value column b) owns column b of S_j
 // [dk, dv] across all tokens: decay, kv = Σ_a S[a,b]·k_a (in order), delta
 // = (v_b − kv)·β, then S[a,b] += k_a·delta and o_b += S[a,b]·q_a (in order
