@@ -31,6 +31,10 @@ pub struct SyntheticReport {
     /// Seconds of a forward of K + 1 rows, K = 0..=3 (median of the reps).
     pub verify_secs: Vec<f64>,
     pub state_bytes: usize,
+    /// FNV-1a of the greedy tokens and of the last decode row's logit bits:
+    /// two runs (builds, kernel sets) with the same digest decoded the same
+    /// bits.
+    pub decode_digest: u64,
 }
 
 pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
@@ -76,6 +80,7 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
         .map(|(k, t)| format!("K={k}:{:.3}ms({:.2}x)", t * 1e3, t / report.verify_secs[0]))
         .collect();
     println!("REPORT verify_rows {}", verify.join(" "));
+    println!("REPORT decode_digest={:016x}", report.decode_digest);
     let bytes = step.weights + report.state_bytes;
     println!(
         "REPORT step_bytes_mb={:.1} (weights {:.1}: dense {:.1}, experts {:.1}, lm_head {:.1}; state {:.1})",
@@ -191,13 +196,23 @@ pub fn run<M: Model>(
     let warm = model.forward(&[token], &mut state, LogitsRows::Last)?;
     finite(&warm.logits, "decode")?;
     token = argmax(warm.row(0));
+    let mut tokens = Vec::with_capacity(args.gen_tokens);
+    let mut last = warm;
     let start = Instant::now();
     for _ in 0..args.gen_tokens {
         let out = model.forward(&[token], &mut state, LogitsRows::Last)?;
         finite(&out.logits, "decode")?;
         token = argmax(out.row(0));
+        tokens.push(token);
+        last = out;
     }
     let gen_secs = start.elapsed().as_secs_f64();
+    let decode_digest = fnv1a(
+        tokens
+            .iter()
+            .copied()
+            .chain(last.row(0).iter().map(|v| v.to_bits())),
+    );
     let state_bytes = state.byte_size();
     let mut verify_secs = Vec::new();
     for rows in 1..=4usize {
@@ -224,7 +239,17 @@ pub fn run<M: Model>(
         gen_tps: args.gen_tokens as f64 / gen_secs.max(1e-9),
         verify_secs,
         state_bytes,
+        decode_digest,
     })
+}
+
+/// FNV-1a over 32-bit words (little-endian bytes).
+fn fnv1a(words: impl Iterator<Item = u32>) -> u64 {
+    words
+        .flat_map(u32::to_le_bytes)
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 #[cfg(test)]

@@ -129,6 +129,13 @@ extern "C" __global__ void experts_combine_gated(float* out, const float* ys,
 #define MM_AHEAD 4
 
 // The eight weights of lane `qtr`'s quarter of a block, dequantized.
+// The quant becomes a float without an int-to-float conversion (a quarter-
+// or sixteenth-rate instruction, which bounded the big one-row products
+// by arithmetic rather than memory): its bits OR'ed into the mantissa of
+// 2^23 give 2^23 + q exactly, and subtracting 2^23 (Q8_0: 2^23 + 128 from
+// 2^23 + (q + 128)) leaves q exactly, so every weight has the value, and
+// every product the bits, of the plain conversion.
+#define MAGIC_2_23 8388608.0f
 template <int Q4>
 __device__ __forceinline__ void dequant8(float w[8], uint2 q, u32 sm, unsigned qtr) {
     float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
@@ -136,13 +143,17 @@ __device__ __forceinline__ void dequant8(float w[8], uint2 q, u32 sm, unsigned q
         u32 shift = (qtr >> 1) * 4;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            u32 byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff;
-            w[i] = (float)((byte >> shift) & 0x0f) * d + m;
+            u32 nib = ((i < 4 ? q.x : q.y) >> (8 * (i % 4) + shift)) & 0x0f;
+            float u = __int_as_float(0x4B000000u | nib) - MAGIC_2_23;
+            w[i] = u * d + m;
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            w[i] = (float)(signed char)(((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) * d;
+        for (int i = 0; i < 8; i++) {
+            u32 biased = (((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) ^ 0x80u;
+            float v = __int_as_float(0x4B000000u | biased) - (MAGIC_2_23 + 128.0f);
+            w[i] = v * d;
+        }
     }
 }
 
