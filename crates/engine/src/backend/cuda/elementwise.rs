@@ -317,7 +317,7 @@ pub(super) fn ple_gate(
     if tokens * c > 0 {
         dev.launch(
             "ple_gate_f32",
-            Shape::elements(tokens * c),
+            Shape::warps(tokens * c),
             args![
                 y.ptr(),
                 key.ptr(),

@@ -243,7 +243,11 @@ fn many_in_one(
         first += n;
         outs.push(y);
     }
+    // SwiGLU parts have kernels of their own (the two-row path's registers).
+    let swiglu = parts.iter().any(|(_, e)| matches!(e, Epilogue::Swiglu(_)));
     let (name, shape) = match (kind, split) {
+        (BlockKind::Q4_1, false) if swiglu => ("matmul_q4_1_many_swiglu", warp_rows(first)),
+        (BlockKind::Q8_0, false) if swiglu => ("matmul_q8_0_many_swiglu", warp_rows(first)),
         (BlockKind::Q4_1, false) => ("matmul_q4_1_many", warp_rows(first)),
         (BlockKind::Q8_0, false) => ("matmul_q8_0_many", warp_rows(first)),
         (BlockKind::Q4_1, true) => ("matmul_q4_1_split_many", Shape::blocks(first, 256)),

@@ -208,6 +208,59 @@ __device__ __forceinline__ void block_steps(float (&acc)[T], u64 nr, const float
     }
 }
 
+// `block_steps` for one activation row and R weight rows at once (a SwiGLU's
+// gate and up rows, a mix's stream gates): the loads of all R rows are in
+// flight together and each activation value is loaded once for them, but
+// every row's lane sum takes the FMAs of `block_steps` in the same order,
+// so each row has the bits of its own product.
+template <int Q4, int R, int AHEAD>
+__device__ __forceinline__ void block_steps_rows(float (&acc)[R], const float* x,
+                                                 const u32* const (&dmr)[R],
+                                                 const u8* const (&qr)[R], u64 nb,
+                                                 unsigned lane) {
+    const int qb = Q4 ? 16 : 32;
+    unsigned qtr = lane & 3;
+    u64 at = Q4 ? (qtr & 1) * 8 : qtr * 8;
+    for (u64 b0 = lane / 4; b0 < nb; b0 += 8 * AHEAD) {
+        uint2 q[R][AHEAD];
+        u32 sm[R][AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            u64 b = b0 + u * 8;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (b < nb) {
+                    q[r][u] = *(const uint2*)(qr[r] + b * qb + at);
+                    sm[r][u] = dmr[r][b];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            u64 b = b0 + u * 8;
+            if (b < nb) {
+                const float4* xb = (const float4*)(x + b * 32 + qtr * 8);
+                float4 v0 = xb[0], v1 = xb[1];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float w[8];
+                    dequant8<Q4>(w, q[r][u], sm[r][u], qtr);
+                    float a = acc[r];
+                    a = fmaf(w[0], v0.x, a);
+                    a = fmaf(w[1], v0.y, a);
+                    a = fmaf(w[2], v0.z, a);
+                    a = fmaf(w[3], v0.w, a);
+                    a = fmaf(w[4], v1.x, a);
+                    a = fmaf(w[5], v1.y, a);
+                    a = fmaf(w[6], v1.z, a);
+                    a = fmaf(w[7], v1.w, a);
+                    acc[r] = a;
+                }
+            }
+        }
+    }
+}
+
 // Several activation rows (prefill, verify windows): a warp per output row,
 // the rows four at a time, one step loaded at a time.
 template <int Q4>
@@ -420,7 +473,9 @@ __device__ __forceinline__ ManyPart many_part(const Many& m, u64 g) {
     return p;
 }
 
-template <int Q4>
+// `SWIGLU`: the launch has SwiGLU parts (a kernel of its own: the two-row
+// path's registers would lower every other launch's occupancy).
+template <int Q4, int SWIGLU>
 __device__ __forceinline__ void matmul_block_many(const Many& m) {
     const int qb = Q4 ? 16 : 32;
     u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -429,19 +484,21 @@ __device__ __forceinline__ void matmul_block_many(const Many& m) {
     if (j >= p.n) return;
     unsigned lane = threadIdx.x & 31;
     u64 nb = m.k / 32;
+    if (SWIGLU && p.swiglu) {
+        u64 r = p.n + j;
+        const u32* const dmr[2] = {p.dm + j * nb, p.dm + r * nb};
+        const u8* const qr[2] = {p.quants + j * nb * qb, p.quants + r * nb * qb};
+        float acc[2] = {0.f, 0.f};
+        block_steps_rows<Q4, 2, MM_AHEAD>(acc, m.x, dmr, qr, nb, lane);
+        float gs = warp_sum(acc[0]), u = warp_sum(acc[1]);
+        if (lane == 0) p.y[j] = swiglu_one(gs, u, p.has_limit, p.limit);
+        return;
+    }
     float acc[1] = {0.f};
     block_steps<Q4, 1, MM_AHEAD>(acc, 1, m.x, m.k, p.dm + j * nb, p.quants + j * nb * qb, nb, 0,
                                  8, lane);
     float s = warp_sum(acc[0]);
-    if (p.swiglu) {
-        u64 r = p.n + j;
-        float up[1] = {0.f};
-        block_steps<Q4, 1, MM_AHEAD>(up, 1, m.x, m.k, p.dm + r * nb, p.quants + r * nb * qb, nb,
-                                     0, 8, lane);
-        float u = warp_sum(up[0]);
-        if (lane == 0) p.y[j] = swiglu_one(s, u, p.has_limit, p.limit);
-    } else if (lane == 0)
-        p.y[j] = p.c.apply(s);
+    if (lane == 0) p.y[j] = p.c.apply(s);
 }
 
 template <int Q4>
@@ -456,8 +513,10 @@ __device__ __forceinline__ void matmul_block_split_many(const Many& m) {
     if (threadIdx.x == 0) p.y[j] = p.c.apply(s);
 }
 
-extern "C" __global__ void matmul_q4_1_many(Many m) { matmul_block_many<1>(m); }
-extern "C" __global__ void matmul_q8_0_many(Many m) { matmul_block_many<0>(m); }
+extern "C" __global__ void matmul_q4_1_many(Many m) { matmul_block_many<1, 0>(m); }
+extern "C" __global__ void matmul_q8_0_many(Many m) { matmul_block_many<0, 0>(m); }
+extern "C" __global__ void matmul_q4_1_many_swiglu(Many m) { matmul_block_many<1, 1>(m); }
+extern "C" __global__ void matmul_q8_0_many_swiglu(Many m) { matmul_block_many<0, 1>(m); }
 extern "C" __global__ void matmul_q4_1_split_many(Many m) { matmul_block_split_many<1>(m); }
 extern "C" __global__ void matmul_q8_0_split_many(Many m) { matmul_block_split_many<0>(m); }
 
@@ -477,15 +536,26 @@ __device__ __forceinline__ void matmul_block_gated_mean(float* y, const float* x
     if (j >= h) return;
     unsigned lane = threadIdx.x & 31;
     u64 nb = k / 32;
+    // The stream gates four rows at a time, their loads in flight
+    // together (`block_steps_rows`, two steps ahead: a mix's k = 320 is
+    // ten blocks, two steps).
     float g[MEAN_STREAMS];
 #pragma unroll
-    for (int st = 0; st < MEAN_STREAMS; st++) {
-        if ((u64)st < c) {
-            u64 row = st * h + j;
-            float acc[1] = {0.f};
-            block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, k, dm + row * nb, quants + row * nb * qb, nb,
-                                         0, 8, lane);
-            g[st] = warp_sum(acc[0]);
+    for (int s0 = 0; s0 < MEAN_STREAMS; s0 += 4) {
+        if ((u64)s0 < c) {
+            const u32* dmr[4];
+            const u8* qr[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                // Rows past c repeat the last one (computed, not used).
+                u64 row = ((u64)(s0 + r) < c ? s0 + r : c - 1) * h + j;
+                dmr[r] = dm + row * nb;
+                qr[r] = quants + row * nb * qb;
+            }
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            block_steps_rows<Q4, 4, 2>(acc, x, dmr, qr, nb, lane);
+#pragma unroll
+            for (int r = 0; r < 4; r++) g[s0 + r] = warp_sum(acc[r]);
         }
     }
     if (lane == 0) {
@@ -535,19 +605,21 @@ __device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u6
     for (u64 p = blockIdx.y; p < pairs; p += gridDim.y) {
         u64 row = (u64)experts[p] * n + j;
         const float* xr = x + (p / x_div) * k;
-        float acc[1] = {0.f};
-        block_steps<Q4, 1, MM_AHEAD>(acc, 1, xr, k, dm + row * nb, quants + row * nb * qb, nb, 0,
-                                     8, lane);
-        float s = warp_sum(acc[0]);
         if (SWIGLU) {
             u64 r = row + outs;
-            float up[1] = {0.f};
-            block_steps<Q4, 1, MM_AHEAD>(up, 1, xr, k, dm + r * nb, quants + r * nb * qb, nb, 0,
-                                         8, lane);
-            float u = warp_sum(up[0]);
+            const u32* const dmr[2] = {dm + row * nb, dm + r * nb};
+            const u8* const qr[2] = {quants + row * nb * qb, quants + r * nb * qb};
+            float acc[2] = {0.f, 0.f};
+            block_steps_rows<Q4, 2, MM_AHEAD>(acc, xr, dmr, qr, nb, lane);
+            float s = warp_sum(acc[0]), u = warp_sum(acc[1]);
             if (lane == 0) y[p * outs + j] = swiglu_one(s, u, has_limit, limit);
-        } else if (lane == 0)
-            y[p * n + j] = s;
+        } else {
+            float acc[1] = {0.f};
+            block_steps<Q4, 1, MM_AHEAD>(acc, 1, xr, k, dm + row * nb, quants + row * nb * qb, nb,
+                                         0, 8, lane);
+            float s = warp_sum(acc[0]);
+            if (lane == 0) y[p * n + j] = s;
+        }
     }
 }
 
