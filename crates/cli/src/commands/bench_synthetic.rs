@@ -96,28 +96,57 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
         let ops = m.ops();
         let bw = ops.copy_bandwidth(1 << 30, 10)?;
         let floor = bytes as f64 / bw;
+        let (launches, host_ms, wait_ms) = step_profile(m)?;
         println!(
-            "REPORT hbm_copy_tb_s={:.3} roofline_step_ms={:.3} roofline_tok_s={:.1} fraction={:.3} launches_per_step={:.0}",
+            "REPORT hbm_copy_tb_s={:.3} roofline_step_ms={:.3} roofline_tok_s={:.1} fraction={:.3} launches_per_step={launches:.0}",
             bw / 1e12,
             floor * 1e3,
             1.0 / floor,
             floor / step_secs,
-            launches_per_step(m)?
         );
+        println!("REPORT step_host_ms={host_ms:.3} step_wait_ms={wait_ms:.3}");
     }
     Ok(())
 }
 
-/// Kernel launches of one decode step (the second of a fresh state).
+/// Kernel launches of one decode step (the second of a fresh state), and
+/// over 16 more steps the milliseconds per step the host spent queueing
+/// (a step's time less its wait for the device) and waiting: a step whose
+/// wait is near zero is bound by the host's launches, not the kernels.
 #[cfg(feature = "cuda")]
-fn launches_per_step(
+fn step_profile(
     m: &ds4_engine::families::qwen4_exp::Qwen4ExpModel<ds4_engine::backend::CudaOps>,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64, f64)> {
     let mut state = m.new_state();
     m.forward(&[1], &mut state, LogitsRows::Last)?;
     let before = m.ops().launches();
     m.forward(&[2], &mut state, LogitsRows::Last)?;
-    Ok((m.ops().launches() - before) as f64)
+    let launches = (m.ops().launches() - before) as f64;
+    const STEPS: u32 = 16;
+    let wait = m.ops().sync_wait_ns();
+    let prof = m.ops().host_profile();
+    let start = Instant::now();
+    for i in 0..STEPS {
+        m.forward(&[3 + i], &mut state, LogitsRows::Last)?;
+    }
+    let total = start.elapsed().as_secs_f64() * 1e3 / f64::from(STEPS);
+    let wait = (m.ops().sync_wait_ns() - wait) as f64 / 1e6 / f64::from(STEPS);
+    let per_step: Vec<f64> = m
+        .ops()
+        .host_profile()
+        .iter()
+        .zip(prof)
+        .map(|(now, then)| (now - then) as f64 / f64::from(STEPS))
+        .collect();
+    println!(
+        "REPORT step_host_profile launch_ms={:.3} copy_ms={:.3} copies={:.1} driver_allocs={:.1} \
+         (times need DS4_CUDA_HOST_PROFILE=1)",
+        per_step[0] / 1e6,
+        per_step[1] / 1e6,
+        per_step[2],
+        per_step[3]
+    );
+    Ok((launches, total - wait, wait))
 }
 
 /// The weights one decode step reads, in bytes.

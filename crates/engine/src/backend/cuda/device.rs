@@ -138,6 +138,23 @@ pub(super) struct Device {
     pub compile_seconds: f64,
     /// Kernels launched so far (for launch-count reports).
     pub launches: AtomicU64,
+    /// Nanoseconds the host has waited in [`Device::sync`] (so a report
+    /// can tell the host's share of a step from the device's).
+    pub sync_wait_ns: AtomicU64,
+    /// Where the host's time goes (`DS4_CUDA_HOST_PROFILE=1`, for reports:
+    /// two clock reads per driver call): nanoseconds inside kernel
+    /// launches and inside host-to-device copies, and the copies made.
+    host_profile: bool,
+    pub launch_ns: AtomicU64,
+    pub copy_ns: AtomicU64,
+    pub copies: AtomicU64,
+}
+
+/// Adds the time since `start` to `to` when profiling.
+fn profiled(on: bool, to: &AtomicU64, start: Option<std::time::Instant>) {
+    if let (true, Some(t)) = (on, start) {
+        to.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -218,6 +235,11 @@ impl Device {
             kernels_origin: cubin.origin,
             compile_seconds: cubin.compile_seconds,
             launches: AtomicU64::new(0),
+            sync_wait_ns: AtomicU64::new(0),
+            host_profile: std::env::var("DS4_CUDA_HOST_PROFILE").is_ok_and(|v| v == "1"),
+            launch_ns: AtomicU64::new(0),
+            copy_ns: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
         })
     }
 
@@ -247,12 +269,13 @@ impl Device {
             };
         }
         self.bind()?;
+        let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: `params` points at live values of the types the kernel
         // declares (checked against its signature above); device pointers
         // come from live allocations of this context, and every op queues
         // on this one stream, so buffers outlive the kernels that use them
         // (recycled and freed memory is reused in stream order).
-        unsafe {
+        let r = unsafe {
             driver::launch_kernel(
                 k.f.cu_function(),
                 (shape.grid.0, shape.grid.1, 1),
@@ -262,7 +285,9 @@ impl Device {
                 &mut params[..args.len()],
             )
         }
-        .map_err(|e| dev_err(&format!("launching `{name}`"), e))
+        .map_err(|e| dev_err(&format!("launching `{name}`"), e));
+        profiled(self.host_profile, &self.launch_ns, t);
+        r
     }
 
     /// Queue kernel `name`, whose one parameter is the `Many` struct of
@@ -281,11 +306,12 @@ impl Device {
         self.launches.fetch_add(1, Ordering::Relaxed);
         let mut params = [value as *const ManyArgs as *mut c_void];
         self.bind()?;
+        let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: the kernel's one parameter is `Many`, whose layout
         // `ManyArgs` mirrors field for field (`repr(C)`); the driver copies
         // the parameter at launch, and the pointers in it are live
         // allocations of this context used in stream order (as `launch`).
-        unsafe {
+        let r = unsafe {
             driver::launch_kernel(
                 k.f.cu_function(),
                 (shape.grid.0, shape.grid.1, 1),
@@ -295,7 +321,9 @@ impl Device {
                 &mut params,
             )
         }
-        .map_err(|e| dev_err(&format!("launching `{name}`"), e))
+        .map_err(|e| dev_err(&format!("launching `{name}`"), e));
+        profiled(self.host_profile, &self.launch_ns, t);
+        r
     }
 
     /// Room for `n` elements from the pool, to be fully written by the
@@ -353,10 +381,13 @@ impl Device {
         let m = self.alloc::<T>(host.len())?;
         if !host.is_empty() {
             self.bind()?;
+            let t = self.host_profile.then(std::time::Instant::now);
             // SAFETY: `m` holds host.len() elements; a copy from pageable
             // memory returns once the source is staged, so `host` may go.
             unsafe { driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream()) }
                 .map_err(|e| dev_err("host-to-device copy", e))?;
+            profiled(self.host_profile, &self.copy_ns, t);
+            self.copies.fetch_add(1, Ordering::Relaxed);
         }
         Ok(m)
     }
@@ -375,10 +406,14 @@ impl Device {
             return Ok(());
         }
         self.bind()?;
+        let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: in bounds (checked); a copy from pageable memory returns
         // once the source is staged.
-        unsafe { driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream()) }
-            .map_err(|e| dev_err("host-to-device copy", e))
+        let r = unsafe { driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream()) }
+            .map_err(|e| dev_err("host-to-device copy", e));
+        profiled(self.host_profile, &self.copy_ns, t);
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        r
     }
 
     /// A weight: allocated apart from the pool, for the model's lifetime.
@@ -461,9 +496,14 @@ impl Device {
     /// Wait for every queued op (errors of asynchronous kernels surface
     /// here).
     pub fn sync(&self) -> Result<()> {
-        self.stream
+        let start = std::time::Instant::now();
+        let r = self
+            .stream
             .synchronize()
-            .map_err(|e| dev_err("stream synchronize", e))
+            .map_err(|e| dev_err("stream synchronize", e));
+        self.sync_wait_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
     }
 }
 

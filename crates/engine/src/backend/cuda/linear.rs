@@ -77,6 +77,8 @@ pub(super) fn matmul(
             let split = split_form(n, k);
             let shape = if split {
                 Shape::blocks(n, 256)
+            } else if rows == 1 {
+                warp_rows(n.div_ceil(ONE_ROWS))
             } else {
                 warp_rows(n)
             };
@@ -113,6 +115,10 @@ pub(super) fn matmul(
         unary_chain(dev, &y, chain)
     }
 }
+
+/// Output rows per warp of the one-row and routed block products
+/// (`ONE_ROWS` in `matmul.cu`).
+const ONE_ROWS: usize = 2;
 
 /// Products in one `matmul_*_many` launch at most (`MANY_PARTS` in
 /// `matmul.cu`).
@@ -480,7 +486,7 @@ fn gather_product(
             };
             dev.launch(
                 name,
-                gather_rows(n, pairs),
+                gather_rows(n.div_ceil(ONE_ROWS), pairs),
                 args![
                     y.ptr(),
                     x.ptr(),

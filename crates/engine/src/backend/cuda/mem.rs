@@ -43,6 +43,8 @@ pub(super) struct Pool {
     free: Mutex<HashMap<usize, Vec<u64>>>,
     cached: AtomicUsize,
     capture: Mutex<Option<Capture>>,
+    /// Blocks taken from the driver (not recycled), for reports.
+    pub driver_allocs: AtomicUsize,
 }
 
 /// The blocks a capture freed: reusable within it, then the graph's.
@@ -75,6 +77,7 @@ impl Pool {
             free: Mutex::new(HashMap::new()),
             cached: AtomicUsize::new(0),
             capture: Mutex::new(None),
+            driver_allocs: AtomicUsize::new(0),
         })
     }
 
@@ -142,6 +145,7 @@ impl Pool {
             return Ok((p, class));
         }
         self.bind()?;
+        self.driver_allocs.fetch_add(1, Ordering::Relaxed);
         // SAFETY: a plain stream-ordered allocation on this context's
         // stream.
         let p = unsafe { driver::malloc_async(self.stream.cu_stream(), class) }

@@ -92,6 +92,28 @@ impl CudaOps {
         self.dev.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Nanoseconds the host has waited for the device so far (every
+    /// read-back waits for the queued work).
+    pub fn sync_wait_ns(&self) -> u64 {
+        self.dev
+            .sync_wait_ns
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Host time so far as `DS4_CUDA_HOST_PROFILE=1` counts it: nanoseconds
+    /// inside kernel launches, nanoseconds inside host-to-device copies,
+    /// the copies, and the blocks taken from the driver's allocator (not
+    /// recycled; counted always).
+    pub fn host_profile(&self) -> [u64; 4] {
+        use std::sync::atomic::Ordering::Relaxed;
+        [
+            self.dev.launch_ns.load(Relaxed),
+            self.dev.copy_ns.load(Relaxed),
+            self.dev.copies.load(Relaxed),
+            self.dev.pool.driver_allocs.load(Relaxed) as u64,
+        ]
+    }
+
     /// Whether decode / verify steps run as captured graphs (on unless
     /// `DS4_CUDA_GRAPHS=0`, or after a capture failed).
     pub fn graphs(&self) -> bool {

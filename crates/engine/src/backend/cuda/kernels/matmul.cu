@@ -296,18 +296,42 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
 // four output rows, reading the activations once for them, was slower
 // (fewer warps in flight: decode 0.93× and 0.88×, run 16), and so was
 // loading eight steps ahead (0.97×).
+// Output rows a warp of a one-row product (and of a routed product) takes:
+// with two, the two rows' loads are in flight together and each activation
+// value is loaded once for both (`block_steps_rows`; every row keeps
+// `block_steps`' order, so the bits are those of one row per warp). The
+// launch gives such a kernel ⌈n/2⌉ warps (`ONE_ROWS` in `cuda/linear.rs`).
+// Run 17: decode unchanged, prefill 341 → 347 tok/s.
+#define ONE_ROWS 2
 template <int Q4>
 __device__ __forceinline__ void matmul_block_one(float* y, const float* x, const u32* dm,
                                                  const u8* quants, u64 n, u64 k, Chain c) {
     const int qb = Q4 ? 16 : 32;
-    u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (j >= n) return;
+    u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     unsigned lane = threadIdx.x & 31;
     u64 nb = k / 32;
-    float acc[1] = {0.f};
-    block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, k, dm + j * nb, quants + j * nb * qb, nb, 0, 8, lane);
-    float s = warp_sum(acc[0]);
-    if (lane == 0) y[j] = c.apply(s);
+    if (ONE_ROWS == 1) {
+        u64 j = g;
+        if (j >= n) return;
+        float acc[1] = {0.f};
+        block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, k, dm + j * nb, quants + j * nb * qb, nb, 0, 8,
+                                     lane);
+        float s = warp_sum(acc[0]);
+        if (lane == 0) y[j] = c.apply(s);
+        return;
+    }
+    u64 j0 = g * 2;
+    if (j0 >= n) return;
+    u64 j1 = j0 + 1 < n ? j0 + 1 : j0;
+    const u32* const dmr[2] = {dm + j0 * nb, dm + j1 * nb};
+    const u8* const qr[2] = {quants + j0 * nb * qb, quants + j1 * nb * qb};
+    float acc[2] = {0.f, 0.f};
+    block_steps_rows<Q4, 2, MM_AHEAD>(acc, x, dmr, qr, nb, lane);
+    float s0 = warp_sum(acc[0]), s1 = warp_sum(acc[1]);
+    if (lane == 0) {
+        y[j0] = c.apply(s0);
+        if (j1 != j0) y[j1] = c.apply(s1);
+    }
 }
 
 // Short and long block-format matrices (k ≥ 4096, at most 2048 output rows:
@@ -613,12 +637,27 @@ __device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u6
             block_steps_rows<Q4, 2, MM_AHEAD>(acc, xr, dmr, qr, nb, lane);
             float s = warp_sum(acc[0]), u = warp_sum(acc[1]);
             if (lane == 0) y[p * outs + j] = swiglu_one(s, u, has_limit, limit);
-        } else {
+        } else if (ONE_ROWS == 1) {
             float acc[1] = {0.f};
             block_steps<Q4, 1, MM_AHEAD>(acc, 1, xr, k, dm + row * nb, quants + row * nb * qb, nb,
                                          0, 8, lane);
             float s = warp_sum(acc[0]);
             if (lane == 0) y[p * n + j] = s;
+        } else {
+            // Rows 2j and 2j + 1 (warps past n/2 have nothing to do).
+            u64 j0 = 2 * j;
+            if (j0 >= n) return;
+            u64 j1 = j0 + 1 < n ? j0 + 1 : j0;
+            u64 r0 = (u64)experts[p] * n + j0, r1 = (u64)experts[p] * n + j1;
+            const u32* const dmr[2] = {dm + r0 * nb, dm + r1 * nb};
+            const u8* const qr[2] = {quants + r0 * nb * qb, quants + r1 * nb * qb};
+            float acc[2] = {0.f, 0.f};
+            block_steps_rows<Q4, 2, MM_AHEAD>(acc, xr, dmr, qr, nb, lane);
+            float s0 = warp_sum(acc[0]), s1 = warp_sum(acc[1]);
+            if (lane == 0) {
+                y[p * n + j0] = s0;
+                if (j1 != j0) y[p * n + j1] = s1;
+            }
         }
     }
 }
