@@ -26,7 +26,7 @@
 //! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay), `kda_gate` |
 //! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `selection_from_host` (a selection the caller lists: a vision tower's per-image attention), `attention_window` (sliding window + compressed entries + sinks) |
 //! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
-//! | steps | `step_graphs`, `storage_key`, `run_step`, `resize`, `gather_rows_step`, `rows_step`, `write_rows_step`, `attention_causal_step` (decode / verify steps whose per-step inputs come from a [`Backend::Step`], so a device can replay them as a graph) |
+//! | steps | `step_graphs`, `storage_key`, `run_step`, `run_pure` (a pure unit of ops a device may replay), `resize`, `gather_rows_step`, `rows_step`, `write_rows_step`, `attention_causal_step` (decode / verify steps whose per-step inputs come from a [`Backend::Step`], so a device can replay them as a graph) |
 //! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `unary_chain`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `add_gated_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `gated_mean_streams`, `matmul_gated_mean` (the mix's gates as a product), `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
 pub mod cpu;
@@ -56,6 +56,10 @@ pub struct HostStep {
 /// The body of a step ([`Backend::run_step`]): the step's ops, given the
 /// step's parameters, returning its outputs.
 pub type StepBody<'a, S, B> = dyn FnMut(&S) -> Result<Vec<B>> + 'a;
+
+/// The body of a pure unit ([`Backend::run_pure`]): ops over the given
+/// inputs, returning outputs.
+pub type PureBody<'a, B> = dyn FnMut(&[&B]) -> Result<Vec<B>> + 'a;
 
 /// Which backend and kernel set produced a state: part of every checkpoint's
 /// identity, because bits differ between backends and kernel sets.
@@ -849,6 +853,24 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         ids: &[u32],
         body: &mut StepBody<'_, Self::Step, Self::Buf>,
     ) -> Result<Vec<Self::Buf>>;
+    /// Run `body` over `inputs` and return its outputs, where the body is
+    /// a pure function of the inputs' values: its ops depend on nothing
+    /// else but their shapes and what `key` names (the model, the layer,
+    /// the row count), read no host values and keep no state. Equal keys
+    /// must mean equal ops. CPU: runs `body`. CUDA: captures the body's
+    /// launches once per key and replays them, the inputs copied into the
+    /// captured buffers first and the outputs copied out after (a decode
+    /// step's launch count is its host's cost): the same kernels, so the
+    /// same bits.
+    fn run_pure(
+        &self,
+        key: &[u64],
+        inputs: &[&Self::Buf],
+        body: &mut PureBody<'_, Self::Buf>,
+    ) -> Result<Vec<Self::Buf>> {
+        let _ = key;
+        body(inputs)
+    }
     /// Set `dst`'s length to `n` values; values past the old length are
     /// unspecified until written. Where its storage is shared or too small
     /// it is replaced by its own with room for `grow_to` values, so steps

@@ -135,6 +135,18 @@ pub(super) fn copy_of(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
     Ok(CudaBuf::from_mem(out, x.len))
 }
 
+/// `src`'s values into `dst`'s storage (equal lengths; `dst` is written in
+/// place, clones included: a graph's own input buffer).
+pub(super) fn copy_into(dev: &Device, dst: &CudaBuf, src: &CudaBuf) -> Result<()> {
+    if dst.len != src.len {
+        return Err(shape_err(
+            "copy_into",
+            format!("{} values into {}", src.len, dst.len),
+        ));
+    }
+    dev.copy(&src.mem, 0, &dst.mem, 0, src.len)
+}
+
 /// `Backend::resize`: the length becomes `n`; storage shared or too small
 /// is replaced by its own with room for `grow_to` values.
 pub(super) fn resize(dev: &Device, dst: &mut CudaBuf, n: usize, grow_to: usize) -> Result<()> {

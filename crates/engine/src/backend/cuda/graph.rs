@@ -23,7 +23,7 @@ use cudarc::driver::{CudaGraph, sys as driver_sys};
 use super::buf::{self, CudaBuf};
 use super::device::{Device, dev_err};
 use super::mem::{Arena, DevMem, Pool};
-use crate::backend::StepBody;
+use crate::backend::{PureBody, StepBody};
 use crate::error::{EngineError, Result};
 
 /// Rows a step may have at most (a decode step is 1, an MTP verify window
@@ -32,6 +32,9 @@ pub const MAX_STEP_ROWS: usize = 8;
 /// Captured graphs kept (least recently used dropped first): each state
 /// whose caches moved (a snapshot, a growth point) makes a new key.
 const MAX_GRAPHS: usize = 16;
+/// Captured pure units kept (least recently used dropped first): a model
+/// keeps one or two per layer and row count.
+const MAX_PURE: usize = 512;
 
 /// The step parameters as the step ops see them: `ptr` is the device
 /// buffer `[pos, ids[0], …]` (u32), written before the step runs; `pos`
@@ -69,9 +72,20 @@ struct StepGraph {
     _arena: Arena,
 }
 
+/// A captured pure unit ([`run_pure`]): the buffers it reads its inputs
+/// from, and those its outputs are written to.
+struct PureGraph {
+    key: Vec<u64>,
+    graph: Exec,
+    inputs: Vec<CudaBuf>,
+    outputs: Vec<CudaBuf>,
+    _arena: Arena,
+}
+
 pub(super) struct Graphs {
     params: DevMem<u32>,
     cache: Mutex<Vec<StepGraph>>,
+    pure: Mutex<Vec<PureGraph>>,
     enabled: AtomicBool,
     pub captures: AtomicU64,
     pub replays: AtomicU64,
@@ -83,6 +97,7 @@ impl Graphs {
         Ok(Self {
             params: DevMem::new(pool, MAX_STEP_ROWS + 1)?,
             cache: Mutex::new(Vec::new()),
+            pure: Mutex::new(Vec::new()),
             enabled: AtomicBool::new(!off),
             captures: AtomicU64::new(0),
             replays: AtomicU64::new(0),
@@ -97,6 +112,9 @@ impl Graphs {
     pub fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Relaxed);
         if !on && let Ok(mut c) = self.cache.lock() {
+            c.clear();
+        }
+        if !on && let Ok(mut c) = self.pure.lock() {
             c.clear();
         }
     }
@@ -190,6 +208,94 @@ pub(super) fn run_step(
             tracing::warn!("CUDA graphs off: capturing a step failed ({why}); steps run eagerly");
             drop(cache);
             body(&step)
+        }
+    }
+}
+
+/// `Backend::run_pure` on the device: replay the unit captured for `key`
+/// (its inputs copied in, its outputs copied out), capturing it on first
+/// use; eager while another capture is under way or graphs are off.
+pub(super) fn run_pure(
+    dev: &Device,
+    key: &[u64],
+    inputs: &[&CudaBuf],
+    body: &mut PureBody<'_, CudaBuf>,
+) -> Result<Vec<CudaBuf>> {
+    let g = &dev.graphs;
+    if !g.enabled() || dev.pool.capturing() {
+        return body(inputs);
+    }
+    let mut cache = g
+        .pure
+        .lock()
+        .map_err(|_| EngineError::Device("the graph cache lock is poisoned".into()))?;
+    if let Some(i) = cache.iter().position(|s| s.key == key) {
+        let s = cache.remove(i);
+        let fits = s.inputs.len() == inputs.len()
+            && s.inputs.iter().zip(inputs).all(|(a, b)| a.len() == b.len());
+        if fits {
+            for (fixed, x) in s.inputs.iter().zip(inputs) {
+                buf::copy_into(dev, fixed, x)?;
+            }
+            s.graph.0.launch().map_err(|e| dev_err("graph launch", e))?;
+            let outs = copies(dev, &s.outputs);
+            cache.push(s);
+            g.replays.fetch_add(1, Ordering::Relaxed);
+            return outs;
+        }
+        // Same key, other shapes: the caller's key is wrong; capture anew.
+    }
+    // The input buffers belong to the graph: made before the capture.
+    let fixed = inputs
+        .iter()
+        .map(|x| buf::copy_of(dev, x))
+        .collect::<Result<Vec<_>>>()?;
+    dev.pool.begin_capture()?;
+    let begun = dev
+        .stream
+        .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
+    let (r, graph) = match begun {
+        Ok(()) => {
+            let refs: Vec<&CudaBuf> = fixed.iter().collect();
+            let r = body(&refs);
+            let graph = dev
+                .stream
+                .end_capture(driver_sys::CUgraphInstantiate_flags(0));
+            (r, graph)
+        }
+        Err(e) => (Err(dev_err("begin capture", e)), Ok(None)),
+    };
+    let arena = dev.pool.end_capture();
+    match (r, graph) {
+        (Ok(outputs), Ok(Some(graph))) => {
+            graph.launch().map_err(|e| dev_err("graph launch", e))?;
+            let outs = copies(dev, &outputs)?;
+            cache.push(PureGraph {
+                key: key.to_vec(),
+                graph: Exec(graph),
+                inputs: fixed,
+                outputs,
+                _arena: arena,
+            });
+            if cache.len() > MAX_PURE {
+                cache.remove(0);
+            }
+            g.captures.fetch_add(1, Ordering::Relaxed);
+            Ok(outs)
+        }
+        (r, graph) => {
+            let why = match (&r, &graph) {
+                (Err(e), _) => e.to_string(),
+                (_, Err(e)) => format!("{e:?}"),
+                _ => "the capture recorded nothing".into(),
+            };
+            drop((r, graph, arena));
+            g.enabled.store(false, Ordering::Relaxed);
+            tracing::warn!(
+                "CUDA graphs off: capturing a pure unit failed ({why}); ops run eagerly"
+            );
+            drop(cache);
+            body(inputs)
         }
     }
 }

@@ -9,7 +9,7 @@ use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
 use crate::backend::{
     Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostWeight, IndexerShape,
-    RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
+    PureBody, RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
 };
 use crate::error::Result;
 
@@ -542,6 +542,15 @@ impl Backend for CudaOps {
         body: &mut StepBody<'_, CudaStep, CudaBuf>,
     ) -> Result<Vec<CudaBuf>> {
         graph::run_step(&self.dev, key, pos, ids, body)
+    }
+
+    fn run_pure(
+        &self,
+        key: &[u64],
+        inputs: &[&CudaBuf],
+        body: &mut PureBody<'_, CudaBuf>,
+    ) -> Result<Vec<CudaBuf>> {
+        graph::run_pure(&self.dev, key, inputs, body)
     }
 
     fn resize(&self, dst: &mut CudaBuf, n: usize, grow_to: usize) -> Result<()> {

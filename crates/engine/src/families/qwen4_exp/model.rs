@@ -58,6 +58,18 @@ use crate::model::{
     DeviceRows, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
 };
 
+/// Rows up to which a layer's pure units run through
+/// [`Backend::run_pure`] (decode steps and verify windows; a prefill chunk
+/// runs eagerly rather than keep a graph per chunk length).
+const PURE_MAX_ROWS: usize = 8;
+/// Which pure unit of a layer a key names.
+const UNIT_MOE: u64 = 1;
+/// The layer index of the MTP head's layer in unit keys.
+const MTP_LAYER: u64 = u64::MAX;
+/// Model identities for unit keys: a replayed unit reads the weights of
+/// the model that captured it, so no two models may share a key.
+static MODEL_SCOPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 #[derive(Debug)]
 enum Mixer<B: Backend> {
     Gdn(GatedDeltaNet<B>),
@@ -160,7 +172,8 @@ impl<B: Backend> DecoderLayer<B> {
         }
     }
 
-    /// `xs: [T, C·H]` → `[T, C·H]`.
+    /// `xs: [T, C·H]` → `[T, C·H]`. `unit` names this layer in its model
+    /// (the key of its pure units, [`Backend::run_pure`]).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -171,6 +184,7 @@ impl<B: Backend> DecoderLayer<B> {
         pos: &Positions<'_, B, MRope>,
         mut capture: Option<&mut LayerCapture<B>>,
         trace: bool,
+        unit: [u64; 2],
     ) -> Result<(B::Buf, Option<LayerTrace>)> {
         let rows = tokens.len();
         let mut xs = xs.clone();
@@ -210,12 +224,31 @@ impl<B: Backend> DecoderLayer<B> {
                 ));
             }
         }
-        let (x, inj) = self.mlp_hc.mix(ops, &xs, rows)?;
-        let (y, routing) = self.moe.forward(ops, &x, rows)?;
-        xs = self
-            .mlp_hc
-            .combine(ops, &xs, &y, &inj.expect("combining module"))?;
-        let tr = if trace {
+        // The MoE half reads nothing but `xs` and the weights: a pure unit
+        // (one replayed graph on a device for a decode step or verify
+        // window), except when a trace wants its routing.
+        let mlp = |ops: &B, xs: &B::Buf| -> Result<(B::Buf, B::Routing)> {
+            let (x, inj) = self.mlp_hc.mix(ops, xs, rows)?;
+            let (y, routing) = self.moe.forward(ops, &x, rows)?;
+            let inj = inj.ok_or_else(|| {
+                EngineError::State("the MoE hyper-connection does not combine".into())
+            })?;
+            Ok((self.mlp_hc.combine(ops, xs, &y, &inj)?, routing))
+        };
+        let routing = if trace || rows > PURE_MAX_ROWS {
+            let (out, routing) = mlp(ops, &xs)?;
+            xs = out;
+            Some(routing)
+        } else {
+            let key = [unit[0], unit[1], UNIT_MOE, rows as u64];
+            let mut body = |inp: &[&B::Buf]| Ok(vec![mlp(ops, inp[0])?.0]);
+            xs = ops
+                .run_pure(&key, &[&xs], &mut body)?
+                .pop()
+                .ok_or_else(|| EngineError::State("the MoE unit returned nothing".into()))?;
+            None
+        };
+        let tr = if let Some(routing) = routing.filter(|_| trace) {
             let (experts, weights) = ops.routing_to_host(&routing)?;
             Some(LayerTrace {
                 streams: ops.download(&xs)?,
@@ -272,6 +305,8 @@ pub struct Qwen4ExpModel<B: Backend = CpuOps> {
     mixer: Box<GatedResidual<B>>,
     rope: MRope,
     mtp: Option<Box<MtpHead<B>>>,
+    /// This model's identity in pure-unit keys ([`MODEL_SCOPES`]).
+    scope: u64,
 }
 
 impl Qwen4ExpModel<CpuOps> {
@@ -395,6 +430,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             mixer: Box::new(mixer),
             rope,
             mtp,
+            scope: MODEL_SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -566,7 +602,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let mut caps: Vec<LayerCapture<B>> = Vec::new();
         let mut xs = ops.tile_streams(&x, self.cfg.hc_count, self.cfg.hidden_size)?;
         let mut traces = Vec::new();
-        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+        for (i, (layer, cache)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             let mut cap = LayerCapture::default();
             let is_linear = matches!(cache, LayerCache::Linear { .. });
             let (out, tr) = layer.forward(
@@ -577,6 +613,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 &pos,
                 (capture && is_linear).then_some(&mut cap),
                 trace,
+                [self.scope, i as u64],
             )?;
             xs = out;
             if capture && is_linear {
@@ -666,9 +703,16 @@ impl<B: Backend> Qwen4ExpModel<B> {
             rope: &self.rope,
             rows: &rope_rows,
         };
-        let (x1, _) = mtp
-            .layer
-            .forward(ops, &x0, tokens, &mut state.cache, &pos, None, false)?;
+        let (x1, _) = mtp.layer.forward(
+            ops,
+            &x0,
+            tokens,
+            &mut state.cache,
+            &pos,
+            None,
+            false,
+            [self.scope, MTP_LAYER],
+        )?;
         let logits = self.head(&x1, n, &mtp.mixer, rows)?;
         Ok(MtpOutput {
             logits,
