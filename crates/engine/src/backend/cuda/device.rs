@@ -449,6 +449,10 @@ impl Device {
                     m.len()
                 )));
             }
+            // Wait for the queued work first: a copy into pageable memory
+            // waits for it inside the copy, where `sync_wait_ns` would not
+            // see the host waiting for the device.
+            self.sync()?;
             self.bind()?;
             // SAFETY: `host` holds n elements and `m` at least n; queued
             // after every write to `m`, then waited for.
