@@ -268,21 +268,37 @@ impl Device {
                 Arg::F32(v) => v as *const f32 as *mut c_void,
             };
         }
-        self.bind()?;
-        let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: `params` points at live values of the types the kernel
         // declares (checked against its signature above); device pointers
         // come from live allocations of this context, and every op queues
         // on this one stream, so buffers outlive the kernels that use them
         // (recycled and freed memory is reused in stream order).
+        unsafe { self.launch_raw(name, &k.f, shape, &mut params[..args.len()]) }
+    }
+
+    /// The driver launch of `f` on the stream, timed when profiling.
+    ///
+    /// # Safety
+    /// `params` must point at values of the types `f` declares, and every
+    /// device pointer among them at a live allocation of this context.
+    unsafe fn launch_raw(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        shape: Shape,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.bind()?;
+        let t = self.host_profile.then(std::time::Instant::now);
+        // SAFETY: as the caller promises.
         let r = unsafe {
             driver::launch_kernel(
-                k.f.cu_function(),
+                f.cu_function(),
                 (shape.grid.0, shape.grid.1, 1),
                 (shape.block, 1, 1),
                 0,
                 self.stream.cu_stream(),
-                &mut params[..args.len()],
+                params,
             )
         }
         .map_err(|e| dev_err(&format!("launching `{name}`"), e));
@@ -305,25 +321,11 @@ impl Device {
         }
         self.launches.fetch_add(1, Ordering::Relaxed);
         let mut params = [value as *const ManyArgs as *mut c_void];
-        self.bind()?;
-        let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: the kernel's one parameter is `Many`, whose layout
         // `ManyArgs` mirrors field for field (`repr(C)`); the driver copies
         // the parameter at launch, and the pointers in it are live
         // allocations of this context used in stream order (as `launch`).
-        let r = unsafe {
-            driver::launch_kernel(
-                k.f.cu_function(),
-                (shape.grid.0, shape.grid.1, 1),
-                (shape.block, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(|e| dev_err(&format!("launching `{name}`"), e));
-        profiled(self.host_profile, &self.launch_ns, t);
-        r
+        unsafe { self.launch_raw(name, &k.f, shape, &mut params) }
     }
 
     /// Room for `n` elements from the pool, to be fully written by the

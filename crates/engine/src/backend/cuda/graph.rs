@@ -124,6 +124,64 @@ fn copies(dev: &Device, outputs: &[CudaBuf]) -> Result<Vec<CudaBuf>> {
     outputs.iter().map(|o| buf::copy_of(dev, o)).collect()
 }
 
+/// A body captured as a graph: its outputs (written by every replay), the
+/// graph, and the blocks it uses.
+struct Captured {
+    outputs: Vec<CudaBuf>,
+    graph: CudaGraph,
+    arena: Arena,
+}
+
+/// Capture `body` on the stream (the pool in capture mode), then launch
+/// the graph once for this call. `Err(why)` when the capture failed:
+/// nothing of it ran and its blocks are free again.
+fn capture(
+    dev: &Device,
+    body: impl FnOnce() -> Result<Vec<CudaBuf>>,
+) -> Result<std::result::Result<Captured, String>> {
+    dev.pool.begin_capture()?;
+    let begun = dev
+        .stream
+        .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
+    let (r, graph) = match begun {
+        Ok(()) => {
+            let r = body();
+            let graph = dev
+                .stream
+                .end_capture(driver_sys::CUgraphInstantiate_flags(0));
+            (r, graph)
+        }
+        Err(e) => (Err(dev_err("begin capture", e)), Ok(None)),
+    };
+    let arena = dev.pool.end_capture();
+    match (r, graph) {
+        (Ok(outputs), Ok(Some(graph))) => {
+            graph.launch().map_err(|e| dev_err("graph launch", e))?;
+            Ok(Ok(Captured {
+                outputs,
+                graph,
+                arena,
+            }))
+        }
+        (r, graph) => {
+            let why = match (&r, &graph) {
+                (Err(e), _) => e.to_string(),
+                (_, Err(e)) => format!("{e:?}"),
+                _ => "the capture recorded nothing".into(),
+            };
+            // Nothing of the capture ran: its blocks are free again.
+            drop((r, graph, arena));
+            Ok(Err(why))
+        }
+    }
+}
+
+/// Graphs off for the device after a failed capture (one log line).
+fn give_up(g: &Graphs, what: &str, why: &str) {
+    g.enabled.store(false, Ordering::Relaxed);
+    tracing::warn!("CUDA graphs off: capturing {what} failed ({why}); it runs eagerly");
+}
+
 /// `Backend::run_step` on the device.
 pub(super) fn run_step(
     dev: &Device,
@@ -165,30 +223,14 @@ pub(super) fn run_step(
         g.replays.fetch_add(1, Ordering::Relaxed);
         return outs;
     }
-    dev.pool.begin_capture()?;
-    let begun = dev
-        .stream
-        .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
-    let (r, graph) = match begun {
-        Ok(()) => {
-            let r = body(&step);
-            let graph = dev
-                .stream
-                .end_capture(driver_sys::CUgraphInstantiate_flags(0));
-            (r, graph)
-        }
-        Err(e) => (Err(dev_err("begin capture", e)), Ok(None)),
-    };
-    let arena = dev.pool.end_capture();
-    match (r, graph) {
-        (Ok(outputs), Ok(Some(graph))) => {
-            graph.launch().map_err(|e| dev_err("graph launch", e))?;
-            let outs = copies(dev, &outputs)?;
+    match capture(dev, || body(&step))? {
+        Ok(c) => {
+            let outs = copies(dev, &c.outputs)?;
             cache.push(StepGraph {
                 key: key.to_vec(),
-                graph: Exec(graph),
-                outputs,
-                _arena: arena,
+                graph: Exec(c.graph),
+                outputs: c.outputs,
+                _arena: c.arena,
             });
             if cache.len() > MAX_GRAPHS {
                 cache.remove(0);
@@ -196,16 +238,8 @@ pub(super) fn run_step(
             g.captures.fetch_add(1, Ordering::Relaxed);
             Ok(outs)
         }
-        (r, graph) => {
-            let why = match (&r, &graph) {
-                (Err(e), _) => e.to_string(),
-                (_, Err(e)) => format!("{e:?}"),
-                _ => "the capture recorded nothing".into(),
-            };
-            // Nothing of the capture ran: its blocks are free again.
-            drop((r, graph, arena));
-            g.enabled.store(false, Ordering::Relaxed);
-            tracing::warn!("CUDA graphs off: capturing a step failed ({why}); steps run eagerly");
+        Err(why) => {
+            give_up(g, "a step", &why);
             drop(cache);
             body(&step)
         }
@@ -250,32 +284,16 @@ pub(super) fn run_pure(
         .iter()
         .map(|x| buf::copy_of(dev, x))
         .collect::<Result<Vec<_>>>()?;
-    dev.pool.begin_capture()?;
-    let begun = dev
-        .stream
-        .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
-    let (r, graph) = match begun {
-        Ok(()) => {
-            let refs: Vec<&CudaBuf> = fixed.iter().collect();
-            let r = body(&refs);
-            let graph = dev
-                .stream
-                .end_capture(driver_sys::CUgraphInstantiate_flags(0));
-            (r, graph)
-        }
-        Err(e) => (Err(dev_err("begin capture", e)), Ok(None)),
-    };
-    let arena = dev.pool.end_capture();
-    match (r, graph) {
-        (Ok(outputs), Ok(Some(graph))) => {
-            graph.launch().map_err(|e| dev_err("graph launch", e))?;
-            let outs = copies(dev, &outputs)?;
+    let refs: Vec<&CudaBuf> = fixed.iter().collect();
+    match capture(dev, || body(&refs))? {
+        Ok(c) => {
+            let outs = copies(dev, &c.outputs)?;
             cache.push(PureGraph {
                 key: key.to_vec(),
-                graph: Exec(graph),
+                graph: Exec(c.graph),
                 inputs: fixed,
-                outputs,
-                _arena: arena,
+                outputs: c.outputs,
+                _arena: c.arena,
             });
             if cache.len() > MAX_PURE {
                 cache.remove(0);
@@ -283,17 +301,8 @@ pub(super) fn run_pure(
             g.captures.fetch_add(1, Ordering::Relaxed);
             Ok(outs)
         }
-        (r, graph) => {
-            let why = match (&r, &graph) {
-                (Err(e), _) => e.to_string(),
-                (_, Err(e)) => format!("{e:?}"),
-                _ => "the capture recorded nothing".into(),
-            };
-            drop((r, graph, arena));
-            g.enabled.store(false, Ordering::Relaxed);
-            tracing::warn!(
-                "CUDA graphs off: capturing a pure unit failed ({why}); ops run eagerly"
-            );
+        Err(why) => {
+            give_up(g, "a pure unit", &why);
             drop(cache);
             body(inputs)
         }

@@ -157,6 +157,20 @@ __device__ __forceinline__ void dequant8(float w[8], uint2 q, u32 sm, unsigned q
     }
 }
 
+// a + Σ w_i·v_i by FMA in element order (a lane's eight weights of a block
+// quarter against their activations).
+__device__ __forceinline__ float fma8(float a, const float w[8], float4 v0, float4 v1) {
+    a = fmaf(w[0], v0.x, a);
+    a = fmaf(w[1], v0.y, a);
+    a = fmaf(w[2], v0.z, a);
+    a = fmaf(w[3], v0.w, a);
+    a = fmaf(w[4], v1.x, a);
+    a = fmaf(w[5], v1.y, a);
+    a = fmaf(w[6], v1.z, a);
+    a = fmaf(w[7], v1.w, a);
+    return a;
+}
+
 // acc[t] (t < nr) += this lane's share of row `dmr`/`qr` times activation
 // row t of `xr`, over the eight-block steps starting at block `b_first`,
 // `b_stride` blocks apart, in order: the one loop of every block-format
@@ -190,17 +204,7 @@ __device__ __forceinline__ void block_steps(float (&acc)[T], u64 nr, const float
                 for (int t = 0; t < T; t++) {
                     if (t < nr) {
                         const float4* xb = (const float4*)(xr + t * k + b * 32 + qtr * 8);
-                        float4 v0 = xb[0], v1 = xb[1];
-                        float a = acc[t];
-                        a = fmaf(w[0], v0.x, a);
-                        a = fmaf(w[1], v0.y, a);
-                        a = fmaf(w[2], v0.z, a);
-                        a = fmaf(w[3], v0.w, a);
-                        a = fmaf(w[4], v1.x, a);
-                        a = fmaf(w[5], v1.y, a);
-                        a = fmaf(w[6], v1.z, a);
-                        a = fmaf(w[7], v1.w, a);
-                        acc[t] = a;
+                        acc[t] = fma8(acc[t], w, xb[0], xb[1]);
                     }
                 }
             }
@@ -245,16 +249,7 @@ __device__ __forceinline__ void block_steps_rows(float (&acc)[R], const float* x
                 for (int r = 0; r < R; r++) {
                     float w[8];
                     dequant8<Q4>(w, q[r][u], sm[r][u], qtr);
-                    float a = acc[r];
-                    a = fmaf(w[0], v0.x, a);
-                    a = fmaf(w[1], v0.y, a);
-                    a = fmaf(w[2], v0.z, a);
-                    a = fmaf(w[3], v0.w, a);
-                    a = fmaf(w[4], v1.x, a);
-                    a = fmaf(w[5], v1.y, a);
-                    a = fmaf(w[6], v1.z, a);
-                    a = fmaf(w[7], v1.w, a);
-                    acc[r] = a;
+                    acc[r] = fma8(acc[r], w, v0, v1);
                 }
             }
         }
