@@ -280,17 +280,17 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
     }
 }
 
-// One activation row (decode): a warp per output row, MM_AHEAD steps loaded
-// ahead; the bits of `matmul_block`. The stored value goes through the
-// caller's unary chain first (`Backend::matmul_unary`; the steps of
-// `unary_chain_f32`, so the bits of the two launches), which saves a
-// launch per gated projection. A kernel of its own because a
+// One activation row (decode): ONE_ROWS output rows per warp, MM_AHEAD
+// steps loaded ahead; the bits of `matmul_block`. The stored value goes
+// through the caller's unary chain first (`Backend::matmul_unary`; the
+// steps of `unary_chain_f32`, so the bits of the two launches), which
+// saves a launch per gated projection. A kernel of its own because a
 // kernel's register count is set by its heaviest path: with both paths in
 // one kernel every launch ran at the occupancy of the heavier one (run 16,
-// `docs/GPU.md`: prefill 1.01×, decode 1.00–1.03×). Giving a warp two or
-// four output rows, reading the activations once for them, was slower
-// (fewer warps in flight: decode 0.93× and 0.88×, run 16), and so was
-// loading eight steps ahead (0.97×).
+// `docs/GPU.md`: prefill 1.01×, decode 1.00–1.03×). Run 16's two or four
+// rows per warp (decode 0.93× and 0.88×) read the rows one after another;
+// run 17's two, with both rows' loads in flight together, decode as fast
+// as one. Eight steps ahead was slower (0.97×, run 16).
 // Output rows a warp of a one-row product (and of a routed product) takes:
 // with two, the two rows' loads are in flight together and each activation
 // value is loaded once for both (`block_steps_rows`; every row keeps
