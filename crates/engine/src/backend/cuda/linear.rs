@@ -117,7 +117,8 @@ pub(super) fn matmul(
 }
 
 /// Output rows per warp of the one-row and routed block products
-/// (`ONE_ROWS` in `matmul.cu`).
+/// (`matmul_block_one` and the routed product's `two_row_sums` in
+/// `matmul.cu`).
 const ONE_ROWS: usize = 2;
 
 /// Products in one `matmul_*_many` launch at most (`MANY_PARTS` in

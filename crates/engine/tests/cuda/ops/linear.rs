@@ -169,24 +169,7 @@ fn cuda_block_experts_match_the_cpu() {
     use ds4_engine::load::synthetic::{SyntheticWeight, tensor_seed};
     let (g, c) = (gpu(), CpuOps);
     let (rows, e, k, h, inter) = (5, 8, 3, 256, 96);
-    let gu = Arc::new(SyntheticWeight::q4_1(
-        tensor_seed(9, "gu"),
-        vec![e, 2 * inter, h],
-    ));
-    let dn = Arc::new(SyntheticWeight::q4_1(
-        tensor_seed(9, "dn"),
-        vec![e, h, inter],
-    ));
-    let ggu = g
-        .experts(HostWeight::Synthetic(gu.clone()), e, 2 * inter, h)
-        .unwrap();
-    let gdn = g
-        .experts(HostWeight::Synthetic(dn.clone()), e, h, inter)
-        .unwrap();
-    let cgu = c
-        .experts(HostWeight::Synthetic(gu.clone()), e, 2 * inter, h)
-        .unwrap();
-    let cdn = c.experts(HostWeight::Synthetic(dn), e, h, inter).unwrap();
+    let (ggu, gdn, cgu, cdn) = q4_1_stacks(9, e, h, inter);
     let x: Vec<f32> = rnd(rows * h, 52).iter().map(|v| 3.0 * v).collect();
     let logits = rnd(rows * e, 53);
     let groute = g
@@ -439,27 +422,9 @@ fn cuda_matmul_gated_mean_is_the_product_then_the_mix() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_experts_swiglu_gated_is_the_experts_then_the_gate() {
-    use ds4_engine::load::synthetic::{SyntheticWeight, tensor_seed};
     let (g, c) = (gpu(), CpuOps);
     let (rows, e, k, h, inter) = (5, 8, 3, 256, 96);
-    let gu = Arc::new(SyntheticWeight::q4_1(
-        tensor_seed(11, "gu"),
-        vec![e, 2 * inter, h],
-    ));
-    let dn = Arc::new(SyntheticWeight::q4_1(
-        tensor_seed(11, "dn"),
-        vec![e, h, inter],
-    ));
-    let ggu = g
-        .experts(HostWeight::Synthetic(gu.clone()), e, 2 * inter, h)
-        .unwrap();
-    let gdn = g
-        .experts(HostWeight::Synthetic(dn.clone()), e, h, inter)
-        .unwrap();
-    let cgu = c
-        .experts(HostWeight::Synthetic(gu), e, 2 * inter, h)
-        .unwrap();
-    let cdn = c.experts(HostWeight::Synthetic(dn), e, h, inter).unwrap();
+    let (ggu, gdn, cgu, cdn) = q4_1_stacks(11, e, h, inter);
     let x: Vec<f32> = rnd(rows * h, 90).iter().map(|v| 3.0 * v).collect();
     let logits = rnd(rows * e, 91);
     let shared = rnd(rows * h, 92);
@@ -496,4 +461,33 @@ fn cuda_experts_swiglu_gated_is_the_experts_then_the_gate() {
         .unwrap();
     check("experts_swiglu_gated", &fused, &cy, 1e-5, false);
     rows_invariant("experts_swiglu_gated", rows, |r| run(r).0);
+}
+
+type Stacks = (
+    <CudaOps as Backend>::Experts,
+    <CudaOps as Backend>::Experts,
+    <CpuOps as Backend>::Experts,
+    <CpuOps as Backend>::Experts,
+);
+
+/// Synthetic Q4_1 gate/up `[e, 2·inter, h]` and down `[e, h, inter]` stacks
+/// (`load::synthetic`, made on the device and expanded on the host) on the
+/// GPU and on the CPU.
+fn q4_1_stacks(seed: u64, e: usize, h: usize, inter: usize) -> Stacks {
+    use ds4_engine::load::synthetic::{SyntheticWeight, tensor_seed};
+    let (g, c) = (gpu(), CpuOps);
+    let gu = HostWeight::Synthetic(Arc::new(SyntheticWeight::q4_1(
+        tensor_seed(seed, "gu"),
+        vec![e, 2 * inter, h],
+    )));
+    let dn = HostWeight::Synthetic(Arc::new(SyntheticWeight::q4_1(
+        tensor_seed(seed, "dn"),
+        vec![e, h, inter],
+    )));
+    (
+        g.experts(gu.clone(), e, 2 * inter, h).unwrap(),
+        g.experts(dn.clone(), e, h, inter).unwrap(),
+        c.experts(gu, e, 2 * inter, h).unwrap(),
+        c.experts(dn, e, h, inter).unwrap(),
+    )
 }

@@ -280,7 +280,25 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
     }
 }
 
-// One activation row (decode): ONE_ROWS output rows per warp, MM_AHEAD
+// The warp sums of weight rows r0 and r1 (of [·, k], nb = k/32 blocks)
+// against x, their loads in lockstep (`block_steps_rows`: each row in
+// `block_steps`' FMA order, so each sum has the bits of its own warp).
+template <int Q4>
+__device__ __forceinline__ float2 two_row_sums(const float* x, const u32* dm, const u8* quants,
+                                               u64 nb, u64 r0, u64 r1, unsigned lane) {
+    const int qb = Q4 ? 16 : 32;
+    const u32* const dmr[2] = {dm + r0 * nb, dm + r1 * nb};
+    const u8* const qr[2] = {quants + r0 * nb * qb, quants + r1 * nb * qb};
+    float acc[2] = {0.f, 0.f};
+    block_steps_rows<Q4, 2, MM_AHEAD>(acc, x, dmr, qr, nb, lane);
+    float2 s;
+    s.x = warp_sum(acc[0]);
+    s.y = warp_sum(acc[1]);
+    return s;
+}
+
+// One activation row (decode): two output rows per warp (`two_row_sums`;
+// the launch gives ⌈n/2⌉ warps, `ONE_ROWS` in `cuda/linear.rs`), MM_AHEAD
 // steps loaded ahead; the bits of `matmul_block`. The stored value goes
 // through the caller's unary chain first (`Backend::matmul_unary`; the
 // steps of `unary_chain_f32`, so the bits of the two launches), which
@@ -289,43 +307,19 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
 // one kernel every launch ran at the occupancy of the heavier one (run 16,
 // `docs/GPU.md`: prefill 1.01×, decode 1.00–1.03×). Run 16's two or four
 // rows per warp (decode 0.93× and 0.88×) read the rows one after another;
-// run 17's two, with both rows' loads in flight together, decode as fast
-// as one. Eight steps ahead was slower (0.97×, run 16).
-// Output rows a warp of a one-row product (and of a routed product) takes:
-// with two, the two rows' loads are in flight together and each activation
-// value is loaded once for both (`block_steps_rows`; every row keeps
-// `block_steps`' order, so the bits are those of one row per warp). The
-// launch gives such a kernel ⌈n/2⌉ warps (`ONE_ROWS` in `cuda/linear.rs`).
-// Run 17: decode unchanged, prefill 341 → 347 tok/s.
-#define ONE_ROWS 2
+// run 17's two, loaded together, decode as fast as one row per warp and
+// prefill 341 → 347 tok/s (the routed products). Eight steps ahead was
+// slower (0.97×, run 16).
 template <int Q4>
 __device__ __forceinline__ void matmul_block_one(float* y, const float* x, const u32* dm,
                                                  const u8* quants, u64 n, u64 k, Chain c) {
-    const int qb = Q4 ? 16 : 32;
-    u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    unsigned lane = threadIdx.x & 31;
-    u64 nb = k / 32;
-    if (ONE_ROWS == 1) {
-        u64 j = g;
-        if (j >= n) return;
-        float acc[1] = {0.f};
-        block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, k, dm + j * nb, quants + j * nb * qb, nb, 0, 8,
-                                     lane);
-        float s = warp_sum(acc[0]);
-        if (lane == 0) y[j] = c.apply(s);
-        return;
-    }
-    u64 j0 = g * 2;
+    u64 j0 = 2 * ((u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
     if (j0 >= n) return;
     u64 j1 = j0 + 1 < n ? j0 + 1 : j0;
-    const u32* const dmr[2] = {dm + j0 * nb, dm + j1 * nb};
-    const u8* const qr[2] = {quants + j0 * nb * qb, quants + j1 * nb * qb};
-    float acc[2] = {0.f, 0.f};
-    block_steps_rows<Q4, 2, MM_AHEAD>(acc, x, dmr, qr, nb, lane);
-    float s0 = warp_sum(acc[0]), s1 = warp_sum(acc[1]);
-    if (lane == 0) {
-        y[j0] = c.apply(s0);
-        if (j1 != j0) y[j1] = c.apply(s1);
+    float2 s = two_row_sums<Q4>(x, dm, quants, k / 32, j0, j1, threadIdx.x & 31);
+    if ((threadIdx.x & 31) == 0) {
+        y[j0] = c.apply(s.x);
+        if (j1 != j0) y[j1] = c.apply(s.y);
     }
 }
 
@@ -504,13 +498,8 @@ __device__ __forceinline__ void matmul_block_many(const Many& m) {
     unsigned lane = threadIdx.x & 31;
     u64 nb = m.k / 32;
     if (SWIGLU && p.swiglu) {
-        u64 r = p.n + j;
-        const u32* const dmr[2] = {p.dm + j * nb, p.dm + r * nb};
-        const u8* const qr[2] = {p.quants + j * nb * qb, p.quants + r * nb * qb};
-        float acc[2] = {0.f, 0.f};
-        block_steps_rows<Q4, 2, MM_AHEAD>(acc, m.x, dmr, qr, nb, lane);
-        float gs = warp_sum(acc[0]), u = warp_sum(acc[1]);
-        if (lane == 0) p.y[j] = swiglu_one(gs, u, p.has_limit, p.limit);
+        float2 gu = two_row_sums<Q4>(m.x, p.dm, p.quants, nb, j, p.n + j, lane);
+        if (lane == 0) p.y[j] = swiglu_one(gu.x, gu.y, p.has_limit, p.limit);
         return;
     }
     float acc[1] = {0.f};
@@ -615,7 +604,6 @@ __device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u6
                                                     const u32* experts, u64 pairs,
                                                     const u32* dm, const u8* quants, u64 n,
                                                     u64 k, int has_limit, float limit) {
-    const int qb = Q4 ? 16 : 32;
     u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     u64 outs = SWIGLU ? n / 2 : n;
     if (j >= outs) return;
@@ -625,33 +613,19 @@ __device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u6
         u64 row = (u64)experts[p] * n + j;
         const float* xr = x + (p / x_div) * k;
         if (SWIGLU) {
-            u64 r = row + outs;
-            const u32* const dmr[2] = {dm + row * nb, dm + r * nb};
-            const u8* const qr[2] = {quants + row * nb * qb, quants + r * nb * qb};
-            float acc[2] = {0.f, 0.f};
-            block_steps_rows<Q4, 2, MM_AHEAD>(acc, xr, dmr, qr, nb, lane);
-            float s = warp_sum(acc[0]), u = warp_sum(acc[1]);
-            if (lane == 0) y[p * outs + j] = swiglu_one(s, u, has_limit, limit);
-        } else if (ONE_ROWS == 1) {
-            float acc[1] = {0.f};
-            block_steps<Q4, 1, MM_AHEAD>(acc, 1, xr, k, dm + row * nb, quants + row * nb * qb, nb,
-                                         0, 8, lane);
-            float s = warp_sum(acc[0]);
-            if (lane == 0) y[p * n + j] = s;
+            float2 gu = two_row_sums<Q4>(xr, dm, quants, nb, row, row + outs, lane);
+            if (lane == 0) y[p * outs + j] = swiglu_one(gu.x, gu.y, has_limit, limit);
         } else {
-            // Rows 2j and 2j + 1 (warps past n/2 have nothing to do).
+            // Rows 2j and 2j + 1 (as `matmul_block_one`; warps past n/2
+            // have nothing to do).
             u64 j0 = 2 * j;
             if (j0 >= n) return;
             u64 j1 = j0 + 1 < n ? j0 + 1 : j0;
-            u64 r0 = (u64)experts[p] * n + j0, r1 = (u64)experts[p] * n + j1;
-            const u32* const dmr[2] = {dm + r0 * nb, dm + r1 * nb};
-            const u8* const qr[2] = {quants + r0 * nb * qb, quants + r1 * nb * qb};
-            float acc[2] = {0.f, 0.f};
-            block_steps_rows<Q4, 2, MM_AHEAD>(acc, xr, dmr, qr, nb, lane);
-            float s0 = warp_sum(acc[0]), s1 = warp_sum(acc[1]);
+            u64 e = (u64)experts[p] * n;
+            float2 s = two_row_sums<Q4>(xr, dm, quants, nb, e + j0, e + j1, lane);
             if (lane == 0) {
-                y[p * n + j0] = s0;
-                if (j1 != j0) y[p * n + j1] = s1;
+                y[p * n + j0] = s.x;
+                if (j1 != j0) y[p * n + j1] = s.y;
             }
         }
     }
