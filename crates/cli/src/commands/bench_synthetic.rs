@@ -125,6 +125,7 @@ fn step_profile(
     const STEPS: u32 = 16;
     let wait = m.ops().sync_wait_ns();
     let prof = m.ops().host_profile();
+    m.ops().host_gaps();
     let start = Instant::now();
     for i in 0..STEPS {
         m.forward(&[3 + i], &mut state, LogitsRows::Last)?;
@@ -146,7 +147,36 @@ fn step_profile(
         per_step[2],
         per_step[3]
     );
+    print_host_gaps(&m.ops().host_gaps(), STEPS);
     Ok((launches, total - wait, wait))
+}
+
+/// The host's gaps between driver calls per step, by the call that ended
+/// each gap, largest first (`DS4_CUDA_HOST_PROFILE=1`).
+#[cfg(feature = "cuda")]
+fn print_host_gaps(rows: &[ds4_engine::backend::cuda::GapRow], steps: u32) {
+    let per = |ns: u64| ns as f64 / 1e6 / f64::from(steps);
+    let (gap, call): (u64, u64) = rows
+        .iter()
+        .fold((0, 0), |(g, c), r| (g + r.gap_ns, c + r.call_ns));
+    if rows.is_empty() {
+        return;
+    }
+    println!(
+        "REPORT step_host_gaps gap_ms={:.3} driver_ms={:.3} (per step; by the driver call after the gap)",
+        per(gap),
+        per(call)
+    );
+    for r in rows.iter().take(24) {
+        println!(
+            "REPORT host_gap name={} calls={:.1} gap_ms={:.3} driver_ms={:.3} gap_us_per_call={:.2}",
+            r.name,
+            r.calls as f64 / f64::from(steps),
+            per(r.gap_ns),
+            per(r.call_ns),
+            r.gap_ns as f64 / 1e3 / r.calls.max(1) as f64
+        );
+    }
 }
 
 /// The weights one decode step reads, in bytes.

@@ -14,6 +14,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::graph::Graphs;
+use super::host_gaps::HostGaps;
 use super::linear::ManyArgs;
 use super::mem::{DevMem, Pool};
 use super::nvrtc;
@@ -148,6 +149,8 @@ pub(super) struct Device {
     pub launch_ns: AtomicU64,
     pub copy_ns: AtomicU64,
     pub copies: AtomicU64,
+    /// The host's gaps between driver calls, per call (profiling only).
+    pub(super) gaps: HostGaps,
 }
 
 /// Adds the time since `start` to `to` when profiling.
@@ -240,6 +243,7 @@ impl Device {
             launch_ns: AtomicU64::new(0),
             copy_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
+            gaps: HostGaps::new(std::env::var("DS4_CUDA_HOST_PROFILE").is_ok_and(|v| v == "1")),
         })
     }
 
@@ -283,7 +287,7 @@ impl Device {
     /// device pointer among them at a live allocation of this context.
     unsafe fn launch_raw(
         &self,
-        name: &str,
+        name: &'static str,
         f: &CudaFunction,
         shape: Shape,
         params: &mut [*mut c_void],
@@ -291,17 +295,19 @@ impl Device {
         self.bind()?;
         let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: as the caller promises.
-        let r = unsafe {
-            driver::launch_kernel(
-                f.cu_function(),
-                (shape.grid.0, shape.grid.1, 1),
-                (shape.block, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                params,
-            )
-        }
-        .map_err(|e| dev_err(&format!("launching `{name}`"), e));
+        let r = self
+            .gaps
+            .call(name, || unsafe {
+                driver::launch_kernel(
+                    f.cu_function(),
+                    (shape.grid.0, shape.grid.1, 1),
+                    (shape.block, 1, 1),
+                    0,
+                    self.stream.cu_stream(),
+                    params,
+                )
+            })
+            .map_err(|e| dev_err(&format!("launching `{name}`"), e));
         profiled(self.host_profile, &self.launch_ns, t);
         r
     }
@@ -386,7 +392,10 @@ impl Device {
             let t = self.host_profile.then(std::time::Instant::now);
             // SAFETY: `m` holds host.len() elements; a copy from pageable
             // memory returns once the source is staged, so `host` may go.
-            unsafe { driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream()) }
+            self.gaps
+                .call("htod copy", || unsafe {
+                    driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream())
+                })
                 .map_err(|e| dev_err("host-to-device copy", e))?;
             profiled(self.host_profile, &self.copy_ns, t);
             self.copies.fetch_add(1, Ordering::Relaxed);
@@ -411,7 +420,11 @@ impl Device {
         let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: in bounds (checked); a copy from pageable memory returns
         // once the source is staged.
-        let r = unsafe { driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream()) }
+        let r = self
+            .gaps
+            .call("htod write", || unsafe {
+                driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream())
+            })
             .map_err(|e| dev_err("host-to-device copy", e));
         profiled(self.host_profile, &self.copy_ns, t);
         self.copies.fetch_add(1, Ordering::Relaxed);
@@ -458,7 +471,10 @@ impl Device {
             self.bind()?;
             // SAFETY: `host` holds n elements and `m` at least n; queued
             // after every write to `m`, then waited for.
-            unsafe { driver::memcpy_dtoh_async(&mut host, m.ptr(), self.stream.cu_stream()) }
+            self.gaps
+                .call("dtoh copy", || unsafe {
+                    driver::memcpy_dtoh_async(&mut host, m.ptr(), self.stream.cu_stream())
+                })
                 .map_err(|e| dev_err("device-to-host copy", e))?;
         }
         self.sync()?;
@@ -488,15 +504,16 @@ impl Device {
         self.bind()?;
         // SAFETY: both ranges are inside their blocks (checked above), and
         // the copy is ordered on the stream like every other use.
-        unsafe {
-            driver::memcpy_dtod_async(
-                dst.ptr() + (to * size) as u64,
-                src.ptr() + (from * size) as u64,
-                n * size,
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(|e| dev_err("device copy", e))
+        self.gaps
+            .call("dtod copy", || unsafe {
+                driver::memcpy_dtod_async(
+                    dst.ptr() + (to * size) as u64,
+                    src.ptr() + (from * size) as u64,
+                    n * size,
+                    self.stream.cu_stream(),
+                )
+            })
+            .map_err(|e| dev_err("device copy", e))
     }
 
     /// Wait for every queued op (errors of asynchronous kernels surface
@@ -504,8 +521,8 @@ impl Device {
     pub fn sync(&self) -> Result<()> {
         let start = std::time::Instant::now();
         let r = self
-            .stream
-            .synchronize()
+            .gaps
+            .call("synchronize", || self.stream.synchronize())
             .map_err(|e| dev_err("stream synchronize", e));
         self.sync_wait_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);

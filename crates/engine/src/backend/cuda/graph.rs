@@ -217,7 +217,9 @@ pub(super) fn run_step(
         .map_err(|_| EngineError::Device("the graph cache lock is poisoned".into()))?;
     if let Some(i) = cache.iter().position(|s| s.key == key) {
         let s = cache.remove(i);
-        s.graph.0.launch().map_err(|e| dev_err("graph launch", e))?;
+        dev.gaps
+            .call("graph launch", || s.graph.0.launch())
+            .map_err(|e| dev_err("graph launch", e))?;
         let outs = copies(dev, &s.outputs);
         cache.push(s);
         g.replays.fetch_add(1, Ordering::Relaxed);
@@ -271,7 +273,9 @@ pub(super) fn run_pure(
             for (fixed, x) in s.inputs.iter().zip(inputs) {
                 buf::copy_into(dev, fixed, x)?;
             }
-            s.graph.0.launch().map_err(|e| dev_err("graph launch", e))?;
+            dev.gaps
+                .call("graph launch", || s.graph.0.launch())
+                .map_err(|e| dev_err("graph launch", e))?;
             let outs = copies(dev, &s.outputs);
             cache.push(s);
             g.replays.fetch_add(1, Ordering::Relaxed);

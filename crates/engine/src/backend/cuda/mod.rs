@@ -31,6 +31,8 @@ mod buf;
 mod device;
 mod elementwise;
 mod graph;
+mod host_gaps;
+pub use host_gaps::GapRow;
 mod linear;
 mod mem;
 mod norms;
@@ -112,6 +114,13 @@ impl CudaOps {
             self.dev.copies.load(Relaxed),
             self.dev.pool.driver_allocs.load(Relaxed) as u64,
         ]
+    }
+
+    /// The host's gaps between driver calls since the last call of this,
+    /// per driver call, largest first (`DS4_CUDA_HOST_PROFILE=1`; empty
+    /// otherwise): which op's host-side work a host-bound step waits on.
+    pub fn host_gaps(&self) -> Vec<host_gaps::GapRow> {
+        self.dev.gaps.take()
     }
 
     /// Whether decode / verify steps run as captured graphs (on unless

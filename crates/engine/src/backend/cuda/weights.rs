@@ -215,7 +215,24 @@ fn block_data(q: &QTensor, out: usize, inp: usize) -> Result<Option<(BlockKind, 
 }
 
 /// Split GGUF blocks into the device layout: a word of (scale, minimum)
-/// f16 bits per block, and the quants.
+/// f16 bits per block, and the quants. Q8_0 quants stay in order; Q4_1's
+/// become one little-endian word per block quarter ([`q4_1_quarters`]).
+/// A Q4_1 block's 16 GGUF quant bytes (element e < 16 in the low nibble of
+/// byte e, element e ≥ 16 in the high nibble of byte e − 16) as four words,
+/// one per quarter of the block, element 8q + i in bits 4i of word q: the
+/// word one lane of a block-format product loads (`matmul.cu`, `dequant8`,
+/// which turns a nibble into a float with one mask-and-OR when it sits at
+/// bit 0, 4 or 8 of the word or of the word shifted by 12 or 24).
+/// `synthetic.cu` writes the same layout on the device.
+pub(super) fn q4_1_quarters(g: &[u8; 16]) -> [u32; 4] {
+    std::array::from_fn(|q| {
+        let (bytes, shift) = (&g[8 * (q % 2)..8 * (q % 2) + 8], 4 * (q / 2));
+        bytes.iter().enumerate().fold(0u32, |w, (i, &b)| {
+            w | (u32::from((b >> shift) & 0xf) << (4 * i))
+        })
+    })
+}
+
 pub(super) fn repack(kind: BlockKind, data: &[u8]) -> (Vec<u32>, Vec<u8>) {
     let bb = kind.block_bytes();
     let blocks = data.len() / bb;
@@ -227,7 +244,12 @@ pub(super) fn repack(kind: BlockKind, data: &[u8]) -> (Vec<u32>, Vec<u8>) {
             BlockKind::Q4_1 => {
                 let m = u16::from_le_bytes([b[2], b[3]]) as u32;
                 dm.push(d | (m << 16));
-                quants.extend_from_slice(&b[4..20]);
+                let g: [u8; 16] = b[4..20]
+                    .try_into()
+                    .expect("a Q4_1 block has 16 quant bytes");
+                for w in q4_1_quarters(&g) {
+                    quants.extend_from_slice(&w.to_le_bytes());
+                }
             }
             BlockKind::Q8_0 => {
                 dm.push(d);
@@ -395,4 +417,51 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
         rows,
         width,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nibble `dequant8` reads for element 8q + i of a block from the
+    /// quarter words, as `matmul.cu` reads it: at bit 0, 4 or 8 of the word
+    /// or of the word shifted by 12 or 24.
+    fn kernel_nibble(words: &[u32; 4], e: usize) -> u32 {
+        let (q, i) = (e / 8, e % 8);
+        let v = words[q] >> (12 * (i / 3));
+        (v >> (4 * (i % 3))) & 0xf
+    }
+
+    #[test]
+    fn q4_1_quarter_words_hold_every_gguf_nibble() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..64 {
+            let g: [u8; 16] = std::array::from_fn(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            });
+            let words = q4_1_quarters(&g);
+            for e in 0..32 {
+                let gguf = if e < 16 { g[e] & 0xf } else { g[e - 16] >> 4 };
+                assert_eq!(
+                    kernel_nibble(&words, e),
+                    u32::from(gguf),
+                    "element {e} of {g:?}"
+                );
+            }
+        }
+        // Through `repack`: the scale word, then the four words little-endian.
+        let mut block = vec![0x34, 0x12, 0x78, 0x56];
+        block.extend((0u8..16).map(|b| b.wrapping_mul(37)));
+        let (dm, quants) = repack(BlockKind::Q4_1, &block);
+        assert_eq!(dm, [0x5678_1234]);
+        let g: [u8; 16] = block[4..].try_into().unwrap();
+        let le: Vec<u8> = q4_1_quarters(&g)
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        assert_eq!(quants, le);
+    }
 }

@@ -135,19 +135,39 @@ extern "C" __global__ void experts_combine_gated(float* out, const float* ys,
 // 2^23 give 2^23 + q exactly, and subtracting 2^23 (Q8_0: 2^23 + 128 from
 // 2^23 + (q + 128)) leaves q exactly, so every weight has the value, and
 // every product the bits, of the plain conversion.
+//
+// Q4_1 quants are stored as one word per block quarter (`weights.rs`,
+// `repack`): element 8·qtr + i in bits 4i .. 4i + 3. A nibble is masked in
+// place at bit 0, 4 or 8 of the word or of the word shifted by 12 or 24
+// (one `lop3` masks it and ORs in 2^23), so the float is q·16^j, and its
+// scale d·16^-j (exact: a power of two times an f16 value), so the product
+// is q·d exactly as before. q·d is exact (4 × 11 significant bits), so one
+// fused u·d + m rounds as the FMUL-then-FADD of GGUF's u·d + m does: every
+// weight keeps its bits, with 4 instructions a weight instead of 7.
 #define MAGIC_2_23 8388608.0f
+template <u32 MASK>
+__device__ __forceinline__ float nib_float(u32 v, u32 magic) {
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "n"(MASK), "r"(magic));
+    return __int_as_float(r) - MAGIC_2_23;
+}
 template <int Q4>
 __device__ __forceinline__ void dequant8(float w[8], uint2 q, u32 sm, unsigned qtr) {
-    float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
     if (Q4) {
-        u32 shift = (qtr >> 1) * 4;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            u32 nib = ((i < 4 ? q.x : q.y) >> (8 * (i % 4) + shift)) & 0x0f;
-            float u = __int_as_float(0x4B000000u | nib) - MAGIC_2_23;
-            w[i] = u * d + m;
-        }
+        float d = h2f((u16)(sm & 0xffff)), m = h2f((u16)(sm >> 16));
+        float d4 = d * 0.0625f, d8 = d * 0.00390625f;
+        const u32 magic = 0x4B000000u;
+        u32 v0 = q.x, v1 = q.x >> 12, v2 = q.x >> 24;
+        w[0] = fmaf(nib_float<0x00f>(v0, magic), d, m);
+        w[1] = fmaf(nib_float<0x0f0>(v0, magic), d4, m);
+        w[2] = fmaf(nib_float<0xf00>(v0, magic), d8, m);
+        w[3] = fmaf(nib_float<0x00f>(v1, magic), d, m);
+        w[4] = fmaf(nib_float<0x0f0>(v1, magic), d4, m);
+        w[5] = fmaf(nib_float<0xf00>(v1, magic), d8, m);
+        w[6] = fmaf(nib_float<0x00f>(v2, magic), d, m);
+        w[7] = fmaf(nib_float<0x0f0>(v2, magic), d4, m);
     } else {
+        float d = h2f((u16)(sm & 0xffff));
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             u32 biased = (((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xff) ^ 0x80u;
@@ -155,6 +175,20 @@ __device__ __forceinline__ void dequant8(float w[8], uint2 q, u32 sm, unsigned q
             w[i] = v * d;
         }
     }
+}
+
+// This lane's quants of block b (`dequant8`'s q): Q4_1 the quarter's word,
+// Q8_0 the quarter's eight bytes.
+template <int Q4>
+__device__ __forceinline__ uint2 lane_quants(const u8* qr, u64 b, unsigned qtr) {
+    uint2 q;
+    if (Q4) {
+        q.x = *(const u32*)(qr + b * 16 + qtr * 4);
+        q.y = 0;
+    } else {
+        q = *(const uint2*)(qr + b * 32 + qtr * 8);
+    }
+    return q;
 }
 
 // a + Σ w_i·v_i by FMA in element order (a lane's eight weights of a block
@@ -180,9 +214,7 @@ template <int Q4, int T, int AHEAD>
 __device__ __forceinline__ void block_steps(float (&acc)[T], u64 nr, const float* xr, u64 k,
                                             const u32* dmr, const u8* qr, u64 nb, u64 b_first,
                                             u64 b_stride, unsigned lane) {
-    const int qb = Q4 ? 16 : 32;
     unsigned qtr = lane & 3;
-    u64 at = Q4 ? (qtr & 1) * 8 : qtr * 8;
     for (u64 b0 = b_first + lane / 4; b0 < nb; b0 += b_stride * AHEAD) {
         uint2 q[AHEAD];
         u32 sm[AHEAD];
@@ -190,7 +222,7 @@ __device__ __forceinline__ void block_steps(float (&acc)[T], u64 nr, const float
         for (int u = 0; u < AHEAD; u++) {
             u64 b = b0 + u * b_stride;
             if (b < nb) {
-                q[u] = *(const uint2*)(qr + b * qb + at);
+                q[u] = lane_quants<Q4>(qr, b, qtr);
                 sm[u] = dmr[b];
             }
         }
@@ -222,9 +254,7 @@ __device__ __forceinline__ void block_steps_rows(float (&acc)[R], const float* x
                                                  const u32* const (&dmr)[R],
                                                  const u8* const (&qr)[R], u64 nb,
                                                  unsigned lane) {
-    const int qb = Q4 ? 16 : 32;
     unsigned qtr = lane & 3;
-    u64 at = Q4 ? (qtr & 1) * 8 : qtr * 8;
     for (u64 b0 = lane / 4; b0 < nb; b0 += 8 * AHEAD) {
         uint2 q[R][AHEAD];
         u32 sm[R][AHEAD];
@@ -234,7 +264,7 @@ __device__ __forceinline__ void block_steps_rows(float (&acc)[R], const float* x
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (b < nb) {
-                    q[r][u] = *(const uint2*)(qr[r] + b * qb + at);
+                    q[r][u] = lane_quants<Q4>(qr[r], b, qtr);
                     sm[r][u] = dmr[r][b];
                 }
             }

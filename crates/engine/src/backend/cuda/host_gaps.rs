@@ -1,0 +1,112 @@
+//! Where the host's time between driver calls goes (`DS4_CUDA_HOST_PROFILE=1`).
+//!
+//! A decode step that is bound by the host spends its time in two places:
+//! inside the driver (launches, copies, graph launches) and in the Rust code
+//! between driver calls (the model's layers, buffer bookkeeping). This
+//! attributes every gap between the end of one driver call and the start of
+//! the next to the call that ends it (named by its kernel or kind), so a
+//! report can say which op's host-side preparation costs what. Off unless
+//! asked for: two clock reads and a lock per driver call.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// One driver call's name and the totals counted for it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GapRow {
+    pub name: String,
+    pub calls: u64,
+    /// Host time from the previous driver call's end to this call's start.
+    pub gap_ns: u64,
+    /// Host time inside this driver call.
+    pub call_ns: u64,
+}
+
+#[derive(Default)]
+struct Totals {
+    last_end: Option<Instant>,
+    rows: HashMap<&'static str, (u64, u64, u64)>,
+}
+
+/// The profile: `None` inside when profiling is off.
+pub(super) struct HostGaps(Option<Mutex<Totals>>);
+
+impl HostGaps {
+    pub fn new(on: bool) -> Self {
+        Self(on.then(|| Mutex::new(Totals::default())))
+    }
+
+    /// Run the driver call `f` named `name`, counting the gap before it and
+    /// its own time when profiling.
+    pub fn call<R>(&self, name: &'static str, f: impl FnOnce() -> R) -> R {
+        let Some(m) = &self.0 else { return f() };
+        let start = Instant::now();
+        let r = f();
+        let end = Instant::now();
+        if let Ok(mut t) = m.lock() {
+            let gap = t.last_end.map_or(std::time::Duration::ZERO, |l| {
+                start.saturating_duration_since(l)
+            });
+            let e = t.rows.entry(name).or_default();
+            e.0 += 1;
+            e.1 += gap.as_nanos() as u64;
+            e.2 += (end - start).as_nanos() as u64;
+            t.last_end = Some(end);
+        }
+        r
+    }
+
+    /// The totals so far, largest gap first, and start counting afresh
+    /// (the next call's gap is not counted: it spans the caller's own
+    /// work between reports).
+    pub fn take(&self) -> Vec<GapRow> {
+        let Some(m) = &self.0 else {
+            return Vec::new();
+        };
+        let Ok(mut t) = m.lock() else {
+            return Vec::new();
+        };
+        let mut rows: Vec<GapRow> = t
+            .rows
+            .drain()
+            .map(|(name, (calls, gap_ns, call_ns))| GapRow {
+                name: name.to_string(),
+                calls,
+                gap_ns,
+                call_ns,
+            })
+            .collect();
+        t.last_end = None;
+        rows.sort_by(|a, b| b.gap_ns.cmp(&a.gap_ns).then(a.name.cmp(&b.name)));
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_are_counted_per_name_only_when_on() {
+        let off = HostGaps::new(false);
+        assert_eq!(off.call("a", || 7), 7);
+        assert!(off.take().is_empty());
+
+        let on = HostGaps::new(true);
+        on.call("a", || ());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        on.call("b", || ());
+        on.call("a", || ());
+        let rows = on.take();
+        assert_eq!(rows.len(), 2);
+        // The sleep is the gap before "b", the largest.
+        assert_eq!(rows[0].name, "b");
+        assert!(rows[0].gap_ns >= 5_000_000, "{rows:?}");
+        assert_eq!(rows[1].calls, 2);
+        // Taken: counting starts afresh, the first gap is not counted.
+        on.call("c", || ());
+        let rows = on.take();
+        assert_eq!((rows[0].name.as_str(), rows[0].gap_ns), ("c", 0));
+    }
+}
