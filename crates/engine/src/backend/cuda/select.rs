@@ -310,9 +310,15 @@ pub(super) fn indexer_select(
     let stride = nb_max.max(1);
     let scores = CudaBuf::uninit(dev, rows * stride)?;
     if nb_max > 0 {
+        // A warp per (row, block), a lane per head, where the heads fit.
+        let (name, launch) = if shape.heads <= 32 {
+            ("indexer_scores_heads_f32", Shape::warps(rows * stride))
+        } else {
+            ("indexer_scores_f32", Shape::elements(rows * stride))
+        };
         dev.launch(
-            "indexer_scores_f32",
-            Shape::elements(rows * stride),
+            name,
+            launch,
             args![
                 scores.ptr(),
                 q.ptr(),

@@ -260,6 +260,27 @@ extern "C" __global__ void indexer_scores_f32(float* scores, const float* q, con
     }
 }
 
+// `indexer_scores_f32` with a warp per (row, block) and a lane per head
+// (heads ≤ 32): each head's dot is `dot_seq` as before, and lane 0 adds the
+// clamped dots in head order from 0, so the bits are the same; a decode
+// step's one row had run its blocks on one thread each, every head one
+// after another (16 µs a launch under ncu, run 18).
+extern "C" __global__ void indexer_scores_heads_f32(float* scores, const float* q,
+                                                    const float* blocks, u64 rows, u64 stride,
+                                                    u64 base, u64 heads, u64 dim, u64 ratio,
+                                                    float scale) {
+    unsigned lane = threadIdx.x & 31;
+    FOR_EACH_WARP(i, rows * stride) {
+        u64 r = i / stride, j = i % stride;
+        if (j >= (base + r + 1) / ratio) continue;
+        float d = lane < heads ? dot_seq(q + (r * heads + lane) * dim, blocks + j * dim, (int)dim)
+                               : 0.0f;
+        float sum = 0.0f;
+        for (u64 h = 0; h < heads; h++) sum += fmaxf(__shfl_sync(FULL_MASK, d, (int)h), 0.0f);
+        if (lane == 0) scores[i] = sum * scale;
+    }
+}
+
 // Step forms of causal attention (a replayed CUDA graph): the cache length
 // `offset` is step[0], and the grid covers `cap_tiles`, the tiles of the
 // caches' capacity. Only the tiles an eager call at this offset would make
