@@ -19,6 +19,8 @@ use ds4_engine::load::synthetic::{Ledger, hash64, shape_config};
 use ds4_engine::{LogitsRows, Model, ModelState};
 
 use crate::args::BenchArgs;
+#[cfg(feature = "cuda")]
+use ds4_engine::backend::cuda::GapRow;
 
 /// One run's measurements.
 #[derive(Debug, Clone)]
@@ -124,7 +126,7 @@ fn step_profile(
     let launches = (m.ops().launches() - before) as f64;
     const STEPS: u32 = 16;
     let wait = m.ops().sync_wait_ns();
-    let prof = m.ops().host_profile();
+    let counts = m.ops().host_counts();
     m.ops().host_gaps();
     let start = Instant::now();
     for i in 0..STEPS {
@@ -132,29 +134,28 @@ fn step_profile(
     }
     let total = start.elapsed().as_secs_f64() * 1e3 / f64::from(STEPS);
     let wait = (m.ops().sync_wait_ns() - wait) as f64 / 1e6 / f64::from(STEPS);
-    let per_step: Vec<f64> = m
-        .ops()
-        .host_profile()
-        .iter()
-        .zip(prof)
-        .map(|(now, then)| (now - then) as f64 / f64::from(STEPS))
-        .collect();
+    let per = |now: u64, then: u64| (now - then) as f64 / f64::from(STEPS);
+    let [copies, allocs] = m.ops().host_counts();
+    let gaps = m.ops().host_gaps();
+    let driver_ms = |keep: fn(&GapRow) -> bool| {
+        per(gaps.iter().filter(|r| keep(r)).map(|r| r.call_ns).sum(), 0) / 1e6
+    };
     println!(
         "REPORT step_host_profile launch_ms={:.3} copy_ms={:.3} copies={:.1} driver_allocs={:.1} \
          (times need DS4_CUDA_HOST_PROFILE=1)",
-        per_step[0] / 1e6,
-        per_step[1] / 1e6,
-        per_step[2],
-        per_step[3]
+        driver_ms(GapRow::is_kernel),
+        driver_ms(GapRow::is_upload),
+        per(copies, counts[0]),
+        per(allocs, counts[1])
     );
-    print_host_gaps(&m.ops().host_gaps(), STEPS);
+    print_host_gaps(&gaps, STEPS);
     Ok((launches, total - wait, wait))
 }
 
 /// The host's gaps between driver calls per step, by the call that ended
 /// each gap, largest first (`DS4_CUDA_HOST_PROFILE=1`).
 #[cfg(feature = "cuda")]
-fn print_host_gaps(rows: &[ds4_engine::backend::cuda::GapRow], steps: u32) {
+fn print_host_gaps(rows: &[GapRow], steps: u32) {
     let per = |ns: u64| ns as f64 / 1e6 / f64::from(steps);
     let (gap, call): (u64, u64) = rows
         .iter()

@@ -14,7 +14,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::graph::Graphs;
-use super::host_gaps::HostGaps;
+use super::host_gaps::{self, HostGaps};
 use super::linear::ManyArgs;
 use super::mem::{DevMem, Pool};
 use super::nvrtc;
@@ -142,22 +142,10 @@ pub(super) struct Device {
     /// Nanoseconds the host has waited in [`Device::sync`] (so a report
     /// can tell the host's share of a step from the device's).
     pub sync_wait_ns: AtomicU64,
-    /// Where the host's time goes (`DS4_CUDA_HOST_PROFILE=1`, for reports:
-    /// two clock reads per driver call): nanoseconds inside kernel
-    /// launches and inside host-to-device copies, and the copies made.
-    host_profile: bool,
-    pub launch_ns: AtomicU64,
-    pub copy_ns: AtomicU64,
+    /// Host-to-device copies made (for reports).
     pub copies: AtomicU64,
     /// The host's gaps between driver calls, per call (profiling only).
     pub(super) gaps: HostGaps,
-}
-
-/// Adds the time since `start` to `to` when profiling.
-fn profiled(on: bool, to: &AtomicU64, start: Option<std::time::Instant>) {
-    if let (true, Some(t)) = (on, start) {
-        to.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
 }
 
 impl std::fmt::Debug for Device {
@@ -239,9 +227,6 @@ impl Device {
             compile_seconds: cubin.compile_seconds,
             launches: AtomicU64::new(0),
             sync_wait_ns: AtomicU64::new(0),
-            host_profile: std::env::var("DS4_CUDA_HOST_PROFILE").is_ok_and(|v| v == "1"),
-            launch_ns: AtomicU64::new(0),
-            copy_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             gaps: HostGaps::new(std::env::var("DS4_CUDA_HOST_PROFILE").is_ok_and(|v| v == "1")),
         })
@@ -293,10 +278,8 @@ impl Device {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         self.bind()?;
-        let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: as the caller promises.
-        let r = self
-            .gaps
+        self.gaps
             .call(name, || unsafe {
                 driver::launch_kernel(
                     f.cu_function(),
@@ -307,9 +290,7 @@ impl Device {
                     params,
                 )
             })
-            .map_err(|e| dev_err(&format!("launching `{name}`"), e));
-        profiled(self.host_profile, &self.launch_ns, t);
-        r
+            .map_err(|e| dev_err(&format!("launching `{name}`"), e))
     }
 
     /// Queue kernel `name`, whose one parameter is the `Many` struct of
@@ -389,15 +370,13 @@ impl Device {
         let m = self.alloc::<T>(host.len())?;
         if !host.is_empty() {
             self.bind()?;
-            let t = self.host_profile.then(std::time::Instant::now);
             // SAFETY: `m` holds host.len() elements; a copy from pageable
             // memory returns once the source is staged, so `host` may go.
             self.gaps
-                .call("htod copy", || unsafe {
+                .call(host_gaps::HTOD_COPY, || unsafe {
                     driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream())
                 })
                 .map_err(|e| dev_err("host-to-device copy", e))?;
-            profiled(self.host_profile, &self.copy_ns, t);
             self.copies.fetch_add(1, Ordering::Relaxed);
         }
         Ok(m)
@@ -417,16 +396,14 @@ impl Device {
             return Ok(());
         }
         self.bind()?;
-        let t = self.host_profile.then(std::time::Instant::now);
         // SAFETY: in bounds (checked); a copy from pageable memory returns
         // once the source is staged.
         let r = self
             .gaps
-            .call("htod write", || unsafe {
+            .call(host_gaps::HTOD_WRITE, || unsafe {
                 driver::memcpy_htod_async(m.ptr(), host, self.stream.cu_stream())
             })
             .map_err(|e| dev_err("host-to-device copy", e));
-        profiled(self.host_profile, &self.copy_ns, t);
         self.copies.fetch_add(1, Ordering::Relaxed);
         r
     }
@@ -472,7 +449,7 @@ impl Device {
             // SAFETY: `host` holds n elements and `m` at least n; queued
             // after every write to `m`, then waited for.
             self.gaps
-                .call("dtoh copy", || unsafe {
+                .call(host_gaps::DTOH_COPY, || unsafe {
                     driver::memcpy_dtoh_async(&mut host, m.ptr(), self.stream.cu_stream())
                 })
                 .map_err(|e| dev_err("device-to-host copy", e))?;
@@ -505,7 +482,7 @@ impl Device {
         // SAFETY: both ranges are inside their blocks (checked above), and
         // the copy is ordered on the stream like every other use.
         self.gaps
-            .call("dtod copy", || unsafe {
+            .call(host_gaps::DTOD_COPY, || unsafe {
                 driver::memcpy_dtod_async(
                     dst.ptr() + (to * size) as u64,
                     src.ptr() + (from * size) as u64,
@@ -522,7 +499,7 @@ impl Device {
         let start = std::time::Instant::now();
         let r = self
             .gaps
-            .call("synchronize", || self.stream.synchronize())
+            .call(host_gaps::SYNCHRONIZE, || self.stream.synchronize())
             .map_err(|e| dev_err("stream synchronize", e));
         self.sync_wait_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);

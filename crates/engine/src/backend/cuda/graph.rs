@@ -22,6 +22,7 @@ use cudarc::driver::{CudaGraph, sys as driver_sys};
 
 use super::buf::{self, CudaBuf};
 use super::device::{Device, dev_err};
+use super::host_gaps;
 use super::mem::{Arena, DevMem, Pool};
 use crate::backend::{PureBody, StepBody};
 use crate::error::{EngineError, Result};
@@ -218,7 +219,7 @@ pub(super) fn run_step(
     if let Some(i) = cache.iter().position(|s| s.key == key) {
         let s = cache.remove(i);
         dev.gaps
-            .call("graph launch", || s.graph.0.launch())
+            .call(host_gaps::GRAPH_LAUNCH, || s.graph.0.launch())
             .map_err(|e| dev_err("graph launch", e))?;
         let outs = copies(dev, &s.outputs);
         cache.push(s);
@@ -274,7 +275,7 @@ pub(super) fn run_pure(
                 buf::copy_into(dev, fixed, x)?;
             }
             dev.gaps
-                .call("graph launch", || s.graph.0.launch())
+                .call(host_gaps::GRAPH_LAUNCH, || s.graph.0.launch())
                 .map_err(|e| dev_err("graph launch", e))?;
             let outs = copies(dev, &s.outputs);
             cache.push(s);

@@ -23,6 +23,36 @@ pub struct GapRow {
     pub call_ns: u64,
 }
 
+/// The names of the driver calls that are not kernel launches (the rest
+/// are kernel names).
+pub const HTOD_COPY: &str = "htod copy";
+pub const HTOD_WRITE: &str = "htod write";
+pub const DTOH_COPY: &str = "dtoh copy";
+pub const DTOD_COPY: &str = "dtod copy";
+pub const SYNCHRONIZE: &str = "synchronize";
+pub const GRAPH_LAUNCH: &str = "graph launch";
+
+impl GapRow {
+    /// Whether this row counts kernel launches (not copies, waits or graph
+    /// launches).
+    pub fn is_kernel(&self) -> bool {
+        ![
+            HTOD_COPY,
+            HTOD_WRITE,
+            DTOH_COPY,
+            DTOD_COPY,
+            SYNCHRONIZE,
+            GRAPH_LAUNCH,
+        ]
+        .contains(&self.name.as_str())
+    }
+
+    /// Whether this row counts host-to-device copies.
+    pub fn is_upload(&self) -> bool {
+        [HTOD_COPY, HTOD_WRITE].contains(&self.name.as_str())
+    }
+}
+
 #[derive(Default)]
 struct Totals {
     last_end: Option<Instant>,
@@ -104,6 +134,12 @@ mod tests {
         assert_eq!(rows[0].name, "b");
         assert!(rows[0].gap_ns >= 5_000_000, "{rows:?}");
         assert_eq!(rows[1].calls, 2);
+        assert!(rows.iter().all(GapRow::is_kernel));
+        on.call(HTOD_WRITE, || ());
+        on.call(GRAPH_LAUNCH, || ());
+        let rows = on.take();
+        assert!(rows.iter().all(|r| !r.is_kernel()));
+        assert_eq!(rows.iter().filter(|r| r.is_upload()).count(), 1);
         // Taken: counting starts afresh, the first gap is not counted.
         on.call("c", || ());
         let rows = on.take();

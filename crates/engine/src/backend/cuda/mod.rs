@@ -102,15 +102,11 @@ impl CudaOps {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Host time so far as `DS4_CUDA_HOST_PROFILE=1` counts it: nanoseconds
-    /// inside kernel launches, nanoseconds inside host-to-device copies,
-    /// the copies, and the blocks taken from the driver's allocator (not
-    /// recycled; counted always).
-    pub fn host_profile(&self) -> [u64; 4] {
+    /// Host-to-device copies made so far, and the blocks taken from the
+    /// driver's allocator (not recycled); counted always.
+    pub fn host_counts(&self) -> [u64; 2] {
         use std::sync::atomic::Ordering::Relaxed;
         [
-            self.dev.launch_ns.load(Relaxed),
-            self.dev.copy_ns.load(Relaxed),
             self.dev.copies.load(Relaxed),
             self.dev.pool.driver_allocs.load(Relaxed) as u64,
         ]
@@ -118,7 +114,8 @@ impl CudaOps {
 
     /// The host's gaps between driver calls since the last call of this,
     /// per driver call, largest first (`DS4_CUDA_HOST_PROFILE=1`; empty
-    /// otherwise): which op's host-side work a host-bound step waits on.
+    /// otherwise): which op's host-side work a host-bound step waits on, and
+    /// the time inside each kind of driver call.
     pub fn host_gaps(&self) -> Vec<host_gaps::GapRow> {
         self.dev.gaps.take()
     }
