@@ -52,6 +52,19 @@ for what in "${@:-tests}"; do
         nvidia-smi --query-gpu=memory.used --format=csv
       done | tee -a "$OUT/synthetic.log"
       ;;
+    ncu)
+      # One eager decode step's kernels under Nsight Compute (graphs off:
+      # ncu runs each kernel alone, caches as the step leaves them), summed
+      # by tools/gpu/ncu_table.py. The skip covers the load and prefill
+      # launches of a 512-token prompt and two steps (docs/GPU.md, run 18).
+      ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+      DS4_CUDA_GRAPHS=0 "$ncu" --clock-control none --cache-control none --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size \
+        --launch-skip "${NCU_SKIP:-3227}" --launch-count "${NCU_COUNT:-1203}" \
+        ./ds4server bench --synthetic qwen4_exp --shape full --device cuda --ctx-start 512 --gen 4 \
+        > "$OUT/ncu-decode-step.csv" 2> "$OUT/ncu.err"
+      gzip -f "$OUT/ncu-decode-step.csv"
+      ;;
     llamacpp)
       # llama.cpp's CUDA build, from a source tarball carried in .gpu
       # (llama-src.tgz), for sm_90 only and without flash-attention kernels

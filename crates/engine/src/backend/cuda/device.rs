@@ -89,6 +89,15 @@ impl Shape {
         }
     }
 
+    /// A grid-stride launch over `n` elements, `threads` a block.
+    pub fn elements_in(n: usize, threads: u32) -> Self {
+        let blocks = (n as u64).div_ceil(threads as u64).clamp(1, MAX_BLOCKS);
+        Shape {
+            grid: (blocks as u32, 1),
+            block: threads,
+        }
+    }
+
     /// One block of `threads` per item (grid-stride past the grid limit).
     pub fn blocks(n: usize, threads: u32) -> Self {
         let blocks = (n as u64).clamp(1, MAX_BLOCKS);
@@ -114,6 +123,41 @@ struct Kernel {
     params: Vec<Param>,
 }
 
+/// The environment variable choosing programmatic dependent launch:
+/// `0` off, `capture` only in captured graphs, anything else (or unset)
+/// every launch, where the device has it.
+pub const PDL_ENV: &str = "DS4_CUDA_PDL";
+
+/// Which launches may overlap the kernel before them
+/// ([`launch_dependent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pdl {
+    Off,
+    /// Only launches captured into a graph (decode and verify steps).
+    Captures,
+    All,
+}
+
+impl Pdl {
+    /// Compute capability 9.0 (Hopper) brought `griddepcontrol`.
+    fn for_device(major: i32, env: Option<&str>) -> Self {
+        match env {
+            _ if major < 9 => Pdl::Off,
+            Some("0") => Pdl::Off,
+            Some("capture") => Pdl::Captures,
+            _ => Pdl::All,
+        }
+    }
+
+    fn applies(self, capturing: bool) -> bool {
+        match self {
+            Pdl::Off => false,
+            Pdl::Captures => capturing,
+            Pdl::All => true,
+        }
+    }
+}
+
 /// Kernel arguments at most (the longest signature has 20).
 const MAX_ARGS: usize = 24;
 
@@ -137,6 +181,9 @@ pub(super) struct Device {
     /// loaded from the cache or a cubin).
     pub kernels_origin: String,
     pub compile_seconds: f64,
+    /// Which kernels launch with programmatic stream serialization
+    /// (`dep_entry` in `kernels/common.cuh`).
+    pub pdl: Pdl,
     /// Kernels launched so far (for launch-count reports).
     pub launches: AtomicU64,
     /// Nanoseconds the host has waited in [`Device::sync`] (so a report
@@ -151,6 +198,43 @@ pub(super) struct Device {
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.name, self.arch)
+    }
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization: the kernel
+/// may start before the one queued before it completes, and its
+/// `dep_entry` (`kernels/common.cuh`) holds it until that one has.
+///
+/// # Safety
+/// As `cudarc::driver::result::launch_kernel`.
+unsafe fn launch_dependent(
+    f: driver_sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    stream: driver_sys::CUstream,
+    params: &mut [*mut c_void],
+) -> std::result::Result<(), driver::DriverError> {
+    // SAFETY: an all-zero attribute is a valid (empty) value of the C
+    // struct; the id and the one field the id selects are set next.
+    let mut attr: driver_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id =
+        driver_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = driver_sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: 0,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as the caller promises; `config` and `attr` outlive the call.
+    unsafe {
+        driver_sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
     }
 }
 
@@ -205,6 +289,10 @@ impl Device {
             .load_module(Ptx::from_binary(cubin.image))
             .map_err(|e| dev_err("loading the kernel cubin", e))?;
         let text: String = nvrtc::SOURCES.iter().map(|(_, s)| *s).collect();
+        // A kernel that could return before its wait would let the next
+        // kernel overtake the one before it: refuse such a set outright.
+        signature::check_waits(&text).map_err(EngineError::Device)?;
+        let pdl = Pdl::for_device(major, std::env::var(PDL_ENV).ok().as_deref());
         let mut kernels = HashMap::new();
         for (name, params) in signature::parse(&text).map_err(EngineError::Device)? {
             let f = module
@@ -225,6 +313,7 @@ impl Device {
             kernels_hash: cubin.hash,
             kernels_origin: cubin.origin,
             compile_seconds: cubin.compile_seconds,
+            pdl,
             launches: AtomicU64::new(0),
             sync_wait_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
@@ -281,14 +370,13 @@ impl Device {
         // SAFETY: as the caller promises.
         self.gaps
             .call(name, || unsafe {
-                driver::launch_kernel(
-                    f.cu_function(),
-                    (shape.grid.0, shape.grid.1, 1),
-                    (shape.block, 1, 1),
-                    0,
-                    self.stream.cu_stream(),
-                    params,
-                )
+                let (grid, block) = ((shape.grid.0, shape.grid.1, 1), (shape.block, 1, 1));
+                let stream = self.stream.cu_stream();
+                if self.pdl.applies(self.pool.capturing()) {
+                    launch_dependent(f.cu_function(), grid, block, stream, params)
+                } else {
+                    driver::launch_kernel(f.cu_function(), grid, block, 0, stream, params)
+                }
             })
             .map_err(|e| dev_err(&format!("launching `{name}`"), e))
     }
@@ -511,4 +599,20 @@ impl Device {
 pub(super) fn ptr<T>(s: &CudaSlice<T>) -> u64 {
     let (p, _record) = s.device_ptr(s.stream());
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pdl;
+
+    #[test]
+    fn dependent_launch_needs_hopper_and_can_be_limited_or_turned_off() {
+        assert_eq!(Pdl::for_device(8, None), Pdl::Off);
+        assert_eq!(Pdl::for_device(8, Some("1")), Pdl::Off);
+        assert_eq!(Pdl::for_device(9, None), Pdl::All);
+        assert_eq!(Pdl::for_device(9, Some("0")), Pdl::Off);
+        assert_eq!(Pdl::for_device(10, Some("capture")), Pdl::Captures);
+        assert!(Pdl::Captures.applies(true) && !Pdl::Captures.applies(false));
+        assert!(Pdl::All.applies(false) && !Pdl::Off.applies(true));
+    }
 }

@@ -16,13 +16,14 @@ use crate::error::{EngineError, Result};
 const COLUMNS_PER_BLOCK: usize = 32;
 /// Output rows per block of the block-format products (a warp each).
 const ROWS_PER_BLOCK: usize = 8;
-/// Block-format matrices at least this long and at most this many output
-/// rows run `matmul_*_split` (eight warps per output row): a warp per row
+/// Block-format matrices at least this long run `matmul_*_split` (eight
+/// warps per output row, so the order depends on k alone): a warp per row
 /// left the GPU idle on the hyper-connection mixers' [4, 10240] and
-/// [320, 10240]. Expert stacks (k = 2560 or 640 at full size) never match,
-/// so a routed product keeps the bits of `matmul_block`.
+/// [320, 10240], and ran the [2560, 6144] output projections at 15%
+/// occupancy (decode 1.01–1.02× split, run 19). Expert stacks (k = 2560 or
+/// 640 at full size) never match, so a routed product keeps the bits of
+/// `matmul_block`.
 const SPLIT_FROM_K: usize = 4096;
-const SPLIT_UP_TO_N: usize = 2048;
 /// Blocks along y (pairs of a gathered product) at most; the kernel loops.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -74,7 +75,7 @@ pub(super) fn matmul(
             // One warp per output row; for few long rows a block of eight
             // warps per output row (the kernel's own order, chosen by the
             // matrix's shape alone so every row count gives the same bits).
-            let split = split_form(n, k);
+            let split = split_form(k);
             let shape = if split {
                 Shape::blocks(n, 256)
             } else if rows == 1 {
@@ -151,8 +152,8 @@ pub(super) struct ManyArgs {
 }
 
 /// Whether `matmul` runs a block matrix `[n, k]` in the split form.
-fn split_form(n: usize, k: usize) -> bool {
-    k >= SPLIT_FROM_K && n <= SPLIT_UP_TO_N
+fn split_form(k: usize) -> bool {
+    k >= SPLIT_FROM_K
 }
 
 /// [`crate::backend::Backend::matmul_many`]: one launch when the call is
@@ -196,7 +197,7 @@ fn many_in_one(
         let CudaMatrix::Block { kind, out, inp, .. } = w else {
             return Ok(None);
         };
-        let this = (*kind, split_form(*out, *inp));
+        let this = (*kind, split_form(*inp));
         let swiglu = matches!(then, Epilogue::Swiglu(_));
         let fits = *inp == k
             && *out > 0
@@ -297,7 +298,7 @@ pub(super) fn matmul_gated_mean(
         && c > 0
         && c <= MEAN_STREAMS
         && n == c * h
-        && !split_form(n, k)
+        && !split_form(k)
     {
         if x.len() != k || streams.len() != n {
             return Err(shape_err(

@@ -16,6 +16,9 @@ fn shape_err(op: &str, msg: String) -> EngineError {
 /// together); a prefill chunk keeps two (the output grid is its size).
 const STEP_ROWS: usize = 8;
 
+/// Threads per block of the register-resident delta-rule scans.
+const SCAN_THREADS: u32 = 64;
+
 pub(super) fn causal_conv_silu(
     dev: &Device,
     u: &CudaBuf,
@@ -152,7 +155,11 @@ pub(super) fn delta_rule_scan(
     if !generic {
         dev.launch(
             name,
-            Shape::elements(d.hv * d.dv),
+            // A thread holds a whole state column (dk registers), so a
+            // block of 256 filled an SM's register file and a decode
+            // step's 6144 columns ran on 24 SMs; blocks of 64 spread them
+            // over 96. Each column's operations are unchanged.
+            Shape::elements_in(d.hv * d.dv, SCAN_THREADS),
             args![
                 o.ptr(),
                 sp,

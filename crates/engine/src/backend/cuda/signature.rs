@@ -75,6 +75,58 @@ pub(super) fn parse(text: &str) -> Result<HashMap<String, Vec<Param>>, String> {
     Ok(out)
 }
 
+/// The body of the function whose signature starts at `from` (the text
+/// between its braces), and the rest after it.
+fn body_at(text: &str, from: usize) -> Option<(&str, &str)> {
+    let open = from + text[from..].find('{')?;
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    let close = open + i;
+                    return Some((&text[open + 1..close], &text[close + 1..]));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Programmatic dependent launch is only sound when no kernel reads what
+/// an earlier kernel wrote, or writes anything, before its wait
+/// (`kernels/common.cuh`): every `extern "C" __global__` kernel's first
+/// statement must be `dep_entry();`.
+pub(super) fn check_waits(text: &str) -> Result<(), String> {
+    const KERNEL: &str = "extern \"C\" __global__ void ";
+    let mut rest = text;
+    while let Some(at) = rest.find(KERNEL) {
+        let name_at = at + KERNEL.len();
+        let name = rest[name_at..]
+            .split('(')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let close = name_at
+            + rest[name_at..]
+                .find(')')
+                .ok_or("an unclosed parameter list")?;
+        let (body, after) =
+            body_at(rest, close).ok_or_else(|| format!("kernel `{name}`: no body"))?;
+        if !body.trim_start().starts_with("dep_entry();") {
+            return Err(format!(
+                "kernel `{name}` does not begin with `dep_entry();`"
+            ));
+        }
+        rest = after;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +146,21 @@ mod tests {
         assert_eq!(sigs["affine_f32"][2], Param::F32);
         assert_eq!(sigs["topk_select"][6], Param::U32);
         assert_eq!(sigs["matmul_q4_1_many"], vec![Param::Many]);
+    }
+
+    #[test]
+    fn every_embedded_kernel_waits_before_its_work() {
+        let text: String = SOURCES.iter().map(|(_, s)| *s).collect();
+        check_waits(&text).unwrap();
+    }
+
+    #[test]
+    fn kernels_that_can_skip_their_wait_are_refused() {
+        let early = "extern \"C\" __global__ void k(u64 n) { if (n) return; dep_entry(); }";
+        assert!(check_waits(early).unwrap_err().contains("`k`"));
+        let good = "extern \"C\" __global__ void a(u64 n) { dep_entry(); if (n) return; }\n\
+                    extern \"C\" __global__ void b(Many m) {\n    dep_entry();\n}";
+        check_waits(good).unwrap();
     }
 
     #[test]

@@ -287,7 +287,8 @@ fn cuda_matmul_unary_is_the_product_then_the_chain() {
 /// one-row call whose parts share a block format and kernel form (warp per
 /// row, or the split form), each part with the bits of its own
 /// `matmul_unary` (or `matmul` then `swiglu`); other calls (several rows,
-/// mixed forms) run the parts one by one, with the same bits.
+/// a SwiGLU part in the split form) run the parts one by one, with the
+/// same bits.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_matmul_many_is_each_product_alone() {
@@ -306,9 +307,10 @@ fn cuda_matmul_many_is_each_product_alone() {
         (2, Epilogue::Swiglu(Some(0.5))),
     ];
     let split: &[(usize, Epilogue)] = &[(40, Epilogue::Chain(gate)), (3, Epilogue::Chain(inject))];
-    // n = 2049 is past the split form's rows: mixed forms, one by one.
-    let mixed: &[(usize, Epilogue)] = &[(3, Epilogue::Chain(inject)), (2049, Epilogue::Chain(&[]))];
-    for (k, parts, launches) in [(608, warp, 1), (4192, split, 1), (4096, mixed, 2)] {
+    // A SwiGLU part has no split form (k ≥ 4096): the parts one by one
+    // (one launch, then the SwiGLU part's product and its swiglu).
+    let mixed: &[(usize, Epilogue)] = &[(3, Epilogue::Chain(inject)), (64, Epilogue::Swiglu(None))];
+    for (k, parts, launches) in [(608, warp, 1), (4192, split, 1), (4096, mixed, 3)] {
         for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
             let mats: Vec<_> = parts
                 .iter()

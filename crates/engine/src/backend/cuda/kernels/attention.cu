@@ -71,6 +71,16 @@ __device__ __forceinline__ void tile_partial(float* part, const float* qh, const
     const float** vp = vp_all[(threadIdx.x / 32) % ATT_WARPS];
     u64 j0 = tile * ATT_TILE;
     u64 cnt = j0 < n ? (n - j0 < ATT_TILE ? n - j0 : ATT_TILE) : 0;
+    // The tile's key and value rows asked of L2 all at once: the dots
+    // below load a row DOT_AHEAD float4s at a time, and a decode step's few
+    // warps otherwise waited a DRAM latency for each group.
+    for (int h = 0; h < 2; h++) {
+        u64 i = lane + 32 * h;
+        if (i < cnt) {
+            prefetch_l2(keys.key(j0 + i), d * 4, 0, 1);
+            prefetch_l2(keys.val(j0 + i), d * 4, 0, 1);
+        }
+    }
     float s[2] = {DS4_NEG_INF, DS4_NEG_INF};
     for (int h = 0; h < 2; h++) {
         u64 i = lane + 32 * h;
@@ -166,6 +176,7 @@ __device__ __forceinline__ void merge_chunk(float* o, const float* pw, u64 tiles
 extern "C" __global__ void attention_merge_f32(float* y, const float* parts, u64 items,
                                                u64 tiles, u64 heads, u64 d,
                                                const float* sinks) {
+    dep_entry();
     u64 chunks = (d + 31) / 32;
     FOR_EACH_WARP(w, items * chunks) {
         u64 item = w / chunks;
@@ -180,6 +191,7 @@ extern "C" __global__ void attention_causal_tiles_f32(float* parts, const float*
                                                       const u64* kptr, const u64* vptr,
                                                       u64 t_len, u64 hq, u64 hkv, u64 d,
                                                       u64 offset, u64 tiles) {
+    dep_entry();
     FOR_EACH_WARP(w, t_len * hq * tiles) {
         u64 item = w / tiles, tile = w % tiles;
         u64 i = item / hq, qh = item % hq;
@@ -196,6 +208,7 @@ extern "C" __global__ void attention_gathered_tiles_f32(float* parts, const floa
                                                         const u32* idx, const u32* counts,
                                                         u64 cap, u64 t_len, u64 hq, u64 hkv,
                                                         u64 d, float scale, u64 tiles) {
+    dep_entry();
     FOR_EACH_WARP(w, t_len * hq * tiles) {
         u64 item = w / tiles, tile = w % tiles;
         u64 i = item / hq, h = item % hq;
@@ -212,6 +225,7 @@ extern "C" __global__ void attention_window_tiles_f32(
     float* parts, const float* q, const float* window, const float* entries, u64 n_entries,
     const u32* idx, const u32* counts, u64 cap, u64 rows, u64 heads, u64 dim, u64 query_first,
     u64 window_first, u64 span, int mode, u64 ratio, float scale, u64 tiles) {
+    dep_entry();
     FOR_EACH_WARP(w, rows * heads * tiles) {
         u64 item = w / tiles, tile = w % tiles;
         u64 r = item / heads;
@@ -236,6 +250,7 @@ extern "C" __global__ void attention_window_tiles_f32(
 // Mean of each complete block of `ratio` rows: (0 + r_0 + …)/ratio.
 extern "C" __global__ void block_keys_f32(float* out, const float* raw, u64 dim, u64 ratio,
                                           u64 first, u64 count) {
+    dep_entry();
     FOR_EACH(i, count * dim) {
         u64 j = first + i / dim, c = i % dim;
         float kb = 0.0f;
@@ -250,6 +265,7 @@ extern "C" __global__ void block_keys_f32(float* out, const float* raw, u64 dim,
 extern "C" __global__ void indexer_scores_f32(float* scores, const float* q, const float* blocks,
                                               u64 rows, u64 stride, u64 base, u64 heads,
                                               u64 dim, u64 ratio, float scale) {
+    dep_entry();
     FOR_EACH(i, rows * stride) {
         u64 r = i / stride, j = i % stride;
         if (j >= (base + r + 1) / ratio) continue;
@@ -269,6 +285,7 @@ extern "C" __global__ void indexer_scores_heads_f32(float* scores, const float* 
                                                     const float* blocks, u64 rows, u64 stride,
                                                     u64 base, u64 heads, u64 dim, u64 ratio,
                                                     float scale) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     FOR_EACH_WARP(i, rows * stride) {
         u64 r = i / stride, j = i % stride;
@@ -290,6 +307,7 @@ extern "C" __global__ void attention_causal_tiles_step_f32(float* parts, const f
                                                            const u64* kptr, const u64* vptr,
                                                            u64 t_len, u64 hq, u64 hkv, u64 d,
                                                            const u32* step, u64 cap_tiles) {
+    dep_entry();
     u64 offset = step[0];
     u64 tiles = (offset + t_len + ATT_TILE - 1) / ATT_TILE;
     FOR_EACH_WARP(w, t_len * hq * cap_tiles) {
@@ -305,6 +323,7 @@ extern "C" __global__ void attention_causal_tiles_step_f32(float* parts, const f
 extern "C" __global__ void attention_merge_step_f32(float* y, const float* parts, u64 items,
                                                     u64 cap_tiles, u64 t_len, u64 d,
                                                     const u32* step) {
+    dep_entry();
     u64 tiles = ((u64)step[0] + t_len + ATT_TILE - 1) / ATT_TILE;
     u64 chunks = (d + 31) / 32;
     FOR_EACH_WARP(w, items * chunks) {

@@ -141,3 +141,34 @@ __device__ __forceinline__ float dot_seq(const float* a, const float* b, int n) 
     for (; e < n; e++) s += a[e] * b[e];
     return s;
 }
+
+// Programmatic dependent launch (sm_90 and later; `Device::launch_raw`
+// sets the launch attribute): a kernel may be launched while the one
+// before it on the stream still runs. Every kernel begins with
+// `dep_entry()`, before it reads or writes anything: its wait returns when
+// the kernel before has completed and its memory is visible, and since
+// that kernel waited on its own predecessor the same holds down the
+// stream. So no value any kernel reads or writes changes; only the next
+// kernel's launch overlaps the kernel before (decode 1.12×, run 19,
+// `docs/GPU.md`). A kernel lets its dependent launch only after its own
+// wait: released at entry instead, a kernel two ahead could launch and
+// hold SM slots while waiting (prefill 368 against 374 tok/s). Products
+// prefetching their weights into L2 before the wait gained nothing (run
+// 19). `Device::open` refuses a kernel set in which a kernel does not
+// begin with the entry (`signature::check_waits`). Without the launch
+// attribute (older GPUs, `DS4_CUDA_PDL=0`) both instructions are no-ops.
+__device__ __forceinline__ void dep_entry() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Ask L2 for the 128-byte lines of [p, p + bytes), thread t of nt taking
+// every nt-th line (lines start at the one holding p, so every line asked
+// for holds bytes of the range). A hint: it reads nothing into registers.
+__device__ __forceinline__ void prefetch_l2(const void* p, u64 bytes, u64 t, u64 nt) {
+    u64 a = (u64)p, end = a + bytes;
+    for (u64 l = (a & ~(u64)127) + t * 128; l < end; l += nt * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
+}

@@ -5,6 +5,7 @@
 // kv, gate: [n·slots, dim] → [n, dim].
 extern "C" __global__ void softmax_pool_f32(float* out, const float* kv, const float* gate,
                                             u64 n, u64 slots, u64 dim) {
+    dep_entry();
     FOR_EACH(i, n * dim) {
         u64 g = i / dim, c = i % dim;
         const float* kg = kv + g * slots * dim;
@@ -23,6 +24,7 @@ extern "C" __global__ void softmax_pool_f32(float* out, const float* kv, const f
 extern "C" __global__ void index_scores_f32(float* out, const float* q, const float* w,
                                             const float* keys, u64 rows, u64 n_keys, u64 heads,
                                             u64 dim, float scale, float w_scale) {
+    dep_entry();
     FOR_EACH(i, rows * n_keys) {
         u64 r = i / n_keys, e = i % n_keys;
         float s = 0.0f;

@@ -4,25 +4,30 @@
 // two).
 
 extern "C" __global__ void add_f32(float* y, const float* a, const float* b, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = a[i] + b[i];
 }
 
 extern "C" __global__ void mul_f32(float* y, const float* a, const float* b, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = a[i] * b[i];
 }
 
 // `map` passes n last: y, x, b, width, n.
 extern "C" __global__ void add_bias_f32(float* y, const float* x, const float* b, u64 width, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = x[i] + b[i % width];
 }
 
 // 0.5·x·(1 + erf(x·(1/√2))), the CPU's order.
 extern "C" __global__ void gelu_erf_f32(float* y, const float* x, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710677f));
 }
 
 // 0.5·x·(1 + tanh(β·(x + κ·x³))), the CPU's order.
 extern "C" __global__ void gelu_tanh_f32(float* y, const float* x, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) {
         float v = x[i];
         float inner = 0.7978846f * (v + 0.044715f * v * v * v);
@@ -31,14 +36,17 @@ extern "C" __global__ void gelu_tanh_f32(float* y, const float* x, u64 n) {
 }
 
 extern "C" __global__ void affine_f32(float* y, const float* x, float mul, float add, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = x[i] * mul + add;
 }
 
 extern "C" __global__ void silu_f32(float* y, const float* x, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
 extern "C" __global__ void sigmoid_f32(float* y, const float* x, u64 n) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = 1.0f / (expf(-x[i]) + 1.0f);
 }
 
@@ -67,6 +75,7 @@ struct Chain {
 extern "C" __global__ void unary_chain_f32(float* y, const float* x, int steps, int k0, float a0,
                                            float b0, int k1, float a1, float b1, int k2, float a2,
                                            float b2, int k3, float a3, float b3, u64 n) {
+    dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
     FOR_EACH(i, n) y[i] = c.apply(x[i]);
 }
@@ -83,6 +92,7 @@ __device__ __forceinline__ float swiglu_one(float g, float u, int has_limit, flo
 // gu: [rows, 2I] rows `[g | u]` → [rows, I].
 extern "C" __global__ void swiglu_f32(float* y, const float* gu, u64 rows, u64 inter,
                                       int has_limit, float limit) {
+    dep_entry();
     FOR_EACH(i, rows * inter) {
         u64 r = i / inter, c = i % inter;
         y[i] = swiglu_one(gu[r * 2 * inter + c], gu[r * 2 * inter + inter + c], has_limit, limit);
@@ -92,6 +102,7 @@ extern "C" __global__ void swiglu_f32(float* y, const float* gu, u64 rows, u64 i
 // neg_a[h]·softplus(a + dt_bias[h]), softplus linear above 20.
 extern "C" __global__ void softplus_decay_f32(float* y, const float* a, const float* neg_a,
                                               const float* dt_bias, u64 n, u64 h) {
+    dep_entry();
     FOR_EACH(i, n) {
         u64 j = i % h;
         float x = a[i] + dt_bias[j];
@@ -102,6 +113,7 @@ extern "C" __global__ void softplus_decay_f32(float* y, const float* a, const fl
 
 extern "C" __global__ void scale_rows_f32(float* y, const float* x, const float* s, u64 n,
                                           u64 width) {
+    dep_entry();
     FOR_EACH(i, n) y[i] = x[i] * s[i / width];
 }
 
@@ -110,6 +122,7 @@ extern "C" __global__ void scale_rows_f32(float* y, const float* x, const float*
 // expf), so the bits of the three launches.
 extern "C" __global__ void add_gated_rows_f32(float* y, const float* base, const float* x,
                                               const float* g, u64 n, u64 width) {
+    dep_entry();
     FOR_EACH(i, n) {
         float s = 1.0f / (expf(-g[i / width]) + 1.0f);
         float t = x[i] * s;
@@ -124,6 +137,7 @@ extern "C" __global__ void add_gated_rows_f32(float* y, const float* base, const
 extern "C" __global__ void ple_gate_f32(float* out, const float* key, const float* qry,
                                         const float* val, u64 tokens, u64 c, u64 h,
                                         float inv_sqrt_h) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     u64 warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 i = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < tokens * c;
@@ -144,6 +158,7 @@ extern "C" __global__ void ple_gate_f32(float* out, const float* key, const floa
 
 // x: [rows, H] → [rows, C·H].
 extern "C" __global__ void tile_streams_f32(float* y, const float* x, u64 rows, u64 c, u64 h) {
+    dep_entry();
     FOR_EACH(i, rows * c * h) {
         u64 r = i / (c * h), j = i % h;
         y[i] = x[r * h + j];
@@ -153,6 +168,7 @@ extern "C" __global__ void tile_streams_f32(float* y, const float* x, u64 rows, 
 // (0 + x_0 + … + x_{C−1})·inv + 0.
 extern "C" __global__ void mean_streams_f32(float* y, const float* x, u64 rows, u64 c, u64 h,
                                             float inv) {
+    dep_entry();
     FOR_EACH(i, rows * h) {
         u64 r = i / h, j = i % h;
         float s = 0.0f;
@@ -165,6 +181,7 @@ extern "C" __global__ void mean_streams_f32(float* y, const float* x, u64 rows, 
 // rounded to f32 as the three kernels above round them.
 extern "C" __global__ void gated_mean_streams_f32(float* y, const float* g, const float* x,
                                                   u64 rows, u64 c, u64 h, float inv) {
+    dep_entry();
     FOR_EACH(i, rows * h) {
         u64 r = i / h, j = i % h;
         float s = 0.0f;
@@ -180,6 +197,7 @@ extern "C" __global__ void gated_mean_streams_f32(float* y, const float* g, cons
 // X + concat_s(inj_s·y).
 extern "C" __global__ void inject_streams_f32(float* out, const float* xs, const float* y,
                                               const float* inj, u64 rows, u64 c, u64 h) {
+    dep_entry();
     FOR_EACH(i, rows * c * h) {
         u64 t = i / (c * h), s = (i / h) % c, j = i % h;
         out[i] = xs[i] + inj[t * c + s] * y[t * h + j];
@@ -191,6 +209,7 @@ extern "C" __global__ void inject_streams_f32(float* out, const float* xs, const
 extern "C" __global__ void kda_gate_f32(float* y, const float* f, const float* a,
                                         const float* dt_bias, u64 n, u64 c, u64 dim,
                                         int has_lb, float lb) {
+    dep_entry();
     FOR_EACH(i, n) {
         u64 ch = i % c;
         float x = f[i] + dt_bias[ch];

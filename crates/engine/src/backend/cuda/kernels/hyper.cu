@@ -6,6 +6,7 @@
 extern "C" __global__ void hc_sinkhorn_f32(float* out, const float* z, const float* base,
                                            const float* scale, u64 rows, int n, int iters,
                                            float eps) {
+    dep_entry();
     FOR_EACH(r, rows) {
         int w = (2 + n) * n;
         const float* zr = z + r * w;
@@ -48,6 +49,7 @@ extern "C" __global__ void hc_sinkhorn_f32(float* out, const float* z, const flo
 // x[r, e] = Σ_s pre[r, s]·X[r, s, e], streams in order from 0.
 extern "C" __global__ void hc_pre_f32(float* out, const float* xs, const float* mix, u64 rows,
                                       int n, u64 d) {
+    dep_entry();
     int w = (2 + n) * n;
     FOR_EACH(i, rows * d) {
         u64 r = i / d, e = i % d;
@@ -60,6 +62,7 @@ extern "C" __global__ void hc_pre_f32(float* out, const float* xs, const float* 
 // X'[r, k, e] = post[r, k]·y[r, e] + Σ_j C[r, j, k]·X[r, j, e].
 extern "C" __global__ void hc_post_f32(float* out, const float* xs, const float* y,
                                        const float* mix, u64 rows, int n, u64 d) {
+    dep_entry();
     int w = (2 + n) * n;
     FOR_EACH(i, rows * n * d) {
         u64 r = i / (n * d), k = (i / d) % n, e = i % d;

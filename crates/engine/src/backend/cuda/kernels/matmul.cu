@@ -28,6 +28,7 @@ __device__ __forceinline__ float group8_sum(float a, unsigned mask) {
 
 extern "C" __global__ void matmul_f32(float* y, const float* x, u64 rows, const float* w, u64 n,
                                       u64 k) {
+    dep_entry();
     u64 j = (u64)blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
     if (j >= n) return;
     unsigned lane = threadIdx.x & 7, mask = group_mask();
@@ -61,6 +62,7 @@ extern "C" __global__ void matmul_f32(float* y, const float* x, u64 rows, const 
 extern "C" __global__ void matmul_f32_gather(float* y, const float* x, u64 x_div,
                                              const u32* experts, u64 pairs, const float* w,
                                              u64 n, u64 k) {
+    dep_entry();
     u64 j = (u64)blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
     if (j >= n) return;
     unsigned lane = threadIdx.x & 7, mask = group_mask();
@@ -82,6 +84,7 @@ extern "C" __global__ void matmul_f32_gather(float* y, const float* x, u64 x_div
 // out[r, h] = Σ_s weights[r, s]·ys[r·k + s, h], slots in order from 0.
 extern "C" __global__ void experts_combine(float* out, const float* ys, const float* weights,
                                            u64 rows, u64 top_k, u64 h) {
+    dep_entry();
     FOR_EACH(i, rows * h) {
         u64 r = i / h, e = i % h;
         float o = 0.0f;
@@ -96,6 +99,7 @@ extern "C" __global__ void experts_combine(float* out, const float* ys, const fl
 extern "C" __global__ void experts_combine_gated(float* out, const float* ys,
                                                  const float* weights, u64 rows, u64 top_k,
                                                  u64 h, const float* shared, const float* gate) {
+    dep_entry();
     FOR_EACH(i, rows * h) {
         u64 r = i / h, e = i % h;
         float o = 0.0f;
@@ -353,14 +357,14 @@ __device__ __forceinline__ void matmul_block_one(float* y, const float* x, const
     }
 }
 
-// Short and long block-format matrices (k ≥ 4096, at most 2048 output rows:
-// the hyper-connection mixers' [4, 10240] and [320, 10240]), where a warp
-// per output row left most of the GPU idle: a block of MM_SPLIT warps per
-// output row, warp w taking the eight-block steps ≡ w (mod MM_SPLIT) in
-// order with `matmul_block`'s lane arithmetic, each warp's butterfly, then
-// the MM_SPLIT warp sums in warp order from +0. The order depends on
-// (n, k) alone (the launch picks this kernel by the matrix's shape, never
-// by the row count), so every row count gives the same bits.
+// Long block-format matrices (k ≥ 4096: the hyper-connection mixers'
+// [4, 10240] and [320, 10240], the [2560, 6144] output projections), where
+// a warp per output row left much of the GPU idle: a block of MM_SPLIT
+// warps per output row, warp w taking the eight-block steps ≡ w (mod
+// MM_SPLIT) in order with `matmul_block`'s lane arithmetic, each warp's
+// butterfly, then the MM_SPLIT warp sums in warp order from +0. The order
+// depends on k alone (the launch picks this kernel by k, never by the row
+// count), so every row count gives the same bits.
 // `ONE`: the one-row form (a kernel of its own, as `matmul_block_one`).
 #define MM_SPLIT 8
 
@@ -424,6 +428,7 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
 
 extern "C" __global__ void matmul_q4_1_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
+    dep_entry();
     matmul_block_split<1, 0>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
 }
 
@@ -432,12 +437,14 @@ extern "C" __global__ void matmul_q4_1_split_one(float* y, const float* x, const
                                                  int k0, float a0, float b0, int k1, float a1,
                                                  float b1, int k2, float a2, float b2, int k3,
                                                  float a3, float b3) {
+    dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
     matmul_block_split<1, 1>(y, x, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q8_0_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
+    dep_entry();
     matmul_block_split<0, 0>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
 }
 
@@ -446,17 +453,20 @@ extern "C" __global__ void matmul_q8_0_split_one(float* y, const float* x, const
                                                  int k0, float a0, float b0, int k1, float a1,
                                                  float b1, int k2, float a2, float b2, int k3,
                                                  float a3, float b3) {
+    dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
     matmul_block_split<0, 1>(y, x, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
+    dep_entry();
     matmul_block<1>(y, x, rows, dm, quants, n, k);
 }
 
 extern "C" __global__ void matmul_q8_0(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
+    dep_entry();
     matmul_block<0>(y, x, rows, dm, quants, n, k);
 }
 
@@ -464,6 +474,7 @@ extern "C" __global__ void matmul_q4_1_one(float* y, const float* x, const u32* 
                                            const u8* quants, u64 n, u64 k, int steps, int k0,
                                            float a0, float b0, int k1, float a1, float b1, int k2,
                                            float a2, float b2, int k3, float a3, float b3) {
+    dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
     matmul_block_one<1>(y, x, dm, quants, n, k, c);
 }
@@ -472,6 +483,7 @@ extern "C" __global__ void matmul_q8_0_one(float* y, const float* x, const u32* 
                                            const u8* quants, u64 n, u64 k, int steps, int k0,
                                            float a0, float b0, int k1, float a1, float b1, int k2,
                                            float a2, float b2, int k3, float a3, float b3) {
+    dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
     matmul_block_one<0>(y, x, dm, quants, n, k, c);
 }
@@ -551,12 +563,30 @@ __device__ __forceinline__ void matmul_block_split_many(const Many& m) {
     if (threadIdx.x == 0) p.y[j] = p.c.apply(s);
 }
 
-extern "C" __global__ void matmul_q4_1_many(Many m) { matmul_block_many<1, 0>(m); }
-extern "C" __global__ void matmul_q8_0_many(Many m) { matmul_block_many<0, 0>(m); }
-extern "C" __global__ void matmul_q4_1_many_swiglu(Many m) { matmul_block_many<1, 1>(m); }
-extern "C" __global__ void matmul_q8_0_many_swiglu(Many m) { matmul_block_many<0, 1>(m); }
-extern "C" __global__ void matmul_q4_1_split_many(Many m) { matmul_block_split_many<1>(m); }
-extern "C" __global__ void matmul_q8_0_split_many(Many m) { matmul_block_split_many<0>(m); }
+extern "C" __global__ void matmul_q4_1_many(Many m) {
+    dep_entry();
+    matmul_block_many<1, 0>(m);
+}
+extern "C" __global__ void matmul_q8_0_many(Many m) {
+    dep_entry();
+    matmul_block_many<0, 0>(m);
+}
+extern "C" __global__ void matmul_q4_1_many_swiglu(Many m) {
+    dep_entry();
+    matmul_block_many<1, 1>(m);
+}
+extern "C" __global__ void matmul_q8_0_many_swiglu(Many m) {
+    dep_entry();
+    matmul_block_many<0, 1>(m);
+}
+extern "C" __global__ void matmul_q4_1_split_many(Many m) {
+    dep_entry();
+    matmul_block_split_many<1>(m);
+}
+extern "C" __global__ void matmul_q8_0_split_many(Many m) {
+    dep_entry();
+    matmul_block_split_many<0>(m);
+}
 
 // The gated-residual mix with its gates as a product, one activation row
 // (`Backend::matmul_gated_mean`): a warp per output column j < h computes
@@ -577,7 +607,12 @@ __device__ __forceinline__ void matmul_block_gated_mean(float* y, const float* x
     // The stream gates four rows at a time, their loads in flight
     // together (`block_steps_rows`, two steps ahead: a mix's k = 320 is
     // ten blocks, two steps).
-    float g[MEAN_STREAMS];
+    // The streams loaded before the gates (they do not depend on them): a
+    // load after the gates' butterflies was one more memory latency at the
+    // end of every launch (decode 1.01×, run 19).
+    float g[MEAN_STREAMS], sv[MEAN_STREAMS];
+#pragma unroll
+    for (int st = 0; st < MEAN_STREAMS; st++) sv[st] = (u64)st < c ? streams[st * h + j] : 0.0f;
 #pragma unroll
     for (int s0 = 0; s0 < MEAN_STREAMS; s0 += 4) {
         if ((u64)s0 < c) {
@@ -602,7 +637,7 @@ __device__ __forceinline__ void matmul_block_gated_mean(float* y, const float* x
         for (int st = 0; st < MEAN_STREAMS; st++) {
             if ((u64)st < c) {
                 float m = 1.0f / (expf(-g[st]) + 1.0f);
-                s += m * streams[st * h + j];
+                s += m * sv[st];
             }
         }
         y[j] = s * inv + 0.0f;
@@ -612,12 +647,14 @@ __device__ __forceinline__ void matmul_block_gated_mean(float* y, const float* x
 extern "C" __global__ void matmul_q4_1_gated_mean(float* y, const float* x, const u32* dm,
                                                   const u8* quants, const float* streams, u64 c,
                                                   u64 h, u64 k, float inv) {
+    dep_entry();
     matmul_block_gated_mean<1>(y, x, dm, quants, streams, c, h, k, inv);
 }
 
 extern "C" __global__ void matmul_q8_0_gated_mean(float* y, const float* x, const u32* dm,
                                                   const u8* quants, const float* streams, u64 c,
                                                   u64 h, u64 k, float inv) {
+    dep_entry();
     matmul_block_gated_mean<0>(y, x, dm, quants, streams, c, h, k, inv);
 }
 
@@ -664,12 +701,14 @@ __device__ __forceinline__ void matmul_block_gather(float* y, const float* x, u6
 extern "C" __global__ void matmul_q4_1_gather(float* y, const float* x, u64 x_div,
                                               const u32* experts, u64 pairs, const u32* dm,
                                               const u8* quants, u64 n, u64 k) {
+    dep_entry();
     matmul_block_gather<1, 0>(y, x, x_div, experts, pairs, dm, quants, n, k, 0, 0.0f);
 }
 
 extern "C" __global__ void matmul_q8_0_gather(float* y, const float* x, u64 x_div,
                                               const u32* experts, u64 pairs, const u32* dm,
                                               const u8* quants, u64 n, u64 k) {
+    dep_entry();
     matmul_block_gather<0, 0>(y, x, x_div, experts, pairs, dm, quants, n, k, 0, 0.0f);
 }
 
@@ -677,6 +716,7 @@ extern "C" __global__ void matmul_q4_1_gather_swiglu(float* y, const float* x, u
                                                      const u32* experts, u64 pairs,
                                                      const u32* dm, const u8* quants, u64 n,
                                                      u64 k, int has_limit, float limit) {
+    dep_entry();
     matmul_block_gather<1, 1>(y, x, x_div, experts, pairs, dm, quants, n, k, has_limit, limit);
 }
 
@@ -684,5 +724,6 @@ extern "C" __global__ void matmul_q8_0_gather_swiglu(float* y, const float* x, u
                                                      const u32* experts, u64 pairs,
                                                      const u32* dm, const u8* quants, u64 n,
                                                      u64 k, int has_limit, float limit) {
+    dep_entry();
     matmul_block_gather<0, 1>(y, x, x_div, experts, pairs, dm, quants, n, k, has_limit, limit);
 }

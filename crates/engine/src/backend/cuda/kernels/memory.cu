@@ -4,6 +4,7 @@
 // dst[r·dst_stride + dst_off + c] = src[r·src_stride + src_off + c].
 extern "C" __global__ void copy2d(float* dst, u64 dst_stride, u64 dst_off, const float* src,
                                   u64 src_stride, u64 src_off, u64 nrows, u64 ncols) {
+    dep_entry();
     FOR_EACH(i, nrows * ncols) {
         u64 r = i / ncols, c = i % ncols;
         dst[r * dst_stride + dst_off + c] = src[r * src_stride + src_off + c];
@@ -15,6 +16,7 @@ extern "C" __global__ void copy2d(float* dst, u64 dst_stride, u64 dst_off, const
 extern "C" __global__ void split_cols4(float* d0, float* d1, float* d2, float* d3,
                                        const float* src, u64 nrows, u64 w0, u64 w1, u64 w2,
                                        u64 w3) {
+    dep_entry();
     u64 period = w0 + w1 + w2 + w3;
     FOR_EACH(i, nrows * period) {
         u64 r = i / period, c = i % period;
@@ -34,6 +36,7 @@ extern "C" __global__ void split_cols4(float* d0, float* d1, float* d2, float* d
 // Rows `ids` of an f32 table `[V, width]`.
 extern "C" __global__ void gather_f32(float* dst, const float* table, const u32* ids, u64 n,
                                       u64 width) {
+    dep_entry();
     FOR_EACH(i, n * width) {
         u64 r = i / width, c = i % width;
         dst[i] = table[(u64)ids[r] * width + c];
@@ -44,6 +47,7 @@ extern "C" __global__ void gather_f32(float* dst, const float* table, const u32*
 // `q·d`, exact in f32.
 extern "C" __global__ void gather_q8_0(float* dst, const u8* table, const u32* ids, u64 n,
                                        u64 width) {
+    dep_entry();
     u64 row_bytes = width / 32 * 34;
     FOR_EACH(i, n * width) {
         u64 r = i / width, c = i % width;
@@ -57,6 +61,7 @@ extern "C" __global__ void gather_q8_0(float* dst, const u8* table, const u32* i
 // 16]`): `u·d + m`, rounded once (u·d is exact), as candle's dequantize.
 extern "C" __global__ void gather_q4_1(float* dst, const u8* table, const u32* ids, u64 n,
                                        u64 width) {
+    dep_entry();
     u64 row_bytes = width / 32 * 20;
     FOR_EACH(i, n * width) {
         u64 r = i / width, c = i % width;
@@ -76,6 +81,7 @@ extern "C" __global__ void gather_q4_1(float* dst, const u8* table, const u32* i
 // dst = rows pos .. pos + n/width of src [_, width].
 extern "C" __global__ void rows_step_f32(float* dst, const float* src, u64 width, u64 n,
                                          const u32* step) {
+    dep_entry();
     u64 at = (u64)step[0] * width;
     FOR_EACH(i, n) dst[i] = src[at + i];
 }
@@ -83,6 +89,7 @@ extern "C" __global__ void rows_step_f32(float* dst, const float* src, u64 width
 // Rows pos .. of dst [_, width] = src (n values).
 extern "C" __global__ void write_rows_step_f32(float* dst, const float* src, u64 width, u64 n,
                                                const u32* step) {
+    dep_entry();
     u64 at = (u64)step[0] * width;
     FOR_EACH(i, n) dst[at + i] = src[i];
 }

@@ -17,6 +17,7 @@ __device__ __forceinline__ float slice_sumsq(const float* x, u64 n) {
 // Llama RMSNorm (candle's formula): x / sqrt(Σx²/n + eps) · w.
 extern "C" __global__ void rms_norm_f32(float* y, const float* x, const float* w, u64 rows,
                                         u64 width, float eps) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     FOR_EACH_WARP(r, rows) {
         const float* xr = x + r * width;
@@ -41,6 +42,7 @@ extern "C" __global__ void rms_norm_f32(float* y, const float* x, const float* w
 extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const float* scale,
                                                 u64 slices, u64 width, u64 group, float inv_n,
                                                 float eps) {
+    dep_entry();
     __shared__ float part[GROUPED_THREADS / 32];
     unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     bool in_regs = group <= (u64)GROUPED_THREADS * GROUPED_REG;
@@ -87,6 +89,7 @@ extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const 
 // In place per dim-slice: x·(1/sqrt(Σx²/dim + eps))·scale.
 extern "C" __global__ void rms_norm_heads_f32(float* x, const float* scale, u64 slices, u64 dim,
                                               float eps) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     FOR_EACH_WARP(s, slices) {
         float* xs = x + s * dim;
@@ -98,6 +101,7 @@ extern "C" __global__ void rms_norm_heads_f32(float* x, const float* scale, u64 
 
 // In place per dim-slice: x·(1/sqrt(Σx² + 1e-6)·scale).
 extern "C" __global__ void l2_norm_heads_f32(float* x, u64 slices, u64 dim, float scale) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     FOR_EACH_WARP(s, slices) {
         float* xs = x + s * dim;
@@ -111,6 +115,7 @@ extern "C" __global__ void l2_norm_heads_f32(float* x, u64 slices, u64 dim, floa
 extern "C" __global__ void gated_rms_norm_f32(float* y, const float* o, const float* z,
                                               const float* w, u64 slices, u64 dim, float eps,
                                               int silu) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     FOR_EACH_WARP(s, slices) {
         const float* os = o + s * dim;
@@ -128,6 +133,7 @@ extern "C" __global__ void gated_rms_norm_f32(float* y, const float* o, const fl
 // interleaved over the head's trailing 2·half dims.
 extern "C" __global__ void rope_f32(float* x, const float* cs, const float* sn, u64 rows,
                                     u64 heads, u64 head_dim, u64 half, int layout) {
+    dep_entry();
     FOR_EACH(t, rows * heads * half) {
         u64 r = t / (heads * half), h = (t / half) % heads, i = t % half;
         float* hd = x + (r * heads + h) * head_dim;
@@ -149,6 +155,7 @@ extern "C" __global__ void rope_f32(float* x, const float* cs, const float* sn, 
 // biased variance by the warp order above, then (x − mean)·inv·w + b.
 extern "C" __global__ void layer_norm_f32(float* y, const float* x, const float* w,
                                           const float* b, u64 rows, u64 width, float eps) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     FOR_EACH_WARP(r, rows) {
         const float* xr = x + r * width;

@@ -13,6 +13,7 @@ __device__ __forceinline__ float conv_row(const float* window, const float* u, u
 extern "C" __global__ void causal_conv_silu_f32(float* out, const float* u, const float* window,
                                                 const float* w, u64 t_len, u64 channels,
                                                 u64 kernel, u64 dilation, u64 hist) {
+    dep_entry();
     FOR_EACH(i, t_len * channels) {
         u64 t = i / channels, c = i % channels;
         float acc = 0.0f;
@@ -26,6 +27,7 @@ extern "C" __global__ void causal_conv_silu_f32(float* out, const float* u, cons
 // old window is still being read).
 extern "C" __global__ void conv_window_f32(float* next, const float* u, const float* window,
                                            u64 t_len, u64 channels, u64 hist) {
+    dep_entry();
     FOR_EACH(i, hist * channels) {
         u64 q = i / channels + t_len, c = i % channels;
         next[i] = conv_row(window, u, hist, q, channels, c);
@@ -40,6 +42,7 @@ extern "C" __global__ void causal_conv_silu_window_f32(float* out, float* next, 
                                                        const float* window, const float* w,
                                                        u64 t_len, u64 channels, u64 kernel,
                                                        u64 dilation, u64 hist) {
+    dep_entry();
     u64 n_out = t_len * channels, n_next = hist * channels;
     FOR_EACH(i, n_out > n_next ? n_out : n_next) {
         u64 c = i % channels;
@@ -62,6 +65,7 @@ extern "C" __global__ void delta_rule_scan_f32(float* o, float* s, const float* 
                                                const float* k, const float* v, const float* g,
                                                const float* beta, u64 t_len, u64 hk, u64 hv,
                                                u64 dk, u64 dv, int per_channel) {
+    dep_entry();
     FOR_EACH(i, hv * dv) {
         u64 j = i / dv, b = i % dv;
         u64 kh = j / (hv / hk);
@@ -143,6 +147,7 @@ extern "C" __global__ void delta_rule_scan_dk128_f32(float* o, float* s, const f
                                                      const float* g, const float* beta,
                                                      u64 t_len, u64 hk, u64 hv, u64 dv,
                                                      int per_channel) {
+    dep_entry();
     delta_rule_scan_reg<128>(o, s, q, k, v, g, beta, t_len, hk, hv, dv, per_channel);
 }
 
@@ -151,5 +156,6 @@ extern "C" __global__ void delta_rule_scan_dk64_f32(float* o, float* s, const fl
                                                     const float* g, const float* beta,
                                                     u64 t_len, u64 hk, u64 hv, u64 dv,
                                                     int per_channel) {
+    dep_entry();
     delta_rule_scan_reg<64>(o, s, q, k, v, g, beta, t_len, hk, hv, dv, per_channel);
 }

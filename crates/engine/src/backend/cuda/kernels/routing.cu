@@ -13,6 +13,7 @@
 extern "C" __global__ void topk_select(u32* out, u32* counts, const float* scores, u64 stride,
                                        const u32* limits, const u32* visible, u32 k, u32 ratio,
                                        u64 cap) {
+    dep_entry();
     __shared__ u32 hist[256];
     __shared__ u32 pre_gt[TOPK_THREADS + 1], pre_eq[TOPK_THREADS + 1];
     __shared__ u32 sh_prefix, sh_remaining;
@@ -153,6 +154,7 @@ __device__ __forceinline__ u32 warp_argbest(u64 lo, u64 hi, F value, S skip) {
 extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
                                                   const float* logits, u64 rows, u64 n_exp,
                                                   int k, int renormalise) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     for (u64 r = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
          r += (u64)gridDim.x * (blockDim.x / 32)) {
@@ -260,6 +262,7 @@ extern "C" __global__ void route_scored_f32(u32* experts, float* weights, const 
                                             u64 n_exp, int k, int sigmoid, int groups,
                                             int keep, int renormalise, float scale,
                                             float masked) {
+    dep_entry();
     unsigned lane = threadIdx.x & 31;
     for (u64 r = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
          r += (u64)gridDim.x * (blockDim.x / 32)) {
@@ -321,6 +324,7 @@ extern "C" __global__ void route_scored_f32(u32* experts, float* weights, const 
 extern "C" __global__ void expand_pools(u32* out, u32* out_counts, const u32* idx,
                                         const u32* counts, u64 cap, u64 rows, u64 base,
                                         u64 pool, int tail, u64 out_cap) {
+    dep_entry();
     FOR_EACH(s, rows * out_cap) {
         u64 r = s / out_cap, i = s % out_cap;
         u64 t = base + r;

@@ -13,6 +13,7 @@ __device__ __forceinline__ u64 synth_hash(u64 seed, u64 i) {
 }
 
 extern "C" __global__ void synth_q4_1(u32* dm, u8* quants, u64 blocks, u64 seed, u32 dm_word) {
+    dep_entry();
     FOR_EACH(b, blocks) {
         dm[b] = dm_word;
         u64 g[2] = {synth_hash(seed, 2 * b), synth_hash(seed, 2 * b + 1)};
