@@ -117,10 +117,13 @@ pub(super) fn matmul(
     }
 }
 
-/// Output rows per warp of the one-row and routed block products
-/// (`matmul_block_one` and the routed product's `two_row_sums` in
-/// `matmul.cu`).
+/// Output rows per warp of the one-row block products (`matmul_block_one`
+/// in `matmul.cu`).
 const ONE_ROWS: usize = 2;
+
+/// Output rows per warp of the routed block products without SwiGLU
+/// (`four_row_sums` in `matmul.cu`).
+const GATHER_ROWS: usize = 4;
 
 /// Products in one `matmul_*_many` launch at most (`MANY_PARTS` in
 /// `matmul.cu`).
@@ -488,7 +491,7 @@ fn gather_product(
             };
             dev.launch(
                 name,
-                gather_rows(n.div_ceil(ONE_ROWS), pairs),
+                gather_rows(n.div_ceil(GATHER_ROWS), pairs),
                 args![
                     y.ptr(),
                     x.ptr(),
