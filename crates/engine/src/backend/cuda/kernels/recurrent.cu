@@ -130,11 +130,11 @@ __device__ __forceinline__ void delta_rule_scan_reg(float* o, float* s, const fl
 #pragma unroll
             for (int a0 = 0; a0 < DK; a0 += SCAN_CHUNK) {
                 // Keys loaded a chunk at a time (the empty asm keeps loads
-                // from moving across chunks; the operations and their order are
-                // unchanged):
-                // with every load of the unrolled loop hoisted, the keys
-                // and the state column together spilled out of registers
-                // (spill instructions 206 → 129, decode 1.01–1.02×, run 19).
+                // from moving across chunks; the operations and their
+                // order are unchanged): with every load of the unrolled
+                // loop hoisted, the keys and the state column together
+                // spilled out of registers (spill instructions 206 → 129,
+                // decode 1.01–1.02×, run 19).
                 asm volatile("" ::: "memory");
 #pragma unroll
                 for (int a = a0; a < a0 + SCAN_CHUNK; a++) mem += sc[a] * kv[a];
