@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use ds4_engine::backend::{Backend, CpuOps};
+use ds4_engine::backend::cuda::Pdl;
+use ds4_engine::backend::{Backend, CpuOps, CudaOps};
 use ds4_engine::decode::{self, LiveSession, Observe, TurnConfig, TurnRequest};
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
 use ds4_engine::families::glm5_next::Glm5NextModel;
@@ -553,6 +554,70 @@ fn cuda_llama_graph_steps_equal_eager() {
     }
 }
 
+/// A qwen4_exp session: a 6-token prefill, then single steps and windows
+/// of 2–4 rows, every forward's logits as bits.
+fn qwen4_exp_session(gm: &Qwen4ExpModel<CudaOps>) -> Vec<Vec<u32>> {
+    let toks = prompt(78, 80, gm.vocab_size());
+    let mut s = gm.new_state();
+    let mut out = vec![bits(
+        &gm.forward(&toks[..6], &mut s, LogitsRows::All)
+            .unwrap()
+            .logits,
+    )];
+    let (mut at, mut rows) = (6, 1);
+    while at + rows <= 78 {
+        let mode = if rows == 1 {
+            LogitsRows::Last
+        } else {
+            LogitsRows::All
+        };
+        let o = gm.forward(&toks[at..at + rows], &mut s, mode).unwrap();
+        out.push(bits(&o.logits));
+        at += rows;
+        rows = if at < 30 { 1 } else { rows % 4 + 1 };
+    }
+    out
+}
+
+/// Programmatic dependent launch (a kernel launched while the one before
+/// it runs, waiting at its entry) changes no bit: qwen4_exp and llama
+/// sessions under every mode, eager and as graphs, against PDL off and
+/// eager.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_dependent_launch_changes_no_bit() {
+    let g = gpu();
+    let qm = Qwen4ExpModel::load(&fixtures().join("qwen4_exp").join("tiny_a"), g.clone()).unwrap();
+    let lm = LlamaModel::load_hf(&fixtures().join("llama/tiny/f32_untied"), g.clone()).unwrap();
+    let before = g.dependent_launch();
+    g.set_dependent_launch(Pdl::All);
+    let supported = g.dependent_launch() == Pdl::All;
+    let mut runs = Vec::new();
+    for mode in [Pdl::Off, Pdl::Captures, Pdl::All] {
+        g.set_dependent_launch(mode);
+        for graphs in [false, true] {
+            // Off then on drops the steps captured under another mode.
+            g.set_graphs(false);
+            g.set_graphs(graphs);
+            let q = qwen4_exp_session(&qm);
+            let l = step_session(&lm, lm.vocab_size());
+            runs.push((mode, graphs, q, l));
+        }
+    }
+    g.set_dependent_launch(before);
+    g.set_graphs(true);
+    let (_, _, q0, l0) = &runs[0];
+    for (mode, graphs, q, l) in &runs[1..] {
+        assert!(q == q0, "qwen4_exp, {mode:?}, graphs {graphs}: bits differ");
+        assert!(l == l0, "llama, {mode:?}, graphs {graphs}: bits differ");
+    }
+    println!(
+        "REPORT e2e=dependent_launch supported={supported} identical over {} qwen4_exp and {} llama forwards × 6 runs",
+        q0.len(),
+        l0.len()
+    );
+}
+
 /// qwen4_exp's pure units (each layer's MoE half replayed as a graph for
 /// decode steps and verify windows, `Backend::run_pure`) give the eager
 /// forward's bits: single steps and windows of 2–4 rows, graphs off then
@@ -563,34 +628,11 @@ fn cuda_qwen4_exp_pure_units_equal_eager() {
     let g = gpu();
     let dir = fixtures().join("qwen4_exp").join("tiny_a");
     let gm = Qwen4ExpModel::load(&dir, g.clone()).unwrap();
-    let v = gm.vocab_size();
-    let session = || {
-        let toks = prompt(78, 80, v);
-        let mut s = gm.new_state();
-        let mut out = vec![bits(
-            &gm.forward(&toks[..6], &mut s, LogitsRows::All)
-                .unwrap()
-                .logits,
-        )];
-        let (mut at, mut rows) = (6, 1);
-        while at + rows <= 78 {
-            let mode = if rows == 1 {
-                LogitsRows::Last
-            } else {
-                LogitsRows::All
-            };
-            let o = gm.forward(&toks[at..at + rows], &mut s, mode).unwrap();
-            out.push(bits(&o.logits));
-            at += rows;
-            rows = if at < 30 { 1 } else { rows % 4 + 1 };
-        }
-        out
-    };
     g.set_graphs(false);
-    let eager = session();
+    let eager = qwen4_exp_session(&gm);
     g.set_graphs(true);
     let (c0, r0) = g.graph_counts();
-    let graphs = session();
+    let graphs = qwen4_exp_session(&gm);
     let (c1, r1) = g.graph_counts();
     assert!(g.graphs(), "no capture may fail");
     assert_eq!(graphs.len(), eager.len());

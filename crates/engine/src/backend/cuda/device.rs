@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, result as driver,
@@ -131,6 +131,7 @@ pub const PDL_ENV: &str = "DS4_CUDA_PDL";
 /// Which launches may overlap the kernel before them
 /// ([`launch_dependent`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Pdl {
     Off,
     /// Only launches captured into a graph (decode and verify steps).
@@ -146,6 +147,14 @@ impl Pdl {
             Some("0") => Pdl::Off,
             Some("capture") => Pdl::Captures,
             _ => Pdl::All,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            v if v == Pdl::All as u8 => Pdl::All,
+            v if v == Pdl::Captures as u8 => Pdl::Captures,
+            _ => Pdl::Off,
         }
     }
 
@@ -182,8 +191,11 @@ pub(super) struct Device {
     pub kernels_origin: String,
     pub compile_seconds: f64,
     /// Which kernels launch with programmatic stream serialization
-    /// (`dep_entry` in `kernels/common.cuh`).
-    pub pdl: Pdl,
+    /// (`dep_entry` in `kernels/common.cuh`): a [`Pdl`] as u8, changeable
+    /// at run time ([`Device::set_pdl`]).
+    pdl: AtomicU8,
+    /// Whether the device has it (compute capability 9.0 and later).
+    pdl_supported: bool,
     /// Kernels launched so far (for launch-count reports).
     pub launches: AtomicU64,
     /// Nanoseconds the host has waited in [`Device::sync`] (so a report
@@ -313,12 +325,26 @@ impl Device {
             kernels_hash: cubin.hash,
             kernels_origin: cubin.origin,
             compile_seconds: cubin.compile_seconds,
-            pdl,
+            pdl: AtomicU8::new(pdl as u8),
+            pdl_supported: major >= 9,
             launches: AtomicU64::new(0),
             sync_wait_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             gaps: HostGaps::new(std::env::var("DS4_CUDA_HOST_PROFILE").is_ok_and(|v| v == "1")),
         })
+    }
+
+    /// Which launches overlap the kernel before them.
+    pub fn pdl(&self) -> Pdl {
+        Pdl::from_u8(self.pdl.load(Ordering::Relaxed))
+    }
+
+    /// Choose which launches overlap the kernel before them; a device
+    /// without it stays [`Pdl::Off`]. Graphs captured before keep the
+    /// launches they were captured with.
+    pub fn set_pdl(&self, mode: Pdl) {
+        let mode = if self.pdl_supported { mode } else { Pdl::Off };
+        self.pdl.store(mode as u8, Ordering::Relaxed);
     }
 
     /// Queue kernel `name` on the stream.
@@ -372,7 +398,7 @@ impl Device {
             .call(name, || unsafe {
                 let (grid, block) = ((shape.grid.0, shape.grid.1, 1), (shape.block, 1, 1));
                 let stream = self.stream.cu_stream();
-                if self.pdl.applies(self.pool.capturing()) {
+                if self.pdl().applies(self.pool.capturing()) {
                     launch_dependent(f.cu_function(), grid, block, stream, params)
                 } else {
                     driver::launch_kernel(f.cu_function(), grid, block, 0, stream, params)
@@ -614,5 +640,8 @@ mod tests {
         assert_eq!(Pdl::for_device(10, Some("capture")), Pdl::Captures);
         assert!(Pdl::Captures.applies(true) && !Pdl::Captures.applies(false));
         assert!(Pdl::All.applies(false) && !Pdl::Off.applies(true));
+        for m in [Pdl::Off, Pdl::Captures, Pdl::All] {
+            assert_eq!(Pdl::from_u8(m as u8), m);
+        }
     }
 }

@@ -32,6 +32,7 @@ mod device;
 mod elementwise;
 mod graph;
 mod host_gaps;
+pub use device::Pdl;
 pub use host_gaps::GapRow;
 mod linear;
 mod mem;
@@ -130,6 +131,19 @@ impl CudaOps {
     /// ones): for side-by-side runs and tests.
     pub fn set_graphs(&self, on: bool) {
         self.dev.graphs.set_enabled(on)
+    }
+
+    /// Which launches overlap the kernel before them (programmatic
+    /// dependent launch: `DS4_CUDA_PDL`, `docs/ARCHITECTURE.md`).
+    pub fn dependent_launch(&self) -> Pdl {
+        self.dev.pdl()
+    }
+
+    /// Choose which launches overlap the kernel before them (a device
+    /// without it stays off): for side-by-side runs and tests. Turn graphs
+    /// off and on after it so that steps are captured anew.
+    pub fn set_dependent_launch(&self, mode: Pdl) {
+        self.dev.set_pdl(mode)
     }
 
     /// Steps captured and replayed so far.
