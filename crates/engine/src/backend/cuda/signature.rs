@@ -75,27 +75,6 @@ pub(super) fn parse(text: &str) -> Result<HashMap<String, Vec<Param>>, String> {
     Ok(out)
 }
 
-/// The body of the function whose signature starts at `from` (the text
-/// between its braces), and the rest after it.
-fn body_at(text: &str, from: usize) -> Option<(&str, &str)> {
-    let open = from + text[from..].find('{')?;
-    let mut depth = 0usize;
-    for (i, c) in text[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    let close = open + i;
-                    return Some((&text[open + 1..close], &text[close + 1..]));
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
 /// Programmatic dependent launch is only sound when no kernel reads what
 /// an earlier kernel wrote, or writes anything, before its wait
 /// (`kernels/common.cuh`): every `extern "C" __global__` kernel's first
@@ -115,9 +94,12 @@ pub(super) fn check_waits(text: &str) -> Result<(), String> {
             + rest[name_at..]
                 .find(')')
                 .ok_or("an unclosed parameter list")?;
-        let (body, after) =
-            body_at(rest, close).ok_or_else(|| format!("kernel `{name}`: no body"))?;
-        if !body.trim_start().starts_with("dep_entry();") {
+        let open = close
+            + rest[close..]
+                .find('{')
+                .ok_or_else(|| format!("kernel `{name}`: no body"))?;
+        let after = &rest[open + 1..];
+        if !after.trim_start().starts_with("dep_entry();") {
             return Err(format!(
                 "kernel `{name}` does not begin with `dep_entry();`"
             ));
