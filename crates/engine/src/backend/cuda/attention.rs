@@ -237,9 +237,19 @@ pub(super) fn attention_gathered(
     let tiles = keep.cap.div_ceil(TILE).max(1);
     let items = rows * q_heads;
     let parts = CudaBuf::uninit(dev, items * tiles * (d + 2))?;
+    // A block per tile for few queries (decode, verify windows), a warp
+    // per tile for many; the two give the same bits (`attention.cu`).
+    let (kernel, shape) = if rows <= block_rows() {
+        (
+            "attention_gathered_tiles_block_f32",
+            Shape::blocks(items * tiles, 128),
+        )
+    } else {
+        ("attention_gathered_tiles_f32", Shape::warps(items * tiles))
+    };
     dev.launch(
-        "attention_gathered_tiles_f32",
-        Shape::warps(items * tiles),
+        kernel,
+        shape,
         args![
             parts.ptr(),
             q.ptr(),
@@ -357,4 +367,16 @@ pub(super) fn attention_window(
         ],
     )?;
     merge(dev, &parts, items, tiles, heads, dim, Some(sinks))
+}
+
+/// The most queries a gathered-attention call runs a block per tile
+/// (`DS4_CUDA_ATT_BLOCK_ROWS` overrides, for measuring).
+fn block_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("DS4_CUDA_ATT_BLOCK_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16)
+    })
 }

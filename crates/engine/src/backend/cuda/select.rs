@@ -14,6 +14,8 @@ use crate::error::{EngineError, Result};
 /// The most experts a router picks per token (the kernels keep the chosen
 /// ids in registers).
 pub const MAX_TOP_K: usize = 64;
+/// Experts `route_softmax_topk_block_f32` keeps (ROUTE_THREADS · ROUTE_PER).
+const ROUTE_BLOCK_EXPERTS: usize = 512;
 /// The most expert groups of a group-limited router.
 pub const MAX_GROUPS: usize = 64;
 /// Threads of the top-k kernel (its shared arrays are sized for it).
@@ -91,9 +93,15 @@ pub(super) fn route_softmax_topk(
     }
     let r = routing(dev, rows, k, experts)?;
     if rows > 0 && k > 0 {
+        // Up to 512 experts a block per row (same bits, run 20), else a warp.
+        let (kernel, shape) = if experts <= ROUTE_BLOCK_EXPERTS {
+            ("route_softmax_topk_block_f32", Shape::blocks(rows, 128))
+        } else {
+            ("route_softmax_topk_f32", Shape::warps(rows))
+        };
         dev.launch(
-            "route_softmax_topk_f32",
-            Shape::warps(rows),
+            kernel,
+            shape,
             args![
                 r.experts.ptr(),
                 r.weights.ptr(),

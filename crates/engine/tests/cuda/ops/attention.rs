@@ -167,6 +167,66 @@ fn cuda_block_keys_indexer_and_gathered_attention_match_the_cpu() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_gathered_attention_tiles_by_block_and_by_warp_agree() {
+    // Calls of up to 16 queries run a block per tile, longer ones a warp
+    // per tile: 20 queries over ~150 selected keys (three tiles, the last
+    // partial) with d = 80 (two staged chunks, the second partial), so one
+    // at a time and in chunks (blocks) must give the bits of all at once
+    // (warps).
+    let (g, c) = (gpu(), CpuOps);
+    let (dim, ratio, rows, base) = (16, 4, 20, 130);
+    let p = base + rows;
+    let blocks = c
+        .block_keys(&rnd(p * dim, 130), dim, ratio, 0, p / ratio)
+        .unwrap();
+    let gblocks = up(&g, &blocks);
+    let shape = IndexerShape {
+        heads: 2,
+        dim,
+        ratio,
+        block_topk: 34,
+    };
+    let q = rnd(rows * 2 * dim, 131);
+    let sel = |r: std::ops::Range<usize>| {
+        g.indexer_select(
+            &up(&g, &q[r.start * 2 * dim..r.end * 2 * dim]),
+            &gblocks,
+            base + r.start,
+            shape,
+        )
+        .unwrap()
+    };
+    let csel = c.indexer_select(&q, &blocks, base, shape).unwrap();
+    assert!(csel.iter().all(|s| s.len() > 128), "fewer than three tiles");
+    let (hq, hkv, d) = (4, 2, 80);
+    let qa = rnd(rows * hq * d, 132);
+    let (k, v) = (rnd(p * hkv * d, 133), rnd(p * hkv * d, 134));
+    let (gk, gv) = (up(&g, &k), up(&g, &v));
+    let kv = Heads { heads: hkv, dim: d };
+    let run = |r: std::ops::Range<usize>| {
+        let s = sel(r.clone());
+        let qr = up(&g, &qa[r.start * hq * d..r.end * hq * d]);
+        down(
+            &g,
+            &g.attention_gathered(&qr, &gk, &gv, &s, hq, kv, None)
+                .unwrap(),
+        )
+    };
+    let cy = c
+        .attention_gathered(&qa, &k, &v, &csel, hq, kv, None)
+        .unwrap();
+    check(
+        "attention_gathered (block and warp tiles)",
+        &run(0..rows),
+        &cy,
+        1e-5,
+        false,
+    );
+    rows_invariant("attention_gathered (block and warp tiles)", rows, run);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_attention_window_matches_the_cpu() {
     let (g, c) = (gpu(), CpuOps);
     let (heads, dim, span) = (3, 16, 5);

@@ -9,17 +9,25 @@ use crate::support::{check, down, gpu, rnd, rows_invariant, up};
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_routers_match_the_cpu() {
     let (g, c) = (gpu(), CpuOps);
-    // The softmax router keeps up to 512 experts in registers and walks
-    // more in memory: both paths, top 10, with tied logits (lower index
-    // first), experts equal to the CPU's and rows 1 vs n identical.
-    for (e, k) in [(512, 10), (600, 10)] {
+    // The softmax router takes up to 512 experts a block per row (each
+    // warp's best, then ranks among them) and more a warp per row: both
+    // kernels, with tied logits (lower index first), rows whose best all
+    // lie in one warp's experts, the largest k, and fewer experts than
+    // threads; experts equal to the CPU's and rows 1 vs n identical.
+    for (e, k) in [(512, 10), (600, 10), (512, 64), (100, 10)] {
         let rows = 5;
         let mut logits: Vec<f32> = rnd(rows * e, 122).iter().map(|v| 4.0 * v).collect();
         for r in 0..rows {
             // Ties among the top candidates.
-            logits[r * e + 7] = 9.0;
-            logits[r * e + 300] = 9.0;
-            logits[r * e + e - 1] = 9.0;
+            for i in [7, e * 3 / 5, e - 1] {
+                logits[r * e + i] = 9.0;
+            }
+            // Odd rows: the 64 best among the first warp's experts.
+            if r % 2 == 1 {
+                for i in 32..96 {
+                    logits[r * e + i] = 12.0 + i as f32 / 64.0;
+                }
+            }
         }
         let gr = g
             .route_softmax_topk(&up(&g, &logits), rows, e, k, true)

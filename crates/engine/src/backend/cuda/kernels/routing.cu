@@ -106,8 +106,6 @@ extern "C" __global__ void topk_select(u32* out, u32* counts, const float* score
 
 #define ROUTE_MAX_K 64
 #define ROUTE_MAX_GROUPS 64
-// Experts per lane the softmax router keeps in registers (32 · 16 = 512).
-#define ROUTE_REG 16
 
 __device__ __forceinline__ bool chosen_has(const u32* chosen, int n, u32 e) {
     for (int i = 0; i < n; i++)
@@ -151,6 +149,7 @@ __device__ __forceinline__ u32 warp_argbest(u64 lo, u64 hi, F value, S skip) {
 // Softmax routing, one warp per row: p = exp(x − max), Σ p (lanes over
 // experts ≡ lane mod 32 in order, then the butterfly), the k most probable
 // (ties: lower index), weights p/Σ, renormalised by their sum in slot order.
+// Rows of more experts than `route_softmax_topk_block_f32` keeps.
 extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
                                                   const float* logits, u64 rows, u64 n_exp,
                                                   int k, int renormalise) {
@@ -162,84 +161,17 @@ extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
         u32 chosen[ROUTE_MAX_K];
         float top[ROUTE_MAX_K];
         float sum;
-        if (n_exp <= 32 * ROUTE_REG) {
-            // Up to 512 experts: each lane loads its logits once (all in
-            // flight together) and keeps them, their exps and ranking keys
-            // in registers with a taken mask, instead of three passes over
-            // memory and k passes that each recompute every exp and scan
-            // the chosen list. The same values in the same order with the
-            // same comparisons as `warp_argbest`, so the same experts and
-            // bits.
-            float pv[ROUTE_REG];
-#pragma unroll
-            for (int j = 0; j < ROUTE_REG; j++) {
-                u64 e = lane + 32 * (u64)j;
-                pv[j] = e < n_exp ? x[e] : DS4_NEG_INF;
-            }
-            float mx = DS4_NEG_INF;
-#pragma unroll
-            for (int j = 0; j < ROUTE_REG; j++) mx = fmaxf(mx, pv[j]);
-            mx = warp_max(mx);
-            float part = 0.0f;
-            u32 keys[ROUTE_REG];
-#pragma unroll
-            for (int j = 0; j < ROUTE_REG; j++) {
-                u64 e = lane + 32 * (u64)j;
-                if (e < n_exp) {
-                    pv[j] = expf(pv[j] - mx);
-                    part += pv[j];
-                    keys[j] = total_key(pv[j]);
-                } else {
-                    pv[j] = 0.0f;
-                    keys[j] = 0;
-                }
-            }
-            sum = warp_sum(part);
-            u32 taken = 0;
-            for (int s = 0; s < k; s++) {
-                u32 best = 0, bi = 0xffffffffu;
-#pragma unroll
-                for (int j = 0; j < ROUTE_REG; j++) {
-                    u32 e = lane + 32 * j;
-                    if (e >= n_exp || ((taken >> j) & 1u)) continue;
-                    if (bi == 0xffffffffu || ranks_before(keys[j], e, best, bi)) {
-                        best = keys[j];
-                        bi = e;
-                    }
-                }
-                if (bi == 0xffffffffu) best = 0;
-                for (int o = 16; o > 0; o >>= 1) {
-                    u32 k2 = __shfl_xor_sync(FULL_MASK, best, o);
-                    u32 i2 = __shfl_xor_sync(FULL_MASK, bi, o);
-                    bool better =
-                        i2 != 0xffffffffu && (bi == 0xffffffffu || ranks_before(k2, i2, best, bi));
-                    if (better) {
-                        best = k2;
-                        bi = i2;
-                    }
-                }
-                chosen[s] = bi;
-                if (bi != 0xffffffffu && (bi & 31u) == lane) taken |= 1u << (bi >> 5);
-                // The chosen expert's p from the lane that holds it.
-                float mine = 0.0f;
-#pragma unroll
-                for (int j = 0; j < ROUTE_REG; j++)
-                    if ((u32)j == (bi >> 5)) mine = pv[j];
-                top[s] = __shfl_sync(FULL_MASK, mine, bi & 31u) / sum;
-            }
-        } else {
-            float mx = DS4_NEG_INF;
-            for (u64 e = lane; e < n_exp; e += 32) mx = fmaxf(mx, x[e]);
-            mx = warp_max(mx);
-            float part = 0.0f;
-            for (u64 e = lane; e < n_exp; e += 32) part += expf(x[e] - mx);
-            sum = warp_sum(part);
-            auto p = [&](u32 e) { return expf(x[e] - mx); };
-            for (int s = 0; s < k; s++) {
-                chosen[s] =
-                    warp_argbest(0, n_exp, p, [&](u32 e) { return chosen_has(chosen, s, e); });
-                top[s] = p(chosen[s]) / sum;
-            }
+        float mx = DS4_NEG_INF;
+        for (u64 e = lane; e < n_exp; e += 32) mx = fmaxf(mx, x[e]);
+        mx = warp_max(mx);
+        float part = 0.0f;
+        for (u64 e = lane; e < n_exp; e += 32) part += expf(x[e] - mx);
+        sum = warp_sum(part);
+        auto p = [&](u32 e) { return expf(x[e] - mx); };
+        for (int s = 0; s < k; s++) {
+            chosen[s] =
+                warp_argbest(0, n_exp, p, [&](u32 e) { return chosen_has(chosen, s, e); });
+            top[s] = p(chosen[s]) / sum;
         }
         float norm = 1.0f;
         if (renormalise) {
@@ -251,6 +183,124 @@ extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
                 experts[r * k + s] = chosen[s];
                 weights[r * k + s] = top[s] / norm;
             }
+    }
+}
+
+// Threads of `route_softmax_topk_block_f32` and the experts each keeps.
+#define ROUTE_THREADS 128
+#define ROUTE_PER 4
+
+// `route_softmax_topk_f32` for up to ROUTE_THREADS · ROUTE_PER experts, a
+// block per row, with its bits: the max is exact in any order, each p is
+// the same expf of the same difference, warp 0 sums the p as the warp
+// kernel does (lane l: experts l, l + 32, … in order, then the butterfly),
+// and the k best under the strict order (larger p, then lower index) are
+// one list however they are found; the weights and their renormalisation
+// are the same sequence. Found in two stages instead of k rounds over every
+// expert (a decode step's one row ran 13 µs as one warp, run 20): each warp
+// takes the k best of its experts (k rounds of two warp reductions over
+// ROUTE_PER a lane), then each of these candidates counts the candidates
+// ranked before it, which is its slot when below k (every expert ranked
+// before one of the k best is itself one of its warp's k best, so the
+// count is its rank overall).
+extern "C" __global__ void route_softmax_topk_block_f32(u32* experts, float* weights,
+                                                        const float* logits, u64 rows,
+                                                        u64 n_exp, int k, int renormalise) {
+    dep_entry();
+    const int warps = ROUTE_THREADS / 32;
+    __shared__ float sp[ROUTE_THREADS * ROUTE_PER];
+    __shared__ float wmax[ROUTE_THREADS / 32];
+    __shared__ u32 ckey[(ROUTE_THREADS / 32) * ROUTE_MAX_K];
+    __shared__ u32 cidx[(ROUTE_THREADS / 32) * ROUTE_MAX_K];
+    __shared__ u32 slot[ROUTE_MAX_K];
+    __shared__ float top_p[ROUTE_MAX_K];
+    __shared__ float sh_sum, sh_norm;
+    unsigned tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* x = logits + r * n_exp;
+        // Thread (warp w, lane l) keeps experts l + 32·(ROUTE_PER·w + j).
+        float pv[ROUTE_PER];
+        u32 keys[ROUTE_PER];
+        float mx = DS4_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER; j++) {
+            u32 e = lane + 32 * (ROUTE_PER * warp + j);
+            pv[j] = e < n_exp ? x[e] : DS4_NEG_INF;
+            mx = fmaxf(mx, pv[j]);
+        }
+        mx = warp_max(mx);
+        if (lane == 0) wmax[warp] = mx;
+        __syncthreads();
+        mx = wmax[0];
+        for (int w = 1; w < warps; w++) mx = fmaxf(mx, wmax[w]);
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER; j++) {
+            u32 e = lane + 32 * (ROUTE_PER * warp + j);
+            keys[j] = 0;
+            if (e < n_exp) {
+                pv[j] = expf(pv[j] - mx);
+                keys[j] = total_key(pv[j]);
+                sp[e] = pv[j];
+            }
+        }
+        // This warp's k best (fewer when it holds fewer experts): each
+        // round, the largest key of the lanes' best open experts (a lane's
+        // own in index order, so its first of equal keys), then the lowest
+        // index holding it, two warp reductions.
+        u32 taken = 0;
+        for (int s = 0; s < k; s++) {
+            u32 best = 0, bi = 0xffffffffu;
+#pragma unroll
+            for (int j = 0; j < ROUTE_PER; j++) {
+                u32 e = lane + 32 * (ROUTE_PER * warp + j);
+                bool open = e < n_exp && !((taken >> j) & 1u);
+                if (open && (bi == 0xffffffffu || keys[j] > best)) {
+                    best = keys[j];
+                    bi = e;
+                }
+            }
+            u32 top = __reduce_max_sync(FULL_MASK, bi == 0xffffffffu ? 0u : best);
+            u32 win = __reduce_min_sync(FULL_MASK, bi != 0xffffffffu && best == top ? bi : 0xffffffffu);
+            if (win != 0xffffffffu && (win & 31u) == lane) taken |= 1u << ((win >> 5) % ROUTE_PER);
+            if (lane == 0) {
+                ckey[warp * k + s] = top;
+                cidx[warp * k + s] = win;
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {
+            float part = 0.0f;
+            for (u64 e = lane; e < n_exp; e += 32) part += sp[e];
+            float total = warp_sum(part);
+            if (lane == 0) sh_sum = total;
+        }
+        u32 nc = (u32)(warps * k);
+        for (u32 c = tid; c < nc; c += ROUTE_THREADS) {
+            u32 ic = cidx[c], kc = ckey[c], before = 0;
+            if (ic == 0xffffffffu) continue;
+            for (u32 o = 0; o < nc; o++)
+                before += cidx[o] != 0xffffffffu && ranks_before(ckey[o], cidx[o], kc, ic);
+            if (before < (u32)k) slot[before] = ic;
+        }
+        __syncthreads();
+        // p/Σ of each slot, their sum in slot order from -0, each weight.
+        if (tid < (unsigned)k) top_p[tid] = sp[slot[tid]] / sh_sum;
+        __syncthreads();
+        if (tid == 0) {
+            float norm = 1.0f;
+            if (renormalise) {
+                norm = -0.0f;
+                for (int s = 0; s < k; s++) norm += top_p[s];
+            }
+            sh_norm = norm;
+        }
+        __syncthreads();
+        if (tid < (unsigned)k) {
+            experts[r * k + tid] = slot[tid];
+            weights[r * k + tid] = top_p[tid] / sh_norm;
+        }
+        // The next row reuses the shared arrays.
+        __syncthreads();
     }
 }
 
