@@ -14,6 +14,9 @@ use crate::error::{EngineError, Result};
 /// Keys per tile (the kernels' `ATT_TILE`): tiles are cut by key index
 /// alone, so the bits of a query never depend on the others in its call.
 const TILE: usize = 64;
+/// The most queries a gathered-attention call runs a block per tile
+/// (`attention_gathered_tiles_block_f32`).
+const BLOCK_TILE_ROWS: usize = 16;
 
 /// Merge `tiles` partials of `[2 + d]` per item into `[items, d]`.
 fn merge(
@@ -238,8 +241,9 @@ pub(super) fn attention_gathered(
     let items = rows * q_heads;
     let parts = CudaBuf::uninit(dev, items * tiles * (d + 2))?;
     // A block per tile for few queries (decode, verify windows), a warp
-    // per tile for many; the two give the same bits (`attention.cu`).
-    let (kernel, shape) = if rows <= block_rows() {
+    // per tile for many; the two give the same bits (`attention.cu`). A
+    // block per tile for a 512-token prefill was 1.3% slower (run 20).
+    let (kernel, shape) = if rows <= BLOCK_TILE_ROWS {
         (
             "attention_gathered_tiles_block_f32",
             Shape::blocks(items * tiles, 128),
@@ -367,16 +371,4 @@ pub(super) fn attention_window(
         ],
     )?;
     merge(dev, &parts, items, tiles, heads, dim, Some(sinks))
-}
-
-/// The most queries a gathered-attention call runs a block per tile
-/// (`DS4_CUDA_ATT_BLOCK_ROWS` overrides, for measuring).
-fn block_rows() -> usize {
-    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| {
-        std::env::var("DS4_CUDA_ATT_BLOCK_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(16)
-    })
 }

@@ -205,6 +205,23 @@ fn cuda_element_wise_ops_match_the_cpu() {
         false,
     );
     rows_invariant("ple_gate", rows, run);
+    // H = 1100: the dot's products staged in three chunks, the last partial.
+    let (c2, h2) = (2, 1100);
+    let (key2, qry2) = (rnd(rows * c2 * h2, 149), rnd(rows * c2 * h2, 150));
+    let val2 = rnd(rows * h2, 151);
+    let run2 = |r: std::ops::Range<usize>| {
+        let sl = |x: &[f32], n: usize| up(&g, &x[r.start * n..r.end * n]);
+        let (k, q, v) = (sl(&key2, c2 * h2), sl(&qry2, c2 * h2), sl(&val2, h2));
+        down(&g, &g.ple_gate(&k, &q, &v, c2, h2).unwrap())
+    };
+    check(
+        "ple_gate (H = 1100)",
+        &run2(0..rows),
+        &c.ple_gate(&key2, &qry2, &val2, c2, h2).unwrap(),
+        1e-6,
+        false,
+    );
+    rows_invariant("ple_gate (H = 1100)", rows, run2);
     // Streams.
     let x = rnd(rows * hh, 148);
     check(
