@@ -29,7 +29,7 @@ cp "$exe" "$dest/cuda"
 cp "$bin" "$dest/ds4server"
 strip "$dest/cuda" "$dest/ds4server"
 gzip -9 "$dest/cuda" "$dest/ds4server"
-cp tools/gpu/run.sh "$dest/run.sh"
+cp tools/gpu/run.sh tools/gpu/ab.sh "$dest/"
 # Optional, for the `llamacpp` and `compare` steps: llama.cpp's sources and
 # the default model's tokenizer metadata (tools/gpu/vocab_gguf.py).
 [ -n "${LLAMA_SRC_TGZ:-}" ] && cp "$LLAMA_SRC_TGZ" "$dest/llama-src.tgz"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root there, over binaries
 # built on the CPU machine and carried in .gpu/ (see docs/GPU.md). Writes
-# logs to $OUT. Usage: bash .gpu/run.sh [tests|server|bench]...
+# logs to $OUT. Usage: bash .gpu/run.sh [tests|server|synthetic|ncu|ncu-kernel:NAME:SKIP|llamacpp|compare]...
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 # A fresh machine has no cache: every run pays one NVRTC compile, timed.
@@ -64,6 +64,23 @@ for what in "${@:-tests}"; do
         ./ds4server bench --synthetic qwen4_exp --shape full --device cuda --ctx-start 512 --gen 4 \
         > "$OUT/ncu-decode-step.csv" 2> "$OUT/ncu.err"
       gzip -f "$OUT/ncu-decode-step.csv"
+      ;;
+    ncu-kernel:*)
+      # One decode launch of one kernel under ncu's detailed sections
+      # (speed of light, warp states, scheduler, occupancy, memory):
+      # `ncu-kernel:NAME:SKIP` skips SKIP launches of NAME first (past the
+      # prefill's). Appends to $OUT/ncu-kernel.log.
+      spec=${what#ncu-kernel:}; name=${spec%%:*}; skip=${spec##*:}
+      [ "$skip" = "$spec" ] && skip=100
+      ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+      echo "=== $name skip $skip" | tee -a "$OUT/ncu-kernel.log"
+      DS4_CUDA_GRAPHS=0 timeout 150 "$ncu" --clock-control none --cache-control none \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis -k "regex:^$name\$" --launch-skip "$skip" \
+        --launch-count 1 ./ds4server bench --synthetic qwen4_exp --shape full --device cuda \
+        --ctx-start 512 --gen 8 2>&1 | grep -v "^REPORT\|^==PROF==" >> "$OUT/ncu-kernel.log"
+      grep -A0 "Duration" "$OUT/ncu-kernel.log" | tail -1
       ;;
     llamacpp)
       # llama.cpp's CUDA build, from a source tarball carried in .gpu
