@@ -4,6 +4,24 @@ use ds4_engine::backend::{Backend, CpuOps, EntryKeep, Heads, IndexerShape};
 
 use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
 
+type Gpu = ds4_engine::backend::CudaOps;
+
+/// The GPU indexer's selection for query rows `r` of `q` (`shape.heads`
+/// heads of `shape.dim`), the first at position `base + r.start`.
+fn select_rows(
+    g: &Gpu,
+    q: &[f32],
+    blocks: &<Gpu as Backend>::Buf,
+    base: usize,
+    shape: IndexerShape,
+    r: std::ops::Range<usize>,
+) -> <Gpu as Backend>::Selection {
+    let width = shape.heads * shape.dim;
+    let rows = up(g, &q[r.start * width..r.end * width]);
+    g.indexer_select(&rows, blocks, base + r.start, shape)
+        .unwrap()
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_attention_causal_matches_the_cpu_and_windows() {
@@ -97,15 +115,7 @@ fn cuda_block_keys_indexer_and_gathered_attention_match_the_cpu() {
     };
     let (base, rows) = (21, 6);
     let q = rnd(rows * 2 * dim, 101);
-    let sel = |r: std::ops::Range<usize>| {
-        g.indexer_select(
-            &up(&g, &q[r.start * 2 * dim..r.end * 2 * dim]),
-            &gblocks,
-            base + r.start,
-            shape,
-        )
-        .unwrap()
-    };
+    let sel = |r: std::ops::Range<usize>| select_rows(&g, &q, &gblocks, base, shape, r);
     let gsel = sel(0..rows);
     let csel = c.indexer_select(&q, &blocks, base, shape).unwrap();
     assert_eq!(g.selection_to_host(&gsel).unwrap(), csel, "indexer_select");
@@ -187,15 +197,7 @@ fn cuda_gathered_attention_tiles_by_block_and_by_warp_agree() {
         block_topk: 34,
     };
     let q = rnd(rows * 2 * dim, 131);
-    let sel = |r: std::ops::Range<usize>| {
-        g.indexer_select(
-            &up(&g, &q[r.start * 2 * dim..r.end * 2 * dim]),
-            &gblocks,
-            base + r.start,
-            shape,
-        )
-        .unwrap()
-    };
+    let sel = |r: std::ops::Range<usize>| select_rows(&g, &q, &gblocks, base, shape, r);
     let csel = c.indexer_select(&q, &blocks, base, shape).unwrap();
     assert!(csel.iter().all(|s| s.len() > 128), "fewer than three tiles");
     let (hq, hkv, d) = (4, 2, 80);
