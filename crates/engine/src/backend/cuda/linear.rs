@@ -86,21 +86,15 @@ pub(super) fn matmul(
             // One activation row (decode) has kernels of its own: the same
             // arithmetic, loading ahead, without the several-row path's
             // registers (`kernels/matmul.cu`).
-            // A verify window's few rows load ahead too (`matmul_*_few`).
-            let few = rows <= FEW_ROWS;
-            let name = match (kind, split, rows == 1, few) {
-                (BlockKind::Q4_1, false, true, _) => "matmul_q4_1_one",
-                (BlockKind::Q8_0, false, true, _) => "matmul_q8_0_one",
-                (BlockKind::Q4_1, true, true, _) => "matmul_q4_1_split_one",
-                (BlockKind::Q8_0, true, true, _) => "matmul_q8_0_split_one",
-                (BlockKind::Q4_1, false, false, true) => "matmul_q4_1_few",
-                (BlockKind::Q8_0, false, false, true) => "matmul_q8_0_few",
-                (BlockKind::Q4_1, true, false, true) => "matmul_q4_1_split_few",
-                (BlockKind::Q8_0, true, false, true) => "matmul_q8_0_split_few",
-                (BlockKind::Q4_1, false, false, false) => "matmul_q4_1",
-                (BlockKind::Q8_0, false, false, false) => "matmul_q8_0",
-                (BlockKind::Q4_1, true, false, false) => "matmul_q4_1_split",
-                (BlockKind::Q8_0, true, false, false) => "matmul_q8_0_split",
+            let name = match (kind, split, rows == 1) {
+                (BlockKind::Q4_1, false, false) => "matmul_q4_1",
+                (BlockKind::Q8_0, false, false) => "matmul_q8_0",
+                (BlockKind::Q4_1, true, false) => "matmul_q4_1_split",
+                (BlockKind::Q8_0, true, false) => "matmul_q8_0_split",
+                (BlockKind::Q4_1, false, true) => "matmul_q4_1_one",
+                (BlockKind::Q8_0, false, true) => "matmul_q8_0_one",
+                (BlockKind::Q4_1, true, true) => "matmul_q4_1_split_one",
+                (BlockKind::Q8_0, true, true) => "matmul_q8_0_split_one",
             };
             if rows == 1 {
                 let mut a = args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k].to_vec();
@@ -126,11 +120,6 @@ pub(super) fn matmul(
 /// Output rows per warp of the one-row block products (`matmul_block_one`
 /// in `matmul.cu`).
 const ONE_ROWS: usize = 2;
-
-/// The most activation rows the block products take loading ahead in one
-/// pass (`matmul_*_few`; `MM_TILE` in `matmul.cu`): verify windows of up
-/// to three drafts.
-const FEW_ROWS: usize = 4;
 
 /// Output rows per warp of the routed block products without SwiGLU
 /// (`four_row_sums` in `matmul.cu`).

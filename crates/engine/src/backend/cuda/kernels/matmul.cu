@@ -291,9 +291,8 @@ __device__ __forceinline__ void block_steps_rows(float (&acc)[R], const float* x
 }
 
 // Several activation rows (prefill, verify windows): a warp per output row,
-// the rows four at a time, `AHEAD` steps loaded at a time (1 for prefill;
-// MM_AHEAD for a verify window's few rows, `matmul_*_few`).
-template <int Q4, int AHEAD>
+// the rows four at a time, one step loaded at a time.
+template <int Q4>
 __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
     const int qb = Q4 ? 16 : 32;
@@ -306,7 +305,7 @@ __device__ __forceinline__ void matmul_block(float* y, const float* x, u64 rows,
     for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
         float acc[MM_TILE] = {};
-        block_steps<Q4, MM_TILE, AHEAD>(acc, nr, x + r0 * k, k, dmr, qr, nb, 0, 8, lane);
+        block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 0, 8, lane);
 #pragma unroll
         for (int t = 0; t < MM_TILE; t++) {
             float s = warp_sum(acc[t]);
@@ -412,7 +411,7 @@ __device__ __forceinline__ float split_row_one(float* part, const float* x, u64 
     return sum;
 }
 
-template <int Q4, int ONE, int AHEAD>
+template <int Q4, int ONE>
 __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64 rows,
                                                    const u32* dm, const u8* quants, u64 n,
                                                    u64 k, Chain c) {
@@ -432,8 +431,8 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
                 continue;
             }
             float acc[MM_TILE] = {};
-            block_steps<Q4, MM_TILE, AHEAD>(acc, nr, x + r0 * k, k, dmr, qr, nb, 8 * (u64)warp,
-                                            8 * MM_SPLIT, lane);
+            block_steps<Q4, MM_TILE, 1>(acc, nr, x + r0 * k, k, dmr, qr, nb, 8 * (u64)warp,
+                                        8 * MM_SPLIT, lane);
 #pragma unroll
             for (int t = 0; t < MM_TILE; t++) {
                 float s = warp_sum(acc[t]);
@@ -450,40 +449,10 @@ __device__ __forceinline__ void matmul_block_split(float* y, const float* x, u64
     }
 }
 
-// A verify window's few rows (at most MM_TILE, `FEW_ROWS` in `linear.rs`):
-// the several-row products loading MM_AHEAD steps ahead as the one-row
-// ones do, the same FMAs in the same order, so the bits of `matmul_q4_1`
-// and `matmul_q4_1_split`. Kernels of their own: prefill's many rows ran
-// slower loading ahead (run 15), and a kernel's registers are those of its
-// heaviest path.
-extern "C" __global__ void matmul_q4_1_few(float* y, const float* x, u64 rows, const u32* dm,
-                                           const u8* quants, u64 n, u64 k) {
-    dep_entry();
-    matmul_block<1, MM_AHEAD>(y, x, rows, dm, quants, n, k);
-}
-
-extern "C" __global__ void matmul_q8_0_few(float* y, const float* x, u64 rows, const u32* dm,
-                                           const u8* quants, u64 n, u64 k) {
-    dep_entry();
-    matmul_block<0, MM_AHEAD>(y, x, rows, dm, quants, n, k);
-}
-
-extern "C" __global__ void matmul_q4_1_split_few(float* y, const float* x, u64 rows,
-                                                 const u32* dm, const u8* quants, u64 n, u64 k) {
-    dep_entry();
-    matmul_block_split<1, 0, MM_AHEAD>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
-}
-
-extern "C" __global__ void matmul_q8_0_split_few(float* y, const float* x, u64 rows,
-                                                 const u32* dm, const u8* quants, u64 n, u64 k) {
-    dep_entry();
-    matmul_block_split<0, 0, MM_AHEAD>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
-}
-
 extern "C" __global__ void matmul_q4_1_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
     dep_entry();
-    matmul_block_split<1, 0, 1>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
+    matmul_block_split<1, 0>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
 }
 
 extern "C" __global__ void matmul_q4_1_split_one(float* y, const float* x, const u32* dm,
@@ -493,13 +462,13 @@ extern "C" __global__ void matmul_q4_1_split_one(float* y, const float* x, const
                                                  float a3, float b3) {
     dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split<1, 1, 1>(y, x, 1, dm, quants, n, k, c);
+    matmul_block_split<1, 1>(y, x, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q8_0_split(float* y, const float* x, u64 rows, const u32* dm,
                                              const u8* quants, u64 n, u64 k) {
     dep_entry();
-    matmul_block_split<0, 0, 1>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
+    matmul_block_split<0, 0>(y, x, rows, dm, quants, n, k, Chain{0, {}, {}, {}});
 }
 
 extern "C" __global__ void matmul_q8_0_split_one(float* y, const float* x, const u32* dm,
@@ -509,19 +478,19 @@ extern "C" __global__ void matmul_q8_0_split_one(float* y, const float* x, const
                                                  float a3, float b3) {
     dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split<0, 1, 1>(y, x, 1, dm, quants, n, k, c);
+    matmul_block_split<0, 1>(y, x, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
     dep_entry();
-    matmul_block<1, 1>(y, x, rows, dm, quants, n, k);
+    matmul_block<1>(y, x, rows, dm, quants, n, k);
 }
 
 extern "C" __global__ void matmul_q8_0(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
     dep_entry();
-    matmul_block<0, 1>(y, x, rows, dm, quants, n, k);
+    matmul_block<0>(y, x, rows, dm, quants, n, k);
 }
 
 extern "C" __global__ void matmul_q4_1_one(float* y, const float* x, const u32* dm,
