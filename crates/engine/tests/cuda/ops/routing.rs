@@ -3,7 +3,7 @@
 
 use ds4_engine::backend::{Backend, CpuOps, RouterSpec, Scoring};
 
-use crate::support::{check, down, gpu, rnd, rows_invariant, up};
+use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
@@ -49,6 +49,30 @@ fn cuda_routers_match_the_cpu() {
                 .1
         });
     }
+    // The block kernel keeps the warp kernel's bits: 512 experts, and the
+    // same rows padded to 600 with −∞ logits for the warp kernel (their p
+    // is +0: never chosen, and the lanes' sums gain exact +0s at the end).
+    let (rows, k) = (5, 10);
+    let logits = rnd(rows * 512, 123);
+    let padded: Vec<f32> = logits
+        .chunks(512)
+        .flat_map(|r| r.iter().copied().chain([f32::NEG_INFINITY; 88]))
+        .collect();
+    let route = |l: &[f32], e: usize| {
+        g.routing_to_host(&g.route_softmax_topk(&up(&g, l), rows, e, k, true).unwrap())
+            .unwrap()
+    };
+    let (block, warp) = (route(&logits, 512), route(&padded, 600));
+    assert_eq!(
+        block.0, warp.0,
+        "route_softmax_topk: block and warp experts"
+    );
+    assert_eq!(
+        bits(&block.1),
+        bits(&warp.1),
+        "route_softmax_topk: block and warp weights"
+    );
+    println!("REPORT op=route_softmax_topk block_equals_warp=identical_bits");
     let (rows, e) = (9, 16);
     let logits: Vec<f32> = rnd(rows * e, 120).iter().map(|v| 3.0 * v).collect();
     for renorm in [false, true] {
