@@ -158,8 +158,8 @@ __device__ __forceinline__ void tile_partial_block(float* part, const float* qh,
     __syncthreads();
     float s = -0.0f;
     for (u64 c0 = 0; c0 < d; c0 += ATT_CHUNK) {
-        // Warp w loads dims c0 + lane (+ 32) of keys w, w + 4, …: the
-        // products of a chunk, every load of it in flight together.
+        // Warp w loads dims c0 + lane, then c0 + 32 + lane, of keys w,
+        // w + 4, …: a row's 32 dims a load (coalesced), 16 loads in flight.
         u64 dims = d - c0 < ATT_CHUNK ? d - c0 : ATT_CHUNK;
 #pragma unroll
         for (int h = 0; h < ATT_CHUNK / 32; h++) {
