@@ -14,6 +14,6 @@ for r in $(seq 1 $reps); do
   for spec in "$@"; do
     name=${spec%%:*}; envs=${spec#*:}
     echo "== $name $r ($envs)"
-    env $(echo "$envs" | tr ';' ' ') bash -c '"${BIN:-./ds4server}" bench --synthetic qwen4_exp --shape full --device cuda --ctx-start 512 --gen 64 ${BENCH_ARGS:-}' 2>&1 | grep -E "REPORT (prefill|verify|decode_digest|hbm|step_host)|rror"
+    env $(echo "$envs" | tr ';' ' ') bash -c '"${BIN:-./ds4server}" bench --synthetic qwen4_exp --shape full --device cuda --ctx-start 512 --gen 64 ${BENCH_ARGS:-}' 2>&1 | grep -E "REPORT (prefill|verify|decode_digest|hbm|step_host|eager_windows)|rror"
   done
 done 2>&1 | tee -a "$OUT/ab.log"

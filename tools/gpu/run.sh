@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root there, over binaries
 # built on the CPU machine and carried in .gpu/ (see docs/GPU.md). Writes
-# logs to $OUT. Usage: bash .gpu/run.sh [tests|server|synthetic|ncu|ncu-kernel:NAME:SKIP|llamacpp|compare]...
+# logs to $OUT. Usage: bash .gpu/run.sh [tests|server|synthetic|ncu|ncu-windows|ncu-kernel:NAME:SKIP|llamacpp|compare]...
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 # A fresh machine has no cache: every run pays one NVRTC compile, timed.
@@ -64,6 +64,21 @@ for what in "${@:-tests}"; do
         ./ds4server bench --synthetic qwen4_exp --shape full --device cuda --ctx-start 512 --gen 4 \
         > "$OUT/ncu-decode-step.csv" 2> "$OUT/ncu.err"
       gzip -f "$OUT/ncu-decode-step.csv"
+      ;;
+    ncu-windows)
+      # Eager forwards of 1 and 2 rows (a decode step and a K = 1 verify
+      # window) from a 512-token prefill, only they profiled
+      # (`DS4_PROFILE_WINDOWS`, --profile-from-start off); the bench prints
+      # each window's launch count (`REPORT eager_windows`), which splits
+      # the CSV: python3 tools/gpu/ncu_table.py FILE --ids A:B.
+      ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+      DS4_PROFILE_WINDOWS=${NCU_WINDOWS:-1,2} "$ncu" --clock-control none --cache-control none \
+        --profile-from-start off --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size \
+        ./ds4server bench --synthetic qwen4_exp --shape full --device cuda --ctx-start 512 --gen 4 \
+        > "$OUT/ncu-windows.csv" 2> "$OUT/ncu-windows.err"
+      grep "^REPORT" "$OUT/ncu-windows.csv" | tee "$OUT/ncu-windows.report"
+      gzip -f "$OUT/ncu-windows.csv"
       ;;
     ncu-kernel:*)
       # One decode launch of one kernel under ncu's detailed sections

@@ -107,7 +107,60 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
             floor / step_secs,
         );
         println!("REPORT step_host_ms={host_ms:.3} step_wait_ms={wait_ms:.3}");
+        window_profile(m, args)?;
     }
+    Ok(())
+}
+
+/// Eager forwards of 1..=4 rows from a `--ctx-start` prefill: their kernel
+/// launches and times, which say what a verify window adds to a step. With
+/// `DS4_PROFILE_WINDOWS=1,2` the forwards of those row counts run inside the
+/// profiler's capture range, one after another in that order, so
+/// `ncu --profile-from-start off` profiles exactly them (`run.sh
+/// ncu-windows`; split the CSV by the launch counts printed here).
+#[cfg(feature = "cuda")]
+fn window_profile(
+    m: &ds4_engine::families::qwen4_exp::Qwen4ExpModel<ds4_engine::backend::CudaOps>,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
+    let profiled: Vec<usize> = std::env::var("DS4_PROFILE_WINDOWS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect();
+    let ops = m.ops();
+    let graphs = ops.graphs();
+    ops.set_graphs(false);
+    let vocab = m.vocab_size() as u64;
+    let prompt: Vec<u32> = (0..args.ctx_start as u64)
+        .map(|i| (hash64(args.seed ^ 0x5eed, i) % vocab) as u32)
+        .collect();
+    let mut state = m.new_state();
+    prefill(m, &mut state, &prompt, args.chunk, &mut |_| {})?;
+    let mut rows_report = Vec::new();
+    for rows in 1..=4usize {
+        let toks: Vec<u32> = (0..rows as u32).map(|i| 7 + i).collect();
+        let profile = profiled.contains(&rows);
+        let snapshot = state.snapshot();
+        // Once unprofiled (lazy workspaces), then the measured forward.
+        m.forward(&toks, &mut state, LogitsRows::All)?;
+        state.restore(&snapshot);
+        if profile {
+            ops.profiler_range(true)?;
+        }
+        let before = ops.launches();
+        let start = Instant::now();
+        m.forward(&toks, &mut state, LogitsRows::All)?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let launches = ops.launches() - before;
+        if profile {
+            ops.profiler_range(false)?;
+        }
+        state.restore(&snapshot);
+        rows_report.push(format!("rows={rows}:{launches}@{ms:.3}ms"));
+    }
+    ops.set_graphs(graphs);
+    println!("REPORT eager_windows {}", rows_report.join(" "));
     Ok(())
 }
 

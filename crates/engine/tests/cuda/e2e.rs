@@ -354,6 +354,28 @@ fn cuda_qwen4_exp_tiny_b_matches_transformers_and_is_exact() {
     qwen4("tiny_b");
 }
 
+/// The tiny qwen4_exp shape with synthetic 4-bit block weights made on the
+/// device (the fixtures above are f32, so only this runs the block-format
+/// kernels end to end): one forward == chunks == single steps, warm ==
+/// cold, greedy MTP == AR and every verify window (2..=4 rows: the few-row
+/// products) == the shorter forwards, bit for bit.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_qwen4_exp_synthetic_block_weights_are_exact() {
+    use ds4_engine::families::{Device, LoadedModel};
+    let config = ds4_engine::load::synthetic::shape_config("qwen4_exp", "tiny").unwrap();
+    let (loaded, _) =
+        LoadedModel::synthetic("qwen4_exp", &config, 11, true, Device::Cuda(0)).unwrap();
+    let LoadedModel::Qwen4ExpCuda(m) = loaded else {
+        panic!("a CUDA model was asked for");
+    };
+    assert!(
+        m.mtp_contract().is_some(),
+        "the synthetic model has its MTP head"
+    );
+    exactness("qwen4_exp synthetic tiny (Q4_1)", m.as_ref());
+}
+
 fn deepseek(name: &str) {
     let dir = fixtures().join("deepseek_v4").join(name);
     let gm = DeepseekV4Model::load(&dir, gpu()).unwrap();

@@ -609,6 +609,26 @@ impl Device {
 
     /// Wait for every queued op (errors of asynchronous kernels surface
     /// here).
+    /// Starts (`on`) or stops the profiler's capture range: under
+    /// `ncu --profile-from-start off` only the kernels between the two are
+    /// profiled (the bench's verify-window profile). Waits for the queued
+    /// work first, so the range holds exactly the launches made inside it.
+    pub fn profiler_range(&self, on: bool) -> Result<()> {
+        self.sync()?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("cuCtxSetCurrent", e))?;
+        // SAFETY: plain driver calls on the bound context; no pointers.
+        let r = unsafe {
+            if on {
+                driver_sys::cuProfilerStart()
+            } else {
+                driver_sys::cuProfilerStop()
+            }
+        };
+        r.result().map_err(|e| dev_err("cuProfilerStart/Stop", e))
+    }
+
     pub fn sync(&self) -> Result<()> {
         let start = std::time::Instant::now();
         let r = self

@@ -76,6 +76,26 @@ pub(super) fn matmul(
             // warps per output row (the kernel's own order, chosen by the
             // matrix's shape alone so every row count gives the same bits).
             let split = split_form(k);
+            if few_form(rows) {
+                // A verify window: FEW_OUT output rows a warp (or a block,
+                // split form), the chain applied as the values are stored.
+                let (name, shape) = match (kind, split) {
+                    (BlockKind::Q4_1, false) => ("matmul_q4_1_few", warp_rows(n.div_ceil(FEW_OUT))),
+                    (BlockKind::Q8_0, false) => ("matmul_q8_0_few", warp_rows(n.div_ceil(FEW_OUT))),
+                    (BlockKind::Q4_1, true) => (
+                        "matmul_q4_1_split_few",
+                        Shape::blocks(n.div_ceil(FEW_OUT), 256),
+                    ),
+                    (BlockKind::Q8_0, true) => (
+                        "matmul_q8_0_split_few",
+                        Shape::blocks(n.div_ceil(FEW_OUT), 256),
+                    ),
+                };
+                let mut a = args![y.ptr(), x.ptr(), rows, ptr(dm), ptr(quants), n, k].to_vec();
+                a.extend(chain_args("matmul_unary", chain)?);
+                dev.launch(name, shape, &a)?;
+                return Ok(y);
+            }
             let shape = if split {
                 Shape::blocks(n, 256)
             } else if rows == 1 {
@@ -121,6 +141,33 @@ pub(super) fn matmul(
 /// in `matmul.cu`).
 const ONE_ROWS: usize = 2;
 
+/// Activation rows at most of the few-row block products (`matmul_*_few`:
+/// verify windows of up to three drafts; `MM_TILE` in `matmul.cu`).
+const FEW_ROWS: usize = 4;
+
+/// Output rows per warp (split form: per block) of the few-row products
+/// (`FEW_OUT` in `matmul.cu`).
+const FEW_OUT: usize = 4;
+
+/// Whether products of 2..=[`FEW_ROWS`] rows take the few-row kernels (on
+/// unless `DS4_CUDA_FEW=0`, for side-by-side runs; either way the bits are
+/// the same, which the CUDA tests check).
+fn few_rows_on() -> bool {
+    static ON: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::env::var("DS4_CUDA_FEW").map_or(true, |v| v != "0"));
+    *ON
+}
+
+/// Whether a block product of `rows` activation rows takes the few-row
+/// kernels: a verify window's 2..=[`FEW_ROWS`] rows, and one row too under
+/// `DS4_CUDA_ONE_FEW=1` (an experiment: FEW_OUT rows a warp sharing each
+/// activation load, against the one-row kernels' two; the same bits).
+fn few_form(rows: usize) -> bool {
+    static ONE: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::env::var("DS4_CUDA_ONE_FEW").is_ok_and(|v| v == "1"));
+    ((2..=FEW_ROWS).contains(&rows) && few_rows_on()) || (rows == 1 && *ONE)
+}
+
 /// Output rows per warp of the routed block products without SwiGLU
 /// (`four_row_sums` in `matmul.cu`).
 const GATHER_ROWS: usize = 4;
@@ -151,6 +198,7 @@ pub(super) struct ManyArgs {
     x: u64,
     k: u64,
     parts: u64,
+    rows: u64,
     p: [ManyPart; MANY_PARTS],
 }
 
@@ -160,7 +208,7 @@ fn split_form(k: usize) -> bool {
 }
 
 /// [`crate::backend::Backend::matmul_many`]: one launch when the call is
-/// one activation row and every part is a block matrix of one format and
+/// one activation row (or a verify window's 2..=[`FEW_ROWS`]) and every part is a block matrix of one format and
 /// one kernel form (SwiGLU parts only in the warp form); otherwise the
 /// parts one by one. Either way each part has the bits of its own
 /// `matmul_unary` (or `matmul` then `swiglu`).
@@ -191,7 +239,8 @@ fn many_in_one(
     rows: usize,
     parts: &[(&CudaMatrix, Epilogue<'_>)],
 ) -> Result<Option<Vec<CudaBuf>>> {
-    if rows != 1 || parts.len() < 2 || parts.len() > MANY_PARTS {
+    let few = few_form(rows);
+    if !(rows == 1 || few) || parts.len() < 2 || parts.len() > MANY_PARTS {
         return Ok(None);
     }
     let (_, k) = parts[0].0.dims();
@@ -214,16 +263,17 @@ fn many_in_one(
     let Some((kind, split)) = form else {
         return Ok(None);
     };
-    if x.len() != k {
+    if x.len() != rows * k {
         return Err(shape_err(
             "matmul_many",
-            format!("{} values are not [1, {k}]", x.len()),
+            format!("{} values are not [{rows}, {k}]", x.len()),
         ));
     }
     let mut a = ManyArgs {
         x: x.ptr(),
         k: k as u64,
         parts: parts.len() as u64,
+        rows: rows as u64,
         ..Default::default()
     };
     let mut outs = Vec::with_capacity(parts.len());
@@ -239,7 +289,7 @@ fn many_in_one(
             Epilogue::Chain(chain) => (*out, false, None, chain_fields("matmul_many", chain)?),
             Epilogue::Swiglu(limit) => (out / 2, true, limit, ChainFields::default()),
         };
-        let y = CudaBuf::uninit(dev, n)?;
+        let y = CudaBuf::uninit(dev, rows * n)?;
         a.p[i] = ManyPart {
             dm: ptr(dm),
             quants: ptr(quants),
@@ -251,12 +301,23 @@ fn many_in_one(
             limit: limit.unwrap_or(0.0),
             chain,
         };
-        first += n;
+        // The part's units: warps (split form: blocks) of one output row
+        // each, or in the few-row kernels of FEW_OUT rows (two SwiGLU
+        // outputs).
+        first += match (few, swiglu) {
+            (false, _) => n,
+            (true, false) => n.div_ceil(FEW_OUT),
+            (true, true) => n.div_ceil(2),
+        };
         outs.push(y);
     }
     // SwiGLU parts have kernels of their own (the two-row path's registers).
     let swiglu = parts.iter().any(|(_, e)| matches!(e, Epilogue::Swiglu(_)));
     let (name, shape) = match (kind, split) {
+        (BlockKind::Q4_1, false) if few => ("matmul_q4_1_many_few", warp_rows(first)),
+        (BlockKind::Q8_0, false) if few => ("matmul_q8_0_many_few", warp_rows(first)),
+        (BlockKind::Q4_1, true) if few => ("matmul_q4_1_split_many_few", Shape::blocks(first, 256)),
+        (BlockKind::Q8_0, true) if few => ("matmul_q8_0_split_many_few", Shape::blocks(first, 256)),
         (BlockKind::Q4_1, false) if swiglu => ("matmul_q4_1_many_swiglu", warp_rows(first)),
         (BlockKind::Q8_0, false) if swiglu => ("matmul_q8_0_many_swiglu", warp_rows(first)),
         (BlockKind::Q4_1, false) => ("matmul_q4_1_many", warp_rows(first)),
@@ -281,7 +342,8 @@ fn warp_rows(n: usize) -> Shape {
 const MEAN_STREAMS: usize = 8;
 
 /// [`crate::backend::Backend::matmul_gated_mean`]: one launch for one
-/// activation row and a block matrix in the warp form (a warp per output
+/// activation row (or a verify window's 2..=[`FEW_ROWS`]) and a block
+/// matrix in the warp form (a warp per output
 /// column computes its `C` gate rows, then the mean with the streams, as
 /// `gated_mean_streams_f32`), else the product then the mix.
 pub(super) fn matmul_gated_mean(
@@ -294,6 +356,50 @@ pub(super) fn matmul_gated_mean(
     h: usize,
 ) -> Result<CudaBuf> {
     let (n, k) = w.dims();
+    if let CudaMatrix::Block {
+        kind, dm, quants, ..
+    } = w
+        && few_form(rows)
+        && c > 0
+        && c <= MEAN_STREAMS
+        && n == c * h
+        && !split_form(k)
+    {
+        // A verify window: the few-row form of the same launch.
+        if x.len() != rows * k || streams.len() != rows * n {
+            return Err(shape_err(
+                "matmul_gated_mean",
+                format!(
+                    "{} inputs and {} stream values for {rows} rows of [{n}, {k}] in {c} streams",
+                    x.len(),
+                    streams.len()
+                ),
+            ));
+        }
+        let y = CudaBuf::uninit(dev, rows * h)?;
+        let name = match kind {
+            BlockKind::Q4_1 => "matmul_q4_1_gated_mean_few",
+            BlockKind::Q8_0 => "matmul_q8_0_gated_mean_few",
+        };
+        let inv = (1f64 / c as f64) as f32;
+        dev.launch(
+            name,
+            warp_rows(h),
+            args![
+                y.ptr(),
+                x.ptr(),
+                rows,
+                ptr(dm),
+                ptr(quants),
+                streams.ptr(),
+                c,
+                h,
+                k,
+                inv
+            ],
+        )?;
+        return Ok(y);
+    }
     if let CudaMatrix::Block {
         kind, dm, quants, ..
     } = w

@@ -95,6 +95,12 @@ impl CudaOps {
         self.dev.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Starts or stops the profiler's capture range
+    /// (`Device::profiler_range`: what `ncu --profile-from-start off` sees).
+    pub fn profiler_range(&self, on: bool) -> Result<()> {
+        self.dev.profiler_range(on)
+    }
+
     /// Nanoseconds the host has waited for the device so far (every
     /// read-back waits for the queued work).
     pub fn sync_wait_ns(&self) -> u64 {

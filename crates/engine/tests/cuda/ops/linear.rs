@@ -217,10 +217,12 @@ fn cuda_block_experts_match_the_cpu() {
     });
 }
 
-/// A product and its gate chain (`matmul_unary`): a one-row block product
-/// applies the chain as it stores (one launch), every other call runs the
-/// two ops; both have the bits of `unary_chain(matmul)`, for the warp-per-
-/// row and the split kernels, and rows stay independent.
+/// A product and its gate chain (`matmul_unary`): a block product of one
+/// row, or of a verify window's 2..=4 (`matmul_*_few`), applies the chain
+/// as it stores (one launch), every other call runs the two ops; all have
+/// the bits of `unary_chain(matmul)`, for the warp-per-row and the split
+/// kernels, and rows stay independent (the few-row kernels against single
+/// rows and, through `blocks_at`, against the several-row kernels).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_matmul_unary_is_the_product_then_the_chain() {
@@ -273,6 +275,14 @@ fn cuda_matmul_unary_is_the_product_then_the_chain() {
                             .unwrap(),
                     )
                 });
+                let xs = up(&g, &x);
+                let before = g.launches();
+                g.matmul_unary(&xs, rows, &gm, chain).unwrap();
+                assert_eq!(
+                    g.launches() - before,
+                    1,
+                    "{what}: {rows} rows in one launch"
+                );
             }
         }
     }
@@ -284,11 +294,11 @@ fn cuda_matmul_unary_is_the_product_then_the_chain() {
 }
 
 /// Several products of one input (`matmul_many`): one launch for a
-/// one-row call whose parts share a block format and kernel form (warp per
-/// row, or the split form), each part with the bits of its own
-/// `matmul_unary` (or `matmul` then `swiglu`); other calls (several rows,
-/// a SwiGLU part in the split form) run the parts one by one, with the
-/// same bits.
+/// call of one row or a verify window's 2..=4 whose parts share a block
+/// format and kernel form (warp per row, or the split form), each part with
+/// the bits of its own `matmul_unary` (or `matmul` then `swiglu`); other
+/// calls (more rows, a SwiGLU part in the split form) run the parts one by
+/// one, with the same bits.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_matmul_many_is_each_product_alone() {
@@ -342,6 +352,15 @@ fn cuda_matmul_many_is_each_product_alone() {
             let many = g.matmul_many(&up(&g, &x[..k]), 1, &gparts).unwrap();
             // `up` is a copy, not a launch.
             assert_eq!(g.launches() - before, launches, "{what}: launches");
+            // A verify window's rows take as many launches as one row.
+            let xs = up(&g, &x);
+            let before = g.launches();
+            g.matmul_many(&xs, rows, &gparts).unwrap();
+            assert_eq!(
+                g.launches() - before,
+                launches,
+                "{what}: {rows} rows, launches"
+            );
             for (i, (&(w, then), cpu)) in gparts.iter().zip(&cparts).enumerate() {
                 let xg = up(&g, &x[..k]);
                 let alone = match then {
@@ -365,7 +384,8 @@ fn cuda_matmul_many_is_each_product_alone() {
 }
 
 /// The gated-residual mix with its gates as a product
-/// (`matmul_gated_mean`): one launch for a decode row of a block matrix,
+/// (`matmul_gated_mean`): one launch for a decode row of a block matrix
+/// (and for a verify window's few rows),
 /// with the bits of `matmul` then `gated_mean_streams`, rows independent;
 /// against the CPU within the product's bound.
 #[test]
@@ -413,6 +433,16 @@ fn cuda_matmul_gated_mean_is_the_product_then_the_mix() {
                         .unwrap(),
                 )
             });
+            // A verify window's rows take the launches of one row.
+            let (xs, ss) = (up(&g, &x), up(&g, &s));
+            let before = g.launches();
+            g.matmul_gated_mean(&xs, rows, &gm, &ss, streams, h)
+                .unwrap();
+            assert_eq!(
+                g.launches() - before,
+                launches,
+                "{what}: {rows} rows, launches"
+            );
         }
     }
 }
