@@ -7,6 +7,7 @@
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
 use super::elementwise::{ChainFields, chain_args, chain_fields, swiglu, unary_chain};
+use super::few_rows::{FEW_OUT, FewForm, FewOp, ROWS_NAMES, few_form, per_row};
 use super::select::CudaRouting;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
 use crate::backend::{Epilogue, Unary};
@@ -76,22 +77,48 @@ pub(super) fn matmul(
             // warps per output row (the kernel's own order, chosen by the
             // matrix's shape alone so every row count gives the same bits).
             let split = split_form(k);
-            if few_form(rows) {
-                // A verify window: FEW_OUT output rows a warp (or a block,
-                // split form), the chain applied as the values are stored.
-                let (name, shape) = match (kind, split) {
-                    (BlockKind::Q4_1, false) => ("matmul_q4_1_few", warp_rows(n.div_ceil(FEW_OUT))),
-                    (BlockKind::Q8_0, false) => ("matmul_q8_0_few", warp_rows(n.div_ceil(FEW_OUT))),
-                    (BlockKind::Q4_1, true) => (
+            let op = if split { FewOp::Split } else { FewOp::Matmul };
+            let form = few_form(rows, op);
+            if form != FewForm::Off {
+                // A verify window (`few_rows.rs`): the chain is applied as
+                // the values are stored, in one launch either way.
+                let (name, shape) = match (form, kind, split) {
+                    (FewForm::Few, BlockKind::Q4_1, false) => {
+                        ("matmul_q4_1_few", warp_rows(n.div_ceil(FEW_OUT)))
+                    }
+                    (FewForm::Few, BlockKind::Q8_0, false) => {
+                        ("matmul_q8_0_few", warp_rows(n.div_ceil(FEW_OUT)))
+                    }
+                    (FewForm::Few, BlockKind::Q4_1, true) => (
                         "matmul_q4_1_split_few",
                         Shape::blocks(n.div_ceil(FEW_OUT), 256),
                     ),
-                    (BlockKind::Q8_0, true) => (
+                    (FewForm::Few, BlockKind::Q8_0, true) => (
                         "matmul_q8_0_split_few",
                         Shape::blocks(n.div_ceil(FEW_OUT), 256),
                     ),
+                    (_, BlockKind::Q4_1, false) => (
+                        "matmul_q4_1_one_rows",
+                        per_row(warp_rows(n.div_ceil(ONE_ROWS)), rows),
+                    ),
+                    (_, BlockKind::Q8_0, false) => (
+                        "matmul_q8_0_one_rows",
+                        per_row(warp_rows(n.div_ceil(ONE_ROWS)), rows),
+                    ),
+                    (_, BlockKind::Q4_1, true) => (
+                        "matmul_q4_1_split_one_rows",
+                        per_row(Shape::blocks(n, 256), rows),
+                    ),
+                    (_, BlockKind::Q8_0, true) => (
+                        "matmul_q8_0_split_one_rows",
+                        per_row(Shape::blocks(n, 256), rows),
+                    ),
                 };
-                let mut a = args![y.ptr(), x.ptr(), rows, ptr(dm), ptr(quants), n, k].to_vec();
+                let mut a = if form == FewForm::Few {
+                    args![y.ptr(), x.ptr(), rows, ptr(dm), ptr(quants), n, k].to_vec()
+                } else {
+                    args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k].to_vec()
+                };
                 a.extend(chain_args("matmul_unary", chain)?);
                 dev.launch(name, shape, &a)?;
                 return Ok(y);
@@ -141,33 +168,6 @@ pub(super) fn matmul(
 /// in `matmul.cu`).
 const ONE_ROWS: usize = 2;
 
-/// Activation rows at most of the few-row block products (`matmul_*_few`:
-/// verify windows of up to three drafts; `MM_TILE` in `matmul.cu`).
-const FEW_ROWS: usize = 4;
-
-/// Output rows per warp (split form: per block) of the few-row products
-/// (`FEW_OUT` in `matmul.cu`).
-const FEW_OUT: usize = 4;
-
-/// Whether products of 2..=[`FEW_ROWS`] rows take the few-row kernels (on
-/// unless `DS4_CUDA_FEW=0`, for side-by-side runs; either way the bits are
-/// the same, which the CUDA tests check).
-fn few_rows_on() -> bool {
-    static ON: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| std::env::var("DS4_CUDA_FEW").map_or(true, |v| v != "0"));
-    *ON
-}
-
-/// Whether a block product of `rows` activation rows takes the few-row
-/// kernels: a verify window's 2..=[`FEW_ROWS`] rows, and one row too under
-/// `DS4_CUDA_ONE_FEW=1` (an experiment: FEW_OUT rows a warp sharing each
-/// activation load, against the one-row kernels' two; the same bits).
-fn few_form(rows: usize) -> bool {
-    static ONE: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| std::env::var("DS4_CUDA_ONE_FEW").is_ok_and(|v| v == "1"));
-    ((2..=FEW_ROWS).contains(&rows) && few_rows_on()) || (rows == 1 && *ONE)
-}
-
 /// Output rows per warp of the routed block products without SwiGLU
 /// (`four_row_sums` in `matmul.cu`).
 const GATHER_ROWS: usize = 4;
@@ -208,7 +208,7 @@ fn split_form(k: usize) -> bool {
 }
 
 /// [`crate::backend::Backend::matmul_many`]: one launch when the call is
-/// one activation row (or a verify window's 2..=[`FEW_ROWS`]) and every part is a block matrix of one format and
+/// one activation row (or a verify window's 2..=4 (`few_rows.rs`)) and every part is a block matrix of one format and
 /// one kernel form (SwiGLU parts only in the warp form); otherwise the
 /// parts one by one. Either way each part has the bits of its own
 /// `matmul_unary` (or `matmul` then `swiglu`).
@@ -239,8 +239,7 @@ fn many_in_one(
     rows: usize,
     parts: &[(&CudaMatrix, Epilogue<'_>)],
 ) -> Result<Option<Vec<CudaBuf>>> {
-    let few = few_form(rows);
-    if !(rows == 1 || few) || parts.len() < 2 || parts.len() > MANY_PARTS {
+    if parts.len() < 2 || parts.len() > MANY_PARTS {
         return Ok(None);
     }
     let (_, k) = parts[0].0.dims();
@@ -263,6 +262,12 @@ fn many_in_one(
     let Some((kind, split)) = form else {
         return Ok(None);
     };
+    let op = if split { FewOp::SplitMany } else { FewOp::Many };
+    let form = few_form(rows, op);
+    if rows != 1 && form == FewForm::Off {
+        return Ok(None);
+    }
+    let few = form == FewForm::Few;
     if x.len() != rows * k {
         return Err(shape_err(
             "matmul_many",
@@ -325,6 +330,18 @@ fn many_in_one(
         (BlockKind::Q4_1, true) => ("matmul_q4_1_split_many", Shape::blocks(first, 256)),
         (BlockKind::Q8_0, true) => ("matmul_q8_0_split_many", Shape::blocks(first, 256)),
     };
+    // The rows form: the one-row kernel once per row (grid y).
+    let (name, shape) = if form == FewForm::Rows {
+        (
+            ROWS_NAMES
+                .iter()
+                .find(|(one, _)| *one == name)
+                .map_or(name, |(_, r)| *r),
+            per_row(shape, rows),
+        )
+    } else {
+        (name, shape)
+    };
     dev.launch_many(name, shape, &a)?;
     Ok(Some(outs))
 }
@@ -342,7 +359,7 @@ fn warp_rows(n: usize) -> Shape {
 const MEAN_STREAMS: usize = 8;
 
 /// [`crate::backend::Backend::matmul_gated_mean`]: one launch for one
-/// activation row (or a verify window's 2..=[`FEW_ROWS`]) and a block
+/// activation row (or a verify window's 2..=4 (`few_rows.rs`)) and a block
 /// matrix in the warp form (a warp per output
 /// column computes its `C` gate rows, then the mean with the streams, as
 /// `gated_mean_streams_f32`), else the product then the mix.
@@ -359,7 +376,7 @@ pub(super) fn matmul_gated_mean(
     if let CudaMatrix::Block {
         kind, dm, quants, ..
     } = w
-        && few_form(rows)
+        && few_form(rows, FewOp::GatedMean) != FewForm::Off
         && c > 0
         && c <= MEAN_STREAMS
         && n == c * h
@@ -377,11 +394,33 @@ pub(super) fn matmul_gated_mean(
             ));
         }
         let y = CudaBuf::uninit(dev, rows * h)?;
+        let inv = (1f64 / c as f64) as f32;
+        if few_form(rows, FewOp::GatedMean) == FewForm::Rows {
+            let name = match kind {
+                BlockKind::Q4_1 => "matmul_q4_1_gated_mean_rows",
+                BlockKind::Q8_0 => "matmul_q8_0_gated_mean_rows",
+            };
+            dev.launch(
+                name,
+                per_row(warp_rows(h), rows),
+                args![
+                    y.ptr(),
+                    x.ptr(),
+                    ptr(dm),
+                    ptr(quants),
+                    streams.ptr(),
+                    c,
+                    h,
+                    k,
+                    inv
+                ],
+            )?;
+            return Ok(y);
+        }
         let name = match kind {
             BlockKind::Q4_1 => "matmul_q4_1_gated_mean_few",
             BlockKind::Q8_0 => "matmul_q8_0_gated_mean_few",
         };
-        let inv = (1f64 / c as f64) as f32;
         dev.launch(
             name,
             warp_rows(h),

@@ -34,6 +34,7 @@ mod graph;
 mod host_gaps;
 pub use device::Pdl;
 pub use host_gaps::GapRow;
+mod few_rows;
 mod linear;
 mod mem;
 mod norms;

@@ -727,8 +727,11 @@ __device__ __forceinline__ ManyPart many_part(const Many& m, u64 g) {
 
 // `SWIGLU`: the launch has SwiGLU parts (a kernel of its own: the two-row
 // path's registers would lower every other launch's occupancy).
+// `t`: the activation row (0 in the one-row kernels; blockIdx.y in the
+// `_rows` kernels, which run this one-row code once per row of a verify
+// window).
 template <int Q4, int SWIGLU>
-__device__ __forceinline__ void matmul_block_many(const Many& m) {
+__device__ __forceinline__ void matmul_block_many(const Many& m, u64 t) {
     const int qb = Q4 ? 16 : 32;
     u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     ManyPart p = many_part(m, g);
@@ -736,28 +739,31 @@ __device__ __forceinline__ void matmul_block_many(const Many& m) {
     if (j >= p.n) return;
     unsigned lane = threadIdx.x & 31;
     u64 nb = m.k / 32;
+    const float* x = m.x + t * m.k;
+    float* y = p.y + t * p.n;
     if (SWIGLU && p.swiglu) {
-        float2 gu = two_row_sums<Q4>(m.x, p.dm, p.quants, nb, j, p.n + j, lane);
-        if (lane == 0) p.y[j] = swiglu_one(gu.x, gu.y, p.has_limit, p.limit);
+        float2 gu = two_row_sums<Q4>(x, p.dm, p.quants, nb, j, p.n + j, lane);
+        if (lane == 0) y[j] = swiglu_one(gu.x, gu.y, p.has_limit, p.limit);
         return;
     }
     float acc[1] = {0.f};
-    block_steps<Q4, 1, MM_AHEAD>(acc, 1, m.x, m.k, p.dm + j * nb, p.quants + j * nb * qb, nb, 0,
-                                 8, lane);
+    block_steps<Q4, 1, MM_AHEAD>(acc, 1, x, m.k, p.dm + j * nb, p.quants + j * nb * qb, nb, 0, 8,
+                                 lane);
     float s = warp_sum(acc[0]);
-    if (lane == 0) p.y[j] = p.c.apply(s);
+    if (lane == 0) y[j] = p.c.apply(s);
 }
 
 template <int Q4>
-__device__ __forceinline__ void matmul_block_split_many(const Many& m) {
+__device__ __forceinline__ void matmul_block_split_many(const Many& m, u64 t) {
     __shared__ float part[MM_SPLIT][MM_TILE];
     const int qb = Q4 ? 16 : 32;
     ManyPart p = many_part(m, blockIdx.x);
     u64 j = blockIdx.x - p.first;
     if (j >= p.n) return;
     u64 nb = m.k / 32;
-    float s = split_row_one<Q4>(&part[0][0], m.x, m.k, p.dm + j * nb, p.quants + j * nb * qb, nb);
-    if (threadIdx.x == 0) p.y[j] = p.c.apply(s);
+    float s = split_row_one<Q4>(&part[0][0], m.x + t * m.k, m.k, p.dm + j * nb,
+                                p.quants + j * nb * qb, nb);
+    if (threadIdx.x == 0) p.y[t * p.n + j] = p.c.apply(s);
 }
 
 // `matmul_block_many` / `matmul_block_split_many` for a verify window's
@@ -866,27 +872,93 @@ extern "C" __global__ void matmul_q8_0_split_many_few(Many m) {
 
 extern "C" __global__ void matmul_q4_1_many(Many m) {
     dep_entry();
-    matmul_block_many<1, 0>(m);
+    matmul_block_many<1, 0>(m, 0);
 }
 extern "C" __global__ void matmul_q8_0_many(Many m) {
     dep_entry();
-    matmul_block_many<0, 0>(m);
+    matmul_block_many<0, 0>(m, 0);
 }
 extern "C" __global__ void matmul_q4_1_many_swiglu(Many m) {
     dep_entry();
-    matmul_block_many<1, 1>(m);
+    matmul_block_many<1, 1>(m, 0);
 }
 extern "C" __global__ void matmul_q8_0_many_swiglu(Many m) {
     dep_entry();
-    matmul_block_many<0, 1>(m);
+    matmul_block_many<0, 1>(m, 0);
 }
 extern "C" __global__ void matmul_q4_1_split_many(Many m) {
     dep_entry();
-    matmul_block_split_many<1>(m);
+    matmul_block_split_many<1>(m, 0);
 }
 extern "C" __global__ void matmul_q8_0_split_many(Many m) {
     dep_entry();
-    matmul_block_split_many<0>(m);
+    matmul_block_split_many<0>(m, 0);
+}
+
+// The one-row kernels once per activation row of a verify window
+// (blockIdx.y = the row): the same code, so the bits of one-row calls;
+// rows after the first find most weights in L2. The alternative to the
+// few-row kernels, chosen per product by `DS4_CUDA_FEW_ROWS`
+// (`cuda/linear.rs`).
+extern "C" __global__ void matmul_q4_1_many_rows(Many m) {
+    dep_entry();
+    matmul_block_many<1, 0>(m, blockIdx.y);
+}
+extern "C" __global__ void matmul_q8_0_many_rows(Many m) {
+    dep_entry();
+    matmul_block_many<0, 0>(m, blockIdx.y);
+}
+extern "C" __global__ void matmul_q4_1_many_swiglu_rows(Many m) {
+    dep_entry();
+    matmul_block_many<1, 1>(m, blockIdx.y);
+}
+extern "C" __global__ void matmul_q8_0_many_swiglu_rows(Many m) {
+    dep_entry();
+    matmul_block_many<0, 1>(m, blockIdx.y);
+}
+extern "C" __global__ void matmul_q4_1_split_many_rows(Many m) {
+    dep_entry();
+    matmul_block_split_many<1>(m, blockIdx.y);
+}
+extern "C" __global__ void matmul_q8_0_split_many_rows(Many m) {
+    dep_entry();
+    matmul_block_split_many<0>(m, blockIdx.y);
+}
+extern "C" __global__ void matmul_q4_1_one_rows(float* y, const float* x, const u32* dm,
+                                                const u8* quants, u64 n, u64 k, int steps, int k0,
+                                                float a0, float b0, int k1, float a1, float b1,
+                                                int k2, float a2, float b2, int k3, float a3,
+                                                float b3) {
+    dep_entry();
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_one<1>(y + blockIdx.y * n, x + blockIdx.y * k, dm, quants, n, k, c);
+}
+extern "C" __global__ void matmul_q8_0_one_rows(float* y, const float* x, const u32* dm,
+                                                const u8* quants, u64 n, u64 k, int steps, int k0,
+                                                float a0, float b0, int k1, float a1, float b1,
+                                                int k2, float a2, float b2, int k3, float a3,
+                                                float b3) {
+    dep_entry();
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_one<0>(y + blockIdx.y * n, x + blockIdx.y * k, dm, quants, n, k, c);
+}
+extern "C" __global__ void matmul_q4_1_split_one_rows(float* y, const float* x, const u32* dm,
+                                                      const u8* quants, u64 n, u64 k, int steps,
+                                                      int k0, float a0, float b0, int k1,
+                                                      float a1, float b1, int k2, float a2,
+                                                      float b2, int k3, float a3, float b3) {
+    dep_entry();
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_split<1, 1>(y + blockIdx.y * n, x + blockIdx.y * k, 1, dm, quants, n, k, c);
+}
+extern "C" __global__ void matmul_q8_0_split_one_rows(float* y, const float* x, const u32* dm,
+                                                      const u8* quants, u64 n, u64 k, int steps,
+                                                      int k0, float a0, float b0, int k1,
+                                                      float a1, float b1, int k2, float a2,
+                                                      float b2, int k3, float a3, float b3) {
+    dep_entry();
+    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
+    matmul_block_split<0, 1>(y + blockIdx.y * n, x + blockIdx.y * k, 1, dm, quants, n, k, c);
 }
 
 // The gated-residual mix with its gates as a product, one activation row
@@ -1026,6 +1098,24 @@ extern "C" __global__ void matmul_q8_0_gated_mean_few(float* y, const float* x, 
                                                       float inv) {
     dep_entry();
     matmul_block_gated_mean_few<0>(y, x, rows, dm, quants, streams, c, h, k, inv);
+}
+
+extern "C" __global__ void matmul_q4_1_gated_mean_rows(float* y, const float* x, const u32* dm,
+                                                       const u8* quants, const float* streams,
+                                                       u64 c, u64 h, u64 k, float inv) {
+    dep_entry();
+    u64 t = blockIdx.y;
+    matmul_block_gated_mean<1>(y + t * h, x + t * k, dm, quants, streams + t * c * h, c, h, k,
+                               inv);
+}
+
+extern "C" __global__ void matmul_q8_0_gated_mean_rows(float* y, const float* x, const u32* dm,
+                                                       const u8* quants, const float* streams,
+                                                       u64 c, u64 h, u64 k, float inv) {
+    dep_entry();
+    u64 t = blockIdx.y;
+    matmul_block_gated_mean<0>(y + t * h, x + t * k, dm, quants, streams + t * c * h, c, h, k,
+                               inv);
 }
 
 // Routed experts in a block format: pair p (a (token, slot)) multiplies x
