@@ -357,8 +357,8 @@ fn cuda_qwen4_exp_tiny_b_matches_transformers_and_is_exact() {
 /// The tiny qwen4_exp shape with synthetic 4-bit block weights made on the
 /// device (the fixtures above are f32, so only this runs the block-format
 /// kernels end to end): one forward == chunks == single steps, warm ==
-/// cold, greedy MTP == AR and every verify window (2..=4 rows: the few-row
-/// products) == the shorter forwards, bit for bit.
+/// cold, greedy MTP == AR and every verify window (2..=4 rows: the one-row
+/// kernels per row) == the shorter forwards, bit for bit.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_qwen4_exp_synthetic_block_weights_are_exact() {

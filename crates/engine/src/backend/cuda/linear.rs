@@ -7,9 +7,9 @@
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
 use super::elementwise::{ChainFields, chain_args, chain_fields, swiglu, unary_chain};
-use super::few_rows::{FEW_OUT, FewForm, FewOp, ROWS_NAMES, few_form, per_row};
 use super::select::CudaRouting;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
+use super::window_rows::{many_rows_kernel, per_row, per_row_window};
 use crate::backend::{Epilogue, Unary};
 use crate::error::{EngineError, Result};
 
@@ -77,55 +77,13 @@ pub(super) fn matmul(
             // warps per output row (the kernel's own order, chosen by the
             // matrix's shape alone so every row count gives the same bits).
             let split = split_form(k);
-            let op = if split { FewOp::Split } else { FewOp::Matmul };
-            let form = few_form(rows, op);
-            if form != FewForm::Off {
-                // A verify window (`few_rows.rs`): the chain is applied as
-                // the values are stored, in one launch either way.
-                let (name, shape) = match (form, kind, split) {
-                    (FewForm::Few, BlockKind::Q4_1, false) => {
-                        ("matmul_q4_1_few", warp_rows(n.div_ceil(FEW_OUT)))
-                    }
-                    (FewForm::Few, BlockKind::Q8_0, false) => {
-                        ("matmul_q8_0_few", warp_rows(n.div_ceil(FEW_OUT)))
-                    }
-                    (FewForm::Few, BlockKind::Q4_1, true) => (
-                        "matmul_q4_1_split_few",
-                        Shape::blocks(n.div_ceil(FEW_OUT), 256),
-                    ),
-                    (FewForm::Few, BlockKind::Q8_0, true) => (
-                        "matmul_q8_0_split_few",
-                        Shape::blocks(n.div_ceil(FEW_OUT), 256),
-                    ),
-                    (_, BlockKind::Q4_1, false) => (
-                        "matmul_q4_1_one_rows",
-                        per_row(warp_rows(n.div_ceil(ONE_ROWS)), rows),
-                    ),
-                    (_, BlockKind::Q8_0, false) => (
-                        "matmul_q8_0_one_rows",
-                        per_row(warp_rows(n.div_ceil(ONE_ROWS)), rows),
-                    ),
-                    (_, BlockKind::Q4_1, true) => (
-                        "matmul_q4_1_split_one_rows",
-                        per_row(Shape::blocks(n, 256), rows),
-                    ),
-                    (_, BlockKind::Q8_0, true) => (
-                        "matmul_q8_0_split_one_rows",
-                        per_row(Shape::blocks(n, 256), rows),
-                    ),
-                };
-                let mut a = if form == FewForm::Few {
-                    args![y.ptr(), x.ptr(), rows, ptr(dm), ptr(quants), n, k].to_vec()
-                } else {
-                    args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k].to_vec()
-                };
-                a.extend(chain_args("matmul_unary", chain)?);
-                dev.launch(name, shape, &a)?;
-                return Ok(y);
-            }
+            // A verify window's few rows run the one-row kernels once per
+            // row (`window_rows.rs`).
+            let window = per_row_window(rows);
+            let one = rows == 1 || window;
             let shape = if split {
                 Shape::blocks(n, 256)
-            } else if rows == 1 {
+            } else if one {
                 warp_rows(n.div_ceil(ONE_ROWS))
             } else {
                 warp_rows(n)
@@ -133,17 +91,22 @@ pub(super) fn matmul(
             // One activation row (decode) has kernels of its own: the same
             // arithmetic, loading ahead, without the several-row path's
             // registers (`kernels/matmul.cu`).
-            let name = match (kind, split, rows == 1) {
-                (BlockKind::Q4_1, false, false) => "matmul_q4_1",
-                (BlockKind::Q8_0, false, false) => "matmul_q8_0",
-                (BlockKind::Q4_1, true, false) => "matmul_q4_1_split",
-                (BlockKind::Q8_0, true, false) => "matmul_q8_0_split",
-                (BlockKind::Q4_1, false, true) => "matmul_q4_1_one",
-                (BlockKind::Q8_0, false, true) => "matmul_q8_0_one",
-                (BlockKind::Q4_1, true, true) => "matmul_q4_1_split_one",
-                (BlockKind::Q8_0, true, true) => "matmul_q8_0_split_one",
+            let name = match (kind, split, one, window) {
+                (BlockKind::Q4_1, false, false, _) => "matmul_q4_1",
+                (BlockKind::Q8_0, false, false, _) => "matmul_q8_0",
+                (BlockKind::Q4_1, true, false, _) => "matmul_q4_1_split",
+                (BlockKind::Q8_0, true, false, _) => "matmul_q8_0_split",
+                (BlockKind::Q4_1, false, true, false) => "matmul_q4_1_one",
+                (BlockKind::Q8_0, false, true, false) => "matmul_q8_0_one",
+                (BlockKind::Q4_1, true, true, false) => "matmul_q4_1_split_one",
+                (BlockKind::Q8_0, true, true, false) => "matmul_q8_0_split_one",
+                (BlockKind::Q4_1, false, true, true) => "matmul_q4_1_one_rows",
+                (BlockKind::Q8_0, false, true, true) => "matmul_q8_0_one_rows",
+                (BlockKind::Q4_1, true, true, true) => "matmul_q4_1_split_one_rows",
+                (BlockKind::Q8_0, true, true, true) => "matmul_q8_0_split_one_rows",
             };
-            if rows == 1 {
+            if one {
+                let shape = if window { per_row(shape, rows) } else { shape };
                 let mut a = args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k].to_vec();
                 a.extend(chain_args("matmul_unary", chain)?);
                 dev.launch(name, shape, &a)?;
@@ -198,7 +161,6 @@ pub(super) struct ManyArgs {
     x: u64,
     k: u64,
     parts: u64,
-    rows: u64,
     p: [ManyPart; MANY_PARTS],
 }
 
@@ -208,7 +170,7 @@ fn split_form(k: usize) -> bool {
 }
 
 /// [`crate::backend::Backend::matmul_many`]: one launch when the call is
-/// one activation row (or a verify window's 2..=4 (`few_rows.rs`)) and every part is a block matrix of one format and
+/// one activation row (or a verify window's 2..=4, `window_rows.rs`) and every part is a block matrix of one format and
 /// one kernel form (SwiGLU parts only in the warp form); otherwise the
 /// parts one by one. Either way each part has the bits of its own
 /// `matmul_unary` (or `matmul` then `swiglu`).
@@ -262,12 +224,10 @@ fn many_in_one(
     let Some((kind, split)) = form else {
         return Ok(None);
     };
-    let op = if split { FewOp::SplitMany } else { FewOp::Many };
-    let form = few_form(rows, op);
-    if rows != 1 && form == FewForm::Off {
+    let window = per_row_window(rows);
+    if rows != 1 && !window {
         return Ok(None);
     }
-    let few = form == FewForm::Few;
     if x.len() != rows * k {
         return Err(shape_err(
             "matmul_many",
@@ -278,7 +238,6 @@ fn many_in_one(
         x: x.ptr(),
         k: k as u64,
         parts: parts.len() as u64,
-        rows: rows as u64,
         ..Default::default()
     };
     let mut outs = Vec::with_capacity(parts.len());
@@ -306,23 +265,12 @@ fn many_in_one(
             limit: limit.unwrap_or(0.0),
             chain,
         };
-        // The part's units: warps (split form: blocks) of one output row
-        // each, or in the few-row kernels of FEW_OUT rows (two SwiGLU
-        // outputs).
-        first += match (few, swiglu) {
-            (false, _) => n,
-            (true, false) => n.div_ceil(FEW_OUT),
-            (true, true) => n.div_ceil(2),
-        };
+        first += n;
         outs.push(y);
     }
     // SwiGLU parts have kernels of their own (the two-row path's registers).
     let swiglu = parts.iter().any(|(_, e)| matches!(e, Epilogue::Swiglu(_)));
     let (name, shape) = match (kind, split) {
-        (BlockKind::Q4_1, false) if few => ("matmul_q4_1_many_few", warp_rows(first)),
-        (BlockKind::Q8_0, false) if few => ("matmul_q8_0_many_few", warp_rows(first)),
-        (BlockKind::Q4_1, true) if few => ("matmul_q4_1_split_many_few", Shape::blocks(first, 256)),
-        (BlockKind::Q8_0, true) if few => ("matmul_q8_0_split_many_few", Shape::blocks(first, 256)),
         (BlockKind::Q4_1, false) if swiglu => ("matmul_q4_1_many_swiglu", warp_rows(first)),
         (BlockKind::Q8_0, false) if swiglu => ("matmul_q8_0_many_swiglu", warp_rows(first)),
         (BlockKind::Q4_1, false) => ("matmul_q4_1_many", warp_rows(first)),
@@ -330,17 +278,10 @@ fn many_in_one(
         (BlockKind::Q4_1, true) => ("matmul_q4_1_split_many", Shape::blocks(first, 256)),
         (BlockKind::Q8_0, true) => ("matmul_q8_0_split_many", Shape::blocks(first, 256)),
     };
-    // The rows form: the one-row kernel once per row (grid y).
-    let (name, shape) = if form == FewForm::Rows {
-        (
-            ROWS_NAMES
-                .iter()
-                .find(|(one, _)| *one == name)
-                .map_or(name, |(_, r)| *r),
-            per_row(shape, rows),
-        )
-    } else {
-        (name, shape)
+    // A verify window: the one-row kernel once per row (grid y).
+    let (name, shape) = match many_rows_kernel(name) {
+        Some(rows_name) if window => (rows_name, per_row(shape, rows)),
+        _ => (name, shape),
     };
     dev.launch_many(name, shape, &a)?;
     Ok(Some(outs))
@@ -359,7 +300,7 @@ fn warp_rows(n: usize) -> Shape {
 const MEAN_STREAMS: usize = 8;
 
 /// [`crate::backend::Backend::matmul_gated_mean`]: one launch for one
-/// activation row (or a verify window's 2..=4 (`few_rows.rs`)) and a block
+/// activation row (or a verify window's 2..=4, `window_rows.rs`) and a block
 /// matrix in the warp form (a warp per output
 /// column computes its `C` gate rows, then the mean with the streams, as
 /// `gated_mean_streams_f32`), else the product then the mix.
@@ -376,13 +317,13 @@ pub(super) fn matmul_gated_mean(
     if let CudaMatrix::Block {
         kind, dm, quants, ..
     } = w
-        && few_form(rows, FewOp::GatedMean) != FewForm::Off
+        && per_row_window(rows)
         && c > 0
         && c <= MEAN_STREAMS
         && n == c * h
         && !split_form(k)
     {
-        // A verify window: the few-row form of the same launch.
+        // A verify window: the one-row kernel once per row (grid y).
         if x.len() != rows * k || streams.len() != rows * n {
             return Err(shape_err(
                 "matmul_gated_mean",
@@ -395,39 +336,16 @@ pub(super) fn matmul_gated_mean(
         }
         let y = CudaBuf::uninit(dev, rows * h)?;
         let inv = (1f64 / c as f64) as f32;
-        if few_form(rows, FewOp::GatedMean) == FewForm::Rows {
-            let name = match kind {
-                BlockKind::Q4_1 => "matmul_q4_1_gated_mean_rows",
-                BlockKind::Q8_0 => "matmul_q8_0_gated_mean_rows",
-            };
-            dev.launch(
-                name,
-                per_row(warp_rows(h), rows),
-                args![
-                    y.ptr(),
-                    x.ptr(),
-                    ptr(dm),
-                    ptr(quants),
-                    streams.ptr(),
-                    c,
-                    h,
-                    k,
-                    inv
-                ],
-            )?;
-            return Ok(y);
-        }
         let name = match kind {
-            BlockKind::Q4_1 => "matmul_q4_1_gated_mean_few",
-            BlockKind::Q8_0 => "matmul_q8_0_gated_mean_few",
+            BlockKind::Q4_1 => "matmul_q4_1_gated_mean_rows",
+            BlockKind::Q8_0 => "matmul_q8_0_gated_mean_rows",
         };
         dev.launch(
             name,
-            warp_rows(h),
+            per_row(warp_rows(h), rows),
             args![
                 y.ptr(),
                 x.ptr(),
-                rows,
                 ptr(dm),
                 ptr(quants),
                 streams.ptr(),

@@ -34,7 +34,6 @@ mod graph;
 mod host_gaps;
 pub use device::Pdl;
 pub use host_gaps::GapRow;
-mod few_rows;
 mod linear;
 mod mem;
 mod norms;
@@ -44,6 +43,7 @@ mod recurrent;
 mod select;
 mod signature;
 mod weights;
+mod window_rows;
 
 use std::sync::Arc;
 

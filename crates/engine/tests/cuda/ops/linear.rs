@@ -218,11 +218,12 @@ fn cuda_block_experts_match_the_cpu() {
 }
 
 /// A product and its gate chain (`matmul_unary`): a block product of one
-/// row, or of a verify window's 2..=4 (`matmul_*_few`), applies the chain
-/// as it stores (one launch), every other call runs the two ops; all have
-/// the bits of `unary_chain(matmul)`, for the warp-per-row and the split
-/// kernels, and rows stay independent (the few-row kernels against single
-/// rows and, through `blocks_at`, against the several-row kernels).
+/// row, or of a verify window's 2..=4 (the one-row kernels per row,
+/// `matmul_*_rows`), applies the chain as it stores (one launch), every
+/// other call runs the two ops; all have the bits of `unary_chain(matmul)`,
+/// for the warp-per-row and the split kernels, and rows stay independent
+/// (windows against single rows and, through `blocks_at`, against the
+/// several-row kernels).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_matmul_unary_is_the_product_then_the_chain() {

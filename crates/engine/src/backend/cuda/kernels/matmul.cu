@@ -481,179 +481,6 @@ extern "C" __global__ void matmul_q8_0_split_one(float* y, const float* x, const
     matmul_block_split<0, 1>(y, x, 1, dm, quants, n, k, c);
 }
 
-// A verify window's few activation rows (2 ..= MM_TILE; `FEW_ROWS` in
-// `cuda/linear.rs`). The several-row kernels above give each warp one
-// output row, so every weight costs nr activation loads from L1, and with
-// two rows they ran at 0.3–0.6 TB/s (run 21, `docs/GPU.md`: a K = 1 window
-// cost 1.74 decode steps). Here a warp takes FEW_OUT output rows, so each
-// activation value loaded serves FEW_OUT weights, and loads MM_AHEAD /
-// 2 steps ahead. Every (output row, activation row) sum takes the lane
-// FMAs of `block_steps` in the same order, then the butterfly: the bits of
-// `matmul_block` (and of the one-row kernels). The caller's unary chain is
-// applied as each value is stored, as `matmul_block_one` does.
-#define FEW_OUT 4
-#define FEW_AHEAD 2
-
-// acc[r][t] += lane's share of weight row r (of FEW_OUT) times activation
-// row t (< nr) over the eight-block steps from `b_first`, `b_stride` apart.
-template <int Q4>
-__device__ __forceinline__ void few_steps(float (&acc)[FEW_OUT][MM_TILE], u64 nr,
-                                          const float* x, u64 k, const u32* const (&dmr)[FEW_OUT],
-                                          const u8* const (&qr)[FEW_OUT], u64 nb, u64 b_first,
-                                          u64 b_stride, unsigned lane) {
-    unsigned qtr = lane & 3;
-    for (u64 b0 = b_first + lane / 4; b0 < nb; b0 += b_stride * FEW_AHEAD) {
-        uint2 q[FEW_OUT][FEW_AHEAD];
-        u32 sm[FEW_OUT][FEW_AHEAD];
-#pragma unroll
-        for (int u = 0; u < FEW_AHEAD; u++) {
-            u64 b = b0 + u * b_stride;
-#pragma unroll
-            for (int r = 0; r < FEW_OUT; r++) {
-                if (b < nb) {
-                    q[r][u] = lane_quants<Q4>(qr[r], b, qtr);
-                    sm[r][u] = dmr[r][b];
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < FEW_AHEAD; u++) {
-            u64 b = b0 + u * b_stride;
-            if (b < nb) {
-                float4 v[MM_TILE][2];
-#pragma unroll
-                for (int t = 0; t < MM_TILE; t++) {
-                    if ((u64)t < nr) {
-                        const float4* xb = (const float4*)(x + t * k + b * 32 + qtr * 8);
-                        v[t][0] = xb[0];
-                        v[t][1] = xb[1];
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < FEW_OUT; r++) {
-                    float w[8];
-                    dequant8<Q4>(w, q[r][u], sm[r][u], qtr);
-#pragma unroll
-                    for (int t = 0; t < MM_TILE; t++)
-                        if ((u64)t < nr) acc[r][t] = fma8(acc[r][t], w, v[t][0], v[t][1]);
-                }
-            }
-        }
-    }
-}
-
-// The FEW_OUT weight rows from j0 (rows past n repeat row n − 1: computed,
-// never stored).
-template <int Q4>
-__device__ __forceinline__ void few_rows(const u32* (&dmr)[FEW_OUT], const u8* (&qr)[FEW_OUT],
-                                         const u32* dm, const u8* quants, u64 j0, u64 n,
-                                         u64 nb) {
-    const int qb = Q4 ? 16 : 32;
-#pragma unroll
-    for (int r = 0; r < FEW_OUT; r++) {
-        u64 row = j0 + r < n ? j0 + r : n - 1;
-        dmr[r] = dm + row * nb;
-        qr[r] = quants + row * nb * qb;
-    }
-}
-
-// Warp form: a warp per FEW_OUT output rows (`matmul_block`'s order).
-template <int Q4>
-__device__ __forceinline__ void matmul_block_few(float* y, const float* x, u64 rows,
-                                                 const u32* dm, const u8* quants, u64 n, u64 k,
-                                                 Chain c) {
-    u64 j0 = FEW_OUT * ((u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
-    if (j0 >= n) return;
-    unsigned lane = threadIdx.x & 31;
-    u64 nb = k / 32;
-    const u32* dmr[FEW_OUT];
-    const u8* qr[FEW_OUT];
-    few_rows<Q4>(dmr, qr, dm, quants, j0, n, nb);
-    float acc[FEW_OUT][MM_TILE] = {};
-    few_steps<Q4>(acc, rows, x, k, dmr, qr, nb, 0, 8, lane);
-#pragma unroll
-    for (int r = 0; r < FEW_OUT; r++) {
-#pragma unroll
-        for (int t = 0; t < MM_TILE; t++) {
-            float s = warp_sum(acc[r][t]);
-            if (lane == 0 && (u64)t < rows && j0 + r < n) y[t * n + j0 + r] = c.apply(s);
-        }
-    }
-}
-
-// Split form: a block of MM_SPLIT warps per FEW_OUT output rows, warp w
-// taking the steps ≡ w (mod MM_SPLIT), then per (row, activation row) the
-// warp sums in warp order from +0 (`matmul_block_split`'s order).
-template <int Q4>
-__device__ __forceinline__ void matmul_block_split_few(float* y, const float* x, u64 rows,
-                                                       const u32* dm, const u8* quants, u64 n,
-                                                       u64 k, Chain c) {
-    __shared__ float part[MM_SPLIT][FEW_OUT * MM_TILE];
-    unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    u64 nb = k / 32;
-    for (u64 j0 = FEW_OUT * (u64)blockIdx.x; j0 < n; j0 += FEW_OUT * (u64)gridDim.x) {
-        const u32* dmr[FEW_OUT];
-        const u8* qr[FEW_OUT];
-        few_rows<Q4>(dmr, qr, dm, quants, j0, n, nb);
-        float acc[FEW_OUT][MM_TILE] = {};
-        few_steps<Q4>(acc, rows, x, k, dmr, qr, nb, 8 * (u64)warp, 8 * MM_SPLIT, lane);
-#pragma unroll
-        for (int r = 0; r < FEW_OUT; r++) {
-#pragma unroll
-            for (int t = 0; t < MM_TILE; t++) {
-                float s = warp_sum(acc[r][t]);
-                if (lane == 0) part[warp][r * MM_TILE + t] = s;
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x < FEW_OUT * MM_TILE) {
-            u64 r = threadIdx.x / MM_TILE, t = threadIdx.x % MM_TILE;
-            if (t < rows && j0 + r < n) {
-                float s = 0.0f;
-                for (int w = 0; w < MM_SPLIT; w++) s += part[w][threadIdx.x];
-                y[t * n + j0 + r] = c.apply(s);
-            }
-        }
-        __syncthreads();
-    }
-}
-
-extern "C" __global__ void matmul_q4_1_few(float* y, const float* x, u64 rows, const u32* dm,
-                                           const u8* quants, u64 n, u64 k, int steps, int k0,
-                                           float a0, float b0, int k1, float a1, float b1, int k2,
-                                           float a2, float b2, int k3, float a3, float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_few<1>(y, x, rows, dm, quants, n, k, c);
-}
-
-extern "C" __global__ void matmul_q8_0_few(float* y, const float* x, u64 rows, const u32* dm,
-                                           const u8* quants, u64 n, u64 k, int steps, int k0,
-                                           float a0, float b0, int k1, float a1, float b1, int k2,
-                                           float a2, float b2, int k3, float a3, float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_few<0>(y, x, rows, dm, quants, n, k, c);
-}
-
-extern "C" __global__ void matmul_q4_1_split_few(float* y, const float* x, u64 rows, const u32* dm,
-                                           const u8* quants, u64 n, u64 k, int steps, int k0,
-                                           float a0, float b0, int k1, float a1, float b1, int k2,
-                                           float a2, float b2, int k3, float a3, float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split_few<1>(y, x, rows, dm, quants, n, k, c);
-}
-
-extern "C" __global__ void matmul_q8_0_split_few(float* y, const float* x, u64 rows, const u32* dm,
-                                           const u8* quants, u64 n, u64 k, int steps, int k0,
-                                           float a0, float b0, int k1, float a1, float b1, int k2,
-                                           float a2, float b2, int k3, float a3, float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split_few<0>(y, x, rows, dm, quants, n, k, c);
-}
-
 extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
                                        const u8* quants, u64 n, u64 k) {
     dep_entry();
@@ -710,7 +537,6 @@ struct Many {
     const float* x;
     u64 k;
     u64 parts;
-    u64 rows;  // activation rows (1, or 2..=MM_TILE in the `_few` kernels)
     ManyPart p[MANY_PARTS];
 };
 
@@ -766,110 +592,6 @@ __device__ __forceinline__ void matmul_block_split_many(const Many& m, u64 t) {
     if (threadIdx.x == 0) p.y[t * p.n + j] = p.c.apply(s);
 }
 
-// `matmul_block_many` / `matmul_block_split_many` for a verify window's
-// 2..=MM_TILE activation rows (`few_steps`, so every output has the bits of
-// its part's own product). A part's units (`first`) count warps of FEW_OUT
-// output rows (split form: blocks of FEW_OUT rows); a SwiGLU part's warp
-// takes outputs j0 and j0 + 1, i.e. gate rows j0, j0 + 1 and up rows
-// I + j0, I + j0 + 1, and stores `swiglu_one` of each pair as
-// `swiglu_f32` does.
-template <int Q4>
-__device__ __forceinline__ void matmul_block_many_few(const Many& m) {
-    const int qb = Q4 ? 16 : 32;
-    u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    ManyPart p = many_part(m, g);
-    unsigned lane = threadIdx.x & 31;
-    u64 nb = m.k / 32;
-    u64 per = p.swiglu ? 2 : FEW_OUT;
-    u64 j0 = per * (g - p.first);
-    if (j0 >= p.n) return;
-    const u32* dmr[FEW_OUT];
-    const u8* qr[FEW_OUT];
-#pragma unroll
-    for (int r = 0; r < FEW_OUT; r++) {
-        u64 row;
-        if (p.swiglu) {
-            u64 j = j0 + (r & 1) < p.n ? j0 + (r & 1) : p.n - 1;
-            row = r < 2 ? j : p.n + j;
-        } else {
-            row = j0 + r < p.n ? j0 + r : p.n - 1;
-        }
-        dmr[r] = p.dm + row * nb;
-        qr[r] = p.quants + row * nb * qb;
-    }
-    float acc[FEW_OUT][MM_TILE] = {};
-    few_steps<Q4>(acc, m.rows, m.x, m.k, dmr, qr, nb, 0, 8, lane);
-    float s[FEW_OUT][MM_TILE];
-#pragma unroll
-    for (int r = 0; r < FEW_OUT; r++)
-#pragma unroll
-        for (int t = 0; t < MM_TILE; t++) s[r][t] = warp_sum(acc[r][t]);
-    if (lane != 0) return;
-#pragma unroll
-    for (int t = 0; t < MM_TILE; t++) {
-        if ((u64)t >= m.rows) break;
-        if (p.swiglu) {
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                if (j0 + r < p.n)
-                    p.y[t * p.n + j0 + r] = swiglu_one(s[r][t], s[2 + r][t], p.has_limit, p.limit);
-        } else {
-#pragma unroll
-            for (int r = 0; r < FEW_OUT; r++)
-                if (j0 + r < p.n) p.y[t * p.n + j0 + r] = p.c.apply(s[r][t]);
-        }
-    }
-}
-
-template <int Q4>
-__device__ __forceinline__ void matmul_block_split_many_few(const Many& m) {
-    __shared__ float part[MM_SPLIT][FEW_OUT * MM_TILE];
-    unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    ManyPart p = many_part(m, blockIdx.x);
-    u64 j0 = FEW_OUT * (blockIdx.x - p.first);
-    if (j0 >= p.n) return;
-    u64 nb = m.k / 32;
-    const u32* dmr[FEW_OUT];
-    const u8* qr[FEW_OUT];
-    few_rows<Q4>(dmr, qr, p.dm, p.quants, j0, p.n, nb);
-    float acc[FEW_OUT][MM_TILE] = {};
-    few_steps<Q4>(acc, m.rows, m.x, m.k, dmr, qr, nb, 8 * (u64)warp, 8 * MM_SPLIT, lane);
-#pragma unroll
-    for (int r = 0; r < FEW_OUT; r++) {
-#pragma unroll
-        for (int t = 0; t < MM_TILE; t++) {
-            float s = warp_sum(acc[r][t]);
-            if (lane == 0) part[warp][r * MM_TILE + t] = s;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < FEW_OUT * MM_TILE) {
-        u64 r = threadIdx.x / MM_TILE, t = threadIdx.x % MM_TILE;
-        if (t < m.rows && j0 + r < p.n) {
-            float s = 0.0f;
-            for (int w = 0; w < MM_SPLIT; w++) s += part[w][threadIdx.x];
-            p.y[t * p.n + j0 + r] = p.c.apply(s);
-        }
-    }
-}
-
-extern "C" __global__ void matmul_q4_1_many_few(Many m) {
-    dep_entry();
-    matmul_block_many_few<1>(m);
-}
-extern "C" __global__ void matmul_q8_0_many_few(Many m) {
-    dep_entry();
-    matmul_block_many_few<0>(m);
-}
-extern "C" __global__ void matmul_q4_1_split_many_few(Many m) {
-    dep_entry();
-    matmul_block_split_many_few<1>(m);
-}
-extern "C" __global__ void matmul_q8_0_split_many_few(Many m) {
-    dep_entry();
-    matmul_block_split_many_few<0>(m);
-}
-
 extern "C" __global__ void matmul_q4_1_many(Many m) {
     dep_entry();
     matmul_block_many<1, 0>(m, 0);
@@ -895,11 +617,14 @@ extern "C" __global__ void matmul_q8_0_split_many(Many m) {
     matmul_block_split_many<0>(m, 0);
 }
 
-// The one-row kernels once per activation row of a verify window
-// (blockIdx.y = the row): the same code, so the bits of one-row calls;
-// rows after the first find most weights in L2. The alternative to the
-// few-row kernels, chosen per product by `DS4_CUDA_FEW_ROWS`
-// (`cuda/linear.rs`).
+// A verify window's 2..=4 rows (`cuda/window_rows.rs`): the one-row
+// kernels once per activation row (blockIdx.y = the row), so a window has
+// the bits of single steps and the launches of one; the windows' rows run
+// concurrently, so rows after the first find most weights in L2. Run 21
+// (`docs/GPU.md`): K = 1 1.32–1.36 one-row forwards, against 1.73–1.75 in
+// the several-row kernels and 1.55 in kernels taking four output rows a
+// warp against every row (each weight read once, but half the warps of
+// the one-row kernels in flight).
 extern "C" __global__ void matmul_q4_1_many_rows(Many m) {
     dep_entry();
     matmul_block_many<1, 0>(m, blockIdx.y);
@@ -1029,75 +754,6 @@ extern "C" __global__ void matmul_q8_0_gated_mean(float* y, const float* x, cons
                                                   u64 h, u64 k, float inv) {
     dep_entry();
     matmul_block_gated_mean<0>(y, x, dm, quants, streams, c, h, k, inv);
-}
-
-// `matmul_block_gated_mean` for a verify window's 2..=MM_TILE activation
-// rows: each warp's gate rows against every activation row (`few_steps`,
-// the lane FMAs of `block_steps`), then per row the mean as
-// `gated_mean_streams_f32` takes it (streams [rows, c·h]): the bits of the
-// product then the mix, in one launch.
-template <int Q4>
-__device__ __forceinline__ void matmul_block_gated_mean_few(float* y, const float* x, u64 rows,
-                                                            const u32* dm, const u8* quants,
-                                                            const float* streams, u64 c, u64 h,
-                                                            u64 k, float inv) {
-    const int qb = Q4 ? 16 : 32;
-    u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (j >= h) return;
-    unsigned lane = threadIdx.x & 31;
-    u64 nb = k / 32;
-    float g[MM_TILE][MEAN_STREAMS];
-#pragma unroll
-    for (int s0 = 0; s0 < MEAN_STREAMS; s0 += FEW_OUT) {
-        if ((u64)s0 < c) {
-            const u32* dmr[FEW_OUT];
-            const u8* qr[FEW_OUT];
-#pragma unroll
-            for (int r = 0; r < FEW_OUT; r++) {
-                // Rows past c repeat the last one (computed, not used).
-                u64 row = ((u64)(s0 + r) < c ? s0 + r : c - 1) * h + j;
-                dmr[r] = dm + row * nb;
-                qr[r] = quants + row * nb * qb;
-            }
-            float acc[FEW_OUT][MM_TILE] = {};
-            few_steps<Q4>(acc, rows, x, k, dmr, qr, nb, 0, 8, lane);
-#pragma unroll
-            for (int r = 0; r < FEW_OUT; r++)
-#pragma unroll
-                for (int t = 0; t < MM_TILE; t++) g[t][s0 + r] = warp_sum(acc[r][t]);
-        }
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int t = 0; t < MM_TILE; t++) {
-            if ((u64)t >= rows) break;
-            float s = 0.0f;
-#pragma unroll
-            for (int st = 0; st < MEAN_STREAMS; st++) {
-                if ((u64)st < c) {
-                    float m = 1.0f / (expf(-g[t][st]) + 1.0f);
-                    s += m * streams[(t * c + st) * h + j];
-                }
-            }
-            y[t * h + j] = s * inv + 0.0f;
-        }
-    }
-}
-
-extern "C" __global__ void matmul_q4_1_gated_mean_few(float* y, const float* x, u64 rows,
-                                                      const u32* dm, const u8* quants,
-                                                      const float* streams, u64 c, u64 h, u64 k,
-                                                      float inv) {
-    dep_entry();
-    matmul_block_gated_mean_few<1>(y, x, rows, dm, quants, streams, c, h, k, inv);
-}
-
-extern "C" __global__ void matmul_q8_0_gated_mean_few(float* y, const float* x, u64 rows,
-                                                      const u32* dm, const u8* quants,
-                                                      const float* streams, u64 c, u64 h, u64 k,
-                                                      float inv) {
-    dep_entry();
-    matmul_block_gated_mean_few<0>(y, x, rows, dm, quants, streams, c, h, k, inv);
 }
 
 extern "C" __global__ void matmul_q4_1_gated_mean_rows(float* y, const float* x, const u32* dm,
