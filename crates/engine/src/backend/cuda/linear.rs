@@ -314,16 +314,18 @@ pub(super) fn matmul_gated_mean(
     h: usize,
 ) -> Result<CudaBuf> {
     let (n, k) = w.dims();
+    // One row, or a verify window's rows with the one-row kernel once per
+    // row (grid y, `window_rows.rs`).
+    let window = per_row_window(rows);
     if let CudaMatrix::Block {
         kind, dm, quants, ..
     } = w
-        && per_row_window(rows)
+        && (rows == 1 || window)
         && c > 0
         && c <= MEAN_STREAMS
         && n == c * h
         && !split_form(k)
     {
-        // A verify window: the one-row kernel once per row (grid y).
         if x.len() != rows * k || streams.len() != rows * n {
             return Err(shape_err(
                 "matmul_gated_mean",
@@ -335,56 +337,16 @@ pub(super) fn matmul_gated_mean(
             ));
         }
         let y = CudaBuf::uninit(dev, rows * h)?;
-        let inv = (1f64 / c as f64) as f32;
-        let name = match kind {
-            BlockKind::Q4_1 => "matmul_q4_1_gated_mean_rows",
-            BlockKind::Q8_0 => "matmul_q8_0_gated_mean_rows",
-        };
-        dev.launch(
-            name,
-            per_row(warp_rows(h), rows),
-            args![
-                y.ptr(),
-                x.ptr(),
-                ptr(dm),
-                ptr(quants),
-                streams.ptr(),
-                c,
-                h,
-                k,
-                inv
-            ],
-        )?;
-        return Ok(y);
-    }
-    if let CudaMatrix::Block {
-        kind, dm, quants, ..
-    } = w
-        && rows == 1
-        && c > 0
-        && c <= MEAN_STREAMS
-        && n == c * h
-        && !split_form(k)
-    {
-        if x.len() != k || streams.len() != n {
-            return Err(shape_err(
-                "matmul_gated_mean",
-                format!(
-                    "{} inputs and {} stream values for [{n}, {k}] in {c} streams",
-                    x.len(),
-                    streams.len()
-                ),
-            ));
-        }
-        let y = CudaBuf::uninit(dev, h)?;
-        let name = match kind {
-            BlockKind::Q4_1 => "matmul_q4_1_gated_mean",
-            BlockKind::Q8_0 => "matmul_q8_0_gated_mean",
+        let (name, shape) = match (kind, window) {
+            (BlockKind::Q4_1, false) => ("matmul_q4_1_gated_mean", warp_rows(h)),
+            (BlockKind::Q8_0, false) => ("matmul_q8_0_gated_mean", warp_rows(h)),
+            (BlockKind::Q4_1, true) => ("matmul_q4_1_gated_mean_rows", per_row(warp_rows(h), rows)),
+            (BlockKind::Q8_0, true) => ("matmul_q8_0_gated_mean_rows", per_row(warp_rows(h), rows)),
         };
         let inv = (1f64 / c as f64) as f32;
         dev.launch(
             name,
-            warp_rows(h),
+            shape,
             args![
                 y.ptr(),
                 x.ptr(),
