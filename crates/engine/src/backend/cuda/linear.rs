@@ -9,7 +9,7 @@ use super::device::{Device, Shape, args, ptr};
 use super::elementwise::{ChainFields, chain_args, chain_fields, swiglu, unary_chain};
 use super::select::CudaRouting;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
-use super::window_rows::{many_rows_kernel, per_row, per_row_window};
+use super::window_rows::{per_row, per_row_window};
 use crate::backend::{Epilogue, Unary};
 use crate::error::{EngineError, Result};
 
@@ -91,22 +91,19 @@ pub(super) fn matmul(
             // One activation row (decode) has kernels of its own: the same
             // arithmetic, loading ahead, without the several-row path's
             // registers (`kernels/matmul.cu`).
-            let name = match (kind, split, one, window) {
-                (BlockKind::Q4_1, false, false, _) => "matmul_q4_1",
-                (BlockKind::Q8_0, false, false, _) => "matmul_q8_0",
-                (BlockKind::Q4_1, true, false, _) => "matmul_q4_1_split",
-                (BlockKind::Q8_0, true, false, _) => "matmul_q8_0_split",
-                (BlockKind::Q4_1, false, true, false) => "matmul_q4_1_one",
-                (BlockKind::Q8_0, false, true, false) => "matmul_q8_0_one",
-                (BlockKind::Q4_1, true, true, false) => "matmul_q4_1_split_one",
-                (BlockKind::Q8_0, true, true, false) => "matmul_q8_0_split_one",
-                (BlockKind::Q4_1, false, true, true) => "matmul_q4_1_one_rows",
-                (BlockKind::Q8_0, false, true, true) => "matmul_q8_0_one_rows",
-                (BlockKind::Q4_1, true, true, true) => "matmul_q4_1_split_one_rows",
-                (BlockKind::Q8_0, true, true, true) => "matmul_q8_0_split_one_rows",
+            let name = match (kind, split, one) {
+                (BlockKind::Q4_1, false, false) => "matmul_q4_1",
+                (BlockKind::Q8_0, false, false) => "matmul_q8_0",
+                (BlockKind::Q4_1, true, false) => "matmul_q4_1_split",
+                (BlockKind::Q8_0, true, false) => "matmul_q8_0_split",
+                (BlockKind::Q4_1, false, true) => "matmul_q4_1_one",
+                (BlockKind::Q8_0, false, true) => "matmul_q8_0_one",
+                (BlockKind::Q4_1, true, true) => "matmul_q4_1_split_one",
+                (BlockKind::Q8_0, true, true) => "matmul_q8_0_split_one",
             };
             if one {
-                let shape = if window { per_row(shape, rows) } else { shape };
+                // The one-row kernels take their row from blockIdx.y.
+                let shape = per_row(shape, rows);
                 let mut a = args![y.ptr(), x.ptr(), ptr(dm), ptr(quants), n, k].to_vec();
                 a.extend(chain_args("matmul_unary", chain)?);
                 dev.launch(name, shape, &a)?;
@@ -278,12 +275,8 @@ fn many_in_one(
         (BlockKind::Q4_1, true) => ("matmul_q4_1_split_many", Shape::blocks(first, 256)),
         (BlockKind::Q8_0, true) => ("matmul_q8_0_split_many", Shape::blocks(first, 256)),
     };
-    // A verify window: the one-row kernel once per row (grid y).
-    let (name, shape) = match many_rows_kernel(name) {
-        Some(rows_name) if window => (rows_name, per_row(shape, rows)),
-        _ => (name, shape),
-    };
-    dev.launch_many(name, shape, &a)?;
+    // One row of blocks per activation row (grid y).
+    dev.launch_many(name, per_row(shape, rows), &a)?;
     Ok(Some(outs))
 }
 
@@ -337,16 +330,14 @@ pub(super) fn matmul_gated_mean(
             ));
         }
         let y = CudaBuf::uninit(dev, rows * h)?;
-        let (name, shape) = match (kind, window) {
-            (BlockKind::Q4_1, false) => ("matmul_q4_1_gated_mean", warp_rows(h)),
-            (BlockKind::Q8_0, false) => ("matmul_q8_0_gated_mean", warp_rows(h)),
-            (BlockKind::Q4_1, true) => ("matmul_q4_1_gated_mean_rows", per_row(warp_rows(h), rows)),
-            (BlockKind::Q8_0, true) => ("matmul_q8_0_gated_mean_rows", per_row(warp_rows(h), rows)),
+        let name = match kind {
+            BlockKind::Q4_1 => "matmul_q4_1_gated_mean",
+            BlockKind::Q8_0 => "matmul_q8_0_gated_mean",
         };
         let inv = (1f64 / c as f64) as f32;
         dev.launch(
             name,
-            shape,
+            per_row(warp_rows(h), rows),
             args![
                 y.ptr(),
                 x.ptr(),

@@ -3,7 +3,7 @@
 //! loaded at a time) plus a launch per chain, SwiGLU, gated mean and
 //! `matmul_many` part: a K = 1 window cost 1.74 one-row forwards (run 21,
 //! `docs/GPU.md`). Now 2..=[`WINDOW_ROWS`] rows run the one-row kernels
-//! once per row over grid y (`matmul_*_rows` in `matmul.cu`): the same code,
+//! once per row over grid y (they take their row from blockIdx.y): the same code,
 //! so a window has the bits of single steps and the launches of one step,
 //! and the rows run concurrently, so rows after the first find most weights
 //! in L2. `DS4_CUDA_WINDOW_ROWS=0` turns it off (the several-row kernels,
@@ -33,17 +33,4 @@ pub(super) fn per_row(shape: Shape, rows: usize) -> Shape {
         grid: (shape.grid.0, rows as u32),
         block: shape.block,
     }
-}
-
-/// The per-row kernel of each one-row `Many` kernel.
-pub(super) fn many_rows_kernel(one_row: &str) -> Option<&'static str> {
-    Some(match one_row {
-        "matmul_q4_1_many" => "matmul_q4_1_many_rows",
-        "matmul_q8_0_many" => "matmul_q8_0_many_rows",
-        "matmul_q4_1_many_swiglu" => "matmul_q4_1_many_swiglu_rows",
-        "matmul_q8_0_many_swiglu" => "matmul_q8_0_many_swiglu_rows",
-        "matmul_q4_1_split_many" => "matmul_q4_1_split_many_rows",
-        "matmul_q8_0_split_many" => "matmul_q8_0_split_many_rows",
-        _ => return None,
-    })
 }

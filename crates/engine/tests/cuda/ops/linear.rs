@@ -218,8 +218,8 @@ fn cuda_block_experts_match_the_cpu() {
 }
 
 /// A product and its gate chain (`matmul_unary`): a block product of one
-/// row, or of a verify window's 2..=4 (the one-row kernels per row,
-/// `matmul_*_rows`), applies the chain as it stores (one launch), every
+/// row, or of a verify window's 2..=4 (the one-row kernels once per row,
+/// over grid y), applies the chain as it stores (one launch), every
 /// other call runs the two ops; all have the bits of `unary_chain(matmul)`,
 /// for the warp-per-row and the split kernels, and rows stay independent
 /// (windows against single rows and, through `blocks_at`, against the

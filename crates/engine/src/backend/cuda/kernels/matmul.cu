@@ -354,6 +354,15 @@ __device__ __forceinline__ float4 four_row_sums(const float* x, const u32* dm, c
     return s;
 }
 
+// Every one-row kernel (`_one`, `_split_one`, `_many*`, `_gated_mean`) takes
+// its activation row from blockIdx.y: a decode step launches one row of
+// blocks, and a verify window's 2..=4 rows (`cuda/window_rows.rs`) one per
+// row, so a window has the bits of single steps and the launches of one;
+// its rows run concurrently, so rows after the first find most weights in
+// L2. Run 21 (`docs/GPU.md`): K = 1 1.32–1.36 one-row forwards, against
+// 1.73–1.75 in the several-row kernels and 1.55 in kernels taking four
+// output rows a warp against every row (each weight read once, but half
+// the warps in flight).
 // One activation row (decode): two output rows per warp (`two_row_sums`;
 // the launch gives ⌈n/2⌉ warps, `ONE_ROWS` in `cuda/linear.rs`), MM_AHEAD
 // steps loaded ahead; the bits of `matmul_block`. The stored value goes
@@ -462,7 +471,7 @@ extern "C" __global__ void matmul_q4_1_split_one(float* y, const float* x, const
                                                  float a3, float b3) {
     dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split<1, 1>(y, x, 1, dm, quants, n, k, c);
+    matmul_block_split<1, 1>(y + blockIdx.y * n, x + blockIdx.y * k, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q8_0_split(float* y, const float* x, u64 rows, const u32* dm,
@@ -478,7 +487,7 @@ extern "C" __global__ void matmul_q8_0_split_one(float* y, const float* x, const
                                                  float a3, float b3) {
     dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split<0, 1>(y, x, 1, dm, quants, n, k, c);
+    matmul_block_split<0, 1>(y + blockIdx.y * n, x + blockIdx.y * k, 1, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q4_1(float* y, const float* x, u64 rows, const u32* dm,
@@ -499,7 +508,7 @@ extern "C" __global__ void matmul_q4_1_one(float* y, const float* x, const u32* 
                                            float a2, float b2, int k3, float a3, float b3) {
     dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_one<1>(y, x, dm, quants, n, k, c);
+    matmul_block_one<1>(y + blockIdx.y * n, x + blockIdx.y * k, dm, quants, n, k, c);
 }
 
 extern "C" __global__ void matmul_q8_0_one(float* y, const float* x, const u32* dm,
@@ -508,7 +517,7 @@ extern "C" __global__ void matmul_q8_0_one(float* y, const float* x, const u32* 
                                            float a2, float b2, int k3, float a3, float b3) {
     dep_entry();
     Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_one<0>(y, x, dm, quants, n, k, c);
+    matmul_block_one<0>(y + blockIdx.y * n, x + blockIdx.y * k, dm, quants, n, k, c);
 }
 
 // Several products of one activation row in one launch
@@ -553,9 +562,7 @@ __device__ __forceinline__ ManyPart many_part(const Many& m, u64 g) {
 
 // `SWIGLU`: the launch has SwiGLU parts (a kernel of its own: the two-row
 // path's registers would lower every other launch's occupancy).
-// `t`: the activation row (0 in the one-row kernels; blockIdx.y in the
-// `_rows` kernels, which run this one-row code once per row of a verify
-// window).
+// `t`: the activation row (blockIdx.y, see below).
 template <int Q4, int SWIGLU>
 __device__ __forceinline__ void matmul_block_many(const Many& m, u64 t) {
     const int qb = Q4 ? 16 : 32;
@@ -594,96 +601,27 @@ __device__ __forceinline__ void matmul_block_split_many(const Many& m, u64 t) {
 
 extern "C" __global__ void matmul_q4_1_many(Many m) {
     dep_entry();
-    matmul_block_many<1, 0>(m, 0);
+    matmul_block_many<1, 0>(m, blockIdx.y);
 }
 extern "C" __global__ void matmul_q8_0_many(Many m) {
     dep_entry();
-    matmul_block_many<0, 0>(m, 0);
+    matmul_block_many<0, 0>(m, blockIdx.y);
 }
 extern "C" __global__ void matmul_q4_1_many_swiglu(Many m) {
     dep_entry();
-    matmul_block_many<1, 1>(m, 0);
+    matmul_block_many<1, 1>(m, blockIdx.y);
 }
 extern "C" __global__ void matmul_q8_0_many_swiglu(Many m) {
     dep_entry();
-    matmul_block_many<0, 1>(m, 0);
+    matmul_block_many<0, 1>(m, blockIdx.y);
 }
 extern "C" __global__ void matmul_q4_1_split_many(Many m) {
     dep_entry();
-    matmul_block_split_many<1>(m, 0);
+    matmul_block_split_many<1>(m, blockIdx.y);
 }
 extern "C" __global__ void matmul_q8_0_split_many(Many m) {
     dep_entry();
-    matmul_block_split_many<0>(m, 0);
-}
-
-// A verify window's 2..=4 rows (`cuda/window_rows.rs`): the one-row
-// kernels once per activation row (blockIdx.y = the row), so a window has
-// the bits of single steps and the launches of one; the windows' rows run
-// concurrently, so rows after the first find most weights in L2. Run 21
-// (`docs/GPU.md`): K = 1 1.32–1.36 one-row forwards, against 1.73–1.75 in
-// the several-row kernels and 1.55 in kernels taking four output rows a
-// warp against every row (each weight read once, but half the warps of
-// the one-row kernels in flight).
-extern "C" __global__ void matmul_q4_1_many_rows(Many m) {
-    dep_entry();
-    matmul_block_many<1, 0>(m, blockIdx.y);
-}
-extern "C" __global__ void matmul_q8_0_many_rows(Many m) {
-    dep_entry();
-    matmul_block_many<0, 0>(m, blockIdx.y);
-}
-extern "C" __global__ void matmul_q4_1_many_swiglu_rows(Many m) {
-    dep_entry();
-    matmul_block_many<1, 1>(m, blockIdx.y);
-}
-extern "C" __global__ void matmul_q8_0_many_swiglu_rows(Many m) {
-    dep_entry();
-    matmul_block_many<0, 1>(m, blockIdx.y);
-}
-extern "C" __global__ void matmul_q4_1_split_many_rows(Many m) {
-    dep_entry();
-    matmul_block_split_many<1>(m, blockIdx.y);
-}
-extern "C" __global__ void matmul_q8_0_split_many_rows(Many m) {
-    dep_entry();
     matmul_block_split_many<0>(m, blockIdx.y);
-}
-extern "C" __global__ void matmul_q4_1_one_rows(float* y, const float* x, const u32* dm,
-                                                const u8* quants, u64 n, u64 k, int steps, int k0,
-                                                float a0, float b0, int k1, float a1, float b1,
-                                                int k2, float a2, float b2, int k3, float a3,
-                                                float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_one<1>(y + blockIdx.y * n, x + blockIdx.y * k, dm, quants, n, k, c);
-}
-extern "C" __global__ void matmul_q8_0_one_rows(float* y, const float* x, const u32* dm,
-                                                const u8* quants, u64 n, u64 k, int steps, int k0,
-                                                float a0, float b0, int k1, float a1, float b1,
-                                                int k2, float a2, float b2, int k3, float a3,
-                                                float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_one<0>(y + blockIdx.y * n, x + blockIdx.y * k, dm, quants, n, k, c);
-}
-extern "C" __global__ void matmul_q4_1_split_one_rows(float* y, const float* x, const u32* dm,
-                                                      const u8* quants, u64 n, u64 k, int steps,
-                                                      int k0, float a0, float b0, int k1,
-                                                      float a1, float b1, int k2, float a2,
-                                                      float b2, int k3, float a3, float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split<1, 1>(y + blockIdx.y * n, x + blockIdx.y * k, 1, dm, quants, n, k, c);
-}
-extern "C" __global__ void matmul_q8_0_split_one_rows(float* y, const float* x, const u32* dm,
-                                                      const u8* quants, u64 n, u64 k, int steps,
-                                                      int k0, float a0, float b0, int k1,
-                                                      float a1, float b1, int k2, float a2,
-                                                      float b2, int k3, float a3, float b3) {
-    dep_entry();
-    Chain c{steps, {k0, k1, k2, k3}, {a0, a1, a2, a3}, {b0, b1, b2, b3}};
-    matmul_block_split<0, 1>(y + blockIdx.y * n, x + blockIdx.y * k, 1, dm, quants, n, k, c);
 }
 
 // The gated-residual mix with its gates as a product, one activation row
@@ -746,28 +684,14 @@ extern "C" __global__ void matmul_q4_1_gated_mean(float* y, const float* x, cons
                                                   const u8* quants, const float* streams, u64 c,
                                                   u64 h, u64 k, float inv) {
     dep_entry();
-    matmul_block_gated_mean<1>(y, x, dm, quants, streams, c, h, k, inv);
-}
-
-extern "C" __global__ void matmul_q8_0_gated_mean(float* y, const float* x, const u32* dm,
-                                                  const u8* quants, const float* streams, u64 c,
-                                                  u64 h, u64 k, float inv) {
-    dep_entry();
-    matmul_block_gated_mean<0>(y, x, dm, quants, streams, c, h, k, inv);
-}
-
-extern "C" __global__ void matmul_q4_1_gated_mean_rows(float* y, const float* x, const u32* dm,
-                                                       const u8* quants, const float* streams,
-                                                       u64 c, u64 h, u64 k, float inv) {
-    dep_entry();
     u64 t = blockIdx.y;
     matmul_block_gated_mean<1>(y + t * h, x + t * k, dm, quants, streams + t * c * h, c, h, k,
                                inv);
 }
 
-extern "C" __global__ void matmul_q8_0_gated_mean_rows(float* y, const float* x, const u32* dm,
-                                                       const u8* quants, const float* streams,
-                                                       u64 c, u64 h, u64 k, float inv) {
+extern "C" __global__ void matmul_q8_0_gated_mean(float* y, const float* x, const u32* dm,
+                                                  const u8* quants, const float* streams, u64 c,
+                                                  u64 h, u64 k, float inv) {
     dep_entry();
     u64 t = blockIdx.y;
     matmul_block_gated_mean<0>(y + t * h, x + t * k, dm, quants, streams + t * c * h, c, h, k,
