@@ -131,10 +131,7 @@ fn window_profile(
     let ops = m.ops();
     let graphs = ops.graphs();
     ops.set_graphs(false);
-    let vocab = m.vocab_size() as u64;
-    let prompt: Vec<u32> = (0..args.ctx_start as u64)
-        .map(|i| (hash64(args.seed ^ 0x5eed, i) % vocab) as u32)
-        .collect();
+    let prompt = bench_prompt(args, m.vocab_size());
     let mut state = m.new_state();
     prefill(m, &mut state, &prompt, args.chunk, &mut |_| {})?;
     let mut rows_report = Vec::new();
@@ -284,6 +281,13 @@ fn finite(logits: &[f32], what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The bench's `--ctx-start` random prompt (fixed by `--seed`).
+fn bench_prompt(args: &BenchArgs, vocab: usize) -> Vec<u32> {
+    (0..args.ctx_start as u64)
+        .map(|i| (hash64(args.seed ^ 0x5eed, i) % vocab as u64) as u32)
+        .collect()
+}
+
 /// Prefill `--ctx-start` random tokens, decode `--gen` greedy tokens (every
 /// logits row checked finite), then time forwards of 1..=4 rows from the
 /// decoded state (restored after each).
@@ -293,9 +297,7 @@ pub fn run<M: Model>(
     load_secs: f64,
 ) -> anyhow::Result<SyntheticReport> {
     let vocab = model.vocab_size() as u64;
-    let prompt: Vec<u32> = (0..args.ctx_start as u64)
-        .map(|i| (hash64(args.seed ^ 0x5eed, i) % vocab) as u32)
-        .collect();
+    let prompt = bench_prompt(args, model.vocab_size());
     if prompt.is_empty() || args.gen_tokens == 0 {
         anyhow::bail!("--ctx-start and --gen must be positive");
     }
