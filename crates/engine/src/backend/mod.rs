@@ -13,7 +13,10 @@
 //! the reduction length alone, never on the number of rows in the call, so a
 //! token's bits do not depend on the prefill chunk, decode step or verify
 //! window it ran in (`shared/specs/backend.md`, "Exactness"). [`cpu`] is the
-//! reference implementation.
+//! reference implementation. A fused op (`matmul_gated_mean`,
+//! `delta_inputs`, `inject_streams_norm`, …) is defined as its parts in
+//! order; its default runs them ([`composed`]), and a device fuses only
+//! where the bits stay those of the parts.
 //!
 //! | group | ops |
 //! |---|---|
@@ -23,12 +26,13 @@
 //! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm`, `layer_norm` (with bias) |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
-//! | recurrent | `causal_conv_silu`, `delta_rule_scan` (per-head or per-channel decay), `kda_gate` |
+//! | recurrent | `causal_conv_silu`, `delta_inputs` (a GDN's conv, split, q/k norms and decays: the ops one by one, or one launch), `delta_rule_scan` (per-head or per-channel decay), `kda_gate` |
 //! | attention | `attention_causal` (over a cache), `block_keys`, `indexer_select`, `expand_pools`, `attention_gathered` (with sinks), `selection_from_host` (a selection the caller lists: a vision tower's per-image attention), `attention_window` (sliding window + compressed entries + sinks) |
 //! | compression | `softmax_pool` (gated pooling of token groups), `index_scores` + `select_topk` (lightning indexer) |
 //! | steps | `step_graphs`, `storage_key`, `run_step`, `run_pure` (a pure unit of ops a device may replay), `resize`, `gather_rows_step`, `rows_step`, `write_rows_step`, `attention_causal_step` (decode / verify steps whose per-step inputs come from a [`Backend::Step`], so a device can replay them as a graph) |
-//! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `unary_chain`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `add_gated_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `gated_mean_streams`, `matmul_gated_mean` (the mix's gates as a product), `inject_streams`, `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
+//! | element-wise | `add`, `add_bias`, `mul`, `affine`, `silu`, `sigmoid`, `unary_chain`, `gelu` (erf or tanh form), `swiglu`, `softplus_decay`, `scale_rows`, `add_gated_rows`, `ple_gate`, `tile_streams`, `mean_streams`, `gated_mean_streams`, `matmul_gated_mean` (the mix's gates as a product), `inject_streams`, `inject_streams_norm` (the inject, then the next mix's grouped norm), `hc_sinkhorn`, `hc_pre`, `hc_post` (mHC) |
 
+pub mod composed;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -511,6 +515,28 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         kernel: usize,
         dilation: usize,
     ) -> Result<Self::Buf>;
+    /// A gated delta net's scan inputs from its raw projections `u: [rows,
+    /// 2·Hk·dk + Hv·dv]` and `a: [rows, Hv]` (Qwen's GDN), as the ops one
+    /// by one: `c = causal_conv_silu(u, window, w, channels, kernel, 1)`,
+    /// `[q, k, v] = split_cols(c)`, `l2_norm_heads(q, dk, q_scale)`,
+    /// `l2_norm_heads(k, dk, 1)`, `g = softplus_decay(a, neg_a, dt_bias)`;
+    /// returns `[q, k, v, g]`. The default runs those ops; a device may run
+    /// a decode step's in one launch, with the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_inputs(
+        &self,
+        d: ScanDims,
+        u: &Self::Buf,
+        window: &mut Self::Buf,
+        w: &Self::Buf,
+        kernel: usize,
+        q_scale: f32,
+        a: &Self::Buf,
+        neg_a: &Self::Buf,
+        dt_bias: &Self::Buf,
+    ) -> Result<[Self::Buf; 4]> {
+        composed::delta_inputs(self, d, u, window, w, kernel, q_scale, a, neg_a, dt_bias)
+    }
     /// The gated delta rule, token by token (never a chunked form): per value
     /// head `S ← diag(exp(g))·S; S ← S + k ⊗ β(v − kᵀS); o = qᵀS`, `q,k:
     /// [rows, Hk, dk]`, `v: [rows, Hv, dv]`, `β: [rows, Hv]`, `g: [rows,
@@ -827,6 +853,22 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         inj: &Self::Buf,
         c: usize,
     ) -> Result<Self::Buf>;
+    /// `X' = inject_streams(xs, y, inj, c)`, then the next mix's
+    /// `rms_norm_grouped(X', C·H, H, scale, eps)` (`scale: [C·H]`):
+    /// returns `[X', n]`. The default runs the two ops; a device may run a
+    /// step's in one launch, with the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn inject_streams_norm(
+        &self,
+        xs: &Self::Buf,
+        y: &Self::Buf,
+        inj: &Self::Buf,
+        c: usize,
+        scale: &Self::Buf,
+        eps: f64,
+    ) -> Result<[Self::Buf; 2]> {
+        composed::inject_streams_norm(self, xs, y, inj, c, scale, eps)
+    }
 
     // ---- steps (graph mode) ----
 

@@ -36,6 +36,25 @@ pub trait HyperConnection<B: Backend> {
     fn mix(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)>;
     /// `X + concat_s(inj_s · y)`: `X [rows, C·H]`, `y [rows, H]`.
     fn combine(&self, ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf) -> Result<B::Buf>;
+    /// `self.combine(xs, y, inj)`, then `next.mix` of the result: `(X',
+    /// next's sub-layer input, next's write weights)`. The default runs the
+    /// two; a variant may fuse the seam (the same bits).
+    fn combine_mix(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        inj: &B::Buf,
+        next: &Self,
+        rows: usize,
+    ) -> Result<(B::Buf, B::Buf, Option<B::Buf>)>
+    where
+        Self: Sized,
+    {
+        let xs = self.combine(ops, xs, y, inj)?;
+        let (x, inj) = next.mix(ops, &xs, rows)?;
+        Ok((xs, x, inj))
+    }
 }
 
 #[derive(Debug)]
@@ -75,11 +94,11 @@ impl<B: Backend> GatedResidual<B> {
     }
 }
 
-impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
-    fn mix(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
+impl<B: Backend> GatedResidual<B> {
+    /// [`HyperConnection::mix`] after its norm: `n = N1g(X)` → (`x`, `inj`).
+    fn mix_normed(&self, ops: &B, n: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
         // `t / C` as candle computed it: `t·(1/C) + 0`.
         let inv_c = (1.0 / self.c as f64) as f32;
-        let n = self.norm.forward(ops, xs)?;
         // The gates as unary chains on their projections: the bits of the
         // ops one by one, applied as the product is stored on a device; the
         // two projections of `n` as one call (one launch for a decode row).
@@ -93,7 +112,7 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
                 ];
                 let [d, inj] = Linear::forward_many(
                     ops,
-                    &n,
+                    n,
                     rows,
                     [
                         (&self.down, Epilogue::Chain(&down)),
@@ -102,21 +121,55 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
                 )?;
                 (d, Some(inj))
             }
-            None => (self.down.forward_unary(ops, &n, rows, &down)?, None),
+            None => (self.down.forward_unary(ops, n, rows, &down)?, None),
         };
         let x = self
             .up
-            .forward_gated_mean(ops, &d, rows, &n, self.c, self.h)?;
+            .forward_gated_mean(ops, &d, rows, n, self.c, self.h)?;
         Ok((x, inj))
     }
 
-    fn combine(&self, ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf) -> Result<B::Buf> {
+    fn check_combines(&self) -> Result<()> {
         if self.inject.is_none() {
             return Err(EngineError::State(
                 "a mixing-only hyper-connection cannot combine".into(),
             ));
         }
+        Ok(())
+    }
+}
+
+impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
+    fn mix(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
+        self.mix_normed(ops, &self.norm.forward(ops, xs)?, rows)
+    }
+
+    fn combine(&self, ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf) -> Result<B::Buf> {
+        self.check_combines()?;
         ops.inject_streams(xs, y, inj, self.c)
+    }
+
+    /// The inject and the next module's norm as one op
+    /// ([`Backend::inject_streams_norm`]: one launch for a decode step).
+    fn combine_mix(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        inj: &B::Buf,
+        next: &Self,
+        rows: usize,
+    ) -> Result<(B::Buf, B::Buf, Option<B::Buf>)> {
+        self.check_combines()?;
+        if next.c != self.c || next.h != self.h {
+            return Err(EngineError::State(format!(
+                "hyper-connections of {}×{} and {}×{} streams cannot share a seam",
+                self.c, self.h, next.c, next.h
+            )));
+        }
+        let [xs, n] = next.norm.after_inject(ops, xs, y, inj, self.c)?;
+        let (x, inj) = next.mix_normed(ops, &n, rows)?;
+        Ok((xs, x, inj))
     }
 }
 

@@ -3,7 +3,7 @@
 //! statistics per group, the stored `w` initialised to 0).
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::load::binder::Binder;
 
 /// `x / sqrt(mean(x²) + eps) · w` per row.
@@ -64,6 +64,25 @@ impl<B: Backend> ZcNorm<B> {
     /// `x: [rows, dim]` → `[rows, dim]` (grouped statistics).
     pub fn forward(&self, ops: &B, x: &B::Buf) -> Result<B::Buf> {
         ops.rms_norm_grouped(x, self.dim, self.group, &self.scale, self.eps)
+    }
+
+    /// `inject_streams(xs, y, inj, c)`, then [`ZcNorm::forward`] of it
+    /// (`dim = c·group`): `[X', n]` ([`Backend::inject_streams_norm`]).
+    pub fn after_inject(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        inj: &B::Buf,
+        c: usize,
+    ) -> Result<[B::Buf; 2]> {
+        if c * self.group != self.dim {
+            return Err(EngineError::State(format!(
+                "a norm of {} values in groups of {} cannot follow an inject into {c} streams",
+                self.dim, self.group
+            )));
+        }
+        ops.inject_streams_norm(xs, y, inj, c, &self.scale, self.eps)
     }
 
     /// In place on every `dim`-slice of `x` (one group per slice: q/k and

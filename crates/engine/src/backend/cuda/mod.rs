@@ -30,6 +30,7 @@ mod attention;
 mod buf;
 mod device;
 mod elementwise;
+mod fused;
 mod graph;
 mod host_gaps;
 pub use device::Pdl;

@@ -6,7 +6,8 @@ use super::buf::{self, CudaBuf};
 use super::graph::{self, CudaStep};
 use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
-use super::{CudaOps, attention, elementwise, linear, norms, recurrent};
+use super::{CudaOps, attention, elementwise, fused, linear, norms, recurrent};
+use crate::backend::composed;
 use crate::backend::{
     Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostWeight, IndexerShape,
     PureBody, RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
@@ -256,6 +257,28 @@ impl Backend for CudaOps {
         dilation: usize,
     ) -> Result<CudaBuf> {
         recurrent::causal_conv_silu(&self.dev, u, window, w, channels, kernel, dilation)
+    }
+
+    fn delta_inputs(
+        &self,
+        d: ScanDims,
+        u: &CudaBuf,
+        window: &mut CudaBuf,
+        w: &CudaBuf,
+        kernel: usize,
+        q_scale: f32,
+        a: &CudaBuf,
+        neg_a: &CudaBuf,
+        dt_bias: &CudaBuf,
+    ) -> Result<[CudaBuf; 4]> {
+        match fused::delta_inputs(
+            &self.dev, d, u, window, w, kernel, q_scale, a, neg_a, dt_bias,
+        )? {
+            Some(out) => Ok(out),
+            None => {
+                composed::delta_inputs(self, d, u, window, w, kernel, q_scale, a, neg_a, dt_bias)
+            }
+        }
     }
 
     fn delta_rule_scan(
@@ -522,6 +545,21 @@ impl Backend for CudaOps {
         c: usize,
     ) -> Result<CudaBuf> {
         elementwise::inject_streams(&self.dev, xs, y, inj, c)
+    }
+
+    fn inject_streams_norm(
+        &self,
+        xs: &CudaBuf,
+        y: &CudaBuf,
+        inj: &CudaBuf,
+        c: usize,
+        scale: &CudaBuf,
+        eps: f64,
+    ) -> Result<[CudaBuf; 2]> {
+        match fused::inject_streams_norm(&self.dev, xs, y, inj, c, scale, eps)? {
+            Some(out) => Ok(out),
+            None => composed::inject_streams_norm(self, xs, y, inj, c, scale, eps),
+        }
     }
 
     // ---- steps (graph mode) ----

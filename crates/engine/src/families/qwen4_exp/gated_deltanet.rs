@@ -96,7 +96,6 @@ impl<B: Backend> GatedDeltaNet<B> {
         capture: Option<&mut Option<DeltaReplay<B>>>,
     ) -> Result<B::Buf> {
         let d = self.shape.dims;
-        let (kd, vd) = (d.hk * d.dk, d.hv * d.dv);
         // Every projection of `x` as one call (one launch for a decode row).
         let [u, z, beta, a] = Linear::forward_many(
             ops,
@@ -110,14 +109,19 @@ impl<B: Backend> GatedDeltaNet<B> {
             ],
         )?;
         let before = capture.is_some().then(|| cache.clone());
-        let c = self.shape.conv(ops, &u, cache, &self.conv_w)?;
-        let mut parts = ops.split_cols(&c, rows, &[kd, kd, vd], 1)?;
-        let v = parts.pop().expect("three parts");
-        let mut k = parts.pop().expect("three parts");
-        let mut q = parts.pop().expect("three parts");
-        ops.l2_norm_heads(&mut q, d.dk, (d.dk as f32).powf(-0.5))?;
-        ops.l2_norm_heads(&mut k, d.dk, 1.0)?;
-        let g = ops.softplus_decay(&a, &self.neg_a, &self.dt_bias)?;
+        // The conv (advancing the window), the q / k / v split, the q and k
+        // head norms and the decays: one op (one launch for a decode step).
+        let [q, k, v, g] = ops.delta_inputs(
+            d,
+            &u,
+            &mut cache.conv,
+            &self.conv_w,
+            self.shape.kernel,
+            (d.dk as f32).powf(-0.5),
+            &a,
+            &self.neg_a,
+            &self.dt_bias,
+        )?;
         let inputs = ScanInputs { q, k, v, g, beta };
         let o = self.shape.scan(ops, &inputs, cache)?;
         if let (Some(cap), Some(before)) = (capture, before) {

@@ -189,7 +189,8 @@ impl<B: Backend> DecoderLayer<B> {
         let rows = tokens.len();
         let mut xs = xs.clone();
         let mut qsa = None;
-        match (&self.mixer, cache) {
+        // The mixer half: its output `y` and the streams' write weights.
+        let (y, inj) = match (&self.mixer, cache) {
             (Mixer::Gdn(gdn), LayerCache::Linear { gdn: gc, ple: pc }) => {
                 if let Some(cap) = capture.as_deref_mut() {
                     cap.ple_before = pc.clone();
@@ -206,44 +207,48 @@ impl<B: Backend> DecoderLayer<B> {
                 }
                 let (x, inj) = self.attn_hc.mix(ops, &xs, rows)?;
                 let y = gdn.forward(ops, &x, rows, gc, capture.map(|c| &mut c.gdn))?;
-                xs = self
-                    .attn_hc
-                    .combine(ops, &xs, &y, &inj.expect("combining module"))?;
+                (y, inj)
             }
             (Mixer::Attn(attn), LayerCache::Attn(ac)) => {
                 let (x, inj) = self.attn_hc.mix(ops, &xs, rows)?;
                 let (y, sel) = attn.forward(ops, &x, rows, ac, pos)?;
-                xs = self
-                    .attn_hc
-                    .combine(ops, &xs, &y, &inj.expect("combining module"))?;
                 qsa = Some(sel);
+                (y, inj)
             }
             _ => {
                 return Err(EngineError::State(
                     "layer cache does not match the layer kind".into(),
                 ));
             }
-        }
-        // The MoE half reads nothing but `xs` and the weights: a pure unit
-        // (one replayed graph on a device for a decode step or verify
-        // window), except when a trace wants its routing.
-        let mlp = |ops: &B, xs: &B::Buf| -> Result<(B::Buf, B::Routing)> {
-            let (x, inj) = self.mlp_hc.mix(ops, xs, rows)?;
-            let (y, routing) = self.moe.forward(ops, &x, rows)?;
-            let inj = inj.ok_or_else(|| {
-                EngineError::State("the MoE hyper-connection does not combine".into())
-            })?;
-            Ok((self.mlp_hc.combine(ops, xs, &y, &inj)?, routing))
         };
+        let inj = inj.ok_or_else(|| {
+            EngineError::State("the mixer's hyper-connection does not combine".into())
+        })?;
+        // The MoE half reads nothing but the mixer half's streams, output
+        // and write weights (its combine and the MoE mix's norm are one op,
+        // `combine_mix`) and the weights: a pure unit (one replayed graph on
+        // a device for a decode step or verify window), except when a trace
+        // wants its routing.
+        let mlp =
+            |ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf| -> Result<(B::Buf, B::Routing)> {
+                let (xs, x, inj) = self
+                    .attn_hc
+                    .combine_mix(ops, xs, y, inj, &self.mlp_hc, rows)?;
+                let (y, routing) = self.moe.forward(ops, &x, rows)?;
+                let inj = inj.ok_or_else(|| {
+                    EngineError::State("the MoE hyper-connection does not combine".into())
+                })?;
+                Ok((self.mlp_hc.combine(ops, &xs, &y, &inj)?, routing))
+            };
         let routing = if trace || rows > PURE_MAX_ROWS {
-            let (out, routing) = mlp(ops, &xs)?;
+            let (out, routing) = mlp(ops, &xs, &y, &inj)?;
             xs = out;
             Some(routing)
         } else {
             let key = [unit[0], unit[1], UNIT_MOE, rows as u64];
-            let mut body = |inp: &[&B::Buf]| Ok(vec![mlp(ops, inp[0])?.0]);
+            let mut body = |inp: &[&B::Buf]| Ok(vec![mlp(ops, inp[0], inp[1], inp[2])?.0]);
             xs = ops
-                .run_pure(&key, &[&xs], &mut body)?
+                .run_pure(&key, &[&xs, &y, &inj], &mut body)?
                 .pop()
                 .ok_or_else(|| EngineError::State("the MoE unit returned nothing".into()))?;
             None

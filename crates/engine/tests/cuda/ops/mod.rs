@@ -11,6 +11,7 @@
 
 mod attention;
 mod elementwise;
+mod fused;
 mod linear;
 mod memory;
 mod norms;

@@ -99,16 +99,19 @@ extern "C" __global__ void swiglu_f32(float* y, const float* gu, u64 rows, u64 i
     }
 }
 
-// neg_a[h]·softplus(a + dt_bias[h]), softplus linear above 20.
+// neg_a[h]·softplus(a + dt_bias[h]), softplus linear above 20 (also
+// `delta_inputs_f32`'s decays).
+__device__ __forceinline__ float softplus_decay_at(float a, const float* neg_a,
+                                                   const float* dt_bias, u64 j) {
+    float x = a + dt_bias[j];
+    float sp = x > 20.0f ? x : log1pf(expf(x));
+    return neg_a[j] * sp;
+}
+
 extern "C" __global__ void softplus_decay_f32(float* y, const float* a, const float* neg_a,
                                               const float* dt_bias, u64 n, u64 h) {
     dep_entry();
-    FOR_EACH(i, n) {
-        u64 j = i % h;
-        float x = a[i] + dt_bias[j];
-        float sp = x > 20.0f ? x : log1pf(expf(x));
-        y[i] = neg_a[j] * sp;
-    }
+    FOR_EACH(i, n) y[i] = softplus_decay_at(a[i], neg_a, dt_bias, i % h);
 }
 
 extern "C" __global__ void scale_rows_f32(float* y, const float* x, const float* s, u64 n,

@@ -39,15 +39,25 @@ extern "C" __global__ void rms_norm_f32(float* y, const float* x, const float* w
 // per step of the sum and again for the output (a decode step runs this on
 // four slices: latency, not bandwidth). The same sums in the same order.
 #define GROUPED_REG 16
-extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const float* scale,
-                                                u64 slices, u64 width, u64 group, float inv_n,
-                                                float eps) {
-    dep_entry();
+// The slices' norm; with INJECT, the value at index i of slice s (row t =
+// s / c, stream s mod c) is first `inject_streams_f32`'s `x + inj[s]·yv[t,
+// i]` (one rounding each, no contraction: NVRTC runs with --fmad=false),
+// stored to `xout`, so the fused launch has the bits of the two.
+template <int INJECT>
+__device__ __forceinline__ void grouped_norm(float* y, float* xout, const float* x,
+                                             const float* yv, const float* inj, u64 c,
+                                             const float* scale, u64 slices, u64 width,
+                                             u64 group, float inv_n, float eps) {
     __shared__ float part[GROUPED_THREADS / 32];
     unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     bool in_regs = group <= (u64)GROUPED_THREADS * GROUPED_REG;
     for (u64 s = blockIdx.x; s < slices; s += gridDim.x) {
         const float* xs = x + s * group;
+        const float* ys = INJECT ? yv + (s / c) * group : nullptr;
+        float g = INJECT ? inj[s] : 0.0f;
+        // What the sums and outputs read: the input, or the injected values
+        // this thread stored.
+        const float* src = INJECT ? xout + s * group : xs;
         u64 c0 = (s * group) % width;
         float v[GROUPED_REG], sc[GROUPED_REG];
         float a = 0.0f;
@@ -56,13 +66,24 @@ extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const 
             for (int j = 0; j < GROUPED_REG; j++) {
                 u64 i = tid + (u64)j * GROUPED_THREADS;
                 v[j] = i < group ? xs[i] : 0.0f;
+                if (INJECT && i < group) {
+                    v[j] = v[j] + g * ys[i];
+                    xout[s * group + i] = v[j];
+                }
                 sc[j] = i < group ? scale[c0 + i] : 0.0f;
             }
 #pragma unroll
             for (int j = 0; j < GROUPED_REG; j++)
                 if (tid + (u64)j * GROUPED_THREADS < group) a += v[j] * v[j];
         } else {
-            for (u64 i = tid; i < group; i += GROUPED_THREADS) a += xs[i] * xs[i];
+            for (u64 i = tid; i < group; i += GROUPED_THREADS) {
+                float vi = xs[i];
+                if (INJECT) {
+                    vi = vi + g * ys[i];
+                    xout[s * group + i] = vi;
+                }
+                a += vi * vi;
+            }
         }
         a = warp_sum(a);
         if (lane == 0) part[warp] = a;
@@ -79,11 +100,30 @@ extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const 
             }
         } else {
             for (u64 i = tid; i < group; i += GROUPED_THREADS)
-                y[s * group + i] = (xs[i] * inv) * scale[c0 + i];
+                y[s * group + i] = (src[i] * inv) * scale[c0 + i];
         }
         // `part` is rewritten by the next slice.
         __syncthreads();
     }
+}
+
+extern "C" __global__ void rms_norm_grouped_f32(float* y, const float* x, const float* scale,
+                                                u64 slices, u64 width, u64 group, float inv_n,
+                                                float eps) {
+    dep_entry();
+    grouped_norm<0>(y, nullptr, x, nullptr, nullptr, 1, scale, slices, width, group, inv_n, eps);
+}
+
+// `inject_streams_f32` then `rms_norm_grouped_f32` of its output in one
+// launch (`Backend::inject_streams_norm`: a hyper-connection's write-back
+// and the next mix's norm, 2.7 + 3.1 µs as two launches of a decode step):
+// xout = xs + inj ⊗ yv, y = the norm of xout, `width` = c·group.
+extern "C" __global__ void inject_norm_grouped_f32(float* y, float* xout, const float* xs,
+                                                   const float* yv, const float* inj, u64 c,
+                                                   const float* scale, u64 slices, u64 width,
+                                                   u64 group, float inv_n, float eps) {
+    dep_entry();
+    grouped_norm<1>(y, xout, xs, yv, inj, c, scale, slices, width, group, inv_n, eps);
 }
 
 // In place per dim-slice: x·(1/sqrt(Σx²/dim + eps))·scale.

@@ -9,17 +9,24 @@ __device__ __forceinline__ float conv_row(const float* window, const float* u, u
 }
 
 // out[t, c] = silu(Σ_k w[c, k]·all[t + k·dilation, c]), taps in order from
-// 0; silu(a) = a·(1/(1 + e^−a)) as the CPU's conv.
+// 0; silu(a) = a·(1/(1 + e^−a)) as the CPU's conv. Every conv kernel
+// computes its outputs here, so all have the same bits.
+__device__ __forceinline__ float conv_silu_at(const float* u, const float* window, const float* w,
+                                              u64 t, u64 c, u64 channels, u64 kernel,
+                                              u64 dilation, u64 hist) {
+    float acc = 0.0f;
+    for (u64 k = 0; k < kernel; k++)
+        acc += w[c * kernel + k] * conv_row(window, u, hist, t + k * dilation, channels, c);
+    return acc * (1.0f / (1.0f + expf(-acc)));
+}
+
 extern "C" __global__ void causal_conv_silu_f32(float* out, const float* u, const float* window,
                                                 const float* w, u64 t_len, u64 channels,
                                                 u64 kernel, u64 dilation, u64 hist) {
     dep_entry();
     FOR_EACH(i, t_len * channels) {
-        u64 t = i / channels, c = i % channels;
-        float acc = 0.0f;
-        for (u64 k = 0; k < kernel; k++)
-            acc += w[c * kernel + k] * conv_row(window, u, hist, t + k * dilation, channels, c);
-        out[i] = acc * (1.0f / (1.0f + expf(-acc)));
+        out[i] = conv_silu_at(u, window, w, i / channels, i % channels, channels, kernel, dilation,
+                              hist);
     }
 }
 
@@ -46,14 +53,58 @@ extern "C" __global__ void causal_conv_silu_window_f32(float* out, float* next, 
     u64 n_out = t_len * channels, n_next = hist * channels;
     FOR_EACH(i, n_out > n_next ? n_out : n_next) {
         u64 c = i % channels;
-        if (i < n_out) {
-            u64 t = i / channels;
-            float acc = 0.0f;
-            for (u64 k = 0; k < kernel; k++)
-                acc += w[c * kernel + k] * conv_row(window, u, hist, t + k * dilation, channels, c);
-            out[i] = acc * (1.0f / (1.0f + expf(-acc)));
-        }
+        if (i < n_out)
+            out[i] = conv_silu_at(u, window, w, i / channels, c, channels, kernel, dilation, hist);
         if (i < n_next) next[i] = conv_row(window, u, hist, i / channels + t_len, channels, c);
+    }
+}
+
+// A gated delta net's scan inputs for a step of a few rows in one launch
+// (`Backend::delta_inputs`; the launches, not the work, were the cost:
+// five of 2.3–3.4 µs a layer). Threads [0, 32·heads) are warps, one per q
+// head then k head of each row: its dk conv outputs (`conv_silu_at`)
+// stored, their sum of squares as `slice_sumsq` reads them, then
+// `l2_norm_heads`' scaling. The rest take one value each: a v channel, a
+// value of the slid window, a decay (`softplus_decay_at`). Each value has
+// the formula of the kernel it replaces (the conv, `split_cols4`, the two
+// norms, `softplus_decay_f32`), so the bits of the five launches.
+extern "C" __global__ void delta_inputs_f32(float* q, float* k, float* v, float* g, float* next,
+                                            const float* u, const float* window, const float* w,
+                                            const float* a, const float* neg_a,
+                                            const float* dt_bias, u64 t_len, u64 hk, u64 dk,
+                                            u64 vd, u64 hv, u64 kernel, float q_scale) {
+    dep_entry();
+    u64 kd = hk * dk, channels = 2 * kd + vd, hist = kernel - 1;
+    u64 heads = 2 * t_len * hk;
+    u64 n_v = t_len * vd, n_next = hist * channels, n_g = t_len * hv;
+    unsigned lane = threadIdx.x & 31;
+    // The grid-stride step is a multiple of 32 and so is 32·heads: a warp's
+    // lanes always take the same branch.
+    FOR_EACH(i, 32 * heads + n_v + n_next + n_g) {
+        if (i < 32 * heads) {
+            u64 h = i / 32;
+            bool is_k = h >= t_len * hk;
+            u64 th = is_k ? h - t_len * hk : h;  // t·hk + head
+            float* xs = (is_k ? k : q) + th * dk;
+            u64 c0 = (is_k ? kd : 0) + (th % hk) * dk, t = th / hk;
+            for (u64 j = lane; j < dk; j += 32)
+                xs[j] = conv_silu_at(u, window, w, t, c0 + j, channels, kernel, 1, hist);
+            float inv = 1.0f / sqrtf(slice_sumsq(xs, dk) + 1e-6f);
+            __syncwarp();
+            float scale = is_k ? 1.0f : q_scale;
+            for (u64 j = lane; j < dk; j += 32) xs[j] *= inv * scale;
+            continue;
+        }
+        u64 e = i - 32 * heads;
+        if (e < n_v) {
+            v[e] = conv_silu_at(u, window, w, e / vd, 2 * kd + e % vd, channels, kernel, 1, hist);
+        } else if (e - n_v < n_next) {
+            e -= n_v;
+            next[e] = conv_row(window, u, hist, e / channels + t_len, channels, e % channels);
+        } else {
+            e -= n_v + n_next;
+            g[e] = softplus_decay_at(a[e], neg_a, dt_bias, e % hv);
+        }
     }
 }
 

@@ -1,0 +1,53 @@
+//! The fused ops of the inventory as their parts, one op after another: the
+//! default of each ([`Backend`]'s provided methods), and what a device runs
+//! for the calls it does not fuse (a prefill chunk, say), so a fused op's
+//! definition is written once.
+
+use super::{Backend, ScanDims};
+use crate::error::{EngineError, Result};
+
+/// [`Backend::delta_inputs`] by its parts.
+#[allow(clippy::too_many_arguments)]
+pub fn delta_inputs<B: Backend + ?Sized>(
+    ops: &B,
+    d: ScanDims,
+    u: &B::Buf,
+    window: &mut B::Buf,
+    w: &B::Buf,
+    kernel: usize,
+    q_scale: f32,
+    a: &B::Buf,
+    neg_a: &B::Buf,
+    dt_bias: &B::Buf,
+) -> Result<[B::Buf; 4]> {
+    let (kd, vd) = (d.hk * d.dk, d.hv * d.dv);
+    let channels = 2 * kd + vd;
+    let c = ops.causal_conv_silu(u, window, w, channels, kernel, 1)?;
+    let rows = ops.len(&c) / channels;
+    let [q, k, v]: [B::Buf; 3] = ops
+        .split_cols(&c, rows, &[kd, kd, vd], 1)?
+        .try_into()
+        .map_err(|_| EngineError::State("delta_inputs: split_cols gave other parts".into()))?;
+    let (mut q, mut k) = (q, k);
+    ops.l2_norm_heads(&mut q, d.dk, q_scale)?;
+    ops.l2_norm_heads(&mut k, d.dk, 1.0)?;
+    let g = ops.softplus_decay(a, neg_a, dt_bias)?;
+    Ok([q, k, v, g])
+}
+
+/// [`Backend::inject_streams_norm`] by its parts.
+#[allow(clippy::too_many_arguments)]
+pub fn inject_streams_norm<B: Backend + ?Sized>(
+    ops: &B,
+    xs: &B::Buf,
+    y: &B::Buf,
+    inj: &B::Buf,
+    c: usize,
+    scale: &B::Buf,
+    eps: f64,
+) -> Result<[B::Buf; 2]> {
+    let out = ops.inject_streams(xs, y, inj, c)?;
+    let width = ops.len(scale);
+    let n = ops.rms_norm_grouped(&out, width, width / c.max(1), scale, eps)?;
+    Ok([out, n])
+}
