@@ -96,7 +96,7 @@ impl<B: Backend> GatedResidual<B> {
 
 impl<B: Backend> GatedResidual<B> {
     /// [`HyperConnection::mix`] after its norm: `n = N1g(X)` → (`x`, `inj`).
-    fn mix_normed(&self, ops: &B, n: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
+    pub fn mix_normed(&self, ops: &B, n: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
         // `t / C` as candle computed it: `t·(1/C) + 0`.
         let inv_c = (1.0 / self.c as f64) as f32;
         // The gates as unary chains on their projections: the bits of the
@@ -127,6 +127,16 @@ impl<B: Backend> GatedResidual<B> {
             .up
             .forward_gated_mean(ops, &d, rows, n, self.c, self.h)?;
         Ok((x, inj))
+    }
+
+    fn check_seam(&self, next: &Self) -> Result<()> {
+        if next.c != self.c || next.h != self.h {
+            return Err(EngineError::State(format!(
+                "hyper-connections of {}×{} and {}×{} streams cannot share a seam",
+                self.c, self.h, next.c, next.h
+            )));
+        }
+        Ok(())
     }
 
     fn check_combines(&self) -> Result<()> {
@@ -161,15 +171,77 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
         rows: usize,
     ) -> Result<(B::Buf, B::Buf, Option<B::Buf>)> {
         self.check_combines()?;
-        if next.c != self.c || next.h != self.h {
-            return Err(EngineError::State(format!(
-                "hyper-connections of {}×{} and {}×{} streams cannot share a seam",
-                self.c, self.h, next.c, next.h
-            )));
-        }
+        self.check_seam(next)?;
         let [xs, n] = next.norm.after_inject(ops, xs, y, inj, self.c)?;
         let (x, inj) = next.mix_normed(ops, &n, rows)?;
         Ok((xs, x, inj))
+    }
+}
+
+/// Gated-residual streams between sub-layers, with the last sub-layer's
+/// write-back possibly not yet applied (`X' = hc.combine(xs, y, inj)`), so
+/// that the next module's norm takes it in the same op
+/// ([`Backend::inject_streams_norm`]: one launch for a decode step, the
+/// bits of the inject and the norm). A layer hands its MoE half's
+/// write-back to the next layer this way.
+#[derive(Debug)]
+pub struct Streams<'m, B: Backend> {
+    xs: B::Buf,
+    pending: Option<(&'m GatedResidual<B>, B::Buf, B::Buf)>,
+}
+
+impl<'m, B: Backend> Streams<'m, B> {
+    pub fn ready(xs: B::Buf) -> Self {
+        Self { xs, pending: None }
+    }
+
+    /// `hc.combine(xs, y, inj)`, not yet applied.
+    pub fn pending(hc: &'m GatedResidual<B>, xs: B::Buf, y: B::Buf, inj: B::Buf) -> Self {
+        Self {
+            xs,
+            pending: Some((hc, y, inj)),
+        }
+    }
+
+    /// `X'`, the write-back applied.
+    pub fn into_buf(self, ops: &B) -> Result<B::Buf> {
+        match self.pending {
+            None => Ok(self.xs),
+            Some((hc, y, inj)) => hc.combine(ops, &self.xs, &y, &inj),
+        }
+    }
+
+    /// `(X', x, inj)`: `next`'s mix of `X'`.
+    pub fn mix(
+        self,
+        ops: &B,
+        next: &GatedResidual<B>,
+        rows: usize,
+    ) -> Result<(B::Buf, B::Buf, Option<B::Buf>)> {
+        match self.pending {
+            None => {
+                let (x, inj) = next.mix(ops, &self.xs, rows)?;
+                Ok((self.xs, x, inj))
+            }
+            Some((hc, y, inj)) => hc.combine_mix(ops, &self.xs, &y, &inj, next, rows),
+        }
+    }
+
+    /// `[X', n]`: `next`'s norm of `X'`, for a caller that mixes only some
+    /// rows of it ([`GatedResidual::mix_normed`]; the norm is per slice, so
+    /// a row's bits do not depend on the others).
+    pub fn normed(self, ops: &B, next: &GatedResidual<B>) -> Result<[B::Buf; 2]> {
+        match self.pending {
+            None => {
+                let n = next.norm.forward(ops, &self.xs)?;
+                Ok([self.xs, n])
+            }
+            Some((hc, y, inj)) => {
+                hc.check_combines()?;
+                hc.check_seam(next)?;
+                next.norm.after_inject(ops, &self.xs, &y, &inj, hc.c)
+            }
+        }
     }
 }
 

@@ -48,7 +48,7 @@ use crate::backend::{Backend, CpuOps};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::delta_rule::DeltaReplay;
-use crate::layers::hyper_connections::{GatedResidual, HyperConnection};
+use crate::layers::hyper_connections::{GatedResidual, HyperConnection, Streams};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, Positions};
@@ -175,27 +175,31 @@ impl<B: Backend> DecoderLayer<B> {
     /// `xs: [T, C·H]` → `[T, C·H]`. `unit` names this layer in its model
     /// (the key of its pure units, [`Backend::run_pure`]).
     #[allow(clippy::too_many_arguments)]
-    fn forward(
-        &self,
+    /// The streams come in and go out with their last write-back pending
+    /// ([`Streams`]), so each seam's inject runs with the next norm.
+    fn forward<'m>(
+        &'m self,
         ops: &B,
-        xs: &B::Buf,
+        input: Streams<'_, B>,
         tokens: &[u32],
         cache: &mut LayerCache<B>,
         pos: &Positions<'_, B, MRope>,
         mut capture: Option<&mut LayerCapture<B>>,
         trace: bool,
         unit: [u64; 2],
-    ) -> Result<(B::Buf, Option<LayerTrace>)> {
+    ) -> Result<(Streams<'m, B>, Option<LayerTrace>)> {
         let rows = tokens.len();
-        let mut xs = xs.clone();
         let mut qsa = None;
-        // The mixer half: its output `y` and the streams' write weights.
-        let (y, inj) = match (&self.mixer, cache) {
+        // The mixer half: the streams, its output `y` and the streams'
+        // write weights.
+        let (xs, y, inj) = match (&self.mixer, cache) {
             (Mixer::Gdn(gdn), LayerCache::Linear { gdn: gc, ple: pc }) => {
                 if let Some(cap) = capture.as_deref_mut() {
                     cap.ple_before = pc.clone();
                 }
+                let mut input = input;
                 if let (Some(ple), Some(pc)) = (&self.ple, pc.as_mut()) {
+                    let xs = input.into_buf(ops)?;
                     let add = ple.forward(
                         ops,
                         &xs,
@@ -203,17 +207,17 @@ impl<B: Backend> DecoderLayer<B> {
                         pc,
                         capture.as_deref_mut().map(|c| &mut c.ple),
                     )?;
-                    xs = ops.add(&xs, &add)?;
+                    input = Streams::ready(ops.add(&xs, &add)?);
                 }
-                let (x, inj) = self.attn_hc.mix(ops, &xs, rows)?;
+                let (xs, x, inj) = input.mix(ops, &self.attn_hc, rows)?;
                 let y = gdn.forward(ops, &x, rows, gc, capture.map(|c| &mut c.gdn))?;
-                (y, inj)
+                (xs, y, inj)
             }
             (Mixer::Attn(attn), LayerCache::Attn(ac)) => {
-                let (x, inj) = self.attn_hc.mix(ops, &xs, rows)?;
+                let (xs, x, inj) = input.mix(ops, &self.attn_hc, rows)?;
                 let (y, sel) = attn.forward(ops, &x, rows, ac, pos)?;
                 qsa = Some(sel);
-                (y, inj)
+                (xs, y, inj)
             }
             _ => {
                 return Err(EngineError::State(
@@ -226,44 +230,50 @@ impl<B: Backend> DecoderLayer<B> {
         })?;
         // The MoE half reads nothing but the mixer half's streams, output
         // and write weights (its combine and the MoE mix's norm are one op,
-        // `combine_mix`) and the weights: a pure unit (one replayed graph on
-        // a device for a decode step or verify window), except when a trace
-        // wants its routing.
-        let mlp =
-            |ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf| -> Result<(B::Buf, B::Routing)> {
-                let (xs, x, inj) = self
-                    .attn_hc
-                    .combine_mix(ops, xs, y, inj, &self.mlp_hc, rows)?;
-                let (y, routing) = self.moe.forward(ops, &x, rows)?;
-                let inj = inj.ok_or_else(|| {
-                    EngineError::State("the MoE hyper-connection does not combine".into())
-                })?;
-                Ok((self.mlp_hc.combine(ops, &xs, &y, &inj)?, routing))
-            };
-        let routing = if trace || rows > PURE_MAX_ROWS {
-            let (out, routing) = mlp(ops, &xs, &y, &inj)?;
-            xs = out;
-            Some(routing)
-        } else {
-            let key = [unit[0], unit[1], UNIT_MOE, rows as u64];
-            let mut body = |inp: &[&B::Buf]| Ok(vec![mlp(ops, inp[0], inp[1], inp[2])?.0]);
-            xs = ops
-                .run_pure(&key, &[&xs, &y, &inj], &mut body)?
-                .pop()
-                .ok_or_else(|| EngineError::State("the MoE unit returned nothing".into()))?;
-            None
+        // `combine_mix`) and the weights, and leaves its own write-back
+        // pending: a pure unit (one replayed graph on a device for a decode
+        // step or verify window), except when a trace wants its routing.
+        type Half<B> = (
+            <B as Backend>::Buf,
+            <B as Backend>::Buf,
+            <B as Backend>::Buf,
+            <B as Backend>::Routing,
+        );
+        let mlp = |ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf| -> Result<Half<B>> {
+            let (xs, x, inj) = self
+                .attn_hc
+                .combine_mix(ops, xs, y, inj, &self.mlp_hc, rows)?;
+            let (y, routing) = self.moe.forward(ops, &x, rows)?;
+            let inj = inj.ok_or_else(|| {
+                EngineError::State("the MoE hyper-connection does not combine".into())
+            })?;
+            Ok((xs, y, inj, routing))
         };
-        let tr = if let Some(routing) = routing.filter(|_| trace) {
+        if trace || rows > PURE_MAX_ROWS {
+            let (xs, y, inj, routing) = mlp(ops, &xs, &y, &inj)?;
+            let out = Streams::pending(&self.mlp_hc, xs, y, inj);
+            if !trace {
+                return Ok((out, None));
+            }
+            let xs = out.into_buf(ops)?;
             let (experts, weights) = ops.routing_to_host(&routing)?;
-            Some(LayerTrace {
+            let tr = LayerTrace {
                 streams: ops.download(&xs)?,
                 qsa: qsa.map(|s| ops.selection_to_host(&s)).transpose()?,
                 routing: Routing { experts, weights },
-            })
-        } else {
-            None
+            };
+            return Ok((Streams::ready(xs), Some(tr)));
+        }
+        let key = [unit[0], unit[1], UNIT_MOE, rows as u64];
+        let mut body = |inp: &[&B::Buf]| {
+            let (xs, y, inj, _) = mlp(ops, inp[0], inp[1], inp[2])?;
+            Ok(vec![xs, y, inj])
         };
-        Ok((xs, tr))
+        let outs = ops.run_pure(&key, &[&xs, &y, &inj], &mut body)?;
+        let [xs, y, inj]: [B::Buf; 3] = outs
+            .try_into()
+            .map_err(|_| EngineError::State("the MoE unit returned other than three".into()))?;
+        Ok((Streams::pending(&self.mlp_hc, xs, y, inj), None))
     }
 }
 
@@ -456,26 +466,30 @@ impl<B: Backend> Qwen4ExpModel<B> {
     }
 
     /// Final mixer + head over `streams: [T, C·H]`, for the rows asked.
+    /// Returns the logits and `X'` (the streams with their write-back
+    /// applied); the last write-back and the mixer's norm are one op.
     fn head(
         &self,
-        streams: &B::Buf,
+        streams: Streams<'_, B>,
         t: usize,
         mixer: &GatedResidual<B>,
         rows: LogitsRows,
-    ) -> Result<ForwardOutput> {
+    ) -> Result<(ForwardOutput, B::Buf)> {
         let ops = &self.ops;
         let ch = self.cfg.hc_count * self.cfg.hidden_size;
+        let [xs, normed] = streams.normed(ops, mixer)?;
         let (s, n) = match rows {
-            LogitsRows::All => (streams.clone(), t),
-            LogitsRows::Last => (ops.rows(streams, ch, t - 1, 1)?, 1),
+            LogitsRows::All => (normed, t),
+            LogitsRows::Last => (ops.rows(&normed, ch, t - 1, 1)?, 1),
         };
-        let (x, _) = mixer.mix(ops, &s, n)?;
+        let (x, _) = mixer.mix_normed(ops, &s, n)?;
         let logits = self.lm_head.forward(ops, &x, n)?;
-        Ok(ForwardOutput {
+        let out = ForwardOutput {
             logits: ops.download(&logits)?,
             rows: n,
             vocab: self.cfg.vocab_size,
-        })
+        };
+        Ok((out, xs))
     }
 
     /// A trunk forward of `tokens` after everything `state` covers, with
@@ -605,14 +619,15 @@ impl<B: Backend> Qwen4ExpModel<B> {
             rows: &rope_rows,
         };
         let mut caps: Vec<LayerCapture<B>> = Vec::new();
-        let mut xs = ops.tile_streams(&x, self.cfg.hc_count, self.cfg.hidden_size)?;
+        let mut xs =
+            Streams::ready(ops.tile_streams(&x, self.cfg.hc_count, self.cfg.hidden_size)?);
         let mut traces = Vec::new();
         for (i, (layer, cache)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             let mut cap = LayerCapture::default();
             let is_linear = matches!(cache, LayerCache::Linear { .. });
             let (out, tr) = layer.forward(
                 ops,
-                &xs,
+                xs,
                 tokens,
                 cache,
                 &pos,
@@ -626,7 +641,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             }
             traces.extend(tr);
         }
-        let logits = self.head(&xs, tokens.len(), &self.mixer, rows)?;
+        let (logits, xs) = self.head(xs, tokens.len(), &self.mixer, rows)?;
         let capture = if capture {
             let layers = caps
                 .into_iter()
@@ -710,7 +725,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         };
         let (x1, _) = mtp.layer.forward(
             ops,
-            &x0,
+            Streams::ready(x0),
             tokens,
             &mut state.cache,
             &pos,
@@ -718,7 +733,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             false,
             [self.scope, MTP_LAYER],
         )?;
-        let logits = self.head(&x1, n, &mtp.mixer, rows)?;
+        let (logits, x1) = self.head(x1, n, &mtp.mixer, rows)?;
         Ok(MtpOutput {
             logits,
             streams: x1,

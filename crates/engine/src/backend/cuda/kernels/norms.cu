@@ -62,15 +62,25 @@ __device__ __forceinline__ void grouped_norm(float* y, float* xout, const float*
         float v[GROUPED_REG], sc[GROUPED_REG];
         float a = 0.0f;
         if (in_regs) {
+            // Every load before any store: a store to `xout` may alias
+            // the inputs, so loads after it would wait for it.
+            float yy[GROUPED_REG];
 #pragma unroll
             for (int j = 0; j < GROUPED_REG; j++) {
                 u64 i = tid + (u64)j * GROUPED_THREADS;
                 v[j] = i < group ? xs[i] : 0.0f;
-                if (INJECT && i < group) {
-                    v[j] = v[j] + g * ys[i];
-                    xout[s * group + i] = v[j];
-                }
+                if (INJECT) yy[j] = i < group ? ys[i] : 0.0f;
                 sc[j] = i < group ? scale[c0 + i] : 0.0f;
+            }
+            if (INJECT) {
+#pragma unroll
+                for (int j = 0; j < GROUPED_REG; j++) {
+                    u64 i = tid + (u64)j * GROUPED_THREADS;
+                    if (i < group) {
+                        v[j] = v[j] + g * yy[j];
+                        xout[s * group + i] = v[j];
+                    }
+                }
             }
 #pragma unroll
             for (int j = 0; j < GROUPED_REG; j++)

@@ -68,6 +68,9 @@ extern "C" __global__ void causal_conv_silu_window_f32(float* out, float* next, 
 // value of the slid window, a decay (`softplus_decay_at`). Each value has
 // the formula of the kernel it replaces (the conv, `split_cols4`, the two
 // norms, `softplus_decay_f32`), so the bits of the five launches.
+// Values a lane keeps in registers (heads of dk ≤ 256; longer ones go
+// through memory).
+#define DELTA_REG 8
 extern "C" __global__ void delta_inputs_f32(float* q, float* k, float* v, float* g, float* next,
                                             const float* u, const float* window, const float* w,
                                             const float* a, const float* neg_a,
@@ -87,11 +90,43 @@ extern "C" __global__ void delta_inputs_f32(float* q, float* k, float* v, float*
             u64 th = is_k ? h - t_len * hk : h;  // t·hk + head
             float* xs = (is_k ? k : q) + th * dk;
             u64 c0 = (is_k ? kd : 0) + (th % hk) * dk, t = th / hk;
+            float scale = is_k ? 1.0f : q_scale;
+            if (dk <= 32 * DELTA_REG) {
+                // The lane's values in registers, so no load waits for a
+                // store: `slice_sumsq`'s sum (lane's indices in order, the
+                // butterfly) and `l2_norm_heads`' product on them.
+                float x[DELTA_REG];
+                if (kernel == 4) {
+#pragma unroll
+                    for (int m = 0; m < DELTA_REG; m++) {
+                        u64 j = lane + 32 * (u64)m;
+                        if (j < dk)
+                            x[m] = conv_silu_at(u, window, w, t, c0 + j, channels, 4, 1, 3);
+                    }
+                } else {
+#pragma unroll
+                    for (int m = 0; m < DELTA_REG; m++) {
+                        u64 j = lane + 32 * (u64)m;
+                        if (j < dk)
+                            x[m] = conv_silu_at(u, window, w, t, c0 + j, channels, kernel, 1, hist);
+                    }
+                }
+                float a = 0.0f;
+#pragma unroll
+                for (int m = 0; m < DELTA_REG; m++)
+                    if (lane + 32 * (u64)m < dk) a += x[m] * x[m];
+                float f = (1.0f / sqrtf(warp_sum(a) + 1e-6f)) * scale;
+#pragma unroll
+                for (int m = 0; m < DELTA_REG; m++) {
+                    u64 j = lane + 32 * (u64)m;
+                    if (j < dk) xs[j] = x[m] * f;
+                }
+                continue;
+            }
             for (u64 j = lane; j < dk; j += 32)
                 xs[j] = conv_silu_at(u, window, w, t, c0 + j, channels, kernel, 1, hist);
             float inv = 1.0f / sqrtf(slice_sumsq(xs, dk) + 1e-6f);
             __syncwarp();
-            float scale = is_k ? 1.0f : q_scale;
             for (u64 j = lane; j < dk; j += 32) xs[j] *= inv * scale;
             continue;
         }
