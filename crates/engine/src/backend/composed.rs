@@ -8,7 +8,7 @@ use crate::error::{EngineError, Result};
 
 /// [`Backend::delta_inputs`] by its parts.
 #[allow(clippy::too_many_arguments)]
-pub fn delta_inputs<B: Backend + ?Sized>(
+pub fn delta_inputs<B: Backend>(
     ops: &B,
     d: ScanDims,
     u: &B::Buf,
@@ -37,7 +37,7 @@ pub fn delta_inputs<B: Backend + ?Sized>(
 
 /// [`Backend::inject_streams_norm`] by its parts.
 #[allow(clippy::too_many_arguments)]
-pub fn inject_streams_norm<B: Backend + ?Sized>(
+pub fn inject_streams_norm<B: Backend>(
     ops: &B,
     xs: &B::Buf,
     y: &B::Buf,

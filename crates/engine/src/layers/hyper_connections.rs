@@ -29,6 +29,14 @@ use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::load::binder::Binder;
 
+/// `(X', x, inj)`: streams with a write-back applied, the next sub-layer's
+/// input mixed from them, and its write weights (when it writes back).
+pub type Mixed<B> = (
+    <B as Backend>::Buf,
+    <B as Backend>::Buf,
+    Option<<B as Backend>::Buf>,
+);
+
 /// The contract every hyper-connection variant keeps.
 pub trait HyperConnection<B: Backend> {
     /// `X: [rows, C·H]` → (sub-layer input `[rows, H]`, per-stream write
@@ -47,7 +55,7 @@ pub trait HyperConnection<B: Backend> {
         inj: &B::Buf,
         next: &Self,
         rows: usize,
-    ) -> Result<(B::Buf, B::Buf, Option<B::Buf>)>
+    ) -> Result<Mixed<B>>
     where
         Self: Sized,
     {
@@ -169,7 +177,7 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
         inj: &B::Buf,
         next: &Self,
         rows: usize,
-    ) -> Result<(B::Buf, B::Buf, Option<B::Buf>)> {
+    ) -> Result<Mixed<B>> {
         self.check_combines()?;
         self.check_seam(next)?;
         let [xs, n] = next.norm.after_inject(ops, xs, y, inj, self.c)?;
@@ -212,12 +220,7 @@ impl<'m, B: Backend> Streams<'m, B> {
     }
 
     /// `(X', x, inj)`: `next`'s mix of `X'`.
-    pub fn mix(
-        self,
-        ops: &B,
-        next: &GatedResidual<B>,
-        rows: usize,
-    ) -> Result<(B::Buf, B::Buf, Option<B::Buf>)> {
+    pub fn mix(self, ops: &B, next: &GatedResidual<B>, rows: usize) -> Result<Mixed<B>> {
         match self.pending {
             None => {
                 let (x, inj) = next.mix(ops, &self.xs, rows)?;

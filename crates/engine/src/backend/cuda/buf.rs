@@ -135,16 +135,36 @@ pub(super) fn copy_of(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
     Ok(CudaBuf::from_mem(out, x.len))
 }
 
-/// `src`'s values into `dst`'s storage (equal lengths; `dst` is written in
-/// place, clones included: a graph's own input buffer).
-pub(super) fn copy_into(dev: &Device, dst: &CudaBuf, src: &CudaBuf) -> Result<()> {
-    if dst.len != src.len {
+/// Each `src`'s values into its `dst`'s storage (equal lengths; `dst` is
+/// written in place, clones included: a graph's own input buffer), four
+/// pairs a launch, so a pure unit's several inputs cost one launch, not
+/// one copy each.
+pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<()> {
+    if let Some((d, s)) = pairs.iter().find(|(d, s)| d.len != s.len) {
         return Err(shape_err(
-            "copy_into",
-            format!("{} values into {}", src.len, dst.len),
+            "copy_many",
+            format!("{} values into {}", s.len, d.len),
         ));
     }
-    dev.copy(&src.mem, 0, &dst.mem, 0, src.len)
+    for chunk in pairs.chunks(4) {
+        let mut a = [(0u64, 0u64, 0usize); 4];
+        for (slot, (d, s)) in a.iter_mut().zip(chunk) {
+            *slot = (d.ptr(), s.ptr(), s.len);
+        }
+        let total: usize = a.iter().map(|p| p.2).sum();
+        if total == 0 {
+            continue;
+        }
+        dev.launch(
+            "copy4_f32",
+            Shape::elements(total),
+            args![
+                a[0].0, a[0].1, a[0].2, a[1].0, a[1].1, a[1].2, a[2].0, a[2].1, a[2].2, a[3].0,
+                a[3].1, a[3].2
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 /// `Backend::resize`: the length becomes `n`; storage shared or too small

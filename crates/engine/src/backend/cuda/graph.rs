@@ -122,7 +122,13 @@ impl Graphs {
 }
 
 fn copies(dev: &Device, outputs: &[CudaBuf]) -> Result<Vec<CudaBuf>> {
-    outputs.iter().map(|o| buf::copy_of(dev, o)).collect()
+    let outs = outputs
+        .iter()
+        .map(|o| CudaBuf::uninit(dev, o.len()))
+        .collect::<Result<Vec<_>>>()?;
+    let pairs: Vec<(&CudaBuf, &CudaBuf)> = outs.iter().zip(outputs).collect();
+    buf::copy_many(dev, &pairs)?;
+    Ok(outs)
 }
 
 /// A body captured as a graph: its outputs (written by every replay), the
@@ -271,9 +277,9 @@ pub(super) fn run_pure(
         let fits = s.inputs.len() == inputs.len()
             && s.inputs.iter().zip(inputs).all(|(a, b)| a.len() == b.len());
         if fits {
-            for (fixed, x) in s.inputs.iter().zip(inputs) {
-                buf::copy_into(dev, fixed, x)?;
-            }
+            let pairs: Vec<(&CudaBuf, &CudaBuf)> =
+                s.inputs.iter().zip(inputs.iter().copied()).collect();
+            buf::copy_many(dev, &pairs)?;
             dev.gaps
                 .call(host_gaps::GRAPH_LAUNCH, || s.graph.0.launch())
                 .map_err(|e| dev_err("graph launch", e))?;

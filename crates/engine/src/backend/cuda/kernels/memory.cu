@@ -11,6 +11,26 @@ extern "C" __global__ void copy2d(float* dst, u64 dst_stride, u64 dst_off, const
     }
 }
 
+// Up to four whole-buffer copies in one launch (a pure unit's inputs into
+// its graph's buffers, its outputs out of them: `buf::copy_many`); an
+// unused pair has n = 0.
+extern "C" __global__ void copy4_f32(float* d0, const float* s0, u64 n0, float* d1,
+                                     const float* s1, u64 n1, float* d2, const float* s2, u64 n2,
+                                     float* d3, const float* s3, u64 n3) {
+    dep_entry();
+    FOR_EACH(i, n0 + n1 + n2 + n3) {
+        if (i < n0) {
+            d0[i] = s0[i];
+        } else if (i < n0 + n1) {
+            d1[i - n0] = s1[i - n0];
+        } else if (i < n0 + n1 + n2) {
+            d2[i - n0 - n1] = s2[i - n0 - n1];
+        } else {
+            d3[i - n0 - n1 - n2] = s3[i - n0 - n1 - n2];
+        }
+    }
+}
+
 // Up to four column parts of src [nrows, w0 + w1 + w2 + w3] into their own
 // buffers in one pass (`split_cols`; an unused part has width 0).
 extern "C" __global__ void split_cols4(float* d0, float* d1, float* d2, float* d3,
