@@ -135,16 +135,26 @@ pub(super) fn copy_of(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
     Ok(CudaBuf::from_mem(out, x.len))
 }
 
+static COPY_KERNEL: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("DS4_CUDA_COPY_KERNEL").map_or(true, |v| v != "0"));
+
 /// Each `src`'s values into its `dst`'s storage (equal lengths; `dst` is
 /// written in place, clones included: a graph's own input buffer), four
 /// pairs a launch, so a pure unit's several inputs cost one launch, not
 /// one copy each.
+/// `DS4_CUDA_COPY_KERNEL=0` copies them one driver copy each instead.
 pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<()> {
     if let Some((d, s)) = pairs.iter().find(|(d, s)| d.len != s.len) {
         return Err(shape_err(
             "copy_many",
             format!("{} values into {}", s.len, d.len),
         ));
+    }
+    if !*COPY_KERNEL {
+        for (d, s) in pairs {
+            dev.copy(&s.mem, 0, &d.mem, 0, s.len)?;
+        }
+        return Ok(());
     }
     for chunk in pairs.chunks(4) {
         let mut a = [(0u64, 0u64, 0usize); 4];
