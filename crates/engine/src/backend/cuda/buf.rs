@@ -64,7 +64,7 @@ impl CudaBuf {
         let room = self.mem.len() >= capacity.max(1);
         if !(room && Arc::get_mut(&mut self.mem).is_some()) {
             let fresh = dev.alloc::<f32>(capacity.max(self.len))?;
-            dev.copy(&self.mem, 0, &fresh, 0, self.len)?;
+            copy_vals(dev, &self.mem, 0, &fresh, 0, self.len)?;
             self.mem = Arc::new(fresh);
         }
         Ok(self.mem.ptr())
@@ -108,7 +108,7 @@ pub(super) fn rows(
         ));
     }
     let out = dev.alloc(b - a)?;
-    dev.copy(&x.mem, a, &out, 0, b - a)?;
+    copy_vals(dev, &x.mem, a, &out, 0, b - a)?;
     Ok(CudaBuf::from_mem(out, b - a))
 }
 
@@ -123,7 +123,7 @@ pub(super) fn append(dev: &Device, dst: &mut CudaBuf, src: &CudaBuf) -> Result<(
     };
     let at = dst.len;
     dst.own(dev, capacity)?;
-    dev.copy(&src.mem, 0, &dst.mem, at, src.len)?;
+    copy_vals(dev, &src.mem, 0, &dst.mem, at, src.len)?;
     dst.len = need;
     Ok(())
 }
@@ -131,12 +131,54 @@ pub(super) fn append(dev: &Device, dst: &mut CudaBuf, src: &CudaBuf) -> Result<(
 /// A copy of `x` in a new block.
 pub(super) fn copy_of(dev: &Device, x: &CudaBuf) -> Result<CudaBuf> {
     let out = dev.alloc(x.len)?;
-    dev.copy(&x.mem, 0, &out, 0, x.len)?;
+    copy_vals(dev, &x.mem, 0, &out, 0, x.len)?;
     Ok(CudaBuf::from_mem(out, x.len))
 }
 
+/// Device-to-device copies of values run as a kernel (`copy4_f32`), not a
+/// driver copy: a driver copy between two kernels costs more than a launch
+/// in a decode step (run 22, `docs/GPU.md`: a pure unit's three inputs and
+/// outputs as driver copies, decode 126–129 tok/s against 138–139 as two
+/// kernels). `DS4_CUDA_COPY_KERNEL=0` brings the driver copies back, for
+/// side-by-side runs.
 static COPY_KERNEL: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var("DS4_CUDA_COPY_KERNEL").map_or(true, |v| v != "0"));
+
+/// `n` values `src[from ..]` → `dst[to ..]` on the stream.
+fn copy_vals(
+    dev: &Device,
+    src: &DevMem<f32>,
+    from: usize,
+    dst: &DevMem<f32>,
+    to: usize,
+    n: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if !*COPY_KERNEL || from + n > src.len() || to + n > dst.len() {
+        // The driver copy also reports a range outside either block.
+        return dev.copy(src, from, dst, to, n);
+    }
+    dev.launch(
+        "copy4_f32",
+        Shape::elements(n),
+        args![
+            dst.ptr() + 4 * to as u64,
+            src.ptr() + 4 * from as u64,
+            n,
+            0u64,
+            0u64,
+            0u64,
+            0u64,
+            0u64,
+            0u64,
+            0u64,
+            0u64,
+            0u64
+        ],
+    )
+}
 
 /// Each `src`'s values into its `dst`'s storage (equal lengths; `dst` is
 /// written in place, clones included: a graph's own input buffer), four
@@ -152,7 +194,7 @@ pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<
     }
     if !*COPY_KERNEL {
         for (d, s) in pairs {
-            dev.copy(&s.mem, 0, &d.mem, 0, s.len)?;
+            copy_vals(dev, &s.mem, 0, &d.mem, 0, s.len)?;
         }
         return Ok(());
     }
