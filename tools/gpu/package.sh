@@ -6,8 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.gpu}
-# The binary's path as cargo reports it (target/release/ds4server can be a
-# stale hard link shared with another worktree's target).
+# The binary's path as cargo reports it. target/release/ds4server is a hard
+# link cargo refreshes only when it rebuilds: a build of another checkout
+# into the same target dir leaves that checkout's binary there (run 22
+# carried one), so remove it and let cargo link this checkout's again.
+rm -f target/release/ds4server
 bin=$(cargo build --release --locked -p ds4server --features cuda --message-format=json |
   python3 -c 'import json,sys
 for l in sys.stdin:
