@@ -172,11 +172,11 @@ impl<B: Backend> DecoderLayer<B> {
         }
     }
 
-    /// `xs: [T, C·H]` → `[T, C·H]`. `unit` names this layer in its model
-    /// (the key of its pure units, [`Backend::run_pure`]).
+    /// Streams `[T, C·H]` → `[T, C·H]`, in and out with their last
+    /// write-back pending ([`Streams`]), so each seam's inject runs with the
+    /// next norm. `unit` names this layer in its model (the key of its pure
+    /// units, [`Backend::run_pure`]).
     #[allow(clippy::too_many_arguments)]
-    /// The streams come in and go out with their last write-back pending
-    /// ([`Streams`]), so each seam's inject runs with the next norm.
     fn forward<'m>(
         &'m self,
         ops: &B,
