@@ -46,11 +46,15 @@ fn cuda_inject_streams_norm_is_the_inject_then_the_norm() {
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_delta_inputs_is_the_conv_split_norms_and_decays() {
     let (g, c) = (gpu(), CpuOps);
-    // dk = 128 (the real heads: four values a lane) and 48 (a ragged lane
-    // loop); kernel 4 as the real conv.
-    for (hk, hv, dk, dv) in [(2usize, 4usize, 128usize, 32usize), (3, 3, 48, 20)] {
+    // dk = 128 with the real conv's 4 taps (four values a lane, the
+    // kernel's 4-tap path), 48 with 3 taps (a ragged lane loop, any tap
+    // count), 288 (past the registers: through memory).
+    for (hk, hv, dk, dv, kernel) in [
+        (2usize, 4usize, 128usize, 32usize, 4usize),
+        (3, 3, 48, 20, 3),
+        (1, 2, 288, 16, 4),
+    ] {
         let d = ScanDims { hk, hv, dk, dv };
-        let kernel = 4;
         let channels = 2 * hk * dk + hv * dv;
         let w = rnd(channels * kernel, 190);
         let neg_a: Vec<f32> = rnd(hv, 191).iter().map(|v| -(v.abs() + 0.1)).collect();
@@ -58,7 +62,7 @@ fn cuda_delta_inputs_is_the_conv_split_norms_and_decays() {
         let (gw, gneg, gdt) = (up(&g, &w), up(&g, &neg_a), up(&g, &dt_bias));
         let q_scale = (dk as f32).powf(-0.5);
         for rows in [1usize, 2, 3, 4, 8, 12] {
-            let what = format!("delta_inputs hk={hk} hv={hv} dk={dk} rows={rows}");
+            let what = format!("delta_inputs hk={hk} hv={hv} dk={dk} taps={kernel} rows={rows}");
             // Two successive steps from a random window: the second reads
             // the window the first slid.
             let window0 = rnd((kernel - 1) * channels, 193);
