@@ -44,25 +44,6 @@ pub trait HyperConnection<B: Backend> {
     fn mix(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)>;
     /// `X + concat_s(inj_s · y)`: `X [rows, C·H]`, `y [rows, H]`.
     fn combine(&self, ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf) -> Result<B::Buf>;
-    /// `self.combine(xs, y, inj)`, then `next.mix` of the result: `(X',
-    /// next's sub-layer input, next's write weights)`. The default runs the
-    /// two; a variant may fuse the seam (the same bits).
-    fn combine_mix(
-        &self,
-        ops: &B,
-        xs: &B::Buf,
-        y: &B::Buf,
-        inj: &B::Buf,
-        next: &Self,
-        rows: usize,
-    ) -> Result<Mixed<B>>
-    where
-        Self: Sized,
-    {
-        let xs = self.combine(ops, xs, y, inj)?;
-        let (x, inj) = next.mix(ops, &xs, rows)?;
-        Ok((xs, x, inj))
-    }
 }
 
 #[derive(Debug)]
@@ -137,6 +118,37 @@ impl<B: Backend> GatedResidual<B> {
         Ok((x, inj))
     }
 
+    /// `self.combine(xs, y, inj)`, then `next.mix` of the result, the
+    /// inject and `next`'s norm as one op ([`Backend::inject_streams_norm`]:
+    /// one launch for a decode step, the bits of the two).
+    pub fn combine_mix(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        inj: &B::Buf,
+        next: &Self,
+        rows: usize,
+    ) -> Result<Mixed<B>> {
+        let [xs, n] = self.combine_norm(ops, xs, y, inj, next)?;
+        let (x, inj) = next.mix_normed(ops, &n, rows)?;
+        Ok((xs, x, inj))
+    }
+
+    /// `[X', n]`: `self.combine(xs, y, inj)` and `next`'s norm of it.
+    fn combine_norm(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        inj: &B::Buf,
+        next: &Self,
+    ) -> Result<[B::Buf; 2]> {
+        self.check_combines()?;
+        self.check_seam(next)?;
+        next.norm.after_inject(ops, xs, y, inj, self.c)
+    }
+
     fn check_seam(&self, next: &Self) -> Result<()> {
         if next.c != self.c || next.h != self.h {
             return Err(EngineError::State(format!(
@@ -165,24 +177,6 @@ impl<B: Backend> HyperConnection<B> for GatedResidual<B> {
     fn combine(&self, ops: &B, xs: &B::Buf, y: &B::Buf, inj: &B::Buf) -> Result<B::Buf> {
         self.check_combines()?;
         ops.inject_streams(xs, y, inj, self.c)
-    }
-
-    /// The inject and the next module's norm as one op
-    /// ([`Backend::inject_streams_norm`]: one launch for a decode step).
-    fn combine_mix(
-        &self,
-        ops: &B,
-        xs: &B::Buf,
-        y: &B::Buf,
-        inj: &B::Buf,
-        next: &Self,
-        rows: usize,
-    ) -> Result<Mixed<B>> {
-        self.check_combines()?;
-        self.check_seam(next)?;
-        let [xs, n] = next.norm.after_inject(ops, xs, y, inj, self.c)?;
-        let (x, inj) = next.mix_normed(ops, &n, rows)?;
-        Ok((xs, x, inj))
     }
 }
 
@@ -239,11 +233,7 @@ impl<'m, B: Backend> Streams<'m, B> {
                 let n = next.norm.forward(ops, &self.xs)?;
                 Ok([self.xs, n])
             }
-            Some((hc, y, inj)) => {
-                hc.check_combines()?;
-                hc.check_seam(next)?;
-                next.norm.after_inject(ops, &self.xs, &y, &inj, hc.c)
-            }
+            Some((hc, y, inj)) => hc.combine_norm(ops, &self.xs, &y, &inj, next),
         }
     }
 }

@@ -189,7 +189,8 @@ fn copy_vals(
 /// written in place, clones included: a graph's own input buffer), four
 /// pairs a launch, so a pure unit's several inputs cost one launch, not
 /// one copy each.
-/// `DS4_CUDA_COPY_KERNEL=0` copies them one driver copy each instead.
+/// Large buffers, or `DS4_CUDA_COPY_KERNEL=0`, go one copy each
+/// ([`copy_vals`]).
 pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<()> {
     if let Some((d, s)) = pairs.iter().find(|(d, s)| d.len != s.len) {
         return Err(shape_err(
@@ -197,7 +198,7 @@ pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<
             format!("{} values into {}", s.len, d.len),
         ));
     }
-    if !*COPY_KERNEL {
+    if !*COPY_KERNEL || pairs.iter().any(|(_, s)| s.len > COPY_KERNEL_MAX) {
         for (d, s) in pairs {
             copy_vals(dev, &s.mem, 0, &d.mem, 0, s.len)?;
         }

@@ -48,7 +48,7 @@ use crate::backend::{Backend, CpuOps};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::delta_rule::DeltaReplay;
-use crate::layers::hyper_connections::{GatedResidual, HyperConnection, Streams};
+use crate::layers::hyper_connections::{GatedResidual, Streams};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, Positions};
