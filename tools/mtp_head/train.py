@@ -170,7 +170,7 @@ def run_batch(head, teach, toks, lossm, depths, weights, train=True):
         p_sub = p_full[..., head.subset]
         t_arg = tgt.argmax(-1)
     table = teach.embed[head.subset].float()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(teach.device.type, dtype=torch.bfloat16):
         outs = head_forward(head, teach, toks, hidden.float(), depths)
     loss = 0.0
     stats = []
@@ -192,6 +192,41 @@ def run_batch(head, teach, toks, lossm, depths, weights, train=True):
             mass = (p_sub.sum(-1) * m).sum().item()
             stats.append((n, greedy, acc7, mass, (ce * m).sum().item()))
     return loss, stats
+
+
+def load_head(path, teach):
+    """A head file as written by `export` (Q8_0 weights dequantized), to
+    evaluate an earlier head on this run's held-out data."""
+    g = gguf_io.Gguf(path)
+    dev = teach.device
+
+    def t(name):
+        return torch.from_numpy(g.f32(name)).to(dev)
+
+    subset = t("mtp.vocab_subset").round().long()
+    head = Head(teach, subset)
+    with torch.no_grad():
+        head.enorm.copy_(t("mtp.enorm.weight"))
+        head.hnorm.copy_(t("mtp.hnorm.weight"))
+        head.eh.copy_(t("mtp.eh_proj.weight"))
+        head.norm.copy_(t("mtp.output_norm.weight"))
+        for k, n in T.LAYER_NAMES.items():
+            head.w[k].copy_(t(f"mtp.{n}"))
+    return head
+
+
+def evaluate(head, teach, evals, a, weights):
+    """Held-out acceptance per depth (teacher-forced chains)."""
+    head.eval()
+    tot = np.zeros((a.depths, 5))
+    with torch.no_grad():
+        for b in range(0, len(evals), a.batch):
+            toks, lossm = pad(evals[b:b + a.batch], a.max_len)
+            _, st = run_batch(head, teach, toks, lossm, a.depths, weights, train=False)
+            tot += np.array(st)
+    return [{"depth": d + 1, "rows": int(t[0]), "greedy_accept": t[1] / t[0],
+             "t0.7_accept": t[2] / t[0], "teacher_mass_in_subset": t[3] / t[0],
+             "cross_entropy": t[4] / t[0]} for d, t in enumerate(tot)]
 
 
 # ---------------------------------------------------------------- export
@@ -251,18 +286,34 @@ def main():
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--depths", type=int, default=3)
-    ap.add_argument("--time-budget", type=float, default=300.0, help="seconds of training at most")
+    ap.add_argument("--time-budget", type=float, default=300.0,
+                    help="seconds of training at most in this invocation")
+    ap.add_argument("--train-seconds", type=float, default=0.0,
+                    help="total training seconds over all invocations (the cosine schedule's "
+                         "length; 0: schedule by --steps, as the first shipped head was trained)")
+    ap.add_argument("--state", default=None,
+                    help="directory that keeps the replies and a checkpoint between invocations: "
+                         "a run that stops before --train-seconds is resumed by the same command")
+    ap.add_argument("--eval-modes", default="greedy,t0.7-s1,t0.7-s2,t0.7-s3,text",
+                    help="reply modes of the eval split that the held-out evaluation reads")
+    ap.add_argument("--wall-budget", type=float, default=0.0,
+                    help="seconds this invocation may run in all (generation included); training "
+                         "stops in time to write the checkpoint (0: no limit)")
+    ap.add_argument("--compare-head", default=None,
+                    help="an earlier head file, evaluated on the same held-out rows")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for the smoke run")
     ap.add_argument("--ref-logits", default=None)
     ap.add_argument("--max-ppl", type=float, default=0.0)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
-    dev = torch.device("cuda")
+    dev = torch.device(a.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     t_all = time.time()
     g = gguf_io.Gguf(a.model)
     teach = T.Teacher(g, dev)
-    log(f"teacher loaded: {torch.cuda.get_device_name()}")
+    gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    log(f"teacher loaded: {gpu}")
     data = json.load(open(a.prompts))
 
     if a.ref_logits:
@@ -290,13 +341,24 @@ def main():
     if a.max_ppl and ppl > a.max_ppl:
         raise SystemExit("teacher perplexity too high: stopping")
 
-    seqs = generate(teach, data["prompts"], [int(s) for s in a.seeds.split(",")], a.gen_batch, a.max_new)
+    seqs_path = os.path.join(a.state, "seqs.json") if a.state else None
+    if seqs_path and os.path.exists(seqs_path):
+        seqs = json.load(open(seqs_path))
+        log(f"replies read from {seqs_path}: {len(seqs)} sequences")
+    else:
+        seqs = generate(teach, data["prompts"], [int(s) for s in a.seeds.split(",")], a.gen_batch,
+                        a.max_new)
+        if seqs_path:
+            os.makedirs(a.state, exist_ok=True)
+            json.dump(seqs, open(seqs_path + ".tmp", "w"))
+            os.replace(seqs_path + ".tmp", seqs_path)
     for t in data["text"]:
         # plain text in windows of max_len
         ids = t["ids"]
         seqs.append({"split": t["split"], "kind": "text", "mode": "text", "prompt_len": 0, "ids": ids})
     train = [s for s in seqs if s["split"] == "train"]
-    evals = [s for s in seqs if s["split"] == "eval"]
+    eval_modes = set(a.eval_modes.split(","))
+    evals = [s for s in seqs if s["split"] == "eval" and s["mode"] in eval_modes]
     with open(os.path.join(a.out, "replies_sample.txt"), "w") as f:
         for s in seqs[:3]:
             f.write(json.dumps(s) + "\n")
@@ -319,45 +381,77 @@ def main():
 
     head = Head(teach, subset)
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / a.steps))))
     weights = [1.0, 0.5, 0.25][:a.depths]
     rng = np.random.default_rng(0)
-    step, t0 = 0, time.time()
-    while step < a.steps and time.time() - t0 < a.time_budget:
+    step, trained = 0, 0.0
+    ckpt_path = os.path.join(a.state, "checkpoint.pt") if a.state else None
+    if ckpt_path and os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path, map_location=dev, weights_only=False)
+        head.load_state_dict(ck["head"])
+        opt.load_state_dict(ck["opt"])
+        rng.bit_generator.state = ck["rng"]
+        step, trained = ck["step"], ck["trained"]
+        log(f"resumed at step {step} after {trained:.0f}s of training")
+
+    def lr_at(step, trained):
+        # 100-step warm-up, then a cosine over --train-seconds of training
+        # time (or over --steps when that is 0)
+        frac = trained / a.train_seconds if a.train_seconds else step / a.steps
+        return a.lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    def finished(step, trained):
+        return step >= a.steps or (a.train_seconds and trained >= a.train_seconds)
+
+    t0 = time.time()
+    base = trained
+    budget = a.time_budget
+    if a.wall_budget:
+        # leave 90 s for the checkpoint, the evaluation and the export
+        budget = min(budget, a.wall_budget - (t0 - t_all) - 90)
+    while not finished(step, trained) and time.time() - t0 < budget:
         for toks, lossm in batches(train, a.batch, a.max_len, rng):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, trained)
             loss, st = run_batch(head, teach, toks, lossm, a.depths, weights)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
-            sched.step()
             step += 1
+            trained = base + time.time() - t0
             if step % 100 == 0:
                 acc = " ".join(f"d{d+1}:{s[1]/max(s[0],1):.3f}" for d, s in enumerate(st))
-                log(f"step {step} loss {loss.item():.4f} greedy-acc {acc} ({time.time()-t0:.0f}s)")
-            if step >= a.steps or time.time() - t0 >= a.time_budget:
+                log(f"step {step} loss {loss.item():.4f} greedy-acc {acc} "
+                    f"lr {lr_at(step, trained):.2e} ({trained:.0f}s)")
+            if finished(step, trained) or time.time() - t0 >= budget:
                 break
-    train_s = time.time() - t0
+    train_s = trained
     log(f"trained {step} steps in {train_s:.1f}s")
+    if ckpt_path:
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                    "step": step, "trained": trained}, ckpt_path + ".tmp")
+        os.replace(ckpt_path + ".tmp", ckpt_path)
+        if not finished(step, trained):
+            log(f"checkpoint written ({trained:.0f}s of {a.train_seconds:.0f}s): run the same "
+                "command again to go on")
+            return
 
-    head.eval()
-    tot = np.zeros((a.depths, 5))
-    with torch.no_grad():
-        for b in range(0, len(evals), a.batch):
-            toks, lossm = pad(evals[b:b + a.batch], a.max_len)
-            _, st = run_batch(head, teach, toks, lossm, a.depths, weights, train=False)
-            tot += np.array(st)
     report = {
         "train_sequences": len(train), "train_tokens": ntrain,
         "eval_sequences": len(evals), "eval_tokens": neval,
         "steps": step, "train_seconds": train_s, "subset": a.subset, "coverage": cover,
-        "gpu": torch.cuda.get_device_name(),
-        "eval": [{"depth": d + 1, "rows": int(t[0]), "greedy_accept": t[1] / t[0],
-                  "t0.7_accept": t[2] / t[0], "teacher_mass_in_subset": t[3] / t[0],
-                  "cross_entropy": t[4] / t[0]} for d, t in enumerate(tot)],
+        "gpu": gpu,
+        "eval": evaluate(head, teach, evals, a, weights),
         "args": vars(a),
     }
+    if a.compare_head:
+        # the earlier head on the same held-out rows, side by side
+        report["compare_head"] = {
+            "path": a.compare_head,
+            "sha256": hashlib.sha256(open(a.compare_head, "rb").read()).hexdigest(),
+            "eval": evaluate(load_head(a.compare_head, teach), teach, evals, a, weights),
+        }
+        log("earlier head: " + json.dumps(report["compare_head"]["eval"], indent=1))
     log(json.dumps(report["eval"], indent=1))
     meta = [
         ("general.architecture", gguf_io.STR, "llama-mtp-head"),

@@ -34,7 +34,7 @@ pub struct KnownHead {
 pub const DEFAULT_MTP_HEAD: KnownHead = KnownHead {
     model: DEFAULT_MODEL,
     file_name: "SmolLM2-135M-Instruct.mtp.gguf",
-    sha256: "ad9110d6c5df8f2fcfbfab55082adc87015cacad10aca716f73a62e45f3f20c0",
+    sha256: "5b3417abff9c17ca0ae7c6ca69609c4b283d5a89986d65e6deb6a3eb00bfcb84",
     size_bytes: 9_524_192,
     bytes: include_bytes!("../assets/SmolLM2-135M-Instruct.mtp.gguf"),
 };
