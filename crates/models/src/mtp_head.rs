@@ -25,6 +25,10 @@ pub struct KnownHead {
     /// SHA-256 of the file, lowercase hex.
     pub sha256: &'static str,
     pub size_bytes: u64,
+    /// SHA-256 of the heads this one replaces (earlier releases wrote them
+    /// next to the model): such a file is overwritten with this head, not
+    /// refused, so an upgrade keeps MTP on.
+    pub superseded: &'static [&'static str],
     /// The file itself (what `install` writes).
     bytes: &'static [u8],
 }
@@ -36,6 +40,8 @@ pub const DEFAULT_MTP_HEAD: KnownHead = KnownHead {
     file_name: "SmolLM2-135M-Instruct.mtp.gguf",
     sha256: "5b3417abff9c17ca0ae7c6ca69609c4b283d5a89986d65e6deb6a3eb00bfcb84",
     size_bytes: 9_524_192,
+    // the first head (2026-11-30; tools/mtp_head/runs/2026-11-30)
+    superseded: &["ad9110d6c5df8f2fcfbfab55082adc87015cacad10aca716f73a62e45f3f20c0"],
     bytes: include_bytes!("../assets/SmolLM2-135M-Instruct.mtp.gguf"),
 };
 
@@ -97,17 +103,7 @@ impl KnownHead {
                 actual: size,
             });
         }
-        let mut f = File::open(path).map_err(io_err(path))?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = f.read(&mut buf).map_err(io_err(path))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        let actual = hex(&hasher.finalize());
+        let actual = file_sha256(path)?;
         if actual != self.sha256 {
             return Err(HeadError::Checksum {
                 path: path.to_path_buf(),
@@ -133,16 +129,40 @@ impl KnownHead {
     }
 
     /// The checked head file for `model`: written beside it first if
-    /// missing, then verified. A present but wrong file is refused (never
-    /// overwritten: it may be someone's experiment).
+    /// missing or if it is a head this one supersedes, then verified. Any
+    /// other wrong file is refused (never overwritten: it may be someone's
+    /// experiment).
     pub fn ensure_next_to(&self, model: &Path) -> Result<PathBuf, HeadError> {
         let path = self.path_next_to(model);
         if !path.exists() {
+            self.install(&path)?;
+        } else if let Err(HeadError::Checksum { actual, .. }) = self.verify(&path)
+            && self.superseded.contains(&actual.as_str())
+        {
+            tracing::info!(
+                "{}: an earlier release's MTP head, replaced by this release's",
+                path.display()
+            );
             self.install(&path)?;
         }
         self.verify(&path)?;
         Ok(path)
     }
+}
+
+/// SHA-256 of a file, lowercase hex (read in 1 MiB pieces).
+fn file_sha256(path: &Path) -> Result<String, HeadError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
 }
 
 /// The known head for the model file `model`, checked: `None` when the
@@ -192,6 +212,30 @@ mod tests {
         let err = DEFAULT_MTP_HEAD.verify(&path).unwrap_err();
         assert!(matches!(err, HeadError::Size { actual: 1000, .. }), "{err}");
         assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn a_superseded_head_is_replaced_and_any_other_file_is_kept() {
+        let head = KnownHead {
+            model: DEFAULT_MODEL,
+            file_name: "test.mtp.gguf",
+            // sha256 of b"new" and of b"old"
+            sha256: "11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437",
+            size_bytes: 3,
+            superseded: &["cba06b5736faf67e54b07b561eae94395e774c517a7d910a54369e1263ccfbd4"],
+            bytes: b"new",
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join(DEFAULT_MODEL.file_name);
+        let path = head.path_next_to(&model);
+        std::fs::write(&path, b"old").unwrap();
+        assert_eq!(head.ensure_next_to(&model).unwrap(), path);
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        // a file of the right size that is no shipped head stays refused
+        std::fs::write(&path, b"odd").unwrap();
+        let err = head.ensure_next_to(&model).unwrap_err();
+        assert!(matches!(err, HeadError::Checksum { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"odd");
     }
 
     #[test]
