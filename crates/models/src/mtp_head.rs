@@ -7,13 +7,10 @@
 //! restore it (the model then runs without MTP). A missing file is written
 //! from the embedded copy (atomically: a temporary file renamed into place).
 
-use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
-use crate::{DEFAULT_MODEL, KnownModel, hex};
+use crate::{DEFAULT_MODEL, KnownModel, sha256_file};
 
 /// An MTP head trained for one known model.
 #[derive(Debug, Clone, Copy)]
@@ -103,7 +100,7 @@ impl KnownHead {
                 actual: size,
             });
         }
-        let actual = file_sha256(path)?;
+        let actual = sha256_file(path).map_err(io_err(path))?;
         if actual != self.sha256 {
             return Err(HeadError::Checksum {
                 path: path.to_path_buf(),
@@ -150,21 +147,6 @@ impl KnownHead {
     }
 }
 
-/// SHA-256 of a file, lowercase hex (read in 1 MiB pieces).
-fn file_sha256(path: &Path) -> Result<String, HeadError> {
-    let mut f = File::open(path).map_err(io_err(path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
-}
-
 /// The known head for the model file `model`, checked: `None` when the
 /// model has no known head, `Some(Err)` when its head file is wrong.
 pub fn mtp_head_for(model: &Path) -> Option<Result<PathBuf, HeadError>> {
@@ -176,6 +158,8 @@ pub fn mtp_head_for(model: &Path) -> Option<Result<PathBuf, HeadError>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hex;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn embedded_head_matches_its_pins() {
