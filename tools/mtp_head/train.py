@@ -305,6 +305,9 @@ def main():
     ap.add_argument("--wall-budget", type=float, default=0.0,
                     help="seconds this invocation may run in all (generation included); training "
                          "stops in time to write the checkpoint (0: no limit)")
+    ap.add_argument("--init-head", default=None,
+                    help="start from this head file (e.g. the shipped one) instead of the "
+                         "trunk's last layer")
     ap.add_argument("--compare-head", default=None,
                     help="an earlier head file, evaluated on the same held-out rows")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for the smoke run")
@@ -385,7 +388,17 @@ def main():
     neval = sum(len(s["ids"]) for s in evals)
     log(f"train: {len(train)} sequences, {ntrain} tokens; eval: {len(evals)} sequences, {neval} tokens")
 
-    head = Head(teach, subset)
+    if a.init_head:
+        # go on from an earlier head (its weights, dequantized from Q8_0,
+        # and its own vocabulary subset) instead of the warm start
+        head = load_head(a.init_head, teach)
+        head.train()
+        if not torch.equal(head.subset, subset):
+            log(f"{a.init_head}: its subset differs from this run's ranking; keeping the head's")
+        subset = head.subset
+        log(f"initialised from {a.init_head}")
+    else:
+        head = Head(teach, subset)
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
     weights = [1.0, 0.5, 0.25][:a.depths]
     rng = np.random.default_rng(0)
