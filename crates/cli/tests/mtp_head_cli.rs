@@ -81,3 +81,66 @@ fn damaged_head_default_model_is_refused_and_runs_without_mtp() {
     assert!(auto["mtp"].is_null());
     assert_eq!(auto["tokens"], ar["tokens"]);
 }
+
+/// `bench --mtp` end to end on the default model, small: AR and depths
+/// 1..2 at both temperatures (greedy MTP == AR is checked by the bench
+/// itself), the pieces table, and the modelled column.
+#[test]
+fn bench_mtp_default_model_reports_every_depth_and_its_pieces() {
+    let out = bin()
+        .args([
+            "bench",
+            "--device",
+            "cpu",
+            "--mtp",
+            "--mtp-prompt-count",
+            "2",
+        ])
+        .args([
+            "--gen",
+            "12",
+            "--mtp-max-depth",
+            "2",
+            "--mtp-cost-reps",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (modes, pieces) = stdout.split_once("\n\n").expect("two tables");
+    let mut lines = modes.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 6, "{stdout}");
+    for r in &rows {
+        let depth: usize = r[col("depth")].parse().unwrap();
+        let pieces: f64 = r[col("pieces_speedup")].parse().unwrap();
+        let accepted: f64 = r[col("mean_accepted_len")].parse().unwrap();
+        if depth == 0 {
+            assert_eq!(pieces, 1.0);
+            assert_eq!(accepted, 0.0);
+        } else {
+            // timed pieces: only its presence and sign are checked (the
+            // value moves with the machine's load); the trained head gets
+            // some drafts accepted
+            assert!(pieces.is_finite() && pieces > 0.0, "{stdout}");
+            assert!(accepted > 0.0 && accepted <= depth as f64, "{stdout}");
+        }
+    }
+    let names: Vec<&str> = pieces
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["ar_step", "verify_window", "verify_window", "draft"],
+        "{stdout}"
+    );
+}
