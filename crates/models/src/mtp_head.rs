@@ -133,16 +133,21 @@ impl KnownHead {
         let path = self.path_next_to(model);
         if !path.exists() {
             self.install(&path)?;
-        } else if let Err(HeadError::Checksum { actual, .. }) = self.verify(&path)
-            && self.superseded.contains(&actual.as_str())
-        {
-            tracing::info!(
-                "{}: an earlier release's MTP head, replaced by this release's",
-                path.display()
-            );
-            self.install(&path)?;
         }
-        self.verify(&path)?;
+        // one hash per load; a second only after replacing a superseded head
+        match self.verify(&path) {
+            Err(HeadError::Checksum { actual, .. })
+                if self.superseded.contains(&actual.as_str()) =>
+            {
+                tracing::info!(
+                    "{}: an earlier release's MTP head, replaced by this release's",
+                    path.display()
+                );
+                self.install(&path)?;
+                self.verify(&path)?;
+            }
+            checked => checked?,
+        }
         Ok(path)
     }
 }
