@@ -484,6 +484,26 @@ pub struct BenchArgs {
     /// Repetitions of each timed piece in `--mtp`'s cost table (median).
     #[arg(long, default_value_t = 20)]
     pub mtp_cost_reps: usize,
+    /// Draft-stop thresholds `--mtp` measures side by side, each at every
+    /// depth (comma-separated; 0 drafts the full depth every cycle): a
+    /// cycle stops drafting before a draft whose head row gives its top
+    /// token less than this probability. Default: the family's own
+    /// threshold (0.3 for the default model's head; none elsewhere).
+    #[arg(long, value_delimiter = ',', value_parser = probability)]
+    pub mtp_draft_stop: Vec<f32>,
+}
+
+/// A probability in [0, 1].
+fn probability(s: &str) -> Result<f32, String> {
+    let v: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a probability in [0, 1]"))
+    }
 }
 
 /// A non-negative number of seconds (fractions allowed).

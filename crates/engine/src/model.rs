@@ -318,7 +318,7 @@ impl HiddenRows for NoMtp {
 }
 
 /// What a family's MTP head promises the decode loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MtpContract {
     /// Draft depth used when a request does not choose one.
     pub default_depth: usize,
@@ -326,6 +326,14 @@ pub struct MtpContract {
     pub max_depth: usize,
     /// Which trunk hidden feeds the head (documentation for tooling).
     pub hidden: &'static str,
+    /// `Some(c)`: a cycle stops drafting before a draft whose head row gives
+    /// its top token a probability (softmax at temperature 1) below `c`, so
+    /// the request's depth is an upper bound and a cycle may verify fewer
+    /// rows. The decision reads only the head's row, never the trunk's or
+    /// the stream, so the output distribution stays exact; it changes how
+    /// many draws a sampled cycle takes. `None`: every cycle drafts the
+    /// request's depth (the families whose seeded draws are pinned).
+    pub min_draft_confidence: Option<f32>,
 }
 
 /// The window record and MTP history of a family without an MTP head: an

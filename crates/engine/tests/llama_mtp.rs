@@ -71,6 +71,7 @@ fn greedy(m: &LlamaModel, prompt: &[u32], depth: usize, n: usize) -> decode::Tur
 fn llama_head_greedy_mtp_equals_ar_on_held_out_prompts_default_model() {
     let m = with_head();
     let (mut drafted, mut accepted) = (0, 0);
+    let (mut short, mut full) = (0, 0);
     for (i, p) in prompts().iter().take(3).enumerate() {
         let ar = greedy(&m, p, 0, 24);
         assert!(ar.mtp.is_none());
@@ -80,12 +81,21 @@ fn llama_head_greedy_mtp_equals_ar_on_held_out_prompts_default_model() {
             let st = r.mtp.expect("MTP statistics");
             drafted += st.drafted_total();
             accepted += st.accepted_total();
+            // drafted[i] counts the cycles that drafted at least i + 1.
+            full += st.drafted[depth - 1];
+            short += st.cycles - st.drafted[depth - 1];
         }
     }
     // The trained head drafts well on the model's own replies (about half
     // of the drafts at these depths); a random head accepts a few percent.
-    eprintln!("accepted {accepted} of {drafted} drafts");
+    eprintln!("accepted {accepted} of {drafted} drafts; {short} cycles cut short, {full} full");
     assert!(accepted * 4 > drafted, "accepted {accepted} of {drafted}");
+    // The family's draft-stop threshold is in force: the head's doubt cut
+    // some cycles short, and others drafted the full depth.
+    assert!(
+        m.mtp_contract().unwrap().min_draft_confidence.is_some() && short > 0 && full > 0,
+        "{short} cycles cut short, {full} full"
+    );
 }
 
 #[test]

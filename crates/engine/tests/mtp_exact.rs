@@ -193,6 +193,7 @@ impl Model for Toy {
             default_depth: 2,
             max_depth: 3,
             hidden: "the token itself",
+            min_draft_confidence: None,
         })
     }
     fn forward_hidden(
@@ -500,6 +501,75 @@ fn mtp_subset_draft_sequences_are_distributed_as_ar() {
         );
     }
     SUBSET.set(false);
+}
+
+/// A draft-stop threshold (drafting ends before a draft whose drafter row
+/// gives its top token less than the threshold): sampled MTP is still
+/// distributed as AR at depth 1..3 under both laws, greedy MTP still
+/// equals AR, and the threshold really cut some cycles short while others
+/// drafted the full depth.
+#[test]
+fn mtp_draft_stop_sequences_are_distributed_as_ar() {
+    const N: usize = 20000;
+    // Cuts about a quarter of the cycles short (asserted below).
+    const STOP_BELOW: f32 = 0.5;
+    let run = |law: Law, temperature: f64, depth: usize, seed: u64| {
+        let mut s = Sampler::new(law, params(temperature, law), seed).unwrap();
+        let mut session = LiveSession::new(&Toy);
+        let r = decode::generate_with_draft_stop(
+            &Toy,
+            &mut session,
+            TurnRequest {
+                prompt: &PROMPT,
+                sampler: &mut s,
+                config: config(),
+                mtp_depth: Some(depth),
+            },
+            Some(STOP_BELOW),
+            &mut (),
+        )
+        .unwrap();
+        assert!(session.is_consistent());
+        (r.tokens, r.mtp.unwrap())
+    };
+    for law in [Law::Nucleus, Law::Ds4] {
+        let want = exact(law, 0.6, target);
+        let greedy = exact(law, 0.0, target);
+        for depth in 1..=3 {
+            let (toks, _) = run(law, 0.0, depth, 0);
+            assert_eq!(
+                greedy.get(&toks),
+                Some(&1.0),
+                "{law:?} depth {depth} greedy"
+            );
+            let mut seen: BTreeMap<Vec<u32>, usize> = BTreeMap::new();
+            let (mut short, mut full, mut acc, mut drafted) = (0, 0, 0, 0);
+            for seed in 0..N as u64 {
+                let (toks, st) = run(law, 0.6, depth, seed * 7919 + depth as u64);
+                *seen.entry(toks).or_default() += 1;
+                // drafted[i] counts the cycles that drafted at least i + 1.
+                full += st.drafted[depth - 1];
+                short += st.cycles - st.drafted[depth - 1];
+                acc += st.accepted_total();
+                drafted += st.drafted_total();
+            }
+            assert!(
+                short > N / 20 && full > N / 20,
+                "{law:?} depth {depth}: {short} cycles cut short, {full} full"
+            );
+            assert!(acc > drafted / 10 && acc < drafted, "{acc}/{drafted}");
+            let (chi, df) = chi_square(&seen, &want, N);
+            eprintln!(
+                "{law:?} depth {depth} stop {STOP_BELOW}: {short} short / {full} full cycles, \
+                 chi2 {chi:.1} (df {df}, critical {:.1})",
+                critical(df)
+            );
+            assert!(
+                chi < critical(df),
+                "{law:?} depth {depth}: chi2 {chi} df {df}"
+            );
+        }
+    }
 }
 
 /// The spec's draw order written out on the toy: primary (first cycle),

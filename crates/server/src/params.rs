@@ -255,6 +255,7 @@ mod tests {
             default_depth: 1,
             max_depth: 3,
             hidden: "h",
+            min_draft_confidence: None,
         };
         assert_eq!(mtp_depth(Some(head), Some(3)).unwrap(), Some(3));
         assert!(

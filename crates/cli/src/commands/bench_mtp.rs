@@ -13,13 +13,18 @@
 //! error). A second table times the pieces of one cycle on a prompt's
 //! prefilled state: one AR step, a verify window of k + 1 rows, one draft.
 //!
-//! From those pieces each depth also gets `pieces_speedup`: the tokens a
+//! Each depth runs under every draft-stop threshold of `--mtp-draft-stop`
+//! (default: the family's own, [`ds4_engine::MtpContract::min_draft_confidence`];
+//! 0 drafts the full depth every cycle), so both policies are measured in
+//! the same run; `draft_stop` names the threshold of a row.
+//!
+//! From those pieces each mode also gets `pieces_speedup`: the tokens a
 //! cycle emitted (1 + accepted drafts) over what its pieces cost in AR
-//! steps (one window of k + 1 rows plus one head forward per draft). It is
-//! what the pieces allow; the measured `speedup_vs_ar` is lower by the
-//! loop's own work (sampling, acceptance, commit), and the pieces are
-//! medians, so this column moves much less than the measured one on a
-//! noisy machine.
+//! steps (a window of j + 1 rows for a cycle that drafted j, an AR step when
+//! it drafted none, plus one head forward per draft). It is what the pieces
+//! allow; the measured `speedup_vs_ar` is lower by the loop's own work
+//! (sampling, acceptance, commit), and the pieces are medians, so this
+//! column moves much less than the measured one on a noisy machine.
 
 use std::time::Instant;
 
@@ -42,6 +47,7 @@ struct Tally {
     drafted: Vec<usize>,
     accepted: Vec<usize>,
     cycles: usize,
+    verify_rows: usize,
 }
 
 pub fn bench_mtp<M: Model>(
@@ -75,11 +81,24 @@ pub fn bench_mtp<M: Model>(
     // The pieces first: the modelled column needs them.
     let (cost_csv, costs) = step_costs(model, &prompts[0], max_depth, args.mtp_cost_reps)?;
     let law = model.descriptor().law;
-    let modes: Vec<usize> = (0..=max_depth).collect();
+    // (depth, draft-stop threshold): AR first, then every depth under each
+    // threshold.
+    let stops: Vec<Option<f32>> = if args.mtp_draft_stop.is_empty() {
+        vec![contract.min_draft_confidence]
+    } else {
+        args.mtp_draft_stop
+            .iter()
+            .map(|&c| (c > 0.0).then_some(c))
+            .collect()
+    };
+    let mut modes: Vec<(usize, Option<f32>)> = vec![(0, None)];
+    for &stop in &stops {
+        modes.extend((1..=max_depth).map(|d| (d, stop)));
+    }
     let mut out = String::new();
     out.push_str(
-        "temperature,depth,tokens,decode_tps,speedup_vs_ar,acceptance_by_position,\
-         mean_accepted_len,pieces_speedup\n",
+        "temperature,depth,draft_stop,tokens,decode_tps,speedup_vs_ar,acceptance_by_position,\
+         mean_accepted_len,verify_rows_per_cycle,pieces_speedup\n",
     );
     let mut table = Vec::new();
     for &temperature in &args.mtp_temperatures {
@@ -90,10 +109,10 @@ pub fn bench_mtp<M: Model>(
             let mut emitted = vec![Vec::new(); modes.len()];
             for r in 0..modes.len() {
                 let mi = (pi + r) % modes.len();
-                let depth = modes[mi];
+                let (depth, stop) = modes[mi];
                 let mut sampler = Sampler::new(law, params, 1000 + pi as u64)?;
                 let mut session = LiveSession::new(model);
-                let res = decode::generate(
+                let res = decode::generate_with_draft_stop(
                     model,
                     &mut session,
                     TurnRequest {
@@ -108,6 +127,7 @@ pub fn bench_mtp<M: Model>(
                         },
                         mtp_depth: Some(depth),
                     },
+                    stop,
                     &mut (),
                 )?;
                 emitted[mi] = res.tokens.clone();
@@ -122,14 +142,16 @@ pub fn bench_mtp<M: Model>(
                         t.accepted[i] += a;
                     }
                     t.cycles += m.cycles;
+                    t.verify_rows += m.verify_rows;
                 }
             }
             if temperature == 0.0
                 && let Some(mi) = (1..modes.len()).find(|&mi| emitted[mi] != emitted[0])
             {
                 anyhow::bail!(
-                    "greedy MTP depth {} differs from AR on prompt {pi}",
-                    modes[mi]
+                    "greedy MTP depth {} (draft stop {}) differs from AR on prompt {pi}",
+                    modes[mi].0,
+                    stop_name(modes[mi].1)
                 );
             }
         }
@@ -142,23 +164,31 @@ pub fn bench_mtp<M: Model>(
                 .zip(&t.accepted)
                 .map(|(&d, &a)| format!("{:.3}", a as f64 / d.max(1) as f64))
                 .collect();
-            let mean_len = t.accepted.iter().sum::<usize>() as f64 / t.cycles.max(1) as f64;
-            let drafts = t.drafted.iter().sum::<usize>() as f64 / t.cycles.max(1) as f64;
-            let pieces = costs.speedup(modes[mi], mean_len, drafts);
+            let cycles = t.cycles.max(1) as f64;
+            let mean_len = t.accepted.iter().sum::<usize>() as f64 / cycles;
+            let rows = if modes[mi].0 == 0 {
+                1.0
+            } else {
+                t.verify_rows as f64 / cycles
+            };
+            let pieces = costs.speedup(t);
+            let (depth, stop) = (modes[mi].0, stop_name(modes[mi].1));
             out.push_str(&format!(
-                "{temperature},{},{},{tps:.2},{:.3},{},{mean_len:.3},{pieces:.3}\n",
-                modes[mi],
+                "{temperature},{depth},{stop},{},{tps:.2},{:.3},{},{mean_len:.3},{rows:.3},\
+                 {pieces:.3}\n",
                 t.tokens,
                 tps / ar_tps,
                 acc.join("/"),
             ));
             table.push((
                 temperature,
-                modes[mi],
+                depth,
+                stop,
                 tps,
                 tps / ar_tps,
                 acc.join(" / "),
                 mean_len,
+                rows,
                 pieces,
             ));
         }
@@ -166,12 +196,15 @@ pub fn bench_mtp<M: Model>(
     out.push('\n');
     out.push_str(&cost_csv);
     eprintln!(
-        "| T | depth | tok/s | × AR | acceptance by draft position | accepted per cycle | \
-         × AR the pieces allow |"
+        "| T | depth | draft stop | tok/s | × AR | acceptance by draft position | \
+         accepted per cycle | rows per cycle | × AR the pieces allow |"
     );
-    eprintln!("|---|---|---|---|---|---|---|");
-    for (t, d, tps, x, acc, len, pieces) in table {
-        eprintln!("| {t} | {d} | {tps:.1} | {x:.2} | {acc} | {len:.2} | {pieces:.2} |");
+    eprintln!("|---|---|---|---|---|---|---|---|---|");
+    for (t, d, stop, tps, x, acc, len, rows, pieces) in table {
+        eprintln!(
+            "| {t} | {d} | {stop} | {tps:.1} | {x:.2} | {acc} | {len:.2} | {rows:.2} | \
+             {pieces:.2} |"
+        );
     }
     Ok(out)
 }
@@ -185,16 +218,35 @@ struct PieceCosts {
 }
 
 impl PieceCosts {
-    /// Tokens per cycle over the cycle's cost in AR steps, at depth `k`
-    /// with `accepted` drafts accepted and `drafts` head forwards a cycle
-    /// (1 at depth 0: AR itself).
-    fn speedup(&self, k: usize, accepted: f64, drafts: f64) -> f64 {
-        if k == 0 {
+    /// Emitted tokens over the cycles' cost in AR steps (1 for AR itself):
+    /// a cycle that drafted j tokens costs a window of j + 1 rows (an AR
+    /// step for j = 0) and j head forwards. `t.drafted[i]` counts the
+    /// cycles that drafted at least i + 1, since drafting runs in order.
+    fn speedup(&self, t: &Tally) -> f64 {
+        if t.cycles == 0 {
             return 1.0;
         }
-        let cost = self.windows[k - 1] + drafts * self.draft;
-        (1.0 + accepted) * self.ar_step / cost
+        let mut cost = 0.0;
+        let mut reached = t.cycles;
+        for j in 0..=t.drafted.len() {
+            let deeper = t.drafted.get(j).copied().unwrap_or(0);
+            let window = if j == 0 {
+                self.ar_step
+            } else {
+                self.windows[j - 1]
+            };
+            cost += reached.saturating_sub(deeper) as f64 * window;
+            reached = deeper;
+        }
+        cost += t.drafted.iter().sum::<usize>() as f64 * self.draft;
+        let tokens = t.cycles + t.accepted.iter().sum::<usize>();
+        tokens as f64 * self.ar_step / cost
     }
+}
+
+/// A threshold as the tables print it (`none`: full depth every cycle).
+fn stop_name(stop: Option<f32>) -> String {
+    stop.map_or_else(|| "none".to_string(), |c| format!("{c}"))
 }
 
 /// Milliseconds per call of each piece of a cycle, on `prompt`'s

@@ -13,6 +13,7 @@
 //! [`generate`].
 
 mod ar;
+mod draft_stop;
 mod exit;
 pub mod logprobs;
 mod mask;
@@ -76,8 +77,26 @@ pub fn generate_with_media<M: Model>(
     media: Option<&PromptMedia<'_>>,
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
+    let draft_stop = model.mtp_contract().and_then(|c| c.min_draft_confidence);
     match resolve_mtp_depth(model, request.mtp_depth)? {
         0 => ar::generate(model, session, request, media, observer),
-        depth => mtp::generate(model, session, request, depth, media, observer),
+        depth => mtp::generate(model, session, request, depth, draft_stop, media, observer),
+    }
+}
+
+/// [`generate`] with an explicit draft-stop threshold in place of the
+/// family's ([`crate::MtpContract::min_draft_confidence`]; `None` drafts
+/// the full depth every cycle): for `bench --mtp`, which measures both
+/// policies side by side, and for tests.
+pub fn generate_with_draft_stop<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    request: TurnRequest<'_>,
+    draft_stop: Option<f32>,
+    observer: &mut dyn TurnObserver,
+) -> Result<TurnResult> {
+    match resolve_mtp_depth(model, request.mtp_depth)? {
+        0 => ar::generate(model, session, request, None, observer),
+        depth => mtp::generate(model, session, request, depth, draft_stop, None, observer),
     }
 }

@@ -25,7 +25,11 @@
 //!    row, `d_i` drawn from it; depth `i > 1` runs the head on its own
 //!    output hidden and `d_{i−1}`. `k = min(K, context left)` (not clamped
 //!    to the tokens left, so the tokens of a seed never depend on
-//!    `max_tokens`);
+//!    `max_tokens`); under a draft-stop threshold
+//!    ([`crate::MtpContract::min_draft_confidence`]) drafting ends early,
+//!    before the first `d_i` whose head row is less confident than the
+//!    threshold, and `k` is the number drafted (0 makes the verify a
+//!    single row: an AR step);
 //! 3. verify: one trunk forward of `[primary, d_1..d_k]` (rows `p_0..p_k`);
 //! 4. accept `d_i` against row `i − 1` in order, emitting each accepted
 //!    draft at once, up to the first rejection;
@@ -98,6 +102,7 @@ use std::time::Instant;
 
 use ds4_sampling::{Distribution, Sampler};
 
+use super::draft_stop::stops_before;
 use super::exit::{CANCELLED, Emitter, cancelled_in_prefill};
 use super::mask::TokenMask;
 use super::media::PromptMedia;
@@ -132,13 +137,16 @@ pub fn resolve_mtp_depth<M: Model>(model: &M, requested: Option<usize>) -> Resul
 }
 
 /// An MTP turn at draft depth `depth` (1..=the family's maximum; the
-/// request's `mtp_depth` is not read). Session handling as in
-/// [`super::generate`]; exits and draw order as in the module docs.
+/// request's `mtp_depth` is not read), stopping a cycle's drafts early under
+/// `draft_stop` ([`crate::MtpContract::min_draft_confidence`]). Session
+/// handling as in [`super::generate`]; exits and draw order as in the
+/// module docs.
 pub(crate) fn generate<M: Model>(
     model: &M,
     session: &mut LiveSession<M>,
     request: TurnRequest<'_>,
     depth: usize,
+    draft_stop: Option<f32>,
     media: Option<&PromptMedia<'_>>,
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
@@ -166,6 +174,7 @@ pub(crate) fn generate<M: Model>(
         samplers: StepSamplers::new(sampler),
         out: Emitter::new(&config, observer),
         stats: MtpStats::new(depth),
+        draft_stop,
         media,
     }
     .run(prompt);
@@ -183,6 +192,8 @@ struct Turn<'a, M: Model> {
     samplers: StepSamplers<'a>,
     out: Emitter<'a>,
     stats: MtpStats,
+    /// The draft-stop threshold (see [`super::draft_stop`]).
+    draft_stop: Option<f32>,
     /// The prompt's real ids and image rows when it holds keys.
     media: Option<&'a PromptMedia<'a>>,
 }
@@ -376,6 +387,11 @@ impl<M: Model> Turn<'_, M> {
             let mut dcounts = self.out.counts.clone();
             let mut step = head_step.clone();
             for i in 0..k {
+                if stops_before(&step.logits, self.draft_stop) {
+                    // The head doubts its next draft: verify what is drafted.
+                    k = i;
+                    break;
+                }
                 // Draft i's position follows the emitted tokens and d_1..d_{i-1}.
                 let greedy = self.out.observer().greedy_after(&drafts);
                 let mask = self.out.observer().allowed_after(&drafts);

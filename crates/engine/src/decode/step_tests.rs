@@ -167,6 +167,7 @@ impl Model for Toy {
             default_depth: 2,
             max_depth: 3,
             hidden: "the token itself",
+            min_draft_confidence: None,
         })
     }
     fn forward_hidden(

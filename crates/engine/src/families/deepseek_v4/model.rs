@@ -521,6 +521,7 @@ impl<B: Backend> Model for DeepseekV4Model<B> {
             default_depth: MTP_DEFAULT_DEPTH,
             max_depth: MTP_MAX_DEPTH,
             hidden: "pre-hc_head streams of the last decoder layer [N*D]",
+            min_draft_confidence: None,
         })
     }
 

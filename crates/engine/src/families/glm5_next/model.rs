@@ -340,6 +340,7 @@ impl<B: Backend> Model for Glm5NextModel<B> {
             default_depth: MTP_DEFAULT_DEPTH,
             max_depth: MTP_MAX_DEPTH,
             hidden: MTP_HIDDEN,
+            min_draft_confidence: None,
         })
     }
 

@@ -9,7 +9,10 @@
 use std::path::Path;
 
 use super::config::LlamaConfig;
-use super::mtp::{LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MtpHead};
+use super::mtp::{
+    LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MTP_MIN_DRAFT_CONFIDENCE,
+    MtpHead,
+};
 use crate::backend::{Backend, CpuOps, HostWeight};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
@@ -649,6 +652,7 @@ impl<B: Backend> Model for LlamaModel<B> {
             default_depth: MTP_DEFAULT_DEPTH,
             max_depth: MTP_MAX_DEPTH,
             hidden: MTP_HIDDEN,
+            min_draft_confidence: Some(MTP_MIN_DRAFT_CONFIDENCE),
         })
     }
 

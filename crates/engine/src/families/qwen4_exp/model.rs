@@ -804,6 +804,7 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
             default_depth: MTP_DEFAULT_DEPTH,
             max_depth: MTP_MAX_DEPTH,
             hidden: "pre-mixer streams of the last decoder layer [C*H], before the final hyper-connection mixer",
+            min_draft_confidence: None,
         })
     }
 
