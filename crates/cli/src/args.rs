@@ -486,9 +486,10 @@ pub struct BenchArgs {
     pub mtp_cost_reps: usize,
     /// Draft-stop thresholds `--mtp` measures side by side, each at every
     /// depth (comma-separated; 0 drafts the full depth every cycle): a
-    /// cycle stops drafting before a draft whose head row gives its top
-    /// token less than this probability. Default: the family's own
-    /// threshold (0.3 for the default model's head; none elsewhere).
+    /// cycle stops drafting before a greedy draft whose head row gives its
+    /// top token less than this probability. Default: the family's own
+    /// threshold (0.3 for the default model's head on the CPU; none
+    /// elsewhere).
     #[arg(long, value_delimiter = ',', value_parser = probability)]
     pub mtp_draft_stop: Vec<f32>,
 }

@@ -326,13 +326,13 @@ pub struct MtpContract {
     pub max_depth: usize,
     /// Which trunk hidden feeds the head (documentation for tooling).
     pub hidden: &'static str,
-    /// `Some(c)`: a cycle stops drafting before a draft whose head row gives
-    /// its top token a probability (softmax at temperature 1) below `c`, so
-    /// the request's depth is an upper bound and a cycle may verify fewer
-    /// rows. The decision reads only the head's row, never the trunk's or
-    /// the stream, so the output distribution stays exact; it changes how
-    /// many draws a sampled cycle takes. `None`: every cycle drafts the
-    /// request's depth (the families whose seeded draws are pinned).
+    /// `Some(c)`: a cycle stops drafting before a greedy draft whose head
+    /// row gives its top token a probability (softmax at temperature 1)
+    /// below `c`, so the request's depth is an upper bound and a cycle may
+    /// verify fewer rows. The decision reads only the head's row, never the
+    /// trunk's or the stream, and a greedy position takes no draw, so the
+    /// emitted tokens and every draw are unchanged; only the cost moves
+    /// (`decode/draft_stop.rs`). `None`: every cycle drafts the depth.
     pub min_draft_confidence: Option<f32>,
 }
 

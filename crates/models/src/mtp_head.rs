@@ -35,10 +35,14 @@ pub struct KnownHead {
 pub const DEFAULT_MTP_HEAD: KnownHead = KnownHead {
     model: DEFAULT_MODEL,
     file_name: "SmolLM2-135M-Instruct.mtp.gguf",
-    sha256: "5b3417abff9c17ca0ae7c6ca69609c4b283d5a89986d65e6deb6a3eb00bfcb84",
+    sha256: "4379a7341eb73e997bd33d9a97e642f8144a38220e17ee5fbb0c6c163ab9af98",
     size_bytes: 9_524_192,
-    // the first head (2026-11-30; tools/mtp_head/runs/2026-11-30)
-    superseded: &["ad9110d6c5df8f2fcfbfab55082adc87015cacad10aca716f73a62e45f3f20c0"],
+    // the first head (tools/mtp_head/runs/2026-11-30) and the second
+    // (runs/2026-12-03), which this one continued training
+    superseded: &[
+        "ad9110d6c5df8f2fcfbfab55082adc87015cacad10aca716f73a62e45f3f20c0",
+        "5b3417abff9c17ca0ae7c6ca69609c4b283d5a89986d65e6deb6a3eb00bfcb84",
+    ],
     bytes: include_bytes!("../assets/SmolLM2-135M-Instruct.mtp.gguf"),
 };
 

@@ -27,8 +27,8 @@
 //!    to the tokens left, so the tokens of a seed never depend on
 //!    `max_tokens`); under a draft-stop threshold
 //!    ([`crate::MtpContract::min_draft_confidence`]) drafting ends early,
-//!    before the first `d_i` whose head row is less confident than the
-//!    threshold, and `k` is the number drafted (0 makes the verify a
+//!    before the first greedy `d_i` whose head row is less confident than
+//!    the threshold, and `k` is the number drafted (0 makes the verify a
 //!    single row: an AR step);
 //! 3. verify: one trunk forward of `[primary, d_1..d_k]` (rows `p_0..p_k`);
 //! 4. accept `d_i` against row `i − 1` in order, emitting each accepted
@@ -57,7 +57,8 @@
 //! asked before every primary, draft, verify row and bonus; a draft and the
 //! verify row at its position get the same answer). `k` is clamped to the context left
 //! before step 2, so the clamp changes the number of draws but never their
-//! order. Penalty counts for a row are the emitted tokens before
+//! order; a draft stop ends step 2 early at a greedy position (which takes
+//! no draw), so it never changes a sampled turn's draws. Penalty counts for a row are the emitted tokens before
 //! its position (drafts count as emitted for the rows after them).
 //!
 //! ## Constraints
@@ -387,13 +388,17 @@ impl<M: Model> Turn<'_, M> {
             let mut dcounts = self.out.counts.clone();
             let mut step = head_step.clone();
             for i in 0..k {
-                if stops_before(&step.logits, self.draft_stop) {
-                    // The head doubts its next draft: verify what is drafted.
+                // Draft i's position follows the emitted tokens and d_1..d_{i-1}.
+                let greedy = self.out.observer().greedy_after(&drafts);
+                if self.draft_stop.is_some()
+                    && self.samplers.pick(greedy)?.is_greedy()
+                    && stops_before(&step.logits, self.draft_stop)
+                {
+                    // The head doubts its next greedy draft: verify what is
+                    // drafted.
                     k = i;
                     break;
                 }
-                // Draft i's position follows the emitted tokens and d_1..d_{i-1}.
-                let greedy = self.out.observer().greedy_after(&drafts);
                 let mask = self.out.observer().allowed_after(&drafts);
                 let Some(row) = constrain(mask.as_ref(), &step.logits) else {
                     // The constraint admits no token here: draft no further
