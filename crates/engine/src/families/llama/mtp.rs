@@ -61,7 +61,9 @@ pub const MTP_DEFAULT_DEPTH: usize = 0;
 /// and 1.27× at temperature 0.7, against 1.30× / 1.22× at depth 1 and
 /// 1.31× / 1.18× at depth 3). A verify window of 3 rows costs 1.29 AR
 /// steps there and a draft 0.03; depth 3 loses because its fourth row
-/// costs more than the 0.25 drafts it adds per cycle.
+/// costs more than the 0.25 drafts it adds per cycle. On the noisy 2-core
+/// Xeon of 2026-12-03 (third head, draft stop) depths 1–3 tied at T 0
+/// (1.21 / 1.19 / 1.24) and depth 3 lost at T 0.7 (1.13 / 1.11 / 0.99).
 pub const MTP_AUTO_DEPTH: usize = 2;
 /// Deepest chain: the head was trained for depths 1..=3.
 pub const MTP_MAX_DEPTH: usize = 3;
