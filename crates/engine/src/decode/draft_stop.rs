@@ -4,8 +4,9 @@
 //! measured in `bench/README.md`); a draft the trunk will likely reject is
 //! not worth it. At a greedy position the draft is accepted only if it is
 //! the trunk's argmax, and the head's own confidence predicts that well:
-//! on the default model, greedy drafts whose head row gives the top token
-//! less than 0.3 are accepted far less often than the rest. A sampled
+//! on the default model's held-out prompts, greedy first drafts whose head
+//! row gives the top token less than 0.3 (a quarter of them) were accepted
+//! 43% of the time, the rest 80% (`bench/README.md`). A sampled
 //! draft is accepted with probability Σ min(p, q), which stays high for a
 //! flat head row that matches a flat trunk row, so the stop applies only
 //! at greedy positions (measured: at temperature 0.7 it cost speed).

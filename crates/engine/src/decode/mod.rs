@@ -78,10 +78,7 @@ pub fn generate_with_media<M: Model>(
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
     let draft_stop = model.mtp_contract().and_then(|c| c.min_draft_confidence);
-    match resolve_mtp_depth(model, request.mtp_depth)? {
-        0 => ar::generate(model, session, request, media, observer),
-        depth => mtp::generate(model, session, request, depth, draft_stop, media, observer),
-    }
+    run_turn(model, session, request, draft_stop, media, observer)
 }
 
 /// [`generate`] with an explicit draft-stop threshold in place of the
@@ -95,8 +92,20 @@ pub fn generate_with_draft_stop<M: Model>(
     draft_stop: Option<f32>,
     observer: &mut dyn TurnObserver,
 ) -> Result<TurnResult> {
+    run_turn(model, session, request, draft_stop, None, observer)
+}
+
+/// AR or MTP as `request.mtp_depth` resolves.
+fn run_turn<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    request: TurnRequest<'_>,
+    draft_stop: Option<f32>,
+    media: Option<&PromptMedia<'_>>,
+    observer: &mut dyn TurnObserver,
+) -> Result<TurnResult> {
     match resolve_mtp_depth(model, request.mtp_depth)? {
-        0 => ar::generate(model, session, request, None, observer),
-        depth => mtp::generate(model, session, request, depth, draft_stop, None, observer),
+        0 => ar::generate(model, session, request, media, observer),
+        depth => mtp::generate(model, session, request, depth, draft_stop, media, observer),
     }
 }

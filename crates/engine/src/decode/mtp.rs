@@ -55,11 +55,12 @@
 //! Greedy samplers take no draws at all, and neither does a position the
 //! observer samples at temperature 0 ([`super::turn::TurnObserver::greedy_after`],
 //! asked before every primary, draft, verify row and bonus; a draft and the
-//! verify row at its position get the same answer). `k` is clamped to the context left
-//! before step 2, so the clamp changes the number of draws but never their
-//! order; a draft stop ends step 2 early at a greedy position (which takes
-//! no draw), so it never changes a sampled turn's draws. Penalty counts for a row are the emitted tokens before
-//! its position (drafts count as emitted for the rows after them).
+//! verify row at its position get the same answer). `k` is clamped to the
+//! context left before step 2, so the clamp changes the number of draws but
+//! never their order; a draft stop ends step 2 early at a greedy position
+//! (which takes no draw), so it never changes a sampled turn's draws.
+//! Penalty counts for a row are the emitted tokens before its position
+//! (drafts count as emitted for the rows after them).
 //!
 //! ## Constraints
 //!
