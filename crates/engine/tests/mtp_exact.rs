@@ -359,9 +359,21 @@ fn run_mtp_stats(
     depth: usize,
     seed: u64,
 ) -> (Vec<u32>, u64, decode::MtpStats) {
+    run_mtp_stopping(law, temperature, depth, seed, None)
+}
+
+/// One toy turn under a draft-stop threshold (`None`: the toy's contract,
+/// which sets none).
+fn run_mtp_stopping(
+    law: Law,
+    temperature: f64,
+    depth: usize,
+    seed: u64,
+    stop: Option<f32>,
+) -> (Vec<u32>, u64, decode::MtpStats) {
     let mut s = Sampler::new(law, params(temperature, law), seed).unwrap();
     let mut session = LiveSession::new(&Toy);
-    let r = decode::generate(
+    let r = decode::generate_with_draft_stop(
         &Toy,
         &mut session,
         TurnRequest {
@@ -370,6 +382,7 @@ fn run_mtp_stats(
             config: config(),
             mtp_depth: Some(depth),
         },
+        stop,
         &mut (),
     )
     .unwrap();
@@ -512,25 +525,7 @@ fn mtp_subset_draft_sequences_are_distributed_as_ar() {
 fn mtp_draft_stop_keeps_greedy_exact_and_sampled_draws_unchanged() {
     // Cuts some greedy cycles short (asserted below).
     const STOP_BELOW: f32 = 0.7;
-    let run = |law: Law, temperature: f64, depth: usize, seed: u64, stop: Option<f32>| {
-        let mut s = Sampler::new(law, params(temperature, law), seed).unwrap();
-        let mut session = LiveSession::new(&Toy);
-        let r = decode::generate_with_draft_stop(
-            &Toy,
-            &mut session,
-            TurnRequest {
-                prompt: &PROMPT,
-                sampler: &mut s,
-                config: config(),
-                mtp_depth: Some(depth),
-            },
-            stop,
-            &mut (),
-        )
-        .unwrap();
-        assert!(session.is_consistent());
-        (r.tokens, s.draws_taken(), r.mtp.unwrap())
-    };
+    let run = run_mtp_stopping;
     for law in [Law::Nucleus, Law::Ds4] {
         let greedy = exact(law, 0.0, target);
         let mut short = 0;

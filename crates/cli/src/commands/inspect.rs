@@ -42,13 +42,15 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     match head["status"].as_str() {
         Some("ok") => println!(
             "mtp head:      {} ({} parameters, vocabulary subset {}, sha256 {} checked; \
-             depths: default 0 = AR, auto {}, max {})",
+             depths: default 0 = AR, auto {}, max {}; on the CPU drafting stops before a \
+             greedy draft below {} head confidence)",
             head["path"].as_str().unwrap_or_default(),
             group_thousands(head["parameters"].as_u64().unwrap_or(0)),
             head["vocab_subset"],
             head["sha256"].as_str().unwrap_or_default(),
             head["auto_depth"],
             head["max_depth"],
+            head["cpu_draft_stop"],
         ),
         Some(status) => println!("mtp head:      {status}"),
         None => println!("mtp head:      none"),
@@ -76,7 +78,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
 /// The MTP head shipped for this model (checked as at load), as JSON:
 /// `null` when the model has none.
 fn mtp_head(path: &std::path::Path) -> serde_json::Value {
-    use ds4_engine::families::llama::mtp::MTP_MAX_DEPTH;
+    use ds4_engine::families::llama::mtp::{MTP_MAX_DEPTH, MTP_MIN_DRAFT_CONFIDENCE};
     match ds4_models::mtp_head_for(path) {
         None => serde_json::Value::Null,
         Some(Err(e)) => json!({ "status": format!("refused: {e} (the model runs without MTP)") }),
@@ -90,6 +92,8 @@ fn mtp_head(path: &std::path::Path) -> serde_json::Value {
                     .and_then(|t| t.shape.first().copied()),
                 "auto_depth": ds4_engine::families::llama::MTP_AUTO_DEPTH,
                 "max_depth": MTP_MAX_DEPTH,
+                // printed as written (an f32 widened to f64 shows its binary tail)
+                "cpu_draft_stop": (f64::from(MTP_MIN_DRAFT_CONFIDENCE) * 1e6).round() / 1e6,
             }),
             Err(e) => json!({ "status": format!("unreadable: {e}") }),
         },
