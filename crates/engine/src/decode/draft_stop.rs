@@ -44,8 +44,8 @@ pub(crate) fn top_probability(row: &[f32]) -> f64 {
 
 /// Whether a cycle stops before drafting from `row` (`threshold` as in
 /// [`crate::MtpContract::min_draft_confidence`]).
-pub(crate) fn stops_before(row: &[f32], threshold: Option<f32>) -> bool {
-    threshold.is_some_and(|c| top_probability(row) < f64::from(c))
+pub(crate) fn stops_before(row: &[f32], threshold: f32) -> bool {
+    top_probability(row) < f64::from(threshold)
 }
 
 #[cfg(test)]
@@ -72,16 +72,15 @@ mod tests {
             vec![],
         ] {
             assert!(top_probability(&row).is_nan(), "{row:?}");
-            assert!(!stops_before(&row, Some(0.9)), "{row:?}");
+            assert!(!stops_before(&row, 0.9), "{row:?}");
         }
     }
 
     #[test]
     fn the_threshold_compares_the_top_probability() {
         let row = [0.0, 0.0, 0.0, 0.0]; // top probability 1/4
-        assert!(stops_before(&row, Some(0.3)));
-        assert!(!stops_before(&row, Some(0.2)));
-        assert!(!stops_before(&row, None));
-        assert!(!stops_before(&[5.0, 0.0], Some(0.99)));
+        assert!(stops_before(&row, 0.3));
+        assert!(!stops_before(&row, 0.2));
+        assert!(!stops_before(&[5.0, 0.0], 0.99));
     }
 }

@@ -391,9 +391,9 @@ impl<M: Model> Turn<'_, M> {
             for i in 0..k {
                 // Draft i's position follows the emitted tokens and d_1..d_{i-1}.
                 let greedy = self.out.observer().greedy_after(&drafts);
-                if self.draft_stop.is_some()
+                if let Some(threshold) = self.draft_stop
                     && self.samplers.pick(greedy)?.is_greedy()
-                    && stops_before(&step.logits, self.draft_stop)
+                    && stops_before(&step.logits, threshold)
                 {
                     // The head doubts its next greedy draft: verify what is
                     // drafted.

@@ -70,9 +70,10 @@ pub const MTP_MAX_DEPTH: usize = 3;
 /// The shipped head's draft-stop threshold on the CPU
 /// ([`crate::MtpContract::min_draft_confidence`]; none on a GPU, where a
 /// verify row costs next to nothing): a cycle stops drafting before a
-/// draft whose head row gives its top token less than this probability. Picked with `bench --mtp --mtp-draft-stop` on the
-/// held-out prompts (`bench/README.md`, 2026-12-03): such drafts are
-/// rejected more often than a verify row pays for.
+/// greedy draft whose head row gives its top token less than this
+/// probability. Picked with `bench --mtp --mtp-draft-stop` on the held-out
+/// prompts (`bench/README.md`, 2026-12-03): such drafts are rejected more
+/// often than a verify row pays for.
 pub const MTP_MIN_DRAFT_CONFIDENCE: f32 = 0.3;
 
 /// The value of `general.architecture` in a head file.
