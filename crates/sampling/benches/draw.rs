@@ -34,6 +34,29 @@ fn bench(c: &mut Criterion) {
             b.iter(|| sampler.sample(black_box(&row), &counts).expect("valid row"))
         });
     }
+    // The default model's vocabulary: a trunk row, and an MTP head row
+    // (finite over an 8,192-token subset, -inf elsewhere).
+    let small: Vec<f32> = row[..49_152].to_vec();
+    let head: Vec<f32> = small
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % 6 == 0 { x } else { f32::NEG_INFINITY })
+        .collect();
+    let mut sampler = Sampler::new(Law::Nucleus, Law::Nucleus.default_params(), 42).expect("valid");
+    c.bench_function("nucleus_distribution_49k", |b| {
+        b.iter(|| {
+            sampler
+                .distribution(black_box(&small), &counts)
+                .expect("valid row")
+        })
+    });
+    c.bench_function("nucleus_distribution_49k_head_subset", |b| {
+        b.iter(|| {
+            sampler
+                .distribution(black_box(&head), &counts)
+                .expect("valid row")
+        })
+    });
     let mut params = Law::Nucleus.default_params();
     params.frequency_penalty = 0.5;
     let mut counts = TokenCounts::new();

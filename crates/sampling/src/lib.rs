@@ -20,6 +20,7 @@ mod error;
 mod nucleus;
 mod params;
 pub mod replay;
+mod row_scan;
 mod sampler;
 pub mod speculative;
 pub mod stream;

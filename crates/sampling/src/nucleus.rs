@@ -20,6 +20,7 @@
 use crate::counts::TokenCounts;
 use crate::error::SampleError;
 use crate::params::SamplingParams;
+use crate::row_scan;
 
 /// Above this top_k a partial selection over the whole row beats the
 /// streaming insertion used for small k (k = 20 by default).
@@ -50,34 +51,6 @@ pub(crate) enum Plan {
     Draw,
 }
 
-/// Step 1: reject rows with NaN, +inf, or nothing above -inf.
-pub(crate) fn validate(row: &[f32]) -> Result<(), SampleError> {
-    if row.is_empty() {
-        return Err(SampleError::EmptyRow);
-    }
-    let (mut nan, mut pos_inf, mut neg_inf) = (0usize, 0usize, 0usize);
-    for &v in row {
-        if !v.is_finite() {
-            if v.is_nan() {
-                nan += 1;
-            } else if v > 0.0 {
-                pos_inf += 1;
-            } else {
-                neg_inf += 1;
-            }
-        }
-    }
-    if nan > 0 || pos_inf > 0 || neg_inf == row.len() {
-        return Err(SampleError::NonFiniteLogits {
-            nan,
-            pos_inf,
-            neg_inf,
-            len: row.len(),
-        });
-    }
-    Ok(())
-}
-
 /// Clamp a penalty to [-2, 2] (spec section 2, step 2).
 fn clamp_penalty(x: f64) -> f64 {
     x.clamp(-2.0, 2.0)
@@ -91,7 +64,7 @@ pub(crate) fn plan(
     counts: &TokenCounts,
     scratch: &mut Scratch,
 ) -> Result<Plan, SampleError> {
-    validate(row)?;
+    row_scan::validate(row)?;
     // Step 2: penalties, in f64. Without them the f32 row is read directly
     // (f32 -> f64 is exact), sparing a copy of the whole row.
     let presence = clamp_penalty(params.presence_penalty);
@@ -115,7 +88,7 @@ pub(crate) fn plan(
     let (argmax, l_max) = if penalised {
         first_max(scratch.penalised.iter().copied())
     } else {
-        first_max(widened())
+        row_scan::first_max(row)
     };
     if params.temperature <= 0.0 {
         return Ok(Plan::Greedy(argmax));
@@ -188,7 +161,8 @@ pub(crate) fn plan(
     Ok(Plan::Draw)
 }
 
-/// Index and value of the first maximum (NaN-free by validation).
+/// Index and value of the first maximum of penalised logits (NaN-free by
+/// validation); an unpenalised row takes [`row_scan::first_max`].
 fn first_max(l: impl Iterator<Item = f64>) -> (u32, f64) {
     let (mut best, mut best_v) = (0u32, f64::NEG_INFINITY);
     for (i, x) in l.enumerate() {
@@ -208,8 +182,15 @@ fn exp_weights(l: impl Iterator<Item = f64>, t: f64, l_max: f64, out: &mut Vec<f
     let m = l_max / t;
     let mut z = 0.0f64;
     if m.is_finite() {
+        // A -inf logit's weight is exp(-inf) = +0 and adds nothing to `z`
+        // (which is >= +0), so its division and `exp` call are skipped: an
+        // MTP head's draft row is -inf outside its vocabulary subset.
         out.extend(l.map(|x| {
-            let w = (x / t - m).exp();
+            let w = if x == f64::NEG_INFINITY {
+                0.0
+            } else {
+                (x / t - m).exp()
+            };
             z += w;
             w
         }));
@@ -245,22 +226,32 @@ fn top_k_ranked(e: &[f64], z: f64, k: usize, order: &mut Vec<u32>, top: &mut Vec
         // e, and an e more than 1e-12 (relative) below the k-th kept e
         // cannot round to a p >= the k-th p, so the division is skipped.
         // Anything closer is decided on the exact p.
+        //
+        // Eight at a time, a run that is all below the floor is skipped in
+        // one vector comparison (each of them would be skipped alone, and
+        // the floor only moves on an entry that is not).
         let mut e_floor = f64::NEG_INFINITY;
-        for (i, &x) in e.iter().enumerate() {
-            if x < e_floor {
+        for (r, run) in e.chunks(8).enumerate() {
+            if run.len() == 8 && run.iter().fold(true, |below, &y| below & (y < e_floor)) {
                 continue;
             }
-            let p = x / z;
-            if top.len() == k && p <= top[k - 1].0 {
-                continue;
-            }
-            let at = top.partition_point(|&(q, _)| q >= p);
-            if top.len() == k {
-                top.pop();
-            }
-            top.insert(at, (p, i as u32));
-            if top.len() == k {
-                e_floor = e[top[k - 1].1 as usize] * (1.0 - 1e-12);
+            for (j, &x) in run.iter().enumerate() {
+                if x < e_floor {
+                    continue;
+                }
+                let i = r * 8 + j;
+                let p = x / z;
+                if top.len() == k && p <= top[k - 1].0 {
+                    continue;
+                }
+                let at = top.partition_point(|&(q, _)| q >= p);
+                if top.len() == k {
+                    top.pop();
+                }
+                top.insert(at, (p, i as u32));
+                if top.len() == k {
+                    e_floor = e[top[k - 1].1 as usize] * (1.0 - 1e-12);
+                }
             }
         }
     } else {
