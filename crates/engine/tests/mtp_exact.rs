@@ -822,3 +822,34 @@ fn mtp_toy_exit_matrix_including_bonus() {
         }
     }
 }
+
+/// The decode time's split (what `bench --mtp` reports per cycle): trunk
+/// and head forwards are parts of the decode time, the trunk ran in every
+/// turn, and the head only in MTP turns.
+#[test]
+fn turn_timings_split_the_decode_time_into_trunk_and_head() {
+    for depth in 0..=3 {
+        let mut s = Sampler::new(Law::Nucleus, params(0.6, Law::Nucleus), 3).unwrap();
+        let mut session = LiveSession::new(&Toy);
+        let r = decode::generate(
+            &Toy,
+            &mut session,
+            TurnRequest {
+                prompt: &PROMPT,
+                sampler: &mut s,
+                config: config(),
+                mtp_depth: Some(depth),
+            },
+            &mut (),
+        )
+        .unwrap();
+        let t = r.timings;
+        assert!(t.decode_tokens > 1, "depth {depth}: the turn decoded");
+        assert!(t.decode_trunk > std::time::Duration::ZERO, "depth {depth}");
+        assert!(
+            t.decode_trunk + t.decode_head <= t.decode,
+            "depth {depth}: {t:?}"
+        );
+        assert_eq!(t.decode_head.is_zero(), depth == 0, "depth {depth}: {t:?}");
+    }
+}

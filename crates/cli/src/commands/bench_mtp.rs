@@ -25,6 +25,13 @@
 //! allow; the measured `speedup_vs_ar` is lower by the loop's own work
 //! (sampling, acceptance, commit), and the pieces are medians, so this
 //! column moves much less than the measured one on a noisy machine.
+//!
+//! A third table splits each mode's measured decode time inside the loop
+//! ([`ds4_engine::decode::TurnTimings::decode_trunk`] and `decode_head`):
+//! per cycle (per token for AR) the trunk's forwards, the same in AR steps
+//! of this run, the head's forwards and the loop's own work (columns
+//! `trunk_ms_per_cycle`, `head_ms_per_cycle`, `own_ms_per_cycle`). A turn's
+//! final forward counts toward its trunk time.
 
 use std::time::Instant;
 
@@ -48,6 +55,41 @@ struct Tally {
     accepted: Vec<usize>,
     cycles: usize,
     verify_rows: usize,
+    /// Of `secs`: trunk forwards and head forwards (the rest is the loop's
+    /// own work: sampling, acceptance, commit).
+    trunk_secs: f64,
+    head_secs: f64,
+}
+
+impl Tally {
+    /// AR: one cycle per token; MTP: one per verify window.
+    fn cycles_or_tokens(&self) -> f64 {
+        (if self.cycles == 0 {
+            self.tokens
+        } else {
+            self.cycles
+        })
+        .max(1) as f64
+    }
+}
+
+/// One mode's line of the tables.
+struct TableRow {
+    temperature: f64,
+    depth: usize,
+    stop: String,
+    tps: f64,
+    speedup: f64,
+    acceptance: String,
+    mean_len: f64,
+    rows: f64,
+    pieces: f64,
+    /// Milliseconds per cycle (per token for AR), measured in the loop.
+    trunk_ms: f64,
+    head_ms: f64,
+    own_ms: f64,
+    /// `trunk_ms` over AR's trunk milliseconds per token in the same run.
+    trunk_steps: f64,
 }
 
 pub fn bench_mtp<M: Model>(
@@ -98,7 +140,8 @@ pub fn bench_mtp<M: Model>(
     let mut out = String::new();
     out.push_str(
         "temperature,depth,draft_stop,tokens,decode_tps,speedup_vs_ar,acceptance_by_position,\
-         mean_accepted_len,verify_rows_per_cycle,pieces_speedup\n",
+         mean_accepted_len,verify_rows_per_cycle,pieces_speedup,trunk_ms_per_cycle,\
+         head_ms_per_cycle,own_ms_per_cycle\n",
     );
     let mut table = Vec::new();
     for &temperature in &args.mtp_temperatures {
@@ -134,6 +177,8 @@ pub fn bench_mtp<M: Model>(
                 let t = &mut tallies[mi];
                 t.tokens += res.tokens.len();
                 t.secs += res.timings.decode.as_secs_f64();
+                t.trunk_secs += res.timings.decode_trunk.as_secs_f64();
+                t.head_secs += res.timings.decode_head.as_secs_f64();
                 if let Some(m) = &res.mtp {
                     t.drafted.resize(m.drafted.len(), 0);
                     t.accepted.resize(m.accepted.len(), 0);
@@ -156,6 +201,7 @@ pub fn bench_mtp<M: Model>(
             }
         }
         let ar_tps = tallies[0].tokens as f64 / tallies[0].secs.max(1e-9);
+        let ar_trunk_ms = tallies[0].trunk_secs * 1e3 / tallies[0].cycles_or_tokens();
         for (mi, t) in tallies.iter().enumerate() {
             let tps = t.tokens as f64 / t.secs.max(1e-9);
             let acc: Vec<String> = t
@@ -173,24 +219,31 @@ pub fn bench_mtp<M: Model>(
             };
             let pieces = costs.speedup(t);
             let (depth, stop) = (modes[mi].0, stop_name(modes[mi].1));
+            let per_cycle = 1e3 / t.cycles_or_tokens();
+            let (trunk_ms, head_ms) = (t.trunk_secs * per_cycle, t.head_secs * per_cycle);
+            let own_ms = t.secs * per_cycle - trunk_ms - head_ms;
             out.push_str(&format!(
                 "{temperature},{depth},{stop},{},{tps:.2},{:.3},{},{mean_len:.3},{rows:.3},\
-                 {pieces:.3}\n",
+                 {pieces:.3},{trunk_ms:.3},{head_ms:.3},{own_ms:.3}\n",
                 t.tokens,
                 tps / ar_tps,
                 acc.join("/"),
             ));
-            table.push((
+            table.push(TableRow {
                 temperature,
                 depth,
                 stop,
                 tps,
-                tps / ar_tps,
-                acc.join(" / "),
+                speedup: tps / ar_tps,
+                acceptance: acc.join(" / "),
                 mean_len,
                 rows,
                 pieces,
-            ));
+                trunk_ms,
+                head_ms,
+                own_ms,
+                trunk_steps: trunk_ms / ar_trunk_ms.max(1e-9),
+            });
         }
     }
     out.push('\n');
@@ -200,10 +253,38 @@ pub fn bench_mtp<M: Model>(
          accepted per cycle | rows per cycle | × AR the pieces allow |"
     );
     eprintln!("|---|---|---|---|---|---|---|---|---|");
-    for (t, d, stop, tps, x, acc, len, rows, pieces) in table {
+    for r in &table {
         eprintln!(
-            "| {t} | {d} | {stop} | {tps:.1} | {x:.2} | {acc} | {len:.2} | {rows:.2} | \
-             {pieces:.2} |"
+            "| {} | {} | {} | {:.1} | {:.2} | {} | {:.2} | {:.2} | {:.2} |",
+            r.temperature,
+            r.depth,
+            r.stop,
+            r.tps,
+            r.speedup,
+            r.acceptance,
+            r.mean_len,
+            r.rows,
+            r.pieces
+        );
+    }
+    // Where a cycle's time goes, measured inside the loop (the pieces
+    // above are timed alone, on one snapshot).
+    eprintln!(
+        "\n| T | depth | draft stop | ms per cycle (AR: per token) | trunk ms | trunk in AR steps | \
+         head ms | own work ms |"
+    );
+    eprintln!("|---|---|---|---|---|---|---|---|");
+    for r in &table {
+        eprintln!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            r.temperature,
+            r.depth,
+            r.stop,
+            r.trunk_ms + r.head_ms + r.own_ms,
+            r.trunk_ms,
+            r.trunk_steps,
+            r.head_ms,
+            r.own_ms
         );
     }
     Ok(out)

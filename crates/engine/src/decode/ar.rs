@@ -105,9 +105,11 @@ fn run<M: Model>(
         // The forward of the token just emitted: the next step's input, or
         // the turn's one final commit when `exit` is set.
         session.set_last_logits(None);
+        let forward_start = Instant::now();
         logits = model
             .forward(&[token], session.state_mut(), LogitsRows::Last)?
             .logits;
+        timings.decode_trunk += forward_start.elapsed();
         session.record(&[token]);
         session.set_last_logits(Some(logits.clone()));
         timings.decode_tokens += 1;

@@ -100,7 +100,7 @@
 //! The prefill loop ([`super::prefill::prefill_turn`]) and the exit
 //! classifier ([`super::exit::Emitter::emit`]) are the AR loop's.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ds4_sampling::{Distribution, Sampler};
 
@@ -178,6 +178,8 @@ pub(crate) fn generate<M: Model>(
         stats: MtpStats::new(depth),
         draft_stop,
         media,
+        trunk_time: Duration::ZERO,
+        head_time: Duration::ZERO,
     }
     .run(prompt);
     if result.is_err() {
@@ -198,6 +200,10 @@ struct Turn<'a, M: Model> {
     draft_stop: Option<f32>,
     /// The prompt's real ids and image rows when it holds keys.
     media: Option<&'a PromptMedia<'a>>,
+    /// Decode time in trunk forwards and in head forwards
+    /// ([`TurnTimings::decode_trunk`], [`TurnTimings::decode_head`]).
+    trunk_time: Duration,
+    head_time: Duration,
 }
 
 /// Trunk output at the last covered position.
@@ -234,6 +240,15 @@ impl<M: Model> Turn<'_, M> {
 
     fn mtp(&mut self) -> Result<&mut MtpSide<M::MtpHistory, M::Hidden>> {
         side_of(self.session)
+    }
+
+    /// A decode-time head forward, appending `tokens`' rows to the history.
+    fn head_forward(&mut self, tokens: &[u32], hidden: &M::Hidden) -> Result<MtpStep<M::Hidden>> {
+        let start = Instant::now();
+        let model = self.model;
+        let step = model.mtp_forward(tokens, hidden, &mut self.mtp()?.history);
+        self.head_time += start.elapsed();
+        step
     }
 
     /// Rewind, make sure the MTP history is in step (else start over), and
@@ -324,6 +339,8 @@ impl<M: Model> Turn<'_, M> {
         let finish_reason = self.decode(&mut last)?;
         timings.decode = decode_start.elapsed();
         timings.decode_tokens = self.out.tokens.len();
+        timings.decode_trunk = self.trunk_time;
+        timings.decode_head = self.head_time;
         let covered = self.session.tokens().len();
         Ok(self.out.finish(
             finish_reason,
@@ -370,9 +387,8 @@ impl<M: Model> Turn<'_, M> {
             let head_step = match head.take() {
                 Some(h) => h,
                 None => {
-                    let model = self.model;
                     let hidden = last.hidden.clone();
-                    model.mtp_forward(&[pending], &hidden, &mut self.mtp()?.history)?
+                    self.head_forward(&[pending], &hidden)?
                 }
             };
             // Not clamped to the tokens left: a seed's tokens must not depend
@@ -419,8 +435,7 @@ impl<M: Model> Turn<'_, M> {
                 qs.push(q);
                 self.stats.drafted[i] += 1;
                 if i + 1 < k {
-                    let model = self.model;
-                    step = model.mtp_forward(&[d], &step.hidden, &mut self.mtp()?.history)?;
+                    step = self.head_forward(&[d], &step.hidden)?;
                 }
             }
 
@@ -429,7 +444,9 @@ impl<M: Model> Turn<'_, M> {
             window.push(pending);
             window.extend_from_slice(&drafts);
             let model = self.model;
+            let verify_start = Instant::now();
             let w = model.forward_window(&window, self.session.state_mut())?;
+            self.trunk_time += verify_start.elapsed();
             self.stats.cycles += 1;
             self.stats.verify_rows += window.len();
 
@@ -509,7 +526,7 @@ impl<M: Model> Turn<'_, M> {
                 None
             } else {
                 let hidden = w.hidden.narrow(0, rows.len())?;
-                Some(model.mtp_forward(&rows, &hidden, &mut side.history)?)
+                Some(self.head_forward(&rows, &hidden)?)
             };
             match next {
                 // Ended at an accepted draft: the commit above was final.
@@ -543,11 +560,13 @@ impl<M: Model> Turn<'_, M> {
         let model = self.model;
         if !has_row {
             let hidden = last.hidden.clone();
-            model.mtp_forward(&[pending], &hidden, &mut self.mtp()?.history)?;
+            self.head_forward(&[pending], &hidden)?;
         }
         self.session.set_last_logits(None);
+        let forward_start = Instant::now();
         let (out, hidden) =
             model.forward_hidden(&[pending], self.session.state_mut(), LogitsRows::Last)?;
+        self.trunk_time += forward_start.elapsed();
         self.session.record(&[pending]);
         last.logits = out.last_row().to_vec();
         last.hidden = hidden.narrow(0, 1)?;

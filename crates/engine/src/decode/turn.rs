@@ -228,6 +228,13 @@ pub struct TurnTimings {
     pub prefill: Duration,
     pub decode_tokens: usize,
     pub decode: Duration,
+    /// Of `decode`: the trunk's forwards (AR steps; MTP verify windows and
+    /// the final forward). The rest of `decode` is the head and the loop's
+    /// own work (sampling, acceptance, commit), which `bench --mtp` splits
+    /// out to show where a cycle's time goes.
+    pub decode_trunk: Duration,
+    /// Of `decode`: the MTP head's forwards (drafts and history rows).
+    pub decode_head: Duration,
 }
 
 impl TurnTimings {
