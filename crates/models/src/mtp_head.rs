@@ -35,13 +35,15 @@ pub struct KnownHead {
 pub const DEFAULT_MTP_HEAD: KnownHead = KnownHead {
     model: DEFAULT_MODEL,
     file_name: "SmolLM2-135M-Instruct.mtp.gguf",
-    sha256: "4379a7341eb73e997bd33d9a97e642f8144a38220e17ee5fbb0c6c163ab9af98",
+    sha256: "9a700f42347867abf8874f7496c8650e1ed17e60f2795e1e0edbb85d46d820ae",
     size_bytes: 9_524_192,
-    // the first head (tools/mtp_head/runs/2026-11-30) and the second
-    // (runs/2026-12-03), which this one continued training
+    // the first head (tools/mtp_head/runs/2026-11-30), the second
+    // (runs/2026-12-03) and the third (runs/2026-12-03b), which this one
+    // continued training
     superseded: &[
         "ad9110d6c5df8f2fcfbfab55082adc87015cacad10aca716f73a62e45f3f20c0",
         "5b3417abff9c17ca0ae7c6ca69609c4b283d5a89986d65e6deb6a3eb00bfcb84",
+        "4379a7341eb73e997bd33d9a97e642f8144a38220e17ee5fbb0c6c163ab9af98",
     ],
     bytes: include_bytes!("../assets/SmolLM2-135M-Instruct.mtp.gguf"),
 };
