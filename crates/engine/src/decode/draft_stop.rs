@@ -22,21 +22,44 @@
 /// finite maximum or with NaN gives NaN, which never stops drafting: the
 /// law then reports the row as it would without a threshold.
 pub(crate) fn top_probability(row: &[f32]) -> f64 {
-    let mut max = f32::NEG_INFINITY;
-    for &v in row {
-        if v.is_nan() {
-            return f64::NAN;
+    // Whole-row passes in fixed-width chunks the compiler vectorizes: a
+    // head row is 49,152 entries of which 8,192 are finite, and this runs
+    // before every greedy draft. The sum keeps ascending id order.
+    const LANES: usize = 16;
+    let mut lane_max = [f32::NEG_INFINITY; LANES];
+    let mut lane_nan = [false; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            lane_nan[l] |= c[l].is_nan();
+            if c[l] > lane_max[l] {
+                lane_max[l] = c[l];
+            }
         }
-        max = max.max(v);
     }
-    if !max.is_finite() {
+    let mut nan = lane_nan.iter().any(|&n| n);
+    let mut max = f32::NEG_INFINITY;
+    for &v in lane_max.iter().chain(chunks.remainder()) {
+        nan |= v.is_nan();
+        if v > max {
+            max = v;
+        }
+    }
+    if nan || !max.is_finite() {
         return f64::NAN;
     }
     let m = f64::from(max);
     let mut z = 0.0f64;
-    for &v in row {
-        if v > f32::NEG_INFINITY {
-            z += (f64::from(v) - m).exp();
+    for c in row.chunks(LANES) {
+        if c.iter()
+            .fold(true, |all, &v| all & (v == f32::NEG_INFINITY))
+        {
+            continue;
+        }
+        for &v in c {
+            if v > f32::NEG_INFINITY {
+                z += (f64::from(v) - m).exp();
+            }
         }
     }
     1.0 / z
@@ -61,6 +84,51 @@ mod tests {
         let sub = top_probability(&[1.0, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY]);
         assert_eq!(sub, top_probability(&[1.0, 0.0]));
         assert!((sub - 1.0 / (1.0 + (-1.0f64).exp())).abs() < 1e-15);
+    }
+
+    /// The chunked passes give the plain loops' value bit for bit.
+    #[test]
+    fn equals_the_plain_loops() {
+        let plain = |row: &[f32]| {
+            let mut max = f32::NEG_INFINITY;
+            for &v in row {
+                if v.is_nan() {
+                    return f64::NAN;
+                }
+                max = max.max(v);
+            }
+            if !max.is_finite() {
+                return f64::NAN;
+            }
+            let m = f64::from(max);
+            let z: f64 = row
+                .iter()
+                .filter(|&&v| v > f32::NEG_INFINITY)
+                .fold(0.0, |z, &v| z + (f64::from(v) - m).exp());
+            1.0 / z
+        };
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for len in [1, 15, 16, 17, 100, 1000, 49_152] {
+            for kept in [1.0, 0.5, 1.0 / 6.0, 0.01] {
+                let row: Vec<f32> = (0..len)
+                    .map(|_| match next() < kept {
+                        true => ((next() - 0.5) * 30.0) as f32,
+                        false => f32::NEG_INFINITY,
+                    })
+                    .collect();
+                let (a, b) = (top_probability(&row), plain(&row));
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "len {len}, kept {kept}: {a} vs {b}"
+                );
+            }
+        }
     }
 
     #[test]
