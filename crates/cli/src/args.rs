@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use ds4_engine::families::AutoDepth;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -159,9 +160,10 @@ pub struct GenerationArgs {
     #[arg(long, default_value_t = ds4_engine::decode::DEFAULT_PREFILL_CHUNK)]
     pub chunk: usize,
     /// MTP speculative draft depth (0 = plain autoregressive decoding), or
-    /// `auto`: the depth measured fastest for the model (the default
-    /// model's head: see bench/README.md). Default: the family's (AR for
-    /// models without an MTP head, and for the default model).
+    /// `auto`: the depth measured fastest for the model at this run's
+    /// temperature (the default model's head: 2 greedy, 1 sampled; see
+    /// bench/README.md). Default: the family's (AR for models without an
+    /// MTP head, and for the default model).
     #[arg(long = "mtp-depth")]
     pub mtp_depth_arg: Option<MtpDepthArg>,
     /// `mtp_depth_arg` resolved against the loaded model
@@ -191,13 +193,34 @@ impl std::str::FromStr for MtpDepthArg {
 }
 
 impl MtpDepthArg {
-    /// The depth to run on `model` (`auto`: its measured best, 0 without a
-    /// head).
-    pub fn resolve(self, model: &ds4_engine::families::LoadedModel) -> usize {
+    /// The depths to run on `model`, greedy and sampled (`auto`: its
+    /// measured best for each, 0 without a head; a number: that depth for
+    /// both).
+    pub fn resolve(self, model: &ds4_engine::families::LoadedModel) -> AutoDepth {
         match self {
             MtpDepthArg::Auto => model.mtp_auto_depth(),
-            MtpDepthArg::Depth(d) => d,
+            MtpDepthArg::Depth(d) => AutoDepth {
+                greedy: d,
+                sampled: d,
+            },
         }
+    }
+}
+
+impl GenerationArgs {
+    /// Resolve `--mtp-depth` for this run's temperature (`sampling`'s, or
+    /// the family's default when none is given).
+    pub fn resolve_mtp_depth(
+        &mut self,
+        model: &ds4_engine::families::LoadedModel,
+        sampling: &SamplingArgs,
+    ) {
+        let temperature = sampling
+            .temperature
+            .unwrap_or(model.descriptor().sampling_defaults.temperature);
+        self.mtp_depth = self
+            .mtp_depth_arg
+            .map(|d| d.resolve(model).for_temperature(temperature));
     }
 }
 
@@ -338,7 +361,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub force_sampling: bool,
     /// MTP draft depth for requests that send no `mtp_depth` (0 = plain
-    /// AR decoding), or `auto` (the depth measured fastest for the model).
+    /// AR decoding), or `auto` (the depth measured fastest for the model
+    /// at the request's temperature: for the default model's head 2 when
+    /// greedy, 1 when sampling).
     /// Default: the family's (AR for a model without an MTP head, and for
     /// the default model). A depth the model cannot run is refused at
     /// startup.

@@ -43,6 +43,17 @@ fn run_mtp_depth_auto_default_model_matches_ar() {
         ds4_engine::families::llama::MTP_AUTO_DEPTH
     );
     assert!(m["cycles"].as_u64().unwrap() >= 1);
+    // A sampled run (the family's default temperature) takes the sampled
+    // depth under `auto`.
+    let sampled = bin()
+        .args(["run", "-p", "Why is exercise important?", "--seed", "3"])
+        .args(["--max-tokens", "24", "--json", "--mtp-depth", "auto"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        json(sampled)["mtp"]["depth"].as_u64().unwrap() as usize,
+        ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED
+    );
     let bad = bin()
         .args(["run", "-p", "x", "--mtp-depth", "deep"])
         .output()

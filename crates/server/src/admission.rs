@@ -85,7 +85,7 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
         structural: g.structural,
         stops: g.stops,
         logprobs: g.logprobs,
-        mtp_depth: g.mtp_depth.or(state.config.mtp_depth),
+        mtp_depth: g.mtp_depth.or(default_mtp_depth(&state.config, &params)),
         vision: g.vision.clone(),
     };
     // Under a budget the first job stops at the budget; the output stream
@@ -143,6 +143,19 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
 /// set none, or with `--force-sampling` the values every request runs with
 /// (a request's differing value is reported in its warnings, not silently
 /// replaced).
+/// The draft depth of a request that sends no `mtp_depth`: the server's
+/// `--mtp-depth` (under `auto` its sampled depth when the request samples).
+fn default_mtp_depth(
+    config: &crate::config::ServerConfig,
+    params: &SamplingParams,
+) -> Option<usize> {
+    if params.temperature > 0.0 {
+        config.mtp_depth_sampled.or(config.mtp_depth)
+    } else {
+        config.mtp_depth
+    }
+}
+
 fn server_sampling(config: &crate::config::ServerConfig, g: &mut Generation) {
     if !config.force_sampling {
         g.sampling.temperature = g.sampling.temperature.or(config.temperature);
@@ -275,6 +288,25 @@ mod tests {
         g.sampling.temperature = temperature;
         g.seed = seed;
         g
+    }
+
+    /// `--mtp-depth auto` sets a sampled depth apart from the greedy one; a
+    /// number sets only `mtp_depth`, which then serves both.
+    #[test]
+    fn the_default_mtp_depth_follows_the_request_temperature() {
+        let mut config = ServerConfig::new(([127, 0, 0, 1], 0).into(), "m");
+        let at = |t: f64| SamplingParams {
+            temperature: t,
+            ..Law::Nucleus.default_params()
+        };
+        assert_eq!(default_mtp_depth(&config, &at(0.7)), None);
+        config.mtp_depth = Some(3);
+        assert_eq!(default_mtp_depth(&config, &at(0.0)), Some(3));
+        assert_eq!(default_mtp_depth(&config, &at(0.7)), Some(3));
+        config.mtp_depth = Some(2);
+        config.mtp_depth_sampled = Some(1);
+        assert_eq!(default_mtp_depth(&config, &at(0.0)), Some(2));
+        assert_eq!(default_mtp_depth(&config, &at(0.7)), Some(1));
     }
 
     #[test]

@@ -44,7 +44,10 @@ pub fn build_state(
     let descriptor = model.descriptor();
     let model_ctx = ds4_engine::with_model!(&model, m => m.context_length());
     let mtp = ds4_engine::with_model!(&model, m => m.mtp_contract());
-    if let Some(d) = config.mtp_depth {
+    for d in [config.mtp_depth, config.mtp_depth_sampled]
+        .into_iter()
+        .flatten()
+    {
         crate::params::mtp_depth(mtp, Some(d as u64)).map_err(|e| ServeError::Mtp(e.message))?;
     }
     let ctx = config.ctx.map_or(model_ctx, |c| c.min(model_ctx));

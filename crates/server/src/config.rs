@@ -62,6 +62,9 @@ pub struct ServerConfig {
     /// MTP draft depth for requests that do not choose one; `None` takes
     /// the family's default (AR for a model without an MTP head).
     pub mtp_depth: Option<usize>,
+    /// The same for requests that sample (temperature above 0), where it
+    /// differs (`--mtp-depth auto`); `None` takes `mtp_depth`.
+    pub mtp_depth_sampled: Option<usize>,
     /// Memory budget in bytes of the session bank (earlier sessions kept
     /// for prompts that branch off them).
     pub bank_budget: usize,
@@ -103,6 +106,7 @@ impl ServerConfig {
             keep_alive: Duration::from_secs(10),
             prefill_chunk: ds4_engine::decode::DEFAULT_PREFILL_CHUNK,
             mtp_depth: None,
+            mtp_depth_sampled: None,
             bank_budget: 1 << 30,
             boundary_every: ds4_engine::state::warm::DEFAULT_BOUNDARY_EVERY,
             checkpoints: None,

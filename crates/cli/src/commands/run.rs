@@ -18,10 +18,8 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
         args.model.device,
         args.model.kv_cache,
     )?;
-    args.generation.mtp_depth = args
-        .generation
-        .mtp_depth_arg
-        .map(|d| d.resolve(&loaded.model));
+    args.generation
+        .resolve_mtp_depth(&loaded.model, &args.sampling);
     ds4_engine::with_model!(&loaded.model, model => run_with(model, &loaded.tokenizer, &args))
 }
 

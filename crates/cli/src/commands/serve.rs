@@ -45,7 +45,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     config.force_sampling = args.force_sampling;
     config.body_limit = args.body_limit;
-    config.mtp_depth = args.mtp_depth.map(|d| d.resolve(&loaded.model));
+    let depths = args.mtp_depth.map(|d| d.resolve(&loaded.model));
+    config.mtp_depth = depths.map(|d| d.greedy);
+    config.mtp_depth_sampled = depths.map(|d| d.sampled);
     let cache = CacheSettings::from_args(&args.checkpoints, &path)?;
     config.bank_budget = cache.bank_budget;
     config.boundary_every = cache.boundary_every;

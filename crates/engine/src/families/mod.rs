@@ -146,6 +146,28 @@ pub enum LoadedModel {
     Glm5NextCuda(Box<glm5_next::Glm5NextModel<crate::backend::CudaOps>>),
 }
 
+/// The draft depths `--mtp-depth auto` runs, by whether a request samples:
+/// a sampled cycle also samples its draft and verify rows, so a deeper
+/// chain pays more per cycle than at temperature 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoDepth {
+    /// Temperature 0.
+    pub greedy: usize,
+    /// Temperature above 0.
+    pub sampled: usize,
+}
+
+impl AutoDepth {
+    /// The depth for a request at `temperature`.
+    pub fn for_temperature(self, temperature: f64) -> usize {
+        if temperature > 0.0 {
+            self.sampled
+        } else {
+            self.greedy
+        }
+    }
+}
+
 impl LoadedModel {
     /// Load the model at `path` (a `.gguf` file or a Hugging Face directory)
     /// on the CPU, choosing the family from its metadata ([`detect`]).
@@ -286,16 +308,26 @@ impl LoadedModel {
         }
     }
 
-    /// The depth `--mtp-depth auto` runs: the llama head's measured best
-    /// ([`llama::MTP_AUTO_DEPTH`]), the family default for other heads, 0
-    /// (AR) without a head.
-    pub fn mtp_auto_depth(&self) -> usize {
+    /// The depths `--mtp-depth auto` runs: the llama head's measured best
+    /// ([`llama::MTP_AUTO_DEPTH`] greedy, [`llama::MTP_AUTO_DEPTH_SAMPLED`]
+    /// sampled), the family default for other heads, 0 (AR) without a head.
+    pub fn mtp_auto_depth(&self) -> AutoDepth {
+        let llama = AutoDepth {
+            greedy: llama::MTP_AUTO_DEPTH,
+            sampled: llama::MTP_AUTO_DEPTH_SAMPLED,
+        };
         match self {
-            LoadedModel::Llama(m) if m.mtp_head().is_some() => llama::MTP_AUTO_DEPTH,
+            LoadedModel::Llama(m) if m.mtp_head().is_some() => llama,
             #[cfg(feature = "cuda")]
-            LoadedModel::LlamaCuda(m) if m.mtp_head().is_some() => llama::MTP_AUTO_DEPTH,
-            _ => crate::with_model!(self, m => crate::model::Model::mtp_contract(m))
-                .map_or(0, |c| c.default_depth),
+            LoadedModel::LlamaCuda(m) if m.mtp_head().is_some() => llama,
+            _ => {
+                let d = crate::with_model!(self, m => crate::model::Model::mtp_contract(m))
+                    .map_or(0, |c| c.default_depth);
+                AutoDepth {
+                    greedy: d,
+                    sampled: d,
+                }
+            }
         }
     }
 }

@@ -64,7 +64,18 @@ pub const MTP_DEFAULT_DEPTH: usize = 0;
 /// costs more than the 0.25 drafts it adds per cycle. On the noisy 2-core
 /// Xeon of 2026-12-03 (third head, draft stop) depths 1–3 tied at T 0
 /// (1.21 / 1.19 / 1.24) and depth 3 lost at T 0.7 (1.13 / 1.11 / 0.99).
+/// With the fourth head (2026-12-04, three runs) depths 1 and 2 still tie
+/// at T 0 there (medians 1.23 / 1.22).
 pub const MTP_AUTO_DEPTH: usize = 2;
+/// The depth `--mtp-depth auto` runs for a sampled request (temperature
+/// above 0). A sampled cycle also samples the head's rows and every
+/// verify row (a full-vocabulary softmax each), so a deeper chain costs
+/// more than at temperature 0 while its later drafts are accepted less.
+/// Depth 1 was fastest or tied at T 0.7 on every host measured
+/// (`bench/README.md`): the 2026-12-04 Xeon 1.25 / 1.22 / 1.23 at depth 1
+/// against 1.18 / 1.12 / 1.11 at depth 2 (fourth head, three runs), the
+/// 2026-12-02 Xeon 1.15 against 1.08, the EPYC 1.18 against 1.19.
+pub const MTP_AUTO_DEPTH_SAMPLED: usize = 1;
 /// Deepest chain: the head was trained for depths 1..=3.
 pub const MTP_MAX_DEPTH: usize = 3;
 /// The shipped head's draft-stop threshold on the CPU
