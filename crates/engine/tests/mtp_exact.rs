@@ -371,6 +371,18 @@ fn run_mtp_stopping(
     seed: u64,
     stop: Option<f32>,
 ) -> (Vec<u32>, u64, decode::MtpStats) {
+    let (r, draws) = toy_turn(law, temperature, depth, seed, stop);
+    (r.tokens, draws, r.mtp.unwrap())
+}
+
+/// One toy turn at `depth` (0: AR) and the draws it took.
+fn toy_turn(
+    law: Law,
+    temperature: f64,
+    depth: usize,
+    seed: u64,
+    stop: Option<f32>,
+) -> (decode::TurnResult, u64) {
     let mut s = Sampler::new(law, params(temperature, law), seed).unwrap();
     let mut session = LiveSession::new(&Toy);
     let r = decode::generate_with_draft_stop(
@@ -387,7 +399,7 @@ fn run_mtp_stopping(
     )
     .unwrap();
     assert!(session.is_consistent());
-    (r.tokens, s.draws_taken(), r.mtp.unwrap())
+    (r, s.draws_taken())
 }
 
 /// Whole-sequence distribution and per-position marginals of sampled MTP
@@ -829,21 +841,7 @@ fn mtp_toy_exit_matrix_including_bonus() {
 #[test]
 fn turn_timings_split_the_decode_time_into_trunk_and_head() {
     for depth in 0..=3 {
-        let mut s = Sampler::new(Law::Nucleus, params(0.6, Law::Nucleus), 3).unwrap();
-        let mut session = LiveSession::new(&Toy);
-        let r = decode::generate(
-            &Toy,
-            &mut session,
-            TurnRequest {
-                prompt: &PROMPT,
-                sampler: &mut s,
-                config: config(),
-                mtp_depth: Some(depth),
-            },
-            &mut (),
-        )
-        .unwrap();
-        let t = r.timings;
+        let t = toy_turn(Law::Nucleus, 0.6, depth, 3, None).0.timings;
         assert!(t.decode_tokens > 1, "depth {depth}: the turn decoded");
         assert!(t.decode_trunk > std::time::Duration::ZERO, "depth {depth}");
         assert!(
