@@ -17,6 +17,7 @@ mod counts;
 mod distribution;
 mod ds4;
 mod error;
+mod exp_lanes;
 mod nucleus;
 mod params;
 pub mod replay;

@@ -19,6 +19,7 @@
 
 use crate::counts::TokenCounts;
 use crate::error::SampleError;
+use crate::exp_lanes;
 use crate::params::SamplingParams;
 use crate::row_scan;
 
@@ -33,6 +34,8 @@ pub(crate) struct Scratch {
     penalised: Vec<f64>,
     /// Unnormalised weights `e = exp(l/T - m)`; `p = e/Z`.
     weights_e: Vec<f64>,
+    /// Compaction buffers for rows that are mostly -inf.
+    sparse: exp_lanes::Sparse,
     /// Index buffer for partial selection.
     order: Vec<u32>,
     /// Ranked (probability, id) pairs, then the support in id order.
@@ -82,7 +85,6 @@ pub(crate) fn plan(
             }
         }
     }
-    let widened = || row.iter().map(|&x| f64::from(x));
     // Step 3: greedy. The first maximum wins (lowest id on ties); validity
     // guarantees a finite entry and penalties keep finite values finite.
     let (argmax, l_max) = if penalised {
@@ -95,11 +97,11 @@ pub(crate) fn plan(
     }
     // Step 4: softmax over the full vocabulary, normaliser in one pass.
     let t = params.temperature;
-    let e = &mut scratch.weights_e;
+    let (e, sparse) = (&mut scratch.weights_e, &mut scratch.sparse);
     let z = if penalised {
-        exp_weights(scratch.penalised.iter().copied(), t, l_max, e)
+        exp_weights(&scratch.penalised, t, l_max, e, sparse)
     } else {
-        exp_weights(widened(), t, l_max, e)
+        exp_weights(row, t, l_max, e, sparse)
     };
     let e = &scratch.weights_e;
     let v = e.len();
@@ -177,34 +179,30 @@ fn first_max(l: impl Iterator<Item = f64>) -> (u32, f64) {
 /// `e = exp(l/T - m)` with `m = max(l/T)`, into `out`; returns `Z`, the
 /// sequential sum in id order. Division by T > 0 is monotone, so
 /// `max(l/T)` is exactly `l_max/T`.
-fn exp_weights(l: impl Iterator<Item = f64>, t: f64, l_max: f64, out: &mut Vec<f64>) -> f64 {
-    out.clear();
+fn exp_weights<L: Copy + Into<f64>>(
+    l: &[L],
+    t: f64,
+    l_max: f64,
+    out: &mut Vec<f64>,
+    sparse: &mut exp_lanes::Sparse,
+) -> f64 {
     let m = l_max / t;
-    let mut z = 0.0f64;
     if m.is_finite() {
         // A -inf logit's weight is exp(-inf) = +0 and adds nothing to `z`
-        // (which is >= +0), so its division and `exp` call are skipped: an
-        // MTP head's draft row is -inf outside its vocabulary subset.
-        out.extend(l.map(|x| {
-            let w = if x == f64::NEG_INFINITY {
-                0.0
-            } else {
-                (x / t - m).exp()
-            };
-            z += w;
-            w
-        }));
+        // (which is >= +0), so its division and `exp` are skipped: an MTP
+        // head's draft row is -inf outside its vocabulary subset. The
+        // weights are computed many lanes at a time with the same bits as
+        // `(x / t - m).exp()`, and Z as the same sequential sum (see
+        // `exp_lanes`).
+        exp_lanes::scaled_exp(l, t, m, out, sparse)
     } else {
         // T so small that l_max/T overflows f64: the softmax is (and, for
         // every T small enough to overflow, stays) its T -> 0+ limit, uniform
         // over the tied maxima. `l/T - max(l/T)` would be inf - inf = NaN.
-        out.extend(l.map(|x| {
-            let w = if x == l_max { 1.0 } else { 0.0 };
-            z += w;
-            w
-        }));
+        out.clear();
+        out.extend(l.iter().map(|&x| if x.into() == l_max { 1.0 } else { 0.0 }));
+        out.iter().fold(0.0f64, |z, &w| z + w)
     }
-    z
 }
 
 /// Rank order: probability descending, lowest id first on exact ties.
