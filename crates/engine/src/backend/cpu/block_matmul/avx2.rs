@@ -45,17 +45,21 @@ impl Quants for Q4 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(p: *const u8) -> [__m256; 4] {
+        // Each byte widened once to its own 32-bit lane, then the nibbles
+        // separated there (as in the AVX-512 path): eleven vector
+        // operations for 32 values instead of thirteen, same integers.
         // SAFETY: the caller guarantees 16 readable bytes.
         let packed = unsafe { _mm_loadu_si128(p as *const __m128i) };
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(packed, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-        let widen = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+        let bytes = [
+            _mm256_cvtepu8_epi32(packed),
+            _mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)),
+        ];
+        let mask = _mm256_set1_epi32(0x0F);
         [
-            widen(lo),
-            widen(_mm_srli_si128(lo, 8)),
-            widen(hi),
-            widen(_mm_srli_si128(hi, 8)),
+            _mm256_cvtepi32_ps(_mm256_and_si256(bytes[0], mask)),
+            _mm256_cvtepi32_ps(_mm256_and_si256(bytes[1], mask)),
+            _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes[0], 4)),
+            _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes[1], 4)),
         ]
     }
 }
