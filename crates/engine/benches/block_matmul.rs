@@ -1,0 +1,70 @@
+//! The default model's block-quantized products (SmolLM2-135M: hidden 576,
+//! MLP 1536, vocabulary 49,152) for 1 to 4 activation rows: a decode step
+//! and MTP verify windows of depth 1 to 3. What a window row costs against
+//! a step is what bounds MTP's speed-up on the CPU, and timing the products
+//! alone is far steadier than `bench --mtp` on a shared machine.
+//!
+//! The products run on candle's CPU pool (every core, as in serving) with
+//! the kernel set `DS4_CPU_KERNELS` selects.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use ds4_engine::backend::cpu::block_matmul::{BlockFormat, BlockMatrix};
+
+/// A deterministic GGUF-layout matrix: normal-sized scales and minima
+/// (no subnormals or NaNs to slow anything down) and pseudo-random quants.
+fn matrix(format: BlockFormat, n: usize, k: usize, seed: u64) -> BlockMatrix {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let blocks = n * k / 32;
+    let mut data = Vec::with_capacity(blocks * format.block_bytes());
+    for _ in 0..blocks {
+        let d = half::f16::from_f32(0.01 + (next() % 100) as f32 * 1e-4);
+        data.extend_from_slice(&d.to_bits().to_le_bytes());
+        let quants = match format {
+            BlockFormat::Q4_1 => {
+                let m = half::f16::from_f32(-0.08 + (next() % 100) as f32 * 1e-4);
+                data.extend_from_slice(&m.to_bits().to_le_bytes());
+                16
+            }
+            BlockFormat::Q8_0 => 32,
+        };
+        data.extend((0..quants).map(|_| next() as u8));
+    }
+    BlockMatrix::new(&data, format, n, k).expect("sizes match")
+}
+
+fn activations(len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let shapes = [
+        ("q4_1_mlp_up_1536x576", BlockFormat::Q4_1, 1536, 576),
+        ("q4_1_mlp_down_576x1536", BlockFormat::Q4_1, 576, 1536),
+        ("q8_0_output_49152x576", BlockFormat::Q8_0, 49_152, 576),
+    ];
+    for (name, format, n, k) in shapes {
+        let w = matrix(format, n, k, n as u64 ^ k as u64);
+        let x = activations(4 * k);
+        let mut y = vec![0f32; 4 * n];
+        let mut group = c.benchmark_group(name);
+        for rows in 1..=4 {
+            group.bench_with_input(BenchmarkId::from_parameter(rows), &rows, |b, &rows| {
+                b.iter(|| w.matmul(black_box(&x[..rows * k]), rows, &mut y[..rows * n]))
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
