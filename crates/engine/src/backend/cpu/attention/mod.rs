@@ -232,7 +232,7 @@ pub(crate) fn causal_attention_planned<E: KvElem>(
     let total = offset + t;
     let group = rows / t;
     let pool = candle_core::utils::barrier_pool();
-    let threads = candle_core::utils::get_num_threads().max(1);
+    let threads = pool_threads();
 
     // Few tiles (decode steps, verify windows) over a long cache: split by
     // keys and dimensions instead, so each kv head's cache is read once.
@@ -425,6 +425,17 @@ mod avx2 {
             total
         })
     }
+}
+
+/// candle's thread count, read once: `get_num_threads` parses
+/// `/proc/cpuinfo` on every call (`num_cpus::get_physical`), about 20 µs in
+/// a VM, and this ran once per attention call (30 times a decode step of the
+/// default model: 0.6 ms of a 7.5 ms step on the main thread, with the pool
+/// waiting). `main` sets `RAYON_NUM_THREADS` before any forward, so the
+/// first call already sees the value every later call saw.
+fn pool_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| candle_core::utils::get_num_threads().max(1))
 }
 
 #[cfg(test)]
