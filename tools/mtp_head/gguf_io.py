@@ -145,6 +145,23 @@ def quantize_q8_0(x):
     return out.tobytes()
 
 
+def quantize_q4_1(x):
+    """ggml's reference Q4_1 (`quantize_row_q4_1_ref`): per block of 32,
+    m = min, d = (max - min) / 15, u = min(15, trunc((x - min) / d + 0.5))
+    with the f32 d; d and m stored as f16 (the dequantization reads those)."""
+    x = np.asarray(x, dtype=np.float32).reshape(-1, 32)
+    lo = x.min(axis=1, keepdims=True)
+    hi = x.max(axis=1, keepdims=True)
+    d = (hi - lo) / np.float32(15.0)
+    inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    u = np.minimum(15, ((x - lo) * inv + np.float32(0.5)).astype(np.int32)).astype(np.uint8)
+    out = np.empty((x.shape[0], 20), dtype=np.uint8)
+    out[:, 0:2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = lo.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 4:] = u[:, :16] | (u[:, 16:] << 4)
+    return out.tobytes()
+
+
 def _str(s):
     b = s.encode("utf-8")
     return struct.pack("<Q", len(b)) + b

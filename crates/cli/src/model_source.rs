@@ -121,10 +121,32 @@ fn auto_device() -> Device {
     Device::Cpu
 }
 
+/// The environment variable naming a head file to attach instead of the
+/// shipped one.
+const HEAD_OVERRIDE: &str = "DS4_MTP_HEAD";
+
 /// Attach the MTP head shipped for this model, if it has one. A damaged
 /// head file or one that does not fit is reported on stderr and the model
 /// runs without MTP (AR decoding is unaffected).
+///
+/// `DS4_MTP_HEAD=FILE` attaches FILE instead, unchecked (a head trained or
+/// requantized with `tools/mtp_head`, measured before it is pinned); it is
+/// named on stderr so no run mistakes it for the shipped head.
 pub fn attach_known_head(model: &mut LoadedModel, path: &Path) {
+    if let Some(file) = std::env::var_os(HEAD_OVERRIDE) {
+        let head = PathBuf::from(file);
+        eprintln!(
+            "{HEAD_OVERRIDE}: MTP head {} (not the shipped head; unchecked)",
+            head.display()
+        );
+        if let Err(e) = model.attach_mtp_head(&head) {
+            eprintln!(
+                "warning: MTP head {} refused ({e}); running without MTP",
+                head.display()
+            );
+        }
+        return;
+    }
     match ds4_models::mtp_head_for(path) {
         None => {}
         Some(Ok(head)) => match model.attach_mtp_head(&head) {
