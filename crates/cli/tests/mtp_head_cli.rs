@@ -155,3 +155,50 @@ fn bench_mtp_default_model_reports_every_depth_and_its_pieces() {
         "{stdout}"
     );
 }
+
+/// `DS4_MTP_HEAD` attaches another head file (here a copy of the shipped
+/// one), says so, and drafts with it (greedy output still AR's); a damaged
+/// file named there is refused and the model runs without MTP.
+#[test]
+fn head_override_default_model_attaches_a_file_or_refuses_a_damaged_one() {
+    let model = ds4_models::default_model_path().unwrap();
+    let shipped = ds4_models::mtp_head_for(&model).unwrap().unwrap();
+    let bytes = std::fs::read(shipped).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("candidate.mtp.gguf");
+    std::fs::write(&copy, &bytes).unwrap();
+    let with = |head: &std::path::Path, depth: &str| {
+        bin()
+            .env("DS4_MTP_HEAD", head)
+            .args([
+                "run",
+                "-p",
+                "Why is exercise important?",
+                "--temperature",
+                "0",
+            ])
+            .args(["--max-tokens", "24", "--json", "--mtp-depth", depth])
+            .output()
+            .unwrap()
+    };
+
+    let out = with(&copy, "1");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        stderr.contains("DS4_MTP_HEAD") && stderr.contains("not the shipped head"),
+        "{stderr}"
+    );
+    let mtp = json(out);
+    assert!(mtp["mtp"]["cycles"].as_u64().unwrap() >= 1, "{mtp}");
+    assert_eq!(mtp["tokens"], json(run(None, "0"))["tokens"]);
+
+    let damaged = dir.path().join("damaged.mtp.gguf");
+    std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
+    let out = with(&damaged, "0");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        stderr.contains("refused") && stderr.contains("running without MTP"),
+        "{stderr}"
+    );
+    assert!(json(out)["mtp"].is_null());
+}
