@@ -331,8 +331,8 @@ fn stop_name(stop: Option<f32>) -> String {
 }
 
 /// Milliseconds per call of each piece of a cycle, on `prompt`'s
-/// prefilled state (each timed `reps` times from the same snapshot, the
-/// median reported).
+/// prefilled state (each timed `reps` times from the same snapshot, one
+/// untimed step past it, the median reported).
 fn step_costs<M: Model>(
     model: &M,
     prompt: &[u32],
@@ -347,10 +347,20 @@ fn step_costs<M: Model>(
         v.sort_by(f64::total_cmp);
         v[v.len() / 2] * 1e3
     };
+    // Each piece is timed on a copy of the snapshot that has taken one
+    // untimed forward first: a fresh copy's caches are filled to capacity,
+    // so its first append reallocates and copies every layer's KV (about
+    // 0.8 ms of a 7 ms step for a short prompt on the 2-core Xeon), which a
+    // session in the decode loop, growing its caches amortised, never pays.
+    let warmed = || -> anyhow::Result<_> {
+        let mut st = base.snapshot();
+        model.forward(&[tok], &mut st, LogitsRows::Last)?;
+        Ok(st)
+    };
     let mut s = String::from("piece,rows,ms_per_call\n");
     let mut times = Vec::new();
     for _ in 0..reps.max(1) {
-        let mut st = base.snapshot();
+        let mut st = warmed()?;
         let t0 = Instant::now();
         model.forward(&[tok], &mut st, LogitsRows::Last)?;
         times.push(t0.elapsed().as_secs_f64());
@@ -362,7 +372,7 @@ fn step_costs<M: Model>(
         let window: Vec<u32> = std::iter::repeat_n(tok, k + 1).collect();
         let mut times = Vec::new();
         for _ in 0..reps.max(1) {
-            let mut st = base.snapshot();
+            let mut st = warmed()?;
             let t0 = Instant::now();
             model.forward_window(&window, &mut st)?;
             times.push(t0.elapsed().as_secs_f64());
@@ -382,7 +392,9 @@ fn step_costs<M: Model>(
     let last = hidden.narrow(n, 1)?;
     let mut times = Vec::new();
     for _ in 0..reps.max(1) {
+        // The head's history likewise: one untimed row first.
         let mut h = history.clone();
+        model.mtp_forward(&[tok], &last, &mut h)?;
         let t0 = Instant::now();
         model.mtp_forward(&[tok], &last, &mut h)?;
         times.push(t0.elapsed().as_secs_f64());
