@@ -41,10 +41,12 @@ impl Quants512 for Q4 {
         // Each byte widened once to its own 32-bit lane, then the low
         // nibble masked and the high one shifted down there: five vector
         // operations for 32 values where masking both nibbles as bytes and
-        // widening each took seven. A decode step is close to the memory
-        // rate and gains little; the extra rows of an MTP verify window are
-        // bound by these operations and gain most (bench/README.md). The
-        // values are the same integers, so every product keeps its bits.
+        // widening each took seven. A decode step gained less than that
+        // count says (+6% on the 2-core Xeon VM, whose 480 MiB L3, shared
+        // with other tenants, may or may not keep the 96 MB model between
+        // steps); the extra rows of an MTP verify window, bound by these
+        // operations, gained most (bench/README.md). The values are the
+        // same integers, so every product keeps its bits.
         // SAFETY: the caller guarantees 16 readable bytes.
         let bytes = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p as *const __m128i) });
         let lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
