@@ -162,6 +162,24 @@ def quantize_q4_1(x):
     return out.tobytes()
 
 
+def meta_items(g):
+    """`g.meta` as `write`'s (key, type, value) list (alignment left to
+    `write`): strings, integers as U32, floats as F32."""
+    meta = []
+    for k, v in g.meta.items():
+        if k == "general.alignment":
+            continue
+        if isinstance(v, str):
+            meta.append((k, STR, v))
+        elif isinstance(v, int):
+            meta.append((k, U32, v))
+        elif isinstance(v, float):
+            meta.append((k, F32, v))
+        else:
+            raise ValueError(f"{k}: metadata type not handled")
+    return meta
+
+
 def _str(s):
     b = s.encode("utf-8")
     return struct.pack("<Q", len(b)) + b

@@ -34,18 +34,7 @@ def main():
     missing = names - g.tensors.keys()
     if missing:
         raise SystemExit(f"no such tensors: {sorted(missing)}")
-    meta = []
-    for k, v in g.meta.items():
-        if k == "general.alignment":
-            continue
-        if isinstance(v, str):
-            meta.append((k, G.STR, v))
-        elif isinstance(v, int):
-            meta.append((k, G.U32, v))
-        elif isinstance(v, float):
-            meta.append((k, G.F32, v))
-        else:
-            raise SystemExit(f"{k}: metadata type not handled")
+    meta = G.meta_items(g)
     tensors = []
     for name, (t, shape, raw) in g.tensors.items():
         if name in names:

@@ -16,16 +16,7 @@ import gguf_io as G
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     g = G.Gguf(src)
-    meta = []
-    for k, v in g.meta.items():
-        if k == "general.alignment":
-            continue
-        if isinstance(v, str):
-            meta.append((k, G.STR, v))
-        elif isinstance(v, int):
-            meta.append((k, G.U32, v))
-        else:
-            raise SystemExit(f"{k}: metadata type not handled")
+    meta = G.meta_items(g)
     tensors = []
     for name, (t, shape, raw) in g.tensors.items():
         if name == "mtp.vocab_subset" and t == G.T_I32:
