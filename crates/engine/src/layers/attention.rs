@@ -8,7 +8,7 @@
 //! over an f16 cache), whose per-query result does not depend on the window
 //! size (warm == cold bit for bit).
 
-use crate::backend::{Backend, Heads};
+use crate::backend::{Backend, Epilogue, Heads};
 use crate::error::Result;
 use crate::layers::linear::Linear;
 use crate::layers::rope::RopeRows;
@@ -57,9 +57,19 @@ impl<B: Backend> Attention<B> {
     ) -> Result<B::Buf> {
         let offset = cache.len();
         let d = self.head_dim;
-        let mut q = self.q.forward(ops, x, t)?;
-        let mut k = self.k.forward(ops, x, t)?;
-        let v = self.v.forward(ops, x, t)?;
+        // The three projections of `x` as one call (one launch for a
+        // decode row or a verify window on a device; q, k, v in turn where
+        // a backend runs the parts one by one, as the CPU does).
+        let [mut q, mut k, v] = Linear::forward_many(
+            ops,
+            x,
+            t,
+            [
+                (&self.q, Epilogue::Chain(&[])),
+                (&self.k, Epilogue::Chain(&[])),
+                (&self.v, Epilogue::Chain(&[])),
+            ],
+        )?;
         rope.apply(ops, &mut q, d)?;
         rope.apply(ops, &mut k, d)?;
         let rows = match step {

@@ -1,7 +1,7 @@
 //! SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, plain ([`SwiGlu`])
 //! or with gate and up fused and an optional clamp ([`FusedSwiGlu`]).
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Epilogue, Unary};
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::load::binder::Binder;
@@ -16,8 +16,19 @@ pub struct SwiGlu<B: Backend> {
 impl<B: Backend> SwiGlu<B> {
     /// `x: [rows, hidden]` → `[rows, hidden]`.
     pub fn forward(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<B::Buf> {
-        let g = ops.silu(&self.gate.forward(ops, x, rows)?)?;
-        let u = self.up.forward(ops, x, rows)?;
+        // Gate (with its SiLU) and up as one call: the ops of
+        // `silu(gate·x)` then `up·x` in that order where a backend runs
+        // them part by part (the CPU), one launch for a decode row or a
+        // verify window on a device; the bits are the parts' either way.
+        let [g, u] = Linear::forward_many(
+            ops,
+            x,
+            rows,
+            [
+                (&self.gate, Epilogue::Chain(&[Unary::Silu])),
+                (&self.up, Epilogue::Chain(&[])),
+            ],
+        )?;
         self.down.forward(ops, &ops.mul(&g, &u)?, rows)
     }
 }
