@@ -73,13 +73,18 @@ pub fn pull_with_progress() -> anyhow::Result<PathBuf> {
 /// directory without `tokenizer.json` whose family has a known tokenizer
 /// (DeepSeek-V4) gets that one, pulled into the user cache on first use.
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
-    let tokenizer = if path.is_dir() {
+    let tokenizer: anyhow::Result<Tokenizer> = if path.is_dir() {
         match known_tokenizer(path)? {
             Some(dir) => Tokenizer::from_hf_dir(dir),
             None => Tokenizer::from_hf_dir(path),
         }
+        .map_err(Into::into)
     } else {
-        Tokenizer::from_gguf(path)
+        // The engine's GGUF reader parses the metadata without a system
+        // call per string (`load::gguf`); the tokenizer is built from it.
+        ds4_engine::load::gguf::GgufFile::open(path)
+            .map_err(anyhow::Error::from)
+            .and_then(|g| Ok(Tokenizer::from_gguf_content(g.content(), path)?))
     };
     tokenizer.with_context(|| format!("loading the tokenizer of {}", path.display()))
 }

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -19,7 +19,7 @@ use crate::error::{EngineError, Result};
 pub struct GgufFile {
     path: PathBuf,
     content: Content,
-    reader: BufReader<File>,
+    reader: Tracked<BufReader<File>>,
     taken: BTreeSet<String>,
 }
 
@@ -29,7 +29,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             message: format!("cannot open: {e}"),
         })?;
-        let mut reader = BufReader::new(file);
+        let mut reader = Tracked::new(BufReader::new(file));
         let content = Content::read(&mut reader).map_err(|e| EngineError::File {
             path: path.to_path_buf(),
             message: format!("not a readable GGUF file: {e}"),
@@ -212,5 +212,80 @@ pub(crate) fn describe(v: &Value) -> String {
         other => value_as_usize(other)
             .map(|x| x.to_string())
             .unwrap_or_else(|| format!("{other:?}")),
+    }
+}
+
+/// A reader that knows its own position. candle's GGUF parser asks for the
+/// position before every length-prefixed value (a bounds check), and a
+/// `BufReader<File>` answers with an `lseek` system call each time: about
+/// 98,000 for the default model's vocabulary and merges, per parse.
+#[derive(Debug)]
+struct Tracked<R> {
+    inner: R,
+    pos: u64,
+}
+
+impl<R: Seek> Tracked<R> {
+    fn new(mut inner: R) -> Self {
+        // A fresh `File` is at 0; asking keeps this right for any reader.
+        let pos = inner.stream_position().unwrap_or(0);
+        Self { inner, pos }
+    }
+}
+
+impl<R: Read> Read for Tracked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R: Seek> Seek for Tracked<R> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        if to == SeekFrom::Current(0) {
+            return Ok(self.pos);
+        }
+        self.pos = self.inner.seek(to)?;
+        Ok(self.pos)
+    }
+
+    fn stream_position(&mut self) -> std::io::Result<u64> {
+        Ok(self.pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cached position follows every read and seek of the inner reader.
+    #[test]
+    fn tracked_position_follows_reads_and_seeks() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let mut r = Tracked::new(BufReader::with_capacity(64, std::io::Cursor::new(data)));
+        let mut buf = [0u8; 37];
+        let check = |r: &mut Tracked<BufReader<std::io::Cursor<Vec<u8>>>>, want: u64| {
+            assert_eq!(r.stream_position().unwrap(), want);
+            // The seek form of the question, which readers may ask too.
+            #[allow(clippy::seek_from_current)]
+            let by_seek = r.seek(SeekFrom::Current(0)).unwrap();
+            assert_eq!(by_seek, want);
+            assert_eq!(r.inner.stream_position().unwrap(), want);
+        };
+        r.read_exact(&mut buf).unwrap();
+        check(&mut r, 37);
+        assert_eq!(buf[36], 36);
+        r.seek(SeekFrom::Start(500)).unwrap();
+        check(&mut r, 500);
+        r.read_exact(&mut buf[..1]).unwrap();
+        assert_eq!(buf[0], (500 % 256) as u8);
+        r.seek(SeekFrom::Current(-101)).unwrap();
+        check(&mut r, 400);
+        assert_eq!(r.seek(SeekFrom::End(-10)).unwrap(), 990);
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest.len(), 10);
+        check(&mut r, 1000);
     }
 }

@@ -155,11 +155,15 @@ fn in_alphabet(token: &str) -> bool {
 
 /// Reads the GGUF header and metadata (not tensor data) and builds the tokenizer.
 pub(crate) fn from_gguf(path: &Path) -> Result<Tokenizer> {
-    let mut file = std::fs::File::open(path).map_err(|source| TextError::Io {
+    let file = std::fs::File::open(path).map_err(|source| TextError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let content = Content::read(&mut file).map_err(|e| TextError::GgufRead {
+    // Buffered: the reader takes the vocabulary and merges a few bytes at
+    // a time (a length, then the string), which straight from the file was
+    // two syscalls per string, ~250,000 for the default model's 98,000.
+    let mut reader = std::io::BufReader::new(file);
+    let content = Content::read(&mut reader).map_err(|e| TextError::GgufRead {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
