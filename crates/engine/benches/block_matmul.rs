@@ -66,5 +66,45 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// A layer's products of one input, as separate calls (one pool dispatch
+/// and barrier each) against `matmul_several` (one for all): llama's q / k /
+/// v (576, 192, 192 rows) and gate / up (1536 each), for a decode step and
+/// a 2-row verify window.
+fn bench_several(c: &mut Criterion) {
+    let k = 576;
+    let sets = [("qkv", vec![576, 192, 192]), ("gate_up", vec![1536, 1536])];
+    for (name, widths) in sets {
+        let parts: Vec<BlockMatrix> = widths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| matrix(BlockFormat::Q4_1, n, k, 11 + i as u64))
+            .collect();
+        let refs: Vec<&BlockMatrix> = parts.iter().collect();
+        let x = activations(2 * k);
+        let mut ys: Vec<Vec<f32>> = parts.iter().map(|w| vec![0f32; 2 * w.rows()]).collect();
+        let mut group = c.benchmark_group(format!("layer_{name}"));
+        for rows in [1, 2] {
+            group.bench_with_input(BenchmarkId::new("calls", rows), &rows, |b, &rows| {
+                b.iter(|| {
+                    for (w, y) in parts.iter().zip(ys.iter_mut()) {
+                        w.matmul(black_box(&x[..rows * k]), rows, &mut y[..rows * w.rows()]);
+                    }
+                })
+            });
+            group.bench_with_input(BenchmarkId::new("one_dispatch", rows), &rows, |b, &rows| {
+                b.iter(|| {
+                    let mut views: Vec<&mut [f32]> = parts
+                        .iter()
+                        .zip(ys.iter_mut())
+                        .map(|(w, y)| &mut y[..rows * w.rows()])
+                        .collect();
+                    BlockMatrix::matmul_several(&refs, black_box(&x[..rows * k]), rows, &mut views)
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench, bench_several);
 criterion_main!(benches);

@@ -3,8 +3,38 @@
 //! for the calls it does not fuse (a prefill chunk, say), so a fused op's
 //! definition is written once.
 
-use super::{Backend, ScanDims};
+use super::{Backend, Epilogue, ScanDims};
 use crate::error::{EngineError, Result};
+
+/// [`Backend::matmul_many`] part by part: each product with its epilogue.
+pub fn matmul_many<B: Backend>(
+    ops: &B,
+    x: &B::Buf,
+    rows: usize,
+    parts: &[(&B::Matrix, Epilogue<'_>)],
+) -> Result<Vec<B::Buf>> {
+    parts
+        .iter()
+        .map(|&(w, then)| match then {
+            Epilogue::Chain(chain) => ops.matmul_unary(x, rows, w, chain),
+            Epilogue::Swiglu(_) => epilogue(ops, ops.matmul(x, rows, w)?, rows, then),
+        })
+        .collect()
+}
+
+/// What [`Backend::matmul_many`] does to a part's product `y` (`rows`
+/// rows): its unary chain (none: `y` itself), or the SwiGLU of its `[gate
+/// | up]` columns.
+pub fn epilogue<B: Backend>(ops: &B, y: B::Buf, rows: usize, then: Epilogue<'_>) -> Result<B::Buf> {
+    match then {
+        Epilogue::Chain([]) => Ok(y),
+        Epilogue::Chain(chain) => ops.unary_chain(&y, chain),
+        Epilogue::Swiglu(limit) => {
+            let inter = ops.len(&y) / (2 * rows.max(1));
+            ops.swiglu(&y, inter, limit)
+        }
+    }
+}
 
 /// [`Backend::delta_inputs`] by its parts.
 #[allow(clippy::too_many_arguments)]

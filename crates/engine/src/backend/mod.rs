@@ -357,17 +357,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         rows: usize,
         parts: &[(&Self::Matrix, Epilogue<'_>)],
     ) -> Result<Vec<Self::Buf>> {
-        parts
-            .iter()
-            .map(|&(w, then)| match then {
-                Epilogue::Chain(chain) => self.matmul_unary(x, rows, w, chain),
-                Epilogue::Swiglu(limit) => {
-                    let gu = self.matmul(x, rows, w)?;
-                    let inter = self.len(&gu) / (2 * rows.max(1));
-                    self.swiglu(&gu, inter, limit)
-                }
-            })
-            .collect()
+        composed::matmul_many(self, x, rows, parts)
     }
     /// Routed SwiGLU experts: `out[t] = Σ_k w[t,k]·down_e(act(g, u))`,
     /// `[g | u] = gate_up_e·x_t`, `e = routing[t,k]`, `act = silu(g)·u`, or

@@ -13,9 +13,10 @@ use super::{
     attention, compression, delta_rule, experts, f32_matmul, hyper, indexer, kda_gate, layer_norm,
     pool_expand, routing, sparse_attention, window_attention,
 };
+use crate::backend::composed;
 use crate::backend::{
-    Backend, BackendId, EntryKeep, GateAct, GeluForm, Heads, HostStep, HostWeight, IndexerShape,
-    RopeLayout, RouterSpec, ScanDims, StepBody,
+    Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostStep, HostWeight,
+    IndexerShape, RopeLayout, RouterSpec, ScanDims, StepBody,
 };
 use crate::error::{EngineError, Result};
 
@@ -442,6 +443,43 @@ impl Backend for CpuOps {
             }
             CpuMatrix::Quantized { w, out: _, inp } => host(&w.forward(&tensor(x, rows, *inp)?)?),
         }
+    }
+
+    /// Block matrices of one width: every product in one pool dispatch
+    /// ([`BlockMatrix::matmul_several`], the bits of each `matmul`), then
+    /// each part's epilogue; anything else part by part.
+    fn matmul_many(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        parts: &[(&CpuMatrix, Epilogue<'_>)],
+    ) -> Result<Vec<Vec<f32>>> {
+        let blocks: Option<Vec<&BlockMatrix>> = parts
+            .iter()
+            .map(|(w, _)| match w {
+                CpuMatrix::Block(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        let Some(blocks) =
+            blocks.filter(|b| b.len() > 1 && b.iter().all(|w| w.cols() == b[0].cols()))
+        else {
+            return composed::matmul_many(self, x, rows, parts);
+        };
+        let k = blocks[0].cols();
+        if x.len() != rows * k {
+            return Err(shape_err(
+                "matmul_many",
+                format!("{} values are not [{rows}, {k}]", x.len()),
+            ));
+        }
+        let mut ys: Vec<Vec<f32>> = blocks.iter().map(|w| vec![0f32; rows * w.rows()]).collect();
+        let mut views: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+        BlockMatrix::matmul_several(&blocks, x, rows, &mut views);
+        ys.into_iter()
+            .zip(parts)
+            .map(|(y, &(_, then))| composed::epilogue(self, y, rows, then))
+            .collect()
     }
 
     fn experts_swiglu(
@@ -1440,6 +1478,54 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// `matmul_many` over block matrices (one pool dispatch for all the
+    /// products) has the bits of the parts one by one, epilogues included;
+    /// with an f32 part among them it runs the parts one by one.
+    #[test]
+    fn matmul_many_equals_its_parts() {
+        use crate::backend::Unary;
+        let ops = CpuOps;
+        let k = 96;
+        let block = |n: usize, dtype: GgmlDType, seed: f32| {
+            let q = QTensor::quantize(&t(&data(n * k, seed), &[n, k]), dtype).unwrap();
+            ops.matrix(HostWeight::Gguf(Arc::new(q)), n, k).unwrap()
+        };
+        let (a, b) = (
+            block(40, GgmlDType::Q4_1, 0.1),
+            block(9, GgmlDType::Q4_1, 0.2),
+        );
+        let (c, d) = (
+            block(12, GgmlDType::Q8_0, 0.3),
+            block(6, GgmlDType::Q4_1, 0.4),
+        );
+        let f = ops
+            .matrix(HostWeight::F32(t(&data(5 * k, 0.5), &[5, k])), 5, k)
+            .unwrap();
+        assert!(matches!(a, CpuMatrix::Block(_)) && matches!(c, CpuMatrix::Block(_)));
+        let silu: &[Unary] = &[Unary::Silu];
+        let gate: &[Unary] = &[Unary::Affine(0.25, 0.0), Unary::Sigmoid];
+        let all = [
+            (&a, Epilogue::Chain(&[])),
+            (&b, Epilogue::Chain(silu)),
+            (&c, Epilogue::Swiglu(None)),
+            (&d, Epilogue::Swiglu(Some(0.5))),
+            (&a, Epilogue::Chain(gate)),
+        ];
+        let with_f32 = [(&a, Epilogue::Chain(&[])), (&f, Epilogue::Chain(silu))];
+        for parts in [&all[..], &all[..2], &with_f32[..]] {
+            for rows in [1, 3] {
+                let x = data(rows * k, rows as f32);
+                let many = ops.matmul_many(&x, rows, parts).unwrap();
+                let want = composed::matmul_many(&ops, &x, rows, parts).unwrap();
+                assert_eq!(many.len(), parts.len());
+                for (i, (g, w)) in many.iter().zip(&want).enumerate() {
+                    assert_eq!(bits(g), bits(w), "part {i}, {rows} rows");
+                }
+            }
+        }
+        assert!(ops.matmul_many(&data(k + 1, 0.0), 1, &all).is_err());
     }
 
     fn t(v: &[f32], shape: &[usize]) -> Tensor {

@@ -61,6 +61,7 @@ mod avx512;
     allow(dead_code)
 )]
 mod portable;
+mod several;
 
 /// Which kernels this process runs. One process uses one set for every
 /// matrix, so results never mix summation orders.
@@ -385,43 +386,62 @@ impl BlockMatrix {
     }
 
     fn run_groups(&self, isa: Isa, x: &[f32], sx: &[f32], m: usize, y: &mut [f32]) {
-        let (n, k, nb) = (self.n, self.k, self.k / BLOCK);
         let y_ptr = SendPtr(y.as_mut_ptr());
-        let groups = n.div_ceil(COLUMNS);
-        let pool = candle_core::utils::barrier_pool();
+        let groups = self.n.div_ceil(COLUMNS);
         // Each work item owns a range of row groups, so no two workers
         // write the same element of `y`.
-        pool.execute_chunked(groups, |range| {
-            let y_ptr = &y_ptr;
-            SCRATCH.with(|scratch| {
-                let scratch = &mut *scratch.borrow_mut();
-                let mut out = std::mem::take(&mut scratch.out);
-                let tile = self.row_tile(m);
-                out.resize(tile * COLUMNS, 0.0);
-                // Activation rows in tiles that stay in the core's L2 while
-                // every row group of this work item passes over them (a
-                // group's quants are unpacked again per tile). The rows of
-                // a tile are the kernels' `m`: an output element's
-                // operations do not depend on it, so tiling changes no bit.
-                for r0 in (0..m).step_by(tile) {
-                    let tm = tile.min(m - r0);
-                    let (xt, st) = (&x[r0 * k..(r0 + tm) * k], &sx[r0 * nb..(r0 + tm) * nb]);
-                    for group in range.clone() {
-                        let j0 = group * COLUMNS;
-                        let cols = COLUMNS.min(n - j0);
-                        let out = &mut out[..tm * cols];
-                        self.group_times(isa, j0, cols, xt, st, tm, scratch, out);
-                        for r in 0..tm {
-                            for c in 0..cols {
-                                // SAFETY: (r0 + r, j0 + c) is in bounds and
-                                // written only by this group.
-                                unsafe { *y_ptr.0.add((r0 + r) * n + j0 + c) = out[r * cols + c] };
-                            }
+        candle_core::utils::barrier_pool().execute_chunked(groups, |range| {
+            // SAFETY: `y` is `[m, n]` and outlives the call (the pool joins
+            // before returning); the ranges are disjoint.
+            unsafe { self.run_range(isa, x, sx, m, &y_ptr, range) }
+        });
+    }
+
+    /// Row groups `range` of this matrix times the `m` rows of `x`, into
+    /// `y` (`[m, n]`).
+    ///
+    /// # Safety
+    /// `y` points at `m · n` writable values that no other caller writes
+    /// in these groups' columns meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_range(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        sx: &[f32],
+        m: usize,
+        y: &SendPtr,
+        range: std::ops::Range<usize>,
+    ) {
+        let (n, k, nb) = (self.n, self.k, self.k / BLOCK);
+        SCRATCH.with(|scratch| {
+            let scratch = &mut *scratch.borrow_mut();
+            let mut out = std::mem::take(&mut scratch.out);
+            let tile = self.row_tile(m);
+            out.resize(tile * COLUMNS, 0.0);
+            // Activation rows in tiles that stay in the core's L2 while
+            // every row group of this work item passes over them (a
+            // group's quants are unpacked again per tile). The rows of
+            // a tile are the kernels' `m`: an output element's
+            // operations do not depend on it, so tiling changes no bit.
+            for r0 in (0..m).step_by(tile) {
+                let tm = tile.min(m - r0);
+                let (xt, st) = (&x[r0 * k..(r0 + tm) * k], &sx[r0 * nb..(r0 + tm) * nb]);
+                for group in range.clone() {
+                    let j0 = group * COLUMNS;
+                    let cols = COLUMNS.min(n - j0);
+                    let out = &mut out[..tm * cols];
+                    self.group_times(isa, j0, cols, xt, st, tm, scratch, out);
+                    for r in 0..tm {
+                        for c in 0..cols {
+                            // SAFETY: (r0 + r, j0 + c) is in bounds and
+                            // written only by this group.
+                            unsafe { *y.0.add((r0 + r) * n + j0 + c) = out[r * cols + c] };
                         }
                     }
                 }
-                scratch.out = out;
-            });
+            }
+            scratch.out = out;
         });
     }
 
@@ -614,6 +634,38 @@ mod tests {
             0
         };
         (w.scales[at], m, &w.quants[at * qb..(at + 1) * qb])
+    }
+
+    /// Several matrices in one pool dispatch (`matmul_several`) give each
+    /// part the bits of its own `matmul`, for decode rows, verify windows
+    /// and tiled prefill rows alike, and write every value of every part.
+    #[test]
+    fn several_in_one_dispatch_are_each_product_alone() {
+        let k = 576;
+        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            // Widths off the group size, and a one-row part.
+            let parts: Vec<BlockMatrix> = [576, 190, 7, 1]
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| quantized(format, n, k, 40 + i as u64).1)
+                .collect();
+            let refs: Vec<&BlockMatrix> = parts.iter().collect();
+            for m in [1, 2, 3, 4, 9, 300] {
+                let x = random(m * k, 7 + m as u64);
+                let mut ys: Vec<Vec<f32>> = parts.iter().map(|w| vec![f32::NAN; m * w.n]).collect();
+                let mut views: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+                BlockMatrix::matmul_several(&refs, &x, m, &mut views);
+                for (i, (w, y)) in parts.iter().zip(&ys).enumerate() {
+                    let mut alone = vec![0.0; m * w.n];
+                    w.matmul(&x, m, &mut alone);
+                    let same = y
+                        .iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format:?} part {i} ({} rows), m = {m}", w.n);
+                }
+            }
+        }
     }
 
     /// candle's dequantization of `q`, flattened.
