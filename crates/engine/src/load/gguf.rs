@@ -29,7 +29,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             message: format!("cannot open: {e}"),
         })?;
-        let mut reader = Tracked::new(BufReader::new(file));
+        let mut reader = Tracked::at_start(BufReader::new(file));
         let content = Content::read(&mut reader).map_err(|e| EngineError::File {
             path: path.to_path_buf(),
             message: format!("not a readable GGUF file: {e}"),
@@ -225,11 +225,10 @@ struct Tracked<R> {
     pos: u64,
 }
 
-impl<R: Seek> Tracked<R> {
-    fn new(mut inner: R) -> Self {
-        // A fresh `File` is at 0; asking keeps this right for any reader.
-        let pos = inner.stream_position().unwrap_or(0);
-        Self { inner, pos }
+impl<R> Tracked<R> {
+    /// `inner` positioned at its start (a freshly opened file).
+    fn at_start(inner: R) -> Self {
+        Self { inner, pos: 0 }
     }
 }
 
@@ -263,7 +262,7 @@ mod tests {
     #[test]
     fn tracked_position_follows_reads_and_seeks() {
         let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
-        let mut r = Tracked::new(BufReader::with_capacity(64, std::io::Cursor::new(data)));
+        let mut r = Tracked::at_start(BufReader::with_capacity(64, std::io::Cursor::new(data)));
         let mut buf = [0u8; 37];
         let check = |r: &mut Tracked<BufReader<std::io::Cursor<Vec<u8>>>>, want: u64| {
             assert_eq!(r.stream_position().unwrap(), want);

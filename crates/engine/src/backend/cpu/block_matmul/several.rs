@@ -31,23 +31,22 @@ impl BlockMatrix {
         sums.clear();
         sums.resize(m * (k / BLOCK), 0.0);
         block_sums(x, &mut sums);
-        // Part i's row groups are `starts[i] .. starts[i + 1]` of the list.
-        let mut starts = vec![0usize];
-        for w in parts {
-            starts.push(starts[starts.len() - 1] + w.n.div_ceil(COLUMNS));
-        }
-        let total = starts[parts.len()];
+        // Part i's row groups follow part i - 1's in one list.
+        let total = parts.iter().map(|w| w.n.div_ceil(COLUMNS)).sum();
         let ptrs: Vec<SendPtr> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
-        let (sx, starts, ptrs) = (&sums, &starts, &ptrs);
+        let (sx, ptrs) = (&sums, &ptrs);
         candle_core::utils::barrier_pool().execute_chunked(total, |range| {
-            for (i, w) in parts.iter().enumerate() {
-                let (lo, hi) = (range.start.max(starts[i]), range.end.min(starts[i + 1]));
+            let mut start = 0;
+            for (w, y) in parts.iter().zip(ptrs) {
+                let end = start + w.n.div_ceil(COLUMNS);
+                let (lo, hi) = (range.start.max(start), range.end.min(end));
                 if lo < hi {
-                    // SAFETY: `ys[i]` is `[m, n_i]` and outlives the call
-                    // (the pool joins before returning); work items own
-                    // disjoint ranges of the list, so disjoint groups.
-                    unsafe { w.run_range(isa, x, sx, m, &ptrs[i], lo - starts[i]..hi - starts[i]) };
+                    // SAFETY: `y` is `[m, n]` of this part and outlives the
+                    // call (the pool joins before returning); work items
+                    // own disjoint ranges of the list, so disjoint groups.
+                    unsafe { w.run_range(isa, x, sx, m, y, lo - start..hi - start) };
                 }
+                start = end;
             }
         });
         BLOCK_SUMS.set(sums);
