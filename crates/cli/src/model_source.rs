@@ -80,11 +80,16 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
         }
         .map_err(Into::into)
     } else {
-        // The engine's GGUF reader parses the metadata without a system
-        // call per string (`load::gguf`); the tokenizer is built from it.
+        // The engine's GGUF reader parses the metadata from a memory map
+        // (`load::gguf`); the tokenizer is built from it.
         ds4_engine::load::gguf::GgufFile::open(path)
             .map_err(anyhow::Error::from)
-            .and_then(|g| Ok(Tokenizer::from_gguf_content(g.content(), path)?))
+            .and_then(|g| {
+                Ok(Tokenizer::from_gguf_metadata(
+                    &g.container().metadata,
+                    path,
+                )?)
+            })
     };
     tokenizer.with_context(|| format!("loading the tokenizer of {}", path.display()))
 }

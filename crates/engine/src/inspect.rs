@@ -20,6 +20,20 @@ pub struct TensorInfo {
     pub shape: Vec<usize>,
     /// `F32`, `BF16`, `Q4_1`, ...
     pub dtype: String,
+    /// Stored bytes (what a load maps or uploads).
+    pub bytes: u64,
+}
+
+/// Tensors whose names differ only in layer or expert indices, with their
+/// storage types and bytes: what a recipe chose for each group.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TensorGroup {
+    /// The name with every index replaced by `*` (`blk.*.ffn_gate_exps.weight`).
+    pub group: String,
+    pub tensors: usize,
+    /// Storage types in the group (one, for files made by one recipe).
+    pub dtypes: Vec<String>,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -37,6 +51,45 @@ pub struct ModelInfo {
     pub tensors: Vec<TensorInfo>,
     /// Tensor count per storage type.
     pub dtype_histogram: BTreeMap<String, usize>,
+    /// Per tensor group, sorted by name.
+    pub groups: Vec<TensorGroup>,
+    /// Stored bytes of all weights: what a load keeps resident on the CPU
+    /// (GGUF weights are read in place from the map; safetensors weights
+    /// keep their stored type) or uploads to a GPU, before caches.
+    pub weight_bytes: u64,
+}
+
+/// `name` with every all-digit dot-separated segment replaced by `*`.
+pub fn group_of(name: &str) -> String {
+    name.split('.')
+        .map(|seg| {
+            if !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()) {
+                "*"
+            } else {
+                seg
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn groups(tensors: &[TensorInfo]) -> Vec<TensorGroup> {
+    let mut by: BTreeMap<String, TensorGroup> = BTreeMap::new();
+    for t in tensors {
+        let key = group_of(&t.name);
+        let g = by.entry(key.clone()).or_insert_with(|| TensorGroup {
+            group: key,
+            tensors: 0,
+            dtypes: Vec::new(),
+            bytes: 0,
+        });
+        g.tensors += 1;
+        g.bytes += t.bytes;
+        if !g.dtypes.contains(&t.dtype) {
+            g.dtypes.push(t.dtype.clone());
+        }
+    }
+    by.into_values().collect()
 }
 
 /// The registered family that recognises `arch` in a file of `format`.
@@ -75,19 +128,20 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
     let (architecture, config, mut tensors) = match format {
         ModelFormat::Gguf => {
             let g = GgufFile::open(path)?;
-            let c = g.content();
+            let c = g.container();
             let config: serde_json::Map<String, serde_json::Value> = c
                 .metadata
                 .iter()
                 .map(|(k, v)| (k.clone(), gguf_json(v)))
                 .collect();
             let tensors: Vec<TensorInfo> = c
-                .tensor_infos
+                .tensors
                 .iter()
                 .map(|(name, i)| TensorInfo {
                     name: name.clone(),
-                    shape: i.shape.dims().to_vec(),
-                    dtype: format!("{:?}", i.ggml_dtype),
+                    shape: i.dims.clone(),
+                    dtype: crate::quant::ggml_type_name(i.ggml_type).to_string(),
+                    bytes: ds4_gguf::tensor_bytes(i.ggml_type, &i.dims).unwrap_or(0) as u64,
                 })
                 .collect();
             let arch = g.opt_string("general.architecture")?.map(str::to_string);
@@ -105,6 +159,7 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
                     name: name.to_string(),
                     shape: e.shape.clone(),
                     dtype: format!("{:?}", e.dtype),
+                    bytes: SafetensorsDir::range_of(e).len() as u64,
                 })
                 .collect();
             let arch = st
@@ -124,7 +179,10 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
     for t in &tensors {
         *dtype_histogram.entry(t.dtype.clone()).or_insert(0) += 1;
     }
+    let weight_bytes = tensors.iter().map(|t| t.bytes).sum();
     Ok(ModelInfo {
+        groups: groups(&tensors),
+        weight_bytes,
         format,
         family: architecture.as_deref().and_then(|a| family_of(format, a)),
         architecture,

@@ -129,8 +129,9 @@ fn pre_tokenizer_variants_match_transformers() {
         let name = row["variant"].as_str().expect("variant");
         let pre = row["pre"].as_str().expect("pre");
         let user_defined = ids(&row["user_defined"]);
-        let tok = Tokenizer::from_gguf_content(&variant(pre, &user_defined), model_path())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tok =
+            Tokenizer::from_gguf_metadata(&variant(pre, &user_defined).metadata, model_path())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
         let expected = row["ids"].as_array().expect("ids");
         assert_eq!(expected.len(), corpus.len(), "fixture is stale");
         for (text, want) in corpus.iter().zip(expected) {
@@ -155,7 +156,7 @@ fn pre_tokenizer_variants_match_transformers() {
 
 #[test]
 fn unknown_pre_tokenizer_is_a_typed_error() {
-    let err = Tokenizer::from_gguf_content(&variant("klingon-bpe", &[]), "x.gguf")
+    let err = Tokenizer::from_gguf_metadata(&variant("klingon-bpe", &[]).metadata, "x.gguf")
         .expect_err("unknown pre");
     let msg = err.to_string();
     assert!(
@@ -195,7 +196,7 @@ fn add_bos_and_add_eos_match_transformers() {
         tensor_infos: Default::default(),
         tensor_data_offset: 0,
     };
-    let tok = Tokenizer::from_gguf_content(&c, "add_bos_eos.gguf").expect("builds");
+    let tok = Tokenizer::from_gguf_metadata(&c.metadata, "add_bos_eos.gguf").expect("builds");
     assert!(tok.add_bos() && tok.add_eos());
     for row in rows {
         let text = row["text"].as_str().expect("text");

@@ -62,6 +62,21 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         .map(|(dtype, n)| format!("{dtype} ×{n}"))
         .collect();
     println!("storage types: {}", histogram.join(", "));
+    println!(
+        "weights:       {} (resident on the CPU, read in place; uploaded as stored to a GPU; caches extra)",
+        human_bytes(info.weight_bytes)
+    );
+    println!("tensor groups ({}):", info.groups.len());
+    let gw = info.groups.iter().map(|g| g.group.len()).max().unwrap_or(0);
+    for g in &info.groups {
+        println!(
+            "  {:gw$}  {:>4} × {:<10} {:>10}",
+            g.group,
+            g.tensors,
+            g.dtypes.join("+"),
+            human_bytes(g.bytes)
+        );
+    }
     println!("config:");
     if let Some(map) = info.config.as_object() {
         for (key, value) in map {
@@ -99,6 +114,22 @@ fn mtp_head(path: &std::path::Path) -> serde_json::Value {
             }),
             Err(e) => json!({ "status": format!("unreadable: {e}") }),
         },
+    }
+}
+
+/// Bytes in binary units with one decimal (`1.5 GiB`).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
     }
 }
 

@@ -41,7 +41,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use candle_core::quantized::QTensor;
+use crate::quant::QuantTensor;
 
 use crate::error::Result;
 
@@ -89,8 +89,9 @@ impl std::fmt::Display for BackendId {
 pub enum HostWeight {
     /// Row-major f32 on the host (safetensors, or a float GGUF tensor).
     F32(Tensor),
-    /// A block-quantized GGUF tensor, kept quantized.
-    Gguf(Arc<QTensor>),
+    /// A stored tensor kept in its file's type (GGUF blocks, 16-bit floats,
+    /// FP8 / FP4 with their scales), usually a view of a memory map.
+    Quant(Arc<QuantTensor>),
     /// Random weights described by a seed ([`crate::load::synthetic`]),
     /// materialised by the backend that places them (on the device where
     /// it can).
@@ -101,7 +102,7 @@ impl HostWeight {
     pub fn dims(&self) -> Vec<usize> {
         match self {
             HostWeight::F32(t) => t.dims().to_vec(),
-            HostWeight::Gguf(q) => q.shape().dims().to_vec(),
+            HostWeight::Quant(q) => q.dims.clone(),
             HostWeight::Synthetic(s) => s.dims.clone(),
         }
     }
@@ -114,12 +115,16 @@ impl HostWeight {
         }
     }
 
-    /// The values as an f32 host tensor (block formats dequantized as GGUF
-    /// defines them).
+    /// The values as an f32 host tensor (stored types dequantized as their
+    /// format defines them).
     pub fn to_f32(self) -> Result<Tensor> {
         match self.on_host()? {
             HostWeight::F32(t) => Ok(t),
-            HostWeight::Gguf(q) => Ok(q.dequantize(&candle_core::Device::Cpu)?),
+            HostWeight::Quant(q) => Ok(Tensor::from_vec(
+                q.to_f32_vec(),
+                q.dims.clone(),
+                &candle_core::Device::Cpu,
+            )?),
             HostWeight::Synthetic(s) => s.to_f32(),
         }
     }

@@ -12,12 +12,30 @@
 //! `experts.down_proj [E, H, I]`, transformers' runtime layout); both are
 //! kept fused.
 
-use candle_core::Tensor;
-
 use crate::backend::{Backend, HostWeight, RouterSpec};
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::load::binder::Binder;
+
+/// Per-expert weights (in order) as one `[E, out, in]` stack: stored
+/// tensors of one type joined as views, anything else stacked in f32.
+fn stack<B: Backend>(
+    w: &Binder<'_, B>,
+    name: &str,
+    parts: Vec<HostWeight>,
+    dims: [usize; 3],
+) -> Result<HostWeight> {
+    let all_stored = parts.iter().all(|p| matches!(p, HostWeight::Quant(_)));
+    let joined = w.join_rows(&[name], parts, dims[2])?;
+    match joined {
+        HostWeight::Quant(q) if all_stored => {
+            let mut q = (*q).clone();
+            q.dims = dims.to_vec();
+            Ok(HostWeight::Quant(std::sync::Arc::new(q)))
+        }
+        other => Ok(HostWeight::F32(other.to_f32()?.reshape(dims.to_vec())?)),
+    }
+}
 
 /// Routed SwiGLU experts: `expert_e(x) = down_e(silu(gate_e·x) ⊙ up_e·x)`.
 #[derive(Debug)]
@@ -59,19 +77,19 @@ impl<B: Backend> Experts<B> {
                 w.raw("experts.down_proj", &[n_experts, h, inter])?,
             )
         } else {
-            let mut gus = Vec::with_capacity(n_experts);
+            // Per expert, as read: stored types (FP4 experts, views of a
+            // GGUF stack) stay stored and are joined without a copy.
+            let mut gus = Vec::with_capacity(2 * n_experts);
             let mut dns = Vec::with_capacity(n_experts);
             for e in 0..n_experts {
                 let mut x = w.pp(&format!("experts.{e}"));
-                let g = x.tensor(&format!("{}.weight", names[0]), &[inter, h])?;
-                let u = x.tensor(&format!("{}.weight", names[1]), &[inter, h])?;
-                gus.push(Tensor::cat(&[g, u], 0)?);
-                dns.push(x.tensor(&format!("{}.weight", names[2]), &[h, inter])?);
+                gus.push(x.raw(&format!("{}.weight", names[0]), &[inter, h])?);
+                gus.push(x.raw(&format!("{}.weight", names[1]), &[inter, h])?);
+                dns.push(x.raw(&format!("{}.weight", names[2]), &[h, inter])?);
             }
-            (
-                HostWeight::F32(Tensor::stack(&gus, 0)?),
-                HostWeight::F32(Tensor::stack(&dns, 0)?),
-            )
+            let gu = stack(w, names[0], gus, [n_experts, 2 * inter, h])?;
+            let dn = stack(w, names[2], dns, [n_experts, h, inter])?;
+            (gu, dn)
         };
         let ops = w.ops();
         Ok(Self {

@@ -7,13 +7,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use super::gguf::GgufFile;
 use super::safetensors::SafetensorsDir;
 use super::synthetic::SyntheticSource;
 use crate::backend::{Backend, HostWeight};
 use crate::error::{EngineError, Result};
+use crate::quant::QuantTensor;
 
 /// A file format that weights are bound from.
 pub trait WeightSource {
@@ -27,6 +28,14 @@ pub trait WeightSource {
     fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor>;
     /// Mark a tensor as deliberately unused (no-op when absent).
     fn ignore(&mut self, name: &str);
+    /// An integer tensor (expert ids of hash routing) as `u32` values.
+    fn ids(&mut self, name: &str, _shape: &[usize]) -> Result<Vec<u32>> {
+        Err(EngineError::Tensor {
+            path: self.file_of(name),
+            tensor: name.to_string(),
+            message: "integer tensors are not read from this source".into(),
+        })
+    }
     /// The safetensors directory, for bindings that map shards directly.
     fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
         None
@@ -47,15 +56,22 @@ impl WeightSource for SafetensorsDir {
     }
 
     fn read(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight> {
-        Ok(HostWeight::F32(self.read_f32(name, shape)?))
+        super::stored::read(self, name, shape)
     }
 
     fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.tensor(name, shape, &Device::Cpu)
+        match super::stored::read(self, name, shape)? {
+            HostWeight::F32(t) => Ok(t),
+            other => other.to_f32(),
+        }
     }
 
     fn ignore(&mut self, name: &str) {
         SafetensorsDir::ignore(self, name)
+    }
+
+    fn ids(&mut self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
+        SafetensorsDir::ids(self, name, shape)
     }
 
     fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
@@ -73,19 +89,18 @@ impl WeightSource for GgufFile {
     }
 
     fn read(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight> {
-        Ok(HostWeight::Gguf(Arc::new(self.tensor(
-            name,
-            shape,
-            &Device::Cpu,
-        )?)))
+        Ok(HostWeight::Quant(Arc::new(self.tensor(name, shape)?)))
     }
 
     fn read_f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let q = self.tensor(name, shape, &Device::Cpu)?;
-        Ok(q.dequantize(&Device::Cpu)?)
+        HostWeight::Quant(Arc::new(self.tensor(name, shape)?)).to_f32()
     }
 
     fn ignore(&mut self, _name: &str) {}
+
+    fn ids(&mut self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
+        GgufFile::ids(self, name, shape)
+    }
 }
 
 /// A weight source scoped to a prefix, placing weights on a backend.
@@ -181,9 +196,41 @@ impl<'a, B: Backend> Binder<'a, B> {
         let parts = names
             .iter()
             .zip(rows)
-            .map(|(n, &r)| self.tensor(n, &[r, cols]))
+            .map(|(n, &r)| self.raw(n, &[r, cols]))
             .collect::<Result<Vec<_>>>()?;
-        Ok(HostWeight::F32(Tensor::cat(&parts, 0)?))
+        self.join_rows(names, parts, cols)
+    }
+
+    /// Weights of one width joined by rows: stored types stay stored (one
+    /// type for all, views of the same bytes), anything else is joined in
+    /// f32.
+    pub fn join_rows(
+        &self,
+        names: &[&str],
+        parts: Vec<HostWeight>,
+        cols: usize,
+    ) -> Result<HostWeight> {
+        let rows: usize = parts
+            .iter()
+            .map(|p| p.dims().iter().rev().skip(1).product::<usize>())
+            .sum();
+        let quant: Option<Vec<&QuantTensor>> = parts
+            .iter()
+            .map(|p| match p {
+                HostWeight::Quant(q) => Some(&**q),
+                _ => None,
+            })
+            .collect();
+        if let Some(q) = quant {
+            return QuantTensor::join(vec![rows, cols], &q)
+                .map(|t| HostWeight::Quant(Arc::new(t)))
+                .map_err(|e| self.invalid(names[0], e.to_string()));
+        }
+        let f32s = parts
+            .into_iter()
+            .map(|p| p.to_f32()?.reshape(((), cols)).map_err(Into::into))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostWeight::F32(Tensor::cat(&f32s, 0)?))
     }
 
     /// A tensor as read (quantized GGUF tensors stay quantized).
@@ -199,15 +246,10 @@ impl<'a, B: Backend> Binder<'a, B> {
         self.ops.table(w, rows, width).map_err(|e| self.err(&n, e))
     }
 
-    /// An integer tensor as `u32` values (safetensors only).
+    /// An integer tensor as `u32` values.
     pub fn ids(&mut self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
         let n = self.name(name);
-        match self.src.safetensors() {
-            Some(st) => st.ids(&n, shape),
-            None => Err(EngineError::Unsupported(format!(
-                "integer tensor {n} from a non-safetensors source"
-            ))),
-        }
+        self.src.ids(&n, shape)
     }
 
     /// An error about the values of tensor `name` under this scope, naming

@@ -1,67 +1,69 @@
-//! GGUF reader: typed metadata accessors and strict tensor binding.
+//! GGUF reader: typed metadata accessors and strict tensor binding over
+//! the memory-mapped file ([`ds4_gguf`]).
 //!
-//! Tensors come back as candle [`QTensor`]s (shape row-major, `[out, in]` for
-//! weight matrices, as candle reverses GGUF's dimension order). Every tensor
-//! taken is recorded; [`GgufFile::finish`] fails on any tensor the family
-//! never asked for, so a file with an unexpected layout cannot load silently.
+//! Tensors come back as [`QuantTensor`] views of the map in their stored
+//! type (shape row-major, `[out, in]` for weight matrices): nothing is
+//! copied or converted at load, so resident memory is the pages the
+//! backends touch. A type this engine does not compute with is refused by
+//! name. Every tensor taken is recorded; [`GgufFile::finish`] fails on any
+//! tensor the family never asked for, so a file with an unexpected layout
+//! cannot load silently.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::Device;
-use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::gguf_file::Value;
+use ds4_gguf::Gguf;
 
 use crate::error::{EngineError, Result};
+use crate::quant::{QuantTensor, WeightBytes, WeightType, ggml_type_name};
 
 pub struct GgufFile {
-    path: PathBuf,
-    content: Content,
-    reader: Tracked<BufReader<File>>,
+    gguf: Gguf,
     taken: BTreeSet<String>,
 }
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| EngineError::File {
+        let gguf = Gguf::open(path).map_err(|e| EngineError::File {
             path: path.to_path_buf(),
-            message: format!("cannot open: {e}"),
-        })?;
-        let mut reader = Tracked::at_start(BufReader::new(file));
-        let content = Content::read(&mut reader).map_err(|e| EngineError::File {
-            path: path.to_path_buf(),
-            message: format!("not a readable GGUF file: {e}"),
+            message: match e {
+                ds4_gguf::GgufError::Io { source, .. } => format!("cannot read: {source}"),
+                other => {
+                    // The container error starts with the path; keep the rest.
+                    let text = other.to_string();
+                    let prefix = format!("{}: ", path.display());
+                    text.strip_prefix(&prefix).unwrap_or(&text).to_string()
+                }
+            },
         })?;
         Ok(Self {
-            path: path.to_path_buf(),
-            content,
-            reader,
+            gguf,
             taken: BTreeSet::new(),
         })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.gguf.path
     }
 
-    pub fn content(&self) -> &Content {
-        &self.content
+    /// The parsed container (metadata in file order, the tensor directory).
+    pub fn container(&self) -> &Gguf {
+        &self.gguf
     }
 
     fn config_err(&self, key: &str, message: impl Into<String>) -> EngineError {
         EngineError::Config {
-            path: self.path.clone(),
+            path: self.gguf.path.clone(),
             field: key.to_string(),
             message: message.into(),
         }
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.content.metadata.get(key)
+        self.gguf.metadata.get(key)
     }
-
     fn required(&self, key: &str) -> Result<&Value> {
         self.get(key)
             .ok_or_else(|| self.config_err(key, "missing metadata key"))
@@ -115,66 +117,131 @@ impl GgufFile {
     }
 
     pub fn has_tensor(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.gguf.tensors.contains_key(name)
     }
 
-    /// Shape (row-major) and storage type of a tensor, without reading it.
-    pub fn tensor_meta(&self, name: &str) -> Option<(Vec<usize>, GgmlDType)> {
-        self.content
-            .tensor_infos
+    /// Row-major shape of a tensor, without reading it.
+    pub fn tensor_dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.gguf.tensors.get(name).map(|i| i.dims.clone())
+    }
+
+    /// GGML's name of a tensor's stored type (`IQ2_XXS`, `F16`, ...).
+    pub fn tensor_type_name(&self, name: &str) -> Option<&'static str> {
+        self.gguf
+            .tensors
             .get(name)
-            .map(|i| (i.shape.dims().to_vec(), i.ggml_dtype))
+            .map(|i| ggml_type_name(i.ggml_type))
     }
 
-    /// Read tensor `name`, checking its shape, and mark it used.
-    pub fn tensor(&mut self, name: &str, shape: &[usize], device: &Device) -> Result<QTensor> {
-        let Some(info) = self.content.tensor_infos.get(name) else {
-            return Err(EngineError::Tensor {
-                path: self.path.clone(),
-                tensor: name.to_string(),
-                message: format!("missing (expected shape {shape:?})"),
-            });
-        };
-        if info.shape.dims() != shape {
-            return Err(EngineError::Tensor {
-                path: self.path.clone(),
-                tensor: name.to_string(),
-                message: format!(
-                    "wrong shape: expected {shape:?}, found {:?}",
-                    info.shape.dims()
-                ),
-            });
+    /// Shape (row-major) and stored type of a tensor, without reading it;
+    /// the type is `None` when this engine does not compute with it.
+    pub fn tensor_meta(&self, name: &str) -> Option<(Vec<usize>, Option<WeightType>)> {
+        self.gguf
+            .tensors
+            .get(name)
+            .map(|i| (i.dims.clone(), WeightType::from_ggml_id(i.ggml_type)))
+    }
+
+    fn tensor_err(&self, name: &str, message: String) -> EngineError {
+        EngineError::Tensor {
+            path: self.gguf.path.clone(),
+            tensor: name.to_string(),
+            message,
         }
-        let t = info
-            .read(&mut self.reader, self.content.tensor_data_offset, device)
-            .map_err(|e| EngineError::Tensor {
-                path: self.path.clone(),
-                tensor: name.to_string(),
-                message: format!("cannot read: {e}"),
-            })?;
+    }
+
+    /// The directory entry of `name`, checked against `shape`.
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<&ds4_gguf::TensorInfo> {
+        let Some(info) = self.gguf.tensors.get(name) else {
+            return Err(self.tensor_err(name, format!("missing (expected shape {shape:?})")));
+        };
+        if info.dims != shape {
+            return Err(self.tensor_err(
+                name,
+                format!("wrong shape: expected {shape:?}, found {:?}", info.dims),
+            ));
+        }
+        Ok(info)
+    }
+
+    /// Tensor `name` in its stored type, a view of the map (checked against
+    /// `shape`), and mark it used.
+    pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<QuantTensor> {
+        let info = self.entry(name, shape)?;
+        let Some(ty) = WeightType::from_ggml_id(info.ggml_type) else {
+            return Err(self.tensor_err(
+                name,
+                format!(
+                    "stored as {}, a type this engine does not read (it reads {})",
+                    ggml_type_name(info.ggml_type),
+                    readable_types()
+                ),
+            ));
+        };
+        let size = ds4_gguf::tensor_bytes(info.ggml_type, &info.dims)
+            .expect("the container checked the size");
+        let bytes = WeightBytes::range(
+            self.gguf.map.clone() as Arc<dyn AsRef<[u8]> + Send + Sync>,
+            info.offset..info.offset + size,
+        )
+        .expect("the container checked the range");
+        let t = QuantTensor::new(ty, info.dims.clone(), bytes, None)
+            .map_err(|e| self.tensor_err(name, e.to_string()))?;
         self.taken.insert(name.to_string());
         Ok(t)
     }
 
+    /// An integer tensor (`I32`, e.g. hash-routing tables) as `u32` values;
+    /// negative entries are refused.
+    pub fn ids(&mut self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
+        let info = self.entry(name, shape)?;
+        if info.ggml_type != 26 {
+            return Err(self.tensor_err(
+                name,
+                format!("stored as {}, expected I32", ggml_type_name(info.ggml_type)),
+            ));
+        }
+        let ids = self
+            .gguf
+            .bytes(info)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect::<Vec<_>>();
+        if let Some(bad) = ids.iter().find(|&&v| v < 0) {
+            return Err(self.tensor_err(name, format!("negative id {bad}")));
+        }
+        self.taken.insert(name.to_string());
+        Ok(ids.into_iter().map(|v| v as u32).collect())
+    }
+
     /// Strict binding: every tensor in the file must have been taken.
     pub fn finish(&self) -> Result<()> {
-        let mut left: Vec<&str> = self
-            .content
-            .tensor_infos
-            .keys()
+        let left: Vec<&str> = self
+            .gguf
+            .order
+            .iter()
             .filter(|k| !self.taken.contains(*k))
             .map(String::as_str)
             .collect();
         if left.is_empty() {
             return Ok(());
         }
-        left.sort_unstable();
         Err(EngineError::Tensor {
-            path: self.path.clone(),
+            path: self.gguf.path.clone(),
             tensor: left.join("`, `"),
             message: "present in the file but not used by the model".into(),
         })
     }
+}
+
+/// The GGUF types this engine computes with, for error messages.
+fn readable_types() -> String {
+    WeightType::ALL
+        .iter()
+        .filter(|t| t.ggml_id().is_some())
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub(crate) fn value_as_usize(v: &Value) -> Option<usize> {
@@ -212,79 +279,5 @@ pub(crate) fn describe(v: &Value) -> String {
         other => value_as_usize(other)
             .map(|x| x.to_string())
             .unwrap_or_else(|| format!("{other:?}")),
-    }
-}
-
-/// A reader that knows its own position. candle's GGUF parser asks for the
-/// position before every length-prefixed value (a bounds check), and a
-/// `BufReader<File>` answers with an `lseek` system call each time: about
-/// 98,000 for the default model's vocabulary and merges, per parse.
-#[derive(Debug)]
-struct Tracked<R> {
-    inner: R,
-    pos: u64,
-}
-
-impl<R> Tracked<R> {
-    /// `inner` positioned at its start (a freshly opened file).
-    fn at_start(inner: R) -> Self {
-        Self { inner, pos: 0 }
-    }
-}
-
-impl<R: Read> Read for Tracked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-impl<R: Seek> Seek for Tracked<R> {
-    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
-        if to == SeekFrom::Current(0) {
-            return Ok(self.pos);
-        }
-        self.pos = self.inner.seek(to)?;
-        Ok(self.pos)
-    }
-
-    fn stream_position(&mut self) -> std::io::Result<u64> {
-        Ok(self.pos)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The cached position follows every read and seek of the inner reader.
-    #[test]
-    fn tracked_position_follows_reads_and_seeks() {
-        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
-        let mut r = Tracked::at_start(BufReader::with_capacity(64, std::io::Cursor::new(data)));
-        let mut buf = [0u8; 37];
-        let check = |r: &mut Tracked<BufReader<std::io::Cursor<Vec<u8>>>>, want: u64| {
-            assert_eq!(r.stream_position().unwrap(), want);
-            // The seek form of the question, which readers may ask too.
-            #[allow(clippy::seek_from_current)]
-            let by_seek = r.seek(SeekFrom::Current(0)).unwrap();
-            assert_eq!(by_seek, want);
-            assert_eq!(r.inner.stream_position().unwrap(), want);
-        };
-        r.read_exact(&mut buf).unwrap();
-        check(&mut r, 37);
-        assert_eq!(buf[36], 36);
-        r.seek(SeekFrom::Start(500)).unwrap();
-        check(&mut r, 500);
-        r.read_exact(&mut buf[..1]).unwrap();
-        assert_eq!(buf[0], (500 % 256) as u8);
-        r.seek(SeekFrom::Current(-101)).unwrap();
-        check(&mut r, 400);
-        assert_eq!(r.seek(SeekFrom::End(-10)).unwrap(), 990);
-        let mut rest = Vec::new();
-        r.read_to_end(&mut rest).unwrap();
-        assert_eq!(rest.len(), 10);
-        check(&mut r, 1000);
     }
 }

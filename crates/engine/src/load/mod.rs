@@ -8,6 +8,7 @@ pub mod binder;
 pub mod config_fields;
 pub mod gguf;
 pub mod safetensors;
+pub mod stored;
 pub mod synthetic;
 
 use std::io::Read;

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use memmap2::Mmap;
@@ -36,7 +37,7 @@ pub struct StEntry {
 
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: Arc<Mmap>,
 }
 
 pub struct SafetensorsDir {
@@ -151,7 +152,10 @@ impl SafetensorsDir {
                     },
                 );
             }
-            shards.push(Shard { path, map });
+            shards.push(Shard {
+                path,
+                map: Arc::new(map),
+            });
         }
 
         if let Some(weight_map) = weight_map {
@@ -325,6 +329,26 @@ impl SafetensorsDir {
             .collect::<Result<Vec<u32>>>()?;
         self.taken.insert(name.to_string());
         Ok(ids)
+    }
+
+    /// A tensor's entry, its shard's path and map (for the stored-weight
+    /// reader, `super::stored`).
+    pub(crate) fn raw_entry(&self, name: &str) -> Option<(&StEntry, &Path, &Arc<Mmap>)> {
+        self.entries.get(name).map(|e| {
+            let shard = &self.shards[e.file];
+            (e, shard.path.as_path(), &shard.map)
+        })
+    }
+
+    /// The byte range of an entry in its shard's map.
+    pub fn range_of(e: &StEntry) -> std::ops::Range<usize> {
+        e.start..e.end
+    }
+
+    /// Mark a tensor as used (the stored-weight reader binds tensors and
+    /// their scale companions without going through [`Self::tensor`]).
+    pub(crate) fn take(&mut self, name: &str) {
+        self.taken.insert(name.to_string());
     }
 
     /// Mark a tensor as deliberately unused (it must exist).

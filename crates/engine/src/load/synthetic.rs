@@ -22,12 +22,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
 use super::binder::WeightSource;
 use crate::backend::HostWeight;
 use crate::error::{EngineError, Result};
+use crate::quant::{QuantTensor, WeightBytes, WeightType};
 
 /// SplitMix64's output for counter `i` of stream `seed`.
 pub fn hash64(seed: u64, i: u64) -> u64 {
@@ -120,13 +120,14 @@ impl SyntheticWeight {
     pub fn to_host(&self) -> Result<HostWeight> {
         match self.form {
             SynthForm::Q4_1 { .. } => {
-                let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
-                    GgmlDType::Q4_1,
-                    &self.q4_1_data(),
+                let q = QuantTensor::new(
+                    WeightType::Q4_1,
                     self.dims.clone(),
-                    &Device::Cpu,
-                )?;
-                Ok(HostWeight::Gguf(Arc::new(q)))
+                    WeightBytes::owned(self.q4_1_data()),
+                    None,
+                )
+                .map_err(|e| EngineError::State(format!("synthetic Q4_1: {e}")))?;
+                Ok(HostWeight::Quant(Arc::new(q)))
             }
             SynthForm::F32 { .. } => Ok(HostWeight::F32(self.to_f32()?)),
         }
@@ -142,7 +143,11 @@ impl SyntheticWeight {
                 Ok(Tensor::from_vec(v, self.dims.clone(), &Device::Cpu)?)
             }
             SynthForm::Q4_1 { .. } => match self.to_host()? {
-                HostWeight::Gguf(q) => Ok(q.dequantize(&Device::Cpu)?),
+                HostWeight::Quant(q) => Ok(Tensor::from_vec(
+                    q.to_f32_vec(),
+                    self.dims.clone(),
+                    &Device::Cpu,
+                )?),
                 other => Err(EngineError::State(format!(
                     "synthetic Q4_1 materialised as {other:?}"
                 ))),

@@ -103,7 +103,9 @@ fn cuda_bench_kernels_at_full_size() {
         let head_n = 248_320;
         let head = g
             .matrix(
-                HostWeight::Gguf(Arc::new(qtensor(dtype, head_n, k, 1))),
+                HostWeight::Quant(Arc::new(
+                    ds4_engine::quant::from_candle(&qtensor(dtype, head_n, k, 1)).unwrap(),
+                )),
                 head_n,
                 k,
             )
@@ -124,7 +126,9 @@ fn cuda_bench_kernels_at_full_size() {
         let mats: Vec<_> = (0..32)
             .map(|i| {
                 g.matrix(
-                    HostWeight::Gguf(Arc::new(qtensor(dtype, n, k, 10 + i))),
+                    HostWeight::Quant(Arc::new(
+                        ds4_engine::quant::from_candle(&qtensor(dtype, n, k, 10 + i)).unwrap(),
+                    )),
                     n,
                     k,
                 )

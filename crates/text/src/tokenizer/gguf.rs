@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
@@ -153,27 +153,25 @@ fn in_alphabet(token: &str) -> bool {
         .all(|c| matches!(c as u32, 33..=126 | 161..=172 | 174..=323))
 }
 
-/// Reads the GGUF header and metadata (not tensor data) and builds the tokenizer.
+/// Reads the GGUF header and metadata (from a memory map; tensor data is
+/// never touched) and builds the tokenizer. The container parser knows every
+/// GGML type id, so a model whose weights use types candle lacks (ds4's
+/// IQ2_XXS experts) still gives its tokenizer.
 pub(crate) fn from_gguf(path: &Path) -> Result<Tokenizer> {
-    let file = std::fs::File::open(path).map_err(|source| TextError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    // Buffered: the reader takes the vocabulary and merges a few bytes at
-    // a time (a length, then the string), which straight from the file was
-    // two syscalls per string, ~250,000 for the default model's 98,000.
-    let mut reader = std::io::BufReader::new(file);
-    let content = Content::read(&mut reader).map_err(|e| TextError::GgufRead {
+    let gguf = ds4_gguf::Gguf::open(path).map_err(|e| TextError::GgufRead {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    from_gguf_content(&content, path)
+    from_gguf_metadata(&gguf.metadata, path)
 }
 
 /// Builds the tokenizer from already-read metadata; `path` only labels errors.
-pub(crate) fn from_gguf_content(content: &Content, path: &Path) -> Result<Tokenizer> {
+pub(crate) fn from_gguf_metadata(
+    metadata: &HashMap<String, Value>,
+    path: &Path,
+) -> Result<Tokenizer> {
     let meta = Meta {
-        map: &content.metadata,
+        map: metadata,
         path,
     };
     let model_key = "tokenizer.ggml.model";
@@ -351,16 +349,11 @@ mod tests {
         assert_eq!(sorted.len(), 256, "the table is a bijection");
     }
 
-    fn content(entries: Vec<(&str, Value)>) -> Content {
-        Content {
-            magic: candle_core::quantized::gguf_file::VersionedMagic::GgufV3,
-            metadata: entries
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
-            tensor_infos: HashMap::new(),
-            tensor_data_offset: 0,
-        }
+    fn content(entries: Vec<(&str, Value)>) -> HashMap<String, Value> {
+        entries
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
     }
 
     fn strs(items: &[&str]) -> Value {
@@ -370,7 +363,7 @@ mod tests {
     #[test]
     fn unknown_model_and_pre_name_the_key() {
         let path = Path::new("x.gguf");
-        let err = from_gguf_content(
+        let err = from_gguf_metadata(
             &content(vec![(
                 "tokenizer.ggml.model",
                 Value::String("llama".into()),
@@ -382,7 +375,7 @@ mod tests {
             err.to_string().contains("tokenizer.ggml.model") && err.to_string().contains("llama"),
             "{err}"
         );
-        let err = from_gguf_content(
+        let err = from_gguf_metadata(
             &content(vec![
                 ("tokenizer.ggml.model", Value::String("gpt2".into())),
                 ("tokenizer.ggml.pre", Value::String("martian".into())),
@@ -394,7 +387,7 @@ mod tests {
             err.to_string().contains("tokenizer.ggml.pre") && err.to_string().contains("martian"),
             "{err}"
         );
-        let err = from_gguf_content(
+        let err = from_gguf_metadata(
             &content(vec![("tokenizer.ggml.model", Value::String("gpt2".into()))]),
             path,
         )
@@ -425,7 +418,7 @@ mod tests {
             ("tokenizer.ggml.eos_token_id", Value::U32(0)),
             ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
         ]);
-        let tok = from_gguf_content(&c, Path::new("tiny.gguf")).expect("builds");
+        let tok = from_gguf_metadata(&c, Path::new("tiny.gguf")).expect("builds");
         assert_eq!(tok.encode("ab ab<eos>", true).expect("encodes"), [3, 5, 0]);
         assert_eq!(
             tok.decode(&[3, 5, 0], false).expect("decodes"),
@@ -443,7 +436,7 @@ mod tests {
             ("tokenizer.ggml.tokens", strs(&["a", "b"])),
             ("tokenizer.ggml.merges", strs(&["ab"])),
         ]);
-        let err = from_gguf_content(&c, Path::new("m.gguf")).expect_err("bad merge");
+        let err = from_gguf_metadata(&c, Path::new("m.gguf")).expect_err("bad merge");
         assert!(err.to_string().contains("tokenizer.ggml.merges"), "{err}");
     }
 }

@@ -17,7 +17,9 @@ pub mod tiktoken;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use candle_core::quantized::gguf_file::Content;
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
 use tokenizers::Tokenizer as HfTokenizer;
 use tokenizers::processors::template::TemplateProcessing;
 
@@ -134,8 +136,11 @@ impl Tokenizer {
     }
 
     /// Builds the tokenizer from GGUF metadata already read; `path` labels errors.
-    pub fn from_gguf_content(content: &Content, path: impl AsRef<Path>) -> Result<Self> {
-        gguf::from_gguf_content(content, path.as_ref())
+    pub fn from_gguf_metadata(
+        metadata: &HashMap<String, Value>,
+        path: impl AsRef<Path>,
+    ) -> Result<Self> {
+        gguf::from_gguf_metadata(metadata, path.as_ref())
     }
 
     pub(crate) fn assemble(mut parts: TokenizerParts) -> Result<Self> {

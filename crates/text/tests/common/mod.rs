@@ -55,7 +55,9 @@ pub fn content() -> &'static Content {
 /// The default model's tokenizer, built once per test binary.
 pub fn tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| Tokenizer::from_gguf_content(content(), model_path()).expect("tokenizer"))
+    TOK.get_or_init(|| {
+        Tokenizer::from_gguf_metadata(&content().metadata, model_path()).expect("tokenizer")
+    })
 }
 
 /// `tests/fixtures/deepseek_v4/<name>`, one JSON value per line.

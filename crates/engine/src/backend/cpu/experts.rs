@@ -3,7 +3,29 @@
 //! expert outputs summed in slot order, so a token's result depends on its
 //! own row only.
 
-use super::f32_matmul::matmul;
+use super::f32_matmul::{matmul, matmul_filled};
+use crate::quant::QuantTensor;
+
+/// One projection's stack of expert matrices `[E, out, in]`: f32, or kept
+/// stored and dequantized a strip at a time inside each product (the same
+/// bits as the f32 stack: [`matmul_filled`]).
+#[derive(Clone, Copy)]
+pub enum Stack<'a> {
+    F32(&'a [f32]),
+    Stored(&'a QuantTensor),
+}
+
+impl Stack<'_> {
+    /// `y[n, out] = x[n, in] · W_eᵀ`.
+    fn matmul(self, e: usize, x: &[f32], n: usize, out: usize, inp: usize, y: &mut [f32]) {
+        match self {
+            Stack::F32(w) => matmul(x, n, &w[e * out * inp..(e + 1) * out * inp], out, inp, y),
+            Stack::Stored(q) => matmul_filled(x, n, out, inp, y, &|j0, j1, w| {
+                q.dequantize_rows(e * out + j0, e * out + j1, w)
+            }),
+        }
+    }
+}
 
 /// `silu(g)·u`, or `silu(min(g, L))·clamp(u, −L, L)` with a limit.
 #[inline]
@@ -18,7 +40,7 @@ pub fn swiglu(g: f32, u: f32, limit: Option<f32>) -> f32 {
 /// Routed experts: `out[t] = Σ_k w[t,k]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`.
 ///
 /// `x: [T, H]`, `experts`/`weights`: `[T, k]`; `gate_up: [E, 2I, H]` (rows
-/// `[gate | up]`), `down: [E, H, I]`; returns `[T, H]`. Each expert runs
+/// `[gate | up]`), `down: [E, H, I]` (`E = n_experts`); returns `[T, H]`. Each expert runs
 /// once over the tokens routed to it; each token's `k` expert outputs are
 /// then added in top-k order (`o = 0; o += w_k·y_k`), so a token's result
 /// depends on its own row only.
@@ -28,15 +50,15 @@ pub fn expert_gather(
     experts: &[usize],
     weights: &[f32],
     top_k: usize,
-    gate_up: &[f32],
-    down: &[f32],
+    gate_up: Stack<'_>,
+    down: Stack<'_>,
+    n_experts: usize,
     h: usize,
     inter: usize,
     limit: Option<f32>,
 ) -> Vec<f32> {
     let slots = experts.len();
     debug_assert_eq!(slots * h, x.len() * top_k);
-    let n_experts = gate_up.len() / (2 * inter * h).max(1);
     // ys[j]: the output of slot j = (token j / k, its (j % k)-th expert).
     let mut ys = vec![0f32; slots * h];
     let (mut idx, mut xs, mut gu, mut act, mut y) =
@@ -54,8 +76,7 @@ pub fn expert_gather(
             xs.extend_from_slice(&x[t * h..(t + 1) * h]);
         }
         gu.resize(n * 2 * inter, 0.0);
-        let gu_e = &gate_up[e * 2 * inter * h..(e + 1) * 2 * inter * h];
-        matmul(&xs, n, gu_e, 2 * inter, h, &mut gu);
+        gate_up.matmul(e, &xs, n, 2 * inter, h, &mut gu);
         act.resize(n * inter, 0.0);
         for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
             let (g, u) = g.split_at(inter);
@@ -64,14 +85,7 @@ pub fn expert_gather(
             }
         }
         y.resize(n * h, 0.0);
-        matmul(
-            &act,
-            n,
-            &down[e * h * inter..(e + 1) * h * inter],
-            h,
-            inter,
-            &mut y,
-        );
+        down.matmul(e, &act, n, h, inter, &mut y);
         for (&j, yr) in idx.iter().zip(y.chunks_exact(h)) {
             ys[j * h..(j + 1) * h].copy_from_slice(yr);
         }
@@ -116,8 +130,9 @@ mod tests {
                 &experts[a * k..b * k],
                 &weights[a * k..b * k],
                 k,
-                &gu,
-                &dn,
+                Stack::F32(&gu),
+                Stack::F32(&dn),
+                e,
                 h,
                 inter,
                 None,
@@ -131,6 +146,55 @@ mod tests {
                     assert_eq!(bits(row), alone[start + i], "window {m} at {start}");
                 }
             }
+        }
+    }
+
+    /// A stored stack gives the bits of its dequantized f32 stack, for any
+    /// window.
+    #[test]
+    fn stored_experts_equal_their_dequantized_f32_stack() {
+        use crate::quant::{QuantTensor, WeightBytes, WeightType};
+        let (e, h, inter, k, total) = (3, 64, 32, 2, 9);
+        // Q8_0 blocks with varied scales and quants.
+        let q8 = |rows: usize, cols: usize, seed: u32| {
+            let mut b = Vec::new();
+            for i in 0..rows * cols / 32 {
+                let d = half::f16::from_f32(0.01 + 0.003 * ((i as u32 * 7 + seed) % 11) as f32);
+                b.extend_from_slice(&d.to_le_bytes());
+                b.extend((0..32u32).map(|j| ((j * 37 + i as u32 * 13 + seed) % 255) as u8));
+            }
+            QuantTensor::new(
+                WeightType::Q8_0,
+                vec![e, rows / e, cols],
+                WeightBytes::owned(b),
+                None,
+            )
+            .unwrap()
+        };
+        let gu = q8(e * 2 * inter, h, 1);
+        let dn = q8(e * h, inter, 2);
+        let (guf, dnf) = (gu.to_f32_vec(), dn.to_f32_vec());
+        let x = data(total * h, 3.0);
+        let experts: Vec<usize> = (0..total * k).map(|j| (j * 5 + 1) % e).collect();
+        let weights: Vec<f32> = (0..total * k).map(|j| 0.2 + 0.1 * (j % 3) as f32).collect();
+        for m in [1, 2, 9] {
+            let run = |a: Stack<'_>, b: Stack<'_>| {
+                expert_gather(
+                    &x[..m * h],
+                    &experts[..m * k],
+                    &weights[..m * k],
+                    k,
+                    a,
+                    b,
+                    e,
+                    h,
+                    inter,
+                    Some(7.0),
+                )
+            };
+            let stored = run(Stack::Stored(&gu), Stack::Stored(&dn));
+            let f32s = run(Stack::F32(&guf), Stack::F32(&dnf));
+            assert_eq!(bits(&stored), bits(&f32s), "{m} rows");
         }
     }
 }

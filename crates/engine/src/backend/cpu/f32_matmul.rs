@@ -93,6 +93,48 @@ pub fn matmul(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f32])
     });
 }
 
+/// `y[m, n] = x[m, k] · wᵀ` where the rows of `w` are produced a strip at
+/// a time by `fill(j0, j1, out)` (rows `j0..j1`, `(j1 − j0) · k` values):
+/// a stored weight dequantized on the fly. Each strip runs the same tiles
+/// as [`matmul`], so every element has the bits of `matmul` over the filled
+/// matrix, and no more than a strip of f32 rows exists per thread.
+pub fn matmul_filled(
+    x: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    y: &mut [f32],
+    fill: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+) {
+    assert_eq!(x.len(), m * k, "x must be [m, k]");
+    assert_eq!(y.len(), m * n, "y must be [m, n]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let out = OutPtr(y.as_mut_ptr());
+    let strip = |s: usize, out: OutPtr| {
+        let (j0, j1) = (s * STRIP, ((s + 1) * STRIP).min(n));
+        SCRATCH.with_borrow_mut(|w| {
+            w.resize((j1 - j0) * k, 0.0);
+            fill(j0, j1, w);
+            // SAFETY: y holds m·n values; this strip owns columns j0..j1,
+            // addressed from column j0 with the full row stride n.
+            unsafe { columns(x, m, w, k, 0, j1 - j0, out.get().add(j0), n) };
+        });
+    };
+    let strips = n.div_ceil(STRIP);
+    if m * n * k < PARALLEL_MIN || strips < 2 {
+        (0..strips).for_each(|s| strip(s, out));
+        return;
+    }
+    candle_core::utils::barrier_pool().execute_chunked(strips, |range| {
+        range.for_each(|s| strip(s, out));
+    });
+}
+
 /// Columns `j0..j1` of `y` (row stride `ldy`).
 ///
 /// # Safety

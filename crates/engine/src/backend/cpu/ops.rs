@@ -2,11 +2,9 @@
 //! families ran before the inventory existed, moved here with its arithmetic
 //! unchanged (the `pinned_bits` test holds the bits).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
-use candle_core::{Device, Module, Storage, Tensor};
+use candle_core::{Device, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
 use super::{
@@ -19,6 +17,7 @@ use crate::backend::{
     IndexerShape, RopeLayout, RouterSpec, ScanDims, StepBody,
 };
 use crate::error::{EngineError, Result};
+use crate::quant::{QuantTensor, WeightType};
 
 /// The CPU backend. One kernel set per process ([`block_matmul::isa`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -31,9 +30,11 @@ pub enum CpuMatrix {
     F32 { w: Tensor, out: usize, inp: usize },
     /// Q4_1 / Q8_0 through [`block_matmul`] (f32 activations).
     Block(BlockMatrix),
-    /// Other GGUF block types through candle's quantized kernels (which
-    /// round activations to 8 bits per block, as llama.cpp does).
-    Quantized { w: QMatMul, out: usize, inp: usize },
+    /// Any other stored type, kept as stored (a view of the file's map):
+    /// the reference product dequantizes a strip of rows and runs the f32
+    /// kernel over it ([`f32_matmul::matmul_filled`]), so its bits are the
+    /// f32 product of the dequantized matrix.
+    Stored(Arc<QuantTensor>),
 }
 
 /// An embedding table on the CPU.
@@ -41,14 +42,32 @@ pub enum CpuMatrix {
 pub enum CpuTable {
     /// `[V, width]` f32.
     F32(Tensor),
-    /// A block-quantized GGUF table, dequantized row by row on lookup (the
-    /// whole table in f32 would be larger than the model for SmolLM2).
-    Quantized {
-        table: Arc<QTensor>,
-        dtype: GgmlDType,
-        row_bytes: usize,
-        width: usize,
-    },
+    /// A stored table, dequantized row by row on lookup (the whole table
+    /// in f32 would be larger than the model for SmolLM2).
+    Stored(Arc<QuantTensor>),
+}
+
+/// A stack of expert matrices `[E, out, in]` on the CPU.
+#[derive(Debug, Clone)]
+pub enum CpuExperts {
+    /// f32 (safetensors in f32 / f16 / bf16, synthetic weights).
+    F32(Tensor),
+    /// Kept as stored; each expert's rows are dequantized a strip at a time
+    /// inside its product (the bits of the f32 stack).
+    Stored(Arc<QuantTensor>),
+}
+
+impl CpuExperts {
+    /// `(E, out, in)`.
+    fn dims(&self) -> Result<(usize, usize, usize)> {
+        match self {
+            CpuExperts::F32(t) => Ok(t.dims3()?),
+            CpuExperts::Stored(q) => match q.dims[..] {
+                [e, o, i] => Ok((e, o, i)),
+                _ => Err(shape_err("experts", format!("{:?} is not 3-D", q.dims))),
+            },
+        }
+    }
 }
 
 /// Routing decisions: `[rows, k]` expert ids and weights.
@@ -57,6 +76,20 @@ pub struct CpuRouting {
     pub experts: Vec<usize>,
     pub weights: Vec<f32>,
     pub k: usize,
+}
+
+/// The bytes of a stored tensor's parts, in row order.
+fn stored_bytes(q: &QuantTensor) -> std::borrow::Cow<'_, [u8]> {
+    match &q.parts[..] {
+        [one] => std::borrow::Cow::Borrowed(one.data.as_slice()),
+        parts => std::borrow::Cow::Owned(
+            parts
+                .iter()
+                .flat_map(|p| p.data.as_slice())
+                .copied()
+                .collect(),
+        ),
+    }
 }
 
 /// Borrow a contiguous f32 CPU tensor's data.
@@ -199,7 +232,7 @@ fn par_map(n: usize, f: impl Fn(usize) -> f32 + Sync) -> Vec<f32> {
 impl Backend for CpuOps {
     type Buf = Vec<f32>;
     type Matrix = CpuMatrix;
-    type Experts = Tensor;
+    type Experts = CpuExperts;
     type Table = CpuTable;
     type Selection = Vec<Vec<u32>>;
     type Routing = CpuRouting;
@@ -318,42 +351,44 @@ impl Backend for CpuOps {
                     inp,
                 })
             }
-            HostWeight::Gguf(q) => match q.dtype() {
-                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                    self.matrix(HostWeight::F32(q.dequantize(&Device::Cpu)?), out, inp)
+            HostWeight::Quant(q) => {
+                if q.dims != [out, inp] {
+                    return Err(shape_err(
+                        "matrix",
+                        format!("{:?} is not [{out}, {inp}]", q.dims),
+                    ));
                 }
-                dtype @ (GgmlDType::Q4_1 | GgmlDType::Q8_0) => {
-                    let format = if dtype == GgmlDType::Q4_1 {
-                        BlockFormat::Q4_1
-                    } else {
-                        BlockFormat::Q8_0
-                    };
-                    // Repacked once; the QTensor is dropped after loading.
-                    Ok(CpuMatrix::Block(
-                        BlockMatrix::new(&q.data()?, format, out, inp)
+                let format = match q.ty {
+                    WeightType::Q4_1 => Some(BlockFormat::Q4_1),
+                    WeightType::Q8_0 => Some(BlockFormat::Q8_0),
+                    _ => None,
+                };
+                match format {
+                    // Repacked once into the block kernels' layout.
+                    Some(format) => Ok(CpuMatrix::Block(
+                        BlockMatrix::new(&stored_bytes(&q), format, out, inp)
                             .map_err(|e| shape_err("matrix", e.to_string()))?,
-                    ))
+                    )),
+                    None => Ok(CpuMatrix::Stored(q)),
                 }
-                _ => Ok(CpuMatrix::Quantized {
-                    w: QMatMul::QTensor(q),
-                    out,
-                    inp,
-                }),
-            },
+            }
             HostWeight::Synthetic(_) => Err(shape_err("matrix", "not materialised".into())),
         }
     }
 
-    fn experts(&self, w: HostWeight, e: usize, out: usize, inp: usize) -> Result<Tensor> {
+    fn experts(&self, w: HostWeight, e: usize, out: usize, inp: usize) -> Result<CpuExperts> {
         if w.dims() != [e, out, inp] {
             return Err(shape_err(
                 "experts",
                 format!("{:?} is not [{e}, {out}, {inp}]", w.dims()),
             ));
         }
-        // The CPU keeps expert stacks in f32: block formats are dequantized
-        // once, to the values every backend uses.
-        Ok(w.to_f32()?.contiguous()?)
+        match w.on_host()? {
+            // Stored stacks stay stored: a flagship's experts are most of
+            // its bytes.
+            HostWeight::Quant(q) if q.ty != WeightType::F32 => Ok(CpuExperts::Stored(q)),
+            w => Ok(CpuExperts::F32(w.to_f32()?.contiguous()?)),
+        }
     }
 
     fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<CpuTable> {
@@ -367,25 +402,7 @@ impl Backend for CpuOps {
         }
         match w {
             HostWeight::F32(t) => Ok(CpuTable::F32(t.contiguous()?)),
-            HostWeight::Gguf(q) => match q.dtype() {
-                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                    Ok(CpuTable::F32(q.dequantize(&Device::Cpu)?))
-                }
-                dtype => {
-                    if !width.is_multiple_of(dtype.block_size()) {
-                        return Err(shape_err(
-                            "table",
-                            format!("rows of {width} are not whole {dtype:?} blocks"),
-                        ));
-                    }
-                    Ok(CpuTable::Quantized {
-                        row_bytes: width / dtype.block_size() * dtype.type_size(),
-                        table: q,
-                        dtype,
-                        width,
-                    })
-                }
-            },
+            HostWeight::Quant(q) => Ok(CpuTable::Stored(q)),
             HostWeight::Synthetic(_) => Err(shape_err("table", "not materialised".into())),
         }
     }
@@ -396,21 +413,20 @@ impl Backend for CpuOps {
                 let ids = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
                 host(&t.index_select(&ids, 0)?)
             }
-            CpuTable::Quantized {
-                table,
-                dtype,
-                row_bytes,
-                width,
-            } => {
-                let data = table.data()?;
-                let mut rows = Vec::with_capacity(ids.len() * row_bytes);
-                for &tok in ids {
-                    let start = tok as usize * row_bytes;
-                    rows.extend_from_slice(&data[start..start + row_bytes]);
+            CpuTable::Stored(q) => {
+                let (rows, width) = (q.rows(), q.cols());
+                let mut out = vec![0f32; ids.len() * width];
+                for (o, &tok) in out.chunks_exact_mut(width).zip(ids) {
+                    let r = tok as usize;
+                    if r >= rows {
+                        return Err(EngineError::TokenOutOfRange {
+                            token: tok,
+                            vocab: rows,
+                        });
+                    }
+                    q.dequantize_rows(r, r + 1, o);
                 }
-                let storage = QStorage::from_data(Cow::Owned(rows), &Device::Cpu, *dtype)?;
-                let q = QTensor::new(storage, (ids.len(), *width))?;
-                host(&q.dequantize(&Device::Cpu)?)
+                Ok(out)
             }
         }
     }
@@ -441,7 +457,20 @@ impl Backend for CpuOps {
                 m.matmul(x, rows, &mut y);
                 Ok(y)
             }
-            CpuMatrix::Quantized { w, out: _, inp } => host(&w.forward(&tensor(x, rows, *inp)?)?),
+            CpuMatrix::Stored(q) => {
+                let (n, k) = (q.rows(), q.cols());
+                if x.len() != rows * k {
+                    return Err(shape_err(
+                        "matmul",
+                        format!("{} values are not [{rows}, {k}]", x.len()),
+                    ));
+                }
+                let mut y = vec![0f32; rows * n];
+                f32_matmul::matmul_filled(x, rows, n, k, &mut y, &|j0, j1, w| {
+                    q.dequantize_rows(j0, j1, w)
+                });
+                Ok(y)
+            }
         }
     }
 
@@ -487,12 +516,15 @@ impl Backend for CpuOps {
         x: &Vec<f32>,
         rows: usize,
         routing: &CpuRouting,
-        gate_up: &Tensor,
-        down: &Tensor,
+        gate_up: &CpuExperts,
+        down: &CpuExperts,
         limit: Option<f32>,
     ) -> Result<Vec<f32>> {
-        let (_, two_i, h) = gate_up.dims3()?;
-        if x.len() != rows * h || routing.experts.len() != rows * routing.k {
+        let (e, two_i, h) = gate_up.dims()?;
+        if x.len() != rows * h
+            || routing.experts.len() != rows * routing.k
+            || down.dims()? != (e, h, two_i / 2)
+        {
             return Err(shape_err(
                 "experts_swiglu",
                 format!(
@@ -502,21 +534,36 @@ impl Backend for CpuOps {
                 ),
             ));
         }
-        with_slice(gate_up, |gu| {
-            with_slice(down, |dn| {
-                experts::expert_gather(
-                    x,
-                    &routing.experts,
-                    &routing.weights,
-                    routing.k,
-                    gu,
-                    dn,
-                    h,
-                    two_i / 2,
-                    limit,
-                )
-            })
-        })?
+        let run = |gu: experts::Stack<'_>, dn: experts::Stack<'_>| {
+            experts::expert_gather(
+                x,
+                &routing.experts,
+                &routing.weights,
+                routing.k,
+                gu,
+                dn,
+                e,
+                h,
+                two_i / 2,
+                limit,
+            )
+        };
+        match (gate_up, down) {
+            (CpuExperts::F32(gu), CpuExperts::F32(dn)) => with_slice(gu, |gu| {
+                with_slice(dn, |dn| {
+                    run(experts::Stack::F32(gu), experts::Stack::F32(dn))
+                })
+            })?,
+            (CpuExperts::F32(gu), CpuExperts::Stored(dn)) => with_slice(gu, |gu| {
+                run(experts::Stack::F32(gu), experts::Stack::Stored(dn))
+            }),
+            (CpuExperts::Stored(gu), CpuExperts::F32(dn)) => with_slice(dn, |dn| {
+                run(experts::Stack::Stored(gu), experts::Stack::F32(dn))
+            }),
+            (CpuExperts::Stored(gu), CpuExperts::Stored(dn)) => {
+                Ok(run(experts::Stack::Stored(gu), experts::Stack::Stored(dn)))
+            }
+        }
     }
 
     // ---- routing ----
@@ -1488,9 +1535,11 @@ mod tests {
         use crate::backend::Unary;
         let ops = CpuOps;
         let k = 96;
+        use candle_core::quantized::{GgmlDType, QTensor};
         let block = |n: usize, dtype: GgmlDType, seed: f32| {
             let q = QTensor::quantize(&t(&data(n * k, seed), &[n, k]), dtype).unwrap();
-            ops.matrix(HostWeight::Gguf(Arc::new(q)), n, k).unwrap()
+            let q = crate::quant::from_candle(&q).unwrap();
+            ops.matrix(HostWeight::Quant(Arc::new(q)), n, k).unwrap()
         };
         let (a, b) = (
             block(40, GgmlDType::Q4_1, 0.1),

@@ -3,21 +3,18 @@
 //!
 //! Block-quantized values are the CPU backend's: a Q4_1 weight is `u·d + m`
 //! and a Q8_0 weight `q·d` with the f16 fields converted exactly (GGUF's
-//! dequantization, rounded as candle rounds it). GGUF types other
-//! than Q4_1 / Q8_0 are dequantized to f32 once at load (candle's
-//! dequantization); unlike the CPU backend, which runs those through
-//! candle's kernels that round activations to 8 bits, the GPU keeps f32
-//! activations for them, so such matrices agree with the CPU only to the
-//! activation rounding.
+//! dequantization). Other stored types are dequantized to f32 once at load,
+//! exactly as their format defines (`quant::dequant`, the values the CPU's
+//! reference product uses).
 
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device as CpuDevice, Tensor};
+use candle_core::Tensor;
 use cudarc::driver::CudaSlice;
 
 use super::device::{Device, Shape, args, ptr};
 use crate::backend::HostWeight;
 use crate::error::{EngineError, Result};
 use crate::load::synthetic::{SynthForm, SyntheticWeight};
+use crate::quant::{QuantTensor, WeightType};
 
 /// The block formats kept quantized on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,10 +24,10 @@ pub enum BlockKind {
 }
 
 impl BlockKind {
-    fn of(dtype: GgmlDType) -> Option<Self> {
-        match dtype {
-            GgmlDType::Q4_1 => Some(BlockKind::Q4_1),
-            GgmlDType::Q8_0 => Some(BlockKind::Q8_0),
+    fn of(ty: WeightType) -> Option<Self> {
+        match ty {
+            WeightType::Q4_1 => Some(BlockKind::Q4_1),
+            WeightType::Q8_0 => Some(BlockKind::Q8_0),
             _ => None,
         }
     }
@@ -190,8 +187,8 @@ fn dims_of(w: &HostWeight) -> Vec<usize> {
 }
 
 /// The GGUF bytes of `q` as a block format the kernels read, if it is one.
-fn block_data(q: &QTensor, out: usize, inp: usize) -> Result<Option<(BlockKind, Vec<u8>)>> {
-    let Some(kind) = BlockKind::of(q.dtype()) else {
+fn block_data(q: &QuantTensor, out: usize, inp: usize) -> Result<Option<(BlockKind, Vec<u8>)>> {
+    let Some(kind) = BlockKind::of(q.ty) else {
         return Ok(None);
     };
     if !inp.is_multiple_of(32) {
@@ -200,7 +197,12 @@ fn block_data(q: &QTensor, out: usize, inp: usize) -> Result<Option<(BlockKind, 
             format!("{kind:?} rows of {inp} values are not whole blocks"),
         ));
     }
-    let data = q.data()?.into_owned();
+    let data: Vec<u8> = q
+        .parts
+        .iter()
+        .flat_map(|p| p.data.as_slice())
+        .copied()
+        .collect();
     let want = out * inp / 32 * kind.block_bytes();
     if data.len() != want {
         return Err(shape_err(
@@ -270,9 +272,9 @@ pub(super) fn matrix(dev: &Device, w: HostWeight, out: usize, inp: usize) -> Res
     }
     let t = match w {
         HostWeight::F32(t) => t,
-        HostWeight::Gguf(q) => match block_data(&q, out, inp)? {
+        HostWeight::Quant(q) => match block_data(&q, out, inp)? {
             Some((kind, data)) => return block_matrix(dev, kind, &data, out, inp),
-            None => q.dequantize(&CpuDevice::Cpu)?,
+            None => HostWeight::Quant(q).to_f32()?,
         },
         HostWeight::Synthetic(s) => match synthetic_blocks(dev, &s)? {
             Some((kind, dm, quants)) => {
@@ -334,7 +336,7 @@ pub(super) fn experts(
     };
     let t = match w {
         HostWeight::F32(t) => t,
-        HostWeight::Gguf(q) => match block_data(&q, e * out, inp)? {
+        HostWeight::Quant(q) => match block_data(&q, e * out, inp)? {
             Some((kind, data)) => {
                 let (dm, quants) = repack(kind, &data);
                 return Ok(block(
@@ -343,7 +345,7 @@ pub(super) fn experts(
                     dev.upload_weight(&quants)?,
                 ));
             }
-            None => q.dequantize(&CpuDevice::Cpu)?,
+            None => HostWeight::Quant(q).to_f32()?,
         },
         HostWeight::Synthetic(s) => match synthetic_blocks(dev, &s)? {
             Some((kind, dm, quants)) => return Ok(block(kind, dm, quants)),
@@ -400,7 +402,7 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
     let t = match w {
         HostWeight::F32(t) => t,
         HostWeight::Synthetic(s) => s.to_f32()?,
-        HostWeight::Gguf(q) => match block_data(&q, rows, width)? {
+        HostWeight::Quant(q) => match block_data(&q, rows, width)? {
             Some((kind, data)) => {
                 return Ok(CudaTable::Block {
                     kind,
@@ -409,7 +411,7 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
                     width,
                 });
             }
-            None => q.dequantize(&CpuDevice::Cpu)?,
+            None => HostWeight::Quant(q).to_f32()?,
         },
     };
     Ok(CudaTable::F32 {

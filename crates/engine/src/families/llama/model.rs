@@ -386,8 +386,8 @@ impl<B: Backend> LlamaModel<B> {
         let embed = w.ops().table(embd.clone(), cfg.vocab_size, hidden)?;
         let head = if cfg.tie_word_embeddings {
             let embd = match (mode, embd) {
-                (GgufWeights::DequantizeF32, HostWeight::Gguf(q)) => {
-                    HostWeight::F32(q.dequantize(&q.device())?)
+                (GgufWeights::DequantizeF32, w @ HostWeight::Quant(_)) => {
+                    HostWeight::F32(w.to_f32()?)
                 }
                 (_, embd) => embd,
             };

@@ -75,7 +75,9 @@ fn cuda_matmul_blocks_match_the_cpu() {
 fn blocks_at(g: &CudaOps, c: &CpuOps, rows: usize, n: usize, k: usize) {
     for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
         let t = Tensor::from_vec(rnd(n * k, 30), (n, k), &Device::Cpu).unwrap();
-        let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+        let q = HostWeight::Quant(Arc::new(
+            ds4_engine::quant::from_candle(&QTensor::quantize(&t, dtype).unwrap()).unwrap(),
+        ));
         let gm = g.matrix(q.clone(), n, k).unwrap();
         let cm = c.matrix(q, n, k).unwrap();
         let x = rnd(rows * k, 31);
@@ -241,7 +243,9 @@ fn cuda_matmul_unary_is_the_product_then_the_chain() {
     for (rows, n, k) in [(4, 70, 608), (3, 5, 4192)] {
         for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
             let t = Tensor::from_vec(rnd(n * k, 60), (n, k), &Device::Cpu).unwrap();
-            let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+            let q = HostWeight::Quant(Arc::new(
+                ds4_engine::quant::from_candle(&QTensor::quantize(&t, dtype).unwrap()).unwrap(),
+            ));
             let gm = g.matrix(q.clone(), n, k).unwrap();
             let cm = c.matrix(q, n, k).unwrap();
             let x = rnd(rows * k, 61);
@@ -289,7 +293,9 @@ fn cuda_matmul_unary_is_the_product_then_the_chain() {
     }
     let x = up(&g, &rnd(608, 62));
     let t = Tensor::from_vec(rnd(70 * 608, 60), (70, 608), &Device::Cpu).unwrap();
-    let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, GgmlDType::Q4_1).unwrap()));
+    let q = HostWeight::Quant(Arc::new(
+        ds4_engine::quant::from_candle(&QTensor::quantize(&t, GgmlDType::Q4_1).unwrap()).unwrap(),
+    ));
     let gm = g.matrix(q, 70, 608).unwrap();
     assert!(g.matmul_unary(&x, 1, &gm, &[Unary::Silu; 5]).is_err());
 }
@@ -329,7 +335,10 @@ fn cuda_matmul_many_is_each_product_alone() {
                 .map(|(i, &(n, _))| {
                     let t =
                         Tensor::from_vec(rnd(n * k, 70 + i as u64), (n, k), &Device::Cpu).unwrap();
-                    let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+                    let q = HostWeight::Quant(Arc::new(
+                        ds4_engine::quant::from_candle(&QTensor::quantize(&t, dtype).unwrap())
+                            .unwrap(),
+                    ));
                     (
                         g.matrix(q.clone(), n, k).unwrap(),
                         c.matrix(q, n, k).unwrap(),
@@ -398,7 +407,9 @@ fn cuda_matmul_gated_mean_is_the_product_then_the_mix() {
         for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_1] {
             let n = streams * h;
             let t = Tensor::from_vec(rnd(n * k, 80), (n, k), &Device::Cpu).unwrap();
-            let q = HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()));
+            let q = HostWeight::Quant(Arc::new(
+                ds4_engine::quant::from_candle(&QTensor::quantize(&t, dtype).unwrap()).unwrap(),
+            ));
             let (gm, cm) = (
                 g.matrix(q.clone(), n, k).unwrap(),
                 c.matrix(q, n, k).unwrap(),

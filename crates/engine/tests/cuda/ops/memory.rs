@@ -84,7 +84,9 @@ fn cuda_memory_ops_match_the_cpu() {
 
 fn quantized(dtype: GgmlDType, rows: usize, width: usize, seed: u64) -> HostWeight {
     let t = Tensor::from_vec(rnd(rows * width, seed), (rows, width), &Device::Cpu).unwrap();
-    HostWeight::Gguf(Arc::new(QTensor::quantize(&t, dtype).unwrap()))
+    HostWeight::Quant(Arc::new(
+        ds4_engine::quant::from_candle(&QTensor::quantize(&t, dtype).unwrap()).unwrap(),
+    ))
 }
 
 #[test]
