@@ -15,6 +15,8 @@ py="$here/.venv/bin/python"
 "$py" "$here/deepseek_v4/generate.py"
 "$py" "$here/deepseek_v4/chat_model.py"
 "$py" "$here/glm5_next/generate.py"
+# Stored weight types: block bytes and their values from gguf-py, llama.cpp and torch.
+"$py" "$here/quant/generate.py"
 # DeepSeek-V4 serving fixtures come from antirez/ds4's own code (deepseek_v4/README.md).
 if [ -n "${DS4_SRC:-}" ]; then
   "$py" "$here/deepseek_v4/serving.py"
