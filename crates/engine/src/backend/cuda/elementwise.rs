@@ -66,6 +66,10 @@ fn gather_at(dev: &Device, table: &CudaTable, ids: u64, n: usize) -> Result<Cuda
         return Ok(out);
     }
     let (name, data) = match table {
+        CudaTable::Stored { w, .. } => {
+            super::stored::table_rows(dev, &out, w, ids, n)?;
+            return Ok(out);
+        }
         CudaTable::F32 { w, .. } => ("gather_f32", ptr(w)),
         CudaTable::Block {
             kind: BlockKind::Q8_0,

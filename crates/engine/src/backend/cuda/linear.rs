@@ -1,13 +1,15 @@
-//! Matrix products on the device: `matmul` (f32, Q8_0, Q4_1) and the routed
-//! SwiGLU experts (`kernels/matmul.cu`). f32 products follow the CPU
-//! reference's reduction sequence; block formats run a warp per output row
-//! in an order of their own. Either way the row loop is inside the kernel,
-//! so one compiled code serves every row count.
+//! Matrix products on the device: `matmul` (f32, Q8_0, Q4_1, and every
+//! other stored type through `stored.rs`) and the routed SwiGLU experts
+//! (`kernels/matmul.cu`, `kernels/stored.cu`). f32 and stored products
+//! follow the CPU reference's reduction sequence; Q8_0 / Q4_1 run a warp per
+//! output row in an order of their own. Either way the row loop is inside
+//! the kernel, so one compiled code serves every row count.
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
 use super::elementwise::{ChainFields, chain_args, chain_fields, swiglu, unary_chain};
 use super::select::CudaRouting;
+use super::stored;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
 use super::window_rows::{per_row, per_row_window};
 use crate::backend::{Epilogue, Unary};
@@ -70,6 +72,9 @@ pub(super) fn matmul(
             shape,
             args![y.ptr(), x.ptr(), rows, ptr(w), n, k],
         )?,
+        // Stored types: the CPU's f32 sequence over exactly dequantized
+        // weights (any chain as a second launch).
+        CudaMatrix::Stored { w, .. } => stored::matmul(dev, &y, x, rows, w)?,
         CudaMatrix::Block {
             kind, dm, quants, ..
         } => {
@@ -521,6 +526,7 @@ fn gather_product(
                 ],
             )
         }
+        ExpertWeights::Stored(sw) => stored::gather(dev, y, x, x_div, experts, pairs, sw, n),
     }
 }
 

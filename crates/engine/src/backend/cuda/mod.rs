@@ -16,12 +16,14 @@
 //! operations that depends on the reduction length only, with the row loop
 //! inside the kernel, so a token's bits never depend on how many rows
 //! shared its call (decode step, verify window, prefill chunk). The f32
-//! matmul (and the expert projections), the delta rule, the conv, the
-//! pooling and the element-wise maps follow the CPU reference's sequence
-//! exactly, so they agree with the CPU up to the `exp`/`log` of the
-//! device's math library; the block matmuls (a warp per row), attention
-//! (fixed 64-key tiles merged in tile order) and the norms (a warp per
-//! slice) have orders of their own, stated in their kernels. The kernel
+//! matmul (and the expert projections), the products of every stored type
+//! other than Q8_0 / Q4_1 (kept as stored, dequantized in registers:
+//! `stored.rs`), the delta rule, the conv, the pooling and the element-wise
+//! maps follow the CPU reference's sequence exactly, so they agree with the
+//! CPU up to the `exp`/`log` of the device's math library; the Q8_0 / Q4_1
+//! matmuls (a warp per row), attention (fixed 64-key tiles merged in tile
+//! order) and the norms (a warp per slice) have orders of their own,
+//! stated in their kernels. The kernel
 //! set (the architecture and a hash of the compiled program) is part of
 //! the backend id, so a checkpoint made on the GPU never resumes on the CPU
 //! or on another kernel set.
@@ -43,6 +45,7 @@ mod ops;
 mod recurrent;
 mod select;
 mod signature;
+mod stored;
 mod weights;
 mod window_rows;
 
@@ -51,6 +54,7 @@ use std::sync::Arc;
 pub use buf::CudaBuf;
 pub use graph::{CudaStep, MAX_STEP_ROWS};
 pub use select::{CudaRouting, CudaSelection};
+pub use stored::StoredWeights;
 pub use weights::{BlockKind, CudaExperts, CudaMatrix, CudaTable};
 
 use crate::backend::BackendId;

@@ -26,6 +26,7 @@ pub(super) const SOURCES: &[(&str, &str)] = &[
     ("memory.cu", include_str!("kernels/memory.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
+    ("stored.cu", include_str!("kernels/stored.cu")),
     ("norms.cu", include_str!("kernels/norms.cu")),
     ("recurrent.cu", include_str!("kernels/recurrent.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),

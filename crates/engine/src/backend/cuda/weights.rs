@@ -1,16 +1,19 @@
-//! Weights on the device: matrices (f32, or Q8_0 / Q4_1 kept quantized and
-//! repacked by field), expert stacks, embedding tables.
+//! Weights on the device: matrices (f32, Q8_0 / Q4_1 repacked by field, or
+//! any other stored type as stored), expert stacks, embedding tables.
 //!
 //! Block-quantized values are the CPU backend's: a Q4_1 weight is `u·d + m`
 //! and a Q8_0 weight `q·d` with the f16 fields converted exactly (GGUF's
-//! dequantization). Other stored types are dequantized to f32 once at load,
-//! exactly as their format defines (`quant::dequant`, the values the CPU's
-//! reference product uses).
+//! dequantization). Every other stored type (F16, BF16, Q4_0, Q5_0, Q5_1,
+//! the K-quants, IQ2_XXS, MXFP4, FP8 / FP4 with their scale grids) stays in
+//! its stored bytes on the device and is dequantized in registers by the
+//! kernels of `stored.rs` (the values of `quant::dequant`, in the CPU
+//! reference's product order); only F32 tensors are uploaded as f32.
 
 use candle_core::Tensor;
 use cudarc::driver::CudaSlice;
 
 use super::device::{Device, Shape, args, ptr};
+use super::stored::StoredWeights;
 use crate::backend::HostWeight;
 use crate::error::{EngineError, Result};
 use crate::load::synthetic::{SynthForm, SyntheticWeight};
@@ -66,6 +69,12 @@ pub enum CudaMatrix {
         out: usize,
         inp: usize,
     },
+    /// Any other stored type, as stored (`stored.rs`).
+    Stored {
+        w: StoredWeights,
+        out: usize,
+        inp: usize,
+    },
 }
 
 impl std::fmt::Debug for CudaMatrix {
@@ -75,6 +84,7 @@ impl std::fmt::Debug for CudaMatrix {
             CudaMatrix::Block { kind, out, inp, .. } => {
                 write!(f, "CudaMatrix::{kind:?}[{out}, {inp}]")
             }
+            CudaMatrix::Stored { w, .. } => write!(f, "CudaMatrix::Stored({w:?})"),
         }
     }
 }
@@ -82,7 +92,9 @@ impl std::fmt::Debug for CudaMatrix {
 impl CudaMatrix {
     pub fn dims(&self) -> (usize, usize) {
         match self {
-            CudaMatrix::F32 { out, inp, .. } | CudaMatrix::Block { out, inp, .. } => (*out, *inp),
+            CudaMatrix::F32 { out, inp, .. }
+            | CudaMatrix::Block { out, inp, .. }
+            | CudaMatrix::Stored { out, inp, .. } => (*out, *inp),
         }
     }
 
@@ -91,13 +103,14 @@ impl CudaMatrix {
         match self {
             CudaMatrix::F32 { out, inp, .. } => 4 * out * inp,
             CudaMatrix::Block { kind, out, inp, .. } => out * inp / 32 * kind.block_bytes(),
+            CudaMatrix::Stored { w, .. } => w.bytes,
         }
     }
 }
 
-/// A stack of `E` matrices `[E, out, in]`: f32, or Q8_0 / Q4_1 in the
-/// device layout of [`CudaMatrix::Block`] (expert `e`'s rows follow expert
-/// `e − 1`'s).
+/// A stack of `E` matrices `[E, out, in]`: f32, Q8_0 / Q4_1 in the device
+/// layout of [`CudaMatrix::Block`], or another stored type as stored
+/// (expert `e`'s rows follow expert `e − 1`'s).
 pub struct CudaExperts {
     pub(super) w: ExpertWeights,
     pub(super) e: usize,
@@ -112,6 +125,7 @@ pub(super) enum ExpertWeights {
         dm: CudaSlice<u32>,
         quants: CudaSlice<u8>,
     },
+    Stored(StoredWeights),
 }
 
 impl std::fmt::Debug for CudaExperts {
@@ -119,6 +133,7 @@ impl std::fmt::Debug for CudaExperts {
         let kind = match &self.w {
             ExpertWeights::F32(_) => "F32".to_string(),
             ExpertWeights::Block { kind, .. } => format!("{kind:?}"),
+            ExpertWeights::Stored(w) => format!("Stored({})", w.ty),
         };
         write!(
             f,
@@ -134,12 +149,13 @@ impl CudaExperts {
         match &self.w {
             ExpertWeights::F32(_) => 4 * self.out * self.inp,
             ExpertWeights::Block { kind, .. } => self.out * self.inp / 32 * kind.block_bytes(),
+            ExpertWeights::Stored(w) => w.bytes / self.e.max(1),
         }
     }
 }
 
-/// An embedding table `[V, width]`: f32, or GGUF Q8_0 / Q4_1 rows as stored
-/// (dequantized row by row on lookup).
+/// An embedding table `[V, width]`: f32, or stored rows (GGUF Q8_0 / Q4_1,
+/// or any type of `stored.rs`) dequantized row by row on lookup.
 pub enum CudaTable {
     F32 {
         w: CudaSlice<f32>,
@@ -149,6 +165,11 @@ pub enum CudaTable {
     Block {
         kind: BlockKind,
         data: CudaSlice<u8>,
+        rows: usize,
+        width: usize,
+    },
+    Stored {
+        w: StoredWeights,
         rows: usize,
         width: usize,
     },
@@ -164,9 +185,9 @@ impl std::fmt::Debug for CudaTable {
 impl CudaTable {
     pub fn dims(&self) -> (usize, usize) {
         match self {
-            CudaTable::F32 { rows, width, .. } | CudaTable::Block { rows, width, .. } => {
-                (*rows, *width)
-            }
+            CudaTable::F32 { rows, width, .. }
+            | CudaTable::Block { rows, width, .. }
+            | CudaTable::Stored { rows, width, .. } => (*rows, *width),
         }
     }
 }
@@ -272,9 +293,15 @@ pub(super) fn matrix(dev: &Device, w: HostWeight, out: usize, inp: usize) -> Res
     }
     let t = match w {
         HostWeight::F32(t) => t,
+        // Row blocks of different types: joined in f32 for now (only small
+        // fused attention / shared-expert weights of mixed quantizations).
+        w @ HostWeight::Rows(_) => w.to_f32()?,
         HostWeight::Quant(q) => match block_data(&q, out, inp)? {
             Some((kind, data)) => return block_matrix(dev, kind, &data, out, inp),
-            None => HostWeight::Quant(q).to_f32()?,
+            None => match StoredWeights::upload(dev, &q)? {
+                Some(w) => return Ok(CudaMatrix::Stored { w, out, inp }),
+                None => HostWeight::Quant(q).to_f32()?,
+            },
         },
         HostWeight::Synthetic(s) => match synthetic_blocks(dev, &s)? {
             Some((kind, dm, quants)) => {
@@ -336,6 +363,7 @@ pub(super) fn experts(
     };
     let t = match w {
         HostWeight::F32(t) => t,
+        w @ HostWeight::Rows(_) => w.to_f32()?,
         HostWeight::Quant(q) => match block_data(&q, e * out, inp)? {
             Some((kind, data)) => {
                 let (dm, quants) = repack(kind, &data);
@@ -345,7 +373,17 @@ pub(super) fn experts(
                     dev.upload_weight(&quants)?,
                 ));
             }
-            None => HostWeight::Quant(q).to_f32()?,
+            None => match StoredWeights::upload(dev, &q)? {
+                Some(w) => {
+                    return Ok(CudaExperts {
+                        w: ExpertWeights::Stored(w),
+                        e,
+                        out,
+                        inp,
+                    });
+                }
+                None => HostWeight::Quant(q).to_f32()?,
+            },
         },
         HostWeight::Synthetic(s) => match synthetic_blocks(dev, &s)? {
             Some((kind, dm, quants)) => return Ok(block(kind, dm, quants)),
@@ -401,6 +439,7 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
     let w = w.on_host()?;
     let t = match w {
         HostWeight::F32(t) => t,
+        w @ HostWeight::Rows(_) => w.to_f32()?,
         HostWeight::Synthetic(s) => s.to_f32()?,
         HostWeight::Quant(q) => match block_data(&q, rows, width)? {
             Some((kind, data)) => {
@@ -411,7 +450,10 @@ pub(super) fn table(dev: &Device, w: HostWeight, rows: usize, width: usize) -> R
                     width,
                 });
             }
-            None => HostWeight::Quant(q).to_f32()?,
+            None => match StoredWeights::upload(dev, &q)? {
+                Some(w) => return Ok(CudaTable::Stored { w, rows, width }),
+                None => HostWeight::Quant(q).to_f32()?,
+            },
         },
     };
     Ok(CudaTable::F32 {

@@ -1,0 +1,305 @@
+//! Stored weight types on the device (`kernels/stored.cu`): every type the
+//! CPU keeps stored (`CpuMatrix::Stored`, `CpuExperts::Stored`,
+//! `CpuTable::Stored`) other than F32, Q4_1 and Q8_0 — F16, BF16, Q4_0,
+//! Q5_0, Q5_1, Q2_K..Q6_K, Q8_K, IQ2_XXS, MXFP4, and FP8 E4M3 / FP4 E2M1
+//! with a scale grid — is uploaded as stored and dequantized in registers
+//! by its kernels.
+//!
+//! The reference set's values: a stored product runs the CPU's f32 kernel
+//! sequence per output (`cpu::f32_matmul::dot`: eight FMA lanes over
+//! `⌊k/8⌋` steps, the fixed lane sum, the tail) with each weight the value
+//! `quant::dequant` gives it, so it has the CPU's bits, in every row count,
+//! window and routed pair (tests/cuda/ops/stored.rs).
+//!
+//! Layout: the bytes of every part, joined in row order (`[rows, row
+//! bytes]`, as the file stores them), padded by [`PAD`] bytes (the kernels
+//! copy whole 16-byte words covering a row's bytes); a scale grid as f32
+//! values, every part's grid one after the other, with a `u32` per weight
+//! row giving the offset of its scale row (so parts whose row counts are
+//! not multiples of the grid's block rows join as they are).
+
+use cudarc::driver::CudaSlice;
+
+use super::buf::CudaBuf;
+use super::device::{Arg, Device, Shape, args, ptr};
+use crate::error::{EngineError, Result};
+use crate::quant::{QuantTensor, WeightType};
+
+/// Bytes after the last row (the kernels' 16-byte words may reach 15 past
+/// a row's end).
+const PAD: usize = 64;
+/// Weight rows a block of the product kernels owns (`ST_COLS`).
+const COLS: usize = 32;
+/// Threads of a product block (8 per weight row).
+const THREADS: u32 = 256;
+/// Grid dimensions at most (the kernels loop past them).
+const MAX_GRID: usize = 65_535;
+
+fn err(op: &str, msg: String) -> EngineError {
+    EngineError::State(format!("{op}: {msg}"))
+}
+
+/// Whether the device keeps `ty` stored through these kernels (F32 and the
+/// repacked block formats Q4_1 / Q8_0 have kernels of their own).
+pub(super) fn kept_stored(ty: WeightType) -> bool {
+    kernels(ty).is_some()
+}
+
+/// The three kernels of a format: product, routed product, table rows.
+struct Kernels {
+    matmul: &'static str,
+    gather: &'static str,
+    table: &'static str,
+}
+
+macro_rules! kernels {
+    ($s:literal) => {
+        Some(Kernels {
+            matmul: concat!("st_matmul_", $s),
+            gather: concat!("st_gather_", $s),
+            table: concat!("st_table_", $s),
+        })
+    };
+}
+
+fn kernels(ty: WeightType) -> Option<Kernels> {
+    match ty {
+        WeightType::F16 => kernels!("f16"),
+        WeightType::BF16 => kernels!("bf16"),
+        WeightType::Q4_0 => kernels!("q4_0"),
+        WeightType::Q5_0 => kernels!("q5_0"),
+        WeightType::Q5_1 => kernels!("q5_1"),
+        WeightType::Q2_K => kernels!("q2_k"),
+        WeightType::Q3_K => kernels!("q3_k"),
+        WeightType::Q4_K => kernels!("q4_k"),
+        WeightType::Q5_K => kernels!("q5_k"),
+        WeightType::Q6_K => kernels!("q6_k"),
+        WeightType::Q8_K => kernels!("q8_k"),
+        WeightType::IQ2_XXS => kernels!("iq2_xxs"),
+        WeightType::MXFP4 => kernels!("mxfp4"),
+        WeightType::FP8_E4M3 => kernels!("fp8"),
+        WeightType::FP4_E2M1 => kernels!("fp4"),
+        WeightType::F32 | WeightType::Q4_1 | WeightType::Q8_0 => None,
+    }
+}
+
+/// A scale grid on the device.
+struct DeviceScales {
+    grid: CudaSlice<f32>,
+    /// Per weight row, the offset of its scale row in `grid`.
+    rows: CudaSlice<u32>,
+    block_cols: u32,
+}
+
+/// A stored tensor `[rows, cols]` on the device (an expert stack's rows are
+/// its experts' rows one after another).
+pub struct StoredWeights {
+    pub(super) ty: WeightType,
+    data: CudaSlice<u8>,
+    scales: Option<DeviceScales>,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    /// Stored bytes (scales included), for bandwidth reports.
+    pub(super) bytes: usize,
+}
+
+impl std::fmt::Debug for StoredWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}, {}]", self.ty, self.rows, self.cols)
+    }
+}
+
+impl StoredWeights {
+    /// `q` uploaded as stored (see the module docs); `None` when its type is
+    /// not one of these kernels'.
+    pub(super) fn upload(dev: &Device, q: &QuantTensor) -> Result<Option<Self>> {
+        if !kept_stored(q.ty) {
+            return Ok(None);
+        }
+        q.check().map_err(|e| err("stored weight", e.to_string()))?;
+        let (rows, cols) = (q.rows(), q.cols());
+        if cols > u32::MAX as usize / 2 {
+            return Err(err(
+                "stored weight",
+                format!("rows of {cols} values are too long"),
+            ));
+        }
+        let row_bytes = q.row_bytes();
+        let total = rows * row_bytes;
+        let mut data = dev.alloc_weight::<u8>(total + PAD)?;
+        let mut at = 0;
+        for p in &q.parts {
+            let bytes = p.data.as_slice();
+            if !bytes.is_empty() {
+                dev.stream
+                    .memcpy_htod(bytes, &mut data.slice_mut(at..at + bytes.len()))
+                    .map_err(|e| EngineError::Device(format!("host-to-device copy: {e:?}")))?;
+            }
+            at += bytes.len();
+        }
+        debug_assert_eq!(at, total);
+        dev.stream
+            .memcpy_htod(&[0u8; PAD], &mut data.slice_mut(total..total + PAD))
+            .map_err(|e| EngineError::Device(format!("host-to-device copy: {e:?}")))?;
+        let scales = if q.ty.needs_scales() {
+            Some(upload_scales(dev, q)?)
+        } else {
+            None
+        };
+        Ok(Some(Self {
+            ty: q.ty,
+            data,
+            scales,
+            rows,
+            cols,
+            bytes: q.byte_size(),
+        }))
+    }
+
+    fn kernels(&self) -> Kernels {
+        kernels(self.ty).expect("only kept-stored types are uploaded")
+    }
+
+    /// The kernels' trailing scale arguments: grid, row offsets, block
+    /// columns and their log2 (−1 when not a power of two).
+    fn scale_args(&self) -> [Arg; 4] {
+        match &self.scales {
+            None => [Arg::U64(0), Arg::U64(0), Arg::U32(1), Arg::I32(0)],
+            Some(s) => {
+                let bc = s.block_cols;
+                let sh = if bc.is_power_of_two() {
+                    bc.trailing_zeros() as i32
+                } else {
+                    -1
+                };
+                [
+                    Arg::U64(ptr(&s.grid)),
+                    Arg::U64(ptr(&s.rows)),
+                    Arg::U32(bc),
+                    Arg::I32(sh),
+                ]
+            }
+        }
+    }
+}
+
+/// Every part's grid, joined, and the offset of each weight row's scale row.
+fn upload_scales(dev: &Device, q: &QuantTensor) -> Result<DeviceScales> {
+    let cols = q.cols();
+    let mut grid: Vec<f32> = Vec::new();
+    let mut rows: Vec<u32> = Vec::with_capacity(q.rows());
+    let mut block_cols = None;
+    for p in &q.parts {
+        let s = p
+            .scales
+            .as_ref()
+            .ok_or_else(|| err("stored weight", format!("{} needs a scale grid", q.ty)))?;
+        if *block_cols.get_or_insert(s.block_cols) != s.block_cols {
+            return Err(err(
+                "stored weight",
+                format!(
+                    "parts scaled in blocks of {} and {} columns",
+                    block_cols.unwrap_or(0),
+                    s.block_cols
+                ),
+            ));
+        }
+        let base = grid.len();
+        let gc = s.grid_cols(cols);
+        for r in 0..p.rows {
+            let off = base + r / s.block_rows * gc;
+            rows.push(u32::try_from(off).map_err(|_| {
+                err(
+                    "stored weight",
+                    format!("a scale grid of more than {} values", u32::MAX),
+                )
+            })?);
+        }
+        grid.extend_from_slice(&s.values);
+    }
+    let block_cols = block_cols.unwrap_or(1);
+    if block_cols == 0 || block_cols > u32::MAX as usize {
+        return Err(err(
+            "stored weight",
+            format!("scale blocks of {block_cols} columns"),
+        ));
+    }
+    Ok(DeviceScales {
+        grid: dev.upload_weight(&grid)?,
+        rows: dev.upload_weight(&rows)?,
+        block_cols: block_cols as u32,
+    })
+}
+
+/// Column blocks of a product launch.
+fn col_blocks(n: usize) -> u32 {
+    n.div_ceil(COLS).clamp(1, MAX_GRID) as u32
+}
+
+/// `y[rows, n] = x[rows, k] · wᵀ` into `y` (the caller checked the shapes).
+pub(super) fn matmul(
+    dev: &Device,
+    y: &CudaBuf,
+    x: &CudaBuf,
+    rows: usize,
+    w: &StoredWeights,
+) -> Result<()> {
+    let (n, k) = (w.rows, w.cols);
+    let mut a = args![y.ptr(), x.ptr(), rows, ptr(&w.data), n, k].to_vec();
+    a.extend(w.scale_args());
+    dev.launch(
+        w.kernels().matmul,
+        Shape {
+            grid: (col_blocks(n), 1),
+            block: THREADS,
+        },
+        &a,
+    )
+}
+
+/// Routed products: `y[p] = W_{experts[p]} · x[p / x_div]` for the stack
+/// `w` of experts `[n, k]` (`w.rows` = E·n), one launch.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gather(
+    dev: &Device,
+    y: &CudaBuf,
+    x: &CudaBuf,
+    x_div: usize,
+    experts: u64,
+    pairs: usize,
+    w: &StoredWeights,
+    n: usize,
+) -> Result<()> {
+    let k = w.cols;
+    let mut a = args![y.ptr(), x.ptr(), x_div, experts, pairs, ptr(&w.data), n, k].to_vec();
+    a.extend(w.scale_args());
+    dev.launch(
+        w.kernels().gather,
+        Shape {
+            grid: (col_blocks(n), pairs.clamp(1, MAX_GRID) as u32),
+            block: THREADS,
+        },
+        &a,
+    )
+}
+
+/// Rows `ids[0 .. count]` (device `u32`s at `ids`) of the table `w`,
+/// dequantized into `out` (`count · w.cols` values).
+pub(super) fn table_rows(
+    dev: &Device,
+    out: &CudaBuf,
+    w: &StoredWeights,
+    ids: u64,
+    count: usize,
+) -> Result<()> {
+    let width = w.cols;
+    // A thread per (row, unit, lane) and per tail value (`st_table_item`).
+    let unit = match w.ty.block_len() {
+        1 | 2 => 8,
+        b => b,
+    };
+    let per_row = width / unit * 8 + width % unit;
+    let mut a = args![out.ptr(), ptr(&w.data), ids, count, width].to_vec();
+    a.extend(w.scale_args());
+    dev.launch(w.kernels().table, Shape::elements(count * per_row), &a)
+}
