@@ -184,7 +184,12 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
         groups: groups(&tensors),
         weight_bytes,
         format,
-        family: architecture.as_deref().and_then(|a| family_of(format, a)),
+        // The loader's own recognition (a GGUF in Hugging Face names is
+        // recognised by its embedded config).
+        family: crate::families::detect(path)
+            .ok()
+            .map(|(f, _)| f.descriptor.name)
+            .or_else(|| architecture.as_deref().and_then(|a| family_of(format, a))),
         architecture,
         config,
         parameter_count,

@@ -40,8 +40,8 @@ pub mod cuda;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use candle_core::Tensor;
 use crate::quant::QuantTensor;
+use candle_core::Tensor;
 
 use crate::error::Result;
 
@@ -96,6 +96,11 @@ pub enum HostWeight {
     /// materialised by the backend that places them (on the device where
     /// it can).
     Synthetic(Arc<crate::load::synthetic::SyntheticWeight>),
+    /// 2-D weights of one width stacked by rows whose stored types differ
+    /// (a fused q/k/v or gate/up where a quantization mix gave the parts
+    /// different types): each part keeps its type, and a product computes
+    /// each output column with its own part's kernel.
+    Rows(Vec<HostWeight>),
 }
 
 impl HostWeight {
@@ -104,6 +109,10 @@ impl HostWeight {
             HostWeight::F32(t) => t.dims().to_vec(),
             HostWeight::Quant(q) => q.dims.clone(),
             HostWeight::Synthetic(s) => s.dims.clone(),
+            HostWeight::Rows(parts) => {
+                let cols = parts.first().map_or(0, |p| p.dims()[1]);
+                vec![parts.iter().map(|p| p.dims()[0]).sum(), cols]
+            }
         }
     }
 
@@ -126,6 +135,13 @@ impl HostWeight {
                 &candle_core::Device::Cpu,
             )?),
             HostWeight::Synthetic(s) => s.to_f32(),
+            HostWeight::Rows(parts) => {
+                let parts = parts
+                    .into_iter()
+                    .map(HostWeight::to_f32)
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::cat(&parts, 0)?)
+            }
         }
     }
 }

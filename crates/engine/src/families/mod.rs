@@ -91,20 +91,41 @@ pub fn detect(path: &Path) -> Result<(&'static Family, ModelFormat)> {
         }
         ModelFormat::Gguf => {
             let g = crate::load::gguf::GgufFile::open(path)?;
-            let arch = g.string("general.architecture")?.to_string();
-            ("general.architecture", arch, path.to_path_buf())
+            // A GGUF in Hugging Face names is recognised as its directory
+            // would be, by the embedded config's `model_type`.
+            if let Some(config) = crate::load::checkpoint::embedded_config(&g)? {
+                let t = config
+                    .get("model_type")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| EngineError::Config {
+                        path: path.to_path_buf(),
+                        field: format!("{}.model_type", crate::load::checkpoint::HF_CONFIG_KEY),
+                        message: "missing: it names the model family".into(),
+                    })?;
+                ("model_type", t.to_string(), path.to_path_buf())
+            } else {
+                let arch = g.string("general.architecture")?.to_string();
+                ("general.architecture", arch, path.to_path_buf())
+            }
         }
     };
-    let found = FAMILIES.iter().find(|f| match format {
-        ModelFormat::HfDir => f.descriptor.model_types.contains(&value.as_str()),
-        ModelFormat::Gguf => f.descriptor.gguf_architectures.contains(&value.as_str()),
+    let by_model_type = key == "model_type";
+    let found = FAMILIES.iter().find(|f| {
+        if by_model_type {
+            f.descriptor.model_types.contains(&value.as_str())
+        } else {
+            f.descriptor.gguf_architectures.contains(&value.as_str())
+        }
     });
     found.map(|f| (f, format)).ok_or_else(|| {
         let known: Vec<&str> = FAMILIES
             .iter()
-            .flat_map(|f| match format {
-                ModelFormat::HfDir => f.descriptor.model_types.iter(),
-                ModelFormat::Gguf => f.descriptor.gguf_architectures.iter(),
+            .flat_map(|f| {
+                if by_model_type {
+                    f.descriptor.model_types.iter()
+                } else {
+                    f.descriptor.gguf_architectures.iter()
+                }
             })
             .copied()
             .collect();

@@ -25,14 +25,15 @@ fn stack<B: Backend>(
     parts: Vec<HostWeight>,
     dims: [usize; 3],
 ) -> Result<HostWeight> {
-    let all_stored = parts.iter().all(|p| matches!(p, HostWeight::Quant(_)));
     let joined = w.join_rows(&[name], parts, dims[2])?;
     match joined {
-        HostWeight::Quant(q) if all_stored => {
+        HostWeight::Quant(q) => {
             let mut q = (*q).clone();
             q.dims = dims.to_vec();
             Ok(HostWeight::Quant(std::sync::Arc::new(q)))
         }
+        // f32 parts, or experts whose projections were stored in different
+        // types (no release does this): one f32 stack.
         other => Ok(HostWeight::F32(other.to_f32()?.reshape(dims.to_vec())?)),
     }
 }

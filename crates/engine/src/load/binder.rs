@@ -36,6 +36,28 @@ pub trait WeightSource {
             message: "integer tensors are not read from this source".into(),
         })
     }
+    /// `name` as a view of its stored bytes in any element type, f32
+    /// included (tables gathered row by row on the host: PLE's n-gram
+    /// table is ~95 GiB and must never be copied).
+    fn view(&mut self, name: &str, _shape: &[usize]) -> Result<QuantTensor> {
+        Err(EngineError::Tensor {
+            path: self.file_of(name),
+            tensor: name.to_string(),
+            message: "this source has no stored bytes to map".into(),
+        })
+    }
+    /// Every tensor name the source holds.
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The stored shape of `name`, if present.
+    fn dims(&self, _name: &str) -> Option<Vec<usize>> {
+        None
+    }
+    /// Strict binding: every tensor taken, or ending in one of `ignored`.
+    fn finish(&self, _ignored: &[&str]) -> Result<()> {
+        Ok(())
+    }
     /// The safetensors directory, for bindings that map shards directly.
     fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
         None
@@ -74,6 +96,22 @@ impl WeightSource for SafetensorsDir {
         SafetensorsDir::ids(self, name, shape)
     }
 
+    fn view(&mut self, name: &str, shape: &[usize]) -> Result<QuantTensor> {
+        super::stored::view_any(self, name, shape)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.entries().map(|(n, _)| n.to_string()).collect()
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.raw_entry(name).map(|(e, _, _)| e.shape.clone())
+    }
+
+    fn finish(&self, ignored: &[&str]) -> Result<()> {
+        SafetensorsDir::finish(self, ignored)
+    }
+
     fn safetensors(&mut self) -> Option<&mut SafetensorsDir> {
         Some(self)
     }
@@ -96,10 +134,28 @@ impl WeightSource for GgufFile {
         HostWeight::Quant(Arc::new(self.tensor(name, shape)?)).to_f32()
     }
 
-    fn ignore(&mut self, _name: &str) {}
+    fn ignore(&mut self, name: &str) {
+        GgufFile::ignore(self, name)
+    }
 
     fn ids(&mut self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
         GgufFile::ids(self, name, shape)
+    }
+
+    fn view(&mut self, name: &str, shape: &[usize]) -> Result<QuantTensor> {
+        self.tensor(name, shape)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.container().order.clone()
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensor_dims(name)
+    }
+
+    fn finish(&self, ignored: &[&str]) -> Result<()> {
+        GgufFile::finish_except(self, ignored)
     }
 }
 
@@ -144,6 +200,11 @@ impl<'a, B: Backend> Binder<'a, B> {
 
     pub fn has(&self, name: &str) -> bool {
         self.src.has(&self.name(name))
+    }
+
+    /// The stored shape of `name` under this scope, if present.
+    pub fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.src.dims(&self.name(name))
     }
 
     pub fn ignore(&mut self, name: &str) {
@@ -222,9 +283,13 @@ impl<'a, B: Backend> Binder<'a, B> {
             })
             .collect();
         if let Some(q) = quant {
-            return QuantTensor::join(vec![rows, cols], &q)
-                .map(|t| HostWeight::Quant(Arc::new(t)))
-                .map_err(|e| self.invalid(names[0], e.to_string()));
+            if q.iter().all(|t| t.ty == q[0].ty) {
+                return QuantTensor::join(vec![rows, cols], &q)
+                    .map(|t| HostWeight::Quant(Arc::new(t)))
+                    .map_err(|e| self.invalid(names[0], e.to_string()));
+            }
+            // Different stored types: kept apart, each in its own type.
+            return Ok(HostWeight::Rows(parts));
         }
         let f32s = parts
             .into_iter()
@@ -266,6 +331,12 @@ impl<'a, B: Backend> Binder<'a, B> {
     /// The synthetic source behind this binder, if that is the source.
     pub fn synthetic(&mut self) -> Option<&mut SyntheticSource> {
         self.src.synthetic()
+    }
+
+    /// `name` as a view of its stored bytes (see [`WeightSource::view`]).
+    pub fn view(&mut self, name: &str, shape: &[usize]) -> Result<QuantTensor> {
+        let n = self.name(name);
+        self.src.view(&n, shape)
     }
 
     /// The safetensors directory behind this binder, if that is the format.

@@ -164,6 +164,13 @@ impl GgufFile {
         Ok(info)
     }
 
+    /// Mark a tensor as deliberately unused (no-op when absent).
+    pub fn ignore(&mut self, name: &str) {
+        if self.has_tensor(name) {
+            self.taken.insert(name.to_string());
+        }
+    }
+
     /// Tensor `name` in its stored type, a view of the map (checked against
     /// `shape`), and mark it used.
     pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<QuantTensor> {
@@ -216,11 +223,16 @@ impl GgufFile {
 
     /// Strict binding: every tensor in the file must have been taken.
     pub fn finish(&self) -> Result<()> {
+        self.finish_except(&[])
+    }
+
+    /// Strict binding, except tensors whose names end in one of `ignored`.
+    pub fn finish_except(&self, ignored: &[&str]) -> Result<()> {
         let left: Vec<&str> = self
             .gguf
             .order
             .iter()
-            .filter(|k| !self.taken.contains(*k))
+            .filter(|k| !self.taken.contains(*k) && !ignored.iter().any(|s| k.ends_with(s)))
             .map(String::as_str)
             .collect();
         if left.is_empty() {

@@ -5,6 +5,7 @@
 //! a file.
 
 pub mod binder;
+pub mod checkpoint;
 pub mod config_fields;
 pub mod gguf;
 pub mod safetensors;

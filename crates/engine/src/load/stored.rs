@@ -203,3 +203,31 @@ fn grid(
         block_cols: block.1,
     })
 }
+
+/// `name` as a view of its bytes in any float element type (F32, BF16,
+/// F16), for host tables gathered row by row; marked used.
+pub fn view_any(dir: &mut SafetensorsDir, name: &str, shape: &[usize]) -> Result<QuantTensor> {
+    let Some((entry, _, _)) = dir.raw_entry(name) else {
+        return Err(tensor_err(
+            dir,
+            name,
+            format!("missing from every safetensors file (expected shape {shape:?})"),
+        ));
+    };
+    let ty = match entry.dtype {
+        Dtype::F32 => WeightType::F32,
+        Dtype::BF16 => WeightType::BF16,
+        Dtype::F16 => WeightType::F16,
+        other => {
+            return Err(tensor_err(
+                dir,
+                name,
+                format!("stored as {other:?}; a host table is F32, BF16 or F16"),
+            ));
+        }
+    };
+    check_shape(dir, name, shape, shape)?;
+    let t = view(dir, name, ty, shape, None)?;
+    dir.take(name);
+    Ok(t)
+}

@@ -35,6 +35,9 @@ pub enum CpuMatrix {
     /// kernel over it ([`f32_matmul::matmul_filled`]), so its bits are the
     /// f32 product of the dequantized matrix.
     Stored(Arc<QuantTensor>),
+    /// Row blocks of different stored types ([`HostWeight::Rows`]): each
+    /// output column is its own part's product.
+    Rows { parts: Vec<CpuMatrix>, out: usize },
 }
 
 /// An embedding table on the CPU.
@@ -372,6 +375,16 @@ impl Backend for CpuOps {
                     None => Ok(CpuMatrix::Stored(q)),
                 }
             }
+            HostWeight::Rows(parts) => {
+                let parts = parts
+                    .into_iter()
+                    .map(|p| {
+                        let rows = p.dims()[0];
+                        self.matrix(p, rows, inp)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(CpuMatrix::Rows { parts, out })
+            }
             HostWeight::Synthetic(_) => Err(shape_err("matrix", "not materialised".into())),
         }
     }
@@ -403,6 +416,10 @@ impl Backend for CpuOps {
         match w {
             HostWeight::F32(t) => Ok(CpuTable::F32(t.contiguous()?)),
             HostWeight::Quant(q) => Ok(CpuTable::Stored(q)),
+            HostWeight::Rows(_) => Err(shape_err(
+                "table",
+                "an embedding table stored in several types".into(),
+            )),
             HostWeight::Synthetic(_) => Err(shape_err("table", "not materialised".into())),
         }
     }
@@ -455,6 +472,20 @@ impl Backend for CpuOps {
                 }
                 let mut y = vec![0f32; rows * m.rows()];
                 m.matmul(x, rows, &mut y);
+                Ok(y)
+            }
+            CpuMatrix::Rows { parts, out } => {
+                let ys = parts
+                    .iter()
+                    .map(|p| self.matmul(x, rows, p))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut y = Vec::with_capacity(rows * out);
+                for r in 0..rows {
+                    for yp in &ys {
+                        let n = yp.len() / rows.max(1);
+                        y.extend_from_slice(&yp[r * n..(r + 1) * n]);
+                    }
+                }
                 Ok(y)
             }
             CpuMatrix::Stored(q) => {

@@ -22,7 +22,7 @@ use crate::families::FamilyDescriptor;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::RmsNorm;
 use crate::load::binder::Binder;
-use crate::load::safetensors::SafetensorsDir;
+use crate::load::checkpoint::HfCheckpoint;
 use crate::model::{
     DeviceRows, ForwardOutput, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow,
 };
@@ -63,8 +63,11 @@ impl<B: Backend> Glm5NextModel<B> {
     /// (`model.language_model.*`, `model.visual.*` ignored) or the
     /// text-only one (`model.*`), f32/bf16/f16 weights computed in f32. The
     /// NextN head (`layers.{L}.*`) is bound when present.
+    ///
+    /// `dir` may also be a GGUF file in the same names with the
+    /// configuration embedded ([`HfCheckpoint`]).
     pub fn load(dir: &Path, ops: B) -> Result<Self> {
-        let mut st = SafetensorsDir::open(dir)?;
+        let mut st = HfCheckpoint::open(dir)?;
         let config_path = st.config_path();
         let cfg = Glm5NextConfig::from_hf(&config_path, st.config())?;
         let (v, h, n_layers) = (cfg.vocab_size, cfg.hidden_size, cfg.num_layers);
@@ -74,17 +77,10 @@ impl<B: Backend> Glm5NextModel<B> {
             "model"
         };
         // The vision tower is not part of the text model.
-        let visual: Vec<String> = st
-            .entries()
-            .filter(|(n, _)| n.starts_with("model.visual."))
-            .map(|(n, _)| n.to_string())
-            .collect();
-        for n in visual {
-            st.ignore(&n);
-        }
+        st.ignore_prefix("model.visual.");
         let has_mtp = st.has(&format!("{prefix}.layers.{n_layers}.eh_proj.weight"));
         let (embed, lm_head, layers, norm, mtp) = {
-            let mut root = Binder::new(&mut st, &ops);
+            let mut root = Binder::new(st.source(), &ops);
             let mut w = root.pp(prefix);
             let embed_w = w.raw("embed_tokens.weight", &[v, h])?;
             let embed = w.ops().table(embed_w.clone(), v, h)?;

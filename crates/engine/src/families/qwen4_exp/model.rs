@@ -53,7 +53,7 @@ use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::layers::rope::{MRope, Positions};
 use crate::load::binder::{Binder, WeightSource};
-use crate::load::safetensors::SafetensorsDir;
+use crate::load::checkpoint::HfCheckpoint;
 use crate::model::{
     DeviceRows, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
 };
@@ -335,20 +335,16 @@ impl<B: Backend> Qwen4ExpModel<B> {
     /// Load a Hugging Face directory (`qwen4_exp_text` or the VL
     /// `qwen4_exp`; f32, bf16 or f16 weights, computed in f32) onto `ops`.
     /// `mtp.*` weights are bound when present; `model.visual.*` is ignored.
+    ///
+    /// `dir` may also be a GGUF file in the same names with the
+    /// configuration embedded ([`HfCheckpoint`]).
     pub fn load(dir: &Path, ops: B) -> Result<Self> {
-        let mut st = SafetensorsDir::open(dir)?;
+        let mut st = HfCheckpoint::open(dir)?;
         let config_path = st.config_path();
         let parsed = Qwen4ExpConfig::from_hf(&config_path, st.config())?;
         // The vision tower is not part of the text model.
-        let visual: Vec<String> = st
-            .entries()
-            .filter(|(n, _)| n.starts_with("model.visual."))
-            .map(|(n, _)| n.to_string())
-            .collect();
-        for n in visual {
-            st.ignore(&n);
-        }
-        let model = Self::load_from(&mut st, &config_path, parsed, ops)?;
+        st.ignore_prefix("model.visual.");
+        let model = Self::load_from(st.source(), &config_path, parsed, ops)?;
         st.finish(&[])?;
         Ok(model)
     }

@@ -30,13 +30,6 @@
 //! memory-mapped in their stored dtype and gathers the `heads` rows of each
 //! token, converting only those to f32.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Arc;
-
-use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors};
-
 use super::config::Qwen4ExpConfig;
 use super::state::PleCache;
 use crate::backend::Backend;
@@ -44,7 +37,7 @@ use crate::error::{EngineError, Result};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
 use crate::load::binder::Binder;
-use crate::load::safetensors::SafetensorsDir;
+use crate::quant::QuantTensor;
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -215,35 +208,47 @@ impl<B: Backend> Ple<B> {
                 hash.padded_rows,
             )
         } else {
-            let st = w.safetensors().ok_or_else(|| EngineError::Config {
-                path: config_path.to_path_buf(),
-                field: "ple_layer_ids".into(),
-                message: "PLE tables are read from safetensors shards".into(),
-            })?;
             // The int64 hash buffers carry no information beyond the config.
             for b in [
                 "layer_multipliers",
                 "ngram_heads_vocab_sizes",
                 "ngram_heads_offsets",
             ] {
-                st.ignore(&format!("{emb}{b}"));
+                w.ignore(&format!("ple_embedding.{b}"));
             }
-            let single = format!("{emb}ngram_embedding.weight");
-            let names: Vec<String> = if st.has(&single) {
+            let single = "ple_embedding.ngram_embedding.weight".to_string();
+            let names: Vec<String> = if w.has(&single) {
                 vec![single]
             } else {
                 (0..)
-                    .map(|i| format!("{emb}ngram_embedding.shard_{i}.weight"))
-                    .take_while(|n| st.has(n))
+                    .map(|i| format!("ple_embedding.ngram_embedding.shard_{i}.weight"))
+                    .take_while(|n| w.has(n))
                     .collect()
             };
-            PleTable::bind(
-                st,
-                &names,
-                dh,
-                hash.padded_rows,
-                &format!("{emb}ngram_embedding"),
-            )?
+            let mut views = Vec::with_capacity(names.len());
+            for n in &names {
+                let dims = w.dims(n).unwrap_or_default();
+                if dims.len() != 2 || dims[1] != dh {
+                    return Err(w.invalid(n, format!("expected [rows, {dh}], found {dims:?}")));
+                }
+                views.push(w.view(n, &dims)?);
+            }
+            let total: usize = views.iter().map(|v| v.rows()).sum();
+            if total != hash.padded_rows {
+                return Err(w.invalid(
+                    "ple_embedding.ngram_embedding.*",
+                    format!(
+                        "{} tensors hold {total} rows; the config implies {} (padded n-gram vocabulary)",
+                        names.len(),
+                        hash.padded_rows
+                    ),
+                ));
+            }
+            if views.is_empty() {
+                return Err(w.invalid("ple_embedding.ngram_embedding.weight", "missing".into()));
+            }
+            // Shards may differ in type (a GGUF writer's choice per tensor).
+            PleTable::stored(views)
         };
         let eps = cfg.rms_norm_eps;
         Ok(Self {
@@ -328,22 +333,14 @@ impl<B: Backend> Ple<B> {
     }
 }
 
-/// One memory-mapped piece of the n-gram table.
-#[derive(Debug, Clone)]
-struct TableShard {
-    map: Arc<Mmap>,
-    /// Byte offset of row 0 in the map.
-    start: usize,
-    /// First global row of this shard.
-    first_row: usize,
-    dtype: Dtype,
-}
-
 /// The n-gram embedding table, gathered row by row from memory-mapped
-/// checkpoint shards (f32, bf16 or f16 on disk; rows come out as f32).
+/// checkpoint bytes (f32, bf16 or f16 in a safetensors shard or a GGUF;
+/// rows come out as f32).
 #[derive(Debug, Clone)]
 pub struct PleTable {
-    shards: Vec<TableShard>,
+    /// The stored shards in row order (views of the maps), each with its
+    /// first global row.
+    shards: Vec<(usize, QuantTensor)>,
     /// A synthetic table's stream (`load::synthetic`): row `r`'s values
     /// are `uniform(seed, r·dim + i)`, and `shards` is empty.
     synthetic: Option<u64>,
@@ -352,90 +349,25 @@ pub struct PleTable {
 }
 
 impl PleTable {
-    /// Bind `names` (in row order) as one `[rows, dim]` table. Shapes and
-    /// dtypes come from [`SafetensorsDir`] (which also records the tensors as
-    /// used for strict binding); only the byte range is located here, by
-    /// reading the shard's safetensors header.
-    fn bind(
-        st: &mut SafetensorsDir,
-        names: &[String],
-        dim: usize,
-        rows: usize,
-        label: &str,
-    ) -> Result<Self> {
-        let mut maps: HashMap<PathBuf, Arc<Mmap>> = HashMap::new();
-        let mut shards = Vec::with_capacity(names.len());
-        let mut total = 0;
-        for name in names {
-            let path = st.file_of(name);
-            let err = |message: String| EngineError::Tensor {
-                path: path.clone(),
-                tensor: name.clone(),
-                message,
-            };
-            let (shape, dtype) = st
-                .entries()
-                .find(|(n, _)| n == name)
-                .map(|(_, e)| (e.shape.clone(), e.dtype))
-                .ok_or_else(|| err("missing".into()))?;
-            if shape.len() != 2 || shape[1] != dim {
-                return Err(err(format!("expected [rows, {dim}], found {shape:?}")));
-            }
-            let width = match dtype {
-                Dtype::F32 => 4,
-                Dtype::BF16 | Dtype::F16 => 2,
-                other => return Err(err(format!("unsupported dtype {other:?} (f32, bf16, f16)"))),
-            };
-            let map = match maps.get(&path) {
-                Some(m) => m.clone(),
-                None => {
-                    let file =
-                        std::fs::File::open(&path).map_err(|e| err(format!("cannot open: {e}")))?;
-                    // SAFETY: read-only map of a checkpoint; SafetensorsDir
-                    // maps the same file under the same assumption.
-                    let m = Arc::new(
-                        unsafe { Mmap::map(&file) }
-                            .map_err(|e| err(format!("cannot memory-map: {e}")))?,
-                    );
-                    maps.insert(path.clone(), m.clone());
-                    m
-                }
-            };
-            let (header_len, meta) = SafeTensors::read_metadata(&map)
-                .map_err(|e| err(format!("invalid safetensors header: {e}")))?;
-            let info = meta
-                .info(name)
-                .ok_or_else(|| err("not in the shard's header".into()))?;
-            let (s, e) = info.data_offsets;
-            let start = 8 + header_len + s;
-            if e - s != shape[0] * dim * width || 8 + header_len + e > map.len() {
-                return Err(err(format!("{} data bytes for {shape:?} {dtype:?}", e - s)));
-            }
-            shards.push(TableShard {
-                map,
-                start,
-                first_row: total,
-                dtype,
-            });
-            total += shape[0];
-            st.ignore(name);
-        }
-        if total != rows {
-            return Err(EngineError::Tensor {
-                path: st.dir().to_path_buf(),
-                tensor: format!("{label}.*"),
-                message: format!(
-                    "{} tensors hold {total} rows; the config implies {rows} (padded n-gram vocabulary)",
-                    names.len()
-                ),
-            });
-        }
-        Ok(Self {
+    /// A stored table from its shards in row order (at least one, of
+    /// one width).
+    fn stored(views: Vec<QuantTensor>) -> Self {
+        let dim = views[0].cols();
+        let mut first = 0;
+        let shards = views
+            .into_iter()
+            .map(|v| {
+                let at = first;
+                first += v.rows();
+                (at, v)
+            })
+            .collect();
+        Self {
+            rows: first,
+            dim,
             shards,
             synthetic: None,
-            rows,
-            dim,
-        })
+        }
     }
 
     /// A synthetic `[rows, dim]` table of uniform values in [−1, 1).
@@ -450,41 +382,18 @@ impl PleTable {
 
     /// Rows `ids` (each `< rows`) as f32, concatenated: `[ids.len(), dim]`.
     pub fn gather(&self, ids: &[i64]) -> Vec<f32> {
-        let mut out = Vec::with_capacity(ids.len() * self.dim);
-        for &id in ids {
+        let mut out = vec![0f32; ids.len() * self.dim];
+        for (o, &id) in out.chunks_exact_mut(self.dim.max(1)).zip(ids) {
             let id = (id.max(0) as usize).min(self.rows - 1);
             if let Some(seed) = self.synthetic {
                 let first = (id * self.dim) as u64;
-                out.extend(
-                    (0..self.dim as u64).map(|i| crate::load::synthetic::uniform(seed, first + i)),
-                );
+                for (i, v) in o.iter_mut().enumerate() {
+                    *v = crate::load::synthetic::uniform(seed, first + i as u64);
+                }
                 continue;
             }
-            let s = &self.shards[self.shards.partition_point(|s| s.first_row <= id) - 1];
-            let row = id - s.first_row;
-            match s.dtype {
-                Dtype::F32 => {
-                    let b = &s.map[s.start + row * self.dim * 4..][..self.dim * 4];
-                    out.extend(
-                        b.chunks_exact(4)
-                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                    );
-                }
-                Dtype::BF16 => {
-                    let b = &s.map[s.start + row * self.dim * 2..][..self.dim * 2];
-                    out.extend(
-                        b.chunks_exact(2)
-                            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-                    );
-                }
-                _ => {
-                    let b = &s.map[s.start + row * self.dim * 2..][..self.dim * 2];
-                    out.extend(
-                        b.chunks_exact(2)
-                            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
-                    );
-                }
-            }
+            let (first, t) = &self.shards[self.shards.partition_point(|s| s.0 <= id) - 1];
+            t.dequantize_rows(id - first, id - first + 1, o);
         }
         out
     }
