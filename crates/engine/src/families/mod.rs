@@ -47,10 +47,11 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         descriptor: &deepseek_v4::DESCRIPTOR,
-        load: |path, _| {
-            Ok(LoadedModel::DeepseekV4(Box::new(
-                deepseek_v4::DeepseekV4Model::from_hf_dir(path)?,
-            )))
+        load: |path, format| {
+            Ok(LoadedModel::DeepseekV4(Box::new(match format {
+                ModelFormat::Gguf => deepseek_v4::DeepseekV4Model::from_gguf(path)?,
+                ModelFormat::HfDir => deepseek_v4::DeepseekV4Model::from_hf_dir(path)?,
+            })))
         },
     },
     Family {
@@ -314,16 +315,20 @@ impl LoadedModel {
         }
     }
 
-    /// Attach the MTP head in the file `path` (llama family only: the head
-    /// `tools/mtp_head` trains). A head that does not fit is refused and the
+    /// Attach the MTP head in the file `path`: the llama family's (the head
+    /// `tools/mtp_head` trains) or deepseek_v4's (ds4's MTP GGUF,
+    /// `deepseek_v4::gguf`). A head that does not fit is refused and the
     /// model stays as it was.
     pub fn attach_mtp_head(&mut self, path: &Path) -> Result<()> {
         match self {
             LoadedModel::Llama(m) => m.attach_mtp_head(path),
             #[cfg(feature = "cuda")]
             LoadedModel::LlamaCuda(m) => m.attach_mtp_head(path),
+            LoadedModel::DeepseekV4(m) => m.attach_mtp_gguf(path),
+            #[cfg(feature = "cuda")]
+            LoadedModel::DeepseekV4Cuda(m) => m.attach_mtp_gguf(path),
             _ => Err(EngineError::Unsupported(format!(
-                "{}: MTP head files are for the llama family",
+                "{}: MTP head files are for the llama and deepseek_v4 families",
                 self.family_name()
             ))),
         }

@@ -31,7 +31,10 @@ pub(super) fn load(
         return Ok(LoadedModel::Qwen4ExpCuda(Box::new(m)));
     }
     if std::ptr::eq(family, &deepseek_v4::DESCRIPTOR) {
-        let m = deepseek_v4::DeepseekV4Model::load(path, ops)?;
+        let m = match format {
+            ModelFormat::Gguf => deepseek_v4::DeepseekV4Model::load_gguf(path, None, ops)?,
+            ModelFormat::HfDir => deepseek_v4::DeepseekV4Model::load(path, ops)?,
+        };
         return Ok(LoadedModel::DeepseekV4Cuda(Box::new(m)));
     }
     if std::ptr::eq(family, &glm5_next::DESCRIPTOR) {

@@ -6,7 +6,9 @@
 //! layers), a grouped low-rank output projection, MoE with sqrt-softplus
 //! scores, hash routing by token id on the first layers and clamped SwiGLU,
 //! and a one-layer MTP head. Loads Hugging Face directories (transformers'
-//! saved names or the upstream ones), f32/bf16/f16, computed in f32.
+//! saved names or the upstream ones), f32/bf16/f16, computed in f32, and
+//! antirez/ds4's GGUF files ([`gguf`]: `general.architecture` `deepseek4`,
+//! stored types kept, the MTP head from ds4's separate MTP GGUF).
 //!
 //! Written against the op inventory: [`attention`] (window + compressed
 //! entries + the lightning indexer, over the shared compressor layer),
@@ -16,6 +18,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod gguf;
 pub mod model;
 pub mod moe;
 pub mod state;
@@ -30,7 +33,7 @@ use ds4_sampling::Law;
 pub static DESCRIPTOR: FamilyDescriptor = FamilyDescriptor {
     name: "deepseek_v4",
     model_types: &["deepseek_v4"],
-    gguf_architectures: &[],
+    gguf_architectures: &[gguf::GGUF_ARCHITECTURE],
     law: Law::Ds4,
     sampling_defaults: Law::Ds4.default_params(),
 };

@@ -38,7 +38,7 @@ use crate::layers::hyper_connections::{HyperConnection, Mhc};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::RmsNorm;
 use crate::layers::rope::RopeFreqs;
-use crate::load::binder::Binder;
+use crate::load::binder::{Binder, WeightSource};
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
     DeviceRows, ForwardOutput, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow,
@@ -199,6 +199,22 @@ pub struct MtpHead<B: Backend> {
     norm: RmsNorm<B>,
 }
 
+impl<B: Backend> MtpHead<B> {
+    /// Bound under `m`'s scope (`mtp.0`).
+    fn load(m: &mut Binder<'_, B>, cfg: &DeepseekV4Config) -> Result<Self> {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps as f64);
+        Ok(Self {
+            enorm: RmsNorm::load(m, "enorm.weight", h, eps)?,
+            hnorm: RmsNorm::load(m, "hnorm.weight", h, eps)?,
+            e_proj: m.linear("e_proj", h, h)?,
+            h_proj: m.linear("h_proj", h, h)?,
+            layer: DecoderLayer::load(m, cfg, AttnKind::Sliding, MlpKind::TopK)?,
+            hc_head: HcHead::load(m, ["hc_head_fn", "hc_head_base", "hc_head_scale"], cfg)?,
+            norm: RmsNorm::load(m, "norm.weight", h, eps)?,
+        })
+    }
+}
+
 /// A trunk forward with what the decode loops and tests may need.
 #[derive(Debug)]
 pub struct TrunkOutput<B: Backend = CpuOps> {
@@ -235,10 +251,27 @@ impl<B: Backend> DeepseekV4Model<B> {
         let mut st = SafetensorsDir::open(dir)?;
         let config_path = st.config_path();
         let cfg = DeepseekV4Config::from_hf(&config_path, st.config())?;
-        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         // transformers' save: `model.embed_tokens`, `model.hc_head.hc_fn`;
         // upstream: `embed`, `hc_head_fn`.
         let hybrid = st.has("model.embed_tokens.weight");
+        let has_mtp = st.has("mtp.0.e_proj.weight");
+        let model = Self::load_from(&mut st, cfg, hybrid, has_mtp, ops)?;
+        st.finish(&[])?;
+        Ok(model)
+    }
+
+    /// Bind every weight from `src` under the upstream names (`hybrid`:
+    /// transformers' `model.*` top level), and the MTP head when
+    /// `with_mtp`. The caller checks that `src` has nothing left over
+    /// (the GGUF layout in [`super::gguf`] maps these names).
+    pub(super) fn load_from(
+        src: &mut dyn WeightSource,
+        cfg: DeepseekV4Config,
+        hybrid: bool,
+        with_mtp: bool,
+        ops: B,
+    ) -> Result<Self> {
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let (p, embed_name, hc_names) = if hybrid {
             (
                 "model",
@@ -252,9 +285,8 @@ impl<B: Backend> DeepseekV4Model<B> {
                 ["hc_head_fn", "hc_head_base", "hc_head_scale"],
             )
         };
-        let has_mtp = st.has("mtp.0.e_proj.weight");
         let (embed, head, norm, layers, hc_head, mtp) = {
-            let mut root = Binder::new(&mut st, &ops);
+            let mut root = Binder::new(src, &ops);
             let mut w = root.pp(p);
             let embed_w = w.raw(embed_name, &[v, h])?;
             let embed = w.ops().table(embed_w.clone(), v, h)?;
@@ -275,28 +307,13 @@ impl<B: Backend> DeepseekV4Model<B> {
             } else {
                 root.linear("head", v, h)?
             };
-            let mtp = if has_mtp {
-                let mut m = root.pp("mtp.0");
-                let eps = cfg.rms_norm_eps as f64;
-                Some(Box::new(MtpHead {
-                    enorm: RmsNorm::load(&mut m, "enorm.weight", h, eps)?,
-                    hnorm: RmsNorm::load(&mut m, "hnorm.weight", h, eps)?,
-                    e_proj: m.linear("e_proj", h, h)?,
-                    h_proj: m.linear("h_proj", h, h)?,
-                    layer: DecoderLayer::load(&mut m, &cfg, AttnKind::Sliding, MlpKind::TopK)?,
-                    hc_head: HcHead::load(
-                        &mut m,
-                        ["hc_head_fn", "hc_head_base", "hc_head_scale"],
-                        &cfg,
-                    )?,
-                    norm: RmsNorm::load(&mut m, "norm.weight", h, eps)?,
-                }))
+            let mtp = if with_mtp {
+                Some(Box::new(MtpHead::load(&mut root.pp("mtp.0"), &cfg)?))
             } else {
                 None
             };
             (embed, head, norm, layers, hc_head, mtp)
         };
-        st.finish(&[])?;
         let ropes = Ropes {
             main: RopeFreqs::new(
                 cfg.main_rope.theta,
@@ -324,6 +341,16 @@ impl<B: Backend> DeepseekV4Model<B> {
             ropes,
             mtp,
         })
+    }
+
+    /// An MTP head (`mtp.0.*`) bound from `src` for this model.
+    pub(super) fn bind_mtp(&self, src: &mut dyn WeightSource) -> Result<MtpHead<B>> {
+        MtpHead::load(&mut Binder::new(src, &self.ops).pp("mtp.0"), &self.cfg)
+    }
+
+    /// Use `head` as the MTP head (replacing any the model has).
+    pub(super) fn set_mtp(&mut self, head: MtpHead<B>) {
+        self.mtp = Some(Box::new(head));
     }
 
     pub fn config(&self) -> &DeepseekV4Config {
