@@ -17,6 +17,9 @@ py="$here/.venv/bin/python"
 "$py" "$here/glm5_next/generate.py"
 # Stored weight types: block bytes and their values from gguf-py, llama.cpp and torch.
 "$py" "$here/quant/generate.py"
+# The families' tiny checkpoints as FP8 / FP4 / BF16 safetensors (after the families above).
+"$py" "$here/quant_safetensors/generate.py"
+"$py" "$here/hf_gguf/write.py"
 # DeepSeek-V4 serving fixtures come from antirez/ds4's own code (deepseek_v4/README.md).
 if [ -n "${DS4_SRC:-}" ]; then
   "$py" "$here/deepseek_v4/serving.py"

@@ -188,7 +188,7 @@ impl GgufFile {
         let size = ds4_gguf::tensor_bytes(info.ggml_type, &info.dims)
             .expect("the container checked the size");
         let bytes = WeightBytes::range(
-            self.gguf.map.clone() as Arc<dyn AsRef<[u8]> + Send + Sync>,
+            self.gguf.map.clone() as Arc<dyn crate::quant::bytes::WeightOwner>,
             info.offset..info.offset + size,
         )
         .expect("the container checked the range");

@@ -136,7 +136,7 @@ fn view(
 ) -> Result<QuantTensor> {
     let (entry, _, map): (&StEntry, _, _) = dir.raw_entry(name).expect("caller found it");
     let bytes = WeightBytes::range(
-        map.clone() as Arc<dyn AsRef<[u8]> + Send + Sync>,
+        map.clone() as Arc<dyn crate::quant::bytes::WeightOwner>,
         SafetensorsDir::range_of(entry),
     )
     .expect("the reader checked the range");
@@ -185,6 +185,16 @@ fn grid(
             ));
         }
     };
+    if let Some(bad) = values.iter().position(|v| !(v.is_finite() && *v > 0.0)) {
+        return Err(tensor_err(
+            dir,
+            &sname,
+            format!(
+                "scale {bad} is {} (scales are positive and finite; E8M0 255 is NaN)",
+                values[bad]
+            ),
+        ));
+    }
     let found: usize = entry.shape.iter().product();
     if found != want[0] * want[1] || entry.shape.last() != Some(&want[1]) {
         return Err(tensor_err(

@@ -5,19 +5,57 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// What holds stored weight bytes: a read-only file map or a buffer.
+pub trait WeightOwner: Send + Sync {
+    fn bytes(&self) -> &[u8];
+    /// The bytes of `range` will not be read again soon: a file map drops
+    /// its resident pages (they are read back from the file if they are),
+    /// a buffer keeps them.
+    fn release(&self, _range: Range<usize>) {}
+}
+
+impl WeightOwner for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl WeightOwner for memmap2::Mmap {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+
+    fn release(&self, range: Range<usize>) {
+        // Whole pages inside the range only: a neighbouring tensor's pages
+        // stay.
+        let page = 4096;
+        let start = range.start.div_ceil(page) * page;
+        let end = range.end / page * page;
+        if start < end {
+            // SAFETY: the map is read-only and private; MADV_DONTNEED drops
+            // clean file pages, which the kernel reads back from the file
+            // on the next access, so no value changes. An error only means
+            // the pages stay resident.
+            let _ = unsafe {
+                self.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+}
+
 /// A byte range of a shared owner (a `memmap2::Mmap`, a `Vec<u8>`). Cloning
 /// and slicing never copy.
 #[derive(Clone)]
 pub struct WeightBytes {
-    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    owner: Arc<dyn WeightOwner>,
     start: usize,
     len: usize,
 }
 
 impl WeightBytes {
     /// All of `owner`.
-    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Self {
-        let len = (*owner).as_ref().len();
+    pub fn new(owner: Arc<dyn WeightOwner>) -> Self {
+        let len = owner.bytes().len();
         Self {
             owner,
             start: 0,
@@ -31,8 +69,8 @@ impl WeightBytes {
     }
 
     /// `range` of `owner`; `None` when it does not fit.
-    pub fn range(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Option<Self> {
-        let total = (*owner).as_ref().len();
+    pub fn range(owner: Arc<dyn WeightOwner>, range: Range<usize>) -> Option<Self> {
+        let total = owner.bytes().len();
         (range.start <= range.end && range.end <= total).then_some(Self {
             owner,
             start: range.start,
@@ -41,7 +79,14 @@ impl WeightBytes {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.start..self.start + self.len]
+        &self.owner.bytes()[self.start..self.start + self.len]
+    }
+
+    /// These bytes were copied into another layout (a backend's repack or
+    /// upload): a file map may drop their pages, so resident memory is
+    /// the copy, not the copy plus the file.
+    pub fn release(&self) {
+        self.owner.release(self.start..self.start + self.len);
     }
 
     pub fn len(&self) -> usize {

@@ -367,11 +367,15 @@ impl Backend for CpuOps {
                     _ => None,
                 };
                 match format {
-                    // Repacked once into the block kernels' layout.
-                    Some(format) => Ok(CpuMatrix::Block(
-                        BlockMatrix::new(&stored_bytes(&q), format, out, inp)
-                            .map_err(|e| shape_err("matrix", e.to_string()))?,
-                    )),
+                    // Repacked once into the block kernels' layout; the
+                    // file's pages are then released (resident memory is
+                    // the repacked copy, not both).
+                    Some(format) => {
+                        let m = BlockMatrix::new(&stored_bytes(&q), format, out, inp)
+                            .map_err(|e| shape_err("matrix", e.to_string()))?;
+                        q.parts.iter().for_each(|p| p.data.release());
+                        Ok(CpuMatrix::Block(m))
+                    }
                     None => Ok(CpuMatrix::Stored(q)),
                 }
             }
