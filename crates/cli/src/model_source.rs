@@ -70,8 +70,9 @@ pub fn pull_with_progress() -> anyhow::Result<PathBuf> {
 }
 
 /// Load only the tokenizer (cheap: no weights are touched). A model
-/// directory without `tokenizer.json` whose family has a known tokenizer
-/// (DeepSeek-V4) gets that one, pulled into the user cache on first use.
+/// directory without `tokenizer.json`, or a GGUF, whose family has a known
+/// tokenizer (DeepSeek-V4) gets that one, pulled into the user cache on
+/// first use.
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
     let tokenizer: anyhow::Result<Tokenizer> = if path.is_dir() {
         match known_tokenizer(path)? {
@@ -79,6 +80,10 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
             None => Tokenizer::from_hf_dir(path),
         }
         .map_err(Into::into)
+    } else if let Some(dir) = known_tokenizer(path)? {
+        // A GGUF of a family with a known tokenizer (antirez/ds4's
+        // DeepSeek-V4 files) uses that one, as for a directory.
+        Tokenizer::from_hf_dir(dir).map_err(Into::into)
     } else {
         // The engine's GGUF reader parses the metadata from a memory map
         // (`load::gguf`); the tokenizer is built from it.
@@ -174,7 +179,7 @@ pub fn attach_known_head(model: &mut LoadedModel, path: &Path) {
 /// and whose family has one; `None` otherwise (the directory's own files
 /// are read, and a missing tokenizer is reported by that load).
 fn known_tokenizer(dir: &Path) -> anyhow::Result<Option<PathBuf>> {
-    if dir.join("tokenizer.json").is_file() {
+    if dir.is_dir() && dir.join("tokenizer.json").is_file() {
         return Ok(None);
     }
     let Ok((family, _)) = ds4_engine::families::detect(dir) else {

@@ -220,7 +220,28 @@ impl QuantTensor {
         Ok(joined)
     }
 
+    /// Whether [`Self::row_range`] can cut at `r0..r1`: inside the rows,
+    /// and not starting inside a separate-scale block.
+    pub fn can_cut(&self, r0: usize, r1: usize) -> bool {
+        if r0 > r1 || r1 > self.rows() {
+            return false;
+        }
+        let mut base = 0;
+        for p in &self.parts {
+            if let Some(s) = &p.scales
+                && r0 > base
+                && r0 < base + p.rows
+                && !(r0 - base).is_multiple_of(s.block_rows)
+            {
+                return false;
+            }
+            base += p.rows;
+        }
+        true
+    }
+
     /// Rows `r0..r1` as a tensor `[r1 − r0, cols]` (views of the same bytes).
+    /// Panics unless [`Self::can_cut`].
     pub fn row_range(&self, r0: usize, r1: usize) -> QuantTensor {
         assert!(
             r0 <= r1 && r1 <= self.rows(),

@@ -20,8 +20,10 @@
 //! query `score_e = Σ_h w_h/√Hi · relu(q_I,h·K_e)/√di` over the entries the
 //! query may see (`e < (t+1)/m`); the top `index_topk` are kept.
 
+use std::sync::Arc;
+
 use super::config::{AttnKind, DeepseekV4Config};
-use crate::backend::{Backend, EntryKeep};
+use crate::backend::{Backend, EntryKeep, HostWeight};
 use crate::error::{EngineError, Result};
 use crate::layers::compressor::{Compressor, CompressorCache, STEP_BACK};
 use crate::layers::linear::{BindLinear, Linear};
@@ -123,11 +125,23 @@ impl<B: Backend> Attention<B> {
         let (g, ol) = (cfg.o_groups, cfg.o_lora_rank);
         let group_in = nh * d / g;
         // `wo_a` is block-diagonal: rows `i·o_lora ..` act on group i.
-        let wo_a_all = w.tensor("wo_a.weight", &[g * ol, group_in])?;
+        // A stored `wo_a` stays stored: each group is a view of its rows.
+        let wo_a_all = w.raw("wo_a.weight", &[g * ol, group_in])?;
         let wo_a = (0..g)
             .map(|i| {
-                let part = wo_a_all.narrow(0, i * ol, ol)?.contiguous()?;
-                w.linear_from(crate::backend::HostWeight::F32(part), ol, group_in)
+                let part = match &wo_a_all {
+                    HostWeight::Quant(q) if q.can_cut(i * ol, (i + 1) * ol) => {
+                        HostWeight::Quant(Arc::new(q.row_range(i * ol, (i + 1) * ol)))
+                    }
+                    other => HostWeight::F32(
+                        other
+                            .clone()
+                            .to_f32()?
+                            .narrow(0, i * ol, ol)?
+                            .contiguous()?,
+                    ),
+                };
+                w.linear_from(part, ol, group_in)
             })
             .collect::<Result<Vec<_>>>()?;
         let compressor = match kind {
@@ -171,7 +185,17 @@ impl<B: Backend> Attention<B> {
             q_norm: RmsNorm::load(w, "q_norm.weight", cfg.q_lora_rank, cfg.rms_norm_eps as f64)?,
             wq_b: w.linear("wq_b", nh * d, cfg.q_lora_rank)?,
             wkv: w.linear("wkv", d, h)?,
-            kv_norm: RmsNorm::load(w, "norm.weight", d, cfg.rms_norm_eps as f64)?,
+            // DeepSeek's release names it `kv_norm`; transformers' save `norm`.
+            kv_norm: RmsNorm::load(
+                w,
+                if w.has("kv_norm.weight") {
+                    "kv_norm.weight"
+                } else {
+                    "norm.weight"
+                },
+                d,
+                cfg.rms_norm_eps as f64,
+            )?,
             wo_a,
             wo_b: w.linear("wo_b", h, g * ol)?,
             sinks: w.vector("attn_sink", &[nh])?,
