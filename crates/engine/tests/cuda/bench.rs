@@ -449,3 +449,62 @@ fn cuda_bench_launch_overhead() {
     );
     assert!(g.download(&x).unwrap().iter().all(|v| v.is_finite()));
 }
+
+/// Stored types kept as stored (`kernels/stored.cu`, the reference set's
+/// order): a [4096, 4096] product of one row (a decode step) and of four
+/// (a verify window) per type, copies of the matrix cycled so that more
+/// than the 50 MB L2 is read between two uses of one copy; GB/s of stored
+/// bytes (scales included) against the measured device copy. Q4_1 and
+/// Q8_0 (their own warp-per-row kernels) at the same shape for context.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_bench_stored_gemv() {
+    use crate::ops::stored::{TYPES, random_stored};
+    let g = gpu();
+    let n = 1 << 28;
+    let src = g.zeros(n).unwrap();
+    let copy = time(&g, 10, |_| {
+        let mut dst = g.zeros(0).unwrap();
+        g.append(&mut dst, &src).unwrap();
+    });
+    let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
+    println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
+    drop(src);
+    let (n, k) = (4096, 4096);
+    let mut weights: Vec<(String, Arc<ds4_engine::quant::QuantTensor>)> = TYPES
+        .into_iter()
+        .enumerate()
+        .map(|(i, ty)| {
+            (
+                ty.to_string(),
+                Arc::new(random_stored(ty, &[n, k], &[n], 70 + i as u64)),
+            )
+        })
+        .collect();
+    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        weights.push((
+            format!("{dtype:?}"),
+            Arc::new(ds4_engine::quant::from_candle(&qtensor(dtype, n, k, 90)).unwrap()),
+        ));
+    }
+    for (name, q) in weights {
+        let bytes = q.byte_size() as f64;
+        let copies = ((192e6 / bytes).ceil() as usize).clamp(2, 64);
+        let mats: Vec<_> = (0..copies)
+            .map(|_| g.matrix(HostWeight::Quant(q.clone()), n, k).unwrap())
+            .collect();
+        for rows in [1usize, 4] {
+            let x = g.upload(&rnd(rows * k, 3)).unwrap();
+            let iters = (4 * copies).max(32);
+            let t = time(&g, iters, |i| {
+                g.matmul(&x, rows, &mats[i % copies]).unwrap();
+            });
+            report(
+                &format!("stored_gemv_{name}_[{n},{k}]x{rows}_cycled{copies}"),
+                bytes,
+                t,
+                peak,
+            );
+        }
+    }
+}

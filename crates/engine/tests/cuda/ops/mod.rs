@@ -17,3 +17,4 @@ mod memory;
 mod norms;
 mod recurrent;
 mod routing;
+pub(crate) mod stored;

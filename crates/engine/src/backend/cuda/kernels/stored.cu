@@ -540,8 +540,9 @@ __device__ __forceinline__ void st_wait() {
 #endif
 
 // Thread t of nt copies its share of chunk `u0 .. u0 + cnt` (units) of rows
-// wrow0 .. wrow0 + valid into `stage` (row r at r·ST_STRIDE): the words of
-// [s & ~15, s + cnt·UB), s the chunk's first byte in the row.
+// wrow0 .. wrow0 + valid into `stage` (row r at r·ST_STRIDE): the aligned
+// words of [a & ~15, a + cnt·UB), a the address of the chunk's first byte
+// in the row (the kernels need no alignment of the weight buffer).
 template <class F>
 __device__ __forceinline__ void st_issue(u8* stage, const u8* w, u64 rb, u64 wrow0, u32 valid,
                                          u64 u0, u64 cnt, u32 t, u32 nt) {
@@ -549,20 +550,21 @@ __device__ __forceinline__ void st_issue(u8* stage, const u8* w, u64 rb, u64 wro
     for (u32 i = t; i < ST_COLS * wmax; i += nt) {
         u32 r = i / wmax, wd = i % wmax;
         if (r >= valid) break;
-        u64 s = (wrow0 + r) * rb + u0 * F::UB;
+        u64 s = (u64)(w + (wrow0 + r) * rb + u0 * F::UB);
         u64 a = (s & ~(u64)15) + 16 * (u64)wd;
-        if (a < s + cnt * F::UB) st_cp16(stage + r * ST_STRIDE + 16 * wd, w + a);
+        if (a < s + cnt * F::UB) st_cp16(stage + r * ST_STRIDE + 16 * wd, (const u8*)a);
     }
 }
 
 // acc[t] (t < nr) += lane l's share of the staged chunk (`row`: this
-// thread's row of the stage; `s`: the chunk's first byte in memory) against
-// activation rows xr + t·k, units in order, a unit's values in order.
+// thread's row of the stage; `g`: the chunk's first byte in memory, which
+// landed at offset g mod 16) against activation rows xr + t·k, units in
+// order, a unit's values in order.
 template <class F, int T>
 __device__ __forceinline__ void st_compute(float (&acc)[T], u64 nr, const float* xr, u64 k,
-                                           const u8* row, u64 s, u64 u0, u64 cnt, unsigned l,
-                                           const float* srow, const StScales& sc) {
-    const u8* base = row + (s & 15);
+                                           const u8* row, const u8* g, u64 u0, u64 cnt,
+                                           unsigned l, const float* srow, const StScales& sc) {
+    const u8* base = row + ((u64)g & 15);
     for (u64 u = 0; u < cnt; u++) {
         float v[F::LV];
         u32 col0 = (u32)((u0 + u) * F::UV);
@@ -628,7 +630,8 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
         if (live) {
             u64 u0 = c * upc;
             st_compute<F, T>(acc, nr, xr, k, buf + (c % ST_STAGES) * stage + col * ST_STRIDE,
-                             wrow * rb + u0 * F::UB, u0, st_min(upc, units - u0), l, srow, sc);
+                             w + wrow * rb + u0 * F::UB, u0, st_min(upc, units - u0), l, srow,
+                             sc);
         }
     }
     st_wait<0>();

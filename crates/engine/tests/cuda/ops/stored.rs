@@ -1,0 +1,436 @@
+//! Stored weight types kept as stored on the GPU (`backend/cuda/stored.rs`):
+//! products, routed expert products and table rows, every type against the
+//! CPU's reference (`CpuMatrix::Stored`: the f32 kernel over exactly
+//! dequantized rows), bit for bit; rows independent of the window.
+
+use std::sync::Arc;
+
+use ds4_engine::backend::{Backend, CpuOps, CudaOps, Epilogue, HostWeight, Unary};
+use ds4_engine::quant::{QuantTensor, ScaleGrid, WeightBytes, WeightType};
+
+use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
+
+/// Every type the GPU keeps stored through `kernels/stored.cu`.
+pub const TYPES: [WeightType; 15] = [
+    WeightType::F16,
+    WeightType::BF16,
+    WeightType::Q4_0,
+    WeightType::Q5_0,
+    WeightType::Q5_1,
+    WeightType::Q2_K,
+    WeightType::Q3_K,
+    WeightType::Q4_K,
+    WeightType::Q5_K,
+    WeightType::Q6_K,
+    WeightType::Q8_K,
+    WeightType::IQ2_XXS,
+    WeightType::MXFP4,
+    WeightType::FP8_E4M3,
+    WeightType::FP4_E2M1,
+];
+
+/// Scale-grid blocks (rows, columns) of the scaled types: DeepSeek's FP8
+/// 128×128 and its FP4 experts' 1×32.
+pub fn grid_blocks(ty: WeightType) -> (usize, usize) {
+    match ty {
+        WeightType::FP4_E2M1 => (1, 32),
+        _ => (128, 128),
+    }
+}
+
+/// A xorshift stream of bytes and small floats.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn bytes(&mut self, out: &mut Vec<u8>, n: usize) {
+        out.extend((0..n).map(|_| (self.next() >> 24) as u8));
+    }
+
+    /// An f16 block scale: mostly ±[0.002, 0.05], sometimes an f16
+    /// subnormal (its exact widening on the device is part of the test).
+    pub fn scale(&mut self, out: &mut Vec<u8>) {
+        let v = if self.next().is_multiple_of(16) {
+            half::f16::from_bits((self.next() % 1023 + 1) as u16).to_f32()
+        } else {
+            let m = 0.002 + 0.048 * (self.unit() * 0.5 + 0.5);
+            if self.next().is_multiple_of(4) { -m } else { m }
+        };
+        out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
+    }
+}
+
+/// `rows` rows of `cols` values of `ty` as random valid blocks (finite f16
+/// scales, no NaN codes).
+pub fn random_bytes(ty: WeightType, rows: usize, cols: usize, r: &mut Rng) -> Vec<u8> {
+    let units = rows * cols / ty.block_len();
+    let mut b = Vec::with_capacity(units * ty.block_bytes());
+    for _ in 0..units {
+        match ty {
+            WeightType::F16 => b.extend_from_slice(&half::f16::from_f32(r.unit()).to_le_bytes()),
+            WeightType::BF16 => {
+                b.extend_from_slice(&((r.unit().to_bits() >> 16) as u16).to_le_bytes())
+            }
+            WeightType::Q4_0 => {
+                r.scale(&mut b);
+                r.bytes(&mut b, 16);
+            }
+            WeightType::Q5_0 => {
+                r.scale(&mut b);
+                r.bytes(&mut b, 20);
+            }
+            WeightType::Q5_1 => {
+                r.scale(&mut b);
+                r.scale(&mut b);
+                r.bytes(&mut b, 20);
+            }
+            WeightType::Q2_K => {
+                r.bytes(&mut b, 80);
+                r.scale(&mut b);
+                r.scale(&mut b);
+            }
+            WeightType::Q3_K => {
+                r.bytes(&mut b, 108);
+                r.scale(&mut b);
+            }
+            WeightType::Q4_K => {
+                r.scale(&mut b);
+                r.scale(&mut b);
+                r.bytes(&mut b, 140);
+            }
+            WeightType::Q5_K => {
+                r.scale(&mut b);
+                r.scale(&mut b);
+                r.bytes(&mut b, 172);
+            }
+            WeightType::Q6_K => {
+                r.bytes(&mut b, 208);
+                r.scale(&mut b);
+            }
+            WeightType::Q8_K => {
+                let d = 0.001 + 0.01 * (r.unit() * 0.5 + 0.5);
+                b.extend_from_slice(&d.to_le_bytes());
+                r.bytes(&mut b, 288);
+            }
+            WeightType::IQ2_XXS => {
+                r.scale(&mut b);
+                r.bytes(&mut b, 64);
+            }
+            WeightType::MXFP4 => {
+                // E8M0 exponents around 2^-4, now and then the subnormal
+                // halves of codes 0 and 1.
+                let e = match r.next() % 32 {
+                    0 => (r.next() % 2) as u8,
+                    _ => 118 + (r.next() % 12) as u8,
+                };
+                b.push(e);
+                r.bytes(&mut b, 16);
+            }
+            WeightType::FP8_E4M3 => {
+                let mut v = (r.next() >> 24) as u8;
+                if v & 0x7f == 0x7f {
+                    v -= 1; // S.1111.111 is NaN
+                }
+                b.push(v);
+            }
+            WeightType::FP4_E2M1 => r.bytes(&mut b, 1),
+            other => panic!("no random blocks for {other}"),
+        }
+    }
+    b
+}
+
+/// A grid of positive f32 scales with arbitrary mantissas (so the products
+/// round), for `rows × cols` values in blocks of `blocks`.
+fn random_grid(rows: usize, cols: usize, blocks: (usize, usize), r: &mut Rng) -> ScaleGrid {
+    let n = rows.div_ceil(blocks.0) * cols.div_ceil(blocks.1);
+    let values: Vec<f32> = (0..n)
+        .map(|_| (1.0 + 0.999 * (r.unit() * 0.5 + 0.5)) * 2f32.powi((r.next() % 7) as i32 - 6))
+        .collect();
+    ScaleGrid {
+        values: values.into(),
+        block_rows: blocks.0,
+        block_cols: blocks.1,
+    }
+}
+
+/// A stored tensor of `dims` whose rows are `parts` (row counts) joined,
+/// each part with its own scale grid for the scaled types.
+pub fn random_stored(ty: WeightType, dims: &[usize], parts: &[usize], seed: u64) -> QuantTensor {
+    let cols = *dims.last().unwrap();
+    let mut r = Rng::new(seed);
+    let tensors: Vec<QuantTensor> = parts
+        .iter()
+        .map(|&rows| {
+            let scales = ty
+                .needs_scales()
+                .then(|| random_grid(rows, cols, grid_blocks(ty), &mut r));
+            QuantTensor::new(
+                ty,
+                vec![rows, cols],
+                WeightBytes::owned(random_bytes(ty, rows, cols, &mut r)),
+                scales,
+            )
+            .unwrap()
+        })
+        .collect();
+    let refs: Vec<&QuantTensor> = tensors.iter().collect();
+    QuantTensor::join(dims.to_vec(), &refs).unwrap()
+}
+
+/// Reduction lengths per type: a short one (one partial chunk; element
+/// types with a tail below 8) and a long one (several chunks around the
+/// kernel's ring of stages; element types with a tail).
+fn lengths(ty: WeightType) -> [usize; 2] {
+    match ty.block_len() {
+        1 => [13, 2053],
+        2 => [14, 3006],
+        32 => [64, 2784],
+        _ => [256, 3328],
+    }
+}
+
+/// Products of 1, 2, 3, 5 and 17 rows against the CPU, bit for bit, for
+/// every stored type, one part or two joined (the second part's scale grid
+/// starting at its own row 0, inside a grid block of the joined rows); the
+/// rows independent of the window; `matmul_unary` and `matmul_many` the
+/// product's bits.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_stored_matmul_is_bit_identical_to_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    for (ti, ty) in TYPES.into_iter().enumerate() {
+        for (li, k) in lengths(ty).into_iter().enumerate() {
+            for (n, parts) in [(37, vec![37]), (70, vec![45, 25])] {
+                let seed = 1000 + 10 * ti as u64 + li as u64 + n as u64;
+                let q = HostWeight::Quant(Arc::new(random_stored(ty, &[n, k], &parts, seed)));
+                let gm = g.matrix(q.clone(), n, k).unwrap();
+                assert!(
+                    format!("{gm:?}").contains("Stored"),
+                    "{ty}: {gm:?} is not kept stored"
+                );
+                let cm = c.matrix(q, n, k).unwrap();
+                let x = rnd(17 * k, seed + 1);
+                for rows in [1usize, 2, 3, 5, 17] {
+                    let xs = &x[..rows * k];
+                    let gy = down(&g, &g.matmul(&up(&g, xs), rows, &gm).unwrap());
+                    let cy = c.matmul(&xs.to_vec(), rows, &cm).unwrap();
+                    check(
+                        &format!("stored matmul {ty} [{n},{k}] parts {parts:?} x{rows}"),
+                        &gy,
+                        &cy,
+                        0.0,
+                        true,
+                    );
+                }
+                rows_invariant(&format!("stored matmul {ty} [{n},{k}]"), 17, |r| {
+                    down(
+                        &g,
+                        &g.matmul(&up(&g, &x[r.start * k..r.end * k]), r.len(), &gm)
+                            .unwrap(),
+                    )
+                });
+                if li == 0 && parts.len() == 1 {
+                    // The fused forms fall back to the parts: same bits.
+                    let x3 = up(&g, &x[..3 * k]);
+                    let chain = [Unary::Affine(0.25, 0.0), Unary::Silu];
+                    let p = g.matmul(&x3, 3, &gm).unwrap();
+                    let want = down(&g, &g.unary_chain(&p, &chain).unwrap());
+                    let got = down(&g, &g.matmul_unary(&x3, 3, &gm, &chain).unwrap());
+                    assert_eq!(bits(&got), bits(&want), "{ty}: matmul_unary");
+                    let many = g
+                        .matmul_many(
+                            &x3,
+                            3,
+                            &[(&gm, Epilogue::Chain(&[])), (&gm, Epilogue::Chain(&chain))],
+                        )
+                        .unwrap();
+                    assert_eq!(bits(&down(&g, &many[0])), bits(&down(&g, &p)), "{ty}: many");
+                    assert_eq!(bits(&down(&g, &many[1])), bits(&want), "{ty}: many chain");
+                }
+            }
+        }
+    }
+}
+
+/// Gate/up `[E, 2I, H]` and down `[E, H, I]` stacks of `ty`, each expert a
+/// part of its own (its own scale grid), on both backends; and each
+/// expert's matrices alone on the GPU.
+struct Stacks {
+    ggu: <CudaOps as Backend>::Experts,
+    gdn: <CudaOps as Backend>::Experts,
+    cgu: <CpuOps as Backend>::Experts,
+    cdn: <CpuOps as Backend>::Experts,
+    gu_each: Vec<<CudaOps as Backend>::Matrix>,
+    dn_each: Vec<<CudaOps as Backend>::Matrix>,
+}
+
+fn stacks(ty: WeightType, e: usize, h: usize, inter: usize, seed: u64) -> Stacks {
+    let (g, c) = (gpu(), CpuOps);
+    let gu = random_stored(ty, &[e, 2 * inter, h], &vec![2 * inter; e], seed);
+    let dn = random_stored(ty, &[e, h, inter], &vec![h; e], seed + 1);
+    let each = |q: &QuantTensor, out: usize, inp: usize| -> Vec<_> {
+        (0..e)
+            .map(|i| {
+                let m = q.row_range(i * out, (i + 1) * out);
+                g.matrix(HostWeight::Quant(Arc::new(m)), out, inp).unwrap()
+            })
+            .collect()
+    };
+    let (gu_each, dn_each) = (each(&gu, 2 * inter, h), each(&dn, h, inter));
+    let (gu, dn) = (
+        HostWeight::Quant(Arc::new(gu)),
+        HostWeight::Quant(Arc::new(dn)),
+    );
+    Stacks {
+        ggu: g.experts(gu.clone(), e, 2 * inter, h).unwrap(),
+        gdn: g.experts(dn.clone(), e, h, inter).unwrap(),
+        cgu: c.experts(gu, e, 2 * inter, h).unwrap(),
+        cdn: c.experts(dn, e, h, inter).unwrap(),
+        gu_each,
+        dn_each,
+    }
+}
+
+/// Routed SwiGLU experts over stored stacks: every (token, slot) projection
+/// has the bits of a GPU `matmul` by that expert's matrix (which the test
+/// above holds to the CPU's bits), so the output equals those products,
+/// `swiglu` and the slots summed in order on the host, bit for bit; against
+/// the CPU within the SiLU's `exp` (1e-5, as the f32 experts); rows
+/// independent of the window.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_stored_experts_are_their_expert_products() {
+    let (g, c) = (gpu(), CpuOps);
+    let (rows, e, k) = (5, 4, 2);
+    for (ti, ty) in TYPES.into_iter().enumerate() {
+        let (h, inter) = match ty.block_len() {
+            256 => (512, 256),
+            _ => (160, 96),
+        };
+        let s = stacks(ty, e, h, inter, 500 + 7 * ti as u64);
+        let x: Vec<f32> = rnd(rows * h, 52).iter().map(|v| 3.0 * v).collect();
+        let logits = rnd(rows * e, 53);
+        for limit in [None, Some(0.75f32)] {
+            let groute = g
+                .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
+                .unwrap();
+            let croute = c.route_softmax_topk(&logits, rows, e, k, true).unwrap();
+            let (chosen, weights) = g.routing_to_host(&groute).unwrap();
+            assert_eq!(chosen, croute.experts);
+            let gy = down(
+                &g,
+                &g.experts_swiglu(&up(&g, &x), rows, &groute, &s.ggu, &s.gdn, limit)
+                    .unwrap(),
+            );
+            // The same from each expert's own matrices, one pair at a time.
+            let mut want = vec![0f32; rows * h];
+            for t in 0..rows {
+                let xt = up(&g, &x[t * h..(t + 1) * h]);
+                for slot in 0..k {
+                    let ex = chosen[t * k + slot];
+                    let gu = g.matmul(&xt, 1, &s.gu_each[ex]).unwrap();
+                    let act = g.swiglu(&gu, inter, limit).unwrap();
+                    let y = down(&g, &g.matmul(&act, 1, &s.dn_each[ex]).unwrap());
+                    let w = weights[t * k + slot];
+                    for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
+                        *o += w * v;
+                    }
+                }
+            }
+            let what = format!(
+                "stored experts {ty} [{e},{},{h}] limit {limit:?}",
+                2 * inter
+            );
+            assert_eq!(bits(&gy), bits(&want), "{what}: not its expert products");
+            let cy = c
+                .experts_swiglu(&x, rows, &croute, &s.cgu, &s.cdn, limit)
+                .unwrap();
+            check(&what, &gy, &cy, 1e-5, false);
+            rows_invariant(&what, rows, |r| {
+                let l = &logits[r.start * e..r.end * e];
+                let route = g
+                    .route_softmax_topk(&up(&g, l), r.len(), e, k, true)
+                    .unwrap();
+                down(
+                    &g,
+                    &g.experts_swiglu(
+                        &up(&g, &x[r.start * h..r.end * h]),
+                        r.len(),
+                        &route,
+                        &s.ggu,
+                        &s.gdn,
+                        limit,
+                    )
+                    .unwrap(),
+                )
+            });
+        }
+    }
+}
+
+/// Table rows of every stored type (a stored embedding), dequantized on
+/// the device: the CPU's rows bit for bit (repeats, the first and last
+/// rows, an element type's tail); an id past the table is refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_stored_tables_are_the_cpu_rows() {
+    let (g, c) = (gpu(), CpuOps);
+    for (ti, ty) in TYPES.into_iter().enumerate() {
+        let (v, width) = (50, lengths(ty)[1]);
+        let q = HostWeight::Quant(Arc::new(random_stored(
+            ty,
+            &[v, width],
+            &[30, 20],
+            900 + ti as u64,
+        )));
+        let gt = g.table(q.clone(), v, width).unwrap();
+        let ct = c.table(q, v, width).unwrap();
+        let ids = [0u32, 49, 7, 7, 31, 29, 30];
+        let got = down(&g, &g.gather_rows(&gt, &ids).unwrap());
+        let want = c.gather_rows(&ct, &ids).unwrap();
+        check(
+            &format!("stored table {ty} [{v},{width}]"),
+            &got,
+            &want,
+            0.0,
+            true,
+        );
+        assert!(
+            g.gather_rows(&gt, &[50]).is_err(),
+            "{ty}: an id past the table"
+        );
+    }
+}
+
+/// The tests' random stored tensors are valid (every type, joined parts,
+/// scale grids) and give finite CPU products and rows: runs without a GPU.
+#[test]
+fn random_stored_tensors_are_valid_on_the_cpu() {
+    let c = CpuOps;
+    for (ti, ty) in TYPES.into_iter().enumerate() {
+        for k in lengths(ty) {
+            let q = random_stored(ty, &[70, k], &[45, 25], ti as u64);
+            assert_eq!(q.parts.len(), 2, "{ty}");
+            let m = c.matrix(HostWeight::Quant(Arc::new(q)), 70, k).unwrap();
+            let y = c.matmul(&rnd(3 * k, 5), 3, &m).unwrap();
+            assert!(y.iter().all(|v| v.is_finite()), "{ty} k={k}");
+            assert!(y.iter().any(|&v| v != 0.0), "{ty} k={k}");
+        }
+    }
+}
