@@ -493,6 +493,17 @@ pub struct BenchArgs {
     /// Seed of the `--synthetic` weights and prompt.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The stored types of the `--synthetic` weights: `ds4-q2` / `ds4-q4`
+    /// (antirez/ds4's DeepSeek-V4-Flash recipes, per tensor group; the
+    /// default for deepseek_v4 is `ds4-q2`) or `q4_1` (every projection
+    /// Q4_1 made on the device, small parameters f32: qwen4_exp's default).
+    #[arg(long, value_name = "RECIPE", requires = "synthetic")]
+    pub weights: Option<String>,
+    /// With `--synthetic`: print the weight bytes per stored type of the
+    /// shape (from the family's tensor list) without making any weight,
+    /// then stop.
+    #[arg(long, requires = "synthetic")]
+    pub dry_run: bool,
     /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
     /// built in).
     #[arg(long, requires = "mtp")]

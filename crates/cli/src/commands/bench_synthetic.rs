@@ -1,7 +1,16 @@
-//! `ds4server bench --synthetic FAMILY [--shape full|tiny|PATH.json]`:
-//! prefill and decode of a family at its real configuration with random
-//! weights (`ds4_engine::load::synthetic`: 4-bit projections and expert
-//! stacks, generated on the device on CUDA), against the memory roofline.
+//! `ds4server bench --synthetic FAMILY [--shape full|tiny|PATH.json]
+//! [--weights q4_1|ds4-q2|ds4-q4] [--dry-run]`: prefill and decode of a
+//! family at its real configuration with random weights
+//! (`ds4_engine::load::synthetic`: 4-bit projections and expert stacks,
+//! generated on the device on CUDA; or, for deepseek_v4, antirez/ds4's real
+//! stored types per tensor group, `load::synthetic::stored`, made on the
+//! host), against the memory roofline.
+//!
+//! With ds4's recipes the bench reports the weight bytes per stored type
+//! (against ds4's published file sizes), and with `--prompts 512,2048`
+//! prefills each length from an empty state. `--dry-run` prints the bytes
+//! per type from the family's tensor list without making any weight (the
+//! full shape does not fit a development machine's memory).
 //!
 //! The bytes a decode step must read are counted from the weights the
 //! synthetic source handed out: every weight once, except the expert stacks
@@ -15,6 +24,9 @@ use std::time::Instant;
 
 use ds4_engine::decode::prefill;
 use ds4_engine::families::LoadedModel;
+use ds4_engine::load::synthetic::stored::{
+    Ds4Recipe, StoredLedger, deepseek_v4_dry_ledger, type_totals,
+};
 use ds4_engine::load::synthetic::{Ledger, hash64, shape_config};
 use ds4_engine::{LogitsRows, Model, ModelState};
 
@@ -39,8 +51,37 @@ pub struct SyntheticReport {
     pub decode_digest: u64,
 }
 
+/// Which weights `--synthetic` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weights {
+    /// Q4_1 projections made on the device, small f32 parameters.
+    Q4_1,
+    /// antirez/ds4's stored types per tensor group.
+    Ds4(Ds4Recipe),
+}
+
+/// `--weights`, or the family's default (`ds4-q2` for deepseek_v4, Q4_1
+/// otherwise).
+pub fn weights_of(family: &str, weights: Option<&str>) -> anyhow::Result<Weights> {
+    Ok(match weights {
+        None if family == "deepseek_v4" => Weights::Ds4(Ds4Recipe::Q2),
+        None | Some("q4_1") => Weights::Q4_1,
+        Some(s) => Weights::Ds4(
+            Ds4Recipe::parse(s)
+                .ok_or_else(|| anyhow::anyhow!("--weights {s}: expected q4_1, ds4-q2 or ds4-q4"))?,
+        ),
+    })
+}
+
 pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     let config = shape_config(family, &args.shape)?;
+    let weights = weights_of(family, args.weights.as_deref())?;
+    if let Weights::Ds4(recipe) = weights {
+        return bench_stored(family, &config, recipe, args);
+    }
+    if args.dry_run {
+        anyhow::bail!("--dry-run counts the bytes of --weights ds4-q2 / ds4-q4 (deepseek_v4)");
+    }
     let device = crate::model_source::device(args.model.device)?;
     let start = Instant::now();
     let (loaded, ledger) = LoadedModel::synthetic(family, &config, args.seed, false, device)?;
@@ -112,6 +153,139 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// GB and GiB of `bytes`.
+fn gb(bytes: usize) -> String {
+    format!(
+        "{:.3} GB ({:.3} GiB)",
+        bytes as f64 / 1e9,
+        bytes as f64 / (1u64 << 30) as f64
+    )
+}
+
+/// The bytes per stored type and in all, against ds4's file of `recipe`.
+fn print_types(ledger: &StoredLedger, recipe: Ds4Recipe) {
+    let (mut stored, mut held, mut params) = (0usize, 0usize, 0usize);
+    for (ty, (n, b, h)) in type_totals(ledger) {
+        println!(
+            "REPORT weights type={ty} tensors={n} stored={} held={}",
+            gb(b),
+            gb(h)
+        );
+        stored += b;
+        held += h;
+    }
+    for e in ledger.values().filter(|e| e.ty != "I32") {
+        params += e.dims.iter().product::<usize>();
+    }
+    println!(
+        "REPORT weights_total recipe={} params={:.3}B stored={} held={} (ds4's file: about {}; held: as the loader keeps it, vectors as f32)",
+        recipe.name(),
+        params as f64 / 1e9,
+        gb(stored),
+        gb(held),
+        recipe.published_size()
+    );
+}
+
+/// The host's peak resident memory (`VmHWM`), bytes.
+fn host_peak_bytes() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// deepseek_v4 in ds4's stored types: the bytes per type, then (unless
+/// `--dry-run`) the load, a prefill of each `--prompts` length (or
+/// `--ctx-start`) from an empty state and `--gen` greedy decode steps.
+fn bench_stored(
+    family: &str,
+    config: &serde_json::Value,
+    recipe: Ds4Recipe,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
+    if family != "deepseek_v4" {
+        anyhow::bail!(
+            "--weights {}: ds4's recipes are for deepseek_v4, not {family}",
+            recipe.name()
+        );
+    }
+    if args.dry_run {
+        let path = std::path::PathBuf::from(format!("synthetic:{family}"));
+        let cfg = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
+        println!(
+            "REPORT dry_run synthetic={family} shape={} recipe={} (no weight made)",
+            args.shape,
+            recipe.name()
+        );
+        print_types(&deepseek_v4_dry_ledger(&cfg, recipe), recipe);
+        return Ok(());
+    }
+    let device = crate::model_source::device(args.model.device)?;
+    let start = Instant::now();
+    let (loaded, ledger) =
+        LoadedModel::synthetic_stored(family, config, args.seed, recipe, device)?;
+    let load_secs = start.elapsed().as_secs_f64();
+    println!(
+        "REPORT synthetic={family} shape={} recipe={} device={device:?} load_s={load_secs:.1} host_peak={}",
+        args.shape,
+        recipe.name(),
+        host_peak_bytes().map_or("?".into(), gb)
+    );
+    print_types(&ledger, recipe);
+    let held: Ledger = ledger
+        .iter()
+        .filter(|(_, e)| e.ty != "I32")
+        .map(|(n, e)| (n.clone(), e.held))
+        .collect();
+    let count = |key: &str| config.get(key).and_then(|v| v.as_u64()).unwrap_or(1) as usize;
+    let lens = if args.prompts.is_empty() {
+        vec![args.ctx_start]
+    } else {
+        args.prompts.clone()
+    };
+    for len in lens {
+        let report =
+            ds4_engine::with_model!(&loaded, model => run_at(model, args, len, load_secs))?;
+        let step = step_bytes(
+            &held,
+            count("num_experts_per_tok"),
+            count("n_routed_experts"),
+            count("vocab_size"),
+        );
+        println!(
+            "REPORT prefill_tokens={} prefill_tok_s={:.1} decode_tokens={} decode_tok_s={:.2} step_ms={:.3}",
+            report.prefill_tokens,
+            report.prefill_tps,
+            report.gen_tokens,
+            report.gen_tps,
+            1e3 / report.gen_tps.max(1e-12)
+        );
+        let verify: Vec<String> = report
+            .verify_secs
+            .iter()
+            .enumerate()
+            .map(|(k, t)| format!("K={k}:{:.3}ms({:.2}x)", t * 1e3, t / report.verify_secs[0]))
+            .collect();
+        println!("REPORT verify_rows {}", verify.join(" "));
+        println!("REPORT decode_digest={:016x}", report.decode_digest);
+        println!(
+            "REPORT step_bytes_mb={:.1} (weights {:.1}: dense {:.1}, experts {:.1}, head {:.1}; state {:.1})",
+            (step.weights + report.state_bytes) as f64 / 1e6,
+            step.weights as f64 / 1e6,
+            step.dense as f64 / 1e6,
+            step.experts as f64 / 1e6,
+            step.head as f64 / 1e6,
+            report.state_bytes as f64 / 1e6
+        );
+    }
+    println!(
+        "REPORT host_peak={}",
+        host_peak_bytes().map_or("?".into(), gb)
+    );
+    Ok(())
+}
+
 /// Eager forwards of 1..=4 rows from a `--ctx-start` prefill: their kernel
 /// launches and times, which say what a verify window adds to a step. With
 /// `DS4_PROFILE_WINDOWS=1,2` the forwards of those row counts run inside the
@@ -131,7 +305,7 @@ fn window_profile(
     let ops = m.ops();
     let graphs = ops.graphs();
     ops.set_graphs(false);
-    let prompt = bench_prompt(args, m.vocab_size());
+    let prompt = bench_prompt(args, args.ctx_start, m.vocab_size());
     let mut state = m.new_state();
     prefill(m, &mut state, &prompt, args.chunk, &mut |_| {})?;
     let mut rows_report = Vec::new();
@@ -240,18 +414,19 @@ pub struct StepBytes {
 }
 
 /// From a source's ledger: the routed experts at `k / e` of their stacks,
-/// one row of the embedding table, no MTP head, every other weight once.
+/// one row of the embedding table, no MTP head, every other weight once
+/// (qwen4_exp's names and DeepSeek's upstream `embed` / `head`).
 pub fn step_bytes(ledger: &Ledger, k: usize, e: usize, vocab: usize) -> StepBytes {
     let mut s = StepBytes::default();
     for (name, &b) in ledger {
         if name.starts_with("mtp.") {
             continue;
         }
-        if name.ends_with("embed_tokens.weight") {
+        if name.ends_with("embed_tokens.weight") || name == "embed.weight" {
             s.dense += b / vocab.max(1);
         } else if name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj") {
             s.experts += b / e.max(1) * k;
-        } else if name.starts_with("lm_head") {
+        } else if name.starts_with("lm_head") || name == "head.weight" {
             s.head += b;
         } else {
             s.dense += b;
@@ -281,9 +456,9 @@ fn finite(logits: &[f32], what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The bench's `--ctx-start` random prompt (fixed by `--seed`).
-fn bench_prompt(args: &BenchArgs, vocab: usize) -> Vec<u32> {
-    (0..args.ctx_start as u64)
+/// The bench's random prompt of `len` tokens (fixed by `--seed`).
+fn bench_prompt(args: &BenchArgs, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len as u64)
         .map(|i| (hash64(args.seed ^ 0x5eed, i) % vocab as u64) as u32)
         .collect()
 }
@@ -296,8 +471,18 @@ pub fn run<M: Model>(
     args: &BenchArgs,
     load_secs: f64,
 ) -> anyhow::Result<SyntheticReport> {
+    run_at(model, args, args.ctx_start, load_secs)
+}
+
+/// [`run`] with a prompt of `prompt_len` tokens.
+pub fn run_at<M: Model>(
+    model: &M,
+    args: &BenchArgs,
+    prompt_len: usize,
+    load_secs: f64,
+) -> anyhow::Result<SyntheticReport> {
     let vocab = model.vocab_size() as u64;
-    let prompt = bench_prompt(args, model.vocab_size());
+    let prompt = bench_prompt(args, prompt_len, model.vocab_size());
     if prompt.is_empty() || args.gen_tokens == 0 {
         anyhow::bail!("--ctx-start and --gen must be positive");
     }
@@ -386,6 +571,79 @@ mod tests {
         assert_eq!(s.dense, 100 + 7);
         assert_eq!(s.head, 50);
         assert_eq!(s.weights, 457);
+    }
+
+    /// deepseek_v4 in ds4's stored types on the CPU at the tiny shape:
+    /// finite, deterministic for a seed, both recipes; the step's bytes
+    /// count the routed experts at k / E.
+    #[test]
+    fn synthetic_stored_tiny_bench_runs_on_the_cpu() {
+        let cli = crate::args::Cli::parse_from([
+            "ds4server",
+            "bench",
+            "--synthetic",
+            "deepseek_v4",
+            "--shape",
+            "tiny",
+            "--weights",
+            "ds4-q4",
+            "--device",
+            "cpu",
+            "--ctx-start",
+            "40",
+            "--gen",
+            "3",
+        ]);
+        let crate::args::Command::Bench(args) = cli.command else {
+            panic!("not a bench command");
+        };
+        assert_eq!(
+            weights_of("deepseek_v4", args.weights.as_deref()).unwrap(),
+            Weights::Ds4(Ds4Recipe::Q4)
+        );
+        assert_eq!(
+            weights_of("deepseek_v4", None).unwrap(),
+            Weights::Ds4(Ds4Recipe::Q2)
+        );
+        assert_eq!(weights_of("qwen4_exp", None).unwrap(), Weights::Q4_1);
+        assert!(weights_of("qwen4_exp", Some("ds4-q3")).is_err());
+        let config = shape_config("deepseek_v4", "tiny").unwrap();
+        let logits = |seed: u64, recipe: Ds4Recipe| {
+            let (loaded, ledger) = LoadedModel::synthetic_stored(
+                "deepseek_v4",
+                &config,
+                seed,
+                recipe,
+                ds4_engine::families::Device::Cpu,
+            )
+            .unwrap();
+            let LoadedModel::DeepseekV4(m) = &loaded else {
+                panic!("not the CPU deepseek_v4 model");
+            };
+            let report = run_at(&**m, &args, 40, 0.0).unwrap();
+            assert!(report.gen_tps > 0.0 && report.verify_secs.len() == 4);
+            let mut state = m.new_state();
+            let out = m.forward(&[5, 6, 7], &mut state, LogitsRows::All).unwrap();
+            (out.logits, ledger)
+        };
+        let (a, ledger) = logits(3, Ds4Recipe::Q2);
+        let (b, _) = logits(3, Ds4Recipe::Q2);
+        let (c, _) = logits(4, Ds4Recipe::Q2);
+        let (d, _) = logits(3, Ds4Recipe::Q4);
+        assert!(a.iter().all(|v| v.is_finite()) && d.iter().all(|v| v.is_finite()));
+        assert_eq!(a, b, "same seed, same weights");
+        assert_ne!(a, c, "another seed, other weights");
+        assert_ne!(a, d, "another recipe, other weights");
+        let held: Ledger = ledger
+            .iter()
+            .filter(|(_, e)| e.ty != "I32")
+            .map(|(n, e)| (n.clone(), e.held))
+            .collect();
+        let s = step_bytes(&held, 2, 8, 512);
+        let gu = ledger["layers.0.ffn.experts.gate_up_proj"].bytes;
+        assert_eq!(gu, 8 * 512 * 66, "IQ2_XXS: 66 bytes per 256");
+        assert_eq!(ledger["head.weight"].bytes, s.head);
+        assert!(s.experts > 0 && s.dense > 0);
     }
 
     /// The synthetic source and the bench path on the CPU at the tiny

@@ -259,6 +259,57 @@ impl LoadedModel {
         Ok((model, src.ledger().clone()))
     }
 
+    /// `family` (deepseek_v4) with random weights in a checkpoint's real
+    /// stored types ([`crate::load::synthetic::stored`]: antirez/ds4's q2 /
+    /// q4 recipe), without the MTP head, on `device`, bound by the family's
+    /// own loader; also every tensor's type and bytes, by name.
+    pub fn synthetic_stored(
+        family: &str,
+        config: &serde_json::Value,
+        seed: u64,
+        recipe: crate::load::synthetic::stored::Ds4Recipe,
+        device: Device,
+    ) -> Result<(Self, crate::load::synthetic::stored::StoredLedger)> {
+        if family != deepseek_v4::DESCRIPTOR.name {
+            return Err(EngineError::Unsupported(format!(
+                "{}: stored-type synthetic weights are for deepseek_v4, not `{family}`",
+                recipe.name()
+            )));
+        }
+        let path = std::path::PathBuf::from(format!("synthetic:{family}:{}", recipe.name()));
+        let cfg = deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
+        let mut src = crate::load::synthetic::stored::StoredSource::new(
+            seed,
+            recipe,
+            cfg.n_routed_experts,
+            family,
+        );
+        let model = match device {
+            Device::Cpu => {
+                LoadedModel::DeepseekV4(Box::new(deepseek_v4::DeepseekV4Model::load_synthetic(
+                    &mut src,
+                    cfg,
+                    crate::backend::CpuOps,
+                )?))
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                LoadedModel::DeepseekV4Cuda(Box::new(deepseek_v4::DeepseekV4Model::load_synthetic(
+                    &mut src,
+                    cfg,
+                    crate::backend::CudaOps::new(n)?,
+                )?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => {
+                return Err(EngineError::Unsupported(
+                    "this build has no CUDA backend (build with `--features cuda`)".into(),
+                ));
+            }
+        };
+        Ok((model, src.into_ledger()))
+    }
+
     pub fn descriptor(&self) -> &'static FamilyDescriptor {
         match self {
             LoadedModel::Llama(_) => &llama::DESCRIPTOR,

@@ -17,6 +17,9 @@
 //! Scales: a Q4_1 weight is `u·d + m`, `u` uniform in 0..16, `m = −7.5·d`,
 //! so its variance is `d²·255/12`; `d = 1/sqrt(in·255/12)` keeps a row's
 //! output at the input's scale, and activations stay finite over 48 layers.
+//!
+//! [`stored`] makes weights in a checkpoint's real stored types instead
+//! (DeepSeek-V4-Flash in antirez/ds4's q2 / q4 recipes), on the host.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,6 +31,9 @@ use super::binder::WeightSource;
 use crate::backend::HostWeight;
 use crate::error::{EngineError, Result};
 use crate::quant::{QuantTensor, WeightBytes, WeightType};
+
+#[path = "synthetic_stored.rs"]
+pub mod stored;
 
 /// SplitMix64's output for counter `i` of stream `seed`.
 pub fn hash64(seed: u64, i: u64) -> u64 {
@@ -250,6 +256,8 @@ pub fn shape_config(family: &str, shape: &str) -> Result<serde_json::Value> {
     let text = match (family, shape) {
         ("qwen4_exp", "full") => QWEN4_EXP_FULL.to_string(),
         ("qwen4_exp", "tiny") => QWEN4_EXP_TINY.to_string(),
+        ("deepseek_v4", "full") => DEEPSEEK_V4_FULL.to_string(),
+        ("deepseek_v4", "tiny") => DEEPSEEK_V4_TINY.to_string(),
         (_, path) if path.ends_with(".json") => {
             std::fs::read_to_string(path).map_err(|e| EngineError::File {
                 path: PathBuf::from(path),
@@ -258,7 +266,7 @@ pub fn shape_config(family: &str, shape: &str) -> Result<serde_json::Value> {
         }
         (f, s) => {
             return Err(EngineError::Unsupported(format!(
-                "no synthetic shape `{s}` for family `{f}` (qwen4_exp: full, tiny, or a config.json path)"
+                "no synthetic shape `{s}` for family `{f}` (qwen4_exp, deepseek_v4: full, tiny, or a config.json path)"
             )));
         }
     };
@@ -293,6 +301,62 @@ const QWEN4_EXP_FULL: &str = r#"{
   "full_attention_interval": 4,
   "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
     "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "mrope_interleaved": true}
+}"#;
+
+/// DeepSeek-V4-Flash (284 B parameters): `deepseek-ai/DeepSeek-V4-Flash`'s
+/// `config.json` as published (read in a public copy,
+/// `chenwainuo/mtp-tree-attention-evolution@93fc479:configs/deepseek-v4-flash-config.json`,
+/// and the same constants in antirez/ds4's `ds4.c`: 43 layers, 4096 wide,
+/// vocabulary 129280, 64 heads of 512, q rank 1024, 8 output groups of
+/// rank 1024, 256 experts of 2048 with 6 routed, 3 hash layers, window 128,
+/// indexer 64 × 128 top 512, 4 streams, 20 Sinkhorn steps). The file's
+/// `compress_ratios` has 44 entries (the last is the MTP layer's; the
+/// parser keeps the first 43); its flat `rope_scaling` is given here as
+/// `rope_parameters`, the form transformers 5 converts it to (YaRN on the
+/// compressed layers' rope only), with the quantization keys left out.
+const DEEPSEEK_V4_FULL: &str = r#"{
+  "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+  "attention_bias": false, "bos_token_id": 0, "eos_token_id": 1,
+  "hc_eps": 1e-06, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+  "head_dim": 512, "hidden_act": "silu", "hidden_size": 4096,
+  "index_head_dim": 128, "index_n_heads": 64, "index_topk": 512,
+  "max_position_embeddings": 1048576, "moe_intermediate_size": 2048,
+  "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+  "num_attention_heads": 64, "num_experts_per_tok": 6, "num_hidden_layers": 43,
+  "num_hash_layers": 3, "num_key_value_heads": 1, "num_nextn_predict_layers": 1,
+  "o_groups": 8, "o_lora_rank": 1024, "q_lora_rank": 1024, "qk_rope_head_dim": 64,
+  "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+    "beta_fast": 32, "beta_slow": 1},
+  "rope_theta": 10000, "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus",
+  "sliding_window": 128, "swiglu_limit": 10.0, "tie_word_embeddings": false,
+  "topk_method": "noaux_tc", "vocab_size": 129280, "compress_rope_theta": 160000,
+  "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
+    4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
+    4, 128, 4, 128, 4, 128, 4, 0]
+}"#;
+
+/// A tiny DeepSeek-V4 whose every stored matrix is whole 256-value blocks
+/// (hidden and expert width 256, so ds4's K / IQ expert types apply) and
+/// whose Q8_0 inputs are whole 32-blocks: all three attention kinds, hash
+/// and learned routing.
+const DEEPSEEK_V4_TINY: &str = r#"{
+  "model_type": "deepseek_v4", "vocab_size": 512, "hidden_size": 256,
+  "num_hidden_layers": 5,
+  "layer_types": ["sliding_attention", "compressed_sparse_attention",
+    "heavily_compressed_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+  "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe", "moe"],
+  "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
+  "partial_rotary_factor": 0.25, "q_lora_rank": 64, "o_groups": 2, "o_lora_rank": 32,
+  "index_n_heads": 4, "index_head_dim": 32, "index_topk": 16,
+  "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+  "sliding_window": 32, "compress_rates": {"compressed_sparse_attention": 4,
+    "heavily_compressed_attention": 128},
+  "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06, "rms_norm_eps": 1e-06,
+  "max_position_embeddings": 1048576, "eos_token_id": 1,
+  "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+  "rope_parameters": {"rope_type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+    "beta_fast": 32, "beta_slow": 1}
 }"#;
 
 #[cfg(test)]
@@ -332,5 +396,32 @@ mod tests {
                 .unwrap();
         }
         assert!(shape_config("qwen4_exp", "huge").is_err());
+        for s in ["full", "tiny"] {
+            let j = shape_config("deepseek_v4", s).unwrap();
+            let c = crate::families::deepseek_v4::DeepseekV4Config::from_hf(
+                std::path::Path::new(s),
+                &j,
+            )
+            .unwrap();
+            assert_eq!(c.attn.len(), c.num_layers);
+        }
+        let full = crate::families::deepseek_v4::DeepseekV4Config::from_hf(
+            std::path::Path::new("full"),
+            &shape_config("deepseek_v4", "full").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                full.num_layers,
+                full.hidden_size,
+                full.n_routed_experts,
+                full.rope_dim
+            ),
+            (43, 4096, 256, 64)
+        );
+        assert!(matches!(
+            full.compress_rope.scaling,
+            crate::layers::rope::RopeScaling::Yarn { .. }
+        ));
     }
 }

@@ -500,6 +500,19 @@ impl<B: Backend> DeepseekV4Model<B> {
     }
 }
 
+/// Synthetic weights (`bench --synthetic deepseek_v4`).
+impl<B: Backend> DeepseekV4Model<B> {
+    /// Bind random weights from `src` (`load::synthetic::stored`: ds4's
+    /// stored types under the upstream names), without the MTP head.
+    pub fn load_synthetic(
+        src: &mut crate::load::synthetic::stored::StoredSource,
+        cfg: DeepseekV4Config,
+        ops: B,
+    ) -> Result<Self> {
+        Self::load_from(src, cfg, false, false, ops)
+    }
+}
+
 impl<B: Backend> Model for DeepseekV4Model<B> {
     type State = DeepseekV4State<B>;
     type MtpHistory = MtpState<B>;
