@@ -24,6 +24,12 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
     sign * mag
 }
 
+/// [`e4m3_to_f32`] of every code, built once.
+pub(super) fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|b| e4m3_to_f32(b as u8)))
+}
+
 /// E8M0 (an unsigned power-of-two exponent, bias 127) → `2^(e − 127)`;
 /// 255 is NaN (OCP MX). `2^-127` is an f32 subnormal, exact.
 pub fn e8m0_to_f32(e: u8) -> f32 {

@@ -137,13 +137,17 @@ pub(super) fn q6_k(src: &[u8], dst: &mut [f32]) {
             let ql = &b[64 * half..][..64];
             let qh = &b[128 + 32 * half..][..32];
             let sc = &b[192 + 8 * half..][..8];
-            for (k, v) in out.iter_mut().enumerate() {
-                let (t, l) = (k / 32, k % 32);
-                let low = (ql[l + 32 * (t % 2)] >> (4 * (t / 2))) & 0xF;
-                let high = (qh[l] >> (2 * t)) & 3;
-                let q = (low | (high << 4)) as i32 - 32;
-                let scale = sc[l / 16 + 2 * t] as i8;
-                *v = d * scale as f32 * q as f32;
+            // By runs of 16 values sharing a scale, so `d · sc` is formed
+            // once per run (the same value) and the run vectorizes.
+            for (run, o) in out.chunks_exact_mut(16).enumerate() {
+                let (t, l0) = (run / 2, 16 * (run % 2));
+                let ds = d * (sc[l0 / 16 + 2 * t] as i8) as f32;
+                let (ql, qh) = (&ql[l0 + 32 * (t % 2)..][..16], &qh[l0..][..16]);
+                let (sl, sh) = (4 * (t / 2), 2 * t);
+                for ((v, &lo), &hi) in o.iter_mut().zip(ql).zip(qh) {
+                    let q = (((lo >> sl) & 0xF) | (((hi >> sh) & 3) << 4)) as i32 - 32;
+                    *v = ds * q as f32;
+                }
             }
         }
     }

@@ -49,16 +49,32 @@ pub fn scaled(ty: WeightType, src: &[u8], scales: &[f32], block_cols: usize, dst
     match ty {
         WeightType::FP8_E4M3 => {
             assert_eq!(src.len(), dst.len(), "F8_E4M3: one byte per value");
-            for (c, (d, &b)) in dst.iter_mut().zip(src).enumerate() {
-                *d = e4m3_to_f32(b) * scales[c / block_cols];
+            let lut = float::e4m3_table();
+            for ((d, b), &s) in dst
+                .chunks_mut(block_cols)
+                .zip(src.chunks(block_cols))
+                .zip(scales)
+            {
+                for (d, &b) in d.iter_mut().zip(b) {
+                    *d = lut[b as usize] * s;
+                }
             }
         }
         WeightType::FP4_E2M1 => {
             assert_eq!(src.len() * 2, dst.len(), "FP4: two values per byte");
-            for (i, (pair, &b)) in dst.chunks_exact_mut(2).zip(src).enumerate() {
-                let s = scales[2 * i / block_cols];
-                pair[0] = float::E2M1[(b & 0xF) as usize] * s;
-                pair[1] = float::E2M1[(b >> 4) as usize] * s;
+            assert!(
+                block_cols.is_multiple_of(2),
+                "FP4 scale blocks hold whole pairs"
+            );
+            for ((d, b), &s) in dst
+                .chunks_mut(block_cols)
+                .zip(src.chunks(block_cols / 2))
+                .zip(scales)
+            {
+                for (pair, &b) in d.chunks_exact_mut(2).zip(b) {
+                    pair[0] = float::E2M1[(b & 0xF) as usize] * s;
+                    pair[1] = float::E2M1[(b >> 4) as usize] * s;
+                }
             }
         }
         _ => panic!("{ty} has no separate scales (dequant::blocks)"),
