@@ -134,6 +134,10 @@ impl StoredWeights {
                 dev.stream
                     .memcpy_htod(bytes, &mut data.slice_mut(at..at + bytes.len()))
                     .map_err(|e| EngineError::Device(format!("host-to-device copy: {e:?}")))?;
+                // A copy from pageable memory returns once the bytes are
+                // staged, so a file map may drop these pages: the host
+                // keeps no second copy of an uploaded model.
+                p.data.release();
             }
             at += bytes.len();
         }
