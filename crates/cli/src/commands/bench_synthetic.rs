@@ -25,7 +25,7 @@ use std::time::Instant;
 use ds4_engine::decode::prefill;
 use ds4_engine::families::LoadedModel;
 use ds4_engine::load::synthetic::stored::{
-    Ds4Recipe, StoredLedger, deepseek_v4_dry_ledger, type_totals,
+    Ds4Recipe, StoredLedger, deepseek_v4_dry_ledger, making_secs, type_totals,
 };
 use ds4_engine::load::synthetic::{Ledger, hash64, shape_config};
 use ds4_engine::{LogitsRows, Model, ModelState};
@@ -227,9 +227,10 @@ fn bench_stored(
         LoadedModel::synthetic_stored(family, config, args.seed, recipe, device)?;
     let load_secs = start.elapsed().as_secs_f64();
     println!(
-        "REPORT synthetic={family} shape={} recipe={} device={device:?} load_s={load_secs:.1} host_peak={}",
+        "REPORT synthetic={family} shape={} recipe={} device={device:?} load_s={load_secs:.1} (making the weights on the host {:.1} s) host_peak={}",
         args.shape,
         recipe.name(),
+        making_secs(),
         host_peak_bytes().map_or("?".into(), gb)
     );
     print_types(&ledger, recipe);

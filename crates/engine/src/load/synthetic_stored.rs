@@ -37,6 +37,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
@@ -282,10 +284,26 @@ fn unit_mean_square(ty: WeightType) -> f64 {
     v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() / v.len() as f64
 }
 
+/// Nanoseconds this process spent in [`stored_tensor`].
+static MAKING_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Seconds this process has spent making stored synthetic tensors (of a
+/// load's time, the rest is the backend placing them).
+pub fn making_secs() -> f64 {
+    MAKING_NS.load(Ordering::Relaxed) as f64 / 1e9
+}
+
 /// A synthetic tensor of stored type `ty` from stream `seed` (see the
 /// module docs for the values). F32 comes back as an f32 tensor, every
 /// other type as [`HostWeight::Quant`].
 pub fn stored_tensor(seed: u64, ty: WeightType, name: &str, dims: &[usize]) -> Result<HostWeight> {
+    let start = Instant::now();
+    let w = make_tensor(seed, ty, name, dims);
+    MAKING_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    w
+}
+
+fn make_tensor(seed: u64, ty: WeightType, name: &str, dims: &[usize]) -> Result<HostWeight> {
     let n: usize = dims.iter().product();
     let inp = *dims.last().unwrap_or(&1) as f32;
     let mag = magnitude(name, dims);
