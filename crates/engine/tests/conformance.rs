@@ -1224,3 +1224,68 @@ conformance!(glm5_next_tiny_b, || {
     )
     .unwrap()
 });
+// Stored weight types: the same contract holds whatever the weights are
+// stored as. antirez/ds4's DeepSeek-V4 GGUF layout (IQ2_XXS / Q2_K / Q4_K /
+// MXFP4 experts, Q8_0 attention, F16 router and HC) with its separate MTP
+// file; DeepSeek's release form (FP8 with E8M0 block scales, FP4 experts);
+// GLM-5 FP8 with f32 `weight_scale_inv`; Qwen in a GGUF in Hugging Face
+// names with every 32-block type. Their MTP heads are tiny_a's random ones,
+// which never get a draft accepted, so the suite's MTP checks (which demand
+// both outcomes) are left to the full fixtures above; greedy MTP == AR on
+// stored weights is in `stored_safetensors.rs` and `deepseek_v4_gguf.rs`.
+macro_rules! conformance_state {
+    ($family:ident, $load:expr) => {
+        mod $family {
+            fn model() -> impl super::Family {
+                ($load)()
+            }
+            #[test]
+            fn conformance_chunking_invariance() {
+                super::chunking_invariance(&model());
+            }
+            #[test]
+            fn conformance_warm_equals_cold() {
+                super::warm_equals_cold(&model());
+            }
+            #[test]
+            fn conformance_export_import_round_trip() {
+                super::export_import_round_trip(&model());
+            }
+            #[test]
+            fn conformance_window_commit_prefixes() {
+                super::window_commit_prefixes(&model());
+            }
+            #[test]
+            fn conformance_cancel_then_continue() {
+                super::cancel_then_continue(&model());
+            }
+        }
+    };
+}
+conformance_state!(deepseek_v4_ds4_gguf, || {
+    let dir = super::fixtures().join("deepseek_v4/ds4_gguf");
+    ds4_engine::families::deepseek_v4::DeepseekV4Model::load_gguf(
+        &dir.join("model.gguf"),
+        Some(&dir.join("mtp.gguf")),
+        ds4_engine::backend::CpuOps,
+    )
+    .unwrap()
+});
+conformance_state!(deepseek_v4_fp8_fp4, || {
+    ds4_engine::families::deepseek_v4::DeepseekV4Model::from_hf_dir(
+        &super::fixtures().join("stored/deepseek_v4_fp8_fp4"),
+    )
+    .unwrap()
+});
+conformance_state!(glm5_next_fp8, || {
+    ds4_engine::families::glm5_next::Glm5NextModel::from_hf_dir(
+        &super::fixtures().join("stored/glm5_next_fp8"),
+    )
+    .unwrap()
+});
+conformance_state!(qwen4_exp_hf_gguf, || {
+    ds4_engine::families::qwen4_exp::Qwen4ExpModel::from_hf_dir(
+        &super::fixtures().join("hf_gguf/qwen4_exp_tiny_a.gguf"),
+    )
+    .unwrap()
+});
