@@ -5,7 +5,7 @@ and the f32 twin of what it writes.
     (run ds4's quantizer: tests/fixtures/deepseek_v4/ds4_quantizer/README.md)
     tools/oracle/.venv/bin/python tools/oracle/deepseek_v4/ds4_quantizer_input.py twin \
         --gguf tests/fixtures/deepseek_v4/ds4_quantizer/q2.gguf \
-        --config /tmp/ds4q_in/twin_config.json --out tests/fixtures/deepseek_v4/ds4_quantizer/q2_f32
+        --config /tmp/ds4q_in/twin_config.json --json tests/fixtures/deepseek_v4/ds4_quantizer/q2.twin.json
 
 This script never builds or runs ds4's code; the README says how that was
 done.
@@ -33,9 +33,13 @@ done.
 * `twin_config.json`: the same configuration in transformers' form.
 
 `twin` dequantizes every tensor of a GGUF ds4 wrote with gguf-py 0.19
-(`gguf.quants.dequantize`) and saves it under the upstream names our
-`deepseek_v4` family binds from a Hugging Face directory (routed stacks
-split per expert; I32 `tid2eid` back to I64), F16 where lossless, else F32.
+(`gguf.quants.dequantize`) and writes `--json`: per GGUF tensor, the
+upstream names our `deepseek_v4` family binds from a Hugging Face directory
+(routed stacks split per expert), dims, type and the SHA-256 of gguf-py's
+values (little-endian F32; I32 `tid2eid` as I64), plus the twin's config.
+`crates/engine/tests/deepseek_v4_ds4_quantizer.rs` rebuilds the twin from
+it (6.6 MB of f32 is not committed). `--out DIR` also writes the twin as a
+safetensors directory (F16 where lossless, else F32).
 """
 
 import argparse
