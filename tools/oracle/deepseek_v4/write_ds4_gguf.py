@@ -174,6 +174,10 @@ def gguf_type(gname, mtp):
     """ds4's type of a non-routed tensor (`weights_validate_layout`)."""
     if gname.endswith("ffn_gate_tid2eid.weight"):
         return "I32"
+    # The indexer's query projection is F16 in ds4 (checked before the
+    # attention suffixes, which `indexer.attn_q_b` would also match).
+    if "indexer.attn_q_b" in gname:
+        return Q.F16
     if any(gname.endswith(s) for s in ("attn_q_a.weight", "attn_q_b.weight", "attn_kv.weight",
                                        "attn_output_a.weight", "attn_output_b.weight", "_shexp.weight",
                                        "e_proj.weight", "h_proj.weight")) or gname == "output.weight":
