@@ -32,25 +32,23 @@ pub(super) fn iq2_xxs(src: &[u8], dst: &mut [f32]) {
 
 /// Eight values: grid row `index` (its bytes, lowest first, are the
 /// magnitudes), negated where bit `j` of the sign pattern `KSIGNS_IQ2XS[signs
-/// & 127]` is set (the table completes 7 stored bits to even parity).
+/// & 127]` is set (the table completes 7 stored bits to even parity; ggml's
+/// `kmask_iq2xs[j]` is bit `j`).
 fn group_of_eight(db: f32, index: u8, signs: u32, out: &mut [f32]) {
     let grid = IQ2XXS_GRID[index as usize].to_le_bytes();
     let signs = KSIGNS_IQ2XS[(signs & 127) as usize];
     for (j, v) in out.iter_mut().enumerate() {
-        let sign = if signs & KMASK_IQ2XS[j] != 0 {
-            -1.0
-        } else {
-            1.0
-        };
-        *v = db * grid[j] as f32 * sign;
+        // `(db · g) · ±1`: the product by −1 is an exact negation, so the
+        // sign is applied to the bits (branch-free, same value).
+        let m = db * grid[j] as f32;
+        let neg = ((signs >> j) & 1) as u32;
+        *v = f32::from_bits(m.to_bits() ^ (neg << 31));
     }
 }
 
-// Tables copied from ggml's `ggml-common.h` (`kmask_iq2xs`, `ksigns_iq2xs`,
+// Tables copied from ggml's `ggml-common.h` (`ksigns_iq2xs`,
 // `iq2xxs_grid`; ggml-org/ggml d99724f2b141fed9e1a9f402213506c081433465) and
 // checked against gguf-py 0.19.0's `IQ2_XXS.grid_hex` / `ksigns`.
-
-const KMASK_IQ2XS: [u8; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
 
 #[rustfmt::skip]
 const KSIGNS_IQ2XS: [u8; 128] = [

@@ -29,8 +29,11 @@ pub(super) fn q2_k(src: &[u8], dst: &mut [f32]) {
             let dl = d * (scales[s] & 0xF) as f32;
             let ml = min * (scales[s] >> 4) as f32;
             let (q, shift) = q2_sub_block(qs, s);
+            // The four values a 2-bit quant can take, each formed exactly
+            // as per value (`dl · q − ml`), then looked up.
+            let lut: [f32; 4] = std::array::from_fn(|k| dl * k as f32 - ml);
             for (v, &q) in out.iter_mut().zip(q) {
-                *v = dl * ((q >> shift) & 3) as f32 - ml;
+                *v = lut[((q >> shift) & 3) as usize];
             }
         }
     }
