@@ -293,3 +293,71 @@ pub(crate) fn describe(v: &Value) -> String {
             .unwrap_or_else(|| format!("{other:?}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF v3 file with one tensor `w` of GGML type `ty`, `[rows, cols]`.
+    fn one_tensor(ty: u32, rows: usize, cols: usize, data: &[u8]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = b"GGUF".to_vec();
+        f.extend_from_slice(&3u32.to_le_bytes());
+        f.extend_from_slice(&1u64.to_le_bytes());
+        f.extend_from_slice(&0u64.to_le_bytes());
+        f.extend_from_slice(&1u64.to_le_bytes());
+        f.push(b'w');
+        f.extend_from_slice(&2u32.to_le_bytes());
+        f.extend_from_slice(&(cols as u64).to_le_bytes());
+        f.extend_from_slice(&(rows as u64).to_le_bytes());
+        f.extend_from_slice(&ty.to_le_bytes());
+        f.extend_from_slice(&0u64.to_le_bytes());
+        f.resize(f.len().div_ceil(32) * 32, 0);
+        f.extend_from_slice(data);
+        std::fs::write(dir.path().join("m.gguf"), f).unwrap();
+        dir
+    }
+
+    /// A type this engine does not compute with is named (GGML's name, not
+    /// an id), with the file and the tensor, when the tensor is bound.
+    #[test]
+    fn unsupported_types_are_named_with_file_and_tensor() {
+        // IQ3_S: 110 bytes per 256 values.
+        let dir = one_tensor(21, 2, 256, &[0; 220]);
+        let path = dir.path().join("m.gguf");
+        let mut g = GgufFile::open(&path).unwrap();
+        assert_eq!(g.tensor_type_name("w"), Some("IQ3_S"));
+        let err = g.tensor("w", &[2, 256]).unwrap_err().to_string();
+        assert!(err.contains("m.gguf") && err.contains("`w`"), "{err}");
+        assert!(
+            err.contains("stored as IQ3_S") && err.contains("IQ2_XXS"),
+            "{err}"
+        );
+    }
+
+    /// A stored tensor comes back as a view in its type; a wrong shape and
+    /// a missing tensor are refused by name; strict binding names what is
+    /// left.
+    #[test]
+    fn tensors_are_views_checked_by_shape() {
+        // Q8_0: 2 rows of 32 values, d = 1.0 (f16 0x3c00), q = row index.
+        let mut data = Vec::new();
+        for r in 0..2u8 {
+            data.extend_from_slice(&[0x00, 0x3c]);
+            data.extend(std::iter::repeat_n(r, 32));
+        }
+        let dir = one_tensor(8, 2, 32, &data);
+        let path = dir.path().join("m.gguf");
+        let mut g = GgufFile::open(&path).unwrap();
+        let err = g.tensor("w", &[32, 2]).unwrap_err().to_string();
+        assert!(err.contains("wrong shape"), "{err}");
+        assert!(g.finish().unwrap_err().to_string().contains("`w`"));
+        let err = g.tensor("v", &[2, 32]).unwrap_err().to_string();
+        assert!(err.contains("missing"), "{err}");
+        let t = g.tensor("w", &[2, 32]).unwrap();
+        assert_eq!(t.ty, WeightType::Q8_0);
+        let v = t.to_f32_vec();
+        assert!(v[..32].iter().all(|&x| x == 0.0) && v[32..].iter().all(|&x| x == 1.0));
+        g.finish().unwrap();
+    }
+}
