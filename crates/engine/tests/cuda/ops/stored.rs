@@ -10,6 +10,21 @@ use ds4_engine::quant::{QuantTensor, ScaleGrid, WeightBytes, WeightType};
 
 use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
 
+/// Runs `body` for every type, each failure reported and the others still
+/// run (one run on the GPU names every failing type); panics at the end
+/// when any failed.
+fn every_type(what: &str, mut body: impl FnMut(usize, WeightType)) {
+    let mut failed = Vec::new();
+    for (ti, ty) in TYPES.into_iter().enumerate() {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(ti, ty)));
+        println!("REPORT {what} type={ty} ok={}", r.is_ok());
+        if r.is_err() {
+            failed.push(ty);
+        }
+    }
+    assert!(failed.is_empty(), "{what}: failing types {failed:?}");
+}
+
 /// Every type the GPU keeps stored through `kernels/stored.cu`.
 pub const TYPES: [WeightType; 15] = [
     WeightType::F16,
@@ -214,7 +229,7 @@ fn lengths(ty: WeightType) -> [usize; 2] {
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_stored_matmul_is_bit_identical_to_the_cpu() {
     let (g, c) = (gpu(), CpuOps);
-    for (ti, ty) in TYPES.into_iter().enumerate() {
+    every_type("stored_matmul", |ti, ty| {
         for (li, k) in lengths(ty).into_iter().enumerate() {
             for (n, parts) in [(37, vec![37]), (70, vec![45, 25])] {
                 let seed = 1000 + 10 * ti as u64 + li as u64 + n as u64;
@@ -265,7 +280,7 @@ fn cuda_stored_matmul_is_bit_identical_to_the_cpu() {
                 }
             }
         }
-    }
+    });
 }
 
 /// Gate/up `[E, 2I, H]` and down `[E, H, I]` stacks of `ty`, each expert a
@@ -318,7 +333,7 @@ fn stacks(ty: WeightType, e: usize, h: usize, inter: usize, seed: u64) -> Stacks
 fn cuda_stored_experts_are_their_expert_products() {
     let (g, c) = (gpu(), CpuOps);
     let (rows, e, k) = (5, 4, 2);
-    for (ti, ty) in TYPES.into_iter().enumerate() {
+    every_type("stored_experts", |ti, ty| {
         let (h, inter) = match ty.block_len() {
             256 => (512, 256),
             _ => (160, 96),
@@ -381,7 +396,7 @@ fn cuda_stored_experts_are_their_expert_products() {
                 )
             });
         }
-    }
+    });
 }
 
 /// Table rows of every stored type (a stored embedding), dequantized on
@@ -391,7 +406,7 @@ fn cuda_stored_experts_are_their_expert_products() {
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_stored_tables_are_the_cpu_rows() {
     let (g, c) = (gpu(), CpuOps);
-    for (ti, ty) in TYPES.into_iter().enumerate() {
+    every_type("stored_tables", |ti, ty| {
         let (v, width) = (50, lengths(ty)[1]);
         let q = HostWeight::Quant(Arc::new(random_stored(
             ty,
@@ -415,7 +430,7 @@ fn cuda_stored_tables_are_the_cpu_rows() {
             g.gather_rows(&gt, &[50]).is_err(),
             "{ty}: an id past the table"
         );
-    }
+    });
 }
 
 /// The tests' random stored tensors are valid (every type, joined parts,
