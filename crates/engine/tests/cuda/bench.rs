@@ -452,7 +452,8 @@ fn cuda_bench_launch_overhead() {
 
 /// Stored types kept as stored (`kernels/stored.cu`, the reference set's
 /// order): a [4096, 4096] product of one row (a decode step) and of four
-/// (a verify window) per type, copies of the matrix cycled so that more
+/// (a verify window) per type, and a [16384, 4096] one of one row (every SM
+/// busy), copies of the matrix cycled so that more
 /// than the 50 MB L2 is read between two uses of one copy; GB/s of stored
 /// bytes (scales included) against the measured device copy. Q4_1 and
 /// Q8_0 (their own warp-per-row kernels) at the same shape for context.
@@ -470,41 +471,45 @@ fn cuda_bench_stored_gemv() {
     let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
     println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
     drop(src);
-    let (n, k) = (4096, 4096);
-    let mut weights: Vec<(String, Arc<ds4_engine::quant::QuantTensor>)> = TYPES
-        .into_iter()
-        .enumerate()
-        .map(|(i, ty)| {
-            (
-                ty.to_string(),
-                Arc::new(random_stored(ty, &[n, k], &[n], 70 + i as u64)),
-            )
-        })
-        .collect();
-    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-        weights.push((
-            format!("{dtype:?}"),
-            Arc::new(ds4_engine::quant::from_candle(&qtensor(dtype, n, k, 90)).unwrap()),
-        ));
-    }
-    for (name, q) in weights {
-        let bytes = q.byte_size() as f64;
-        let copies = ((192e6 / bytes).ceil() as usize).clamp(2, 64);
-        let mats: Vec<_> = (0..copies)
-            .map(|_| g.matrix(HostWeight::Quant(q.clone()), n, k).unwrap())
+    let k = 4096;
+    // [4096, 4096]: one block of 32 rows per SM (a decode-sized
+    // projection); [16384, 4096]: enough blocks to fill every SM.
+    for (n, row_counts) in [(4096usize, &[1usize, 4][..]), (16_384, &[1][..])] {
+        let mut weights: Vec<(String, Arc<ds4_engine::quant::QuantTensor>)> = TYPES
+            .into_iter()
+            .enumerate()
+            .map(|(i, ty)| {
+                (
+                    ty.to_string(),
+                    Arc::new(random_stored(ty, &[n, k], &[n], 70 + i as u64)),
+                )
+            })
             .collect();
-        for rows in [1usize, 4] {
-            let x = g.upload(&rnd(rows * k, 3)).unwrap();
-            let iters = (4 * copies).max(32);
-            let t = time(&g, iters, |i| {
-                g.matmul(&x, rows, &mats[i % copies]).unwrap();
-            });
-            report(
-                &format!("stored_gemv_{name}_[{n},{k}]x{rows}_cycled{copies}"),
-                bytes,
-                t,
-                peak,
-            );
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            weights.push((
+                format!("{dtype:?}"),
+                Arc::new(ds4_engine::quant::from_candle(&qtensor(dtype, n, k, 90)).unwrap()),
+            ));
+        }
+        for (name, q) in weights {
+            let bytes = q.byte_size() as f64;
+            let copies = ((192e6 / bytes).ceil() as usize).clamp(2, 64);
+            let mats: Vec<_> = (0..copies)
+                .map(|_| g.matrix(HostWeight::Quant(q.clone()), n, k).unwrap())
+                .collect();
+            for &rows in row_counts {
+                let x = g.upload(&rnd(rows * k, 3)).unwrap();
+                let iters = (4 * copies).max(32);
+                let t = time(&g, iters, |i| {
+                    g.matmul(&x, rows, &mats[i % copies]).unwrap();
+                });
+                report(
+                    &format!("stored_gemv_{name}_[{n},{k}]x{rows}_cycled{copies}"),
+                    bytes,
+                    t,
+                    peak,
+                );
+            }
         }
     }
 }
