@@ -29,9 +29,9 @@ use crate::quant::{QuantTensor, WeightType};
 /// a row's end).
 const PAD: usize = 64;
 /// Weight rows a block of the product kernels owns (`ST_COLS`).
-const COLS: usize = 16;
-/// Threads of a product block (8 per weight row, `ST_THREADS`).
-const THREADS: u32 = 128;
+const COLS: usize = 32;
+/// Threads of a product block (8 per weight row).
+const THREADS: u32 = 256;
 /// Grid dimensions at most (the kernels loop past them).
 const MAX_GRID: usize = 65_535;
 

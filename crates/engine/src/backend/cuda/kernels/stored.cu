@@ -16,40 +16,27 @@
 // product has the CPU's bits, for every row count and window.
 //
 // The bytes stay as stored (every part joined, `cuda/stored.rs`). A block of
-// 128 threads owns 16 weight rows and streams their bytes through shared
+// 256 threads owns 32 weight rows and streams their bytes through shared
 // memory a chunk at a time (whole format units, at most ST_CHUNK bytes of a
-// row and ST_XMAX values), ST_STAGES − 1 chunks in flight (cp.async), each
-// row's chunk copied as the 16-byte words that cover it as they lie in
-// memory (its first byte lands at its address mod 16), so no alignment is
-// assumed of any format; the chunk's activations ride in the same stage
-// (4-byte copies), so no lane waits on a global load inside its sum. The
-// row loop is inside the kernels (activation rows ST_TILE at a time, the
+// row), ST_STAGES − 1 chunks in flight (cp.async), each row's chunk copied
+// as the 16-byte words that cover it as they lie in memory (its first byte
+// lands at its address mod 16), so no alignment is assumed of any format.
+// The row loop is inside the kernels (activation rows ST_TILE at a time, the
 // weights streamed once per tile), so one compiled code serves every row
 // count.
-//
-// Run 29 (`docs/GPU.md`) had 32 rows a block and read each activation from
-// global memory as its product needed it: every product waited an L2
-// round trip per few values (a [4096, 4096] F16 product in 118 µs).
 //
 // A format's unit is its block (32 or 256 values), or 8 values of the
 // element types; `lane(b, l, v, …)` writes the LV = UV/8 values of lane l of
 // the unit at b: element 8c + l of the unit into v[c]. `elem` is one value
 // of a row (the element types' tails, below a multiple of 8).
 
-#define ST_COLS 16
-#define ST_THREADS (8 * ST_COLS)
+#define ST_COLS 32
 #define ST_TILE 4
 #define ST_STAGES 3
 #define ST_CHUNK 368
-// Values of a chunk at most (the staged activations: ST_TILE rows of them).
-#define ST_XMAX 512
 // Bytes a staged row takes (≥ ST_CHUNK + 30 rounded to 16): 100 words, so
 // the four rows a warp reads start four banks apart.
 #define ST_STRIDE 400
-// One stage: the rows' bytes, then ST_TILE rows of activations (43,776
-// bytes for the ring of three: static shared memory).
-#define ST_XOFF (ST_COLS * ST_STRIDE)
-#define ST_STAGE (ST_XOFF + 4 * ST_TILE * ST_XMAX)
 
 // Scale grids (FP8 / FP4): value (r, c) is scaled by
 // grid[rows[r] + c / bc]; `sh` = log2(bc) when bc is a power of two, else −1.
@@ -120,11 +107,11 @@ struct StFp8 {
     static __device__ __forceinline__ void lane(const u8* b, unsigned l, float (&v)[LV],
                                                 const float* srow, u32 col0,
                                                 const StScales& sc) {
-        v[0] = st_e4m3(b[l]) * __ldg(srow + st_sidx(sc, col0 + l));
+        v[0] = st_e4m3(b[l]) * srow[st_sidx(sc, col0 + l)];
     }
     static __device__ __forceinline__ float elem(const u8* row, u64 i, const float* srow,
                                                  const StScales& sc) {
-        return st_e4m3(row[i]) * __ldg(srow + st_sidx(sc, (u32)i));
+        return st_e4m3(row[i]) * srow[st_sidx(sc, (u32)i)];
     }
 };
 
@@ -146,12 +133,12 @@ struct StFp4 {
                                                 const float* srow, u32 col0,
                                                 const StScales& sc) {
         u32 c = ((u32)b[l >> 1] >> (4 * (l & 1))) & 15u;
-        v[0] = st_e2m1(c) * __ldg(srow + st_sidx(sc, (col0 + l) & ~1u));
+        v[0] = st_e2m1(c) * srow[st_sidx(sc, (col0 + l) & ~1u)];
     }
     static __device__ __forceinline__ float elem(const u8* row, u64 i, const float* srow,
                                                  const StScales& sc) {
         u32 c = ((u32)row[i >> 1] >> (4 * (u32)(i & 1))) & 15u;
-        return st_e2m1(c) * __ldg(srow + st_sidx(sc, (u32)i & ~1u));
+        return st_e2m1(c) * srow[st_sidx(sc, (u32)i & ~1u)];
     }
 };
 
@@ -526,17 +513,14 @@ struct StIq2xxs {
 
 // ---- the chunk pipeline
 
-// Units per chunk (ST_CHUNK bytes and ST_XMAX values at most), bytes of a
-// row's chunk, the 16-byte words that cover it wherever it starts, and the
-// units a lane's loop takes at a time (the element types' one-value units
-// eight at a time, so their loads are in flight together).
+// Units per chunk, bytes of a row's chunk, and the 16-byte words that cover
+// it wherever it starts.
 template <class F>
 struct StGeo {
     enum {
-        UPC = ST_CHUNK / F::UB < ST_XMAX / F::UV ? ST_CHUNK / F::UB : ST_XMAX / F::UV,
-        CB = UPC * F::UB,
+        UPC = ST_CHUNK / F::UB,
+        CB = (ST_CHUNK / F::UB) * F::UB,
         WMAX = (CB + 30) / 16,
-        UNROLL = F::LV == 1 ? 8 : 1,
     };
 };
 
@@ -547,11 +531,6 @@ __device__ __forceinline__ u64 st_min(u64 a, u64 b) { return a < b ? a : b; }
 __device__ __forceinline__ void st_cp16(u8* smem, const u8* gmem) {
     u32 s = (u32)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-// An asynchronous 4-byte copy (an activation).
-__device__ __forceinline__ void st_cp4(float* smem, const float* gmem) {
-    u32 s = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void st_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -577,47 +556,27 @@ __device__ __forceinline__ void st_issue(u8* stage, const u8* w, u64 rb, u64 wro
     }
 }
 
-// Thread t of nt copies the chunk's activations, values v0 .. v0 + nv of
-// rows xr + r·k (r < nr), into xs[r·ST_XMAX + v − v0].
-__device__ __forceinline__ void st_issue_x(float* xs, const float* xr, u64 k, u64 nr, u64 v0,
-                                           u64 nv, u32 t, u32 nt) {
-    for (u64 r = 0; r < nr; r++)
-        for (u64 v = t; v < nv; v += nt) st_cp4(xs + r * ST_XMAX + v, xr + r * k + v0 + v);
-}
-
-// acc[t] += lane l's products of unit u of the staged chunk (`base`: the
-// chunk's first byte in the stage) against the staged activations xs.
-template <class F, int T>
-__device__ __forceinline__ void st_unit(float (&acc)[T], u64 nr, const float* xs,
-                                        const u8* base, u64 u, u64 u0, unsigned l,
-                                        const float* srow, const StScales& sc) {
-    float v[F::LV];
-    F::lane(base + u * F::UB, l, v, srow, (u32)((u0 + u) * F::UV), sc);
-#pragma unroll
-    for (int i = 0; i < F::LV; i++) {
-        const float* xc = xs + u * F::UV + 8 * i + l;
-#pragma unroll
-        for (int t = 0; t < T; t++)
-            if ((u64)t < nr) acc[t] = fmaf(v[i], xc[t * ST_XMAX], acc[t]);
-    }
-}
-
 // acc[t] (t < nr) += lane l's share of the staged chunk (`row`: this
 // thread's row of the stage; `g`: the chunk's first byte in memory, which
-// landed at offset g mod 16; `xs`: the chunk's activations) against
-// activation rows t, units in order, a unit's values in order.
+// landed at offset g mod 16) against activation rows xr + t·k, units in
+// order, a unit's values in order.
 template <class F, int T>
-__device__ __forceinline__ void st_compute(float (&acc)[T], u64 nr, const float* xs,
+__device__ __forceinline__ void st_compute(float (&acc)[T], u64 nr, const float* xr, u64 k,
                                            const u8* row, const u8* g, u64 u0, u64 cnt,
                                            unsigned l, const float* srow, const StScales& sc) {
     const u8* base = row + ((u64)g & 15);
-    const u64 un = StGeo<F>::UNROLL;
-    u64 u = 0;
-    for (; u + un <= cnt; u += un) {
+    for (u64 u = 0; u < cnt; u++) {
+        float v[F::LV];
+        u32 col0 = (u32)((u0 + u) * F::UV);
+        F::lane(base + u * F::UB, l, v, srow, col0, sc);
 #pragma unroll
-        for (u64 j = 0; j < un; j++) st_unit<F, T>(acc, nr, xs, base, u + j, u0, l, srow, sc);
+        for (int i = 0; i < F::LV; i++) {
+            const float* xc = xr + col0 + 8 * i + l;
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if ((u64)t < nr) acc[t] = fmaf(v[i], xc[t * k], acc[t]);
+        }
     }
-    for (; u < cnt; u++) st_unit<F, T>(acc, nr, xs, base, u, u0, l, srow, sc);
 }
 
 // Lane 0's tail after the lane sum: the values 8⌊k/8⌋ .. k in order.
@@ -637,8 +596,8 @@ __device__ __forceinline__ const float* st_srow(const StScales& sc, u64 r) {
 #ifndef ST_HOST
 // The whole block: weight rows wrow0 + j (j = threadIdx.x / 8 < valid)
 // against activation rows xr + t·k (t < nr), chunk by chunk through the
-// ST_STAGES stages of `buf` (bytes and activations); lane sums in acc.
-// Every thread of the block calls it (it waits at barriers).
+// ST_STAGES buffers of `buf`; lane sums in acc. Every thread of the block
+// calls it (it waits at barriers).
 template <class F, int T>
 __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr, u64 k,
                                         const u8* w, u64 wrow0, u32 valid, const StScales& sc,
@@ -650,15 +609,11 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
     bool live = col < valid;
     u64 wrow = wrow0 + col;
     const float* srow = live ? st_srow<F>(sc, wrow) : sc.grid;
-    const u64 stage = ST_STAGE;
+    const u64 stage = (u64)ST_COLS * ST_STRIDE;
     for (u64 c = 0; c + 1 < ST_STAGES; c++) {
-        if (c < chunks) {
-            u8* st = buf + (c % ST_STAGES) * stage;
-            u64 cnt = st_min(upc, units - c * upc);
-            st_issue<F>(st, w, rb, wrow0, valid, c * upc, cnt, threadIdx.x, blockDim.x);
-            st_issue_x((float*)(st + ST_XOFF), xr, k, nr, c * upc * F::UV, cnt * F::UV,
-                       threadIdx.x, blockDim.x);
-        }
+        if (c < chunks)
+            st_issue<F>(buf + (c % ST_STAGES) * stage, w, rb, wrow0, valid, c * upc,
+                        st_min(upc, units - c * upc), threadIdx.x, blockDim.x);
         st_commit();
     }
     for (u64 c = 0; c < chunks; c++) {
@@ -668,18 +623,13 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
         st_wait<ST_STAGES - 2>();
         __syncthreads();
         u64 next = c + ST_STAGES - 1;
-        if (next < chunks) {
-            u8* st = buf + (next % ST_STAGES) * stage;
-            u64 cnt = st_min(upc, units - next * upc);
-            st_issue<F>(st, w, rb, wrow0, valid, next * upc, cnt, threadIdx.x, blockDim.x);
-            st_issue_x((float*)(st + ST_XOFF), xr, k, nr, next * upc * F::UV, cnt * F::UV,
-                       threadIdx.x, blockDim.x);
-        }
+        if (next < chunks)
+            st_issue<F>(buf + (next % ST_STAGES) * stage, w, rb, wrow0, valid, next * upc,
+                        st_min(upc, units - next * upc), threadIdx.x, blockDim.x);
         st_commit();
         if (live) {
             u64 u0 = c * upc;
-            const u8* st = buf + (c % ST_STAGES) * stage;
-            st_compute<F, T>(acc, nr, (const float*)(st + ST_XOFF), st + col * ST_STRIDE,
+            st_compute<F, T>(acc, nr, xr, k, buf + (c % ST_STAGES) * stage + col * ST_STRIDE,
                              w + wrow * rb + u0 * F::UB, u0, st_min(upc, units - u0), l, srow,
                              sc);
         }
@@ -692,7 +642,7 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
 template <class F>
 __device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, const u8* w, u64 n,
                                           u64 k, const StScales& sc) {
-    __shared__ __align__(16) u8 buf[ST_STAGES * ST_STAGE];
+    __shared__ __align__(16) u8 buf[ST_STAGES * ST_COLS * ST_STRIDE];
     unsigned col = threadIdx.x / 8, l = threadIdx.x & 7, mask = group_mask();
     u64 k8 = k / F::UV * F::UV, rb = F::row_bytes(k);
     for (u64 j0 = (u64)blockIdx.x * ST_COLS; j0 < n; j0 += (u64)gridDim.x * ST_COLS) {
@@ -723,7 +673,7 @@ template <class F>
 __device__ __forceinline__ void st_gather(float* y, const float* x, u64 x_div,
                                           const u32* experts, u64 pairs, const u8* w, u64 n,
                                           u64 k, const StScales& sc) {
-    __shared__ __align__(16) u8 buf[ST_STAGES * ST_STAGE];
+    __shared__ __align__(16) u8 buf[ST_STAGES * ST_COLS * ST_STRIDE];
     unsigned col = threadIdx.x / 8, l = threadIdx.x & 7, mask = group_mask();
     u64 k8 = k / F::UV * F::UV, rb = F::row_bytes(k);
     for (u64 p = blockIdx.y; p < pairs; p += gridDim.y) {
