@@ -460,7 +460,7 @@ fn cuda_bench_launch_overhead() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_bench_stored_gemv() {
-    use crate::ops::stored::{TYPES, random_stored};
+    use ds4_engine::quant::random::{STORED_TYPES as TYPES, random_stored};
     let g = gpu();
     let n = 1 << 28;
     let src = g.zeros(n).unwrap();
