@@ -1096,6 +1096,34 @@ fn cancel_then_continue<M: Family>(m: &M) {
 // One line per family.
 // ============================================================================
 
+/// The tests of the state contract every model passes (chunking, warm ==
+/// cold, export / import, window commits, cancel and continue), inside a
+/// module that defines `model()`.
+macro_rules! state_tests {
+    () => {
+        #[test]
+        fn conformance_chunking_invariance() {
+            super::chunking_invariance(&model());
+        }
+        #[test]
+        fn conformance_warm_equals_cold() {
+            super::warm_equals_cold(&model());
+        }
+        #[test]
+        fn conformance_export_import_round_trip() {
+            super::export_import_round_trip(&model());
+        }
+        #[test]
+        fn conformance_window_commit_prefixes() {
+            super::window_commit_prefixes(&model());
+        }
+        #[test]
+        fn conformance_cancel_then_continue() {
+            super::cancel_then_continue(&model());
+        }
+    };
+}
+
 macro_rules! conformance {
     ($family:ident, $load:expr) => {
         conformance!($family, $load, {
@@ -1115,22 +1143,7 @@ macro_rules! conformance {
             fn model() -> impl super::Family {
                 ($load)()
             }
-            #[test]
-            fn conformance_chunking_invariance() {
-                super::chunking_invariance(&model());
-            }
-            #[test]
-            fn conformance_warm_equals_cold() {
-                super::warm_equals_cold(&model());
-            }
-            #[test]
-            fn conformance_export_import_round_trip() {
-                super::export_import_round_trip(&model());
-            }
-            #[test]
-            fn conformance_window_commit_prefixes() {
-                super::window_commit_prefixes(&model());
-            }
+            state_tests!();
             #[test]
             fn conformance_greedy_mtp_equals_ar() {
                 super::greedy_mtp_equals_ar(&model());
@@ -1142,10 +1155,6 @@ macro_rules! conformance {
             #[test]
             fn conformance_cancel_before_start_mtp() {
                 super::cancel_before_start(&model(), true);
-            }
-            #[test]
-            fn conformance_cancel_then_continue() {
-                super::cancel_then_continue(&model());
             }
             $($extra)*
         }
@@ -1239,26 +1248,7 @@ macro_rules! conformance_state {
             fn model() -> impl super::Family {
                 ($load)()
             }
-            #[test]
-            fn conformance_chunking_invariance() {
-                super::chunking_invariance(&model());
-            }
-            #[test]
-            fn conformance_warm_equals_cold() {
-                super::warm_equals_cold(&model());
-            }
-            #[test]
-            fn conformance_export_import_round_trip() {
-                super::export_import_round_trip(&model());
-            }
-            #[test]
-            fn conformance_window_commit_prefixes() {
-                super::window_commit_prefixes(&model());
-            }
-            #[test]
-            fn conformance_cancel_then_continue() {
-                super::cancel_then_continue(&model());
-            }
+            state_tests!();
         }
     };
 }
