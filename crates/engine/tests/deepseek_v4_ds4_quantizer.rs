@@ -26,21 +26,18 @@
 //! laid out alike (`q2.gguf` + `q2.twin.json`, `q4.gguf` + `q4.twin.json`).
 
 mod common;
+#[path = "common/stored_vs_f32.rs"]
+mod stored_vs_f32;
 
 use std::path::{Path, PathBuf};
 
-use common::max_abs_diff;
 use ds4_engine::backend::CpuOps;
 use ds4_engine::families::LoadedModel;
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
 use ds4_engine::load::gguf::GgufFile;
-use ds4_engine::{LogitsRows, Model};
 use safetensors::Dtype;
 use sha2::{Digest, Sha256};
 
-const T: usize = 48;
-const BACK: usize = 6;
-const CHUNKS: [usize; 4] = [17, 1, 5, 25];
 /// GGML's I32 type id (`ffn_gate_tid2eid`).
 const GGML_I32: u32 = 26;
 
@@ -162,42 +159,6 @@ fn models(gguf: &Path, manifest: &Path) -> (DeepseekV4Model, DeepseekV4Model) {
 }
 
 /// Deterministic tokens over the whole vocabulary.
-fn tokens(vocab: usize) -> Vec<u32> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..T)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
-
-/// Within 1e-5 of the largest value; returns the measured ratio.
-fn close(what: &str, ours: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(ours.len(), want.len(), "{what}: lengths");
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let rel = max_abs_diff(ours, want) / scale.max(1e-30);
-    let identical = ours
-        .iter()
-        .zip(want)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    println!("{what}: max |Δ|/max|x| = {rel:.3e} (max |x| {scale:.3}), bit-identical {identical}");
-    assert!(rel <= 1e-5, "{what}: relative difference {rel}");
-    rel
-}
-
-/// The same bits.
-fn identical(what: &str, ours: &[f32], want: &[f32]) {
-    assert_eq!(ours.len(), want.len(), "{what}: lengths");
-    let same = ours
-        .iter()
-        .zip(want)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "{what}: max |Δ| = {}", max_abs_diff(ours, want));
-}
-
 #[test]
 fn ds4_quantizer_gguf_config_equals_the_twin_config() {
     for (r, gguf, manifest) in recipes() {
@@ -225,73 +186,7 @@ fn ds4_quantizer_gguf_config_equals_the_twin_config() {
 fn ds4_quantizer_gguf_logits_equal_f32_one_shot_chunks_and_steps() {
     for (r, gguf, manifest) in recipes() {
         let (g, f) = models(&gguf, &manifest);
-        let ids = tokens(g.vocab_size());
-        // One shot, every row, with the per-layer traces.
-        let (mut sg, mut sf) = (g.new_state(), f.new_state());
-        let og = g.forward_ext(&ids, &mut sg, LogitsRows::All, true).unwrap();
-        let of = f.forward_ext(&ids, &mut sf, LogitsRows::All, true).unwrap();
-        let mut worst = close(
-            &format!("{r} one shot"),
-            &og.logits.logits,
-            &of.logits.logits,
-        );
-        for (l, (a, b)) in og.trace.iter().zip(&of.trace).enumerate() {
-            close(&format!("{r} layer {l} streams"), &a.streams, &b.streams);
-            assert_eq!(a.experts, b.experts, "{r} layer {l} routing");
-            assert_eq!(a.selection, b.selection, "{r} layer {l} selections");
-        }
-        let routed: std::collections::BTreeSet<_> =
-            og.trace.iter().flat_map(|t| t.experts.iter()).collect();
-        assert_eq!(
-            routed.len(),
-            g.config().n_routed_experts,
-            "{r}: every expert routed"
-        );
-        // Chunks.
-        assert_eq!(CHUNKS.iter().sum::<usize>(), T);
-        let (mut sg, mut sf) = (g.new_state(), f.new_state());
-        let (mut rg, mut rf) = (Vec::new(), Vec::new());
-        let mut at = 0;
-        for n in CHUNKS {
-            rg.extend(
-                g.forward(&ids[at..at + n], &mut sg, LogitsRows::All)
-                    .unwrap()
-                    .logits,
-            );
-            rf.extend(
-                f.forward(&ids[at..at + n], &mut sf, LogitsRows::All)
-                    .unwrap()
-                    .logits,
-            );
-            at += n;
-        }
-        worst = worst.max(close(&format!("{r} chunks"), &rg, &rf));
-        identical(
-            &format!("{r} ds4 GGUF: chunks vs one shot"),
-            &rg,
-            &og.logits.logits,
-        );
-        // Prefill, then single steps.
-        let (mut sg, mut sf) = (g.new_state(), f.new_state());
-        let mut rg = g
-            .forward(&ids[..T - BACK], &mut sg, LogitsRows::Last)
-            .unwrap()
-            .logits;
-        let mut rf = f
-            .forward(&ids[..T - BACK], &mut sf, LogitsRows::Last)
-            .unwrap()
-            .logits;
-        for &tok in &ids[T - BACK..] {
-            rg.extend(g.forward(&[tok], &mut sg, LogitsRows::Last).unwrap().logits);
-            rf.extend(f.forward(&[tok], &mut sf, LogitsRows::Last).unwrap().logits);
-        }
-        worst = worst.max(close(&format!("{r} steps"), &rg, &rf));
-        let v = g.vocab_size();
-        identical(
-            &format!("{r} ds4 GGUF: steps vs one shot"),
-            &rg,
-            &og.logits.logits[(T - BACK - 1) * v..],
-        );
+        let worst = stored_vs_f32::compare(&format!("{r} "), &g, &f, 1e-5);
         println!("{r}: worst max |Δ|/max|logit| = {worst:.3e}");
     }
 }

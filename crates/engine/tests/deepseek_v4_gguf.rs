@@ -24,18 +24,16 @@
 //! committed, ~4x larger).
 
 mod common;
+#[path = "common/stored_vs_f32.rs"]
+mod stored_vs_f32;
 
 use std::path::{Path, PathBuf};
 
-use common::max_abs_diff;
 use ds4_engine::backend::CpuOps;
 use ds4_engine::families::LoadedModel;
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
 use ds4_engine::{EngineError, LogitsRows, Model};
-
-const T: usize = 48;
-const BACK: usize = 6;
-const CHUNKS: [usize; 4] = [17, 1, 5, 25];
+use stored_vs_f32::{BACK, T, close, tokens};
 
 fn dir() -> PathBuf {
     match std::env::var_os("DS4_GGUF_FIXTURE") {
@@ -55,41 +53,6 @@ fn models() -> (DeepseekV4Model, DeepseekV4Model) {
 }
 
 /// Deterministic tokens over the whole vocabulary.
-fn tokens(vocab: usize) -> Vec<u32> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..T)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
-
-/// Within 1e-4 of the largest value (reported with whether the bits agree).
-fn close(what: &str, ours: &[f32], want: &[f32]) {
-    assert_eq!(ours.len(), want.len(), "{what}: lengths");
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let rel = max_abs_diff(ours, want) / scale.max(1e-30);
-    let identical = ours
-        .iter()
-        .zip(want)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    println!("{what}: max |Δ|/max|x| = {rel:.3e}, bit-identical {identical}");
-    assert!(rel <= 1e-4, "{what}: relative difference {rel}");
-}
-
-/// The same bits.
-fn identical(what: &str, ours: &[f32], want: &[f32]) {
-    assert_eq!(ours.len(), want.len(), "{what}: lengths");
-    let same = ours
-        .iter()
-        .zip(want)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "{what}: max |Δ| = {}", max_abs_diff(ours, want));
-}
-
 #[test]
 fn gguf_config_equals_the_directory_config() {
     let (g, f) = models();
@@ -111,65 +74,7 @@ fn gguf_config_equals_the_directory_config() {
 #[test]
 fn gguf_logits_equal_f32_one_shot_chunks_and_steps() {
     let (g, f) = models();
-    let ids = tokens(g.vocab_size());
-    // One shot, every row, with the per-layer traces.
-    let (mut sg, mut sf) = (g.new_state(), f.new_state());
-    let og = g.forward_ext(&ids, &mut sg, LogitsRows::All, true).unwrap();
-    let of = f.forward_ext(&ids, &mut sf, LogitsRows::All, true).unwrap();
-    close("one shot", &og.logits.logits, &of.logits.logits);
-    for (l, (a, b)) in og.trace.iter().zip(&of.trace).enumerate() {
-        close(&format!("layer {l} streams"), &a.streams, &b.streams);
-        assert_eq!(a.experts, b.experts, "layer {l} routing");
-        assert_eq!(a.selection, b.selection, "layer {l} selections");
-    }
-    let routed: std::collections::BTreeSet<_> =
-        og.trace.iter().flat_map(|t| t.experts.iter()).collect();
-    assert_eq!(
-        routed.len(),
-        g.config().n_routed_experts,
-        "every expert routed"
-    );
-    // Chunks.
-    assert_eq!(CHUNKS.iter().sum::<usize>(), T);
-    let (mut sg, mut sf) = (g.new_state(), f.new_state());
-    let (mut rg, mut rf) = (Vec::new(), Vec::new());
-    let mut at = 0;
-    for n in CHUNKS {
-        rg.extend(
-            g.forward(&ids[at..at + n], &mut sg, LogitsRows::All)
-                .unwrap()
-                .logits,
-        );
-        rf.extend(
-            f.forward(&ids[at..at + n], &mut sf, LogitsRows::All)
-                .unwrap()
-                .logits,
-        );
-        at += n;
-    }
-    close("chunks", &rg, &rf);
-    identical("ds4 GGUF: chunks vs one shot", &rg, &og.logits.logits);
-    // Prefill, then single steps.
-    let (mut sg, mut sf) = (g.new_state(), f.new_state());
-    let mut rg = g
-        .forward(&ids[..T - BACK], &mut sg, LogitsRows::Last)
-        .unwrap()
-        .logits;
-    let mut rf = f
-        .forward(&ids[..T - BACK], &mut sf, LogitsRows::Last)
-        .unwrap()
-        .logits;
-    for &tok in &ids[T - BACK..] {
-        rg.extend(g.forward(&[tok], &mut sg, LogitsRows::Last).unwrap().logits);
-        rf.extend(f.forward(&[tok], &mut sf, LogitsRows::Last).unwrap().logits);
-    }
-    close("steps", &rg, &rf);
-    let v = g.vocab_size();
-    identical(
-        "ds4 GGUF: steps vs one shot",
-        &rg,
-        &og.logits.logits[(T - BACK - 1) * v..],
-    );
+    stored_vs_f32::compare("", &g, &f, 1e-4);
 }
 
 #[test]
@@ -203,7 +108,7 @@ fn gguf_mtp_head_equals_f32() {
         }
         logits
     };
-    close("mtp rows and depths 1..3", &run(&g), &run(&f));
+    close("mtp rows and depths 1..3", &run(&g), &run(&f), 1e-4);
 }
 
 #[test]
@@ -362,5 +267,5 @@ fn cuda_loads_ds4_gguf_like_the_cpu() {
         .forward(&ids, &mut cm.new_state(), LogitsRows::All)
         .unwrap()
         .logits;
-    close("CUDA vs CPU one shot", &a, &b);
+    close("CUDA vs CPU one shot", &a, &b, 1e-4);
 }
