@@ -36,6 +36,7 @@ pub mod composed;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod kernel_set;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -46,6 +47,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 
 pub use cpu::CpuOps;
+pub use kernel_set::KernelSet;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaOps;
 

@@ -2,7 +2,9 @@
 //!
 //! Buffers are host `Vec<f32>`. Kernels: [`f32_matmul`] (row-independent f32
 //! matmul, tiled AVX2), [`block_matmul`] (Q4_1 / Q8_0 weights times f32
-//! activations; AVX2 or AVX-512 chosen at run time), [`experts`] (routed
+//! activations; AVX2 or AVX-512 chosen at run time), [`q8_matmul`] (the
+//! fast kernel set's Q4_1 / Q8_0 product over int8 activations),
+//! [`experts`] (routed
 //! experts), [`attention`] (causal, per query in a fixed order),
 //! [`sparse_attention`] (over a selection), [`indexer`] (QSA blocks),
 //! [`delta_rule`] (conv + scan). Where the reference arithmetic is candle's
@@ -22,6 +24,7 @@ pub mod kda_gate;
 pub mod layer_norm;
 mod ops;
 pub mod pool_expand;
+pub mod q8_matmul;
 pub mod routing;
 pub mod sparse_attention;
 pub mod window_attention;

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use candle_core::{Device, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
+use super::q8_matmul::Q8Matrix;
 use super::{
     attention, compression, delta_rule, experts, f32_matmul, hyper, indexer, kda_gate, layer_norm,
     pool_expand, routing, sparse_attention, window_attention,
 };
 use crate::backend::composed;
 use crate::backend::{
-    Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostStep, HostWeight,
+    Backend, BackendId, EntryKeep, KernelSet, Epilogue, GateAct, GeluForm, Heads, HostStep, HostWeight,
     IndexerShape, RopeLayout, RouterSpec, ScanDims, StepBody,
 };
 use crate::error::{EngineError, Result};
@@ -30,6 +31,9 @@ pub enum CpuMatrix {
     F32 { w: Tensor, out: usize, inp: usize },
     /// Q4_1 / Q8_0 through [`block_matmul`] (f32 activations).
     Block(BlockMatrix),
+    /// Q4_1 / Q8_0 through [`q8_matmul`] (the fast kernel set: int8
+    /// activations).
+    Q8(Q8Matrix),
     /// Any other stored type, kept as stored (a view of the file's map):
     /// the reference product dequantizes a strip of rows and runs the f32
     /// kernel over it ([`f32_matmul::matmul_filled`]), so its bits are the
@@ -232,6 +236,46 @@ fn par_map(n: usize, f: impl Fn(usize) -> f32 + Sync) -> Vec<f32> {
     out
 }
 
+impl CpuOps {
+    /// Fast-set matrices of one width: every product in one pool dispatch
+    /// with the activations rounded once ([`Q8Matrix::matmul_several`],
+    /// the bits of each `matmul`), then each part's epilogue; `None` when
+    /// the parts are not all such matrices.
+    fn q8_many(
+        &self,
+        x: &[f32],
+        rows: usize,
+        parts: &[(&CpuMatrix, Epilogue<'_>)],
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        let q8: Option<Vec<&Q8Matrix>> = parts
+            .iter()
+            .map(|(w, _)| match w {
+                CpuMatrix::Q8(q) => Some(q),
+                _ => None,
+            })
+            .collect();
+        let Some(q8) = q8.filter(|q| q.len() > 1 && q.iter().all(|w| w.cols() == q[0].cols()))
+        else {
+            return Ok(None);
+        };
+        let k = q8[0].cols();
+        if x.len() != rows * k {
+            return Err(shape_err(
+                "matmul_many",
+                format!("{} values are not [{rows}, {k}]", x.len()),
+            ));
+        }
+        let mut ys: Vec<Vec<f32>> = q8.iter().map(|w| vec![0f32; rows * w.rows()]).collect();
+        let mut views: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+        Q8Matrix::matmul_several(&q8, x, rows, &mut views);
+        ys.into_iter()
+            .zip(parts)
+            .map(|(y, &(_, then))| composed::epilogue(self, y, rows, then))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+}
+
 impl Backend for CpuOps {
     type Buf = Vec<f32>;
     type Matrix = CpuMatrix;
@@ -244,11 +288,21 @@ impl Backend for CpuOps {
 
     fn id(&self) -> BackendId {
         let isa = block_matmul::isa();
-        BackendId {
-            backend: "cpu",
-            kernels: format!("{isa:?}").to_lowercase(),
-            // The tag checkpoints carried before the op inventory existed.
-            tag: format!("cpu-kernels:{isa:?}"),
+        match crate::backend::kernel_set::current() {
+            KernelSet::Reference => BackendId {
+                backend: "cpu",
+                kernels: format!("{isa:?}").to_lowercase(),
+                // The tag checkpoints carried before the op inventory
+                // existed (and before there was a second kernel set).
+                tag: format!("cpu-kernels:{isa:?}"),
+            },
+            // The int8 products have the same bits under every ISA, but
+            // the f32 ops around them (attention, norms) do not.
+            KernelSet::Fast => BackendId {
+                backend: "cpu",
+                kernels: format!("{isa:?}-fast").to_lowercase(),
+                tag: format!("cpu-kernels:{isa:?}+q8-activations"),
+            },
         }
     }
 
@@ -371,10 +425,17 @@ impl Backend for CpuOps {
                     // file's pages are then released (resident memory is
                     // the repacked copy, not both).
                     Some(format) => {
-                        let m = BlockMatrix::new(&stored_bytes(&q), format, out, inp)
-                            .map_err(|e| shape_err("matrix", e.to_string()))?;
+                        let bytes = stored_bytes(&q);
+                        let m = match crate::backend::kernel_set::current() {
+                            KernelSet::Reference => BlockMatrix::new(&bytes, format, out, inp)
+                                .map(CpuMatrix::Block),
+                            KernelSet::Fast => {
+                                Q8Matrix::new(&bytes, format, out, inp).map(CpuMatrix::Q8)
+                            }
+                        }
+                        .map_err(|e| shape_err("matrix", e.to_string()))?;
                         q.parts.iter().for_each(|p| p.data.release());
-                        Ok(CpuMatrix::Block(m))
+                        Ok(m)
                     }
                     None => Ok(CpuMatrix::Stored(q)),
                 }
@@ -478,6 +539,17 @@ impl Backend for CpuOps {
                 m.matmul(x, rows, &mut y);
                 Ok(y)
             }
+            CpuMatrix::Q8(m) => {
+                if x.len() != rows * m.cols() {
+                    return Err(shape_err(
+                        "matmul",
+                        format!("{} values are not [{rows}, {}]", x.len(), m.cols()),
+                    ));
+                }
+                let mut y = vec![0f32; rows * m.rows()];
+                m.matmul(x, rows, &mut y);
+                Ok(y)
+            }
             CpuMatrix::Rows { parts, out } => {
                 let ys = parts
                     .iter()
@@ -518,6 +590,9 @@ impl Backend for CpuOps {
         rows: usize,
         parts: &[(&CpuMatrix, Epilogue<'_>)],
     ) -> Result<Vec<Vec<f32>>> {
+        if let Some(ys) = self.q8_many(x, rows, parts)? {
+            return Ok(ys);
+        }
         let blocks: Option<Vec<&BlockMatrix>> = parts
             .iter()
             .map(|(w, _)| match w {
