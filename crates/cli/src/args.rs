@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use ds4_engine::backend::KernelSet;
 use ds4_engine::families::AutoDepth;
 
 #[derive(Debug, Parser)]
@@ -101,6 +102,28 @@ pub struct ModelArgs {
     /// bits). f16 is for llama-family models on the CPU.
     #[arg(long, value_enum, default_value_t = KvCacheArg::F32)]
     pub kv_cache: KvCacheArg,
+    #[command(flatten)]
+    pub kernels: KernelsArg,
+}
+
+/// `--kernels reference|fast`: the kernel set the process runs, fixed
+/// before the model loads (`ds4_engine::backend::kernel_set`).
+#[derive(Debug, Args, Clone, Copy, Default)]
+pub struct KernelsArg {
+    /// Kernel set of the products: `reference` (f32 activations, every
+    /// weight exactly as its format defines it: the set the transformers
+    /// parity is proven on) or `fast` (on the CPU: activations rounded to
+    /// int8 with one scale per 32 values and integer dot products for
+    /// block-quantized weights; faster, with its own bits, and its own
+    /// checkpoint identity). Default: `DS4_KERNELS`, else reference. The
+    /// CUDA backend has only its reference set.
+    #[arg(long, value_name = "SET", value_parser = kernel_set)]
+    pub kernels: Option<KernelSet>,
+}
+
+/// `--kernels`: a kernel set's name.
+fn kernel_set(s: &str) -> Result<KernelSet, String> {
+    KernelSet::parse(s).map_err(|e| e.to_string())
 }
 
 /// `--kv-cache`.
@@ -383,6 +406,12 @@ pub struct InspectArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The device whose kernels the `kernels` line names (as for the
+    /// commands that load the model; nothing is loaded here).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+    #[command(flatten)]
+    pub kernels: KernelsArg,
 }
 
 #[derive(Debug, Subcommand)]
@@ -504,6 +533,21 @@ pub struct BenchArgs {
     /// then stop.
     #[arg(long, requires = "synthetic")]
     pub dry_run: bool,
+    /// Teacher-forced negative log-likelihood of the model over the text of
+    /// FILE instead of speed: tokenized without a chat template (BOS at the
+    /// start of each window when the tokenizer adds one to a raw prompt),
+    /// cut into windows of `--nll-window` tokens each prefilled from an
+    /// empty state; every position but a window's first is scored. Prints
+    /// the tokens scored, the mean NLL (nats/token), the perplexity, the
+    /// backend and the kernel set.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["mtp", "synthetic", "prompts"])]
+    pub nll: Option<PathBuf>,
+    /// Tokens per `--nll` window (BOS included when the model takes one).
+    #[arg(long, value_name = "N", default_value_t = 1024, requires = "nll")]
+    pub nll_window: usize,
+    /// Read at most this many tokens of the `--nll` text (its beginning).
+    #[arg(long, value_name = "N", requires = "nll")]
+    pub nll_max_tokens: Option<usize>,
     /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
     /// built in).
     #[arg(long, requires = "mtp")]

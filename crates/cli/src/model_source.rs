@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::args::{DeviceArg, KvCacheArg};
+use crate::args::{DeviceArg, ModelArgs};
+use ds4_engine::backend::{KernelSet, kernel_set};
 use ds4_engine::families::{Device, LoadedModel};
 use ds4_models::{DEFAULT_MODEL, PullEvent};
 use ds4_text::Tokenizer;
@@ -196,9 +197,85 @@ fn known_tokenizer(dir: &Path) -> anyhow::Result<Option<PathBuf>> {
     Ok(Some(known.ensure(&mut |_| {})?))
 }
 
-pub fn load(path: Option<&Path>, device: DeviceArg, kv: KvCacheArg) -> anyhow::Result<Loaded> {
+/// The environment variable `--kernels` defaults to.
+pub const KERNELS_ENV: &str = "DS4_KERNELS";
+
+/// Where a kernel set was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    Flag(KernelSet),
+    Env(KernelSet),
+    Nothing,
+}
+
+/// The kernel set asked for: `--kernels`, else `DS4_KERNELS` (`env`, its
+/// value; an unknown one is an error naming the variable), else nothing.
+fn requested_kernels(arg: Option<KernelSet>, env: Option<&str>) -> anyhow::Result<Asked> {
+    if let Some(set) = arg {
+        return Ok(Asked::Flag(set));
+    }
+    match env {
+        Some(v) if !v.trim().is_empty() => KernelSet::parse(v)
+            .map(Asked::Env)
+            .map_err(|e| anyhow::anyhow!("{KERNELS_ENV}={v}: {e}")),
+        _ => Ok(Asked::Nothing),
+    }
+}
+
+/// The kernel set a model on `device` runs for `--kernels` (`arg`) and
+/// `DS4_KERNELS`: the CPU takes what was asked for (default: reference);
+/// CUDA has only its reference set, so an explicit `--kernels fast` is an
+/// error there and `DS4_KERNELS=fast` a warning.
+pub fn kernels_for(device: Device, arg: Option<KernelSet>) -> anyhow::Result<KernelSet> {
+    let env = std::env::var(KERNELS_ENV).ok();
+    let (set, warning) = kernels_with_env(device, arg, env.as_deref())?;
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
+    Ok(set)
+}
+
+/// [`kernels_for`] with `DS4_KERNELS`'s value given: the set and the
+/// warning to show, if any.
+fn kernels_with_env(
+    device: Device,
+    arg: Option<KernelSet>,
+    env: Option<&str>,
+) -> anyhow::Result<(KernelSet, Option<String>)> {
+    match (device, requested_kernels(arg, env)?) {
+        (Device::Cpu, Asked::Flag(set) | Asked::Env(set)) => Ok((set, None)),
+        (Device::Cpu, Asked::Nothing) => Ok((KernelSet::DEFAULT, None)),
+        (Device::Cuda(_), Asked::Flag(KernelSet::Fast)) => anyhow::bail!(
+            "--kernels fast: the CUDA backend has no fast kernel set yet (only reference); \
+             run with --kernels reference, or with --device cpu for the fast CPU kernels"
+        ),
+        (Device::Cuda(_), Asked::Env(KernelSet::Fast)) => Ok((
+            KernelSet::Reference,
+            Some(format!(
+                "{KERNELS_ENV}=fast: the CUDA backend has no fast kernel set yet; it runs its \
+                 reference set"
+            )),
+        )),
+        (Device::Cuda(_), _) => Ok((KernelSet::Reference, None)),
+    }
+}
+
+/// Resolve `--device` and fix the process's kernel set for it
+/// ([`kernels_for`]). Call before any model load: the weights are laid
+/// out for the set.
+pub fn device_and_kernels(args: &ModelArgs) -> anyhow::Result<(Device, KernelSet)> {
+    let device = device(args.device)?;
+    let set = kernels_for(device, args.kernels.kernels)?;
+    kernel_set::choose(set).map_err(|e| anyhow::anyhow!("--kernels {set}: {e}"))?;
+    Ok((device, set))
+}
+
+/// Load the model (`path`, or the default model) on the device and with
+/// the kernel set of `args`.
+pub fn load(path: Option<&Path>, args: &ModelArgs) -> anyhow::Result<Loaded> {
     let path = resolve(path)?;
-    let device = self::device(device)?;
+    let kv = args.kv_cache;
+    let (device, _) = device_and_kernels(args)?;
     let start = Instant::now();
     let tokenizer = load_tokenizer(&path)?;
     let mut model = LoadedModel::load_on(&path, device)
@@ -208,12 +285,99 @@ pub fn load(path: Option<&Path>, device: DeviceArg, kv: KvCacheArg) -> anyhow::R
         .with_context(|| format!("--kv-cache {}", kv.kv_type()))?;
     attach_known_head(&mut model, &path);
     tracing::info!(
-        "loaded {} ({}) on {} (kv cache {}) in {:.2}s",
+        "loaded {} ({}) on {} ({} kernels, kv cache {}) in {:.2}s",
         path.display(),
         model.family_name(),
         model.backend(),
+        kernel_set::current(),
         model.kv_type(),
         start.elapsed().as_secs_f64()
     );
     Ok(Loaded { model, tokenizer })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CUDA: Device = Device::Cuda(0);
+    const FAST: Option<KernelSet> = Some(KernelSet::Fast);
+    const REFERENCE: Option<KernelSet> = Some(KernelSet::Reference);
+
+    #[test]
+    fn cpu_takes_the_flag_then_the_environment_then_reference() {
+        let cpu = |arg, env| kernels_with_env(Device::Cpu, arg, env).unwrap();
+        assert_eq!(cpu(None, None), (KernelSet::Reference, None));
+        assert_eq!(cpu(None, Some("")), (KernelSet::Reference, None));
+        assert_eq!(cpu(FAST, None), (KernelSet::Fast, None));
+        assert_eq!(cpu(None, Some("fast")), (KernelSet::Fast, None));
+        assert_eq!(cpu(REFERENCE, Some("fast")), (KernelSet::Reference, None));
+        assert_eq!(cpu(FAST, Some("reference")), (KernelSet::Fast, None));
+        // The flag wins, so a bad variable is not even read then.
+        assert_eq!(cpu(FAST, Some("int4")), (KernelSet::Fast, None));
+        let err = kernels_with_env(Device::Cpu, None, Some("int4")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "DS4_KERNELS=int4: unknown kernel set `int4` (reference or fast)"
+        );
+    }
+
+    #[test]
+    fn cuda_refuses_an_explicit_fast_and_warns_on_the_environment() {
+        let err = kernels_with_env(CUDA, FAST, None).unwrap_err().to_string();
+        assert!(err.contains("CUDA backend has no fast kernel set"), "{err}");
+        assert!(err.starts_with("--kernels fast"), "{err}");
+        let (set, warning) = kernels_with_env(CUDA, None, Some("fast")).unwrap();
+        assert_eq!(set, KernelSet::Reference);
+        assert!(warning.unwrap().contains("runs its reference set"));
+        assert_eq!(
+            kernels_with_env(CUDA, REFERENCE, Some("fast")).unwrap(),
+            (KernelSet::Reference, None)
+        );
+        assert_eq!(
+            kernels_with_env(CUDA, None, None).unwrap(),
+            (KernelSet::Reference, None)
+        );
+    }
+
+    #[test]
+    fn the_flag_parses_with_the_engine_names() {
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["ds4server", "run", "-p", "x"];
+            argv.extend_from_slice(extra);
+            crate::args::Cli::try_parse_from(argv)
+        };
+        let kernels = |extra: &[&str]| match parse(extra).unwrap().command {
+            crate::args::Command::Run(a) => a.model.kernels.kernels,
+            _ => unreachable!(),
+        };
+        assert_eq!(kernels(&[]), None);
+        assert_eq!(kernels(&["--kernels", "fast"]), FAST);
+        assert_eq!(kernels(&["--kernels", "reference"]), REFERENCE);
+        assert_eq!(kernels(&["--kernels", "ref"]), REFERENCE);
+        let err = parse(&["--kernels", "int8"]).unwrap_err().to_string();
+        assert!(err.contains("unknown kernel set `int8`"), "{err}");
+        // Every command that loads a model (or, for inspect, names what a
+        // load would run) takes it.
+        for argv in [
+            &["serve"][..],
+            &["chat"],
+            &["bench"],
+            &["bench", "--mtp"],
+            &["bench", "--synthetic", "qwen4_exp"],
+            &["bench", "--nll", "f.txt"],
+            &["debug", "logits", "--tokens", "1", "--out", "x"],
+            &["debug", "tokenize", "--text", "x"],
+            &["inspect"],
+        ] {
+            let mut full = vec!["ds4server"];
+            full.extend_from_slice(argv);
+            full.extend_from_slice(&["--kernels", "fast"]);
+            assert!(
+                crate::args::Cli::try_parse_from(&full).is_ok(),
+                "{argv:?} takes --kernels"
+            );
+        }
+    }
 }

@@ -367,9 +367,19 @@ fn bench_writes_csv_and_svg_default_model() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[0],
-        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache"
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache,backend,kernels"
     );
-    assert!(lines[1..].iter().all(|l| l.ends_with(",f32")), "{out}");
+    // Every row names its kv cache type, backend id and kernel set (the
+    // default: reference, whose CPU ids carry no suffix).
+    for l in &lines[1..] {
+        let cols: Vec<&str> = l.split(',').collect();
+        assert_eq!(cols[6], "f32", "{out}");
+        assert!(
+            cols[7].starts_with("cpu-") && !cols[7].ends_with("-fast"),
+            "{out}"
+        );
+        assert_eq!(cols[8], "reference", "{out}");
+    }
     let ctx: Vec<&str> = lines[1..]
         .iter()
         .map(|l| l.split(',').next().unwrap())
@@ -385,4 +395,167 @@ fn bench_writes_csv_and_svg_default_model() {
         "only the new interval is prefilled"
     );
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
+/// `bench --nll` on a tiny checkpoint (random weights, its own small
+/// tokenizer): windows of 16 tokens, every position but a window's first
+/// scored, the same numbers from two runs, `--csv` equal to stdout.
+#[test]
+fn bench_nll_scores_a_text_on_a_tiny_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "It was the best of times, it was the worst of times, it was the age of wisdom, \
+         it was the age of foolishness, it was the epoch of belief.",
+    )
+    .unwrap();
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/qwen4_exp/tiny_a"
+    );
+    let csv = dir.path().join("nll.csv");
+    let run = |extra: &[&str]| {
+        ok(bin()
+            .args(["bench", "--device", "cpu", "-m", model, "--nll"])
+            .arg(&text)
+            .args(["--nll-window", "16", "--csv"])
+            .arg(&csv)
+            .args(extra)
+            .output()
+            .unwrap())
+    };
+    let out = run(&[]);
+    assert_eq!(std::fs::read_to_string(&csv).unwrap(), out);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "window,windows,text_tokens,tokens_scored,mean_nll,perplexity,backend,kernels,wall_s"
+    );
+    let row: Vec<&str> = lines[1].split(',').collect();
+    let (windows, text_tokens, scored): (usize, usize, usize) = (
+        row[1].parse().unwrap(),
+        row[2].parse().unwrap(),
+        row[3].parse().unwrap(),
+    );
+    assert_eq!(row[0], "16");
+    assert_eq!(windows, text_tokens.div_ceil(16), "{out}");
+    // No BOS for this tokenizer: each window loses its first position.
+    assert_eq!(scored, text_tokens - windows, "{out}");
+    let nll: f64 = row[4].parse().unwrap();
+    let ppl: f64 = row[5].parse().unwrap();
+    assert!(nll > 0.0 && nll.is_finite(), "{out}");
+    assert!((ppl.ln() - nll).abs() < 1e-3, "{out}");
+    assert!(row[6].starts_with("cpu-"), "{out}");
+    assert_eq!(row[7], "reference");
+    // Deterministic: the same NLL again; a cap on the tokens read is
+    // honoured.
+    let again = run(&[]);
+    assert_eq!(
+        again.lines().nth(1).unwrap().split(',').nth(4),
+        Some(row[4])
+    );
+    let capped = run(&["--nll-max-tokens", "20"]);
+    let capped: Vec<&str> = capped.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(
+        (capped[2], capped[3]),
+        ("20", "18"),
+        "16 + 4 tokens: 15 + 3 scored"
+    );
+}
+
+/// `--kernels fast` is accepted and reported by `inspect`, `bench` and
+/// `bench --nll` on the default model (whose Q4_1/Q8_0 weights the fast
+/// set's int8 products cover); a bad `--kernels` or `DS4_KERNELS` value is
+/// a readable error.
+#[test]
+fn kernels_flag_default_model_is_reported_by_inspect_bench_and_nll() {
+    let inspect = ok(bin()
+        .args(["inspect", "--kernels", "fast"])
+        .output()
+        .unwrap());
+    let line = inspect
+        .lines()
+        .find(|l| l.starts_with("kernels:"))
+        .expect("a kernels line");
+    assert!(
+        line.contains("cpu-") && line.contains("-fast (fast set)"),
+        "{line}"
+    );
+    let inspect = ok(bin().args(["inspect", "--json"]).output().unwrap());
+    let v: Value = serde_json::from_str(&inspect).unwrap();
+    assert_eq!(v["kernels"]["set"], "reference");
+    assert!(!v["kernels"]["backend"].as_str().unwrap().ends_with("-fast"));
+    let inspect = ok(bin()
+        .args(["inspect", "--json"])
+        .env("DS4_KERNELS", "fast")
+        .output()
+        .unwrap());
+    let v: Value = serde_json::from_str(&inspect).unwrap();
+    assert_eq!(v["kernels"]["set"], "fast");
+
+    let bench = ok(bin()
+        .args([
+            "bench",
+            "--kernels",
+            "fast",
+            "--prompts",
+            "24",
+            "--gen",
+            "2",
+        ])
+        .output()
+        .unwrap());
+    let row: Vec<&str> = bench.lines().nth(1).unwrap().split(',').collect();
+    assert!(row[7].ends_with("-fast"), "{bench}");
+    assert_eq!(row[8], "fast", "{bench}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "Whoso would be a man must be a nonconformist. He who would gather immortal palms \
+         must not be hindered by the name of goodness, but must explore if it be goodness.",
+    )
+    .unwrap();
+    let nll = |kernels: &str| {
+        let out = ok(bin()
+            .args(["bench", "--kernels", kernels, "--nll-window", "32", "--nll"])
+            .arg(&text)
+            .output()
+            .unwrap());
+        let row: Vec<String> = out
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        row
+    };
+    let (r, f) = (nll("reference"), nll("fast"));
+    assert_eq!((r[7].as_str(), f[7].as_str()), ("reference", "fast"));
+    assert!(f[6].ends_with("-fast") && !r[6].ends_with("-fast"));
+    assert_eq!(r[3], f[3], "the same tokens scored");
+    let (rn, fn_): (f64, f64) = (r[4].parse().unwrap(), f[4].parse().unwrap());
+    // A real model on English: a few nats a token under either set, and
+    // the int8 activations move it by little.
+    assert!(rn > 0.5 && rn < 6.0, "{r:?}");
+    assert!((fn_ - rn).abs() / rn < 0.05, "{r:?} {f:?}");
+
+    let bad = bin()
+        .args(["run", "-p", "hi", "--kernels", "int8"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("unknown kernel set `int8`"), "{stderr}");
+    let bad = bin()
+        .args(["run", "-p", "hi", "--max-tokens", "1"])
+        .env("DS4_KERNELS", "int8")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("DS4_KERNELS=int8"), "{stderr}");
 }

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
+use ds4_engine::backend::kernel_set;
 use ds4_engine::decode::prefill;
 use ds4_engine::{LogitsRows, Model, ModelState};
 use ds4_sampling::{Sampler, TokenCounts};
@@ -35,17 +36,36 @@ pub struct Row {
     pub state_bytes: usize,
     /// The KV cache element type (`f32`, `f16`: `--kv-cache`).
     pub kv_cache: &'static str,
+    /// The backend id (`cpu-avx512`, `cpu-avx512-fast`, `cuda-sm_90a`).
+    pub backend: String,
+    /// The kernel set (`reference`, `fast`: `--kernels`).
+    pub kernels: &'static str,
+}
+
+/// What every row of a run carries besides its measurements.
+#[derive(Debug, Clone)]
+pub struct Labels {
+    pub kv_cache: &'static str,
+    pub backend: String,
+    pub kernels: &'static str,
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(family) = &args.synthetic {
         return super::bench_synthetic::bench_synthetic(family, &args);
     }
-    let loaded = crate::model_source::load(
-        args.model.model.as_deref(),
-        args.model.device,
-        args.model.kv_cache,
-    )?;
+    let loaded = crate::model_source::load(args.model.model.as_deref(), &args.model)?;
+    // The set this process fixed before the load (CUDA: its reference set).
+    let kernels = kernel_set::current().name();
+    if let Some(path) = &args.nll {
+        let report = ds4_engine::with_model!(&loaded.model, model => super::bench_nll::bench_nll(model, &loaded.tokenizer, &args, path, kernels))?;
+        let csv = super::bench_nll::to_csv(&report);
+        print!("{csv}");
+        if let Some(path) = &args.csv {
+            std::fs::write(path, &csv).with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
     if args.mtp {
         let csv = ds4_engine::with_model!(&loaded.model, model => super::bench_mtp::bench_mtp(model, &loaded.tokenizer, &args))?;
         print!("{csv}");
@@ -54,8 +74,12 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let kv_cache = loaded.model.kv_type().name();
-    let rows = ds4_engine::with_model!(&loaded.model, model => bench_with(model, &loaded.tokenizer, &args, kv_cache))?;
+    let labels = Labels {
+        kv_cache: loaded.model.kv_type().name(),
+        backend: loaded.model.backend().to_string(),
+        kernels,
+    };
+    let rows = ds4_engine::with_model!(&loaded.model, model => bench_with(model, &loaded.tokenizer, &args, &labels))?;
     let csv = to_csv(&rows);
     print!("{csv}");
     if let Some(path) = &args.csv {
@@ -85,7 +109,7 @@ fn bench_with<M: Model>(
     model: &M,
     tokenizer: &Tokenizer,
     args: &BenchArgs,
-    kv_cache: &'static str,
+    labels: &Labels,
 ) -> anyhow::Result<Vec<Row>> {
     // Cold prompts each start from an empty state; frontiers walk on.
     let cold = !args.prompts.is_empty();
@@ -115,6 +139,10 @@ fn bench_with<M: Model>(
     let descriptor = model.descriptor();
     let mut greedy = descriptor.law.default_params();
     greedy.temperature = 0.0;
+    eprintln!(
+        "{} backend, {} kernels, kv cache {}",
+        labels.backend, labels.kernels, labels.kv_cache
+    );
     let mut state = model.new_state();
     let mut rows = Vec::new();
     let mut done = 0;
@@ -151,7 +179,9 @@ fn bench_with<M: Model>(
             gen_tokens: args.gen_tokens,
             gen_tps: args.gen_tokens as f64 / gen_secs.max(1e-9),
             state_bytes,
-            kv_cache,
+            kv_cache: labels.kv_cache,
+            backend: labels.backend.clone(),
+            kernels: labels.kernels,
         };
         eprintln!(
             "ctx {:>6}: prefill {:>5} tok at {:>8.1} tok/s, decode {} tok at {:>6.1} tok/s",
@@ -164,19 +194,21 @@ fn bench_with<M: Model>(
 
 pub fn to_csv(rows: &[Row]) -> String {
     let mut out = String::from(
-        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache\n",
+        "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache,backend,kernels\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{:.2},{},{:.2},{},{}",
+            "{},{},{:.2},{},{:.2},{},{},{},{}",
             r.ctx_tokens,
             r.prefill_tokens,
             r.prefill_tps,
             r.gen_tokens,
             r.gen_tps,
             r.state_bytes,
-            r.kv_cache
+            r.kv_cache,
+            r.backend,
+            r.kernels
         );
     }
     out
@@ -254,10 +286,13 @@ mod tests {
             gen_tps: 60.5,
             state_bytes: 1024,
             kv_cache: "f16",
+            backend: "cpu-avx512-fast".into(),
+            kernels: "fast",
         }]);
         assert_eq!(
             csv,
-            "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache\n512,512,150.00,32,60.50,1024,f16\n"
+            "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache,backend,kernels\n\
+             512,512,150.00,32,60.50,1024,f16,cpu-avx512-fast,fast\n"
         );
     }
 }

@@ -141,8 +141,11 @@ pub fn bench_mtp<M: Model>(
     out.push_str(
         "temperature,depth,draft_stop,tokens,decode_tps,speedup_vs_ar,acceptance_by_position,\
          mean_accepted_len,verify_rows_per_cycle,pieces_speedup,trunk_ms_per_cycle,\
-         head_ms_per_cycle,own_ms_per_cycle\n",
+         head_ms_per_cycle,own_ms_per_cycle,backend,kernels\n",
     );
+    // Every row names the backend and kernel set it ran on.
+    let backend = model.backend().to_string();
+    let kernels = ds4_engine::backend::kernel_set::current().name();
     let mut table = Vec::new();
     for &temperature in &args.mtp_temperatures {
         let mut params = model.descriptor().sampling_defaults;
@@ -224,7 +227,7 @@ pub fn bench_mtp<M: Model>(
             let own_ms = t.secs * per_cycle - trunk_ms - head_ms;
             out.push_str(&format!(
                 "{temperature},{depth},{stop},{},{tps:.2},{:.3},{},{mean_len:.3},{rows:.3},\
-                 {pieces:.3},{trunk_ms:.3},{head_ms:.3},{own_ms:.3}\n",
+                 {pieces:.3},{trunk_ms:.3},{head_ms:.3},{own_ms:.3},{backend},{kernels}\n",
                 t.tokens,
                 tps / ar_tps,
                 acc.join("/"),

@@ -82,7 +82,7 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     if args.dry_run {
         anyhow::bail!("--dry-run counts the bytes of --weights ds4-q2 / ds4-q4 (deepseek_v4)");
     }
-    let device = crate::model_source::device(args.model.device)?;
+    let (device, kernels) = crate::model_source::device_and_kernels(&args.model)?;
     let start = Instant::now();
     let (loaded, ledger) = LoadedModel::synthetic(family, &config, args.seed, false, device)?;
     let load_secs = start.elapsed().as_secs_f64();
@@ -103,8 +103,10 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     let weight_total: usize = ledger.values().sum();
     let step_secs = 1.0 / report.gen_tps.max(1e-12);
     println!(
-        "REPORT synthetic={family} shape={} device={device:?} weights_gb={:.2} load_s={:.1}",
+        "REPORT synthetic={family} shape={} device={device:?} backend={} kernels={} weights_gb={:.2} load_s={:.1}",
         args.shape,
+        loaded.backend(),
+        kernels.name(),
         weight_total as f64 / 1e9,
         report.load_secs
     );
@@ -221,15 +223,17 @@ fn bench_stored(
         print_types(&deepseek_v4_dry_ledger(&cfg, recipe), recipe);
         return Ok(());
     }
-    let device = crate::model_source::device(args.model.device)?;
+    let (device, kernels) = crate::model_source::device_and_kernels(&args.model)?;
     let start = Instant::now();
     let (loaded, ledger) =
         LoadedModel::synthetic_stored(family, config, args.seed, recipe, device)?;
     let load_secs = start.elapsed().as_secs_f64();
     println!(
-        "REPORT synthetic={family} shape={} recipe={} device={device:?} load_s={load_secs:.1} (making the weights on the host {:.1} s) host_peak={}",
+        "REPORT synthetic={family} shape={} recipe={} device={device:?} backend={} kernels={} load_s={load_secs:.1} (making the weights on the host {:.1} s) host_peak={}",
         args.shape,
         recipe.name(),
+        loaded.backend(),
+        kernels.name(),
         making_secs(),
         host_peak_bytes().map_or("?".into(), gb)
     );

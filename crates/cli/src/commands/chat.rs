@@ -23,11 +23,7 @@ Type a message and press Enter.
 Ctrl+C during a reply stops it; the partial reply stays in the conversation.";
 
 pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(
-        args.model.model.as_deref(),
-        args.model.device,
-        args.model.kv_cache,
-    )?;
+    let loaded = crate::model_source::load(args.model.model.as_deref(), &args.model)?;
     args.generation
         .resolve_mtp_depth(&loaded.model, &args.sampling);
     ds4_engine::with_model!(&loaded.model, model => chat_with(model, &loaded.tokenizer, &args))

@@ -40,11 +40,7 @@ fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
 }
 
 fn logits(args: LogitsArgs) -> anyhow::Result<()> {
-    let loaded = model_source::load(
-        args.model.model.as_deref(),
-        args.model.device,
-        args.model.kv_cache,
-    )?;
+    let loaded = model_source::load(args.model.model.as_deref(), &args.model)?;
     let rows = ds4_engine::with_model!(&loaded.model, model => logits_rows(model, &args))?;
     let vocab = rows.first().map_or(0, Vec::len);
     let flat: Vec<f32> = rows.concat();

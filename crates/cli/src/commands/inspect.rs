@@ -1,5 +1,7 @@
 //! `ds4server inspect`: what a model holds, without loading its weights.
 
+use ds4_engine::backend::{Backend, CpuOps, KernelSet, kernel_set};
+use ds4_engine::families::Device;
 use ds4_engine::inspect as load;
 use serde_json::json;
 
@@ -17,12 +19,14 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         Err(e) => (format!("unavailable: {e:#}"), false),
     };
     let head = mtp_head(&path);
+    let kernels = kernels(&args)?;
     if args.json {
         let mut value = serde_json::to_value(&info)?;
         value["mtp_head"] = head.clone();
         value["path"] = json!(path.display().to_string());
         value["tokenizer"] = json!(tokenizer_kind);
         value["chat_template"] = json!(template);
+        value["kernels"] = kernels.json();
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
@@ -39,6 +43,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     println!("parameters:    {}", group_thousands(info.parameter_count));
     println!("tokenizer:     {tokenizer_kind}");
     println!("chat template: {}", if template { "yes" } else { "no" });
+    println!("kernels:       {}", kernels.line());
     match head["status"].as_str() {
         Some("ok") => println!(
             "mtp head:      {} ({} parameters, vocabulary subset {}, sha256 {} checked; \
@@ -89,6 +94,59 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         println!("  {:width$}  {:>6}  {:?}", t.name, t.dtype, t.shape);
     }
     Ok(())
+}
+
+/// The kernels a load of this model would run (`--device`, `--kernels`,
+/// `DS4_KERNELS`), without loading it.
+struct Kernels {
+    set: KernelSet,
+    /// The backend id (`cpu-avx512-fast`); `None` for a GPU, whose id
+    /// names its architecture, known once the device is opened.
+    backend: Option<String>,
+    device: Device,
+}
+
+impl Kernels {
+    fn line(&self) -> String {
+        match (&self.backend, self.device) {
+            (Some(id), _) => format!("{id} ({} set)", self.set),
+            (None, Device::Cuda(n)) => format!(
+                "cuda device {n}, {} set (the CUDA backend has only its reference set)",
+                self.set
+            ),
+            (None, Device::Cpu) => format!("cpu, {} set", self.set),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "set": self.set.name(),
+            "backend": self.backend,
+            "device": match self.device {
+                Device::Cpu => "cpu".to_string(),
+                Device::Cuda(n) => format!("cuda:{n}"),
+            },
+        })
+    }
+}
+
+fn kernels(args: &InspectArgs) -> anyhow::Result<Kernels> {
+    let device = model_source::device(args.device)?;
+    let set = model_source::kernels_for(device, args.kernels.kernels)?;
+    let backend = match device {
+        Device::Cpu => {
+            // The CPU backend's id names the set this process runs, which
+            // is fixed at its first use: fix it to the one asked for.
+            kernel_set::choose(set).map_err(|e| anyhow::anyhow!("--kernels {set}: {e}"))?;
+            Some(CpuOps.id().to_string())
+        }
+        Device::Cuda(_) => None,
+    };
+    Ok(Kernels {
+        set,
+        backend,
+        device,
+    })
 }
 
 /// The MTP head shipped for this model (checked as at load), as JSON:

@@ -13,11 +13,7 @@ use crate::prompt;
 use crate::turn_runner::{TurnOptions, sampler_for, stream_turn};
 
 pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
-    let loaded = crate::model_source::load(
-        args.model.model.as_deref(),
-        args.model.device,
-        args.model.kv_cache,
-    )?;
+    let loaded = crate::model_source::load(args.model.model.as_deref(), &args.model)?;
     args.generation
         .resolve_mtp_depth(&loaded.model, &args.sampling);
     ds4_engine::with_model!(&loaded.model, model => run_with(model, &loaded.tokenizer, &args))

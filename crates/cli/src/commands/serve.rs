@@ -12,7 +12,7 @@ use crate::commands::sessions::CacheSettings;
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let path = crate::model_source::resolve(args.model.model.as_deref())?;
-    let loaded = crate::model_source::load(Some(&path), args.model.device, args.model.kv_cache)?;
+    let loaded = crate::model_source::load(Some(&path), &args.model)?;
     let mut config = ServerConfig::new(
         SocketAddr::new(args.host, args.port),
         args.model_id.unwrap_or_else(|| model_id(&path)),
