@@ -58,3 +58,50 @@ fn default_model_serve_warns_when_ctx_exceeds_the_model() {
         "{all}"
     );
 }
+
+/// `serve --kernels fast`: the start line, `/v1/models` and `/v1/status`
+/// name the fast set's backend id.
+#[test]
+fn default_model_serve_reports_the_kernel_set() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+        .args(["serve", "--port", "0", "--kernels", "fast"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ds4server serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut started = None;
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        if line.contains("listening on") {
+            started = Some(line);
+            break;
+        }
+    }
+    let get = |addr: &str, path: &str| -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let line = started.unwrap_or_default();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string);
+    let replies = addr.map(|a| (get(&a, "/v1/models"), get(&a, "/v1/status")));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("-fast, fast kernels)"), "start line: {line}");
+    let (models, status) = replies.expect("the server's address");
+    assert!(models.starts_with("HTTP/1.1 200"), "{models}");
+    assert!(models.contains("\"kernel_set\":\"fast\""), "{models}");
+    assert!(models.contains("-fast\""), "{models}");
+    assert!(status.contains("\"kernel_set\":\"fast\""), "{status}");
+}

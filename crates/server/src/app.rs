@@ -10,6 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ds4_engine::Model;
+use ds4_engine::backend::{BackendId, KernelSet, kernel_set};
 use ds4_engine::families::LoadedModel;
 use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
 
@@ -42,6 +43,7 @@ pub fn build_state(
     tokenizer: Tokenizer,
 ) -> Result<SharedState, ServeError> {
     let descriptor = model.descriptor();
+    let backend = model.backend();
     let model_ctx = ds4_engine::with_model!(&model, m => m.context_length());
     let mtp = ds4_engine::with_model!(&model, m => m.mtp_contract());
     for d in [config.mtp_depth, config.mtp_depth_sampled]
@@ -90,6 +92,8 @@ pub fn build_state(
         tool_memory: crate::tool_memory::ToolMemory::default(),
         vocabulary: Default::default(),
         descriptor,
+        backend: backend.to_string(),
+        kernel_set: kernel_set_of(&backend).name(),
         ctx,
         mtp,
         template,
@@ -100,6 +104,17 @@ pub fn build_state(
         created: crate::ids::unix_now(),
         config,
     }))
+}
+
+/// The kernel set a model on `backend` runs: the CPU backend runs the
+/// process's set (`--kernels` / `DS4_KERNELS`, fixed before the load, and
+/// named in its id); every other backend has only its reference set.
+pub fn kernel_set_of(backend: &BackendId) -> KernelSet {
+    if backend.backend == "cpu" {
+        kernel_set::current()
+    } else {
+        KernelSet::Reference
+    }
 }
 
 pub fn router(state: SharedState) -> Router {
@@ -236,8 +251,8 @@ pub async fn serve(state: SharedState) -> Result<(), ServeError> {
     let addr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");
     eprintln!(
-        "ds4server listening on http://{addr} (model {})",
-        state.config.model_id
+        "ds4server listening on http://{addr} (model {}, backend {}, {} kernels)",
+        state.config.model_id, state.backend, state.kernel_set
     );
     let grace = state.config.limits.shutdown_grace;
     run(listener, state, async move {

@@ -32,6 +32,11 @@ pub struct AppState {
     /// The vocabulary structured outputs compile against (built on first use).
     pub vocabulary: crate::constraints::LazyVocabulary,
     pub descriptor: &'static FamilyDescriptor,
+    /// The backend id of the loaded model (`cpu-avx512`, `cpu-avx512-fast`,
+    /// `cuda-sm_90a`): where it runs and with which kernels.
+    pub backend: String,
+    /// The kernel set the model's products run (`reference`, `fast`).
+    pub kernel_set: &'static str,
     /// Effective context: `--ctx`, capped at the model's.
     pub ctx: usize,
     /// The vision tower, processor and prompt ids of a model that reads
@@ -137,6 +142,8 @@ pub mod testing {
             tool_memory: ToolMemory::default(),
             vocabulary: Default::default(),
             descriptor,
+            backend: "cpu-test".into(),
+            kernel_set: "reference",
             ctx,
             vision: None,
             mtp: None,

@@ -31,6 +31,12 @@ async fn default_model_health_models_metrics_openapi() {
     assert_eq!(status, 200);
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], MODEL_ID);
+    // The backend id names the kernel set (`cpu-avx512`, `cpu-avx512-fast`).
+    let backend = models["data"][0]["backend"].as_str().unwrap();
+    let set = models["data"][0]["kernel_set"].as_str().unwrap();
+    assert!(backend.starts_with("cpu-"), "{models}");
+    assert_eq!(backend.ends_with("-fast"), set == "fast", "{models}");
+    assert!(["reference", "fast"].contains(&set), "{models}");
     let (status, model) = s.get(&format!("/v1/models/{MODEL_ID}")).await;
     assert_eq!((status, model["id"].clone()), (200, json!(MODEL_ID)));
     // Any name is served by the loaded model (strict mode: tests/agents.rs).
@@ -46,6 +52,12 @@ async fn default_model_health_models_metrics_openapi() {
         );
     }
     assert!(spec["components"]["schemas"]["ChatCompletionRequest"].is_object());
+    for field in ["backend", "kernel_set"] {
+        assert!(
+            spec["components"]["schemas"]["Model"]["properties"][field].is_object(),
+            "Model.{field} missing from the spec"
+        );
+    }
 
     let (status, _) = s
         .post("/v1/chat/completions", &chat(json!({"temperature": 0})))

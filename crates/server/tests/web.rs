@@ -102,6 +102,9 @@ async fn default_model_status_reports_the_model_a_turn_and_the_cache() {
     assert_eq!(status, 200, "{before}");
     assert_eq!(before["model"], common::MODEL_ID);
     assert_eq!(before["sampling_law"], "nucleus");
+    let (_, models) = s.get("/v1/models").await;
+    assert_eq!(before["backend"], models["data"][0]["backend"]);
+    assert_eq!(before["kernel_set"], models["data"][0]["kernel_set"]);
     assert!(before["context_length"].as_u64().unwrap() > 0);
     assert_eq!(before["totals"]["turns"], 0);
     assert_eq!(before["cache"]["live_session"]["tokens"], 0);
@@ -138,6 +141,12 @@ async fn default_model_status_reports_the_model_a_turn_and_the_cache() {
     let (_, doc) = s.get("/openapi.json").await;
     assert!(doc["paths"]["/v1/status"]["get"].is_object());
     assert!(doc["components"]["schemas"]["Status"].is_object());
+    for field in ["backend", "kernel_set"] {
+        assert!(
+            doc["components"]["schemas"]["Status"]["properties"][field].is_object(),
+            "Status.{field} missing from the spec"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -41,6 +41,8 @@ fn model(state: &AppState, id: &str) -> Model {
         owned_by: "ds4server",
         context_length: state.ctx,
         family: state.descriptor.name,
+        backend: state.backend.clone(),
+        kernel_set: state.kernel_set,
     }
 }
 

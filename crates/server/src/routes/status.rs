@@ -15,6 +15,11 @@ use crate::state::SharedState;
 pub struct Status {
     pub model: String,
     pub family: &'static str,
+    /// The backend and kernels the model runs on (`cpu-avx512`,
+    /// `cpu-avx512-fast` for the fast CPU kernel set, `cuda-sm_90a`).
+    pub backend: String,
+    /// The kernel set of the model's products (`reference`, `fast`).
+    pub kernel_set: &'static str,
     /// The sampling law the family is bound to (`nucleus`, `ds4`).
     pub sampling_law: &'static str,
     /// The family's defaults for parameters a request leaves unset.
@@ -134,6 +139,8 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
     Json(Status {
         model: state.config.model_id.clone(),
         family: state.descriptor.name,
+        backend: state.backend.clone(),
+        kernel_set: state.kernel_set,
         sampling_law: state.descriptor.law.name(),
         sampling_defaults: SamplingDefaults {
             temperature: d.temperature,

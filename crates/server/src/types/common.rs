@@ -159,6 +159,13 @@ pub struct Model {
     pub context_length: usize,
     /// Extension: the model family.
     pub family: &'static str,
+    /// Extension: the backend and kernels the model runs on (`cpu-avx512`,
+    /// `cpu-avx512-fast` for the fast CPU kernel set, `cuda-sm_90a`).
+    pub backend: String,
+    /// Extension: the kernel set of the model's products: `reference` (f32
+    /// activations, exact dequantized products) or `fast` (int8
+    /// activations, integer dot products).
+    pub kernel_set: &'static str,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
