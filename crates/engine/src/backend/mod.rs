@@ -47,9 +47,9 @@ use candle_core::Tensor;
 use crate::error::Result;
 
 pub use cpu::CpuOps;
-pub use kernel_set::KernelSet;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaOps;
+pub use kernel_set::KernelSet;
 
 /// The per-step inputs as the CPU reads them: the cache length before the
 /// step and the step's token ids.

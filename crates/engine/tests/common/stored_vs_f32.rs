@@ -4,6 +4,8 @@
 //! the largest logit, and the stored model's chunks and steps bit-identical
 //! to its own one shot. Shared by the ds4 GGUF tests (`#[path]`-included).
 
+#![allow(dead_code)]
+
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
 use ds4_engine::{LogitsRows, Model};
 

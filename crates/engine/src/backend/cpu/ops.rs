@@ -14,8 +14,8 @@ use super::{
 };
 use crate::backend::composed;
 use crate::backend::{
-    Backend, BackendId, EntryKeep, KernelSet, Epilogue, GateAct, GeluForm, Heads, HostStep, HostWeight,
-    IndexerShape, RopeLayout, RouterSpec, ScanDims, StepBody,
+    Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostStep, HostWeight,
+    IndexerShape, KernelSet, RopeLayout, RouterSpec, ScanDims, StepBody,
 };
 use crate::error::{EngineError, Result};
 use crate::quant::{QuantTensor, WeightType};
@@ -237,6 +237,28 @@ fn par_map(n: usize, f: impl Fn(usize) -> f32 + Sync) -> Vec<f32> {
 }
 
 impl CpuOps {
+    /// The id a CPU process running kernel set `set` reports (with this
+    /// machine's ISA): what its states' and checkpoints' identity carries.
+    pub fn id_for(set: KernelSet) -> BackendId {
+        let isa = block_matmul::isa();
+        match set {
+            KernelSet::Reference => BackendId {
+                backend: "cpu",
+                kernels: format!("{isa:?}").to_lowercase(),
+                // The tag checkpoints carried before the op inventory
+                // existed (and before there was a second kernel set).
+                tag: format!("cpu-kernels:{isa:?}"),
+            },
+            // The int8 products have the same bits under every ISA, but
+            // the f32 ops around them (attention, norms) do not.
+            KernelSet::Fast => BackendId {
+                backend: "cpu",
+                kernels: format!("{isa:?}-fast").to_lowercase(),
+                tag: format!("cpu-kernels:{isa:?}+q8-activations"),
+            },
+        }
+    }
+
     /// Fast-set matrices of one width: every product in one pool dispatch
     /// with the activations rounded once ([`Q8Matrix::matmul_several`],
     /// the bits of each `matmul`), then each part's epilogue; `None` when
@@ -287,23 +309,7 @@ impl Backend for CpuOps {
     type Half = Vec<half::f16>;
 
     fn id(&self) -> BackendId {
-        let isa = block_matmul::isa();
-        match crate::backend::kernel_set::current() {
-            KernelSet::Reference => BackendId {
-                backend: "cpu",
-                kernels: format!("{isa:?}").to_lowercase(),
-                // The tag checkpoints carried before the op inventory
-                // existed (and before there was a second kernel set).
-                tag: format!("cpu-kernels:{isa:?}"),
-            },
-            // The int8 products have the same bits under every ISA, but
-            // the f32 ops around them (attention, norms) do not.
-            KernelSet::Fast => BackendId {
-                backend: "cpu",
-                kernels: format!("{isa:?}-fast").to_lowercase(),
-                tag: format!("cpu-kernels:{isa:?}+q8-activations"),
-            },
-        }
+        Self::id_for(crate::backend::kernel_set::current())
     }
 
     // ---- memory ----
@@ -427,8 +433,9 @@ impl Backend for CpuOps {
                     Some(format) => {
                         let bytes = stored_bytes(&q);
                         let m = match crate::backend::kernel_set::current() {
-                            KernelSet::Reference => BlockMatrix::new(&bytes, format, out, inp)
-                                .map(CpuMatrix::Block),
+                            KernelSet::Reference => {
+                                BlockMatrix::new(&bytes, format, out, inp).map(CpuMatrix::Block)
+                            }
                             KernelSet::Fast => {
                                 Q8Matrix::new(&bytes, format, out, inp).map(CpuMatrix::Q8)
                             }

@@ -125,7 +125,8 @@ unsafe fn q8_0<const R: usize>(
                 let q = a.q.as_ptr().add(r * a.k + b * BLOCK);
                 let mut s = _mm256_setzero_si256();
                 for (c, &w) in w.iter().enumerate() {
-                    let p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(quad(q, c), w));
+                    let p =
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(quad(q, c), w));
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
                 }
                 let da = _mm256_set1_ps(*a.d.get_unchecked(r * nb + b));

@@ -445,7 +445,11 @@ thread_local! {
 /// vectorizes; every operation is exact or a single IEEE rounding, so
 /// vectorized and scalar code agree.
 pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32], s: &mut [f32]) {
-    for (b, (xb, qb)) in x.chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK)).enumerate() {
+    for (b, (xb, qb)) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
         // A NaN propagates into `d` (`f32::max` would drop it), so the
         // product reports it as the reference set's does.
         let amax = xb.iter().fold(0f32, |a, v| {

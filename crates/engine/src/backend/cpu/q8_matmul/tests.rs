@@ -56,13 +56,21 @@ fn product_with(w: &Q8Matrix, kernels: Q8Kernels, x: &[f32], m: usize) -> Vec<f3
 
 /// The set's arithmetic computed from the file's blocks directly (no
 /// repacked layout): the definition the kernels must reproduce exactly.
-fn model_from_file(data: &[u8], format: BlockFormat, n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+fn model_from_file(
+    data: &[u8],
+    format: BlockFormat,
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+) -> Vec<f32> {
     let nb = k / BLOCK;
     let bb = format.block_bytes();
     let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     let mut y = vec![0f32; m * n];
     for r in 0..m {
-        let (mut q, mut d, mut qs, mut s) = (vec![0i8; k], vec![0f32; nb], vec![0i32; nb], vec![0f32; nb]);
+        let (mut q, mut d, mut qs, mut s) =
+            (vec![0i8; k], vec![0f32; nb], vec![0i32; nb], vec![0f32; nb]);
         quantize_row(&x[r * k..(r + 1) * k], &mut q, &mut d, &mut qs, &mut s);
         for j in 0..n {
             let mut acc = 0f32;
@@ -72,15 +80,20 @@ fn model_from_file(data: &[u8], format: BlockFormat, n: usize, k: usize, x: &[f3
                 match format {
                     BlockFormat::Q4_1 => {
                         let u = |v: usize| {
-                            if v < 16 { block[4 + v] & 0x0F } else { block[4 + v - 16] >> 4 }
+                            if v < 16 {
+                                block[4 + v] & 0x0F
+                            } else {
+                                block[4 + v - 16] >> 4
+                            }
                         };
                         let sumi: i32 = (0..BLOCK).map(|v| u(v) as i32 * qa[v] as i32).sum();
                         acc = (f16(block, 0) * d[b]).mul_add(sumi as f32, acc);
                         acc = f16(block, 2).mul_add(s[b], acc);
                     }
                     BlockFormat::Q8_0 => {
-                        let sumi: i32 =
-                            (0..BLOCK).map(|v| block[2 + v] as i8 as i32 * qa[v] as i32).sum();
+                        let sumi: i32 = (0..BLOCK)
+                            .map(|v| block[2 + v] as i8 as i32 * qa[v] as i32)
+                            .sum();
                         acc = (f16(block, 0) * d[b]).mul_add(sumi as f32, acc);
                     }
                 }
@@ -126,7 +139,11 @@ fn a_row_has_the_same_bits_in_every_window_and_thread_split() {
         for r in 0..m {
             let mut one = vec![0f32; n];
             w.matmul(&x[r * k..(r + 1) * k], 1, &mut one);
-            assert_eq!(bits(&one), bits(&all[r * n..(r + 1) * n]), "{format:?} row {r}");
+            assert_eq!(
+                bits(&one),
+                bits(&all[r * n..(r + 1) * n]),
+                "{format:?} row {r}"
+            );
         }
         // Several parts in one dispatch: each part's own bits.
         let data2 = random_bytes(weight_type(format), 19, k, &mut Rng::new(4));
@@ -162,7 +179,11 @@ fn stays_within_the_activation_rounding_of_the_reference_product() {
             let v = i % BLOCK;
             match format {
                 BlockFormat::Q4_1 => {
-                    let u = if v < 16 { block[4 + v] & 0x0F } else { block[4 + v - 16] >> 4 };
+                    let u = if v < 16 {
+                        block[4 + v] & 0x0F
+                    } else {
+                        block[4 + v - 16] >> 4
+                    };
                     f16(0) * u as f32 + f16(2)
                 }
                 BlockFormat::Q8_0 => f16(0) * block[2 + v] as i8 as f32,
@@ -178,7 +199,10 @@ fn stays_within_the_activation_rounding_of_the_reference_product() {
                     bound += amax / 254.0 * wsum;
                 }
                 let diff = (yf[r * n + j] - yr[r * n + j]).abs() as f64;
-                assert!(diff <= bound * 1.001 + 1e-4, "{format:?} ({r},{j}): {diff} > {bound}");
+                assert!(
+                    diff <= bound * 1.001 + 1e-4,
+                    "{format:?} ({r},{j}): {diff} > {bound}"
+                );
             }
         }
     }
@@ -188,12 +212,19 @@ fn stays_within_the_activation_rounding_of_the_reference_product() {
 fn activation_rounding_is_bounded_and_reports_nan() {
     let mut x: Vec<f32> = activations(1, 64, 2);
     x[3] = -1000.0;
-    let (mut q, mut d, mut qs, mut s) = (vec![0i8; 64], vec![0f32; 2], vec![0i32; 2], vec![0f32; 2]);
+    let (mut q, mut d, mut qs, mut s) =
+        (vec![0i8; 64], vec![0f32; 2], vec![0i32; 2], vec![0f32; 2]);
     quantize_row(&x, &mut q, &mut d, &mut qs, &mut s);
     assert_eq!(q[3], -127);
     assert!(q.iter().all(|v| (-127..=127).contains(v)));
     for (b, &db) in d.iter().enumerate() {
-        assert_eq!(qs[b], q[b * 32..(b + 1) * 32].iter().map(|&v| v as i32).sum::<i32>());
+        assert_eq!(
+            qs[b],
+            q[b * 32..(b + 1) * 32]
+                .iter()
+                .map(|&v| v as i32)
+                .sum::<i32>()
+        );
         for i in 0..32 {
             let err = (x[b * 32 + i] - db * q[b * 32 + i] as f32).abs();
             assert!(err <= db * 0.5 * 1.0001, "value {i} of block {b}");
