@@ -1,6 +1,6 @@
 //! `ds4server inspect`: what a model holds, without loading its weights.
 
-use ds4_engine::backend::{Backend, CpuOps, KernelSet, kernel_set};
+use ds4_engine::backend::{CpuOps, KernelSet};
 use ds4_engine::families::Device;
 use ds4_engine::inspect as load;
 use serde_json::json;
@@ -134,12 +134,7 @@ fn kernels(args: &InspectArgs) -> anyhow::Result<Kernels> {
     let device = model_source::device(args.device)?;
     let set = model_source::kernels_for(device, args.kernels.kernels)?;
     let backend = match device {
-        Device::Cpu => {
-            // The CPU backend's id names the set this process runs, which
-            // is fixed at its first use: fix it to the one asked for.
-            kernel_set::choose(set).map_err(|e| anyhow::anyhow!("--kernels {set}: {e}"))?;
-            Some(CpuOps.id().to_string())
-        }
+        Device::Cpu => Some(CpuOps::id_for(set).to_string()),
         Device::Cuda(_) => None,
     };
     Ok(Kernels {
