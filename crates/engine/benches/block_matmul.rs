@@ -5,16 +5,24 @@
 //! alone is far steadier than `bench --mtp` on a shared machine.
 //!
 //! The products run on candle's CPU pool (every core, as in serving) with
-//! the kernel set `DS4_CPU_KERNELS` selects.
+//! the ISA `DS4_CPU_KERNELS` selects; each shape is timed with both kernel
+//! sets' matrices side by side (`reference`: [`BlockMatrix`], f32
+//! activations; `fast`: [`Q8Matrix`], int8 activations).
 
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use ds4_engine::backend::cpu::block_matmul::{BlockFormat, BlockMatrix};
+use ds4_engine::backend::cpu::q8_matmul::Q8Matrix;
 
 /// A deterministic GGUF-layout matrix: normal-sized scales and minima
 /// (no subnormals or NaNs to slow anything down) and pseudo-random quants.
 fn matrix(format: BlockFormat, n: usize, k: usize, seed: u64) -> BlockMatrix {
+    BlockMatrix::new(&gguf_bytes(format, n, k, seed), format, n, k).expect("sizes match")
+}
+
+/// The GGUF bytes of [`matrix`].
+fn gguf_bytes(format: BlockFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
     let mut next = move || {
         s ^= s << 13;
@@ -37,7 +45,7 @@ fn matrix(format: BlockFormat, n: usize, k: usize, seed: u64) -> BlockMatrix {
         };
         data.extend((0..quants).map(|_| next() as u8));
     }
-    BlockMatrix::new(&data, format, n, k).expect("sizes match")
+    data
 }
 
 fn activations(len: usize) -> Vec<f32> {
@@ -53,13 +61,18 @@ fn bench(c: &mut Criterion) {
         ("q8_0_output_49152x576", BlockFormat::Q8_0, 49_152, 576),
     ];
     for (name, format, n, k) in shapes {
-        let w = matrix(format, n, k, n as u64 ^ k as u64);
+        let data = gguf_bytes(format, n, k, n as u64 ^ k as u64);
+        let w = BlockMatrix::new(&data, format, n, k).expect("sizes match");
+        let fast = Q8Matrix::new(&data, format, n, k).expect("sizes match");
         let x = activations(4 * k);
         let mut y = vec![0f32; 4 * n];
         let mut group = c.benchmark_group(name);
         for rows in 1..=4 {
-            group.bench_with_input(BenchmarkId::from_parameter(rows), &rows, |b, &rows| {
+            group.bench_with_input(BenchmarkId::new("reference", rows), &rows, |b, &rows| {
                 b.iter(|| w.matmul(black_box(&x[..rows * k]), rows, &mut y[..rows * n]))
+            });
+            group.bench_with_input(BenchmarkId::new("fast", rows), &rows, |b, &rows| {
+                b.iter(|| fast.matmul(black_box(&x[..rows * k]), rows, &mut y[..rows * n]))
             });
         }
         group.finish();

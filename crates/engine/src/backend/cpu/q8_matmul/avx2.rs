@@ -16,6 +16,10 @@ use crate::backend::cpu::block_matmul::{BLOCK, BlockFormat};
 /// Activation rows per pass (sixteen registers).
 const PASS: usize = 2;
 
+/// Bytes ahead of the quants being read that a pass asks the cache for
+/// (as the AVX-512 kernels; the group streams are sequential).
+const PREFETCH: usize = 8192;
+
 /// # Safety
 /// The CPU has AVX2/FMA/F16C (the build baseline); `g` is a whole group,
 /// `a` holds 1..=4 rows and `out` at least `a.rows · LANES` values.
@@ -68,6 +72,7 @@ unsafe fn q4_1<const R: usize>(
             let mut lo = [_mm256_setzero_si256(); 4];
             let mut hi = [_mm256_setzero_si256(); 4];
             for c in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 64 * c).cast());
                 let v = _mm256_loadu_si256(base.add(64 * c).cast());
                 lo[c] = _mm256_and_si256(v, nib);
                 hi[c] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
@@ -117,6 +122,7 @@ unsafe fn q8_0<const R: usize>(
             let base = wq.add(b * LANES * 32 + 32 * half);
             let mut w = [_mm256_setzero_si256(); 8];
             for (c, w) in w.iter_mut().enumerate() {
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 64 * c).cast());
                 *w = _mm256_loadu_si256(base.add(64 * c).cast());
             }
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(ws.add(b * LANES + 8 * half).cast()));

@@ -49,6 +49,7 @@ mod avx2;
     target_feature = "f16c"
 ))]
 mod avx512;
+mod quantize;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -440,33 +441,4 @@ thread_local! {
     static QUANTIZED: Cell<QuantizedRows> = Cell::new(QuantizedRows::default());
 }
 
-/// Round one activation row to int8 blocks of 32 (the set's definition;
-/// see the module documentation). Plain loops that the compiler
-/// vectorizes; every operation is exact or a single IEEE rounding, so
-/// vectorized and scalar code agree.
-pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32], s: &mut [f32]) {
-    for (b, (xb, qb)) in x
-        .chunks_exact(BLOCK)
-        .zip(q.chunks_exact_mut(BLOCK))
-        .enumerate()
-    {
-        // A NaN propagates into `d` (`f32::max` would drop it), so the
-        // product reports it as the reference set's does.
-        let amax = xb.iter().fold(0f32, |a, v| {
-            let v = v.abs();
-            if v > a || v.is_nan() { v } else { a }
-        });
-        let db = amax / 127.0;
-        let id = if db != 0.0 { 1.0 / db } else { 0.0 };
-        let mut sum = 0i32;
-        for (qv, &v) in qb.iter_mut().zip(xb) {
-            let r = (v * id).round_ties_even().clamp(-127.0, 127.0);
-            // A NaN value rounds to 0 here; the block's `d` is NaN.
-            *qv = r as i8;
-            sum += *qv as i32;
-        }
-        d[b] = db;
-        qsum[b] = sum;
-        s[b] = db * sum as f32;
-    }
-}
+pub use quantize::{quantize_row, quantize_row_scalar};
