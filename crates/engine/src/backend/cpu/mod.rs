@@ -21,6 +21,7 @@ pub mod f32_matmul;
 pub mod hyper;
 pub mod indexer;
 pub mod kda_gate;
+pub mod kq8_matmul;
 pub mod layer_norm;
 mod ops;
 pub mod pool_expand;

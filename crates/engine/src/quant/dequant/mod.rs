@@ -5,7 +5,7 @@
 //! other product is exact in f32, so no order question arises there.
 
 mod float;
-mod iq2;
+pub(crate) mod iq2;
 mod k_quants;
 mod legacy;
 
