@@ -5,7 +5,9 @@
 //!   format defines it. The parity checks against transformers run on it.
 //! - [`KernelSet::Fast`]: each activation row is rounded to int8 with one
 //!   f32 scale per 32 values before a block-quantized product, and the
-//!   product runs on integer dot products ([`super::cpu::q8_matmul`]). The
+//!   product runs on integer dot products ([`super::cpu::q8_matmul`]); for
+//!   Q2_K–Q6_K and IQ2_XXS rows of whole 256-value super-blocks, one scale
+//!   per 256 values ([`super::cpu::kq8_matmul`], ggml's Q8_K). The
 //!   rounding of a row depends on that row alone, so verify == steps,
 //!   warm == cold and batch invariance hold within the set exactly as in
 //!   the reference.

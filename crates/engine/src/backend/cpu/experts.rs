@@ -8,7 +8,8 @@ use crate::quant::QuantTensor;
 
 /// One projection's stack of expert matrices `[E, out, in]`: f32, or kept
 /// stored and dequantized a strip at a time inside each product (the same
-/// bits as the f32 stack: [`matmul_filled`]).
+/// bits as the f32 stack: [`matmul_filled`]); in the fast kernel set the
+/// types of [`super::kq8_matmul`] run its int8 product instead.
 #[derive(Clone, Copy)]
 pub enum Stack<'a> {
     F32(&'a [f32]),
@@ -20,6 +21,14 @@ impl Stack<'_> {
     fn matmul(self, e: usize, x: &[f32], n: usize, out: usize, inp: usize, y: &mut [f32]) {
         match self {
             Stack::F32(w) => matmul(x, n, &w[e * out * inp..(e + 1) * out * inp], out, inp, y),
+            // The fast set's int8 product for the types it covers (each
+            // expert's rows read in place, the same bits for any window).
+            Stack::Stored(q)
+                if crate::backend::kernel_set::current() == crate::backend::KernelSet::Fast
+                    && super::kq8_matmul::supports(q) =>
+            {
+                super::kq8_matmul::matmul_rows(q, e * out, out, x, n, y)
+            }
             Stack::Stored(q) => matmul_filled(x, n, out, inp, y, &|j0, j1, w| {
                 q.dequantize_rows(e * out + j0, e * out + j1, w)
             }),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::{Device, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
+use super::kq8_matmul::KMatrix;
 use super::q8_matmul::Q8Matrix;
 use super::{
     attention, compression, delta_rule, experts, f32_matmul, hyper, indexer, kda_gate, layer_norm,
@@ -34,6 +35,10 @@ pub enum CpuMatrix {
     /// Q4_1 / Q8_0 through [`q8_matmul`] (the fast kernel set: int8
     /// activations).
     Q8(Q8Matrix),
+    /// Q2_K–Q6_K / IQ2_XXS rows of whole super-blocks through
+    /// [`super::kq8_matmul`] (the fast kernel set; the file's blocks read
+    /// in place).
+    KQ8(KMatrix),
     /// Any other stored type, kept as stored (a view of the file's map):
     /// the reference product dequantizes a strip of rows and runs the f32
     /// kernel over it ([`f32_matmul::matmul_filled`]), so its bits are the
@@ -444,7 +449,12 @@ impl Backend for CpuOps {
                         q.parts.iter().for_each(|p| p.data.release());
                         Ok(m)
                     }
-                    None => Ok(CpuMatrix::Stored(q)),
+                    None => match crate::backend::kernel_set::current() {
+                        KernelSet::Fast if KMatrix::new(q.clone()).is_some() => {
+                            Ok(CpuMatrix::KQ8(KMatrix::new(q).expect("checked")))
+                        }
+                        _ => Ok(CpuMatrix::Stored(q)),
+                    },
                 }
             }
             HostWeight::Rows(parts) => {
@@ -547,6 +557,17 @@ impl Backend for CpuOps {
                 Ok(y)
             }
             CpuMatrix::Q8(m) => {
+                if x.len() != rows * m.cols() {
+                    return Err(shape_err(
+                        "matmul",
+                        format!("{} values are not [{rows}, {}]", x.len(), m.cols()),
+                    ));
+                }
+                let mut y = vec![0f32; rows * m.rows()];
+                m.matmul(x, rows, &mut y);
+                Ok(y)
+            }
+            CpuMatrix::KQ8(m) => {
                 if x.len() != rows * m.cols() {
                     return Err(shape_err(
                         "matmul",
