@@ -7,17 +7,20 @@
 # in a cache directory (never in the repository):
 #   bench/compare-llamacpp.sh [--model F.gguf] [--prompts N,N,...] [--gen N]
 #                             [--threads N] [--pairs N] [--kv-cache f32|f16]
+#                             [--kernels reference|fast]
 # Each prompt length N gives a row: prefill of an N-token prompt from an
 # empty context (llama-bench -p N) and decode of --gen tokens at depth N
 # (llama-bench -n GEN -d N). `--prompt N` is `--prompts N`. `--kv-cache T`
 # (default f16, llama.cpp's own default) is passed to both engines:
 # `ds4server bench --kv-cache T` and `llama-bench -ctk T -ctv T` (llama-bench
-# has no f32 cache: with f32, llama.cpp stays at f16).
+# has no f32 cache: with f32, llama.cpp stays at f16). `--kernels SET` is
+# ds4server's kernel set (default: what DS4_KERNELS or the build defaults
+# to; printed in the summary).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
 cache="${DS4SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ds4server}/llamacpp"
-model="" prompts=512 gen=64 threads=2 pairs=3 kv=f16 sdist_version=0.3.36
+model="" prompts=512 gen=64 threads=2 pairs=3 kv=f16 sdist_version=0.3.36 kernels=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --threads) threads="$2"; shift 2 ;;
     --pairs) pairs="$2"; shift 2 ;;
     --kv-cache) kv="$2"; shift 2 ;;
+    --kernels) kernels="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -102,7 +106,8 @@ print(pp, tg)'
 
 # One ds4server run, a cold prompt of $1 tokens: prints "prefill_tps decode_tps".
 ds4() {
-  "$ours" bench -m "$model" --prompts "$1" --gen "$gen" --threads "$threads" --kv-cache "$kv" 2>/dev/null |
+  "$ours" bench -m "$model" --prompts "$1" --gen "$gen" --threads "$threads" --kv-cache "$kv" \
+    ${kernels:+--kernels "$kernels"} 2>/dev/null |
     python3 -c '
 import csv, sys
 row = next(csv.DictReader(sys.stdin))
@@ -129,4 +134,4 @@ for n in "${lengths[@]}"; do
   echo "prompt $n: median ratio (ds4server / llama.cpp): prefill $(median ${pre_ratios[$n]}), decode $(median ${dec_ratios[$n]})"
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min)"
-echo "($gen generated at depth N, $threads threads, $pairs pairs, kv cache: ds4server $kv, llama.cpp $llama_kv)"
+echo "($gen generated at depth N, $threads threads, $pairs pairs, kv cache: ds4server $kv, llama.cpp $llama_kv, ds4server kernels: ${kernels:-${DS4_KERNELS:-default}})"

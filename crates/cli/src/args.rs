@@ -115,7 +115,8 @@ pub struct KernelsArg {
     /// parity is proven on) or `fast` (on the CPU: activations rounded to
     /// int8 with one scale per 32 values and integer dot products for
     /// block-quantized weights; faster, with its own bits, and its own
-    /// checkpoint identity). Default: `DS4_KERNELS`, else reference. The
+    /// checkpoint identity). Default: `DS4_KERNELS`, else fast on the CPU
+    /// (its quality against reference is measured: bench/README.md). The
     /// CUDA backend has only its reference set.
     #[arg(long, value_name = "SET", value_parser = kernel_set)]
     pub kernels: Option<KernelSet>,
@@ -184,9 +185,10 @@ pub struct GenerationArgs {
     pub chunk: usize,
     /// MTP speculative draft depth (0 = plain autoregressive decoding), or
     /// `auto`: the depth measured fastest for the model at this run's
-    /// temperature (the default model's head: 2 greedy, 1 sampled; see
-    /// bench/README.md). Default: the family's (AR for models without an
-    /// MTP head, and for the default model).
+    /// temperature and kernel set (see bench/README.md). Default: `auto`
+    /// for the default model's head on the CPU's fast kernel set (measured
+    /// faster than AR there), else the family's (AR for models without an
+    /// MTP head, and for the default model under the reference set).
     #[arg(long = "mtp-depth")]
     pub mtp_depth_arg: Option<MtpDepthArg>,
     /// `mtp_depth_arg` resolved against the loaded model
@@ -243,7 +245,9 @@ impl GenerationArgs {
             .unwrap_or(model.descriptor().sampling_defaults.temperature);
         self.mtp_depth = self
             .mtp_depth_arg
-            .map(|d| d.resolve(model).for_temperature(temperature));
+            .map(|d| d.resolve(model))
+            .or_else(|| model.mtp_default_depth())
+            .map(|d| d.for_temperature(temperature));
     }
 }
 
@@ -385,10 +389,11 @@ pub struct ServeArgs {
     pub force_sampling: bool,
     /// MTP draft depth for requests that send no `mtp_depth` (0 = plain
     /// AR decoding), or `auto` (the depth measured fastest for the model
-    /// at the request's temperature: for the default model's head 2 when
-    /// greedy, 1 when sampling).
-    /// Default: the family's (AR for a model without an MTP head, and for
-    /// the default model). A depth the model cannot run is refused at
+    /// at the request's temperature and the kernel set).
+    /// Default: `auto` for the default model's head on the CPU's fast
+    /// kernel set (measured faster than AR there), else the family's (AR
+    /// for a model without an MTP head, and for the default model under
+    /// the reference set). A depth the model cannot run is refused at
     /// startup.
     #[arg(long = "mtp-depth")]
     pub mtp_depth: Option<MtpDepthArg>,

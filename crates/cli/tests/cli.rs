@@ -37,6 +37,28 @@ fn tokens(v: &Value) -> Vec<u64> {
 
 #[test]
 fn run_greedy_default_model_is_deterministic_and_reports() {
+    // Both kernel sets: deterministic greedy runs. The answer is checked on
+    // the reference set (whose logits equal transformers'); the fast set's
+    // int8 activations flip this prompt's first token, a near tie
+    // ("L'Étoile, …" instead of "The capital of France is Paris.").
+    for kernels in ["reference", "fast"] {
+        let args = [
+            "-p",
+            "What is the capital of France?",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+            "--kernels",
+            kernels,
+        ];
+        let a = run_json(&args);
+        let b = run_json(&args);
+        assert_eq!(tokens(&a), tokens(&b), "greedy runs must be identical");
+        if kernels == "reference" {
+            assert!(a["text"].as_str().unwrap().contains("Paris"), "{a}");
+        }
+    }
     let args = [
         "-p",
         "What is the capital of France?",
@@ -46,12 +68,9 @@ fn run_greedy_default_model_is_deterministic_and_reports() {
         "24",
     ];
     let a = run_json(&args);
-    let b = run_json(&args);
-    assert_eq!(tokens(&a), tokens(&b), "greedy runs must be identical");
     let n = tokens(&a).len();
     assert!((1..=24).contains(&n), "{a}");
     assert!(["stop", "length"].contains(&a["finish_reason"].as_str().unwrap()));
-    assert!(a["text"].as_str().unwrap().contains("Paris"), "{a}");
     assert!(a["prefill_tps"].as_f64().unwrap() > 0.0);
     assert!(a["seed"].is_u64());
 }
@@ -280,8 +299,12 @@ fn debug_sample_replays_cases_for_both_laws() {
 
 #[test]
 fn chat_reuses_the_live_state_default_model() {
+    // AR: a session that drafted (MTP is on by default on the fast set)
+    // drops its MTP history when rewound, so /reset's shorter prompt would
+    // start cold (docs/ARCHITECTURE.md, warm reuse).
     let mut child = bin()
         .args(["chat", "--temperature", "0", "--max-tokens", "12"])
+        .args(["--mtp-depth", "0"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -370,15 +393,15 @@ fn bench_writes_csv_and_svg_default_model() {
         "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache,backend,kernels"
     );
     // Every row names its kv cache type, backend id and kernel set (the
-    // default: reference, whose CPU ids carry no suffix).
+    // CPU's default: fast, whose ids carry the `-fast` suffix).
     for l in &lines[1..] {
         let cols: Vec<&str> = l.split(',').collect();
         assert_eq!(cols[6], "f32", "{out}");
         assert!(
-            cols[7].starts_with("cpu-") && !cols[7].ends_with("-fast"),
+            cols[7].starts_with("cpu-") && cols[7].ends_with("-fast"),
             "{out}"
         );
-        assert_eq!(cols[8], "reference", "{out}");
+        assert_eq!(cols[8], "fast", "{out}");
     }
     let ctx: Vec<&str> = lines[1..]
         .iter()
@@ -447,7 +470,7 @@ fn bench_nll_scores_a_text_on_a_tiny_checkpoint() {
     assert!(nll > 0.0 && nll.is_finite(), "{out}");
     assert!((ppl.ln() - nll).abs() < 1e-3, "{out}");
     assert!(row[6].starts_with("cpu-"), "{out}");
-    assert_eq!(row[7], "reference");
+    assert_eq!(row[7], "fast", "the CPU's default set");
     // Deterministic: the same NLL again; a cap on the tokens read is
     // honoured.
     let again = run(&[]);
@@ -482,17 +505,19 @@ fn kernels_flag_default_model_is_reported_by_inspect_bench_and_nll() {
         line.contains("cpu-") && line.contains("-fast (fast set)"),
         "{line}"
     );
+    // The CPU's default is fast; DS4_KERNELS and --kernels choose.
     let inspect = ok(bin().args(["inspect", "--json"]).output().unwrap());
     let v: Value = serde_json::from_str(&inspect).unwrap();
-    assert_eq!(v["kernels"]["set"], "reference");
-    assert!(!v["kernels"]["backend"].as_str().unwrap().ends_with("-fast"));
+    assert_eq!(v["kernels"]["set"], "fast");
+    assert!(v["kernels"]["backend"].as_str().unwrap().ends_with("-fast"));
     let inspect = ok(bin()
         .args(["inspect", "--json"])
-        .env("DS4_KERNELS", "fast")
+        .env("DS4_KERNELS", "reference")
         .output()
         .unwrap());
     let v: Value = serde_json::from_str(&inspect).unwrap();
-    assert_eq!(v["kernels"]["set"], "fast");
+    assert_eq!(v["kernels"]["set"], "reference");
+    assert!(!v["kernels"]["backend"].as_str().unwrap().ends_with("-fast"));
 
     let bench = ok(bin()
         .args([

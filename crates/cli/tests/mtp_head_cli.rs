@@ -38,9 +38,10 @@ fn run_mtp_depth_auto_default_model_matches_ar() {
     let auto = json(run(None, "auto"));
     assert_eq!(auto["tokens"], ar["tokens"]);
     let m = &auto["mtp"];
+    // The CPU's default kernel set is fast: its auto depths.
     assert_eq!(
         m["depth"].as_u64().unwrap() as usize,
-        ds4_engine::families::llama::MTP_AUTO_DEPTH
+        ds4_engine::families::llama::MTP_AUTO_DEPTH_FAST
     );
     assert!(m["cycles"].as_u64().unwrap() >= 1);
     // A sampled run (the family's default temperature) takes the sampled
@@ -52,7 +53,7 @@ fn run_mtp_depth_auto_default_model_matches_ar() {
         .unwrap();
     assert_eq!(
         json(sampled)["mtp"]["depth"].as_u64().unwrap() as usize,
-        ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED
+        ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED_FAST
     );
     let bad = bin()
         .args(["run", "-p", "x", "--mtp-depth", "deep"])
@@ -201,4 +202,56 @@ fn head_override_default_model_attaches_a_file_or_refuses_a_damaged_one() {
         "{stderr}"
     );
     assert!(json(out)["mtp"].is_null());
+}
+
+/// With no `--mtp-depth`, the default model's head drafts on the CPU's fast
+/// kernel set (measured faster than AR there: `auto`) and not under the
+/// reference set; greedy, the tokens are AR's either way.
+#[test]
+fn mtp_is_on_by_default_on_the_fast_set_default_model() {
+    let default_run = |kernels: &str| {
+        json(
+            bin()
+                .args([
+                    "run",
+                    "-p",
+                    "Why is exercise important?",
+                    "--temperature",
+                    "0",
+                ])
+                .args(["--max-tokens", "24", "--json", "--kernels", kernels])
+                .output()
+                .unwrap(),
+        )
+    };
+    let fast = default_run("fast");
+    assert_eq!(
+        fast["mtp"]["depth"].as_u64().unwrap() as usize,
+        ds4_engine::families::llama::MTP_AUTO_DEPTH_FAST
+    );
+    let ar = json(
+        bin()
+            .args([
+                "run",
+                "-p",
+                "Why is exercise important?",
+                "--temperature",
+                "0",
+            ])
+            .args([
+                "--max-tokens",
+                "24",
+                "--json",
+                "--kernels",
+                "fast",
+                "--mtp-depth",
+                "0",
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert!(ar["mtp"].is_null());
+    assert_eq!(fast["tokens"], ar["tokens"]);
+    let reference = default_run("reference");
+    assert!(reference["mtp"].is_null(), "{reference}");
 }

@@ -47,12 +47,15 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     match head["status"].as_str() {
         Some("ok") => println!(
             "mtp head:      {} ({} parameters, vocabulary subset {}, sha256 {} checked; \
-             depths: default 0 = AR, auto {} greedy / {} sampled, max {}; on the CPU drafting \
-             stops before a greedy draft below {} head confidence)",
+             depths: on the CPU's fast set default = auto {} greedy / {} sampled, elsewhere \
+             default 0 = AR and auto {} greedy / {} sampled, max {}; on the CPU drafting stops \
+             before a greedy draft below {} head confidence)",
             head["path"].as_str().unwrap_or_default(),
             group_thousands(head["parameters"].as_u64().unwrap_or(0)),
             head["vocab_subset"],
             head["sha256"].as_str().unwrap_or_default(),
+            head["auto_depth_fast"],
+            head["auto_depth_sampled_fast"],
             head["auto_depth"],
             head["auto_depth_sampled"],
             head["max_depth"],
@@ -161,6 +164,9 @@ fn mtp_head(path: &std::path::Path) -> serde_json::Value {
                     .and_then(|t| t.shape.first().copied()),
                 "auto_depth": ds4_engine::families::llama::MTP_AUTO_DEPTH,
                 "auto_depth_sampled": ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED,
+                "auto_depth_fast": ds4_engine::families::llama::MTP_AUTO_DEPTH_FAST,
+                "auto_depth_sampled_fast":
+                    ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED_FAST,
                 "max_depth": MTP_MAX_DEPTH,
                 // printed as written (an f32 widened to f64 shows its binary tail)
                 "cpu_draft_stop": (f64::from(MTP_MIN_DRAFT_CONFIDENCE) * 1e6).round() / 1e6,

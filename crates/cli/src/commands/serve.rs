@@ -45,7 +45,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     config.force_sampling = args.force_sampling;
     config.body_limit = args.body_limit;
-    let depths = args.mtp_depth.map(|d| d.resolve(&loaded.model));
+    // No `--mtp-depth`: the model's own default where it drafts by default
+    // (the default model's head on the CPU's fast set), else the family's.
+    let depths = args
+        .mtp_depth
+        .map(|d| d.resolve(&loaded.model))
+        .or_else(|| loaded.model.mtp_default_depth());
     config.mtp_depth = depths.map(|d| d.greedy);
     config.mtp_depth_sampled = depths.map(|d| d.sampled);
     let cache = CacheSettings::from_args(&args.checkpoints, &path)?;

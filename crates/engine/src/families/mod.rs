@@ -386,12 +386,22 @@ impl LoadedModel {
     }
 
     /// The depths `--mtp-depth auto` runs: the llama head's measured best
-    /// ([`llama::MTP_AUTO_DEPTH`] greedy, [`llama::MTP_AUTO_DEPTH_SAMPLED`]
-    /// sampled), the family default for other heads, 0 (AR) without a head.
+    /// for the kernel set it runs ([`llama::MTP_AUTO_DEPTH`] /
+    /// [`llama::MTP_AUTO_DEPTH_SAMPLED`] on the reference set and CUDA,
+    /// [`llama::MTP_AUTO_DEPTH_FAST`] / [`llama::MTP_AUTO_DEPTH_SAMPLED_FAST`]
+    /// on the CPU's fast set), the family default for other heads, 0 (AR)
+    /// without a head.
     pub fn mtp_auto_depth(&self) -> AutoDepth {
-        let llama = AutoDepth {
-            greedy: llama::MTP_AUTO_DEPTH,
-            sampled: llama::MTP_AUTO_DEPTH_SAMPLED,
+        let llama = if self.runs_cpu_fast_set() {
+            AutoDepth {
+                greedy: llama::MTP_AUTO_DEPTH_FAST,
+                sampled: llama::MTP_AUTO_DEPTH_SAMPLED_FAST,
+            }
+        } else {
+            AutoDepth {
+                greedy: llama::MTP_AUTO_DEPTH,
+                sampled: llama::MTP_AUTO_DEPTH_SAMPLED,
+            }
         };
         match self {
             LoadedModel::Llama(m) if m.mtp_head().is_some() => llama,
@@ -406,6 +416,28 @@ impl LoadedModel {
                 }
             }
         }
+    }
+
+    /// The depths a run or request that asks for none gets, where they
+    /// differ from the family's contract: the llama head on the CPU's fast
+    /// set drafts by default (`auto`), because there it was measured faster
+    /// than AR at temperature 0 and 0.7 on prompts it was neither trained
+    /// nor tuned on (`bench/README.md`); elsewhere `None` (the family's
+    /// default, AR for the llama head under the reference set, whose verify
+    /// rows cost a quarter of a step each).
+    pub fn mtp_default_depth(&self) -> Option<AutoDepth> {
+        match self {
+            LoadedModel::Llama(m) if m.mtp_head().is_some() && self.runs_cpu_fast_set() => {
+                Some(self.mtp_auto_depth())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the model runs on the CPU under the fast kernel set.
+    fn runs_cpu_fast_set(&self) -> bool {
+        let id = self.backend();
+        id.backend == "cpu" && id == crate::backend::CpuOps::id_for(crate::backend::KernelSet::Fast)
     }
 }
 

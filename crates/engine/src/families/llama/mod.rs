@@ -9,7 +9,10 @@ pub mod mtp;
 
 pub use config::LlamaConfig;
 pub use model::{GgufWeights, LlamaModel, LlamaState, LlamaWindow};
-pub use mtp::{LlamaMtpHistory, MTP_AUTO_DEPTH, MTP_AUTO_DEPTH_SAMPLED, MtpHead};
+pub use mtp::{
+    LlamaMtpHistory, MTP_AUTO_DEPTH, MTP_AUTO_DEPTH_FAST, MTP_AUTO_DEPTH_SAMPLED,
+    MTP_AUTO_DEPTH_SAMPLED_FAST, MtpHead,
+};
 
 /// Load a llama-family model from a `.gguf` file or a Hugging Face
 /// directory, on the CPU.

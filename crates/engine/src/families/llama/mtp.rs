@@ -76,6 +76,16 @@ pub const MTP_AUTO_DEPTH: usize = 2;
 /// against 1.18 / 1.12 / 1.11 at depth 2 (fourth head, three runs), the
 /// 2026-12-02 Xeon 1.15 against 1.08, the EPYC 1.18 against 1.19.
 pub const MTP_AUTO_DEPTH_SAMPLED: usize = 1;
+/// `--mtp-depth auto` under the CPU's fast kernel set (int8 activations),
+/// greedy and sampled. There a verify row costs far less than under the
+/// reference set (a window of 2 rows 1.13 AR steps, of 4 rows 1.59, against
+/// 1.27 / 2.06; `bench/README.md`, 2026-12-05), so the head is faster than
+/// AR at both temperatures and a request that asks for no depth drafts
+/// ([`crate::families::LoadedModel::mtp_default_depth`]). Chosen on the
+/// first half of `bench/mtp_prompts.txt`, measured on the second.
+pub const MTP_AUTO_DEPTH_FAST: usize = 1;
+/// See [`MTP_AUTO_DEPTH_FAST`].
+pub const MTP_AUTO_DEPTH_SAMPLED_FAST: usize = 1;
 /// Deepest chain: the head was trained for depths 1..=3.
 pub const MTP_MAX_DEPTH: usize = 3;
 /// The shipped head's draft-stop threshold on the CPU
