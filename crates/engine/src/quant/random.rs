@@ -35,6 +35,20 @@ pub fn grid_blocks(ty: WeightType) -> (usize, usize) {
     }
 }
 
+/// `len` activations in [-3, 1) with every 97th (from the 6th) 40×
+/// larger: the few huge channels real hidden states have, which make some
+/// activation blocks coarse when rounded to int8 (the fast kernel sets'
+/// tests and benches).
+pub fn activations_with_outliers(len: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    (0..len)
+        .map(|i| {
+            let v = r.unit() * 2.0 - 1.0;
+            if i % 97 == 5 { v * 40.0 } else { v }
+        })
+        .collect()
+}
+
 /// A xorshift stream of bytes and small floats.
 pub struct Rng(u64);
 

@@ -225,6 +225,26 @@ fn par_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync)
     });
 }
 
+/// `y = x · Wᵀ` through `run(x, y)` for a `[n, k]` matrix, after checking
+/// that `x` holds `rows` rows of `k`.
+fn product(
+    x: &[f32],
+    rows: usize,
+    n: usize,
+    k: usize,
+    run: impl FnOnce(&[f32], &mut [f32]),
+) -> Result<Vec<f32>> {
+    if x.len() != rows * k {
+        return Err(shape_err(
+            "matmul",
+            format!("{} values are not [{rows}, {k}]", x.len()),
+        ));
+    }
+    let mut y = vec![0f32; rows * n];
+    run(x, &mut y);
+    Ok(y)
+}
+
 /// `out[i] = f(i)` for every element, in parallel when large.
 fn par_map(n: usize, f: impl Fn(usize) -> f32 + Sync) -> Vec<f32> {
     let mut out = vec![0f32; n];
@@ -546,38 +566,10 @@ impl Backend for CpuOps {
                 Ok(y)
             }
             CpuMatrix::Block(m) => {
-                if x.len() != rows * m.cols() {
-                    return Err(shape_err(
-                        "matmul",
-                        format!("{} values are not [{rows}, {}]", x.len(), m.cols()),
-                    ));
-                }
-                let mut y = vec![0f32; rows * m.rows()];
-                m.matmul(x, rows, &mut y);
-                Ok(y)
+                product(x, rows, m.rows(), m.cols(), |x, y| m.matmul(x, rows, y))
             }
-            CpuMatrix::Q8(m) => {
-                if x.len() != rows * m.cols() {
-                    return Err(shape_err(
-                        "matmul",
-                        format!("{} values are not [{rows}, {}]", x.len(), m.cols()),
-                    ));
-                }
-                let mut y = vec![0f32; rows * m.rows()];
-                m.matmul(x, rows, &mut y);
-                Ok(y)
-            }
-            CpuMatrix::KQ8(m) => {
-                if x.len() != rows * m.cols() {
-                    return Err(shape_err(
-                        "matmul",
-                        format!("{} values are not [{rows}, {}]", x.len(), m.cols()),
-                    ));
-                }
-                let mut y = vec![0f32; rows * m.rows()];
-                m.matmul(x, rows, &mut y);
-                Ok(y)
-            }
+            CpuMatrix::Q8(m) => product(x, rows, m.rows(), m.cols(), |x, y| m.matmul(x, rows, y)),
+            CpuMatrix::KQ8(m) => product(x, rows, m.rows(), m.cols(), |x, y| m.matmul(x, rows, y)),
             CpuMatrix::Rows { parts, out } => {
                 let ys = parts
                     .iter()

@@ -13,13 +13,7 @@ const FORMATS: [KFormat; 6] = [
 
 /// Activations with a few large channels, as real hidden states have.
 fn activations(m: usize, k: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng::new(seed);
-    (0..m * k)
-        .map(|i| {
-            let v = r.unit() * 2.0 - 1.0;
-            if i % 97 == 5 { v * 40.0 } else { v }
-        })
-        .collect()
+    crate::quant::random::activations_with_outliers(m * k, seed)
 }
 
 fn every_kernel() -> Vec<KKernels> {
