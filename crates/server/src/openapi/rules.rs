@@ -18,6 +18,7 @@ pub fn apply(doc: &mut Value) {
         block_types(schemas);
         logprobs_dependency(schemas);
         unsupported_fields(schemas);
+        tool_choices(schemas);
     }
     if let Some(body) = doc.pointer_mut(
         "/paths/~1v1~1messages~1count_tokens/post/requestBody/content/application~1json/schema",
@@ -165,6 +166,49 @@ fn logprobs_dependency(schemas: &mut Value) {
     }
 }
 
+/// `tool_choice` is read as JSON (`constraints::ToolChoice`): the document
+/// states the forms the server takes, so a generated `{}` is not called
+/// valid (OpenAI: a mode or a named function, in the Chat or the Responses
+/// form; Anthropic: `{"type": …}`, with a name for `tool`).
+fn tool_choices(schemas: &mut Value) {
+    let named = |props: Value, required: Value| json!({"type": "object", "properties": props, "required": required});
+    let openai = json!({"oneOf": [
+        {"type": "null"},
+        {"type": "string", "enum": ["auto", "none", "required"]},
+        named(
+            json!({
+                "type": {"const": "function"},
+                "function": named(json!({"name": {"type": "string"}}), json!(["name"])),
+            }),
+            json!(["type", "function"]),
+        ),
+        named(
+            json!({"type": {"const": "function"}, "name": {"type": "string"}}),
+            json!(["type", "name"]),
+        ),
+    ]});
+    let anthropic = json!({"oneOf": [
+        {"type": "null"},
+        named(
+            json!({"type": {"type": "string", "enum": ["auto", "any", "none"]}}),
+            json!(["type"]),
+        ),
+        named(
+            json!({"type": {"const": "tool"}, "name": {"type": "string"}}),
+            json!(["type", "name"]),
+        ),
+    ]});
+    for (request, schema) in [
+        ("ChatCompletionRequest", &openai),
+        ("ResponsesRequest", &openai),
+        ("MessagesRequest", &anthropic),
+    ] {
+        if let Some(p) = schemas.pointer_mut(&format!("/{request}/properties/tool_choice")) {
+            *p = schema.clone();
+        }
+    }
+}
+
 /// Fields the server parses only to refuse a value: stated as `null`.
 fn unsupported_fields(schemas: &mut Value) {
     if let Some(p) = schemas.pointer_mut("/ResponsesRequest/properties/previous_response_id") {
@@ -178,6 +222,45 @@ fn unsupported_fields(schemas: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every form the document allows for `tool_choice` is one the server
+    /// reads, and an empty object (schemathesis's counterexample) is not.
+    #[test]
+    fn tool_choice_forms_are_the_servers() {
+        use crate::constraints::ToolChoice;
+        let doc = crate::openapi::document();
+        let s = &doc["components"]["schemas"];
+        for request in ["ChatCompletionRequest", "ResponsesRequest"] {
+            let forms = s[request]["properties"]["tool_choice"]["oneOf"]
+                .as_array()
+                .unwrap();
+            assert_eq!(forms.len(), 4, "{request}");
+        }
+        let openai = [
+            json!("auto"),
+            json!("none"),
+            json!("required"),
+            json!({"type": "function", "function": {"name": "f"}}),
+            json!({"type": "function", "name": "f"}),
+        ];
+        for v in &openai {
+            assert!(ToolChoice::openai(Some(v)).is_ok(), "{v}");
+        }
+        assert!(ToolChoice::openai(Some(&json!({}))).is_err());
+        let anthropic = [
+            json!({"type": "auto"}),
+            json!({"type": "any"}),
+            json!({"type": "none"}),
+            json!({"type": "tool", "name": "f"}),
+        ];
+        for v in &anthropic {
+            assert!(ToolChoice::anthropic(Some(v)).is_ok(), "{v}");
+        }
+        assert!(ToolChoice::anthropic(Some(&json!({}))).is_err());
+        let forms = &s["MessagesRequest"]["properties"]["tool_choice"]["oneOf"];
+        assert_eq!(forms[1]["required"], json!(["type"]));
+        assert_eq!(forms[2]["required"], json!(["type", "name"]));
+    }
 
     #[test]
     fn the_document_states_the_servers_rules() {
