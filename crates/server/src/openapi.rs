@@ -62,6 +62,7 @@ pub async fn openapi_json(State(state): State<SharedState>) -> Json<Value> {
         if state.serving.accepts_images {
             rules::accept_image_blocks(schemas);
         }
+        rules::token_id_bound(schemas, state.tokenizer.vocab_size());
     }
     Json(doc)
 }

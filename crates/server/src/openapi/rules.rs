@@ -19,6 +19,8 @@ pub fn apply(doc: &mut Value) {
         logprobs_dependency(schemas);
         unsupported_fields(schemas);
         tool_choices(schemas);
+        structured_outputs(schemas);
+        prompt_batches(schemas);
     }
     if let Some(body) = doc.pointer_mut(
         "/paths/~1v1~1messages~1count_tokens/post/requestBody/content/application~1json/schema",
@@ -209,6 +211,103 @@ fn tool_choices(schemas: &mut Value) {
     }
 }
 
+/// `response_format` and the `grammar` extension are read as JSON
+/// (`constraints::response_format`, `constraints::grammar_field`): the
+/// document states their forms. What no schema can say (a Lark grammar or
+/// a JSON schema the constraint engine cannot compile) stays a 400.
+fn structured_outputs(schemas: &mut Value) {
+    let kind = |k: &str| json!({"type": "object", "properties": {"type": {"const": k}}, "required": ["type"]});
+    let response_format = json!({"oneOf": [
+        {"type": "null"},
+        kind("text"),
+        kind("json_object"),
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "strict": {"type": ["boolean", "null"]},
+                        "schema": {"type": ["object", "boolean", "null"]},
+                    },
+                },
+            },
+            "required": ["type", "json_schema"],
+        },
+    ]});
+    let grammar = json!({"oneOf": [
+        {"type": "null"},
+        {"type": "string", "description": "A Lark grammar (llguidance's dialect)."},
+        {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string", "enum": ["lark", "regex"]},
+                "value": {"type": "string"},
+            },
+            "required": ["type", "value"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "json_schema"},
+                "value": {"type": ["object", "boolean"]},
+            },
+            "required": ["type", "value"],
+        },
+    ]});
+    for request in ["ChatCompletionRequest", "CompletionRequest"] {
+        for (field, schema) in [("response_format", &response_format), ("grammar", &grammar)] {
+            if let Some(p) = schemas.pointer_mut(&format!("/{request}/properties/{field}")) {
+                *p = schema.clone();
+            }
+        }
+    }
+}
+
+/// `/v1/completions`' prompt: token ids are at least one, and a batch holds
+/// exactly one prompt (`routes::completions::prompt_tokens`; the ids'
+/// bound is the served vocabulary, set by [`token_id_bound`]).
+fn prompt_batches(schemas: &mut Value) {
+    let Some(forms) = schemas
+        .pointer_mut("/PromptInput/oneOf")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for form in forms.iter_mut().filter(|f| f["type"] == "array") {
+        let batch = form["items"]["type"] == "array" || form["items"]["type"] == "string";
+        form["minItems"] = json!(1);
+        if batch {
+            form["maxItems"] = json!(1);
+        }
+        if form["items"]["type"] == "array" {
+            form["items"]["minItems"] = json!(1);
+        }
+    }
+}
+
+/// The served vocabulary's largest token id as the bound of every token id
+/// a completions prompt may hold.
+pub fn token_id_bound(schemas: &mut serde_json::Map<String, Value>, vocab: usize) {
+    let Some(forms) = schemas
+        .get_mut("PromptInput")
+        .and_then(|p| p.get_mut("oneOf"))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    let max = json!(vocab.saturating_sub(1));
+    for form in forms.iter_mut() {
+        if form["items"]["type"] == "integer" {
+            form["items"]["maximum"] = max.clone();
+        } else if form["items"]["items"]["type"] == "integer" {
+            form["items"]["items"]["maximum"] = max.clone();
+        }
+    }
+}
+
 /// Fields the server parses only to refuse a value: stated as `null`.
 fn unsupported_fields(schemas: &mut Value) {
     if let Some(p) = schemas.pointer_mut("/ResponsesRequest/properties/previous_response_id") {
@@ -260,6 +359,33 @@ mod tests {
         let forms = &s["MessagesRequest"]["properties"]["tool_choice"]["oneOf"];
         assert_eq!(forms[1]["required"], json!(["type"]));
         assert_eq!(forms[2]["required"], json!(["type", "name"]));
+    }
+
+    /// The completions prompt's batches hold one prompt, token ids are
+    /// bounded by the served vocabulary, and `response_format` / `grammar`
+    /// list their forms (schemathesis's positive data is then served).
+    #[test]
+    fn prompt_and_structured_output_forms_are_stated() {
+        let mut doc = crate::openapi::document();
+        let schemas = doc
+            .pointer_mut("/components/schemas")
+            .and_then(Value::as_object_mut)
+            .unwrap();
+        token_id_bound(schemas, 49_152);
+        let forms = schemas["PromptInput"]["oneOf"].as_array().unwrap();
+        let arrays: Vec<&Value> = forms.iter().filter(|f| f["type"] == "array").collect();
+        assert_eq!(arrays.len(), 3);
+        assert!(arrays.iter().all(|f| f["minItems"] == json!(1)));
+        assert_eq!(arrays[0]["items"]["maximum"], json!(49_151));
+        assert!(arrays[0].get("maxItems").is_none(), "token ids: any length");
+        assert_eq!(arrays[1]["maxItems"], json!(1));
+        assert_eq!(arrays[2]["maxItems"], json!(1));
+        assert_eq!(arrays[2]["items"]["items"]["maximum"], json!(49_151));
+        for request in ["ChatCompletionRequest", "CompletionRequest"] {
+            let p = &schemas[request]["properties"];
+            assert_eq!(p["response_format"]["oneOf"].as_array().unwrap().len(), 4);
+            assert_eq!(p["grammar"]["oneOf"].as_array().unwrap().len(), 4);
+        }
     }
 
     #[test]
