@@ -4,17 +4,6 @@
 
 use std::arch::x86_64::{__m256i, _mm256_dpwssd_epi32};
 
-/// Whether the CPU runs these kernels (checked once).
-pub(super) fn available() -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OK.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    })
-}
-
 /// `acc + Σ pairs p·sc` per i32 lane (non-saturating).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx512vnni")]

@@ -93,34 +93,11 @@ const ROWS: usize = 4;
 /// Weight rows per work item of the pool (a work item owns its columns).
 const ROWS_PER_ITEM: usize = 16;
 
-/// The kernels this process runs: every one gives the same bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KKernels {
-    Scalar,
-    /// AVX2 (x86-64-v3, the build baseline).
-    Avx2,
-    /// AVX-512 VNNI's `vpdpwssd` on 256-bit vectors (AVX-512 F, BW, VL and
-    /// VNNI, detected at run time).
-    Avx512Vnni,
-}
-
-/// The widest kernels the CPU runs: those of [`super::q8_matmul::kernels`]
-/// (so `DS4_CPU_KERNELS=avx2` forces the baseline here too), AVX-512 only
-/// where VL is present as well.
-pub fn kernels() -> KKernels {
-    static K: std::sync::OnceLock<KKernels> = std::sync::OnceLock::new();
-    *K.get_or_init(|| match super::q8_matmul::kernels() {
-        super::q8_matmul::Q8Kernels::Scalar => KKernels::Scalar,
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma",
-            target_feature = "f16c"
-        ))]
-        super::q8_matmul::Q8Kernels::Avx512Vnni if avx512::available() => KKernels::Avx512Vnni,
-        _ => KKernels::Avx2,
-    })
-}
+/// The kernels this process runs: [`super::q8_matmul`]'s choice (one
+/// detection for both fast products, so `DS4_CPU_KERNELS=avx2` forces the
+/// baseline here too); every one gives the same bits.
+pub use super::q8_matmul::Q8Kernels as KKernels;
+pub use super::q8_matmul::kernels;
 
 /// The stored types these kernels cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,7 +26,7 @@ fn every_kernel() -> Vec<KKernels> {
     ))]
     {
         out.push(KKernels::Avx2);
-        if avx512::available() {
+        if kernels() == KKernels::Avx512Vnni {
             out.push(KKernels::Avx512Vnni);
         }
     }

@@ -66,7 +66,8 @@ pub enum Q8Kernels {
     Scalar,
     /// AVX2 `vpmaddubsw` (x86-64-v3, the build baseline).
     Avx2,
-    /// AVX-512 `vpdpbusd` (AVX-512 F, BW and VNNI, detected at run time).
+    /// AVX-512 VNNI (F, BW, VL and VNNI, detected at run time): `vpdpbusd`
+    /// here, 256-bit `vpdpwssd` in [`super::kq8_matmul`].
     Avx512Vnni,
 }
 
@@ -84,6 +85,7 @@ pub fn kernels() -> Q8Kernels {
         {
             let wide = super::block_matmul::isa() == super::block_matmul::Isa::Avx512
                 && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
                 && std::arch::is_x86_feature_detected!("avx512vnni");
             if wide {
                 Q8Kernels::Avx512Vnni

@@ -28,6 +28,7 @@ fn every_kernel() -> Vec<Q8Kernels> {
     {
         out.push(Q8Kernels::Avx2);
         if std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512vnni")
         {
             out.push(Q8Kernels::Avx512Vnni);
