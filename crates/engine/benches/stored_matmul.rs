@@ -29,25 +29,11 @@ fn bench(c: &mut Criterion) {
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
         .collect();
     let mut group = c.benchmark_group("stored_matmul_4096x4096_1row");
-    for ty in [
-        WeightType::F16,
-        WeightType::BF16,
-        WeightType::Q4_0,
-        WeightType::Q5_0,
-        WeightType::Q5_1,
-        WeightType::Q2_K,
-        WeightType::Q3_K,
-        WeightType::Q4_K,
-        WeightType::Q5_K,
-        WeightType::Q6_K,
-        WeightType::IQ2_XXS,
-        WeightType::MXFP4,
-        WeightType::FP8_E4M3,
-        WeightType::FP4_E2M1,
-        // The block kernels, for comparison.
-        WeightType::Q4_1,
-        WeightType::Q8_0,
-    ] {
+    // Every stored type, then the block kernels for comparison.
+    let types = ds4_engine::quant::random::STORED_TYPES
+        .into_iter()
+        .chain([WeightType::Q4_1, WeightType::Q8_0]);
+    for ty in types {
         let q = random_stored(ty, &[N, K], &[N], 1);
         group.throughput(Throughput::Bytes(q.byte_size() as u64));
         let m = ops
