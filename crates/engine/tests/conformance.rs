@@ -8,6 +8,10 @@
 //! 2. warm == single-prefill cold — a second turn continuing a session gives
 //!    exactly the tokens, logits and final session of a cold turn that
 //!    prefills the whole prompt at once (AR, and MTP for MTP families);
+//!    2b. an edited turn (the prompt diverges inside the session) equals a
+//!    cold one, directly and through an export / import of the rewound
+//!    session, and an attention-only session stays warm for MTP turns too
+//!    (it keeps its MTP history through the rewind);
 //! 3. export → import round trip — an imported state re-exports identically
 //!    and continues with identical bits (state level and session level);
 //! 4. (MTP families) committing every prefix `0..=rows` of a verify window

@@ -551,3 +551,71 @@ fn qwen4_exp_divergent_prompt_reuses_the_last_boundary_before_it() {
         assert_eq!((tokens, lp, last), (ctokens, clp, clast), "depth {depth}");
     }
 }
+
+/// An edited earlier message on an MTP turn (the default model with its
+/// head): the prompt diverges inside the live session, which rewinds and
+/// keeps its MTP history (one token short of the shared prefix), so the
+/// turn starts warm from the live session — and, after another
+/// conversation, from the bank — with the tokens and logprobs of a cold
+/// turn.
+#[test]
+fn default_model_mtp_edit_is_a_warm_hit() {
+    let path = ds4_models::default_model_path().expect("default model available");
+    let head = ds4_models::mtp_head_for(&path)
+        .expect("the default model has a head")
+        .expect("the head file checks out");
+    let mut model = ds4_engine::families::llama::load_llama(&path).unwrap();
+    model.attach_mtp_head(&head).unwrap();
+    let run = |cache: &mut SessionCache<_>, p: &[u32]| {
+        let cancel = CancelToken::new();
+        let mut lp = Vec::new();
+        let (prepared, r) = cache.generate(
+            &model,
+            TurnRequest {
+                prompt: p,
+                sampler: &mut sampler(0.8),
+                config: config(6, 2048, &cancel),
+                mtp_depth: Some(2),
+            },
+            &mut on_tokens(|e| {
+                lp.push(e.logprobs.expect("logprobs requested").logprob.to_bits());
+                Flow::Continue
+            }),
+        );
+        let r = r.unwrap();
+        assert_eq!(prepared.cached_tokens, r.reused_tokens);
+        assert!(r.mtp.as_ref().is_some_and(|m| m.drafted_total() > 0));
+        (prepared, r.tokens, lp)
+    };
+    let cold = |p: &[u32]| {
+        let (prepared, tokens, lp) = run(&mut SessionCache::new(&model, 0), p);
+        assert_eq!(prepared.source, CacheSource::Cold);
+        (tokens, lp)
+    };
+
+    let mut cache = SessionCache::new(&model, usize::MAX);
+    let a = prompt(40, 30, 49152);
+    run(&mut cache, &a);
+    let mut a2 = cache.live().tokens().to_vec();
+    let first_turn = a2.len();
+    a2.extend(prompt(41, 12, 49152));
+    let (p, ..) = run(&mut cache, &a2);
+    assert_eq!((p.source, p.cached_tokens), (CacheSource::Live, first_turn));
+    // Edit the second message after its fourth token.
+    let mut edited = a2[..first_turn + 4].to_vec();
+    edited.extend(prompt(42, 9, 49152));
+    let shared = first_turn + 4;
+    assert_ne!(edited[shared], a2[shared]);
+    let (p, tokens, lp) = run(&mut cache, &edited);
+    assert_eq!((p.source, p.cached_tokens), (CacheSource::Live, shared - 1));
+    assert_eq!((tokens, lp), cold(&edited));
+
+    // Another conversation, then the first one edited again: from the bank.
+    run(&mut cache, &prompt(43, 20, 49152));
+    let mut again = edited[..first_turn + 2].to_vec();
+    again.extend(prompt(44, 5, 49152));
+    let (p, tokens, lp) = run(&mut cache, &again);
+    assert_eq!(p.source, CacheSource::Bank);
+    assert_eq!(p.cached_tokens, first_turn + 1);
+    assert_eq!((tokens, lp), cold(&again));
+}

@@ -260,8 +260,8 @@ impl<M: Model> Turn<'_, M> {
         let mut reused = self.session.rewind_for(model, prompt);
         if self.session.mtp_mut().is_none() {
             if reused > 0 {
-                // The history is not in step with the trunk (an AR turn or a
-                // rewind ran): rebuild both from the start.
+                // The history is not in step with the trunk (an AR turn ran,
+                // or a rewind could not keep it): rebuild both from the start.
                 self.session.reset(model);
                 reused = 0;
             }
@@ -271,9 +271,15 @@ impl<M: Model> Turn<'_, M> {
             *self.session.mtp_mut() = Some(MtpSide {
                 history,
                 hidden: None,
+                ahead: None,
             });
         }
         let fresh = &prompt[reused..];
+        if let Some(ahead) = self.mtp()?.ahead
+            && fresh.first() != Some(&ahead)
+        {
+            return Err(state_err("the MTP history holds another next token"));
+        }
         let config = self.out.config;
         let prefilled = prefill_turn(
             model,
@@ -292,6 +298,9 @@ impl<M: Model> Turn<'_, M> {
                 // MTP rows: (pending hidden, piece[0]), then (hidden[j], piece[j+1]).
                 let n = piece.len();
                 let side = side_of(session)?;
+                // One ahead (a rewind): the history already holds piece[0]
+                // (checked against the prompt before the prefill).
+                side.ahead = None;
                 let (toks, rows): (&[u32], Option<M::Hidden>) = match side.hidden.take() {
                     Some(h) if n == 1 => (piece, Some(h)),
                     Some(h) => (piece, Some(h.cat(&hidden.narrow(0, n - 1)?)?)),

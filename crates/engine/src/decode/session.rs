@@ -8,18 +8,30 @@
 //! tokens, and one whose prompt equals the covered tokens samples at once.
 //! A session used by the MTP loop also keeps the MTP history (one row less
 //! than the trunk: row `t` needs the token at `t + 1`) and the trunk hidden
-//! of the last position (the input of the next MTP row).
+//! of the last position (the input of the next MTP row). A rewind (an
+//! edited or regenerated message) keeps the history too, one row ahead of
+//! the trunk instead (see [`MtpSide`]), so MTP turns start warm like AR
+//! ones.
 
 use crate::error::{EngineError, Result};
 use crate::model::{HiddenRows, Model, ModelState, MtpHistory};
 use crate::table::{NamedTensor, TableReader, TensorData};
 
-/// The MTP side of a session: `history.len() + 1 == tokens.len()` and
-/// `hidden` is the trunk hidden of the last covered position (both empty for
-/// an empty session).
+/// The MTP side of a session, in one of two forms:
+///
+/// - *in step*: `history.len() + 1 == tokens.len()` and `hidden` is the
+///   trunk hidden of the last covered position (both empty for an empty
+///   session);
+/// - *one ahead* (after a rewind): `history.len() == tokens.len()`, no
+///   hidden, and `ahead` is the token the last history row already holds
+///   (the token at `tokens.len()`). The rows need only the trunk hiddens,
+///   which are not kept, so a rewind keeps the history up to the row whose
+///   hidden the next prefill recomputes: the trunk re-runs one token, and
+///   the turn stays warm instead of rebuilding both from the start.
 pub(crate) struct MtpSide<H, X> {
     pub history: H,
     pub hidden: Option<X>,
+    pub ahead: Option<u32>,
 }
 
 impl<H: MtpHistory, X: HiddenRows> MtpSide<H, X> {
@@ -27,6 +39,7 @@ impl<H: MtpHistory, X: HiddenRows> MtpSide<H, X> {
         Self {
             history: self.history.clone(),
             hidden: self.hidden.clone(),
+            ahead: self.ahead,
         }
     }
 }
@@ -88,21 +101,31 @@ impl<M: Model> LiveSession<M> {
     /// When the session is a prefix of `prompt` nothing is dropped; if it
     /// covers all of `prompt` it must hold the last logits row (else one
     /// token is dropped so the turn gets fresh logits). Dropping tokens also
-    /// drops the kept logits and the MTP side. A state that cannot be
-    /// truncated (recurrent families) is reset rather than restored at the
-    /// wrong point (below its [`ModelState::truncate_floor`]).
+    /// drops the kept logits. A session with an MTP side keeps it, one
+    /// ahead (see [`MtpSide`]): it rewinds to one token short of the shared
+    /// prefix, so the prefill recomputes the hidden of the history's last
+    /// row. A state that cannot be truncated (recurrent families) is reset
+    /// rather than restored at the wrong point (below its
+    /// [`ModelState::truncate_floor`]); so is an MTP history that cannot.
     pub fn rewind_for(&mut self, model: &M, prompt: &[u32]) -> usize {
         let (whole, keep) = self.rewind_point(prompt);
         if whole {
             return keep;
         }
         self.last_logits = None;
-        self.mtp = None;
         if keep < self.state.truncate_floor() || self.state.truncate(keep).is_err() {
             self.reset(model);
             return 0;
         }
         self.tokens.truncate(keep);
+        if let Some(side) = self.mtp.as_mut() {
+            if keep > 0 && side.history.truncate(keep).is_ok() {
+                side.hidden = None;
+                side.ahead = Some(prompt[keep]);
+            } else {
+                self.mtp = None;
+            }
+        }
         keep
     }
 
@@ -119,19 +142,29 @@ impl<M: Model> LiveSession<M> {
 
     /// Whether the session is kept whole (it is a prefix of `prompt` and,
     /// covering the whole prompt, holds its last logits row), and the length
-    /// it keeps: the common prefix, at most all but the last prompt token
-    /// when it is not kept whole (the turn needs fresh logits).
+    /// it keeps. Matching counts an MTP side's `ahead` token as covered. Not
+    /// kept whole, a session keeps the common prefix, at most all but the
+    /// last prompt token (the turn needs fresh logits); one with an MTP side
+    /// keeps one token less than the common prefix (the history's last row
+    /// then holds the token after it).
     fn rewind_point(&self, prompt: &[u32]) -> (bool, usize) {
+        let ahead = self.mtp.as_ref().and_then(|m| m.ahead);
+        let seen = self.tokens.len() + usize::from(ahead.is_some());
         let common = self
             .tokens
             .iter()
+            .chain(ahead.iter())
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        if common == self.tokens.len()
-            && (common < prompt.len() || (self.last_logits.is_some() && !prompt.is_empty()))
-        {
-            (true, common)
+        let whole = common == seen
+            && (ahead.is_some()
+                || common < prompt.len()
+                || (self.last_logits.is_some() && !prompt.is_empty()));
+        if whole {
+            (true, self.tokens.len())
+        } else if self.mtp.is_some() {
+            (false, common.saturating_sub(1))
         } else {
             (false, common.min(prompt.len().saturating_sub(1)))
         }
@@ -155,12 +188,19 @@ impl<M: Model> LiveSession<M> {
     }
 
     /// Check the invariant that the token list and the state agree (and the
-    /// MTP history is one row behind the trunk).
+    /// MTP history is one row behind the trunk, or one ahead without a
+    /// hidden: see [`MtpSide`]).
     pub fn is_consistent(&self) -> bool {
-        let mtp_ok = self.mtp.as_ref().is_none_or(|m| {
-            m.history.len() + 1 == self.tokens.len().max(1)
-                && (m.hidden.is_some() != self.tokens.is_empty())
-        });
+        let n = self.tokens.len();
+        let mtp_ok = self
+            .mtp
+            .as_ref()
+            .is_none_or(|m| match (&m.hidden, m.ahead) {
+                (Some(_), None) => n > 0 && m.history.len() + 1 == n,
+                (None, Some(_)) => n > 0 && m.history.len() == n,
+                (None, None) => n == 0 && m.history.is_empty(),
+                (Some(_), Some(_)) => false,
+            });
         self.state.len() == self.tokens.len() && mtp_ok
     }
 
@@ -216,6 +256,9 @@ impl<M: Model> LiveSession<M> {
                 let (rows, width, data) = h.to_host()?;
                 tensors.push(NamedTensor::f32("mtp_hidden", vec![rows, width], data));
             }
+            if let Some(token) = m.ahead {
+                tensors.push(NamedTensor::u32("mtp_ahead", vec![1], vec![token]));
+            }
         }
         Ok(SessionImage {
             tokens: self.tokens.clone(),
@@ -239,6 +282,7 @@ impl<M: Model> LiveSession<M> {
         let mut mtp_t = Vec::new();
         let mut last_logits = None;
         let mut hidden = None;
+        let mut ahead = None;
         for t in image.tensors {
             if let Some(name) = t.name.strip_prefix("state/") {
                 let name = name.to_string();
@@ -249,6 +293,9 @@ impl<M: Model> LiveSession<M> {
             } else if t.name == "last_logits" {
                 let mut r = TableReader::new(vec![t], "session");
                 last_logits = Some(r.f32("last_logits", model.vocab_size())?);
+            } else if t.name == "mtp_ahead" {
+                let mut r = TableReader::new(vec![t], "session");
+                ahead = r.u32("mtp_ahead", 1)?.first().copied();
             } else if t.name == "mtp_hidden" {
                 let (shape, data) = match t.data {
                     TensorData::F32(d) => (t.shape, d),
@@ -287,7 +334,11 @@ impl<M: Model> LiveSession<M> {
                 )
             })?;
             history.import(mtp_t)?;
-            Some(MtpSide { history, hidden })
+            Some(MtpSide {
+                history,
+                hidden,
+                ahead,
+            })
         };
         let session = Self {
             state,

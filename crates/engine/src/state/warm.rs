@@ -12,7 +12,7 @@
 //!    covers at least `min_tokens`, saved to disk (unless already saved) —
 //!    the "eviction of the live state" save trigger. The live session is then
 //!    rewound to its longest reusable prefix (attention-only states truncate,
-//!    recurrent ones restart cold).
+//!    keeping their MTP history; recurrent ones restart cold).
 //! 2. The longest exact-prefix state wins: live, then the bank, then disk,
 //!    each consulted only if it can beat what the previous ones offer
 //!    (no copy or file read otherwise). An MTP turn only counts sessions

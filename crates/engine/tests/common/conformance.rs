@@ -131,6 +131,29 @@ mod adapter {
         s.tokens().to_vec()
     }
 
+    /// Rewind `s` for `prompt` (what a turn does first); the prompt tokens
+    /// it keeps.
+    pub fn rewind<M: Model>(m: &M, s: &mut Session<M>, prompt: &[u32]) -> usize {
+        let kept = s.rewind_for(m, prompt);
+        assert!(s.is_consistent(), "a rewound session is consistent");
+        kept
+    }
+
+    /// Whether the session keeps an MTP history.
+    pub fn has_mtp_history<M: Model>(s: &Session<M>) -> bool {
+        s.mtp_history().is_some()
+    }
+
+    /// Whether the session's state can be truncated anywhere (no recurrent
+    /// layers).
+    pub fn truncatable<M: Model>(s: &Session<M>) -> bool {
+        s.state().truncate_floor() == 0
+    }
+
+    pub fn snapshot<M: Model>(s: &Session<M>) -> Session<M> {
+        s.snapshot()
+    }
+
     pub type Image = SessionImage;
 
     pub fn export<M: Model>(s: &Session<M>) -> Image {
@@ -369,8 +392,9 @@ mod adapter {
 
 pub use adapter::{
     Bits, Family, Final, Finish, Out, Req, Session, SessionBits, Source, Stop, covered, export,
-    forward, image_bits, import, mtp_depths, new_session, new_state, session_bits, state_bits,
-    state_copy, state_len, state_round_trip, trunk_bits, try_turn, turn, window_commit,
+    forward, has_mtp_history, image_bits, import, mtp_depths, new_session, new_state, rewind,
+    session_bits, snapshot, state_bits, state_copy, state_len, state_round_trip, truncatable,
+    trunk_bits, try_turn, turn, window_commit,
 };
 
 // ============================================================================
@@ -607,6 +631,61 @@ pub fn warm_equals_cold<M: Family>(m: &M) {
             assert_eq!(w.tokens.len(), 5, "{what}");
             assert_eq!(w.key(), c.key(), "{what}: warm vs cold turn");
             assert_sessions_eq(&warm, &cold_s, &format!("{what}: warm vs cold session"));
+        }
+    }
+}
+
+/// 2b. An edited turn (the prompt diverges inside the session, as when an
+///     earlier message is edited): the session rewinds to the shared prefix
+///     and the turn equals a cold one bit for bit, continued directly and
+///     through an export / import of the rewound session. An attention-only
+///     session keeps its MTP history through the rewind (one token short of
+///     the shared prefix: the prefill recomputes the hidden of the history's
+///     last row), so an MTP turn is warm too; a recurrent one starts cold.
+pub fn edited_warm_equals_cold<M: Family>(m: &M) {
+    let v = adapter::vocab(m);
+    for depth in modes(m) {
+        for temperature in [0.0, 0.8] {
+            let what = format!("edited, depth {depth} T={temperature}");
+            let p1 = prompt(31, 12, v);
+            let mut warm = new_session(m);
+            let r1 = turn(m, &mut warm, &p1, &Req::new(depth, 3, temperature));
+            assert_eq!(r1.final_state, Final::Complete, "{what}");
+            let p2 = cat(&p1[..8], &prompt(32, 6, v));
+            let shared = covered(&warm)
+                .iter()
+                .zip(&p2)
+                .take_while(|(a, b)| a == b)
+                .count();
+            assert!((8..p2.len()).contains(&shared), "{what}: {shared}");
+            let expected = match (truncatable(&warm), depth > 0) {
+                (false, _) => 0,
+                (true, false) => shared,
+                (true, true) => shared - 1,
+            };
+            let mut rewound = snapshot(&warm);
+            assert_eq!(rewind(m, &mut rewound, &p2), expected, "{what}: rewind");
+            if expected > 0 {
+                assert_eq!(has_mtp_history(&rewound), depth > 0, "{what}: MTP kept");
+            }
+            let mut imported = import(m, export(&rewound));
+
+            let second = Req {
+                chunk: 4,
+                seed: 5,
+                ..Req::new(depth, 5, temperature)
+            };
+            let w = turn(m, &mut warm, &p2, &second);
+            assert_eq!(w.reused, expected, "{what}: warm reuse");
+            let i = turn(m, &mut imported, &p2, &second);
+            assert_eq!(i.reused, expected, "{what}: imported reuse");
+            let mut cold_s = new_session(m);
+            let c = turn(m, &mut cold_s, &p2, &second);
+            assert_eq!(c.reused, 0, "{what}: cold");
+            assert_eq!(w.key(), c.key(), "{what}: edited vs cold turn");
+            assert_eq!(i.key(), c.key(), "{what}: imported vs cold turn");
+            assert_sessions_eq(&warm, &cold_s, &format!("{what}: edited vs cold session"));
+            assert_sessions_eq(&imported, &cold_s, &format!("{what}: imported vs cold"));
         }
     }
 }
@@ -1082,6 +1161,10 @@ macro_rules! state_tests {
         #[test]
         fn conformance_warm_equals_cold() {
             super::warm_equals_cold(&model());
+        }
+        #[test]
+        fn conformance_edited_warm_equals_cold() {
+            super::edited_warm_equals_cold(&model());
         }
         #[test]
         fn conformance_export_import_round_trip() {
