@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ds4_engine::Model;
-use ds4_engine::backend::{BackendId, KernelSet, kernel_set};
+use ds4_engine::backend::{BackendId, KernelSet};
 use ds4_engine::families::LoadedModel;
 use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
 
@@ -106,12 +106,12 @@ pub fn build_state(
     }))
 }
 
-/// The kernel set a model on `backend` runs: the CPU backend runs the
-/// process's set (`--kernels` / `DS4_KERNELS`, fixed before the load, and
-/// named in its id); every other backend has only its reference set.
+/// The kernel set a model on `backend` runs: the process's set
+/// (`--kernels` / `DS4_KERNELS`, fixed before the load), which the CPU and
+/// CUDA backends both name in their ids (`…-fast`).
 pub fn kernel_set_of(backend: &BackendId) -> KernelSet {
-    if backend.backend == "cpu" {
-        kernel_set::current()
+    if backend.kernels.ends_with("-fast") {
+        KernelSet::Fast
     } else {
         KernelSet::Reference
     }

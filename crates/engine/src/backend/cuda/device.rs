@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, result as driver,
@@ -19,6 +19,7 @@ use super::linear::ManyArgs;
 use super::mem::{DevMem, Pool};
 use super::nvrtc;
 use super::signature::{self, Param};
+use crate::backend::KernelSet;
 use crate::error::{EngineError, Result};
 
 /// Threads per block of element-wise (grid-stride) kernels.
@@ -196,6 +197,10 @@ pub(super) struct Device {
     pdl: AtomicU8,
     /// Whether the device has it (compute capability 9.0 and later).
     pdl_supported: bool,
+    /// Whether products run the fast kernel set (`backend::kernel_set`):
+    /// the process's set at open, changeable for side-by-side runs and
+    /// tests ([`Device::set_kernel_set`]).
+    fast: AtomicBool,
     /// Kernels launched so far (for launch-count reports).
     pub launches: AtomicU64,
     /// Nanoseconds the host has waited in [`Device::sync`] (so a report
@@ -327,6 +332,7 @@ impl Device {
             compile_seconds: cubin.compile_seconds,
             pdl: AtomicU8::new(pdl as u8),
             pdl_supported: major >= 9,
+            fast: AtomicBool::new(crate::backend::kernel_set::current() == KernelSet::Fast),
             launches: AtomicU64::new(0),
             sync_wait_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
@@ -345,6 +351,22 @@ impl Device {
     pub fn set_pdl(&self, mode: Pdl) {
         let mode = if self.pdl_supported { mode } else { Pdl::Off };
         self.pdl.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// The kernel set the products run.
+    pub fn kernel_set(&self) -> KernelSet {
+        if self.fast.load(Ordering::Relaxed) {
+            KernelSet::Fast
+        } else {
+            KernelSet::Reference
+        }
+    }
+
+    /// Choose the kernel set of the products queued from now on (graphs
+    /// captured before keep the kernels they were captured with: the
+    /// caller drops them).
+    pub fn set_kernel_set(&self, set: KernelSet) {
+        self.fast.store(set == KernelSet::Fast, Ordering::Relaxed);
     }
 
     /// Queue kernel `name` on the stream.

@@ -57,7 +57,7 @@ pub use select::{CudaRouting, CudaSelection};
 pub use stored::StoredWeights;
 pub use weights::{BlockKind, CudaExperts, CudaMatrix, CudaTable};
 
-use crate::backend::BackendId;
+use crate::backend::{BackendId, KernelSet};
 use crate::error::Result;
 
 /// The CUDA backend: a handle on one device (cheap to clone).
@@ -158,6 +158,23 @@ impl CudaOps {
         self.dev.set_pdl(mode)
     }
 
+    /// The kernel set this device's products run (the process's set,
+    /// `backend::kernel_set`, unless [`CudaOps::set_kernel_set`] chose).
+    pub fn kernel_set(&self) -> KernelSet {
+        self.dev.kernel_set()
+    }
+
+    /// Run the products of kernel set `set` from now on: for side-by-side
+    /// runs and tests (weights are stored alike for both sets on CUDA).
+    /// Captured steps are dropped; states made under the other set carry
+    /// its id and must not be continued.
+    pub fn set_kernel_set(&self, set: KernelSet) {
+        self.dev.set_kernel_set(set);
+        let graphs = self.dev.graphs.enabled();
+        self.dev.graphs.set_enabled(false);
+        self.dev.graphs.set_enabled(graphs);
+    }
+
     /// Steps captured and replayed so far.
     pub fn graph_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -191,13 +208,19 @@ impl CudaOps {
     }
 
     fn backend_id(&self) -> BackendId {
+        // The architecture and the compiled program: a changed kernel is a
+        // different kernel set, whose bits may differ; the fast set's
+        // products differ from the reference's, so it has ids of its own
+        // (the reference's are the ones checkpoints carried before).
+        let (kernels, set_tag) = match self.dev.kernel_set() {
+            KernelSet::Reference => (self.dev.arch.clone(), ""),
+            KernelSet::Fast => (format!("{}-fast", self.dev.arch), "+q8-activations"),
+        };
         BackendId {
             backend: "cuda",
-            kernels: self.dev.arch.clone(),
-            // The architecture and the compiled program: a changed kernel
-            // is a different kernel set, whose bits may differ.
+            kernels,
             tag: format!(
-                "cuda-kernels:{}:{:016x}",
+                "cuda-kernels:{}:{:016x}{set_tag}",
                 self.dev.arch, self.dev.kernels_hash
             ),
         }

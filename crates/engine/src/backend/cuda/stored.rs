@@ -22,6 +22,7 @@ use cudarc::driver::CudaSlice;
 
 use super::buf::CudaBuf;
 use super::device::{Arg, Device, Shape, args, ptr};
+use crate::backend::KernelSet;
 use crate::error::{EngineError, Result};
 use crate::quant::{QuantTensor, WeightType};
 
@@ -235,6 +236,74 @@ fn upload_scales(dev: &Device, q: &QuantTensor) -> Result<DeviceScales> {
     })
 }
 
+/// The fast kernel set's products of a format (`kernels/kq8.cu`): one
+/// activation row, tiles of rows, routed pairs.
+struct FastKernels {
+    one: &'static str,
+    tiles: &'static str,
+    gather: &'static str,
+}
+
+macro_rules! fast {
+    ($s:literal) => {
+        Some(FastKernels {
+            one: concat!("kq8_matmul_one_", $s),
+            tiles: concat!("kq8_matmul_", $s),
+            gather: concat!("kq8_gather_", $s),
+        })
+    };
+}
+
+/// Values per super-block of the fast products' activation rounding.
+const KQ: usize = 256;
+/// Output elements (warps) per block of a fast product.
+const KQ_WARPS: usize = 4;
+/// Activation rows per tile of `kq8_matmul_*` (`KQ_TILE`).
+const KQ_TILE: usize = 4;
+
+/// The fast set's kernels for `w` when this device runs the fast set and
+/// `w` is a 256-value super-block type of whole super-blocks: the CPU fast
+/// set's arithmetic (`cpu/kq8_matmul`), so the same bits.
+fn fast_kernels(dev: &Device, w: &StoredWeights) -> Option<FastKernels> {
+    if dev.kernel_set() != KernelSet::Fast || !w.cols.is_multiple_of(KQ) {
+        return None;
+    }
+    match w.ty {
+        WeightType::Q2_K => fast!("q2_k"),
+        WeightType::Q3_K => fast!("q3_k"),
+        WeightType::Q4_K => fast!("q4_k"),
+        WeightType::Q5_K => fast!("q5_k"),
+        WeightType::Q6_K => fast!("q6_k"),
+        WeightType::IQ2_XXS => fast!("iq2_xxs"),
+        _ => None,
+    }
+}
+
+/// `rows` activation rows of `k` values rounded to int8 super-blocks: the
+/// buffer holding them, the bytes' and the scales' device addresses.
+fn round_rows(dev: &Device, x: &CudaBuf, rows: usize, k: usize) -> Result<(CudaBuf, u64, u64)> {
+    let blocks = rows * k / KQ;
+    // The bytes (a multiple of 256), then one f32 per super-block.
+    let buf = CudaBuf::uninit(dev, rows * k / 4 + blocks)?;
+    let (q, d) = (buf.ptr(), buf.ptr() + (rows * k) as u64);
+    dev.launch(
+        "kq8_quantize",
+        Shape::warps(blocks),
+        args![q, d, x.ptr(), blocks],
+    )?;
+    Ok((buf, q, d))
+}
+
+fn fast_grid(n: usize, y: usize) -> Shape {
+    Shape {
+        grid: (
+            n.div_ceil(KQ_WARPS).clamp(1, MAX_GRID) as u32,
+            y.clamp(1, MAX_GRID) as u32,
+        ),
+        block: (KQ_WARPS * 32) as u32,
+    }
+}
+
 /// Column blocks of a product launch.
 fn col_blocks(n: usize) -> u32 {
     n.div_ceil(COLS).clamp(1, MAX_GRID) as u32
@@ -249,6 +318,19 @@ pub(super) fn matmul(
     w: &StoredWeights,
 ) -> Result<()> {
     let (n, k) = (w.rows, w.cols);
+    if let Some(f) = fast_kernels(dev, w) {
+        let (_rounded, q, d) = round_rows(dev, x, rows, k)?;
+        let (name, tiles) = if rows == 1 {
+            (f.one, 1)
+        } else {
+            (f.tiles, rows.div_ceil(KQ_TILE))
+        };
+        return dev.launch(
+            name,
+            fast_grid(n, tiles),
+            args![y.ptr(), q, d, rows, ptr(&w.data), n, k],
+        );
+    }
     let mut a = args![y.ptr(), x.ptr(), rows, ptr(&w.data), n, k].to_vec();
     a.extend(w.scale_args());
     dev.launch(
@@ -275,6 +357,15 @@ pub(super) fn gather(
     n: usize,
 ) -> Result<()> {
     let k = w.cols;
+    if let Some(f) = fast_kernels(dev, w) {
+        let x_rows = x.len() / k;
+        let (_rounded, q, d) = round_rows(dev, x, x_rows, k)?;
+        return dev.launch(
+            f.gather,
+            fast_grid(n, pairs),
+            args![y.ptr(), q, d, x_div, experts, pairs, ptr(&w.data), n, k],
+        );
+    }
     let mut a = args![y.ptr(), x.ptr(), x_div, experts, pairs, ptr(&w.data), n, k].to_vec();
     a.extend(w.scale_args());
     dev.launch(

@@ -1,0 +1,162 @@
+//! The fast kernel set's products on the GPU (`kernels/kq8.cu`): Q2_K–Q6_K
+//! and IQ2_XXS with activations rounded to int8 super-blocks compute the
+//! CPU fast set's arithmetic (`cpu/kq8_matmul`), so every output is the
+//! CPU fast kernels' bits — in every row count, tile and routed pair.
+
+use std::sync::{Arc, OnceLock};
+
+use ds4_engine::backend::cpu::kq8_matmul::KMatrix;
+use ds4_engine::backend::{Backend, CudaOps, HostWeight, KernelSet};
+use ds4_engine::quant::WeightType;
+use ds4_engine::quant::random::random_stored;
+
+use crate::support::{bits, down, gpu, rnd, up};
+
+const TYPES: [WeightType; 6] = [
+    WeightType::Q2_K,
+    WeightType::Q3_K,
+    WeightType::Q4_K,
+    WeightType::Q5_K,
+    WeightType::Q6_K,
+    WeightType::IQ2_XXS,
+];
+
+/// A device of its own running the fast set (the shared one keeps the
+/// reference set the other tests check).
+fn fast_gpu() -> CudaOps {
+    static GPU: OnceLock<CudaOps> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let g = CudaOps::new(0).expect("a usable CUDA device");
+        g.set_kernel_set(KernelSet::Fast);
+        g
+    })
+    .clone()
+}
+
+/// Activations with every super-block kind the rounding meets: random
+/// values at several magnitudes, an all-zero super-block, one value far
+/// above the rest.
+fn activations(rows: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut x = rnd(rows * k, seed);
+    for (r, row) in x.chunks_mut(k).enumerate() {
+        let scale = [1.0f32, 30.0, 1e-3, 4.0][r % 4];
+        row.iter_mut().for_each(|v| *v *= scale);
+        if r % 3 == 1 {
+            row[..256].iter_mut().for_each(|v| *v = 0.0);
+        }
+        if r % 5 == 2 {
+            row[k - 7] = 1e4;
+        }
+    }
+    x
+}
+
+/// Products of 1, 2, 3, 5 and 17 rows (one-row kernel, tiles of four,
+/// partial tiles), reductions of 1, 5 and 16 super-blocks (whole and
+/// partial groups of four), one part or two joined: the CPU fast kernel's
+/// bits. The fast device reports the fast set's id.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_fast_kq8_products_are_the_cpu_fast_bits() {
+    let g = fast_gpu();
+    assert_eq!(g.kernel_set(), KernelSet::Fast);
+    let (fast_id, reference_id) = (g.id(), gpu().id());
+    assert_ne!(fast_id.tag, reference_id.tag);
+    assert!(fast_id.tag.ends_with("+q8-activations"), "{fast_id:?}");
+    let mut failed = Vec::new();
+    for (ti, ty) in TYPES.into_iter().enumerate() {
+        let r = std::panic::catch_unwind(|| {
+            for k in [256usize, 1280, 4096] {
+                for (n, parts) in [(37, vec![37]), (70, vec![45, 25])] {
+                    let seed = 3000 + 10 * ti as u64 + k as u64 + n as u64;
+                    let q = Arc::new(random_stored(ty, &[n, k], &parts, seed));
+                    let cpu = KMatrix::new(q.clone()).expect("a fast-set type");
+                    let gm = g.matrix(HostWeight::Quant(q), n, k).unwrap();
+                    let x = activations(17, k, seed + 1);
+                    for rows in [1usize, 2, 3, 5, 17] {
+                        let xs = &x[..rows * k];
+                        let got = down(&g, &g.matmul(&up(&g, xs), rows, &gm).unwrap());
+                        let mut want = vec![0f32; rows * n];
+                        cpu.matmul(xs, rows, &mut want);
+                        assert!(want.iter().all(|v| v.is_finite()));
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{ty} [{n},{k}] parts {parts:?} x{rows}"
+                        );
+                    }
+                }
+            }
+        });
+        println!("REPORT kq8_matmul type={ty} ok={}", r.is_ok());
+        if r.is_err() {
+            failed.push(ty);
+        }
+    }
+    assert!(failed.is_empty(), "failing types {failed:?}");
+}
+
+/// Routed products over stacks of these types (each expert a part): every
+/// (token, slot) projection has the bits of the fast `matmul` by that
+/// expert's own matrix, so the routed SwiGLU output equals those products,
+/// `swiglu` and the slots summed in order on the host.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_fast_kq8_experts_are_their_expert_products() {
+    let g = fast_gpu();
+    let (rows, e, k, h, inter) = (5usize, 4usize, 2usize, 512usize, 256usize);
+    let mut failed = Vec::new();
+    for (ti, ty) in TYPES.into_iter().enumerate() {
+        let r = std::panic::catch_unwind(|| {
+            let seed = 700 + 7 * ti as u64;
+            let gu = random_stored(ty, &[e, 2 * inter, h], &vec![2 * inter; e], seed);
+            let dn = random_stored(ty, &[e, h, inter], &vec![h; e], seed + 1);
+            let each = |q: &ds4_engine::quant::QuantTensor, out: usize, inp: usize| -> Vec<_> {
+                (0..e)
+                    .map(|i| {
+                        let m = q.row_range(i * out, (i + 1) * out);
+                        g.matrix(HostWeight::Quant(Arc::new(m)), out, inp).unwrap()
+                    })
+                    .collect()
+            };
+            let (gu_each, dn_each) = (each(&gu, 2 * inter, h), each(&dn, h, inter));
+            let ggu = g
+                .experts(HostWeight::Quant(Arc::new(gu)), e, 2 * inter, h)
+                .unwrap();
+            let gdn = g
+                .experts(HostWeight::Quant(Arc::new(dn)), e, h, inter)
+                .unwrap();
+            let x = activations(rows, h, seed + 2);
+            let logits = rnd(rows * e, seed + 3);
+            let route = g
+                .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
+                .unwrap();
+            let (chosen, weights) = g.routing_to_host(&route).unwrap();
+            let got = down(
+                &g,
+                &g.experts_swiglu(&up(&g, &x), rows, &route, &ggu, &gdn, None)
+                    .unwrap(),
+            );
+            let mut want = vec![0f32; rows * h];
+            for t in 0..rows {
+                let xt = up(&g, &x[t * h..(t + 1) * h]);
+                for slot in 0..k {
+                    let ex = chosen[t * k + slot];
+                    let p = g.matmul(&xt, 1, &gu_each[ex]).unwrap();
+                    let act = g.swiglu(&p, inter, None).unwrap();
+                    let y = down(&g, &g.matmul(&act, 1, &dn_each[ex]).unwrap());
+                    let w = weights[t * k + slot];
+                    for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
+                        *o += w * v;
+                    }
+                }
+            }
+            assert_eq!(bits(&got), bits(&want), "{ty}: not its expert products");
+        });
+        println!("REPORT kq8_experts type={ty} ok={}", r.is_ok());
+        if r.is_err() {
+            failed.push(ty);
+        }
+    }
+    assert!(failed.is_empty(), "failing types {failed:?}");
+}

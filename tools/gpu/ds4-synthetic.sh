@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Full-size synthetic DeepSeek-V4-Flash in ds4's stored types on the H200
+# (docs/GPU.md, runs 28 and 30), and the CUDA tests of the stored and fast
+# products first. Carried in .gpu-synth/ with `ds4server.xz` (xz -9e of the
+# stripped `--features cuda` binary) and `cuda.gz` (the gzipped `cuda`
+# test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4]
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
+OUT=${OUT:-/tmp/ds4-out}; mkdir -p "$OUT"
+root=$PWD
+cd "$(dirname "$0")" || exit 1
+python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('ds4server.xz'),open('ds4server','wb'))" && chmod +x ds4server
+[ -e cuda.gz ] && gunzip -f cuda.gz && chmod +x cuda
+# Test binaries find the fixtures under the checkout they were built in.
+if [ "$root" != /work/main ] && [ ! -d /work/main/tests/fixtures ]; then
+  mkdir -p /work/main/crates/engine && ln -sfn "$root/tests" /work/main/tests
+fi
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv; echo "cores $(nproc)"; free -g; } 2>&1 | tee "$OUT/machine.log"
+bench() {  # NAME TIMEOUT_S BENCH_ARGS...
+  local name=$1 t=$2; shift 2
+  nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader -lms 500 > "$OUT/mem-$name.csv" 2>&1 &
+  local mp=$! s0=$SECONDS
+  echo "== ds4server bench --synthetic deepseek_v4 --shape full --device cuda $*" | tee "$OUT/$name.log"
+  timeout "$t" ./ds4server bench --synthetic deepseek_v4 --shape full --device cuda "$@" 2>&1 | tee -a "$OUT/$name.log"
+  echo "rc=${PIPESTATUS[0]} wall_s=$((SECONDS - s0))" | tee -a "$OUT/$name.log"
+  kill "$mp"; wait "$mp" 2>/dev/null
+  echo "device memory used, peak MiB: $(cut -d, -f2 "$OUT/mem-$name.csv" | tr -dc '0-9\n' | sort -n | tail -1) (sampled every 0.5 s)" | tee -a "$OUT/$name.log"
+}
+for what in "${@:-tests q2 q2fast}"; do
+  case "$what" in
+    tests) timeout "${TESTS_S:-150}" ./cuda --ignored --test-threads=1 --nocapture "${TESTS_FILTER:-ops::}" 2>&1 | tee "$OUT/tests.log" | grep -E "REPORT|test result|panicked|^test " ;;
+    q2) bench q2 "${Q2_S:-240}" --kernels reference --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32 ;;
+    q2fast) bench q2fast "${Q2_S:-240}" --kernels fast --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32 ;;
+    q4) bench q4 "${Q4_S:-120}" --weights ds4-q4 --prompts 512 --gen 8 ;;
+  esac
+done
