@@ -3,6 +3,7 @@
 //! text: tokens in, logits out.
 
 pub mod backend;
+pub mod batching;
 pub mod decode;
 pub mod error;
 pub mod families;
@@ -16,6 +17,6 @@ pub mod table;
 
 pub use error::EngineError;
 pub use model::{
-    DeviceRows, ForwardOutput, HiddenRows, LogitsRows, MediaChunk, Model, ModelState, MtpContract,
-    MtpHistory, MtpStep, NoMtp, VerifyWindow,
+    BatchCall, DeviceRows, ForwardOutput, HiddenRows, LogitsRows, MediaChunk, Model, ModelState,
+    MtpContract, MtpHistory, MtpStep, NoMtp, VerifyWindow,
 };

@@ -31,6 +31,15 @@ impl ForwardOutput {
     }
 }
 
+/// One session's part of a batched forward ([`Model::forward_batch`]): the
+/// tokens it processes after everything its state covers, and which logits
+/// rows it wants.
+pub struct BatchCall<'a, S> {
+    pub tokens: &'a [u32],
+    pub state: &'a mut S,
+    pub rows: LogitsRows,
+}
+
 /// Everything a model remembers about the tokens it has processed.
 /// Rows of one prefill chunk that come from a media encoder rather than
 /// the token embedding (family-neutral: host values, so no backend type
@@ -134,6 +143,22 @@ pub trait Model: Send + Sync {
         state: &mut Self::State,
         rows: LogitsRows,
     ) -> Result<ForwardOutput>;
+
+    /// Several sessions' forwards at once (continuous batching): each call's
+    /// result is exactly what [`Model::forward`] of that call alone gives
+    /// (the kernels are row-independent: `shared/specs/backend.md`), so a
+    /// session's bits do not depend on what else runs. The default runs the
+    /// calls one after another; a family whose layers can share the products
+    /// of several sessions' rows overrides it (llama).
+    fn forward_batch(
+        &self,
+        calls: &mut [BatchCall<'_, Self::State>],
+    ) -> Vec<Result<ForwardOutput>> {
+        calls
+            .iter_mut()
+            .map(|c| self.forward(c.tokens, c.state, c.rows))
+            .collect()
+    }
 
     /// [`Model::forward`] with media: `media.rows` replace the embeddings of
     /// the tokens they name (placeholders, whose ids stay in `tokens` for

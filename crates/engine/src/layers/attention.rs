@@ -55,12 +55,56 @@ impl<B: Backend> Attention<B> {
         layer: usize,
         step: Option<&B::Step>,
     ) -> Result<B::Buf> {
-        let offset = cache.len();
+        let [q, k, v] = self.project(ops, x, t)?;
+        let y = self.attend(ops, [q, k, v], rope, cache, layer, step)?;
+        self.o.forward(ops, &y, t)
+    }
+
+    /// Several sessions' rows at once (continuous batching): `x` holds each
+    /// part's `t` rows one after another; the projections run once over all
+    /// of them, each part attends over its own cache at its own positions,
+    /// and the output projection runs once. Every op is row-independent, so
+    /// each part's rows have the bits of [`Attention::forward`] alone.
+    pub fn forward_batch(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        parts: &mut [AttnPart<'_, B>],
+        layer: usize,
+    ) -> Result<B::Buf> {
+        let total: usize = parts.iter().map(|p| p.t).sum();
+        let [q, k, v] = self.project(ops, x, total)?;
         let d = self.head_dim;
-        // The three projections of `x` as one call (one launch for a
-        // decode row or a verify window on a device; q, k, v in turn where
-        // a backend runs the parts one by one, as the CPU does).
-        let [mut q, mut k, v] = Linear::forward_many(
+        let (qd, kvd) = (self.num_heads * d, self.num_kv_heads * d);
+        let mut y: Option<B::Buf> = None;
+        let mut at = 0;
+        for p in parts.iter_mut() {
+            let qkv = [
+                ops.rows(&q, qd, at, p.t)?,
+                ops.rows(&k, kvd, at, p.t)?,
+                ops.rows(&v, kvd, at, p.t)?,
+            ];
+            let yi = self.attend(ops, qkv, p.rope, p.cache, layer, None)?;
+            y = Some(match y {
+                None => yi,
+                Some(mut all) => {
+                    ops.append(&mut all, &yi)?;
+                    all
+                }
+            });
+            at += p.t;
+        }
+        match y {
+            Some(y) => self.o.forward(ops, &y, total),
+            None => ops.zeros(0),
+        }
+    }
+
+    /// The three projections of `x` as one call (one launch for a decode
+    /// row or a verify window on a device; q, k, v in turn where a backend
+    /// runs the parts one by one, as the CPU does).
+    fn project(&self, ops: &B, x: &B::Buf, t: usize) -> Result<[B::Buf; 3]> {
+        Linear::forward_many(
             ops,
             x,
             t,
@@ -69,7 +113,23 @@ impl<B: Backend> Attention<B> {
                 (&self.k, Epilogue::Chain(&[])),
                 (&self.v, Epilogue::Chain(&[])),
             ],
-        )?;
+        )
+    }
+
+    /// One session's attention over projected rows: rope, the cache write
+    /// at `cache.len()`, the scaled query against every cached key. The
+    /// output `[t, heads · head_dim]`, before the output projection.
+    fn attend(
+        &self,
+        ops: &B,
+        [mut q, mut k, v]: [B::Buf; 3],
+        rope: &RopeRows<B>,
+        cache: &mut KvCache<B>,
+        layer: usize,
+        step: Option<&B::Step>,
+    ) -> Result<B::Buf> {
+        let offset = cache.len();
+        let d = self.head_dim;
         rope.apply(ops, &mut q, d)?;
         rope.apply(ops, &mut k, d)?;
         let rows = match step {
@@ -83,7 +143,7 @@ impl<B: Backend> Attention<B> {
             heads: self.num_kv_heads,
             dim: d,
         };
-        let y = match (rows, step) {
+        Ok(match (rows, step) {
             (KvRows::F32(k, v), None) => {
                 ops.attention_causal(&q, &k, &v, offset, self.num_heads, kv)?
             }
@@ -94,7 +154,14 @@ impl<B: Backend> Attention<B> {
             (KvRows::F16(k, v), _) => {
                 ops.attention_causal_half(&q, &k, &v, offset, self.num_heads, kv)?
             }
-        };
-        self.o.forward(ops, &y, t)
+        })
     }
+}
+
+/// One session's part of [`Attention::forward_batch`]: its row count, the
+/// rope tables of its positions and its cache.
+pub struct AttnPart<'a, B: Backend> {
+    pub t: usize,
+    pub rope: &'a RopeRows<B>,
+    pub cache: &'a mut KvCache<B>,
 }

@@ -3,6 +3,7 @@
 //! separate output head. Loads from a GGUF file (quantized weights stay
 //! quantized) or a Hugging Face safetensors directory.
 
+mod batch;
 pub mod config;
 pub mod model;
 pub mod mtp;

@@ -27,8 +27,8 @@ use crate::load::binder::Binder;
 use crate::load::gguf::GgufFile;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
-    DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract, MtpStep,
-    VerifyWindow,
+    BatchCall, DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract,
+    MtpStep, VerifyWindow,
 };
 use crate::state::kv_cache::{KvCache, KvType};
 
@@ -40,10 +40,10 @@ pub const HF_IGNORED: &[&str] = &["rotary_emb.inv_freq"];
 /// One decoder layer (the trunk's, and the MTP head's own).
 #[derive(Debug)]
 pub(super) struct Block<B: Backend> {
-    attn_norm: RmsNorm<B>,
-    attn: Attention<B>,
-    mlp_norm: RmsNorm<B>,
-    mlp: SwiGlu<B>,
+    pub(super) attn_norm: RmsNorm<B>,
+    pub(super) attn: Attention<B>,
+    pub(super) mlp_norm: RmsNorm<B>,
+    pub(super) mlp: SwiGlu<B>,
 }
 
 impl<B: Backend> Block<B> {
@@ -125,8 +125,8 @@ impl<B: Backend> Block<B> {
 
 #[derive(Debug)]
 pub struct LlamaModel<B: Backend = CpuOps> {
-    ops: B,
-    cfg: LlamaConfig,
+    pub(super) ops: B,
+    pub(super) cfg: LlamaConfig,
     /// (A boxed path: `LoadedModel` holds this model by value, and the
     /// variant's size is kept near the others'.)
     source: Box<Path>,
@@ -135,11 +135,11 @@ pub struct LlamaModel<B: Backend = CpuOps> {
     /// model) stays quantized and is dequantized row by row on lookup: the
     /// whole table in f32 would take 113 MB for SmolLM2 (more than the 98 MB
     /// model), for a saving of ~600 multiply-adds per token.
-    embed: B::Table,
-    blocks: Vec<Block<B>>,
-    norm: RmsNorm<B>,
-    head: Linear<B>,
-    rope: Rope<B>,
+    pub(super) embed: B::Table,
+    pub(super) blocks: Vec<Block<B>>,
+    pub(super) norm: RmsNorm<B>,
+    pub(super) head: Linear<B>,
+    pub(super) rope: Rope<B>,
     /// The MTP head, when one is attached ([`LlamaModel::attach_mtp_head`]).
     /// (Boxed: `LoadedModel` holds models by value.)
     mtp: Option<Box<MtpHead<B>>>,
@@ -645,6 +645,13 @@ impl<B: Backend> Model for LlamaModel<B> {
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
         Ok(self.run(tokens, state, rows)?.0)
+    }
+
+    fn forward_batch(
+        &self,
+        calls: &mut [BatchCall<'_, LlamaState<B>>],
+    ) -> Vec<Result<ForwardOutput>> {
+        self.run_batch(calls)
     }
 
     fn mtp_contract(&self) -> Option<MtpContract> {

@@ -1,0 +1,397 @@
+//! Continuous batching without touching the decode loops: every session's
+//! turn runs on its own thread exactly as it runs alone
+//! ([`crate::decode::generate`]), on a [`BatchingModel`], whose `forward`
+//! meets the other sessions' pending forwards and runs them as one
+//! [`Model::forward_batch`]. The kernels are row-independent, so a session's
+//! logits — and so its tokens, draws and cache — are those of the same turn
+//! served alone, whatever else runs (tested bit for bit).
+//!
+//! The meeting (a leader / follower rendezvous): a forward queues a ticket
+//! and waits. The first waiter that finds no batch running becomes the
+//! leader: it waits until every session [`BatchingModel::join`]ed has a
+//! ticket queued, or for at most [`BatchConfig::gather`], takes the queued
+//! tickets in arrival order up to [`BatchConfig::max_tokens`] rows (at
+//! least one ticket, so a long prefill chunk runs alone), runs them as one
+//! batch while the others wait, posts each result to its ticket and hands
+//! the lead on. Arrival order keeps the queue fair: no session's forward
+//! waits behind more than the forwards queued before it.
+//!
+//! The MTP head's calls (`forward_hidden`, verify windows, `mtp_forward`)
+//! and forwards with media run alone, one at a time with the batches (they
+//! keep their bits; they do not share products yet).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::backend::BackendId;
+use crate::error::{EngineError, Result};
+use crate::families::FamilyDescriptor;
+use crate::model::{
+    BatchCall, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
+};
+
+/// How the leader forms a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchConfig {
+    /// Rows of one batch at most (decode rows and prefill chunks together;
+    /// a single larger forward runs alone).
+    pub max_tokens: usize,
+    /// How long the leader waits for the joined sessions that have no
+    /// forward queued yet (they are sampling, or between turns).
+    pub gather: Duration,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_tokens: 512,
+            gather: Duration::from_micros(500),
+        }
+    }
+}
+
+/// Counters since the model was wrapped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Batches run (a forward alone counts as a batch of one).
+    pub batches: u64,
+    /// Forwards run in them.
+    pub forwards: u64,
+    /// The most forwards one batch held.
+    pub largest: u64,
+}
+
+/// A model whose forwards from several threads run as batches (module
+/// docs). Clones share the batches.
+pub struct BatchingModel<M: Model> {
+    inner: Arc<M>,
+    hub: Arc<Hub<M::State>>,
+}
+
+impl<M: Model> Clone for BatchingModel<M> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            hub: self.hub.clone(),
+        }
+    }
+}
+
+/// A queued forward. The pointers are the waiting caller's: it blocks
+/// until its ticket's result is posted, so they stay valid and unaliased
+/// while the leader uses them.
+struct Ticket<S> {
+    id: u64,
+    tokens: *const u32,
+    len: usize,
+    state: *mut S,
+    rows: LogitsRows,
+}
+
+// SAFETY: a ticket is only dereferenced by the leader while its owner
+// waits in `BatchingModel::forward` (see `Ticket`); the state is `Send`.
+unsafe impl<S: Send> Send for Ticket<S> {}
+
+struct Queue<S> {
+    pending: VecDeque<Ticket<S>>,
+    done: HashMap<u64, Result<ForwardOutput>>,
+    leading: bool,
+    next: u64,
+    joined: usize,
+}
+
+struct Hub<S> {
+    queue: Mutex<Queue<S>>,
+    wake: Condvar,
+    /// One batch, or one unbatched call, at a time.
+    exec: Mutex<()>,
+    config: BatchConfig,
+    batches: AtomicU64,
+    forwards: AtomicU64,
+    largest: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere never leaves the queue half-updated (see
+    // `LeadGuard`), so a poisoned lock's data is sound.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registration of a session that will call `forward` again soon (a turn
+/// in progress): the leader waits for it. Dropped at the end of the turn.
+pub struct Joined<S> {
+    hub: Arc<Hub<S>>,
+}
+
+impl<S> Drop for Joined<S> {
+    fn drop(&mut self) {
+        let mut q = lock(&self.hub.queue);
+        q.joined = q.joined.saturating_sub(1);
+        self.hub.wake.notify_all();
+    }
+}
+
+/// Posts an error to the tickets a leader took if its batch panicked, and
+/// hands the lead on, so no follower waits forever.
+struct LeadGuard<'a, S> {
+    hub: &'a Hub<S>,
+    ids: Vec<u64>,
+    armed: bool,
+}
+
+impl<S> Drop for LeadGuard<'_, S> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut q = lock(&self.hub.queue);
+        for id in self.ids.drain(..) {
+            q.done
+                .entry(id)
+                .or_insert_with(|| Err(EngineError::State("a batched forward panicked".into())));
+        }
+        q.leading = false;
+        self.hub.wake.notify_all();
+    }
+}
+
+impl<M: Model> BatchingModel<M> {
+    pub fn new(inner: Arc<M>, config: BatchConfig) -> Self {
+        Self {
+            inner,
+            hub: Arc::new(Hub {
+                queue: Mutex::new(Queue {
+                    pending: VecDeque::new(),
+                    done: HashMap::new(),
+                    leading: false,
+                    next: 0,
+                    joined: 0,
+                }),
+                wake: Condvar::new(),
+                exec: Mutex::new(()),
+                config,
+                batches: AtomicU64::new(0),
+                forwards: AtomicU64::new(0),
+                largest: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The wrapped model.
+    pub fn inner(&self) -> &Arc<M> {
+        &self.inner
+    }
+
+    /// Register a session whose turn is running (hold the guard for the
+    /// turn): batches wait briefly for its forwards.
+    pub fn join(&self) -> Joined<M::State> {
+        lock(&self.hub.queue).joined += 1;
+        Joined {
+            hub: self.hub.clone(),
+        }
+    }
+
+    pub fn stats(&self) -> BatchStats {
+        BatchStats {
+            batches: self.hub.batches.load(Ordering::Relaxed),
+            forwards: self.hub.forwards.load(Ordering::Relaxed),
+            largest: self.hub.largest.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Run `f` alone, between batches.
+    fn alone<T>(&self, f: impl FnOnce(&M) -> T) -> T {
+        let _exec = lock(&self.hub.exec);
+        f(&self.inner)
+    }
+
+    /// The leader's part: gather, take a batch, run it, post the results.
+    fn lead(&self, mut q: MutexGuard<'_, Queue<M::State>>) -> MutexGuard<'_, Queue<M::State>> {
+        let hub = &*self.hub;
+        q.leading = true;
+        let deadline = Instant::now() + hub.config.gather;
+        while q.pending.len() < q.joined {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            q = hub
+                .wake
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let mut batch = Vec::new();
+        let mut rows = 0;
+        while let Some(t) = q.pending.front() {
+            if !batch.is_empty() && rows + t.len > hub.config.max_tokens {
+                break;
+            }
+            rows += t.len;
+            batch.extend(q.pending.pop_front());
+        }
+        drop(q);
+        let mut guard = LeadGuard {
+            hub,
+            ids: batch.iter().map(|t| t.id).collect(),
+            armed: true,
+        };
+        let results = {
+            let _exec = lock(&hub.exec);
+            // SAFETY: see `Ticket`: each owner waits until its result is
+            // posted below, and every ticket's state is a distinct session.
+            let mut calls: Vec<BatchCall<'_, M::State>> = batch
+                .iter()
+                .map(|t| unsafe {
+                    BatchCall {
+                        tokens: std::slice::from_raw_parts(t.tokens, t.len),
+                        state: &mut *t.state,
+                        rows: t.rows,
+                    }
+                })
+                .collect();
+            self.inner.forward_batch(&mut calls)
+        };
+        guard.armed = false;
+        let n = batch.len() as u64;
+        hub.batches.fetch_add(1, Ordering::Relaxed);
+        hub.forwards.fetch_add(n, Ordering::Relaxed);
+        hub.largest.fetch_max(n, Ordering::Relaxed);
+        let mut q = lock(&hub.queue);
+        let mut results = results.into_iter();
+        for t in &batch {
+            let r = results.next().unwrap_or_else(|| {
+                Err(EngineError::State(
+                    "a batched forward returned too few results".into(),
+                ))
+            });
+            q.done.insert(t.id, r);
+        }
+        q.leading = false;
+        hub.wake.notify_all();
+        q
+    }
+}
+
+impl<M: Model> Model for BatchingModel<M> {
+    type State = M::State;
+    type MtpHistory = M::MtpHistory;
+    type Hidden = M::Hidden;
+
+    fn descriptor(&self) -> &'static FamilyDescriptor {
+        self.inner.descriptor()
+    }
+
+    fn backend(&self) -> BackendId {
+        self.inner.backend()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn context_length(&self) -> usize {
+        self.inner.context_length()
+    }
+
+    fn new_state(&self) -> M::State {
+        self.inner.new_state()
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        state: &mut M::State,
+        rows: LogitsRows,
+    ) -> Result<ForwardOutput> {
+        let hub = &*self.hub;
+        let mut q = lock(&hub.queue);
+        let id = q.next;
+        q.next += 1;
+        q.pending.push_back(Ticket {
+            id,
+            tokens: tokens.as_ptr(),
+            len: tokens.len(),
+            state,
+            rows,
+        });
+        hub.wake.notify_all();
+        loop {
+            if let Some(r) = q.done.remove(&id) {
+                return r;
+            }
+            q = if q.leading {
+                hub.wake.wait(q).unwrap_or_else(|e| e.into_inner())
+            } else {
+                self.lead(q)
+            };
+        }
+    }
+
+    fn forward_batch(&self, calls: &mut [BatchCall<'_, M::State>]) -> Vec<Result<ForwardOutput>> {
+        self.alone(|m| m.forward_batch(calls))
+    }
+
+    fn forward_media(
+        &self,
+        tokens: &[u32],
+        media: &MediaChunk<'_>,
+        state: &mut M::State,
+        rows: LogitsRows,
+    ) -> Result<ForwardOutput> {
+        if media.is_empty() {
+            return self.forward(tokens, state, rows);
+        }
+        self.alone(|m| m.forward_media(tokens, media, state, rows))
+    }
+
+    fn forward_hidden_media(
+        &self,
+        tokens: &[u32],
+        media: &MediaChunk<'_>,
+        state: &mut M::State,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, M::Hidden)> {
+        self.alone(|m| m.forward_hidden_media(tokens, media, state, rows))
+    }
+
+    fn mtp_contract(&self) -> Option<MtpContract> {
+        self.inner.mtp_contract()
+    }
+
+    fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        state: &mut M::State,
+        rows: LogitsRows,
+    ) -> Result<(ForwardOutput, M::Hidden)> {
+        self.alone(|m| m.forward_hidden(tokens, state, rows))
+    }
+
+    fn forward_window(
+        &self,
+        tokens: &[u32],
+        state: &mut M::State,
+    ) -> Result<VerifyWindow<<M::State as crate::model::ModelState>::Window, M::Hidden>> {
+        self.alone(|m| m.forward_window(tokens, state))
+    }
+
+    fn hidden_from_host(&self, rows: usize, width: usize, data: Vec<f32>) -> Result<M::Hidden> {
+        self.inner.hidden_from_host(rows, width, data)
+    }
+
+    fn new_mtp_history(&self) -> Option<M::MtpHistory> {
+        self.inner.new_mtp_history()
+    }
+
+    fn mtp_forward(
+        &self,
+        tokens: &[u32],
+        hidden: &M::Hidden,
+        history: &mut M::MtpHistory,
+    ) -> Result<MtpStep<M::Hidden>> {
+        self.alone(|m| m.mtp_forward(tokens, hidden, history))
+    }
+}

@@ -1,0 +1,183 @@
+//! Continuous batching keeps every session's bits: several sessions' turns
+//! on their own threads through one [`BatchingModel`] give each session
+//! exactly the tokens, logprobs and final logits of the same turn served
+//! alone (greedy and sampled, long prompts prefilled in chunks between the
+//! others' decode steps, sessions finishing at different times), and the
+//! forwards really ran in batches.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ds4_engine::Model;
+use ds4_engine::batching::{BatchConfig, BatchingModel};
+use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
+use ds4_sampling::{Sampler, SamplingParams};
+
+/// What a turn produced, every logit-derived value as bits.
+#[derive(Debug, PartialEq)]
+struct Trace {
+    tokens: Vec<u32>,
+    logprobs: Vec<u32>,
+    last_logits: Vec<u32>,
+}
+
+struct Job {
+    prompt: Vec<u32>,
+    temperature: f64,
+    seed: u64,
+    max_tokens: usize,
+}
+
+/// Four turns; the long prompt fits the model's context with its tokens.
+fn jobs(vocab: u32, context: usize) -> Vec<Job> {
+    let long = 150.min(context - 16);
+    let prompt = |seed: u64, len: usize| -> Vec<u32> {
+        let mut x = seed.wrapping_mul(6364136223846793005) | 1;
+        (0..len)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) % (vocab as u64 - 3)) as u32 + 3
+            })
+            .collect()
+    };
+    vec![
+        Job {
+            prompt: prompt(1, 12),
+            temperature: 0.0,
+            seed: 1,
+            max_tokens: 24,
+        },
+        Job {
+            prompt: prompt(2, long),
+            temperature: 0.8,
+            seed: 2,
+            max_tokens: 12,
+        },
+        Job {
+            prompt: prompt(3, 5),
+            temperature: 0.8,
+            seed: 3,
+            max_tokens: 30,
+        },
+        Job {
+            prompt: prompt(4, 40),
+            temperature: 1.0,
+            seed: 4,
+            max_tokens: 6,
+        },
+    ]
+}
+
+fn run<M: Model>(model: &M, job: &Job) -> Trace {
+    let d = model.descriptor();
+    let params = SamplingParams {
+        temperature: job.temperature,
+        ..d.sampling_defaults
+    };
+    let mut sampler = Sampler::new(d.law, params, job.seed).unwrap();
+    let mut session = LiveSession::new(model);
+    let mut logprobs = Vec::new();
+    let r = decode::generate(
+        model,
+        &mut session,
+        TurnRequest {
+            prompt: &job.prompt,
+            sampler: &mut sampler,
+            config: TurnConfig {
+                max_tokens: job.max_tokens,
+                stop_token_ids: vec![],
+                // Small chunks: a long prompt's prefill interleaves with
+                // the others' decode steps.
+                prefill_chunk: 32,
+                logprobs: Some(3),
+                cancel: Default::default(),
+            },
+            mtp_depth: Some(0),
+        },
+        &mut on_tokens(|e| {
+            let l = e.logprobs.expect("logprobs requested");
+            logprobs.push(l.logprob.to_bits());
+            logprobs.extend(l.top.iter().flat_map(|&(t, p)| [t, p.to_bits()]));
+            Flow::Continue
+        }),
+    )
+    .unwrap();
+    Trace {
+        tokens: r.tokens,
+        logprobs,
+        last_logits: session
+            .last_logits()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect(),
+    }
+}
+
+fn batched_equals_solo<M: Model + 'static>(model: M, vocab: u32, expect_batches: bool) {
+    let jobs = jobs(vocab, model.context_length());
+    let solo: Vec<Trace> = jobs.iter().map(|j| run(&model, j)).collect();
+    let batching = BatchingModel::new(
+        Arc::new(model),
+        BatchConfig {
+            max_tokens: 64,
+            gather: Duration::from_millis(2),
+        },
+    );
+    let together: Vec<Trace> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|j| {
+                let m = batching.clone();
+                s.spawn(move || {
+                    let _turn = m.join();
+                    run(&m, j)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
+        assert_eq!(a, b, "session {i}: batched differs from alone");
+        assert_eq!(a.tokens.len(), jobs[i].max_tokens);
+    }
+    let stats = batching.stats();
+    if expect_batches {
+        assert!(stats.largest >= 2, "no forward shared a batch: {stats:?}");
+        assert!(stats.batches < stats.forwards, "{stats:?}");
+    }
+}
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+#[test]
+fn default_model_batched_sessions_equal_solo() {
+    let path = ds4_models::default_model_path().expect("default model available");
+    let model = ds4_engine::families::llama::load_llama(&path).unwrap();
+    batched_equals_solo(model, 49152, true);
+}
+
+#[test]
+fn llama_tiny_batched_sessions_equal_solo() {
+    let model =
+        ds4_engine::families::llama::load_llama(&fixtures().join("llama/tiny/f32_untied")).unwrap();
+    let vocab = model.vocab_size() as u32;
+    batched_equals_solo(model, vocab, true);
+}
+
+/// A family without its own batched forward runs each call of a batch in
+/// turn (the default `forward_batch`): the same bits.
+#[test]
+fn deepseek_v4_batched_sessions_equal_solo() {
+    let model = ds4_engine::families::deepseek_v4::DeepseekV4Model::from_hf_dir(
+        &fixtures().join("deepseek_v4/tiny_b"),
+    )
+    .unwrap();
+    let vocab = model.vocab_size() as u32;
+    batched_equals_solo(model, vocab, true);
+}
