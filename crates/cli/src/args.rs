@@ -553,6 +553,13 @@ pub struct BenchArgs {
     /// Read at most this many tokens of the `--nll` text (its beginning).
     #[arg(long, value_name = "N", requires = "nll")]
     pub nll_max_tokens: Option<usize>,
+    /// Continuous batching's throughput instead: for each count N, N
+    /// greedy streams (random prompts of the first `--prompts` length,
+    /// default 128; `--gen` tokens each) at once through one batching
+    /// model; prints the aggregate decode rate against one stream and
+    /// whether each stream's tokens equal its turn served alone.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["mtp", "synthetic", "nll"])]
+    pub streams: Vec<usize>,
     /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
     /// built in).
     #[arg(long, requires = "mtp")]

@@ -65,15 +65,15 @@ pub struct BatchStats {
 
 /// A model whose forwards from several threads run as batches (module
 /// docs). Clones share the batches.
-pub struct BatchingModel<M: Model> {
-    inner: Arc<M>,
+pub struct BatchingModel<'m, M: Model> {
+    inner: &'m M,
     hub: Arc<Hub<M::State>>,
 }
 
-impl<M: Model> Clone for BatchingModel<M> {
+impl<M: Model> Clone for BatchingModel<'_, M> {
     fn clone(&self) -> Self {
         Self {
-            inner: self.inner.clone(),
+            inner: self.inner,
             hub: self.hub.clone(),
         }
     }
@@ -157,8 +157,10 @@ impl<S> Drop for LeadGuard<'_, S> {
     }
 }
 
-impl<M: Model> BatchingModel<M> {
-    pub fn new(inner: Arc<M>, config: BatchConfig) -> Self {
+impl<'m, M: Model> BatchingModel<'m, M> {
+    /// Batch the forwards of `inner` (the threads sharing it run in a
+    /// scope that borrows it).
+    pub fn new(inner: &'m M, config: BatchConfig) -> Self {
         Self {
             inner,
             hub: Arc::new(Hub {
@@ -180,8 +182,8 @@ impl<M: Model> BatchingModel<M> {
     }
 
     /// The wrapped model.
-    pub fn inner(&self) -> &Arc<M> {
-        &self.inner
+    pub fn inner(&self) -> &'m M {
+        self.inner
     }
 
     /// Register a session whose turn is running (hold the guard for the
@@ -204,7 +206,7 @@ impl<M: Model> BatchingModel<M> {
     /// Run `f` alone, between batches.
     fn alone<T>(&self, f: impl FnOnce(&M) -> T) -> T {
         let _exec = lock(&self.hub.exec);
-        f(&self.inner)
+        f(self.inner)
     }
 
     /// The leader's part: gather, take a batch, run it, post the results.
@@ -275,7 +277,7 @@ impl<M: Model> BatchingModel<M> {
     }
 }
 
-impl<M: Model> Model for BatchingModel<M> {
+impl<M: Model> Model for BatchingModel<'_, M> {
     type State = M::State;
     type MtpHistory = M::MtpHistory;
     type Hidden = M::Hidden;

@@ -66,6 +66,18 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if !args.streams.is_empty() {
+        if args.streams.contains(&0) {
+            anyhow::bail!("--streams: every count must be at least 1");
+        }
+        let rows = ds4_engine::with_model!(&loaded.model, model => super::bench_streams::bench_streams(model, &args, &args.streams))?;
+        let csv = super::bench_streams::to_csv(&rows, &loaded.model.backend().to_string(), kernels);
+        print!("{csv}");
+        if let Some(path) = &args.csv {
+            std::fs::write(path, &csv).with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
     if args.mtp {
         let csv = ds4_engine::with_model!(&loaded.model, model => super::bench_mtp::bench_mtp(model, &loaded.tokenizer, &args))?;
         print!("{csv}");

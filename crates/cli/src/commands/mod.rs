@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_mtp;
 pub mod bench_nll;
+pub mod bench_streams;
 pub mod bench_synthetic;
 pub mod chat;
 pub mod debug;

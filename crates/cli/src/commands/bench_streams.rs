@@ -1,0 +1,173 @@
+//! `ds4server bench --streams 1,2,4,8 [--prompts P] [--gen G]`: continuous
+//! batching's throughput. For each stream count N, N greedy streams
+//! (random prompts of P tokens, G tokens each) run at once on their own
+//! threads through one [`BatchingModel`]: each prefills its prompt, waits
+//! for the others, then decodes; reported: the aggregate decode rate
+//! (every stream's decode tokens over the span from the first decode start
+//! to the last one's end), the ratio to one stream, the
+//! batches run and their mean size, and whether every stream's tokens are
+//! those of its turn served alone (run first, one by one).
+
+use std::fmt::Write as _;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use ds4_engine::Model;
+use ds4_engine::batching::{BatchConfig, BatchingModel};
+use ds4_engine::decode::{self, LiveSession, TurnConfig, TurnRequest};
+use ds4_sampling::{Sampler, SamplingParams};
+
+use crate::args::BenchArgs;
+
+/// One stream count's measurements.
+#[derive(Debug, Clone)]
+pub struct StreamsRow {
+    pub streams: usize,
+    pub decode_tokens: usize,
+    pub decode_span: Duration,
+    pub batches: u64,
+    pub forwards: u64,
+    pub identical: bool,
+}
+
+impl StreamsRow {
+    pub fn aggregate_tps(&self) -> f64 {
+        self.decode_tokens as f64 / self.decode_span.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Random prompt `i` of `len` tokens (ids 3.. of the vocabulary).
+fn prompt(i: usize, len: usize, vocab: usize) -> Vec<u32> {
+    let mut x = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % (vocab as u64 - 3)) as u32 + 3
+        })
+        .collect()
+}
+
+/// A greedy turn on `session` of at most `max_tokens`: its tokens.
+fn turn<M: Model>(
+    model: &M,
+    session: &mut LiveSession<M>,
+    p: &[u32],
+    max_tokens: usize,
+    args: &BenchArgs,
+) -> anyhow::Result<Vec<u32>> {
+    let d = model.descriptor();
+    let params = SamplingParams {
+        temperature: 0.0,
+        ..d.sampling_defaults
+    };
+    let mut sampler = Sampler::new(d.law, params, 1)?;
+    let r = decode::generate(
+        model,
+        session,
+        TurnRequest {
+            prompt: p,
+            sampler: &mut sampler,
+            config: TurnConfig {
+                max_tokens,
+                stop_token_ids: vec![],
+                prefill_chunk: args.chunk,
+                logprobs: None,
+                cancel: Default::default(),
+            },
+            mtp_depth: Some(0),
+        },
+        &mut (),
+    )?;
+    Ok(r.tokens)
+}
+
+/// A stream: the prompt prefilled (a zero-token turn), then, once every
+/// stream has (`ready`), its decode: the tokens, when the decode started
+/// and when it ended.
+fn stream<M: Model>(
+    model: &M,
+    p: &[u32],
+    args: &BenchArgs,
+    ready: &Barrier,
+) -> anyhow::Result<(Vec<u32>, Instant, Instant)> {
+    let mut session = LiveSession::new(model);
+    let prefilled = turn(model, &mut session, p, 0, args);
+    ready.wait();
+    prefilled?;
+    let start = Instant::now();
+    let tokens = turn(model, &mut session, p, args.gen_tokens, args)?;
+    Ok((tokens, start, Instant::now()))
+}
+
+pub fn bench_streams<M: Model>(
+    model: &M,
+    args: &BenchArgs,
+    counts: &[usize],
+) -> anyhow::Result<Vec<StreamsRow>> {
+    let len = args.prompts.first().copied().unwrap_or(128);
+    let most = counts.iter().copied().max().unwrap_or(1);
+    let prompts: Vec<Vec<u32>> = (0..most)
+        .map(|i| prompt(i, len, model.vocab_size()))
+        .collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| stream(model, p, args, &Barrier::new(1)).map(|t| t.0))
+        .collect::<anyhow::Result<_>>()?;
+    let mut rows = Vec::new();
+    for &n in counts {
+        let batching = BatchingModel::new(model, BatchConfig::default());
+        let ready = Barrier::new(n);
+        let outs = std::thread::scope(|s| {
+            let handles: Vec<_> = prompts[..n]
+                .iter()
+                .map(|p| {
+                    let (m, ready) = (batching.clone(), &ready);
+                    s.spawn(move || {
+                        let _turn = m.join();
+                        stream(&m, p, args, ready)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().map_err(|_| anyhow::anyhow!("a stream panicked"))?)
+                .collect::<anyhow::Result<Vec<_>>>()
+        })?;
+        let first = outs.iter().map(|o| o.1).min().expect("one stream at least");
+        let last = outs.iter().map(|o| o.2).max().expect("one stream at least");
+        let stats = batching.stats();
+        rows.push(StreamsRow {
+            streams: n,
+            decode_tokens: outs.iter().map(|o| o.0.len()).sum(),
+            decode_span: last - first,
+            batches: stats.batches,
+            forwards: stats.forwards,
+            identical: outs.iter().zip(&alone).all(|(o, a)| &o.0 == a),
+        });
+    }
+    Ok(rows)
+}
+
+pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str) -> String {
+    let base = rows.first().map_or(1.0, StreamsRow::aggregate_tps);
+    let mut out = String::from(
+        "streams,decode_tokens,aggregate_decode_tps,per_stream_tps,vs_one_stream,batches,mean_batch,identical_to_alone,backend,kernels\n",
+    );
+    for r in rows {
+        let agg = r.aggregate_tps();
+        let _ = writeln!(
+            out,
+            "{},{},{agg:.1},{:.1},{:.2},{},{:.2},{},{backend},{kernels}",
+            r.streams,
+            r.decode_tokens,
+            agg / r.streams as f64,
+            agg / base,
+            r.batches,
+            r.forwards as f64 / r.batches.max(1) as f64,
+            r.identical,
+        );
+    }
+    out
+}
