@@ -61,30 +61,37 @@ impl<B: Backend> Attention<B> {
     }
 
     /// Several sessions' rows at once (continuous batching): `x` holds each
-    /// part's `t` rows one after another; the projections run once over all
-    /// of them, each part attends over its own cache at its own positions,
-    /// and the output projection runs once. Every op is row-independent, so
-    /// each part's rows have the bits of [`Attention::forward`] alone.
+    /// part's `t` rows one after another and `rope` their tables in the same
+    /// order ([`RopeRows::concat`]); the projections, the rotation and the
+    /// query scale run once over all of them, each part writes its cache and
+    /// attends over it at its own positions, and the output projection runs
+    /// once. Every op is row-independent, so each part's rows have the bits
+    /// of [`Attention::forward`] alone.
     pub fn forward_batch(
         &self,
         ops: &B,
         x: &B::Buf,
+        rope: &RopeRows<B>,
         parts: &mut [AttnPart<'_, B>],
         layer: usize,
     ) -> Result<B::Buf> {
         let total: usize = parts.iter().map(|p| p.t).sum();
-        let [q, k, v] = self.project(ops, x, total)?;
+        let [mut q, mut k, v] = self.project(ops, x, total)?;
         let d = self.head_dim;
+        rope.apply(ops, &mut q, d)?;
+        rope.apply(ops, &mut k, d)?;
+        let q = self.scale_queries(ops, &q)?;
         let (qd, kvd) = (self.num_heads * d, self.num_kv_heads * d);
         let mut y: Option<B::Buf> = None;
         let mut at = 0;
         for p in parts.iter_mut() {
-            let qkv = [
-                ops.rows(&q, qd, at, p.t)?,
-                ops.rows(&k, kvd, at, p.t)?,
-                ops.rows(&v, kvd, at, p.t)?,
-            ];
-            let yi = self.attend(ops, qkv, p.rope, p.cache, layer, None)?;
+            let offset = p.cache.len();
+            let rows = p.cache.write(
+                layer,
+                &ops.rows(&k, kvd, at, p.t)?,
+                &ops.rows(&v, kvd, at, p.t)?,
+            )?;
+            let yi = self.attend_cached(ops, &ops.rows(&q, qd, at, p.t)?, rows, offset, None)?;
             y = Some(match y {
                 None => yi,
                 Some(mut all) => {
@@ -136,32 +143,48 @@ impl<B: Backend> Attention<B> {
             None => cache.write(layer, &k, &v)?,
             Some(s) => cache.write_step(layer, &k, &v, s)?,
         };
-        // Scale q (t·d values) rather than the scores (t·total values),
-        // `q·(1/√d) + 0` as candle's affine computed it.
-        let q = ops.affine(&q, (1.0 / (d as f64).sqrt()) as f32, 0.0)?;
+        let q = self.scale_queries(ops, &q)?;
+        self.attend_cached(ops, &q, rows, offset, step)
+    }
+
+    /// Scale q (t·d values) rather than the scores (t·total values),
+    /// `q·(1/√d) + 0` as candle's affine computed it.
+    fn scale_queries(&self, ops: &B, q: &B::Buf) -> Result<B::Buf> {
+        ops.affine(q, (1.0 / (self.head_dim as f64).sqrt()) as f32, 0.0)
+    }
+
+    /// Scaled queries against the cached rows (`offset` positions before
+    /// these queries).
+    fn attend_cached(
+        &self,
+        ops: &B,
+        q: &B::Buf,
+        rows: KvRows<B>,
+        offset: usize,
+        step: Option<&B::Step>,
+    ) -> Result<B::Buf> {
         let kv = Heads {
             heads: self.num_kv_heads,
-            dim: d,
+            dim: self.head_dim,
         };
-        Ok(match (rows, step) {
+        match (rows, step) {
             (KvRows::F32(k, v), None) => {
-                ops.attention_causal(&q, &k, &v, offset, self.num_heads, kv)?
+                ops.attention_causal(q, &k, &v, offset, self.num_heads, kv)
             }
             (KvRows::F32(k, v), Some(s)) => {
-                ops.attention_causal_step(&q, &k, &v, s, self.num_heads, kv)?
+                ops.attention_causal_step(q, &k, &v, s, self.num_heads, kv)
             }
             // (An f16 cache refuses step mode in `write_step`.)
             (KvRows::F16(k, v), _) => {
-                ops.attention_causal_half(&q, &k, &v, offset, self.num_heads, kv)?
+                ops.attention_causal_half(q, &k, &v, offset, self.num_heads, kv)
             }
-        })
+        }
     }
 }
 
-/// One session's part of [`Attention::forward_batch`]: its row count, the
-/// rope tables of its positions and its cache.
+/// One session's part of [`Attention::forward_batch`]: its row count and
+/// its cache.
 pub struct AttnPart<'a, B: Backend> {
     pub t: usize,
-    pub rope: &'a RopeRows<B>,
     pub cache: &'a mut KvCache<B>,
 }

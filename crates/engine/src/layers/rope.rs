@@ -199,6 +199,27 @@ pub struct RopeRows<B: Backend> {
 }
 
 impl<B: Backend> RopeRows<B> {
+    /// The tables of several forwards' rows one after another (a batch of
+    /// sessions, each at its own positions): one rotation over all their
+    /// rows gives each row the bits of its own forward's.
+    pub fn concat(ops: &B, parts: &[RopeRows<B>]) -> Result<Self> {
+        let mut it = parts.iter();
+        let first = it
+            .next()
+            .ok_or_else(|| crate::error::EngineError::State("rope tables of no forward".into()))?;
+        let (mut cos, mut sin) = (first.cos.clone(), first.sin.clone());
+        for p in it {
+            ops.append(&mut cos, &p.cos)?;
+            ops.append(&mut sin, &p.sin)?;
+        }
+        Ok(Self {
+            cos,
+            sin,
+            half: first.half,
+            layout: first.layout,
+        })
+    }
+
     /// Rotate every `head_dim` head of `x: [rows, heads·head_dim]` in place.
     pub fn apply(&self, ops: &B, x: &mut B::Buf, head_dim: usize) -> Result<()> {
         ops.rope(x, head_dim, &self.cos, &self.sin, self.half, self.layout)

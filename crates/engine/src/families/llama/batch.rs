@@ -21,13 +21,14 @@ impl<B: Backend> Block<B> {
         &self,
         ops: &B,
         x: B::Buf,
+        rope: &RopeRows<B>,
         parts: &mut [AttnPart<'_, B>],
         layer: usize,
     ) -> Result<B::Buf> {
         let total: usize = parts.iter().map(|p| p.t).sum();
-        let h = self
-            .attn
-            .forward_batch(ops, &self.attn_norm.forward(ops, &x)?, parts, layer)?;
+        let h =
+            self.attn
+                .forward_batch(ops, &self.attn_norm.forward(ops, &x)?, rope, parts, layer)?;
         let x = ops.add(&x, &h)?;
         let h = self
             .mlp
@@ -113,17 +114,16 @@ impl<B: Backend> LlamaModel<B> {
             .iter()
             .map(|c| self.rope.tables(ops, c.state.len(), c.tokens.len()))
             .collect::<Result<_>>()?;
+        let rope = RopeRows::concat(ops, &ropes)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let mut parts: Vec<AttnPart<'_, B>> = calls
                 .iter_mut()
-                .zip(&ropes)
-                .map(|(c, rope)| AttnPart {
+                .map(|c| AttnPart {
                     t: c.tokens.len(),
-                    rope,
                     cache: &mut c.state.kv,
                 })
                 .collect();
-            let y = b.forward_batch(ops, x, &mut parts, i);
+            let y = b.forward_batch(ops, x, &rope, &mut parts, i);
             drop(parts);
             match y {
                 Ok(y) => x = y,
