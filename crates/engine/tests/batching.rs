@@ -6,7 +6,6 @@
 //! forwards really ran in batches.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ds4_engine::Model;
@@ -117,11 +116,11 @@ fn run<M: Model>(model: &M, job: &Job) -> Trace {
     }
 }
 
-fn batched_equals_solo<M: Model + 'static>(model: M, vocab: u32, expect_batches: bool) {
+fn batched_equals_solo<M: Model>(model: M, vocab: u32, expect_batches: bool) {
     let jobs = jobs(vocab, model.context_length());
     let solo: Vec<Trace> = jobs.iter().map(|j| run(&model, j)).collect();
     let batching = BatchingModel::new(
-        Arc::new(model),
+        &model,
         BatchConfig {
             max_tokens: 64,
             gather: Duration::from_millis(2),
