@@ -26,6 +26,10 @@ typedef signed char i8;
 
 #define KQ 256
 
+// (`KQ_HOST`: the format decoders alone, for the host check in
+// docs/gpu-logs/30-kq8-emu.cpp.)
+#ifndef KQ_HOST
+
 // Round `blocks` super-blocks of x (contiguous) into q (bytes) and d (one
 // f32 each): a warp per super-block, lane l on values 8l .. 8l + 7.
 extern "C" __global__ void kq8_quantize(u8* q, float* d, const float* x, u64 blocks) {
@@ -63,6 +67,8 @@ extern "C" __global__ void kq8_quantize(u8* q, float* d, const float* x, u64 blo
         if (lane == 0) d[b] = db;
     }
 }
+
+#endif  // KQ_HOST
 
 // A 32-bit little-endian word at any byte address (two aligned words and a
 // funnel shift; the weights carry padding past their last row).
@@ -230,6 +236,7 @@ __device__ __forceinline__ void kq_lane_sums(const KqPart& o, const u32 (&a)[8],
     summ = o.m0 * q0 + o.m1 * q1;
 }
 
+#ifndef KQ_HOST
 // Sum over the eight lanes of a group (exact: integers).
 __device__ __forceinline__ int kq_group_sum(int v) {
     v += __shfl_xor_sync(FULL_MASK, v, 4);
@@ -447,3 +454,4 @@ extern "C" __global__ void kq8_gather_iq2_xxs(float* y, const u8* q, const float
     dep_entry();
     kq_gather<KqIq2xxs>(y, q, d, x_div, experts, pairs, w, n, k);
 }
+#endif  // KQ_HOST
