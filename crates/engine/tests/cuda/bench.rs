@@ -513,3 +513,59 @@ fn cuda_bench_stored_gemv() {
         }
     }
 }
+
+/// The fast kernel set's products (`kernels/kq8.cu`: int8 activations,
+/// dp4a) against the reference set's stored kernels on the same matrices,
+/// side by side in one process: [4096, 4096] and [16384, 4096] of each
+/// 256-value super-block type, 1, 4 and 16 activation rows, copies cycled
+/// past the L2; GB/s of stored bytes against the measured device copy.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_bench_kq8_gemv_fast_vs_reference() {
+    use ds4_engine::quant::WeightType;
+    use ds4_engine::quant::random::random_stored;
+    let (reference, fast) = (gpu(), crate::ops::kq8::fast_gpu());
+    let n = 1 << 28;
+    let src = reference.zeros(n).unwrap();
+    let copy = time(&reference, 10, |_| {
+        let mut dst = reference.zeros(0).unwrap();
+        reference.append(&mut dst, &src).unwrap();
+    });
+    let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
+    println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
+    drop(src);
+    let k = 4096;
+    let types = [
+        WeightType::Q2_K,
+        WeightType::Q3_K,
+        WeightType::Q4_K,
+        WeightType::Q5_K,
+        WeightType::Q6_K,
+        WeightType::IQ2_XXS,
+    ];
+    for n in [4096usize, 16_384] {
+        for (i, ty) in types.into_iter().enumerate() {
+            let q = Arc::new(random_stored(ty, &[n, k], &[n], 170 + i as u64));
+            let bytes = q.byte_size() as f64;
+            let copies = ((192e6 / bytes).ceil() as usize).clamp(2, 64);
+            for (set, g) in [("reference", &reference), ("fast", &fast)] {
+                let mats: Vec<_> = (0..copies)
+                    .map(|_| g.matrix(HostWeight::Quant(q.clone()), n, k).unwrap())
+                    .collect();
+                for rows in [1usize, 4, 16] {
+                    let x = g.upload(&rnd(rows * k, 3)).unwrap();
+                    let iters = (4 * copies).max(32);
+                    let t = time(g, iters, |i| {
+                        g.matmul(&x, rows, &mats[i % copies]).unwrap();
+                    });
+                    report(
+                        &format!("kq8_gemv_{set}_{ty}_[{n},{k}]x{rows}_cycled{copies}"),
+                        bytes,
+                        t,
+                        peak,
+                    );
+                }
+            }
+        }
+    }
+}

@@ -23,7 +23,7 @@ const TYPES: [WeightType; 6] = [
 
 /// A device of its own running the fast set (the shared one keeps the
 /// reference set the other tests check).
-fn fast_gpu() -> CudaOps {
+pub(crate) fn fast_gpu() -> CudaOps {
     static GPU: OnceLock<CudaOps> = OnceLock::new();
     GPU.get_or_init(|| {
         let g = CudaOps::new(0).expect("a usable CUDA device");

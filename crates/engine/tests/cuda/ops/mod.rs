@@ -12,7 +12,7 @@
 mod attention;
 mod elementwise;
 mod fused;
-mod kq8;
+pub(crate) mod kq8;
 mod linear;
 mod memory;
 mod norms;
