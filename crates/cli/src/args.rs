@@ -333,9 +333,15 @@ pub struct ServeArgs {
     /// value is capped, with a warning).
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Requests that may wait behind the running one; more get 503.
+    /// Requests that may wait behind the running ones; more get 503.
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,
+    /// Turns run at once, their forwards batched (1: one turn at a time).
+    /// Each of the N lanes keeps its own live session and a bank of
+    /// --bank-budget-mib / N; a conversation's next turn goes back to the
+    /// lane holding it. Only the first lane uses --checkpoint-dir.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256), value_name = "N")]
+    pub max_batch: u64,
     /// Images one request may carry (models that read images); more get 400.
     #[arg(long, default_value_t = ds4_server::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,

@@ -75,6 +75,7 @@ pub fn build_state(
         Arc::new(model),
         tokenizer.clone(),
         config.max_queue,
+        config.max_batch,
         config.prefill_chunk,
         worker::CacheSettings {
             bank_budget: config.bank_budget,
@@ -250,8 +251,14 @@ pub async fn serve(state: SharedState) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(state.config.addr).await?;
     let addr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");
+    // `--max-batch` is named only when above 1: the line is otherwise as
+    // it always was.
+    let batch = match state.config.max_batch {
+        0 | 1 => String::new(),
+        n => format!(", max batch {n}"),
+    };
     eprintln!(
-        "ds4server listening on http://{addr} (model {}, backend {}, {} kernels)",
+        "ds4server listening on http://{addr} (model {}, backend {}, {} kernels{batch})",
         state.config.model_id, state.backend, state.kernel_set
     );
     let grace = state.config.limits.shutdown_grace;

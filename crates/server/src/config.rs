@@ -29,8 +29,12 @@ pub struct ServerConfig {
     /// Context limit in tokens; `None` means the model's own. Never above
     /// the model's.
     pub ctx: Option<usize>,
-    /// Requests that may wait behind the running one before new ones get 503.
+    /// Requests that may wait behind the running ones before new ones get 503.
     pub max_queue: usize,
+    /// Turns that run at once (`--max-batch`): above 1 the worker runs that
+    /// many lanes whose forwards meet in batches (`crate::lanes`); 1 is the
+    /// single worker.
+    pub max_batch: usize,
     /// When set, every route but `/health` and the embedded page needs it
     /// (Bearer or `x-api-key`).
     pub api_key: Option<String>,
@@ -66,7 +70,8 @@ pub struct ServerConfig {
     /// differs (`--mtp-depth auto`); `None` takes `mtp_depth`.
     pub mtp_depth_sampled: Option<usize>,
     /// Memory budget in bytes of the session bank (earlier sessions kept
-    /// for prompts that branch off them).
+    /// for prompts that branch off them); split evenly over the lanes when
+    /// `max_batch` is above 1.
     pub bank_budget: usize,
     /// Prefill boundary distance for states that cannot be truncated
     /// (`--boundary-every`; 0: only at the end of each prompt).
@@ -95,6 +100,7 @@ impl ServerConfig {
             default_max_tokens: Some(DEFAULT_MAX_TOKENS),
             ctx: None,
             max_queue: 16,
+            max_batch: 1,
             api_key: None,
             cors: Vec::new(),
             allowed_hosts: Vec::new(),

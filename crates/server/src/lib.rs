@@ -28,6 +28,7 @@ mod family_isolation_tests;
 mod guard;
 mod ids;
 mod images;
+mod lanes;
 mod metrics;
 mod openapi;
 mod output;

@@ -59,6 +59,8 @@ pub struct Metrics {
     mtp_drafted: AtomicU64,
     mtp_accepted: AtomicU64,
     connections_refused: AtomicU64,
+    /// Turns running now (more than one with `--max-batch`).
+    running: AtomicU64,
     /// Set once a checkpoint was deleted as soon as it was written: the
     /// disk budget is smaller than one file.
     checkpoint_budget_too_small: AtomicU64,
@@ -74,6 +76,9 @@ pub struct Metrics {
 
 /// What the worker's session cache holds: the live session, the bank of
 /// earlier sessions and the checkpoint store (snapshot after each turn).
+/// With several lanes: the sums over the lanes' caches (live tokens and
+/// bytes of every lane's live session, every lane's bank; the store is
+/// lane 0's alone).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CacheContents {
     pub live_tokens: usize,
@@ -162,11 +167,17 @@ impl Metrics {
         self.checkpoint_budget_too_small.store(1, Ordering::Relaxed);
     }
 
+    /// How many turns run now.
+    pub fn running(&self, n: usize) {
+        self.running.store(n as u64, Ordering::Relaxed);
+    }
+
     pub fn failed(&self) {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The worker's session cache totals after a turn.
+    /// The worker's session cache totals after a turn (with several lanes,
+    /// the sums over the lanes: `crate::lanes`).
     pub fn cache(&self, stats: &CacheStats, rejections: &BTreeMap<&'static str, u64>) {
         if let Ok(mut c) = self.cache.lock() {
             *c = (*stats, rejections.clone());
@@ -300,6 +311,12 @@ impl Metrics {
             "gauge",
             "Requests waiting for the engine worker.",
             &one(queue_depth as u64),
+        );
+        metric(
+            "ds4_running_turns",
+            "gauge",
+            "Turns running in the engine (up to --max-batch).",
+            &one(get(&self.running)),
         );
         metric(
             "ds4_turns_total",

@@ -10,6 +10,10 @@
 //! [`TextStream`] (detokenizer, stop strings, stop tokens), the stream the
 //! CLI uses too. On shutdown the worker saves
 //! the live session (clean-shutdown checkpoint trigger).
+//!
+//! With `--max-batch N` above 1 the worker thread runs N lanes instead
+//! ([`crate::lanes`]): each a [`Worker`] with its own session cache, their
+//! forwards batched; the worker thread dispatches the queue to them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,7 +86,7 @@ pub enum WorkEvent {
 }
 
 /// What the queue carries: a job, or the request to save and stop.
-enum Msg {
+pub(crate) enum Msg {
     Job(Box<Job>),
     Shutdown(tokio::sync::oneshot::Sender<()>),
 }
@@ -125,12 +129,12 @@ impl WorkerHandle {
             })
     }
 
-    /// Jobs waiting (not counting the running one).
+    /// Jobs waiting (not counting the running ones).
     pub fn depth(&self) -> usize {
         self.queue.max_capacity() - self.queue.capacity()
     }
 
-    /// Cancel the running turn at its next prefill chunk or token (the
+    /// Cancel the running turns at their next prefill chunk or token (the
     /// session then covers exactly what was processed) and skip the queued
     /// ones: the shutdown grace period is over.
     pub fn stop_turns(&self) {
@@ -157,11 +161,15 @@ pub struct CacheSettings {
 
 /// Start the worker thread (it opens the session cache first: a checkpoint
 /// store that cannot be opened fails the start). It runs until
-/// [`WorkerHandle::shutdown`] or until every handle is dropped.
+/// [`WorkerHandle::shutdown`] or until every handle is dropped. With
+/// `lanes` above 1 it runs that many turns at once ([`crate::lanes`]);
+/// the queue holds `max_queue` jobs besides the running ones.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     model: Arc<LoadedModel>,
     tokenizer: Arc<Tokenizer>,
     max_queue: usize,
+    lanes: usize,
     prefill_chunk: usize,
     cache: CacheSettings,
     metrics: Arc<Metrics>,
@@ -176,6 +184,16 @@ pub fn spawn(
         .name("engine-worker".into())
         .spawn(move || {
             ds4_engine::with_model!(&*model, m => {
+                if lanes > 1 {
+                    let shared = crate::lanes::Shared {
+                        tokenizer: &tokenizer,
+                        prefill_chunk,
+                        metrics: &metrics,
+                        stopping: &stop_flag,
+                        vision: vision.as_deref(),
+                    };
+                    return crate::lanes::run(m, lanes, &cache, shared, rx, ready_tx);
+                }
                 match SessionCache::open(m, cache.bank_budget, cache.checkpoints.as_ref()) {
                     Ok(cache) => {
                         let cache = cache.with_boundary_every(boundary_every);
@@ -188,6 +206,7 @@ pub fn spawn(
                             stopping: &stop_flag,
                             saves_seen: 0,
                             vision: vision.as_deref(),
+                            lane: None,
                         };
                         // Before the server answers: checkpoint files refused
                         // while opening the store are in /metrics at once.
@@ -211,25 +230,32 @@ pub fn spawn(
     })
 }
 
-struct Worker<'a, M: Model> {
-    model: &'a M,
-    cache: SessionCache<M>,
-    tokenizer: &'a Tokenizer,
-    prefill_chunk: usize,
-    metrics: &'a Metrics,
-    stopping: &'a AtomicBool,
+pub(crate) struct Worker<'a, M: Model> {
+    pub(crate) model: &'a M,
+    pub(crate) cache: SessionCache<M>,
+    pub(crate) tokenizer: &'a Tokenizer,
+    pub(crate) prefill_chunk: usize,
+    pub(crate) metrics: &'a Metrics,
+    pub(crate) stopping: &'a AtomicBool,
     /// Checkpoint saves already checked against the budget.
-    saves_seen: u64,
+    pub(crate) saves_seen: u64,
     /// The vision tower, for a model that reads images.
-    vision: Option<&'a crate::vision::Vision>,
+    pub(crate) vision: Option<&'a crate::vision::Vision>,
+    /// The lane this worker is, when several run (`--max-batch`): its
+    /// cache reports go through the lanes' board, which sums them.
+    pub(crate) lane: Option<crate::lanes::Slot<'a>>,
 }
 
 impl<M: Model> Worker<'_, M> {
-    /// Publish the session cache's counters and contents to the metrics;
-    /// warn once when a checkpoint did not survive its own save.
-    fn report_cache(&mut self) {
+    /// Publish the session cache's counters and contents to the metrics
+    /// (a lane's are summed with the other lanes'); warn once when a
+    /// checkpoint did not survive its own save.
+    pub(crate) fn report_cache(&mut self) {
         let stats = self.cache.stats();
-        self.metrics.cache(&stats, &self.cache.rejections());
+        let rejections = self.cache.rejections();
+        if self.lane.is_none() {
+            self.metrics.cache(&stats, &rejections);
+        }
         if let Some(store) = self.cache.store()
             && stats.saves > self.saves_seen
         {
@@ -248,7 +274,7 @@ impl<M: Model> Worker<'_, M> {
             }
         }
         let live = self.cache.live();
-        self.metrics.contents(CacheContents {
+        let contents = CacheContents {
             live_tokens: live.tokens().len(),
             live_bytes: live.byte_size(),
             bank_entries: self.cache.bank().len(),
@@ -258,7 +284,19 @@ impl<M: Model> Worker<'_, M> {
                 bytes: s.total_bytes(),
                 budget: s.budget(),
             }),
-        });
+        };
+        match &self.lane {
+            Some(lane) => lane.report(stats, rejections, contents),
+            None => self.metrics.contents(contents),
+        }
+    }
+
+    /// A lane's turn is over: publish its live tokens and that it is free
+    /// (once per turn; nothing for the single worker).
+    pub(crate) fn lane_idle(&mut self) {
+        if let Some(lane) = &mut self.lane {
+            lane.idle(self.cache.live().tokens());
+        }
     }
 
     fn run(mut self, mut queue: mpsc::Receiver<Msg>) {
@@ -271,7 +309,11 @@ impl<M: Model> Worker<'_, M> {
                     // is stopping.
                     self.metrics.cancelled();
                 }
-                Msg::Job(job) => self.turn(*job),
+                Msg::Job(job) => {
+                    self.metrics.running(1);
+                    self.turn(*job);
+                    self.metrics.running(0);
+                }
                 Msg::Shutdown(done) => {
                     self.cache.shutdown();
                     self.report_cache();
@@ -284,7 +326,7 @@ impl<M: Model> Worker<'_, M> {
         self.cache.shutdown();
     }
 
-    fn turn(&mut self, mut job: Job) {
+    pub(crate) fn turn(&mut self, mut job: Job) {
         let events = job.events.clone();
         if let Some(top_n) = job.prompt_logprobs {
             match decode::prompt_logprobs(self.model, &job.prompt, top_n, 256) {
@@ -387,6 +429,9 @@ impl<M: Model> Worker<'_, M> {
                 .decode_turn_with_media(self.model, request, media.as_ref(), &mut observer);
         self.cache.finish(result.as_ref().ok());
         self.report_cache();
+        // A lane is free again before its client hears the turn ended, so
+        // the conversation's next turn finds it.
+        self.lane_idle();
         match result {
             Ok(result) => {
                 if !text.stopped() {

@@ -22,6 +22,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.default_max_tokens = (args.default_max_tokens > 0).then_some(args.default_max_tokens);
     config.ctx = args.ctx;
     config.max_queue = args.max_queue;
+    config.max_batch = args.max_batch as usize;
     config.images = ds4_server::ImageLimits {
         max_images: args.max_images,
         max_image_bytes: args.max_image_bytes,
