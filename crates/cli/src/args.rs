@@ -339,7 +339,9 @@ pub struct ServeArgs {
     /// Turns run at once, their forwards batched (1: one turn at a time).
     /// Each of the N lanes keeps its own live session and a bank of
     /// --bank-budget-mib / N; a conversation's next turn goes back to the
-    /// lane holding it. Only the first lane uses --checkpoint-dir.
+    /// lane holding it. Only the first lane uses --checkpoint-dir. With
+    /// N > 1 requests that name no MTP depth run without drafts (the
+    /// model's MTP default applies to one lane only).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256), value_name = "N")]
     pub max_batch: u64,
     /// Images one request may carry (models that read images); more get 400.

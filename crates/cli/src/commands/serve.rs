@@ -47,11 +47,19 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.force_sampling = args.force_sampling;
     config.body_limit = args.body_limit;
     // No `--mtp-depth`: the model's own default where it drafts by default
-    // (the default model's head on the CPU's fast set), else the family's.
+    // (the default model's head on the CPU's fast set), else the family's —
+    // but not with several lanes: there the other sessions' rows fill the
+    // forwards that drafts would (MTP turns also run alone between the
+    // batches), and the choice must not depend on the load, or a sampled
+    // request's tokens would.
     let depths = args
         .mtp_depth
         .map(|d| d.resolve(&loaded.model))
-        .or_else(|| loaded.model.mtp_default_depth());
+        .or_else(|| {
+            (args.max_batch <= 1)
+                .then(|| loaded.model.mtp_default_depth())
+                .flatten()
+        });
     config.mtp_depth = depths.map(|d| d.greedy);
     config.mtp_depth_sampled = depths.map(|d| d.sampled);
     let cache = CacheSettings::from_args(&args.checkpoints, &path)?;
