@@ -670,3 +670,56 @@ fn cuda_qwen4_exp_pure_units_equal_eager() {
         r1 - r0
     );
 }
+
+/// Continuous batching on the GPU: four concurrent turns through one
+/// `BatchingModel` (their forwards as eager batches, where a turn alone
+/// replays step graphs) give each session the tokens and logprobs of its
+/// turn alone, and batches of two or more ran.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_llama_batched_sessions_equal_solo() {
+    use ds4_engine::batching::{BatchConfig, BatchingModel};
+    let g = gpu();
+    let m = LlamaModel::load_hf(&fixtures().join("llama/tiny/f32_untied"), g).unwrap();
+    let v = m.vocab_size();
+    let jobs: Vec<(Vec<u32>, f64, usize)> = vec![
+        (prompt(1, 12, v), 0.0, 20),
+        (prompt(2, 90, v), 0.8, 10),
+        (prompt(3, 5, v), 0.8, 24),
+        (prompt(4, 40, v), 1.0, 6),
+    ];
+    let solo: Vec<_> = jobs
+        .iter()
+        .map(|(p, t, n)| turn(&m, &mut LiveSession::new(&m), p, 0, *n, *t, 16))
+        .collect();
+    let bm = BatchingModel::new(
+        &m,
+        BatchConfig {
+            max_tokens: 64,
+            gather: std::time::Duration::from_millis(2),
+        },
+    );
+    let together: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = jobs
+            .iter()
+            .map(|(p, t, n)| {
+                let bm = bm.clone();
+                s.spawn(move || {
+                    let _turn = bm.join();
+                    turn(&bm, &mut LiveSession::new(&bm), p, 0, *n, *t, 16)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
+        assert_eq!(a.0, b.0, "session {i}: tokens");
+        assert_eq!(a.1, b.1, "session {i}: logprobs");
+    }
+    let st = bm.stats();
+    println!(
+        "REPORT batching batches={} forwards={} largest={}",
+        st.batches, st.forwards, st.largest
+    );
+    assert!(st.largest >= 2, "{st:?}");
+}

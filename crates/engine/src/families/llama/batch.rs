@@ -38,16 +38,17 @@ impl<B: Backend> Block<B> {
 }
 
 impl<B: Backend> LlamaModel<B> {
-    /// [`Model::forward_batch`]: the calls a forward alone would refuse,
-    /// and every call where the backend replays forwards as captured steps
-    /// (a CUDA graph per session), run one by one; the others share one
-    /// pass through the layers.
+    /// [`Model::forward_batch`]: the calls a forward alone would refuse run
+    /// one by one (each reports its own error); the others share one eager
+    /// pass through the layers — also where the backend replays a single
+    /// session's steps as captured graphs (CUDA), whose bits the eager ops
+    /// have.
     pub(super) fn run_batch(
         &self,
         calls: &mut [BatchCall<'_, LlamaState<B>>],
     ) -> Vec<Result<ForwardOutput>> {
         let valid: Vec<bool> = calls.iter().map(|c| self.batchable(c)).collect();
-        if self.ops.step_graphs() || valid.iter().filter(|&&v| v).count() < 2 {
+        if valid.iter().filter(|&&v| v).count() < 2 {
             return calls
                 .iter_mut()
                 .map(|c| self.forward(c.tokens, c.state, c.rows))
