@@ -29,7 +29,7 @@ bench() {  # NAME TIMEOUT_S BENCH_ARGS...
 }
 for what in "${@:-tests q2 q2fast}"; do
   case "$what" in
-    tests) timeout "${TESTS_S:-150}" ./cuda --ignored --test-threads=1 --nocapture "${TESTS_FILTER:-ops::}" 2>&1 | tee "$OUT/tests.log" | grep -E "REPORT|test result|panicked|^test " ;;
+    tests) timeout "${TESTS_S:-150}" ./cuda --ignored --test-threads=1 --nocapture ${TESTS_FILTER:-ops::} 2>&1 | tee "$OUT/tests.log" | grep -E "REPORT|test result|panicked|^test " ;;
     q2) bench q2 "${Q2_S:-240}" --kernels reference --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32 ;;
     q2fast) bench q2fast "${Q2_S:-240}" --kernels fast --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32 ;;
     q4) bench q4 "${Q4_S:-120}" --weights ds4-q4 --prompts 512 --gen 8 ;;
