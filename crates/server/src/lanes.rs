@@ -178,6 +178,7 @@ fn lane<M: Model>(
             let _joined = bm.join();
             worker.turn(*job);
         }
+        worker.metrics.batching(bm.stats());
         // A turn that ended before decoding (a failed prompt logprobs or
         // image) did not publish itself.
         worker.lane_idle();

@@ -61,6 +61,11 @@ pub struct Metrics {
     connections_refused: AtomicU64,
     /// Turns running now (more than one with `--max-batch`).
     running: AtomicU64,
+    /// Batched forwards (`--max-batch` > 1): batches run, the forwards
+    /// they held, the largest.
+    batches: AtomicU64,
+    batched_forwards: AtomicU64,
+    batch_largest: AtomicU64,
     /// Set once a checkpoint was deleted as soon as it was written: the
     /// disk budget is smaller than one file.
     checkpoint_budget_too_small: AtomicU64,
@@ -170,6 +175,14 @@ impl Metrics {
     /// How many turns run now.
     pub fn running(&self, n: usize) {
         self.running.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// The batching model's counters since the server started.
+    pub fn batching(&self, stats: ds4_engine::batching::BatchStats) {
+        self.batches.store(stats.batches, Ordering::Relaxed);
+        self.batched_forwards
+            .store(stats.forwards, Ordering::Relaxed);
+        self.batch_largest.store(stats.largest, Ordering::Relaxed);
     }
 
     pub fn failed(&self) {
@@ -317,6 +330,24 @@ impl Metrics {
             "gauge",
             "Turns running in the engine (up to --max-batch).",
             &one(get(&self.running)),
+        );
+        metric(
+            "ds4_batches_total",
+            "counter",
+            "Batched forwards run (--max-batch above 1; a forward alone counts as a batch of one).",
+            &one(get(&self.batches)),
+        );
+        metric(
+            "ds4_batched_forwards_total",
+            "counter",
+            "Session forwards the batches held (divided by ds4_batches_total: the mean batch size).",
+            &one(get(&self.batched_forwards)),
+        );
+        metric(
+            "ds4_batch_largest",
+            "gauge",
+            "The most session forwards one batch has held.",
+            &one(get(&self.batch_largest)),
         );
         metric(
             "ds4_turns_total",

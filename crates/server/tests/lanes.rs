@@ -87,6 +87,22 @@ async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm(
     let metrics = metrics.as_str().expect("metrics text").to_string();
     assert!(metrics.contains("ds4_running_turns 0"), "{metrics}");
     assert!(metrics.contains("ds4_turns_total 6"), "{metrics}");
+    // The forwards really shared batches.
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    let (batches, forwards) = (
+        value("ds4_batches_total "),
+        value("ds4_batched_forwards_total "),
+    );
+    assert!(
+        batches > 0 && forwards > batches,
+        "{batches} batches of {forwards} forwards"
+    );
+    assert!(value("ds4_batch_largest ") >= 2, "{metrics}");
 
     // The next turn of conversation 3 (its prompt extends the first) goes
     // back to the lane holding it and reuses the whole first prompt.
