@@ -3,7 +3,9 @@
 //! exactly the tokens, logprobs and final logits of the same turn served
 //! alone (greedy and sampled, long prompts prefilled in chunks between the
 //! others' decode steps, sessions finishing at different times), and the
-//! forwards really ran in batches.
+//! forwards really ran in batches. The llama and DeepSeek-V4 families have
+//! batched passes of their own; the others batch through the default
+//! `forward_batch` (calls in turn).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -126,13 +128,18 @@ fn batched_equals_solo<M: Model>(model: M, vocab: u32, expect_batches: bool) {
             gather: Duration::from_millis(2),
         },
     );
+    let ready = std::sync::Barrier::new(jobs.len());
     let together: Vec<Trace> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
             .map(|j| {
-                let m = batching.clone();
+                let (m, ready) = (batching.clone(), &ready);
                 s.spawn(move || {
+                    // Every session joins before any forwards, so the
+                    // first batches wait for all four (however fast the
+                    // model, and however the threads are scheduled).
                     let _turn = m.join();
+                    ready.wait();
                     run(&m, j)
                 })
             })
@@ -169,12 +176,27 @@ fn llama_tiny_batched_sessions_equal_solo() {
     batched_equals_solo(model, vocab, true);
 }
 
-/// A family without its own batched forward runs each call of a batch in
-/// turn (the default `forward_batch`): the same bits.
+/// DeepSeek-V4's batched pass (shared hyper-connections and MoE, each
+/// session's own attention, compressor and indexer): the same bits.
 #[test]
 fn deepseek_v4_batched_sessions_equal_solo() {
     let model = ds4_engine::families::deepseek_v4::DeepseekV4Model::from_hf_dir(
         &fixtures().join("deepseek_v4/tiny_b"),
+    )
+    .unwrap();
+    let vocab = model.vocab_size() as u32;
+    batched_equals_solo(model, vocab, true);
+}
+
+/// antirez/ds4's GGUF layout (IQ2_XXS / Q2_K / Q4_K experts, Q8_0
+/// attention, F16 router and hyper-connections) through the batched pass.
+#[test]
+fn deepseek_v4_ds4_gguf_batched_sessions_equal_solo() {
+    let dir = fixtures().join("deepseek_v4/ds4_gguf");
+    let model = ds4_engine::families::deepseek_v4::DeepseekV4Model::load_gguf(
+        &dir.join("model.gguf"),
+        None,
+        ds4_engine::backend::CpuOps,
     )
     .unwrap();
     let vocab = model.vocab_size() as u32;

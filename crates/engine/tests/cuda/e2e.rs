@@ -699,13 +699,16 @@ fn cuda_llama_batched_sessions_equal_solo() {
             gather: std::time::Duration::from_millis(2),
         },
     );
+    let ready = std::sync::Barrier::new(jobs.len());
     let together: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = jobs
             .iter()
             .map(|(p, t, n)| {
-                let bm = bm.clone();
+                let (bm, ready) = (bm.clone(), &ready);
                 s.spawn(move || {
+                    // All join before any forwards (see tests/batching.rs).
                     let _turn = bm.join();
+                    ready.wait();
                     turn(&bm, &mut LiveSession::new(&bm), p, 0, *n, *t, 16)
                 })
             })

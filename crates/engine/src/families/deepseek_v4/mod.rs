@@ -17,6 +17,7 @@
 //! Sampling: the ds4 law (xorshift64*), as antirez/ds4 serves the model.
 
 pub mod attention;
+mod batch;
 pub mod config;
 pub mod gguf;
 pub mod model;

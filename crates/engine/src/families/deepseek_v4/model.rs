@@ -47,12 +47,12 @@ use crate::state::mtp::MtpCache;
 
 #[derive(Debug)]
 pub struct DecoderLayer<B: Backend> {
-    attn_norm: RmsNorm<B>,
-    ffn_norm: RmsNorm<B>,
-    attn_hc: Mhc<B>,
-    ffn_hc: Mhc<B>,
-    attn: Attention<B>,
-    moe: Moe<B>,
+    pub(super) attn_norm: RmsNorm<B>,
+    pub(super) ffn_norm: RmsNorm<B>,
+    pub(super) attn_hc: Mhc<B>,
+    pub(super) ffn_hc: Mhc<B>,
+    pub(super) attn: Attention<B>,
+    pub(super) moe: Moe<B>,
 }
 
 /// What one layer did (read back only when a trace is asked for).
@@ -69,7 +69,7 @@ pub struct LayerTrace {
 /// The final stream collapse: `pre = σ(hc_fn·rms(X)·scale + base) + eps`,
 /// `x = Σ_s pre_s·X_s`.
 #[derive(Debug)]
-struct HcHead<B: Backend> {
+pub(super) struct HcHead<B: Backend> {
     proj: Linear<B>,
     /// `[(2+N)·N]`: `base` then zeros, and `[scale, 1, 1]`, so that
     /// [`Backend::hc_sinkhorn`]'s `pre` is the head's weights.
@@ -225,14 +225,14 @@ pub struct TrunkOutput<B: Backend = CpuOps> {
 }
 
 pub struct DeepseekV4Model<B: Backend = CpuOps> {
-    ops: B,
-    cfg: Box<DeepseekV4Config>,
-    embed: B::Table,
-    head: Linear<B>,
-    norm: RmsNorm<B>,
-    layers: Vec<DecoderLayer<B>>,
-    hc_head: HcHead<B>,
-    ropes: Ropes,
+    pub(super) ops: B,
+    pub(super) cfg: Box<DeepseekV4Config>,
+    pub(super) embed: B::Table,
+    pub(super) head: Linear<B>,
+    pub(super) norm: RmsNorm<B>,
+    pub(super) layers: Vec<DecoderLayer<B>>,
+    pub(super) hc_head: HcHead<B>,
+    pub(super) ropes: Ropes,
     mtp: Option<Box<MtpHead<B>>>,
 }
 
@@ -361,12 +361,12 @@ impl<B: Backend> DeepseekV4Model<B> {
         self.mtp.is_some()
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
+    pub(super) fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
         crate::layers::embedding::embed_tokens(&self.ops, &self.embed, tokens, self.cfg.vocab_size)
     }
 
     /// `head(norm(hc_head(streams)))` for the rows asked.
-    fn logits(
+    pub(super) fn logits(
         &self,
         streams: &B::Buf,
         t: usize,
@@ -554,6 +554,13 @@ impl<B: Backend> Model for DeepseekV4Model<B> {
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
         Ok(self.forward_ext(tokens, state, rows, false)?.logits)
+    }
+
+    fn forward_batch(
+        &self,
+        calls: &mut [crate::model::BatchCall<'_, DeepseekV4State<B>>],
+    ) -> Vec<Result<ForwardOutput>> {
+        self.run_batch(calls)
     }
 
     fn mtp_contract(&self) -> Option<MtpContract> {

@@ -1,0 +1,188 @@
+//! Continuous batching for DeepSeek-V4 ([`Model::forward_batch`]): several
+//! sessions' rows go through each layer together — the hyper-connection
+//! mixes and combines, the norms and the whole MoE (routing, shared and
+//! routed experts: one expert read for every session's rows) over all of
+//! them, then one head over the rows each call wants — while each session
+//! runs its own attention (its projections, compressor, indexer and sparse
+//! attention) over its own caches at its own positions. Every op is
+//! row-independent, so each session's logits have the bits of its forward
+//! alone (`tests/batching.rs`).
+
+use super::attention::{AttnCache, Rotations};
+use super::model::{DecoderLayer, DeepseekV4Model};
+use super::state::DeepseekV4State;
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::layers::hyper_connections::HyperConnection;
+use crate::model::{BatchCall, ForwardOutput, LogitsRows, Model};
+
+/// One session's part of a batched layer: its rows, caches and rotations.
+struct Part<'a, 'r, B: Backend> {
+    rows: usize,
+    cache: &'a mut AttnCache<B>,
+    rot: &'a Rotations<'r, B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// [`DecoderLayer::forward`] for several sessions' rows (`xs` holds
+    /// each part's streams one after another; `tokens` their ids).
+    fn forward_batch(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        tokens: &[u32],
+        parts: &mut [Part<'_, '_, B>],
+    ) -> Result<B::Buf> {
+        let rows = tokens.len();
+        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
+        let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
+        let normed = self.attn_norm.forward(ops, &x)?;
+        let width = ops.len(&normed) / rows.max(1);
+        let mut y: Option<B::Buf> = None;
+        let mut at = 0;
+        for p in parts.iter_mut() {
+            let xi = ops.rows(&normed, width, at, p.rows)?;
+            let (yi, _) = self.attn.forward(ops, &xi, p.rows, p.cache, p.rot)?;
+            y = Some(match y {
+                None => yi,
+                Some(mut all) => {
+                    ops.append(&mut all, &yi)?;
+                    all
+                }
+            });
+            at += p.rows;
+        }
+        let y = y.ok_or_else(|| EngineError::State("an empty batch".into()))?;
+        let xs = self.attn_hc.combine(ops, xs, &y, &mix)?;
+        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
+        let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
+        let (y, _) = self
+            .moe
+            .forward(ops, &self.ffn_norm.forward(ops, &x)?, tokens)?;
+        self.ffn_hc.combine(ops, &xs, &y, &mix)
+    }
+}
+
+impl<B: Backend> DeepseekV4Model<B> {
+    /// [`Model::forward_batch`]: calls a forward alone would refuse run one
+    /// by one (each reports its own error); the others share one pass. On
+    /// an error the batch's states are partly advanced, as a failed
+    /// forward leaves one (the decode loops reset such a session).
+    pub(super) fn run_batch(
+        &self,
+        calls: &mut [BatchCall<'_, DeepseekV4State<B>>],
+    ) -> Vec<Result<ForwardOutput>> {
+        let ok: Vec<bool> = calls
+            .iter()
+            .map(|c| {
+                !c.tokens.is_empty()
+                    && c.state.len + c.tokens.len() <= self.cfg.context_length
+                    && c.tokens.iter().all(|&t| (t as usize) < self.cfg.vocab_size)
+            })
+            .collect();
+        if ok.iter().filter(|&&v| v).count() < 2 {
+            return calls
+                .iter_mut()
+                .map(|c| self.forward(c.tokens, c.state, c.rows))
+                .collect();
+        }
+        let mut results: Vec<Option<Result<ForwardOutput>>> = Vec::new();
+        let mut together = Vec::new();
+        let mut slots = Vec::new();
+        for (i, (c, ok)) in calls.iter_mut().zip(&ok).enumerate() {
+            if *ok {
+                slots.push(i);
+                together.push(c);
+                results.push(None);
+            } else {
+                results.push(Some(self.forward(c.tokens, c.state, c.rows)));
+            }
+        }
+        match self.run_together(&mut together) {
+            Ok(outs) => {
+                for (slot, out) in slots.iter().zip(outs) {
+                    results[*slot] = Some(Ok(out));
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                for slot in &slots {
+                    results[*slot] = Some(Err(EngineError::State(format!(
+                        "a batched forward failed: {msg}"
+                    ))));
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every call has a result"))
+            .collect()
+    }
+
+    fn run_together(
+        &self,
+        calls: &mut [&mut BatchCall<'_, DeepseekV4State<B>>],
+    ) -> Result<Vec<ForwardOutput>> {
+        let ops = &self.ops;
+        let (c, h, vocab) = (self.cfg.hc_mult, self.cfg.hidden_size, self.cfg.vocab_size);
+        let tokens: Vec<u32> = calls
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let x = self.embed(&tokens)?;
+        let mut xs = ops.tile_streams(&x, c, h)?;
+        let rots: Vec<Rotations<'_, B>> = calls
+            .iter()
+            .map(|call| self.ropes.for_rows(ops, call.state.len, call.tokens.len()))
+            .collect::<Result<_>>()?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut parts: Vec<Part<'_, '_, B>> = calls
+                .iter_mut()
+                .zip(&rots)
+                .map(|(call, rot)| Part {
+                    rows: call.tokens.len(),
+                    cache: &mut call.state.layers[l],
+                    rot,
+                })
+                .collect();
+            xs = layer.forward_batch(ops, &xs, &tokens, &mut parts)?;
+        }
+        // The streams each call wants, one after another, then one head.
+        let nd = c * h;
+        let mut wanted: Option<B::Buf> = None;
+        let mut counts = Vec::with_capacity(calls.len());
+        let mut at = 0;
+        for call in calls.iter_mut() {
+            let t = call.tokens.len();
+            call.state.len += t;
+            let (first, n) = match call.rows {
+                LogitsRows::Last => (at + t - 1, 1),
+                LogitsRows::All => (at, t),
+            };
+            let rows = ops.rows(&xs, nd, first, n)?;
+            wanted = Some(match wanted {
+                None => rows,
+                Some(mut all) => {
+                    ops.append(&mut all, &rows)?;
+                    all
+                }
+            });
+            counts.push(n);
+            at += t;
+        }
+        let wanted = wanted.ok_or_else(|| EngineError::State("an empty batch".into()))?;
+        let total: usize = counts.iter().sum();
+        let all = self.logits(&wanted, total, &self.hc_head, &self.norm, LogitsRows::All)?;
+        let mut outs = Vec::with_capacity(counts.len());
+        let mut from = 0;
+        for n in counts {
+            outs.push(ForwardOutput {
+                logits: all.logits[from * vocab..(from + n) * vocab].to_vec(),
+                rows: n,
+                vocab,
+            });
+            from += n;
+        }
+        Ok(outs)
+    }
+}
