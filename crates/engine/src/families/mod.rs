@@ -6,6 +6,7 @@
 //! descriptor and its loader. A new family joins by adding its module, one
 //! [`LoadedModel`] variant, one [`with_model!`] arm and one registry entry.
 
+pub(crate) mod batch_split;
 pub mod deepseek_v4;
 pub mod glm5_next;
 pub mod llama;

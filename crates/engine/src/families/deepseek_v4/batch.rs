@@ -13,6 +13,7 @@ use super::model::{DecoderLayer, DeepseekV4Model};
 use super::state::DeepseekV4State;
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
+use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
 use crate::layers::hyper_connections::HyperConnection;
 use crate::model::{BatchCall, ForwardOutput, LogitsRows, Model};
 
@@ -72,51 +73,16 @@ impl<B: Backend> DeepseekV4Model<B> {
         &self,
         calls: &mut [BatchCall<'_, DeepseekV4State<B>>],
     ) -> Vec<Result<ForwardOutput>> {
-        let ok: Vec<bool> = calls
-            .iter()
-            .map(|c| {
+        split_batch(
+            calls,
+            |c| {
                 !c.tokens.is_empty()
                     && c.state.len + c.tokens.len() <= self.cfg.context_length
                     && c.tokens.iter().all(|&t| (t as usize) < self.cfg.vocab_size)
-            })
-            .collect();
-        if ok.iter().filter(|&&v| v).count() < 2 {
-            return calls
-                .iter_mut()
-                .map(|c| self.forward(c.tokens, c.state, c.rows))
-                .collect();
-        }
-        let mut results: Vec<Option<Result<ForwardOutput>>> = Vec::new();
-        let mut together = Vec::new();
-        let mut slots = Vec::new();
-        for (i, (c, ok)) in calls.iter_mut().zip(&ok).enumerate() {
-            if *ok {
-                slots.push(i);
-                together.push(c);
-                results.push(None);
-            } else {
-                results.push(Some(self.forward(c.tokens, c.state, c.rows)));
-            }
-        }
-        match self.run_together(&mut together) {
-            Ok(outs) => {
-                for (slot, out) in slots.iter().zip(outs) {
-                    results[*slot] = Some(Ok(out));
-                }
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                for slot in &slots {
-                    results[*slot] = Some(Err(EngineError::State(format!(
-                        "a batched forward failed: {msg}"
-                    ))));
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.expect("every call has a result"))
-            .collect()
+            },
+            |c| self.forward(c.tokens, c.state, c.rows),
+            |shared| self.run_together(shared),
+        )
     }
 
     fn run_together(
@@ -147,42 +113,13 @@ impl<B: Backend> DeepseekV4Model<B> {
                 .collect();
             xs = layer.forward_batch(ops, &xs, &tokens, &mut parts)?;
         }
-        // The streams each call wants, one after another, then one head.
-        let nd = c * h;
-        let mut wanted: Option<B::Buf> = None;
-        let mut counts = Vec::with_capacity(calls.len());
-        let mut at = 0;
         for call in calls.iter_mut() {
-            let t = call.tokens.len();
-            call.state.len += t;
-            let (first, n) = match call.rows {
-                LogitsRows::Last => (at + t - 1, 1),
-                LogitsRows::All => (at, t),
-            };
-            let rows = ops.rows(&xs, nd, first, n)?;
-            wanted = Some(match wanted {
-                None => rows,
-                Some(mut all) => {
-                    ops.append(&mut all, &rows)?;
-                    all
-                }
-            });
-            counts.push(n);
-            at += t;
+            call.state.len += call.tokens.len();
         }
-        let wanted = wanted.ok_or_else(|| EngineError::State("an empty batch".into()))?;
+        // The streams each call wants, one after another, then one head.
+        let (wanted, counts) = wanted_rows(ops, &xs, c * h, calls)?;
         let total: usize = counts.iter().sum();
         let all = self.logits(&wanted, total, &self.hc_head, &self.norm, LogitsRows::All)?;
-        let mut outs = Vec::with_capacity(counts.len());
-        let mut from = 0;
-        for n in counts {
-            outs.push(ForwardOutput {
-                logits: all.logits[from * vocab..(from + n) * vocab].to_vec(),
-                rows: n,
-                vocab,
-            });
-            from += n;
-        }
-        Ok(outs)
+        Ok(split_logits(&all.logits, vocab, &counts))
     }
 }

@@ -8,11 +8,12 @@
 
 use super::model::{Block, LlamaModel, LlamaState};
 use crate::backend::Backend;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
+use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
 use crate::layers::attention::AttnPart;
 use crate::layers::embedding::embed_tokens;
 use crate::layers::rope::RopeRows;
-use crate::model::{BatchCall, ForwardOutput, LogitsRows, Model, ModelState};
+use crate::model::{BatchCall, ForwardOutput, Model, ModelState};
 
 impl<B: Backend> Block<B> {
     /// [`Block::forward`] for several sessions' rows (`x` holds each part's
@@ -47,45 +48,12 @@ impl<B: Backend> LlamaModel<B> {
         &self,
         calls: &mut [BatchCall<'_, LlamaState<B>>],
     ) -> Vec<Result<ForwardOutput>> {
-        let valid: Vec<bool> = calls.iter().map(|c| self.batchable(c)).collect();
-        if valid.iter().filter(|&&v| v).count() < 2 {
-            return calls
-                .iter_mut()
-                .map(|c| self.forward(c.tokens, c.state, c.rows))
-                .collect();
-        }
-        let mut together: Vec<&mut BatchCall<'_, LlamaState<B>>> = Vec::new();
-        let mut results: Vec<Option<Result<ForwardOutput>>> = Vec::new();
-        let mut slots = Vec::new();
-        for (i, (c, ok)) in calls.iter_mut().zip(&valid).enumerate() {
-            if *ok {
-                slots.push(i);
-                together.push(c);
-                results.push(None);
-            } else {
-                // Alone: it reports its own error and leaves its state.
-                results.push(Some(self.forward(c.tokens, c.state, c.rows)));
-            }
-        }
-        match self.run_together(&mut together) {
-            Ok(outs) => {
-                for (slot, out) in slots.iter().zip(outs) {
-                    results[*slot] = Some(Ok(out));
-                }
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                for slot in &slots {
-                    results[*slot] = Some(Err(EngineError::State(format!(
-                        "a batched forward failed: {msg}"
-                    ))));
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.expect("every call has a result"))
-            .collect()
+        split_batch(
+            calls,
+            |c| self.batchable(c),
+            |c| self.forward(c.tokens, c.state, c.rows),
+            |shared| self.run_together(shared),
+        )
     }
 
     /// Whether a call can join a batch: what [`LlamaModel::forward`] would
@@ -136,45 +104,17 @@ impl<B: Backend> LlamaModel<B> {
                 }
             }
         }
-        // The rows each call wants, one after another, then one head.
-        let mut wanted: Option<B::Buf> = None;
-        let mut counts = Vec::with_capacity(calls.len());
-        let mut at = 0;
         for c in calls.iter_mut() {
-            let t = c.tokens.len();
-            c.state.kv.advance(t)?;
-            let (first, n) = match c.rows {
-                LogitsRows::Last => (at + t - 1, 1),
-                LogitsRows::All => (at, t),
-            };
-            let rows = ops.rows(&x, hidden, first, n)?;
-            wanted = Some(match wanted {
-                None => rows,
-                Some(mut all) => {
-                    ops.append(&mut all, &rows)?;
-                    all
-                }
-            });
-            counts.push(n);
-            at += t;
+            c.state.kv.advance(c.tokens.len())?;
         }
-        let wanted = wanted.ok_or_else(|| EngineError::State("an empty batch".into()))?;
+        // The rows each call wants, one after another, then one head.
+        let (wanted, counts) = wanted_rows(ops, &x, hidden, calls)?;
         let total: usize = counts.iter().sum();
         let logits = ops.download(&self.head.forward(
             ops,
             &self.norm.forward(ops, &wanted)?,
             total,
         )?)?;
-        let mut outs = Vec::with_capacity(counts.len());
-        let mut from = 0;
-        for n in counts {
-            outs.push(ForwardOutput {
-                logits: logits[from * vocab..(from + n) * vocab].to_vec(),
-                rows: n,
-                vocab,
-            });
-            from += n;
-        }
-        Ok(outs)
+        Ok(split_logits(&logits, vocab, &counts))
     }
 }

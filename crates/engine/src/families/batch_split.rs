@@ -1,0 +1,104 @@
+//! What every family's batched forward ([`crate::Model::forward_batch`])
+//! does around its own layers: split the calls into those a forward alone
+//! would refuse (run one by one, each reporting its own error) and those
+//! that share one pass; and, after the pass, gather the rows each call
+//! wants and split the one head's logits back per call.
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::model::{BatchCall, ForwardOutput, LogitsRows};
+
+/// Run `calls`: those `joins` accepts together through `together` when at
+/// least two do, every other one through `alone`. An error of the shared
+/// pass is each of its calls' error.
+pub(crate) fn split_batch<S>(
+    calls: &mut [BatchCall<'_, S>],
+    joins: impl Fn(&BatchCall<'_, S>) -> bool,
+    mut alone: impl FnMut(&mut BatchCall<'_, S>) -> Result<ForwardOutput>,
+    together: impl FnOnce(&mut [&mut BatchCall<'_, S>]) -> Result<Vec<ForwardOutput>>,
+) -> Vec<Result<ForwardOutput>> {
+    let ok: Vec<bool> = calls.iter().map(&joins).collect();
+    if ok.iter().filter(|&&v| v).count() < 2 {
+        return calls.iter_mut().map(alone).collect();
+    }
+    let mut shared = Vec::new();
+    let mut slots = Vec::new();
+    let mut results: Vec<Option<Result<ForwardOutput>>> = Vec::new();
+    for (i, (c, ok)) in calls.iter_mut().zip(&ok).enumerate() {
+        if *ok {
+            slots.push(i);
+            shared.push(c);
+            results.push(None);
+        } else {
+            results.push(Some(alone(c)));
+        }
+    }
+    match together(&mut shared) {
+        Ok(outs) => {
+            for (slot, out) in slots.iter().zip(outs) {
+                results[*slot] = Some(Ok(out));
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            for slot in &slots {
+                results[*slot] = Some(Err(EngineError::State(format!(
+                    "a batched forward failed: {msg}"
+                ))));
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(EngineError::State("a call got no result".into()))))
+        .collect()
+}
+
+/// The rows of `x: [Σt, width]` each call wants (its last, or all of its
+/// `t`), one call after another, and how many per call.
+pub(crate) fn wanted_rows<B: Backend, S>(
+    ops: &B,
+    x: &B::Buf,
+    width: usize,
+    calls: &[&mut BatchCall<'_, S>],
+) -> Result<(B::Buf, Vec<usize>)> {
+    let mut wanted: Option<B::Buf> = None;
+    let mut counts = Vec::with_capacity(calls.len());
+    let mut at = 0;
+    for c in calls {
+        let t = c.tokens.len();
+        let (first, n) = match c.rows {
+            LogitsRows::Last => (at + t - 1, 1),
+            LogitsRows::All => (at, t),
+        };
+        let rows = ops.rows(x, width, first, n)?;
+        wanted = Some(match wanted {
+            None => rows,
+            Some(mut all) => {
+                ops.append(&mut all, &rows)?;
+                all
+            }
+        });
+        counts.push(n);
+        at += t;
+    }
+    let wanted = wanted.ok_or_else(|| EngineError::State("an empty batch".into()))?;
+    Ok((wanted, counts))
+}
+
+/// One head's logits `[Σ counts, vocab]` back per call.
+pub(crate) fn split_logits(logits: &[f32], vocab: usize, counts: &[usize]) -> Vec<ForwardOutput> {
+    let mut from = 0;
+    counts
+        .iter()
+        .map(|&n| {
+            let out = ForwardOutput {
+                logits: logits[from * vocab..(from + n) * vocab].to_vec(),
+                rows: n,
+                vocab,
+            };
+            from += n;
+            out
+        })
+        .collect()
+}
