@@ -27,7 +27,8 @@ bench() {  # NAME TIMEOUT_S BENCH_ARGS...
   kill "$mp"; wait "$mp" 2>/dev/null
   echo "device memory used, peak MiB: $(cut -d, -f2 "$OUT/mem-$name.csv" | tr -dc '0-9\n' | sort -n | tail -1) (sampled every 0.5 s)" | tee -a "$OUT/$name.log"
 }
-for what in "${@:-tests q2 q2fast}"; do
+[ $# -gt 0 ] || set -- tests q2 q2fast
+for what in "$@"; do
   case "$what" in
     tests) timeout "${TESTS_S:-150}" ./cuda --ignored --test-threads=1 --nocapture ${TESTS_FILTER:-ops::} 2>&1 | tee "$OUT/tests.log" | grep -E "REPORT|test result|panicked|^test " ;;
     q2) bench q2 "${Q2_S:-240}" --kernels reference --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32 ;;

@@ -18,6 +18,7 @@
 
 pub mod bytes;
 pub mod dequant;
+pub mod quantize;
 pub mod random;
 pub mod tensor;
 pub mod types;
