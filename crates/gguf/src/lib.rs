@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use candle_core::quantized::gguf_file::Value;
+
+pub mod write;
 use memmap2::Mmap;
+pub use write::{GgufWriter, TensorPlan, WriteError};
 
 /// Where and what one tensor is.
 #[derive(Debug, Clone, PartialEq, Eq)]
