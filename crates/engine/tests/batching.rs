@@ -3,16 +3,17 @@
 //! exactly the tokens, logprobs and final logits of the same turn served
 //! alone (greedy and sampled, long prompts prefilled in chunks between the
 //! others' decode steps, sessions finishing at different times), and the
-//! forwards really ran in batches. The llama and DeepSeek-V4 families have
-//! batched passes of their own; the others batch through the default
-//! `forward_batch` (calls in turn).
+//! forwards really ran in batches. The llama, DeepSeek-V4, Qwen4-Exp and
+//! GLM-5 families have batched passes of their own (the recurrent families
+//! also through `forward_batch` directly: sessions at different points, one
+//! wanting every row, one refused, each state continuing as alone).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ds4_engine::Model;
 use ds4_engine::batching::{BatchConfig, BatchingModel};
 use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
+use ds4_engine::{BatchCall, LogitsRows, Model, ModelState};
 use ds4_sampling::{Sampler, SamplingParams};
 
 /// What a turn produced, every logit-derived value as bits.
@@ -199,6 +200,111 @@ fn deepseek_v4_ds4_gguf_batched_sessions_equal_solo() {
         ds4_engine::backend::CpuOps,
     )
     .unwrap();
+    let vocab = model.vocab_size() as u32;
+    batched_equals_solo(model, vocab, true);
+}
+
+/// `forward_batch` called directly on sessions at different points (one
+/// fresh, two after prefills made by `prep`), one wanting every row and
+/// one refused (a token outside the vocabulary): each accepted call gets
+/// its solo logits, the refused one its own error, and every state then
+/// continues with the bits of its solo twin.
+fn direct_batch_equals_solo<M: Model>(model: &M, prep: impl Fn(&M, &mut M::State, usize)) {
+    let vocab = model.vocab_size() as u32;
+    let mut states: Vec<M::State> = (0..4).map(|_| model.new_state()).collect();
+    prep(model, &mut states[1], 1);
+    prep(model, &mut states[2], 2);
+    prep(model, &mut states[3], 3);
+    let mut solo: Vec<M::State> = states.iter().map(|s| s.snapshot()).collect();
+    let calls_of = |i: usize| -> (Vec<u32>, LogitsRows) {
+        match i {
+            0 => (vec![5, 9, 13, 17, 21], LogitsRows::All),
+            1 => (vec![7], LogitsRows::Last),
+            2 => (vec![11, 3, 8], LogitsRows::Last),
+            _ => (vec![4, vocab], LogitsRows::Last),
+        }
+    };
+    let inputs: Vec<(Vec<u32>, LogitsRows)> = (0..4).map(calls_of).collect();
+    let mut calls: Vec<BatchCall<'_, M::State>> = states
+        .iter_mut()
+        .zip(&inputs)
+        .map(|(state, (tokens, rows))| BatchCall {
+            tokens,
+            state,
+            rows: *rows,
+        })
+        .collect();
+    let batched = model.forward_batch(&mut calls);
+    drop(calls);
+    for (i, (b, (tokens, rows))) in batched.iter().zip(&inputs).enumerate() {
+        let alone = model.forward(tokens, &mut solo[i], *rows);
+        match (b, alone) {
+            (Ok(b), Ok(a)) => {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!((b.rows, b.vocab), (a.rows, a.vocab), "call {i}");
+                assert_eq!(
+                    bits(&b.logits),
+                    bits(&a.logits),
+                    "call {i}: batched differs"
+                );
+            }
+            (Err(_), Err(_)) => assert_eq!(i, 3, "call {i} refused"),
+            (b, a) => panic!("call {i}: batched {:?}, alone {:?}", b.is_ok(), a.is_ok()),
+        }
+    }
+    // The accepted calls' states continue as their solo twins.
+    for i in 0..3 {
+        let next = [(i as u32 * 7 + 2) % vocab, 6];
+        let a = model
+            .forward(&next, &mut states[i], LogitsRows::All)
+            .unwrap();
+        let b = model.forward(&next, &mut solo[i], LogitsRows::All).unwrap();
+        assert_eq!(states[i].len(), solo[i].len(), "state {i}");
+        assert!(
+            a.logits
+                .iter()
+                .zip(&b.logits)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "state {i}: continues differently after the batch"
+        );
+    }
+}
+
+/// Qwen4-Exp's batched pass (shared hyper-connections, DeltaNet and
+/// attention projections, MoE and head; each session's PLE window,
+/// DeltaNet conv and recurrent state, indexer, M-RoPE positions and
+/// attention on its own state): the same bits. One session of the direct
+/// batch carries an image's M-RoPE positions (its text continues after
+/// their largest).
+#[test]
+fn qwen4_exp_batched_sessions_equal_solo() {
+    use ds4_engine::MediaChunk;
+    use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
+    let model = Qwen4ExpModel::from_hf_dir(&fixtures().join("qwen4_exp/tiny_a")).unwrap();
+    direct_batch_equals_solo(&model, |m, state, k| {
+        let tokens: Vec<u32> = (0..4 + 3 * k as u32)
+            .map(|i| (i * 5 + k as u32) % 100 + 3)
+            .collect();
+        if k == 3 {
+            // An "image" of 2×3 placeholders (positions only) between text.
+            let mut positions = vec![[0, 0, 0], [1, 1, 1]];
+            for h in 0..2 {
+                for w in 0..3 {
+                    positions.push([2, 2 + h, 2 + w]);
+                }
+            }
+            let next = 5;
+            positions.extend((0..(tokens.len() - positions.len()) as u32).map(|i| [next + i; 3]));
+            let media = MediaChunk {
+                spans: &[],
+                positions: &positions,
+            };
+            m.forward_media(&tokens, &media, state, LogitsRows::Last)
+                .unwrap();
+        } else {
+            m.forward(&tokens, state, LogitsRows::Last).unwrap();
+        }
+    });
     let vocab = model.vocab_size() as u32;
     batched_equals_solo(model, vocab, true);
 }

@@ -88,13 +88,31 @@ impl<B: Backend> GatedAttention<B> {
         cache: &mut AttnCache<B>,
         pos: &Positions<'_, B, MRope>,
     ) -> Result<(B::Buf, B::Selection)> {
-        let (hq, d) = (self.hq, self.d);
-        let selected = self
-            .indexer
-            .forward(ops, x, rows, &mut cache.indexer, pos)?;
+        let selected = self.select(ops, x, rows, cache, pos)?;
+        let qkv = self.project(ops, x, rows)?;
+        let y = self.attend(ops, qkv, rows, cache, pos, &selected)?;
+        Ok((self.output(ops, &y, rows)?, selected))
+    }
+
+    /// One session's QSA selection: its indexer over its rows `x`
+    /// (advancing the indexer cache).
+    pub(super) fn select(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        cache: &mut AttnCache<B>,
+        pos: &Positions<'_, B, MRope>,
+    ) -> Result<B::Selection> {
+        self.indexer.forward(ops, x, rows, &mut cache.indexer, pos)
+    }
+
+    /// The row-wise projections of `x`: `[q|gate, k, v]` (a batched forward
+    /// runs them once over every session's rows).
+    pub(super) fn project(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<[B::Buf; 3]> {
         // The three projections of `x` as one call (one launch for a
         // decode row).
-        let [qg, mut k, v] = Linear::forward_many(
+        Linear::forward_many(
             ops,
             x,
             rows,
@@ -103,7 +121,22 @@ impl<B: Backend> GatedAttention<B> {
                 (&self.k_proj, Epilogue::Chain(&[])),
                 (&self.v_proj, Epilogue::Chain(&[])),
             ],
-        )?;
+        )
+    }
+
+    /// The part on one session's caches and positions (its rows of the
+    /// projections, its selection): the q / k norms and RoPE, the cache
+    /// append and the gathered attention, gated; → the input of `o_proj`.
+    pub(super) fn attend(
+        &self,
+        ops: &B,
+        [qg, mut k, v]: [B::Buf; 3],
+        rows: usize,
+        cache: &mut AttnCache<B>,
+        pos: &Positions<'_, B, MRope>,
+        selected: &B::Selection,
+    ) -> Result<B::Buf> {
+        let (hq, d) = (self.hq, self.d);
         let mut parts = ops.split_cols(&qg, rows, &[d, d], hq)?;
         let gate = parts.pop().expect("two parts");
         let mut q = parts.pop().expect("two parts");
@@ -117,7 +150,7 @@ impl<B: Backend> GatedAttention<B> {
             &q,
             cache.k.buf(),
             cache.v.buf(),
-            &selected,
+            selected,
             hq,
             Heads {
                 heads: self.hkv,
@@ -125,7 +158,11 @@ impl<B: Backend> GatedAttention<B> {
             },
             None,
         )?;
-        let y = ops.mul(&o, &ops.sigmoid(&gate)?)?;
-        Ok((self.o_proj.forward(ops, &y, rows)?, selected))
+        ops.mul(&o, &ops.sigmoid(&gate)?)
+    }
+
+    /// The row-wise output projection.
+    pub(super) fn output(&self, ops: &B, y: &B::Buf, rows: usize) -> Result<B::Buf> {
+        self.o_proj.forward(ops, y, rows)
     }
 }

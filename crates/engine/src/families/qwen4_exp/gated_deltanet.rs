@@ -95,9 +95,16 @@ impl<B: Backend> GatedDeltaNet<B> {
         cache: &mut DeltaCache<B>,
         capture: Option<&mut Option<DeltaReplay<B>>>,
     ) -> Result<B::Buf> {
-        let d = self.shape.dims;
+        let [u, z, beta, a] = self.project(ops, x, rows)?;
+        let o = self.recur(ops, u, beta, &a, cache, capture)?;
+        self.output(ops, &o, &z, rows)
+    }
+
+    /// The row-wise projections of `x`: `[u, z, β, a]` (a batched forward
+    /// runs them once over every session's rows).
+    pub(super) fn project(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<[B::Buf; 4]> {
         // Every projection of `x` as one call (one launch for a decode row).
-        let [u, z, beta, a] = Linear::forward_many(
+        Linear::forward_many(
             ops,
             x,
             rows,
@@ -107,7 +114,21 @@ impl<B: Backend> GatedDeltaNet<B> {
                 (&self.in_b, Epilogue::Chain(&[Unary::Sigmoid])),
                 (&self.in_a, Epilogue::Chain(&[])),
             ],
-        )?;
+        )
+    }
+
+    /// The part on one session's state: the conv and the recurrence over
+    /// its rows of `u`, `β`, `a`, advancing `cache`; → `o`.
+    pub(super) fn recur(
+        &self,
+        ops: &B,
+        u: B::Buf,
+        beta: B::Buf,
+        a: &B::Buf,
+        cache: &mut DeltaCache<B>,
+        capture: Option<&mut Option<DeltaReplay<B>>>,
+    ) -> Result<B::Buf> {
+        let d = self.shape.dims;
         let before = capture.is_some().then(|| cache.clone());
         // The conv (advancing the window), the q / k / v split, the q and k
         // head norms and the decays: one op (one launch for a decode step).
@@ -118,7 +139,7 @@ impl<B: Backend> GatedDeltaNet<B> {
             &self.conv_w,
             self.shape.kernel,
             (d.dk as f32).powf(-0.5),
-            &a,
+            a,
             &self.neg_a,
             &self.dt_bias,
         )?;
@@ -134,7 +155,12 @@ impl<B: Backend> GatedDeltaNet<B> {
                 inputs,
             });
         }
-        let y = ops.gated_rms_norm(&o, &z, &self.norm_w, self.eps, self.act)?;
+        Ok(o)
+    }
+
+    /// The row-wise output: gated norm of `o` by `z`, then `out_proj`.
+    pub(super) fn output(&self, ops: &B, o: &B::Buf, z: &B::Buf, rows: usize) -> Result<B::Buf> {
+        let y = ops.gated_rms_norm(o, z, &self.norm_w, self.eps, self.act)?;
         self.out.forward(ops, &y, rows)
     }
 }

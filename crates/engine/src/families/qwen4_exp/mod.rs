@@ -14,6 +14,7 @@
 //! contract. Norms, hyper-connections, M-RoPE, the delta rule, experts and
 //! the indexer are shared layers in [`crate::layers`].
 
+mod batch;
 pub mod config;
 pub mod gated_attention;
 pub mod gated_deltanet;

@@ -71,17 +71,17 @@ const MTP_LAYER: u64 = u64::MAX;
 static MODEL_SCOPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[derive(Debug)]
-enum Mixer<B: Backend> {
+pub(super) enum Mixer<B: Backend> {
     Gdn(GatedDeltaNet<B>),
     Attn(GatedAttention<B>),
 }
 
 #[derive(Debug)]
 pub struct DecoderLayer<B: Backend> {
-    ple: Option<Ple<B>>,
-    mixer: Mixer<B>,
+    pub(super) ple: Option<Ple<B>>,
+    pub(super) mixer: Mixer<B>,
     moe: Moe<B>,
-    attn_hc: GatedResidual<B>,
+    pub(super) attn_hc: GatedResidual<B>,
     mlp_hc: GatedResidual<B>,
 }
 
@@ -228,6 +228,25 @@ impl<B: Backend> DecoderLayer<B> {
         let inj = inj.ok_or_else(|| {
             EngineError::State("the mixer's hyper-connection does not combine".into())
         })?;
+        self.moe_half(ops, xs, y, inj, rows, qsa, trace, unit)
+    }
+
+    /// The layer's MoE half after its mixer half (`xs` the streams, `y` the
+    /// mixer's output, `inj` the streams' write weights), over `rows` rows
+    /// (one session's, or a batch's: it reads nothing else); `qsa` is the
+    /// mixer's selection for a trace.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_half<'m>(
+        &'m self,
+        ops: &B,
+        xs: B::Buf,
+        y: B::Buf,
+        inj: B::Buf,
+        rows: usize,
+        qsa: Option<B::Selection>,
+        trace: bool,
+        unit: [u64; 2],
+    ) -> Result<(Streams<'m, B>, Option<LayerTrace>)> {
         // The MoE half reads nothing but the mixer half's streams, output
         // and write weights (its combine and the MoE mix's norm are one op,
         // `combine_mix`) and the weights, and leaves its own write-back
@@ -311,17 +330,17 @@ pub struct MtpOutput<B: Backend = CpuOps> {
 
 // Large parts are boxed so that `LoadedModel` stays small.
 pub struct Qwen4ExpModel<B: Backend = CpuOps> {
-    ops: B,
-    cfg: Box<Qwen4ExpConfig>,
+    pub(super) ops: B,
+    pub(super) cfg: Box<Qwen4ExpConfig>,
     /// `[V, H]`.
     embed: B::Table,
-    lm_head: Linear<B>,
-    layers: Vec<DecoderLayer<B>>,
-    mixer: Box<GatedResidual<B>>,
-    rope: MRope,
+    pub(super) lm_head: Linear<B>,
+    pub(super) layers: Vec<DecoderLayer<B>>,
+    pub(super) mixer: Box<GatedResidual<B>>,
+    pub(super) rope: MRope,
     mtp: Option<Box<MtpHead<B>>>,
     /// This model's identity in pure-unit keys ([`MODEL_SCOPES`]).
-    scope: u64,
+    pub(super) scope: u64,
 }
 
 impl Qwen4ExpModel<CpuOps> {
@@ -457,7 +476,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         self.mtp.is_some()
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
+    pub(super) fn embed(&self, tokens: &[u32]) -> Result<B::Buf> {
         crate::layers::embedding::embed_tokens(&self.ops, &self.embed, tokens, self.cfg.vocab_size)
     }
 
@@ -780,6 +799,15 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
         Ok(self
             .run(tokens, &MediaChunk::default(), state, rows, false, false)?
             .logits)
+    }
+
+    /// Every session's rows through each layer together, each on its own
+    /// caches (`batch.rs`).
+    fn forward_batch(
+        &self,
+        calls: &mut [crate::model::BatchCall<'_, Qwen4ExpState<B>>],
+    ) -> Vec<Result<ForwardOutput>> {
+        self.run_batch(calls)
     }
 
     fn forward_media(

@@ -1,0 +1,233 @@
+//! Continuous batching for Qwen4-Exp ([`Model::forward_batch`]): several
+//! sessions' rows go through each layer together while each session's own
+//! state is touched only by its own rows.
+//!
+//! Shared over every session's rows (one weight read for all): the token
+//! embedding, the hyper-connection mixes, combines and norms, the Gated
+//! DeltaNet projections (`in_proj_qkv/z/b/a`), its gated norm and
+//! `out_proj`, the gated attention's q / k / v projections and `o_proj`,
+//! the whole MoE half (router, experts, shared expert), the final mixer
+//! and the head over the rows each call wants.
+//!
+//! Per session, on its rows: its M-RoPE positions and tables (a text token
+//! continues after the largest position so far, so a session that saw an
+//! image keeps its offset), the PLE n-gram window, the DeltaNet conv window
+//! and recurrence, the QSA indexer and its block keys, the q / k norms and
+//! RoPE, the KV cache append and the gathered attention.
+//!
+//! Every op is row-independent (`shared/specs/backend.md`), so each
+//! session's logits have the bits of its forward alone
+//! (`tests/batching.rs`). Media forwards, verify windows and the MTP head
+//! never come through here (the batching model runs them alone); calls a
+//! forward alone would refuse run alone through `split_batch`, each
+//! reporting its own error.
+
+use super::model::{DecoderLayer, Mixer, Qwen4ExpModel};
+use super::state::{LayerCache, Qwen4ExpState};
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
+use crate::layers::hyper_connections::Streams;
+use crate::layers::rope::{MRope, Positions, RopeRows};
+use crate::model::{BatchCall, ForwardOutput, Model};
+
+/// One session's part of a batched layer: its tokens, the layer's cache
+/// and its positions (every cached one and the new rows' tables).
+struct Part<'a, B: Backend> {
+    tokens: &'a [u32],
+    cache: &'a mut LayerCache<B>,
+    pos: Positions<'a, B, MRope>,
+}
+
+/// `parts` one after another.
+fn concat<B: Backend>(ops: &B, parts: Vec<B::Buf>) -> Result<B::Buf> {
+    let mut it = parts.into_iter();
+    let mut all = it
+        .next()
+        .ok_or_else(|| EngineError::State("an empty batch".into()))?;
+    for p in it {
+        ops.append(&mut all, &p)?;
+    }
+    Ok(all)
+}
+
+/// Each part's rows of `x: [Σt, width]`.
+fn split<B: Backend>(
+    ops: &B,
+    x: &B::Buf,
+    rows: usize,
+    parts: &[Part<'_, B>],
+) -> Result<Vec<B::Buf>> {
+    let width = ops.len(x) / rows.max(1);
+    let mut at = 0;
+    parts
+        .iter()
+        .map(|p| {
+            let t = p.tokens.len();
+            let r = ops.rows(x, width, at, t);
+            at += t;
+            r
+        })
+        .collect()
+}
+
+fn mismatch() -> EngineError {
+    EngineError::State("layer cache does not match the layer kind".into())
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// `DecoderLayer::forward` for several sessions' rows (`input` holds
+    /// each part's streams one after another), without capture or trace.
+    fn forward_batch<'m>(
+        &'m self,
+        ops: &B,
+        input: Streams<'_, B>,
+        parts: &mut [Part<'_, B>],
+        unit: [u64; 2],
+    ) -> Result<Streams<'m, B>> {
+        let rows: usize = parts.iter().map(|p| p.tokens.len()).sum();
+        let (xs, y, inj) = match &self.mixer {
+            Mixer::Gdn(gdn) => {
+                let mut input = input;
+                if let Some(ple) = &self.ple {
+                    // The PLE addend reads each session's n-gram window.
+                    let xs = input.into_buf(ops)?;
+                    let rows_in = split(ops, &xs, rows, parts)?;
+                    let mut adds = Vec::with_capacity(parts.len());
+                    for (p, xi) in parts.iter_mut().zip(&rows_in) {
+                        let LayerCache::Linear { ple: Some(pc), .. } = &mut *p.cache else {
+                            return Err(mismatch());
+                        };
+                        adds.push(ple.forward(ops, xi, p.tokens, pc, None)?);
+                    }
+                    input = Streams::ready(ops.add(&xs, &concat(ops, adds)?)?);
+                }
+                let (xs, x, inj) = input.mix(ops, &self.attn_hc, rows)?;
+                let [u, z, beta, a] = gdn.project(ops, &x, rows)?;
+                let (u, beta, a) = (
+                    split(ops, &u, rows, parts)?,
+                    split(ops, &beta, rows, parts)?,
+                    split(ops, &a, rows, parts)?,
+                );
+                let mut os = Vec::with_capacity(parts.len());
+                for (((p, u), beta), a) in parts.iter_mut().zip(u).zip(beta).zip(&a) {
+                    let LayerCache::Linear { gdn: gc, .. } = &mut *p.cache else {
+                        return Err(mismatch());
+                    };
+                    os.push(gdn.recur(ops, u, beta, a, gc, None)?);
+                }
+                let y = gdn.output(ops, &concat(ops, os)?, &z, rows)?;
+                (xs, y, inj)
+            }
+            Mixer::Attn(attn) => {
+                let (xs, x, inj) = input.mix(ops, &self.attn_hc, rows)?;
+                // Each session's selection first (its indexer), as alone.
+                let xr = split(ops, &x, rows, parts)?;
+                let mut sels = Vec::with_capacity(parts.len());
+                for (p, xi) in parts.iter_mut().zip(&xr) {
+                    let LayerCache::Attn(ac) = &mut *p.cache else {
+                        return Err(mismatch());
+                    };
+                    sels.push(attn.select(ops, xi, p.tokens.len(), ac, &p.pos)?);
+                }
+                let [qg, k, v] = attn.project(ops, &x, rows)?;
+                let (qg, k, v) = (
+                    split(ops, &qg, rows, parts)?,
+                    split(ops, &k, rows, parts)?,
+                    split(ops, &v, rows, parts)?,
+                );
+                let mut ys = Vec::with_capacity(parts.len());
+                for ((((p, qg), k), v), sel) in parts.iter_mut().zip(qg).zip(k).zip(v).zip(&sels) {
+                    let LayerCache::Attn(ac) = &mut *p.cache else {
+                        return Err(mismatch());
+                    };
+                    ys.push(attn.attend(ops, [qg, k, v], p.tokens.len(), ac, &p.pos, sel)?);
+                }
+                let y = attn.output(ops, &concat(ops, ys)?, rows)?;
+                (xs, y, inj)
+            }
+        };
+        let inj = inj.ok_or_else(|| {
+            EngineError::State("the mixer's hyper-connection does not combine".into())
+        })?;
+        let (out, _) = self.moe_half(ops, xs, y, inj, rows, None, false, unit)?;
+        Ok(out)
+    }
+}
+
+impl<B: Backend> Qwen4ExpModel<B> {
+    /// [`Model::forward_batch`]: calls a forward alone would refuse (no
+    /// tokens, past the context, a token outside the vocabulary) run one by
+    /// one, each reporting its own error; the others share one pass. On an
+    /// error the batch's states are partly advanced, as a failed forward
+    /// leaves one (the decode loops reset such a session).
+    pub(super) fn run_batch(
+        &self,
+        calls: &mut [BatchCall<'_, Qwen4ExpState<B>>],
+    ) -> Vec<Result<ForwardOutput>> {
+        split_batch(
+            calls,
+            |c| {
+                !c.tokens.is_empty()
+                    && c.state.positions.len() + c.tokens.len() <= self.cfg.context_length
+                    && c.tokens.iter().all(|&t| (t as usize) < self.cfg.vocab_size)
+            },
+            |c| self.forward(c.tokens, c.state, c.rows),
+            |shared| self.run_together(shared),
+        )
+    }
+
+    fn run_together(
+        &self,
+        calls: &mut [&mut BatchCall<'_, Qwen4ExpState<B>>],
+    ) -> Result<Vec<ForwardOutput>> {
+        let ops = &self.ops;
+        let (c, h, vocab) = (self.cfg.hc_count, self.cfg.hidden_size, self.cfg.vocab_size);
+        let tokens: Vec<u32> = calls
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let x = self.embed(&tokens)?;
+        // Each session's text positions (after the largest so far, as
+        // alone) and their tables.
+        let mut ropes: Vec<RopeRows<B>> = Vec::with_capacity(calls.len());
+        for call in calls.iter_mut() {
+            let st = &mut *call.state;
+            let base = st.positions.len();
+            let next = st.next_text_position();
+            st.positions
+                .extend((0..call.tokens.len() as u32).map(|i| [next + i; 3]));
+            ropes.push(self.rope.tables(ops, &st.positions[base..])?);
+        }
+        let mut xs = Streams::ready(ops.tile_streams(&x, c, h)?);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut parts: Vec<Part<'_, B>> = calls
+                .iter_mut()
+                .zip(&ropes)
+                .map(|(call, rope)| {
+                    let tokens = call.tokens;
+                    let st = &mut *call.state;
+                    Part {
+                        tokens,
+                        cache: &mut st.layers[l],
+                        pos: Positions {
+                            all: &st.positions,
+                            rope: &self.rope,
+                            rows: rope,
+                        },
+                    }
+                })
+                .collect();
+            xs = layer.forward_batch(ops, xs, &mut parts, [self.scope, l as u64])?;
+        }
+        // The final mixer's norm over every row, then the mixer and one
+        // head over the rows each call wants (the norm and the mix are per
+        // row, as in the head alone).
+        let [_, normed] = xs.normed(ops, &self.mixer)?;
+        let (wanted, counts) = wanted_rows(ops, &normed, c * h, calls)?;
+        let total: usize = counts.iter().sum();
+        let (x, _) = self.mixer.mix_normed(ops, &wanted, total)?;
+        let logits = ops.download(&self.lm_head.forward(ops, &x, total)?)?;
+        Ok(split_logits(&logits, vocab, &counts))
+    }
+}
