@@ -29,6 +29,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Download the default model into the user cache (again, if present).
     Pull,
+    /// Write a GGUF from a Hugging Face directory or a GGUF, in a recipe's types.
+    Quantize(QuantizeArgs),
     /// Measure prefill and decode speed across context lengths (CSV + SVG).
     Bench(BenchArgs),
     /// Tools for replaying and checking individual pieces.
@@ -410,6 +412,33 @@ pub struct ServeArgs {
     pub body_limit: usize,
     #[command(flatten)]
     pub checkpoints: CheckpointArgs,
+}
+
+/// `ds4server quantize` (docs/QUANTIZE.md).
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// A Hugging Face directory (BF16, F16, F32, FP8, DeepSeek FP4
+    /// experts) or a GGUF to requantize.
+    pub source: PathBuf,
+    /// The GGUF to write (written as OUT.partial, renamed when complete).
+    pub out: PathBuf,
+    /// ds4-q2, ds4-q4, q8_0, q4_k, f16, bf16 or f32.
+    #[arg(long)]
+    pub recipe: String,
+    /// Override a tensor group's type, e.g. `experts=Q4_K`,
+    /// `expert-down=Q2_K`, `attention=Q8_0` (repeatable).
+    #[arg(long = "type", value_name = "GROUP=TYPE")]
+    pub types: Vec<String>,
+    /// llama.cpp's importance matrix (imatrix GGUF or the legacy .dat).
+    #[arg(long)]
+    pub imatrix: Option<PathBuf>,
+    /// Quantize IQ2_XXS without an importance matrix (each expert weighted
+    /// by its own squared values, ds4's fallback; said in the metadata).
+    #[arg(long)]
+    pub allow_no_imatrix: bool,
+    /// Print the plan (every tensor's group and type) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

@@ -32,6 +32,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(args) => commands::chat::chat(args),
         Command::Inspect(args) => commands::inspect::inspect(args),
         Command::Pull => commands::pull::pull(),
+        Command::Quantize(args) => commands::quantize::quantize(args),
         Command::Bench(args) => commands::bench::bench(args),
         Command::Debug(command) => commands::debug::debug(command),
         Command::Sessions(command) => commands::sessions::sessions(command),
