@@ -1,0 +1,412 @@
+//! `ds4server quantize` end to end on the tiny fixtures: every family's
+//! output loads in the engine and gives the logits of its source (exactly
+//! the same weights for the `f32` recipe, close for block types), the
+//! layouts are the ones our loaders read (ds4's trunk + MTP files, llama.cpp
+//! names with permuted q/k, HF names with the config embedded), and what
+//! must be refused is refused before any file exists.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ds4_engine::families::LoadedModel;
+use ds4_engine::quant::WeightType;
+use ds4_engine::quant::quantize::{QuantizeError, rows};
+use ds4_engine::{LogitsRows, Model, ModelState};
+use ds4_gguf::{Gguf, Value};
+
+fn fixture(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(p)
+}
+
+/// Runs the command; (success, stderr).
+fn quantize(src: &Path, out: &Path, extra: &[&str]) -> (bool, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+        .arg("quantize")
+        .arg(src)
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn ok(src: &Path, out: &Path, extra: &[&str]) {
+    let (ok, err) = quantize(src, out, extra);
+    assert!(ok, "quantize {} failed:\n{err}", src.display());
+    assert!(!partial(out).exists());
+}
+
+fn partial(out: &Path) -> PathBuf {
+    let mut n = out.file_name().unwrap().to_os_string();
+    n.push(".partial");
+    out.with_file_name(n)
+}
+
+/// Whether the quantizer writes `ty` (the block types are arriving).
+fn writes(ty: WeightType) -> bool {
+    let n = ty.block_len();
+    let ones = vec![1.0; n];
+    !matches!(
+        rows(ty, &vec![0.5; n], n, Some(&ones)),
+        Err(QuantizeError::Unsupported(_))
+    )
+}
+
+fn logits(m: &LoadedModel) -> Vec<f32> {
+    ds4_engine::with_model!(m, x => {
+        let v = x.vocab_size();
+        let ids: Vec<u32> = (0..11).map(|i| ((i * 7 + 3) % v) as u32).collect();
+        let mut s = x.new_state();
+        let out = x.forward(&ids, &mut s, LogitsRows::All).unwrap();
+        assert_eq!(s.len(), ids.len());
+        out.logits
+    })
+}
+
+/// Largest |a − b| relative to the largest |b| (at least 1).
+fn close(what: &str, a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    let scale = b.iter().fold(1f32, |m, x| m.max(x.abs()));
+    let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(a.iter().all(|x| x.is_finite()), "{what}: non-finite logits");
+    assert!(
+        d <= tol * scale,
+        "{what}: max diff {d} (scale {scale}, tol {tol})"
+    );
+}
+
+fn type_of(g: &Gguf, name: &str) -> u32 {
+    g.tensors
+        .get(name)
+        .unwrap_or_else(|| panic!("{name} missing"))
+        .ggml_type
+}
+
+fn meta_str(g: &Gguf, key: &str) -> String {
+    match g.metadata.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+#[test]
+fn llama_directory_to_llama_cpp_layout_keeps_its_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    for case in [
+        "f32_untied",
+        "f32_tied",
+        "bf16",
+        "f32_sharded",
+        "rope_linear",
+    ] {
+        let src = fixture(&format!("llama/tiny/{case}"));
+        let out = dir.path().join(format!("{case}.gguf"));
+        ok(&src, &out, &["--recipe", "f32"]);
+        let g = Gguf::open(&out).unwrap();
+        assert_eq!(meta_str(&g, "general.architecture"), "llama");
+        assert_eq!(meta_str(&g, "ds4server.quantize.recipe"), "f32");
+        assert!(g.tensors.contains_key("blk.1.attn_q.weight"));
+        assert_eq!(g.tensors.contains_key("output.weight"), case != "f32_tied");
+        let want = logits(&LoadedModel::load(&src).unwrap());
+        let got = logits(&LoadedModel::load(&out).unwrap());
+        // Same weights; RoPE interleaved over permuted q/k instead of
+        // half-split sums the head dims in another order.
+        close(case, &got, &want, 1e-4);
+    }
+}
+
+#[test]
+fn llama_block_recipes_load_and_stay_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("llama/tiny/f32_untied");
+    let want = logits(&LoadedModel::load(&src).unwrap());
+    let out = dir.path().join("f16.gguf");
+    ok(&src, &out, &["--recipe", "f16"]);
+    close(
+        "f16",
+        &logits(&LoadedModel::load(&out).unwrap()),
+        &want,
+        1e-2,
+    );
+    assert_eq!(
+        type_of(&Gguf::open(&out).unwrap(), "blk.0.attn_k.weight"),
+        1
+    );
+
+    // Q8_0 (rows of 32 and 64 values): once the quantizer writes it, the
+    // file loads and stays close; until then the command refuses it
+    // before writing anything.
+    let out = dir.path().join("q8.gguf");
+    let (done, err) = quantize(&src, &out, &["--recipe", "q8_0"]);
+    if writes(WeightType::Q8_0) {
+        assert!(done, "{err}");
+        let g = Gguf::open(&out).unwrap();
+        assert_eq!(type_of(&g, "blk.0.ffn_down.weight"), 8);
+        assert_eq!(type_of(&g, "token_embd.weight"), 8);
+        assert_eq!(type_of(&g, "output_norm.weight"), 0);
+        close(
+            "q8_0",
+            &logits(&LoadedModel::load(&out).unwrap()),
+            &want,
+            5e-2,
+        );
+    } else {
+        assert!(!done && err.contains("does not write Q8_0 yet"), "{err}");
+        assert!(!out.exists() && !partial(&out).exists());
+    }
+}
+
+#[test]
+fn deepseek_directory_to_ds4_layout_with_its_mtp_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for (case, src) in [
+        ("tiny_a", fixture("deepseek_v4/tiny_a")),
+        ("fp8_fp4", fixture("stored/deepseek_v4_fp8_fp4")),
+        ("ds4_f32", fixture("deepseek_v4/ds4_gguf/f32")),
+    ] {
+        let out = dir.path().join(format!("{case}.gguf"));
+        ok(&src, &out, &["--recipe", "f32"]);
+        let g = Gguf::open(&out).unwrap();
+        assert_eq!(meta_str(&g, "general.architecture"), "deepseek4");
+        // One [E, out, in] stack per routed projection, ds4's names.
+        let up = &g.tensors["blk.0.ffn_up_exps.weight"];
+        assert_eq!(up.dims.len(), 3);
+        assert!(g.tensors.contains_key("output_hc_fn.weight"));
+        assert!(!g.order.iter().any(|n| n.starts_with("mtp.")));
+        let want = LoadedModel::load(&src).unwrap();
+        let mut got = LoadedModel::load(&out).unwrap();
+        close(case, &logits(&got), &logits(&want), 1e-4);
+        let mtp = dir.path().join(format!("{case}-mtp.gguf"));
+        let has_mtp = ds4_engine::with_model!(&want, x => x.mtp_contract().is_some());
+        assert_eq!(mtp.exists(), has_mtp, "{case}");
+        if has_mtp {
+            got.attach_mtp_head(&mtp).unwrap();
+        }
+    }
+}
+
+#[test]
+fn ds4_recipes_type_ds4s_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("deepseek_v4/ds4_gguf/f32");
+    let want = logits(&LoadedModel::load(&src).unwrap());
+    for recipe in ["ds4-q4", "q8_0"] {
+        let out = dir.path().join(format!("{recipe}.gguf"));
+        let (done, err) = quantize(&src, &out, &["--recipe", recipe]);
+        if !writes(WeightType::Q8_0) || (recipe == "ds4-q4" && !writes(WeightType::Q4_K)) {
+            assert!(!done && err.contains("does not write"), "{err}");
+            assert!(!out.exists() && !partial(&out).exists());
+            continue;
+        }
+        assert!(done, "{err}");
+        let g = Gguf::open(&out).unwrap();
+        assert_eq!(type_of(&g, "token_embd.weight"), 1, "embedding F16");
+        assert_eq!(type_of(&g, "blk.0.ffn_gate_inp.weight"), 1, "router F16");
+        assert_eq!(type_of(&g, "blk.0.hc_attn_fn.weight"), 1, "HC F16");
+        assert_eq!(type_of(&g, "blk.0.attn_compressor_kv.weight"), 1);
+        assert_eq!(type_of(&g, "blk.0.indexer.proj.weight"), 1);
+        assert_eq!(type_of(&g, "blk.0.attn_q_a.weight"), 8, "attention Q8_0");
+        assert_eq!(type_of(&g, "blk.0.ffn_up_shexp.weight"), 8);
+        assert_eq!(type_of(&g, "output.weight"), 8);
+        assert_eq!(type_of(&g, "blk.0.attn_norm.weight"), 0);
+        assert_eq!(type_of(&g, "blk.0.ffn_gate_tid2eid.weight"), 26);
+        // Gate/up rows of 256 take the recipe's type; down rows of 32
+        // fall back to Q8_0.
+        let gate = if recipe == "ds4-q4" { 12 } else { 8 };
+        assert_eq!(type_of(&g, "blk.0.ffn_gate_exps.weight"), gate);
+        assert_eq!(type_of(&g, "blk.0.ffn_down_exps.weight"), 8);
+        close(
+            recipe,
+            &logits(&LoadedModel::load(&out).unwrap()),
+            &want,
+            0.1,
+        );
+    }
+}
+
+#[test]
+fn requantizing_a_ds4_gguf_keeps_names_metadata_and_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("deepseek_v4/ds4_gguf/model.gguf");
+    let out = dir.path().join("r.gguf");
+    ok(&src, &out, &["--recipe", "f32"]);
+    let (a, b) = (Gguf::open(&src).unwrap(), Gguf::open(&out).unwrap());
+    assert_eq!(a.order, b.order);
+    for k in &a.keys {
+        assert!(b.metadata.contains_key(k), "{k} dropped");
+    }
+    assert!(matches!(
+        b.metadata.get("ds4server.quantize.requantized"),
+        Some(Value::Bool(true))
+    ));
+    close(
+        "requantized",
+        &logits(&LoadedModel::load(&out).unwrap()),
+        &logits(&LoadedModel::load(&src).unwrap()),
+        1e-4,
+    );
+}
+
+#[test]
+fn qwen_and_glm_become_hf_name_ggufs_that_load() {
+    let dir = tempfile::tempdir().unwrap();
+    for fam in ["qwen4_exp", "glm5_next"] {
+        let src = fixture(&format!("{fam}/tiny_a"));
+        let out = dir.path().join(format!("{fam}.gguf"));
+        ok(&src, &out, &["--recipe", "f32"]);
+        let g = Gguf::open(&out).unwrap();
+        assert!(meta_str(&g, "ds4server.hf_config").contains(fam));
+        close(
+            fam,
+            &logits(&LoadedModel::load(&out).unwrap()),
+            &logits(&LoadedModel::load(&src).unwrap()),
+            1e-5,
+        );
+    }
+}
+
+/// The llama f32 fixture with its tensors edited, in a temporary directory.
+fn edited_llama(edit: impl Fn(&str, Vec<usize>) -> Option<Vec<usize>>) -> tempfile::TempDir {
+    let src = fixture("llama/tiny/f32_untied");
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept = Vec::new();
+    for (name, view) in st.tensors() {
+        if let Some(shape) = edit(&name, view.shape().to_vec()) {
+            kept.push((name, shape, view.data().to_vec()));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = kept
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    dir
+}
+
+#[test]
+fn missing_or_misshaped_tensors_are_refused_before_writing() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("m.gguf");
+    let missing = edited_llama(|n, s| (n != "model.layers.1.mlp.up_proj.weight").then_some(s));
+    let (done, err) = quantize(missing.path(), &out, &["--recipe", "f32"]);
+    assert!(
+        !done && err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("missing"),
+        "{err}"
+    );
+    assert!(!out.exists() && !partial(&out).exists());
+
+    let bad = edited_llama(|n, s| {
+        Some(if n == "model.layers.0.self_attn.q_proj.weight" {
+            vec![s[0] / 2, s[1] * 2]
+        } else {
+            s
+        })
+    });
+    let (done, err) = quantize(bad.path(), &out, &["--recipe", "f32"]);
+    assert!(
+        !done
+            && err.contains("model.layers.0.self_attn.q_proj.weight")
+            && err.contains("model.safetensors")
+            && err.contains("expected [32, 32]"),
+        "{err}"
+    );
+    assert!(!out.exists() && !partial(&out).exists());
+
+    // An unedited copy quantizes: the edits above are what failed.
+    let same = edited_llama(|_, s| Some(s));
+    ok(same.path(), &out, &["--recipe", "f32"]);
+}
+
+#[test]
+fn unknown_recipe_group_and_type_are_readable_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.gguf");
+    let src = fixture("llama/tiny/f32_untied");
+    for (args, want) in [
+        (vec!["--recipe", "q3_xl"], "unknown recipe `q3_xl`"),
+        (
+            vec!["--recipe", "f16", "--type", "mlp=Q8_0"],
+            "unknown tensor group `mlp`",
+        ),
+        (
+            vec!["--recipe", "f16", "--type", "attention=Q9_K"],
+            "unknown type `Q9_K`",
+        ),
+        (
+            vec!["--recipe", "f16", "--type", "attention"],
+            "expected GROUP=TYPE",
+        ),
+    ] {
+        let (done, err) = quantize(&src, &out, &args);
+        assert!(!done && err.contains(want), "{args:?}: {err}");
+        assert!(!out.exists() && !partial(&out).exists());
+    }
+}
+
+#[test]
+fn iq2_xxs_needs_an_importance_matrix_unless_allowed() {
+    // ds4's own q2 file (rows of 256: gate/up can be IQ2_XXS).
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("deepseek_v4/ds4_quantizer/q2.gguf");
+    let out = dir.path().join("q2.gguf");
+    let (done, err) = quantize(&src, &out, &["--recipe", "ds4-q2"]);
+    assert!(
+        !done && err.contains("importance matrix") && err.contains("--allow-no-imatrix"),
+        "{err}"
+    );
+    assert!(!out.exists() && !partial(&out).exists());
+
+    // A legacy imatrix whose entry has the wrong length is refused, naming
+    // the tensor.
+    let im = dir.path().join("bad.dat");
+    let name = "blk.0.ffn_gate_exps.weight";
+    let mut b = 1i32.to_le_bytes().to_vec();
+    b.extend((name.len() as i32).to_le_bytes());
+    b.extend(name.as_bytes());
+    b.extend(1i32.to_le_bytes());
+    b.extend(3i32.to_le_bytes());
+    b.extend([0u8; 12]);
+    std::fs::write(&im, b).unwrap();
+    let (done, err) = quantize(
+        &src,
+        &out,
+        &["--recipe", "ds4-q2", "--imatrix", im.to_str().unwrap()],
+    );
+    assert!(
+        !done && err.contains(name) && err.contains("3 values"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    let (done, err) = quantize(&src, &out, &["--recipe", "ds4-q2", "--allow-no-imatrix"]);
+    if writes(WeightType::IQ2_XXS) && writes(WeightType::Q2_K) && writes(WeightType::Q8_0) {
+        assert!(done, "{err}");
+        let g = Gguf::open(&out).unwrap();
+        assert_eq!(type_of(&g, name), 16);
+        assert_eq!(type_of(&g, "blk.0.ffn_down_exps.weight"), 10);
+        assert!(meta_str(&g, "ds4server.quantize.imatrix").contains("--allow-no-imatrix"));
+        close(
+            "q2 from q2",
+            &logits(&LoadedModel::load(&out).unwrap()),
+            &logits(&LoadedModel::load(&src).unwrap()),
+            0.5,
+        );
+    } else {
+        assert!(!done && err.contains("does not write"), "{err}");
+        assert!(!out.exists() && !partial(&out).exists());
+    }
+}
