@@ -2,8 +2,8 @@
 # Full-size synthetic DeepSeek-V4-Flash in ds4's stored types on the H200
 # (docs/GPU.md, runs 28 and 30), and the CUDA tests of the stored and fast
 # products first. Carried in .gpu-synth/ with `ds4server.xz` (xz -9e of the
-# stripped `--features cuda` binary) and `cuda.gz` (the gzipped `cuda`
-# test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4]
+# stripped `--features cuda` binary) and `cuda.gz` or `cuda.xz` (the
+# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [ncu] [ncu-fast]
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
@@ -12,6 +12,7 @@ root=$PWD
 cd "$(dirname "$0")" || exit 1
 python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('ds4server.xz'),open('ds4server','wb'))" && chmod +x ds4server
 [ -e cuda.gz ] && gunzip -f cuda.gz && chmod +x cuda
+[ -e cuda.xz ] && python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('cuda.xz'),open('cuda','wb'))" && chmod +x cuda
 # Test binaries find the fixtures under the checkout they were built in.
 if [ "$root" != /work/main ] && [ ! -d /work/main/tests/fixtures ]; then
   mkdir -p /work/main/crates/engine && ln -sfn "$root/tests" /work/main/tests
@@ -33,6 +34,21 @@ for what in "$@"; do
     tests) timeout "${TESTS_S:-150}" ./cuda --ignored --test-threads=1 --nocapture ${TESTS_FILTER:-ops::} 2>&1 | tee "$OUT/tests.log" | grep -E "REPORT|test result|panicked|^test " ;;
     q2) bench q2 "${Q2_S:-240}" --kernels reference --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32 ;;
     q2fast) bench q2fast "${Q2_S:-240}" --kernels fast --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32 ;;
+    # One decode step (after a 512-token prefill) under Nsight Compute,
+    # only it profiled (DS4_PROFILE_STEP, --profile-from-start off); sum it
+    # with tools/gpu/ncu_table.py. ncu-fast: the same under --kernels fast.
+    ncu|ncu-fast)
+      ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+      set_=reference; [ "$what" = ncu-fast ] && set_=fast
+      s0=$SECONDS
+      DS4_PROFILE_STEP=1 timeout "${NCU_S:-300}" "$ncu" --clock-control none --cache-control none \
+        --profile-from-start off --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size \
+        ./ds4server bench --synthetic deepseek_v4 --shape full --device cuda --kernels $set_ \
+        --weights ds4-q2 --prompts "${NCU_PROMPT:-512}" --gen 2 > "$OUT/$what-step.csv" 2> "$OUT/$what.err"
+      echo "$what rc=$? wall_s=$((SECONDS - s0))" | tee -a "$OUT/$what.err"
+      grep "^REPORT" "$OUT/$what-step.csv" | tee "$OUT/$what.report"
+      gzip -f "$OUT/$what-step.csv" ;;
     q4) bench q4 "${Q4_S:-120}" --weights ds4-q4 --prompts 512 --gen 8 ;;
   esac
 done

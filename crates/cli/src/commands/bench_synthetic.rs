@@ -291,6 +291,29 @@ fn bench_stored(
     Ok(())
 }
 
+/// With `DS4_PROFILE_STEP=1` (and the `cuda` feature), one more decode step
+/// runs inside the profiler's capture range and is then undone, so `ncu
+/// --profile-from-start off` profiles exactly one step of any family
+/// (`run.sh`'s `ncu-step`; `tools/gpu/ncu_table.py` sums it per kernel).
+fn profile_step<M: Model>(model: &M, state: &mut M::State, token: u32) -> anyhow::Result<()> {
+    if std::env::var("DS4_PROFILE_STEP").map_or(true, |v| v != "1") {
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let snapshot = state.snapshot();
+        ds4_engine::backend::cuda::profiler_range_current(true)?;
+        let out = model.forward(&[token], state, LogitsRows::Last);
+        ds4_engine::backend::cuda::profiler_range_current(false)?;
+        state.restore(&snapshot);
+        out?;
+        println!("REPORT profiled_step token={token}");
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = (model, state, token);
+    Ok(())
+}
+
 /// Eager forwards of 1..=4 rows from a `--ctx-start` prefill: their kernel
 /// launches and times, which say what a verify window adds to a step. With
 /// `DS4_PROFILE_WINDOWS=1,2` the forwards of those row counts run inside the
@@ -512,6 +535,7 @@ pub fn run_at<M: Model>(
         last = out;
     }
     let gen_secs = start.elapsed().as_secs_f64();
+    profile_step(model, &mut state, token)?;
     let decode_digest = fnv1a(
         tokens
             .iter()

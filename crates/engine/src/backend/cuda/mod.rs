@@ -227,6 +227,29 @@ impl CudaOps {
     }
 }
 
+/// Starts (`on`) or stops the profiler's capture range on the calling
+/// thread's current context, for code that holds a model but not its ops
+/// (the synthetic bench's `DS4_PROFILE_STEP`): the caller has just run a
+/// forward on this thread, so the context is current. `ncu
+/// --profile-from-start off` then profiles exactly the launches between
+/// the two calls.
+pub fn profiler_range_current(on: bool) -> Result<()> {
+    // SAFETY: plain driver calls without pointers; without a current
+    // context they return an error, which is reported.
+    let r = unsafe {
+        cudarc::driver::sys::cuCtxSynchronize()
+            .result()
+            .and_then(|_| {
+                if on {
+                    cudarc::driver::sys::cuProfilerStart().result()
+                } else {
+                    cudarc::driver::sys::cuProfilerStop().result()
+                }
+            })
+    };
+    r.map_err(|e| crate::error::EngineError::Device(format!("cuProfilerStart/Stop: {e:?}")))
+}
+
 /// Whether a CUDA device can be used here: `Ok(name)` of device 0, or why
 /// not (no driver library, no device, NVRTC missing …), without aborting
 /// the process where the libraries are absent.

@@ -193,6 +193,25 @@ __device__ __forceinline__ u32 kq_sign_bytes(u32 nib) {
     return ((nib * 0x00204081u) & 0x01010101u) * 0xffu;
 }
 
+// IQ2_XXS's grid and sign tables, read with a different index on every
+// lane: from constant memory those reads serialize (one address a cycle;
+// run 30 measured the product at 4 % of the copy bandwidth), so the IQ2_XXS
+// kernels copy them into shared memory first (`kq_iq2_tables`).
+#ifdef KQ_HOST
+#define KQ_IQ2_GRID st_iq2xxs_grid
+#define KQ_IQ2_SIGNS st_ksigns_iq2xs
+#else
+__shared__ u64 kq_iq2_grid_s[256];
+__shared__ u8 kq_iq2_signs_s[128];
+#define KQ_IQ2_GRID kq_iq2_grid_s
+#define KQ_IQ2_SIGNS kq_iq2_signs_s
+__device__ __forceinline__ void kq_iq2_tables() {
+    for (u32 i = threadIdx.x; i < 256; i += blockDim.x) kq_iq2_grid_s[i] = st_iq2xxs_grid[i];
+    for (u32 i = threadIdx.x; i < 128; i += blockDim.x) kq_iq2_signs_s[i] = st_ksigns_iq2xs[i];
+    __syncthreads();
+}
+#endif
+
 struct KqIq2xxs {
     enum { BB = 66, MIN = 0 };
     static __device__ __forceinline__ void part(const u8* b, u32 p, KqPart& o) {
@@ -200,8 +219,8 @@ struct KqIq2xxs {
         u32 idx = kq_ld32(g), aux1 = kq_ld32(g + 4);
 #pragma unroll
         for (int l = 0; l < 4; l++) {
-            u64 grid = st_iq2xxs_grid[(idx >> (8 * l)) & 255u];
-            u32 signs = st_ksigns_iq2xs[(aux1 >> (7 * l)) & 127u];
+            u64 grid = KQ_IQ2_GRID[(idx >> (8 * l)) & 255u];
+            u32 signs = KQ_IQ2_SIGNS[(aux1 >> (7 * l)) & 127u];
             u32 lo = kq_sign_bytes(signs & 15u), hi = kq_sign_bytes(signs >> 4);
             // (mag ^ mask) − mask per byte: −mag where the sign bit is set.
             o.w[2 * l] = __vsub4((u32)grid ^ lo, lo);
@@ -442,16 +461,19 @@ extern "C" __global__ void kq8_gather_q6_k(float* y, const u8* q, const float* d
 extern "C" __global__ void kq8_matmul_one_iq2_xxs(float* y, const u8* q, const float* d,
         u64 rows, const u8* w, u64 n, u64 k) {
     dep_entry();
+    kq_iq2_tables();
     kq_matmul<KqIq2xxs, 1>(y, q, d, rows, w, n, k);
 }
 extern "C" __global__ void kq8_matmul_iq2_xxs(float* y, const u8* q, const float* d, u64 rows,
         const u8* w, u64 n, u64 k) {
     dep_entry();
+    kq_iq2_tables();
     kq_matmul<KqIq2xxs, KQ_TILE>(y, q, d, rows, w, n, k);
 }
 extern "C" __global__ void kq8_gather_iq2_xxs(float* y, const u8* q, const float* d, u64 x_div,
         const u32* experts, u64 pairs, const u8* w, u64 n, u64 k) {
     dep_entry();
+    kq_iq2_tables();
     kq_gather<KqIq2xxs>(y, q, d, x_div, experts, pairs, w, n, k);
 }
 #endif  // KQ_HOST
