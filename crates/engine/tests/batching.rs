@@ -308,3 +308,23 @@ fn qwen4_exp_batched_sessions_equal_solo() {
     let vocab = model.vocab_size() as u32;
     batched_equals_solo(model, vocab, true);
 }
+
+/// GLM-5's batched pass (shared mHC, norms, MLA query and latent
+/// projections, FFN and head; each session's KDA layers, latent cache,
+/// pooled indexer or inherited selection and attention on its own state):
+/// the same bits. tiny_a has a shared-indexer layer.
+#[test]
+fn glm5_next_batched_sessions_equal_solo() {
+    use ds4_engine::families::glm5_next::Glm5NextModel;
+    for name in ["tiny_a", "tiny_b"] {
+        let model = Glm5NextModel::from_hf_dir(&fixtures().join("glm5_next").join(name)).unwrap();
+        direct_batch_equals_solo(&model, |m, state, k| {
+            let tokens: Vec<u32> = (0..4 + 5 * k as u32)
+                .map(|i| (i * 7 + k as u32) % 60 + 3)
+                .collect();
+            m.forward(&tokens, state, LogitsRows::Last).unwrap();
+        });
+        let vocab = model.vocab_size() as u32;
+        batched_equals_solo(model, vocab, true);
+    }
+}

@@ -39,9 +39,9 @@ pub enum Mixer<B: Backend> {
 pub struct DecoderLayer<B: Backend> {
     pub mixer: Mixer<B>,
     ffn: Ffn<B>,
-    input_norm: RmsNorm<B>,
+    pub(super) input_norm: RmsNorm<B>,
     post_norm: RmsNorm<B>,
-    attn_hc: Mhc<B>,
+    pub(super) attn_hc: Mhc<B>,
     ffn_hc: Mhc<B>,
 }
 
@@ -205,15 +205,7 @@ impl<B: Backend> DecoderLayer<B> {
             }
             _ => return Err(mismatch()),
         };
-        let xs = self
-            .attn_hc
-            .combine(ops, xs, &y, &mix.ok_or_else(no_mix)?)?;
-        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
-        let x = self.post_norm.forward(ops, &x)?;
-        let (y, routing) = self.ffn.forward(ops, &x, rows)?;
-        let xs = self
-            .ffn_hc
-            .combine(ops, &xs, &y, &mix.ok_or_else(no_mix)?)?;
+        let (xs, routing) = self.ffn_half(ops, xs, &y, mix, rows)?;
         let tr = if trace {
             Some(LayerTrace {
                 streams: ops.download(&xs)?,
@@ -234,7 +226,31 @@ impl<B: Backend> DecoderLayer<B> {
     }
 }
 
-fn mismatch() -> EngineError {
+impl<B: Backend> DecoderLayer<B> {
+    /// The mixer's write-back (`y`, with the attention mix's weights `mix`)
+    /// into `xs`, then the FFN half, over `rows` rows (one session's, or a
+    /// batch's: every op here is per row); → the layer's output streams and
+    /// the routing of a sparse FFN.
+    pub(super) fn ffn_half(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        mix: Option<B::Buf>,
+        rows: usize,
+    ) -> Result<(B::Buf, Option<B::Routing>)> {
+        let xs = self.attn_hc.combine(ops, xs, y, &mix.ok_or_else(no_mix)?)?;
+        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
+        let x = self.post_norm.forward(ops, &x)?;
+        let (y, routing) = self.ffn.forward(ops, &x, rows)?;
+        let xs = self
+            .ffn_hc
+            .combine(ops, &xs, &y, &mix.ok_or_else(no_mix)?)?;
+        Ok((xs, routing))
+    }
+}
+
+pub(super) fn mismatch() -> EngineError {
     EngineError::State("layer cache does not match the layer kind".into())
 }
 

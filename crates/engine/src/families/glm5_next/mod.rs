@@ -19,6 +19,7 @@
 //! cache rules; it shares layers with Qwen and DeepSeek but none of their
 //! policies.
 
+mod batch;
 pub mod config;
 pub mod ffn;
 mod fields;

@@ -29,13 +29,13 @@ use crate::model::{
 
 // Large parts are boxed so that `LoadedModel` stays small.
 pub struct Glm5NextModel<B: Backend = CpuOps> {
-    ops: B,
-    cfg: Box<Glm5NextConfig>,
+    pub(super) ops: B,
+    pub(super) cfg: Box<Glm5NextConfig>,
     /// `[V, D]`.
     embed: B::Table,
     lm_head: Linear<B>,
-    layers: Vec<DecoderLayer<B>>,
-    norm: RmsNorm<B>,
+    pub(super) layers: Vec<DecoderLayer<B>>,
+    pub(super) norm: RmsNorm<B>,
     mtp: Option<Box<NextN<B>>>,
 }
 
@@ -129,7 +129,7 @@ impl<B: Backend> Glm5NextModel<B> {
 
     /// Rows of `table` (the trunk's embedding unless given), after the
     /// vocabulary check.
-    fn embed_from(&self, table: Option<&B::Table>, tokens: &[u32]) -> Result<B::Buf> {
+    pub(super) fn embed_from(&self, table: Option<&B::Table>, tokens: &[u32]) -> Result<B::Buf> {
         crate::layers::embedding::embed_tokens(
             &self.ops,
             table.unwrap_or(&self.embed),
@@ -138,7 +138,7 @@ impl<B: Backend> Glm5NextModel<B> {
         )
     }
 
-    fn logits(&self, x: &B::Buf, rows: usize) -> Result<ForwardOutput> {
+    pub(super) fn logits(&self, x: &B::Buf, rows: usize) -> Result<ForwardOutput> {
         let logits = self.lm_head.forward(&self.ops, x, rows)?;
         Ok(ForwardOutput {
             logits: self.ops.download(&logits)?,
@@ -329,6 +329,15 @@ impl<B: Backend> Model for Glm5NextModel<B> {
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
         Ok(self.run(tokens, state, rows, false, false)?.logits)
+    }
+
+    /// Every session's rows through each layer together, each on its own
+    /// caches (`batch.rs`).
+    fn forward_batch(
+        &self,
+        calls: &mut [crate::model::BatchCall<'_, Glm5NextState<B>>],
+    ) -> Vec<Result<ForwardOutput>> {
+        self.run_batch(calls)
     }
 
     fn mtp_contract(&self) -> Option<MtpContract> {

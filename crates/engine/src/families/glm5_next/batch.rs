@@ -1,0 +1,187 @@
+//! Continuous batching for GLM-5 ([`Model::forward_batch`]): several
+//! sessions' rows go through each layer together while each session's own
+//! state is touched only by its own rows.
+//!
+//! Shared over every session's rows (one weight read for all): the token
+//! embedding, the mHC mixes and combines, the input and post-attention
+//! norms, the MLA query and latent projections (`q_a`, `q_b`, `kv_a` and
+//! their norms), the whole FFN (dense SwiGLU, or router, routed and shared
+//! experts), the final mean, norm and head over the rows each call wants.
+//!
+//! Per session, on its rows: the KDA layer whole (its projections live in
+//! the shared `layers::kda`, whose conv window and recurrent state are the
+//! session's), the MLA latent append, the pooled indexer over its own
+//! cache (or, on a shared-indexer layer, the session's selection from the
+//! layer before) and the absorbed attention over its own latents (with
+//! `o_proj`, inside `layers::mla`'s `attend`). NoPE: nothing else depends
+//! on positions.
+//!
+//! Every op is row-independent (`shared/specs/backend.md`), so each
+//! session's logits have the bits of its forward alone
+//! (`tests/batching.rs`). Verify windows and the NextN head never come
+//! through here (the batching model runs them alone); calls a forward
+//! alone would refuse run alone through `split_batch`, each reporting its
+//! own error.
+
+use super::layer::{DecoderLayer, Mixer, mismatch};
+use super::model::Glm5NextModel;
+use super::state::{Glm5NextState, LayerCache};
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
+use crate::layers::hyper_connections::HyperConnection;
+use crate::model::ForwardOutput;
+use crate::model::{BatchCall, Model};
+
+/// One session's part of a batched layer: its rows, the layer's cache and
+/// its selection from the layer before (replaced by this layer's).
+struct Part<'a, B: Backend> {
+    rows: usize,
+    cache: &'a mut LayerCache<B>,
+    selection: &'a mut Option<B::Selection>,
+}
+
+/// `parts` one after another.
+fn concat<B: Backend>(ops: &B, parts: Vec<B::Buf>) -> Result<B::Buf> {
+    let mut it = parts.into_iter();
+    let mut all = it
+        .next()
+        .ok_or_else(|| EngineError::State("an empty batch".into()))?;
+    for p in it {
+        ops.append(&mut all, &p)?;
+    }
+    Ok(all)
+}
+
+/// Each part's rows of `x: [Σt, width]`.
+fn split<B: Backend>(
+    ops: &B,
+    x: &B::Buf,
+    rows: usize,
+    parts: &[Part<'_, B>],
+) -> Result<Vec<B::Buf>> {
+    let width = ops.len(x) / rows.max(1);
+    let mut at = 0;
+    parts
+        .iter()
+        .map(|p| {
+            let r = ops.rows(x, width, at, p.rows);
+            at += p.rows;
+            r
+        })
+        .collect()
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// `DecoderLayer::forward` for several sessions' rows (`xs` holds each
+    /// part's streams one after another), without capture or trace.
+    fn forward_batch(&self, ops: &B, xs: &B::Buf, parts: &mut [Part<'_, B>]) -> Result<B::Buf> {
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
+        let x = self.input_norm.forward(ops, &x)?;
+        let mut ys = Vec::with_capacity(parts.len());
+        match &self.mixer {
+            Mixer::Kda(kda) => {
+                let xr = split(ops, &x, rows, parts)?;
+                for (p, xi) in parts.iter_mut().zip(&xr) {
+                    let LayerCache::Kda(c) = &mut *p.cache else {
+                        return Err(mismatch());
+                    };
+                    ys.push(kda.forward(ops, xi, p.rows, c, None)?);
+                    *p.selection = None;
+                }
+            }
+            Mixer::Mla { mla, indexer } => {
+                let (qr, q) = mla.queries(ops, &x, rows)?;
+                let latents = mla.latents(ops, &x, rows)?;
+                let (xr, qr, q, latents) = (
+                    split(ops, &x, rows, parts)?,
+                    split(ops, &qr, rows, parts)?,
+                    split(ops, &q, rows, parts)?,
+                    split(ops, &latents, rows, parts)?,
+                );
+                for ((((p, xi), qri), qi), li) in
+                    parts.iter_mut().zip(&xr).zip(&qr).zip(&q).zip(&latents)
+                {
+                    let LayerCache::Mla(c) = &mut *p.cache else {
+                        return Err(mismatch());
+                    };
+                    c.latent.append(ops, li)?;
+                    let sel = match (indexer, c.indexer.as_mut()) {
+                        (Some(ix), Some(ic)) => ix.forward(ops, xi, qri, p.rows, ic)?,
+                        (None, None) => p.selection.clone().ok_or_else(|| {
+                            EngineError::State(
+                                "a shared-indexer layer got no selection from the layer before"
+                                    .into(),
+                            )
+                        })?,
+                        _ => return Err(mismatch()),
+                    };
+                    ys.push(mla.attend(ops, qi, p.rows, c.latent.buf(), &sel)?);
+                    *p.selection = Some(sel);
+                }
+            }
+        }
+        let (xs, _) = self.ffn_half(ops, xs, &concat(ops, ys)?, mix, rows)?;
+        Ok(xs)
+    }
+}
+
+impl<B: Backend> Glm5NextModel<B> {
+    /// [`Model::forward_batch`]: calls a forward alone would refuse (no
+    /// tokens, past the context, a token outside the vocabulary) run one by
+    /// one, each reporting its own error; the others share one pass. On an
+    /// error the batch's states are partly advanced, as a failed forward
+    /// leaves one (the decode loops reset such a session).
+    pub(super) fn run_batch(
+        &self,
+        calls: &mut [BatchCall<'_, Glm5NextState<B>>],
+    ) -> Vec<Result<ForwardOutput>> {
+        split_batch(
+            calls,
+            |c| {
+                !c.tokens.is_empty()
+                    && c.state.len + c.tokens.len() <= self.cfg.context_length
+                    && c.tokens.iter().all(|&t| (t as usize) < self.cfg.vocab_size)
+            },
+            |c| self.forward(c.tokens, c.state, c.rows),
+            |shared| self.run_together(shared),
+        )
+    }
+
+    fn run_together(
+        &self,
+        calls: &mut [&mut BatchCall<'_, Glm5NextState<B>>],
+    ) -> Result<Vec<ForwardOutput>> {
+        let ops = &self.ops;
+        let (n, d, vocab) = (self.cfg.hc_mult, self.cfg.hidden_size, self.cfg.vocab_size);
+        let tokens: Vec<u32> = calls
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let mut xs = ops.tile_streams(&self.embed_from(None, &tokens)?, n, d)?;
+        let mut selections: Vec<Option<B::Selection>> = calls.iter().map(|_| None).collect();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut parts: Vec<Part<'_, B>> = calls
+                .iter_mut()
+                .zip(selections.iter_mut())
+                .map(|(call, selection)| Part {
+                    rows: call.tokens.len(),
+                    cache: &mut call.state.layers[l],
+                    selection,
+                })
+                .collect();
+            xs = layer.forward_batch(ops, &xs, &mut parts)?;
+        }
+        for call in calls.iter_mut() {
+            call.state.len += call.tokens.len();
+        }
+        // The final hidden of every row (mean and norm are per row), then
+        // one head over the rows each call wants.
+        let hidden = self.norm.forward(ops, &ops.mean_streams(&xs, n, d)?)?;
+        let (wanted, counts) = wanted_rows(ops, &hidden, d, calls)?;
+        let total: usize = counts.iter().sum();
+        let all = self.logits(&wanted, total)?;
+        Ok(split_logits(&all.logits, vocab, &counts))
+    }
+}
