@@ -81,7 +81,7 @@ impl Imatrix {
             Some(Value::U32(c)) => *c,
             _ => return Err(bad("missing imatrix.chunk_count".into())),
         };
-        if g.metadata.get("imatrix.chunk_size").is_none() {
+        if !g.metadata.contains_key("imatrix.chunk_size") {
             return Err(bad("missing imatrix.chunk_size".into()));
         }
         let f32s = |name: &str| -> Result<Vec<f32>> {

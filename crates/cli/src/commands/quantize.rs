@@ -610,4 +610,30 @@ mod tests {
         assert_eq!(out_path(out, Some("mtp")), Path::new("/m/ds4-mtp.gguf"));
         assert_eq!(partial(out), Path::new("/m/ds4.gguf.partial"));
     }
+
+    #[test]
+    fn an_interrupted_run_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m.gguf");
+        let args = QuantizeArgs {
+            source: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures/llama/tiny/f32_untied"),
+            out: out.clone(),
+            recipe: "f16".into(),
+            types: vec![],
+            imatrix: None,
+            allow_no_imatrix: false,
+            dry_run: false,
+        };
+        // Ctrl+C before the first tensor: the header was written to
+        // OUT.partial, which is removed; OUT never appears.
+        let e = run(&args, &AtomicBool::new(true)).unwrap_err().to_string();
+        assert!(e.contains("interrupted"), "{e}");
+        assert!(!out.exists() && !partial(&out).exists());
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        // The same run uninterrupted writes it.
+        run(&args, &AtomicBool::new(false)).unwrap();
+        assert!(out.exists() && !partial(&out).exists());
+    }
 }

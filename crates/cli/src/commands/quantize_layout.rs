@@ -553,9 +553,13 @@ fn deepseek(src: &Source) -> Result<Vec<OutFile>> {
         ));
     }
     let mut mtp = Vec::new();
-    for (up, name, dims) in [("embed.weight", "token_embd.weight", vec![v, dm])] {
-        main.push(one(&mut used, up, name.into(), dims, false)?);
-    }
+    main.push(one(
+        &mut used,
+        "embed.weight",
+        "token_embd.weight".into(),
+        vec![v, dm],
+        false,
+    )?);
     for (up_p, gg_p, attn, mlp, is_mtp) in &blocks {
         let out = if *is_mtp { &mut mtp } else { &mut main };
         if *is_mtp {
