@@ -299,3 +299,140 @@ fn errors() {
         })
     ));
 }
+
+// ------------------------------------------------------------ the stress set
+
+/// `splitmix64` outputs 1..=n from state `seed` (as `quantize.py`).
+fn splitmix64(seed: u64, n: usize) -> Vec<u64> {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    (1..=n as u64)
+        .map(|k| {
+            let mut z = seed.wrapping_add(GOLDEN.wrapping_mul(k));
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        })
+        .collect()
+}
+
+/// `[-1, 1)`: 23 random mantissa bits in `[1, 2)`, then `2u − 3`.
+fn uniform(z: u64) -> f32 {
+    f32::from_bits(0x3F80_0000 | (z >> 41) as u32) * 2.0 - 3.0
+}
+
+/// `stress_rows` of `quantize.py`: row `r`'s kind is `r % 6` (uniform, sum
+/// of three uniforms, offset, 60 % zeros, product, one value ×64), scaled by
+/// `2^e`, `e ∈ [−40, 12]`; every value from the same f32 operations in the
+/// same order.
+fn stress_rows(seed: u64, rows: usize, row_len: usize) -> Vec<f32> {
+    let draws = 4 * row_len + 2;
+    let z = splitmix64(seed, rows * draws);
+    let mut out = Vec::with_capacity(rows * row_len);
+    for (r, z) in z.chunks_exact(draws).enumerate() {
+        let e = (z[4 * row_len] % 53) as i32 - 40;
+        let s = f32::from_bits(((127 + e) as u32) << 23);
+        let start = out.len();
+        for c in 0..row_len {
+            let u: [f32; 4] = std::array::from_fn(|k| uniform(z[k * row_len + c]));
+            let g = (u[0] + u[1]) + u[2];
+            out.push(match r % 6 {
+                0 => u[0] * s,
+                2 => (g + 0.5) * s,
+                3 if u[3] > 0.2 => 0.0,
+                4 => (g * u[3]) * s,
+                _ => g * s,
+            });
+        }
+        if r % 6 == 5 {
+            let at = start + (z[4 * row_len + 1] % row_len as u64) as usize;
+            out[at] *= 64.0;
+        }
+    }
+    out
+}
+
+/// `stress_importance`: `(u + 1)^4`, zero where `u < −0.8`.
+fn stress_importance(seed: u64, row_len: usize) -> Vec<f32> {
+    splitmix64(seed, row_len)
+        .into_iter()
+        .map(|z| {
+            let u = uniform(z);
+            let t = u + 1.0;
+            if u < -0.8 { 0.0 } else { (t * t) * (t * t) }
+        })
+        .collect()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// 1024 generated rows of 512 per type and path, too many to commit: the
+/// rows are regenerated here bit for bit (their hash is checked first) and
+/// the blocks' sha256 must equal that of llama.cpp's
+/// (`tests/fixtures/quant/quantize/stress.json`).
+#[test]
+fn stress_rows_match_llama_cpp() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/quant/quantize/stress.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let stress: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = stress["rows"].as_u64().unwrap() as usize;
+    let row_len = stress["row_len"].as_u64().unwrap() as usize;
+    let types = [
+        ("q4_0", WeightType::Q4_0),
+        ("q4_1", WeightType::Q4_1),
+        ("q5_0", WeightType::Q5_0),
+        ("q5_1", WeightType::Q5_1),
+        ("q8_0", WeightType::Q8_0),
+        ("mxfp4", WeightType::MXFP4),
+        ("q2_k", WeightType::Q2_K),
+        ("q3_k", WeightType::Q3_K),
+        ("q4_k", WeightType::Q4_K),
+        ("q5_k", WeightType::Q5_K),
+        ("q6_k", WeightType::Q6_K),
+        ("q8_k", WeightType::Q8_K),
+        ("iq2_xxs", WeightType::IQ2_XXS),
+    ];
+    let mut failed = Vec::new();
+    for (name, ty) in types {
+        let entry = &stress["types"][name];
+        let sha = &entry["sha256"];
+        let values = stress_rows(entry["seed"].as_u64().unwrap(), rows, row_len);
+        assert_eq!(
+            sha256_hex(&f32_bytes(&values)),
+            sha["values"].as_str().unwrap(),
+            "{name}: the generated rows differ from quantize.py's"
+        );
+        if let Some(want) = sha["ref"].as_str() {
+            let got = quantize::rows(ty, &values, row_len, None).unwrap();
+            if sha256_hex(&got) != want {
+                failed.push(format!("{name} without importance"));
+            }
+        }
+        if let Some(want) = sha["imatrix"].as_str() {
+            let w = stress_importance(entry["importance_seed"].as_u64().unwrap(), row_len);
+            assert_eq!(
+                sha256_hex(&f32_bytes(&w)),
+                sha["importance"].as_str().unwrap(),
+                "{name}: the generated importance differs from quantize.py's"
+            );
+            let got = quantize::rows(ty, &values, row_len, Some(&w)).unwrap();
+            if sha256_hex(&got) != want {
+                failed.push(format!("{name} with importance"));
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "blocks differ from llama.cpp's on the stress rows: {failed:?}"
+    );
+}

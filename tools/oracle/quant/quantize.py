@@ -25,6 +25,7 @@ Without --sdist the pinned sdist is fetched with pip (its sha256 is checked).
 
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import sys
@@ -104,6 +105,62 @@ def importance_row(rng):
     return w.astype(np.float32)
 
 
+# ------------------------------------------------------------ the stress set
+#
+# Many more rows than the fixtures could hold, made from an integer generator
+# that the Rust test reproduces bit for bit (splitmix64, floats built from
+# bits and combined by f32 operations in a fixed order), so only a sha256 of
+# llama.cpp's blocks per type and path is stored (stress.json).
+
+STRESS_ROWS = 1024
+STRESS_DRAWS = 4 * ROW_LEN + 2  # u64 draws per row
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def splitmix64(seed, n):
+    """Outputs 1..n of splitmix64 from state `seed`."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + GOLDEN * np.arange(1, n + 1, dtype=np.uint64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def uniform(z):
+    """[-1, 1): 23 random mantissa bits in [1, 2), then 2u - 3."""
+    bits = (np.uint64(0x3F800000) | (z >> np.uint64(41))).astype(np.uint32)
+    return bits.view(np.float32) * np.float32(2.0) - np.float32(3.0)
+
+
+def stress_rows(seed):
+    """STRESS_ROWS rows; row r's kind is r % 6 (uniform, sum of three
+    uniforms, offset, 60 % zeros, product, one value ×64), scaled by 2^e,
+    e in [-40, 12] (f16 scales from underflow to typical)."""
+    z = splitmix64(seed, STRESS_ROWS * STRESS_DRAWS).reshape(STRESS_ROWS, STRESS_DRAWS)
+    u = [uniform(z[:, k * ROW_LEN:(k + 1) * ROW_LEN]) for k in range(4)]
+    e = (z[:, 4 * ROW_LEN] % np.uint64(53)).astype(np.int64) - 40
+    s = ((127 + e).astype(np.uint32) << np.uint32(23)).view(np.float32)[:, None]
+    g = (u[0] + u[1]) + u[2]
+    kind = (np.arange(STRESS_ROWS) % 6)[:, None]
+    rows = np.select(
+        [kind == 0, kind == 1, kind == 2, kind == 3, kind == 4, kind == 5],
+        [u[0] * s, g * s, (g + np.float32(0.5)) * s,
+         np.where(u[3] > np.float32(0.2), np.float32(0.0), g * s),
+         (g * u[3]) * s, g * s]).astype(np.float32)
+    at = (z[:, 4 * ROW_LEN + 1] % np.uint64(ROW_LEN)).astype(np.int64)
+    for r in np.flatnonzero(kind[:, 0] == 5):
+        rows[r, at[r]] = rows[r, at[r]] * np.float32(64.0)
+    return np.ascontiguousarray(rows)
+
+
+def stress_importance(seed):
+    """(u + 1)^4, zero where u < -0.8."""
+    u = uniform(splitmix64(seed, ROW_LEN))
+    t = u + np.float32(1.0)
+    w = (t * t) * (t * t)
+    return np.where(u < np.float32(-0.8), np.float32(0.0), w).astype(np.float32)
+
+
 def ptr(a):
     return a.ctypes.data_as(ctypes.c_void_p)
 
@@ -147,6 +204,7 @@ def main():
     oracle = (f"llama.cpp ggml-quants.c via llama-cpp-python {ggml_c.LLAMA_CPP_PYTHON} sdist, "
               f"gcc {' '.join(ggml_c.CFLAGS[:4])}")
     results = []
+    stress = {"rows": STRESS_ROWS, "row_len": ROW_LEN, "oracle": None, "types": {}}
     with tempfile.TemporaryDirectory() as work:
         lib = ggml_c.build(args.sdist or ggml_c.fetch_sdist(work), work)
         lib.iq2xs_init_impl.restype = None
@@ -175,8 +233,28 @@ def main():
                 results.append((f"{name}_imatrix", values, blocks, importance,
                                 {"type": name.upper(), "oracle": oracle,
                                  "function": f"{entry} with quant_weights", "seed": seed}))
+            # The stress set: rows from seed SEED·1000 + i, the importance
+            # from SEED·1000 + 500 + i; the inputs' hashes tell a generator
+            # mismatch from a quantizer one.
+            entry_stress = {"seed": SEED * 1000 + i}
+            rows = stress_rows(entry_stress["seed"])
+            sha = {"values": hashlib.sha256(rows).hexdigest()}
+            if name in REF:
+                sha["ref"] = hashlib.sha256(c_ref(lib, REF[name], rows, row_bytes)).hexdigest()
+            if imatrix:
+                entry_stress["importance_seed"] = SEED * 1000 + 500 + i
+                w = stress_importance(entry_stress["importance_seed"])
+                sha["importance"] = hashlib.sha256(w).hexdigest()
+                sha["imatrix"] = hashlib.sha256(
+                    c_quantize(lib, entry, rows, row_bytes, w)).hexdigest()
+            entry_stress["sha256"] = sha
+            stress["types"][name] = entry_stress
     for result in results:
         write(*result)
+    stress["oracle"] = oracle
+    with open(os.path.join(OUT, "stress.json"), "w") as f:
+        json.dump(stress, f, indent=1, sort_keys=True)
+        f.write("\n")
     manifest = sorted(f for f in os.listdir(OUT) if f.endswith(".safetensors"))
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in manifest)
     print(json.dumps(manifest), f"{total} bytes")
