@@ -133,20 +133,50 @@ impl<B: Backend> Kda<B> {
         cache: &mut DeltaCache<B>,
         capture: Option<&mut Option<DeltaReplay<B>>>,
     ) -> Result<B::Buf> {
+        let [u, g, beta, z] = self.project(ops, x, rows)?;
+        let o = self.recur(ops, u, g, beta, rows, cache, capture)?;
+        self.output(ops, &o, &z, rows)
+    }
+
+    /// Everything per row before the recurrence: `[u, g, β, z]` (the raw
+    /// `q|k|v` projection, the decay, β and the output gate's input). A
+    /// batched forward runs it once over several sessions' rows.
+    pub fn project(&self, ops: &B, x: &B::Buf, rows: usize) -> Result<[B::Buf; 4]> {
+        let d = self.spec.head_dim;
+        let u = self.qkv.forward(ops, x, rows)?;
+        let f = self
+            .f_b
+            .forward(ops, &self.f_a.forward(ops, x, rows)?, rows)?;
+        let g = ops.kda_gate(&f, &self.a, &self.dt_bias, d, self.spec.lower_bound)?;
+        let beta = ops.sigmoid(&self.b_proj.forward(ops, x, rows)?)?;
+        let z = self
+            .g_b
+            .forward(ops, &self.g_a.forward(ops, x, rows)?, rows)?;
+        Ok([u, g, beta, z])
+    }
+
+    /// The part on one session's state: the conv over its rows of `u`, the
+    /// q / k norms and the recurrence with its `g`, `β`, advancing `cache`
+    /// (recording the window with `capture`); → `o`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn recur(
+        &self,
+        ops: &B,
+        u: B::Buf,
+        g: B::Buf,
+        beta: B::Buf,
+        rows: usize,
+        cache: &mut DeltaCache<B>,
+        capture: Option<&mut Option<DeltaReplay<B>>>,
+    ) -> Result<B::Buf> {
         let d = self.spec.head_dim;
         let c = self.spec.heads * d;
-        let u = self.qkv.forward(ops, x, rows)?;
         let before = capture.is_some().then(|| cache.clone());
         let conv = self.shape.conv(ops, &u, cache, &self.conv_w)?;
         let mut parts = ops.split_cols(&conv, rows, &[c, c, c], 1)?;
         let (v, mut k, mut q) = (pop(&mut parts)?, pop(&mut parts)?, pop(&mut parts)?);
         ops.l2_norm_heads(&mut q, d, (d as f32).powf(-0.5))?;
         ops.l2_norm_heads(&mut k, d, 1.0)?;
-        let f = self
-            .f_b
-            .forward(ops, &self.f_a.forward(ops, x, rows)?, rows)?;
-        let g = ops.kda_gate(&f, &self.a, &self.dt_bias, d, self.spec.lower_bound)?;
-        let beta = ops.sigmoid(&self.b_proj.forward(ops, x, rows)?)?;
         let inputs = ScanInputs { q, k, v, g, beta };
         let o = self.shape.scan(ops, &inputs, cache)?;
         if let (Some(cap), Some(before)) = (capture, before) {
@@ -159,10 +189,12 @@ impl<B: Backend> Kda<B> {
                 inputs,
             });
         }
-        let z = self
-            .g_b
-            .forward(ops, &self.g_a.forward(ops, x, rows)?, rows)?;
-        let y = ops.gated_rms_norm(&o, &z, &self.o_norm, self.spec.eps, GateAct::Sigmoid)?;
+        Ok(o)
+    }
+
+    /// The per-row output: the gated norm of `o` by `z`, then `o_proj`.
+    pub fn output(&self, ops: &B, o: &B::Buf, z: &B::Buf, rows: usize) -> Result<B::Buf> {
+        let y = ops.gated_rms_norm(o, z, &self.o_norm, self.spec.eps, GateAct::Sigmoid)?;
         self.o_proj.forward(ops, &y, rows)
     }
 }

@@ -116,6 +116,15 @@ impl<B: Backend> Mla<B> {
         cache: &B::Buf,
         selected: &B::Selection,
     ) -> Result<B::Buf> {
+        let q_lat = self.absorb(ops, q, rows)?;
+        let o_lat = self.attend_latent(ops, &q_lat, cache, selected)?;
+        self.output(ops, &o_lat, rows)
+    }
+
+    /// The queries `[rows, H·dn]` absorbed into latent space and scaled,
+    /// `[rows, H·r]` (per row: a batched forward runs it once over several
+    /// sessions' rows).
+    pub fn absorb(&self, ops: &B, q: &B::Buf, rows: usize) -> Result<B::Buf> {
         let MlaSpec {
             heads,
             latent,
@@ -131,9 +140,21 @@ impl<B: Backend> Mla<B> {
         let parts: Vec<(&B::Buf, usize)> = absorbed.iter().map(|b| (b, latent)).collect();
         let q_lat = ops.concat_cols(&parts, rows)?;
         // The op scales by 1/√r; the reference scales by 1/√dn.
-        let q_lat = ops.affine(&q_lat, (latent as f64 / nope as f64).sqrt() as f32, 0.0)?;
-        let o_lat = ops.attention_gathered(
-            &q_lat,
+        ops.affine(&q_lat, (latent as f64 / nope as f64).sqrt() as f32, 0.0)
+    }
+
+    /// One session's attention of its absorbed queries over its latents
+    /// `cache` and `selected` tokens; → `[rows, H·r]`.
+    pub fn attend_latent(
+        &self,
+        ops: &B,
+        q_lat: &B::Buf,
+        cache: &B::Buf,
+        selected: &B::Selection,
+    ) -> Result<B::Buf> {
+        let MlaSpec { heads, latent, .. } = self.spec;
+        ops.attention_gathered(
+            q_lat,
             cache,
             cache,
             selected,
@@ -143,8 +164,14 @@ impl<B: Backend> Mla<B> {
                 dim: latent,
             },
             None,
-        )?;
-        let oh = ops.split_cols(&o_lat, rows, &vec![latent; heads], 1)?;
+        )
+    }
+
+    /// Per row: the latent outputs `[rows, H·r]` through `W_v` and
+    /// `o_proj`; → `[rows, H_model]`.
+    pub fn output(&self, ops: &B, o_lat: &B::Buf, rows: usize) -> Result<B::Buf> {
+        let MlaSpec { heads, latent, .. } = self.spec;
+        let oh = ops.split_cols(o_lat, rows, &vec![latent; heads], 1)?;
         let outs = oh
             .iter()
             .zip(&self.absorb_v)

@@ -4,17 +4,18 @@
 //!
 //! Shared over every session's rows (one weight read for all): the token
 //! embedding, the mHC mixes and combines, the input and post-attention
-//! norms, the MLA query and latent projections (`q_a`, `q_b`, `kv_a` and
-//! their norms), the whole FFN (dense SwiGLU, or router, routed and shared
-//! experts), the final mean, norm and head over the rows each call wants.
+//! norms, KDA's projections, gates and gated output (`layers::kda`'s
+//! `project` / `output`), MLA's query and latent projections, the query
+//! absorption and the value / output projections (`layers::mla`'s
+//! `queries`, `latents`, `absorb`, `output`), the whole FFN (dense
+//! SwiGLU, or router, routed and shared experts), and the final mean,
+//! norm and head over the rows each call wants.
 //!
-//! Per session, on its rows: the KDA layer whole (its projections live in
-//! the shared `layers::kda`, whose conv window and recurrent state are the
-//! session's), the MLA latent append, the pooled indexer over its own
-//! cache (or, on a shared-indexer layer, the session's selection from the
-//! layer before) and the absorbed attention over its own latents (with
-//! `o_proj`, inside `layers::mla`'s `attend`). NoPE: nothing else depends
-//! on positions.
+//! Per session, on its rows: KDA's conv window, q / k norms and
+//! recurrence (`recur`), the MLA latent append, the pooled indexer over
+//! its own cache (or, on a shared-indexer layer, the session's selection
+//! from the layer before) and the gathered attention over its own latents
+//! (`attend_latent`). NoPE: nothing else depends on positions.
 //!
 //! Every op is row-independent (`shared/specs/backend.md`), so each
 //! session's logits have the bits of its forward alone
@@ -79,27 +80,35 @@ impl<B: Backend> DecoderLayer<B> {
         let rows: usize = parts.iter().map(|p| p.rows).sum();
         let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
         let x = self.input_norm.forward(ops, &x)?;
-        let mut ys = Vec::with_capacity(parts.len());
-        match &self.mixer {
+        let y = match &self.mixer {
             Mixer::Kda(kda) => {
-                let xr = split(ops, &x, rows, parts)?;
-                for (p, xi) in parts.iter_mut().zip(&xr) {
+                let [u, g, beta, z] = kda.project(ops, &x, rows)?;
+                let (u, g, beta) = (
+                    split(ops, &u, rows, parts)?,
+                    split(ops, &g, rows, parts)?,
+                    split(ops, &beta, rows, parts)?,
+                );
+                let mut os = Vec::with_capacity(parts.len());
+                for (((p, u), g), beta) in parts.iter_mut().zip(u).zip(g).zip(beta) {
                     let LayerCache::Kda(c) = &mut *p.cache else {
                         return Err(mismatch());
                     };
-                    ys.push(kda.forward(ops, xi, p.rows, c, None)?);
+                    os.push(kda.recur(ops, u, g, beta, p.rows, c, None)?);
                     *p.selection = None;
                 }
+                kda.output(ops, &concat(ops, os)?, &z, rows)?
             }
             Mixer::Mla { mla, indexer } => {
                 let (qr, q) = mla.queries(ops, &x, rows)?;
                 let latents = mla.latents(ops, &x, rows)?;
+                let q = mla.absorb(ops, &q, rows)?;
                 let (xr, qr, q, latents) = (
                     split(ops, &x, rows, parts)?,
                     split(ops, &qr, rows, parts)?,
                     split(ops, &q, rows, parts)?,
                     split(ops, &latents, rows, parts)?,
                 );
+                let mut os = Vec::with_capacity(parts.len());
                 for ((((p, xi), qri), qi), li) in
                     parts.iter_mut().zip(&xr).zip(&qr).zip(&q).zip(&latents)
                 {
@@ -117,12 +126,13 @@ impl<B: Backend> DecoderLayer<B> {
                         })?,
                         _ => return Err(mismatch()),
                     };
-                    ys.push(mla.attend(ops, qi, p.rows, c.latent.buf(), &sel)?);
+                    os.push(mla.attend_latent(ops, qi, c.latent.buf(), &sel)?);
                     *p.selection = Some(sel);
                 }
+                mla.output(ops, &concat(ops, os)?, rows)?
             }
-        }
-        let (xs, _) = self.ffn_half(ops, xs, &concat(ops, ys)?, mix, rows)?;
+        };
+        let (xs, _) = self.ffn_half(ops, xs, &y, mix, rows)?;
         Ok(xs)
     }
 }
