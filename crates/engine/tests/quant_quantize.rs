@@ -6,7 +6,9 @@
 //! write the same bytes, with and without importance. The rows include the
 //! searches' corner cases (all zero, one huge outlier, all equal, f32
 //! subnormals, scales in f16's subnormal range, one sign only, rounding ties,
-//! sparse, mixed group magnitudes), so equal bytes mean equal branches.
+//! sparse, mixed group magnitudes, values whose squares and sums overflow
+//! f32), so equal bytes mean equal branches; `stress.json` adds the hashes of
+//! 1024 generated rows per type and path.
 //!
 //! Then the blocks must dequantize back near the input: a wrong layout that
 //! happened to match nothing else would fail there.
@@ -117,12 +119,17 @@ fn check_imatrix(name: &str, ty: WeightType) -> Fixture {
 const SMOOTH_ROWS: [usize; 5] = [8, 9, 13, 14, 15];
 
 /// Dequantizes `blocks` and bounds each smooth row's relative RMS error by
-/// `tol`, weighted by the importance where the search used one (it may
-/// spend no bits on a column of zero importance); the all-zero row (row 0)
-/// must come back exactly zero.
+/// `tol`, over the columns of nonzero importance where the search used one
+/// (it may spend no bits on the others); the all-zero row (row 0) must come
+/// back exactly zero.
 fn check_round_trip(what: &str, ty: WeightType, f: &Fixture, blocks: &[u8], tol: f32) {
-    let ones = vec![1.0f32; f.row_len];
-    let w = f.importance.as_deref().unwrap_or(&ones);
+    let w: Vec<f32> = match &f.importance {
+        Some(imp) => imp
+            .iter()
+            .map(|&v| if v > 0.0 { 1.0 } else { 0.0 })
+            .collect(),
+        None => vec![1.0; f.row_len],
+    };
     let mut back = vec![0.0f32; f.values.len()];
     dequant::blocks(ty, blocks, &mut back);
     assert!(
@@ -133,7 +140,7 @@ fn check_round_trip(what: &str, ty: WeightType, f: &Fixture, blocks: &[u8], tol:
         let x = &f.values[r * f.row_len..(r + 1) * f.row_len];
         let y = &back[r * f.row_len..(r + 1) * f.row_len];
         let (mut err, mut norm) = (0.0f64, 0.0f64);
-        for ((&a, &b), &w) in x.iter().zip(y).zip(w) {
+        for ((&a, &b), &w) in x.iter().zip(y).zip(&w) {
             err += w as f64 * ((a - b) as f64).powi(2);
             norm += w as f64 * (a as f64).powi(2);
         }
@@ -146,14 +153,14 @@ fn check_round_trip(what: &str, ty: WeightType, f: &Fixture, blocks: &[u8], tol:
 }
 
 /// A type with both paths: each byte-identical, each round trip in bounds.
-/// The bounds are about 1.5× the largest error llama.cpp's blocks show on
+/// The bounds are about 1.4× the largest error llama.cpp's blocks show on
 /// these rows (a type's bits decide its error: Q8 ≈ 0.5 %, Q6 ≈ 2 %, Q4 ≈
-/// 8 %, Q2 ≈ 30 % without importance).
-fn check_both(name: &str, ty: WeightType, tol_ref: f32, tol_imatrix: f32) {
+/// 8 %, Q2 ≈ 30 %, IQ2_XXS ≈ 39 %).
+fn check_both(name: &str, ty: WeightType, tol: f32) {
     let f = check_ref(name, ty);
-    check_round_trip(name, ty, &f, &f.blocks, tol_ref);
+    check_round_trip(name, ty, &f, &f.blocks, tol);
     let f = check_imatrix(name, ty);
-    check_round_trip(&format!("{name}_imatrix"), ty, &f, &f.blocks, tol_imatrix);
+    check_round_trip(&format!("{name}_imatrix"), ty, &f, &f.blocks, tol);
 }
 
 /// A type without an importance path: byte-identical, an importance
@@ -168,68 +175,68 @@ fn check_ref_only(name: &str, ty: WeightType, tol: f32) {
 
 #[test]
 fn q8_0_matches_llama_cpp() {
-    check_ref_only("q8_0", WeightType::Q8_0, 0.01);
+    check_ref_only("q8_0", WeightType::Q8_0, 0.008);
 }
 
 #[test]
 fn q4_0_matches_llama_cpp() {
-    check_both("q4_0", WeightType::Q4_0, 0.13, 0.25);
+    check_both("q4_0", WeightType::Q4_0, 0.13);
 }
 
 #[test]
 fn q4_1_matches_llama_cpp() {
-    check_both("q4_1", WeightType::Q4_1, 0.12, 0.05);
+    check_both("q4_1", WeightType::Q4_1, 0.11);
 }
 
 #[test]
 fn q5_0_matches_llama_cpp() {
-    check_both("q5_0", WeightType::Q5_0, 0.065, 0.04);
+    check_both("q5_0", WeightType::Q5_0, 0.07);
 }
 
 #[test]
 fn q5_1_matches_llama_cpp() {
-    check_both("q5_1", WeightType::Q5_1, 0.06, 0.03);
+    check_both("q5_1", WeightType::Q5_1, 0.055);
 }
 
 #[test]
 fn mxfp4_matches_llama_cpp() {
-    check_ref_only("mxfp4", WeightType::MXFP4, 0.21);
+    check_ref_only("mxfp4", WeightType::MXFP4, 0.2);
 }
 
 #[test]
 fn q2_k_matches_llama_cpp() {
-    check_both("q2_k", WeightType::Q2_K, 0.45, 0.18);
+    check_both("q2_k", WeightType::Q2_K, 0.45);
 }
 
 #[test]
 fn q3_k_matches_llama_cpp() {
-    check_both("q3_k", WeightType::Q3_K, 0.23, 0.27);
+    check_both("q3_k", WeightType::Q3_K, 0.23);
 }
 
 #[test]
 fn q4_k_matches_llama_cpp() {
-    check_both("q4_k", WeightType::Q4_K, 0.11, 0.04);
+    check_both("q4_k", WeightType::Q4_K, 0.11);
 }
 
 #[test]
 fn q5_k_matches_llama_cpp() {
-    check_both("q5_k", WeightType::Q5_K, 0.055, 0.025);
+    check_both("q5_k", WeightType::Q5_K, 0.05);
 }
 
 #[test]
 fn q6_k_matches_llama_cpp() {
-    check_both("q6_k", WeightType::Q6_K, 0.03, 0.02);
+    check_both("q6_k", WeightType::Q6_K, 0.03);
 }
 
 #[test]
 fn q8_k_matches_llama_cpp() {
-    check_ref_only("q8_k", WeightType::Q8_K, 0.012);
+    check_ref_only("q8_k", WeightType::Q8_K, 0.011);
 }
 
 #[test]
 fn iq2_xxs_matches_llama_cpp() {
     let f = check_imatrix("iq2_xxs", WeightType::IQ2_XXS);
-    check_round_trip("iq2_xxs_imatrix", WeightType::IQ2_XXS, &f, &f.blocks, 0.33);
+    check_round_trip("iq2_xxs_imatrix", WeightType::IQ2_XXS, &f, &f.blocks, 0.55);
 }
 
 /// Rows are independent: quantizing the rows one at a time gives the same

@@ -90,6 +90,11 @@ def edge_rows(rng):
         rng.uniform(-1.0, 1.0, n),
         g(0.02),
         g(0.02) + 0.01,                                   # Gaussian with an offset (min != -max)
+        # f32 overflow inside the searches (squares, sums, reciprocals):
+        # inf/NaN intermediates, x86's float-to-int casts, f16 scales of inf
+        g(1.0) * 1e19,
+        g(1.0) * 1e30,
+        np.where(np.arange(n) == 5, 3e38, g(1.0)),
     ]
     return np.stack(rows).astype(np.float32)
 

@@ -17,8 +17,8 @@ use super::search::{GROUP_MAX_EPS, make_qp_quants};
 /// `kMaxQ`: levels 0..kMaxQ−1 per value.
 const K_MAX_Q: i32 = 3;
 
-/// Where the C aborts (`GGML_ASSERT` / `GGML_ABORT`), which only values
-/// whose squares overflow reach.
+/// Where the C aborts (`GGML_ASSERT` / `GGML_ABORT`); no tested row gets
+/// there, not even one whose squares overflow f32.
 pub(super) type Abort = &'static str;
 
 /// One row; `qw` is the row's importance (as long as `x`).

@@ -63,8 +63,10 @@ pub enum QuantizeError {
         index: usize,
         value: f32,
     },
-    /// A row on which llama.cpp's quantizer aborts (`GGML_ASSERT`): only
-    /// values whose squares overflow f32 get there.
+    /// A row on which llama.cpp's quantizer aborts (IQ2_XXS's
+    /// `GGML_ASSERT`s: no grid neighbour with a finite error, levels off
+    /// the grid, a NaN scale). No tested row reaches one, rows whose
+    /// squares overflow f32 included.
     #[error("{ty}: row {row}: {reason}")]
     Search {
         ty: WeightType,
