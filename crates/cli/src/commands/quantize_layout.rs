@@ -24,6 +24,9 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, bail};
 use ds4_engine::families::deepseek_v4::DeepseekV4Config;
 use ds4_engine::families::deepseek_v4::config::{AttnKind, MlpKind};
+use ds4_engine::families::deepseek_v4::gguf::{
+    EXPERT_MAP as DS4_EXPERTS, LAYER_MAP as DS4_LAYER, MTP_MAP as DS4_MTP, TOP_MAP as DS4_TOP,
+};
 use ds4_engine::families::llama::LlamaConfig;
 use ds4_engine::layers::rope::RopeScaling;
 use ds4_engine::load::ModelFormat;
@@ -314,87 +317,6 @@ fn upstream(name: &str) -> String {
         other => other.to_string(),
     }
 }
-
-/// ds4's `top_map`.
-const DS4_TOP: &[(&str, &str)] = &[
-    ("embed.weight", "token_embd.weight"),
-    ("norm.weight", "output_norm.weight"),
-    ("head.weight", "output.weight"),
-    ("hc_head_base", "output_hc_base.weight"),
-    ("hc_head_fn", "output_hc_fn.weight"),
-    ("hc_head_scale", "output_hc_scale.weight"),
-];
-
-/// ds4's `layer_map` (upstream suffix under `layers.L.` / `mtp.0.`).
-const DS4_LAYER: &[(&str, &str)] = &[
-    ("hc_attn_fn", "hc_attn_fn.weight"),
-    ("hc_attn_base", "hc_attn_base.weight"),
-    ("hc_attn_scale", "hc_attn_scale.weight"),
-    ("hc_ffn_fn", "hc_ffn_fn.weight"),
-    ("hc_ffn_base", "hc_ffn_base.weight"),
-    ("hc_ffn_scale", "hc_ffn_scale.weight"),
-    ("attn_norm.weight", "attn_norm.weight"),
-    ("attn.attn_sink", "attn_sinks.weight"),
-    ("attn.wq_a.weight", "attn_q_a.weight"),
-    ("attn.q_norm.weight", "attn_q_a_norm.weight"),
-    ("attn.wq_b.weight", "attn_q_b.weight"),
-    ("attn.wkv.weight", "attn_kv.weight"),
-    ("attn.norm.weight", "attn_kv_a_norm.weight"),
-    ("attn.kv_norm.weight", "attn_kv_a_norm.weight"),
-    ("attn.wo_a.weight", "attn_output_a.weight"),
-    ("attn.wo_b.weight", "attn_output_b.weight"),
-    ("attn.compressor.ape", "attn_compressor_ape.weight"),
-    ("attn.compressor.wkv.weight", "attn_compressor_kv.weight"),
-    (
-        "attn.compressor.wgate.weight",
-        "attn_compressor_gate.weight",
-    ),
-    ("attn.compressor.norm.weight", "attn_compressor_norm.weight"),
-    ("attn.indexer.wq_b.weight", "indexer.attn_q_b.weight"),
-    ("attn.indexer.weights_proj.weight", "indexer.proj.weight"),
-    (
-        "attn.indexer.compressor.ape",
-        "indexer_compressor_ape.weight",
-    ),
-    (
-        "attn.indexer.compressor.wkv.weight",
-        "indexer_compressor_kv.weight",
-    ),
-    (
-        "attn.indexer.compressor.wgate.weight",
-        "indexer_compressor_gate.weight",
-    ),
-    (
-        "attn.indexer.compressor.norm.weight",
-        "indexer_compressor_norm.weight",
-    ),
-    ("ffn_norm.weight", "ffn_norm.weight"),
-    ("ffn.gate.weight", "ffn_gate_inp.weight"),
-    ("ffn.gate.bias", "exp_probs_b.bias"),
-    ("ffn.gate.tid2eid", "ffn_gate_tid2eid.weight"),
-    ("ffn.shared_experts.w1.weight", "ffn_gate_shexp.weight"),
-    ("ffn.shared_experts.w3.weight", "ffn_up_shexp.weight"),
-    ("ffn.shared_experts.w2.weight", "ffn_down_shexp.weight"),
-];
-
-/// The MTP head's own tensors under `mtp.0.`.
-const DS4_MTP: &[(&str, &str)] = &[
-    ("e_proj.weight", "e_proj.weight"),
-    ("h_proj.weight", "h_proj.weight"),
-    ("enorm.weight", "enorm.weight"),
-    ("hnorm.weight", "hnorm.weight"),
-    ("norm.weight", "norm.weight"),
-    ("hc_head_base", "hc_head_base.weight"),
-    ("hc_head_fn", "hc_head_fn.weight"),
-    ("hc_head_scale", "hc_head_scale.weight"),
-];
-
-/// Routed expert projections → ds4's stacks, in ds4's order.
-const DS4_EXPERTS: &[(&str, &str)] = &[
-    ("w1.weight", "ffn_gate_exps.weight"),
-    ("w3.weight", "ffn_up_exps.weight"),
-    ("w2.weight", "ffn_down_exps.weight"),
-];
 
 fn lookup<'a>(map: &[(&str, &'a str)], k: &str) -> Option<&'a str> {
     map.iter().find(|(a, _)| *a == k).map(|(_, b)| *b)

@@ -337,7 +337,7 @@ impl DeepseekV4Config {
 /// `mtp.0.` (`deepseek4-quantize.c` `layer_map`). The KV norm is bound as
 /// `attn.norm.weight` (transformers' saved name, what the family binds);
 /// ds4's table reads DeepSeek's `attn.kv_norm.weight`; both map here.
-const LAYER_MAP: &[(&str, &str)] = &[
+pub const LAYER_MAP: &[(&str, &str)] = &[
     ("hc_attn_base", "hc_attn_base.weight"),
     ("hc_attn_fn", "hc_attn_fn.weight"),
     ("hc_attn_scale", "hc_attn_scale.weight"),
@@ -389,7 +389,7 @@ const LAYER_MAP: &[(&str, &str)] = &[
 ];
 
 /// Top-level upstream name → ds4's (`top_map`).
-const TOP_MAP: &[(&str, &str)] = &[
+pub const TOP_MAP: &[(&str, &str)] = &[
     ("embed.weight", "token_embd.weight"),
     ("norm.weight", "output_norm.weight"),
     ("head.weight", "output.weight"),
@@ -399,7 +399,7 @@ const TOP_MAP: &[(&str, &str)] = &[
 ];
 
 /// The MTP head's own tensors under `mtp.0.` (ds4's `mtp_weights_bind`).
-const MTP_MAP: &[(&str, &str)] = &[
+pub const MTP_MAP: &[(&str, &str)] = &[
     ("e_proj.weight", "e_proj.weight"),
     ("h_proj.weight", "h_proj.weight"),
     ("enorm.weight", "enorm.weight"),
@@ -410,8 +410,9 @@ const MTP_MAP: &[(&str, &str)] = &[
     ("hc_head_scale", "hc_head_scale.weight"),
 ];
 
-/// Routed expert projection → ds4's stack.
-const EXPERT_MAP: &[(&str, &str)] = &[
+/// Routed expert projection → ds4's stack. (These four tables are also
+/// what `ds4server quantize` writes ds4's layout with.)
+pub const EXPERT_MAP: &[(&str, &str)] = &[
     ("w1.weight", "ffn_gate_exps.weight"),
     ("w3.weight", "ffn_up_exps.weight"),
     ("w2.weight", "ffn_down_exps.weight"),
