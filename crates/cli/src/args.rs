@@ -439,6 +439,10 @@ pub struct QuantizeArgs {
     /// Print the plan (every tensor's group and type) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Quantizer threads (each tensor's rows split between them; the
+    /// bytes do not depend on N). Default: the available cores.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]

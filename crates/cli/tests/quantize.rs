@@ -410,3 +410,130 @@ fn iq2_xxs_needs_an_importance_matrix_unless_allowed() {
         assert!(!out.exists() && !partial(&out).exists());
     }
 }
+
+/// Every file in `dir`, by name, with its bytes.
+fn files_in(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn threads_do_not_change_a_byte() {
+    for (src, recipe) in [
+        (fixture("llama/tiny/f32_untied"), vec!["--recipe", "q4_k"]),
+        (fixture("qwen4_exp/tiny_a"), vec!["--recipe", "q8_0"]),
+        // Rows of 256: IQ2_XXS and Q2_K experts, Q8_0 attention.
+        (
+            fixture("deepseek_v4/ds4_quantizer/q2.gguf"),
+            vec!["--recipe", "ds4-q2", "--allow-no-imatrix"],
+        ),
+    ] {
+        let mut outs = Vec::new();
+        for threads in ["1", "3"] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("m.gguf");
+            let mut args = recipe.clone();
+            args.extend(["--threads", threads]);
+            let (done, err) = quantize(&src, &out, &args);
+            assert!(done, "{} --threads {threads}: {err}", src.display());
+            outs.push(files_in(dir.path()));
+        }
+        assert!(!outs[0].is_empty());
+        let names = |o: &Vec<(String, Vec<u8>)>| o.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&outs[0]), names(&outs[1]), "{}", src.display());
+        for (a, b) in outs[0].iter().zip(&outs[1]) {
+            assert!(
+                a.1 == b.1,
+                "{}: {} differs between 1 and 3 threads",
+                src.display(),
+                a.0
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.gguf");
+    let (done, err) = quantize(
+        &fixture("llama/tiny/f32_untied"),
+        &out,
+        &["--recipe", "f16", "--threads", "0"],
+    );
+    assert!(!done && err.contains("--threads 0"), "{err}");
+}
+
+/// The llama f32 fixture with row `row` of `tensor` set to `value`.
+fn llama_with_row(tensor: &str, row: usize, value: f32) -> tempfile::TempDir {
+    let src = fixture("llama/tiny/f32_untied");
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept = Vec::new();
+    for (name, view) in st.tensors() {
+        let mut data = view.data().to_vec();
+        if name == tensor {
+            let cols = view.shape()[1];
+            for c in 0..cols {
+                let o = (row * cols + c) * 4;
+                data[o..o + 4].copy_from_slice(&value.to_le_bytes());
+            }
+        }
+        kept.push((name, view.shape().to_vec(), data));
+    }
+    assert!(kept.iter().any(|k| k.0 == tensor), "{tensor}");
+    let views: Vec<(String, safetensors::tensor::TensorView)> = kept
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    dir
+}
+
+#[test]
+fn blocks_with_non_finite_scales_are_refused_naming_tensor_and_row() {
+    // 1e30 is a finite f32, but its Q8_0 scale (1e30 / 127) and its F16
+    // value overflow f16: llama.cpp's ggml_validate_row_data refuses both.
+    let src = llama_with_row("model.layers.0.mlp.up_proj.weight", 5, 1e30);
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("m.gguf");
+    for (recipe, what) in [("q8_0", "inf scale d"), ("f16", "inf value")] {
+        let (done, err) = quantize(src.path(), &out, &["--recipe", recipe, "--threads", "3"]);
+        assert!(!done, "{recipe}: a file with infinite blocks was written");
+        assert!(
+            err.contains("blk.0.ffn_up.weight") && err.contains("row 5,") && err.contains(what),
+            "{recipe}: {err}"
+        );
+        assert!(err.contains("m.gguf"), "{recipe}: the file is named: {err}");
+        let left: Vec<_> = std::fs::read_dir(out_dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "{recipe}: {left:?}");
+    }
+    // In F32 the value is representable: written, and the row is there.
+    ok(src.path(), &out, &["--recipe", "f32"]);
+    // A NaN is refused by the quantizer itself, naming row and column.
+    let nan = llama_with_row("model.layers.1.self_attn.o_proj.weight", 7, f32::NAN);
+    let (done, err) = quantize(
+        nan.path(),
+        &out_dir.path().join("n.gguf"),
+        &["--recipe", "q8_0"],
+    );
+    assert!(
+        !done && err.contains("blk.1.attn_output.weight") && err.contains("row 7"),
+        "{err}"
+    );
+    assert!(!out_dir.path().join("n.gguf").exists());
+}

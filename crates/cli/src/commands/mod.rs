@@ -14,6 +14,7 @@ pub mod quantize;
 pub mod quantize_layout;
 pub mod quantize_recipes;
 pub mod quantize_source;
+pub mod quantize_validate;
 pub mod run;
 pub mod serve;
 pub mod sessions;

@@ -30,6 +30,7 @@ use super::imatrix::Imatrix;
 use super::quantize_layout::{self as layout, OutFile, OutTensor, Piece};
 use super::quantize_recipes::{self as recipes, Group};
 use super::quantize_source::{Kind, Source};
+use super::quantize_validate::validate;
 use crate::args::QuantizeArgs;
 
 /// Values dequantized per step (16 Mi f32 = 64 MiB).
@@ -170,17 +171,21 @@ pub fn run(args: &QuantizeArgs, interrupted: &AtomicBool) -> Result<()> {
         return Ok(());
     }
 
+    let threads = match args.threads {
+        Some(0) => bail!("--threads 0: at least one thread is needed"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, usize::from),
+    };
     let temps = TempFiles(planned.iter().map(|f| partial(&f.path)).collect());
     let mut progress = Progress::new(total);
+    let mut cx = WriteCx {
+        imatrix: imatrix.as_ref(),
+        threads,
+        progress: &mut progress,
+        interrupted,
+    };
     for (f, tmp) in planned.iter().zip(&temps.0) {
-        write_file(
-            &mut src,
-            f,
-            tmp,
-            imatrix.as_ref(),
-            &mut progress,
-            interrupted,
-        )?;
+        write_file(&mut src, f, tmp, &mut cx)?;
     }
     for (f, tmp) in planned.iter().zip(&temps.0) {
         std::fs::rename(tmp, &f.path)
@@ -407,14 +412,15 @@ impl Progress {
     }
 }
 
-fn write_file(
-    src: &mut Source,
-    f: &Planned,
-    tmp: &Path,
-    imatrix: Option<&Imatrix>,
-    progress: &mut Progress,
-    interrupted: &AtomicBool,
-) -> Result<()> {
+/// What every tensor's write shares.
+struct WriteCx<'a> {
+    imatrix: Option<&'a Imatrix>,
+    threads: usize,
+    progress: &'a mut Progress,
+    interrupted: &'a AtomicBool,
+}
+
+fn write_file(src: &mut Source, f: &Planned, tmp: &Path, cx: &mut WriteCx) -> Result<()> {
     let plans: Vec<TensorPlan> = f
         .tensors
         .iter()
@@ -428,7 +434,7 @@ fn write_file(
     let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 22, file), &f.metadata, &plans)
         .with_context(|| format!("{}", tmp.display()))?;
     for t in &f.tensors {
-        if interrupted.load(Ordering::SeqCst) {
+        if cx.interrupted.load(Ordering::SeqCst) {
             bail!("interrupted: {} removed", tmp.display());
         }
         match t.ty {
@@ -452,9 +458,10 @@ fn write_file(
                     }
                 }
                 w.write(&bytes)?;
-                progress.add(bytes.len() as u64, &t.t.name, true);
+                cx.progress.add(bytes.len() as u64, &t.t.name, true);
             }
-            Some(ty) => write_tensor(src, &mut w, t, ty, imatrix, progress, interrupted)?,
+            Some(ty) => write_tensor(src, &mut w, t, ty, cx)
+                .with_context(|| format!("{}: nothing written", f.path.display()))?,
         }
     }
     let out = w.finish()?;
@@ -515,16 +522,92 @@ fn dequantize(
     Ok(out)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Rows `row0..` of tensor `name` (`values`, rows of `cols`) in `ty`,
+/// checked as llama.cpp's `ggml_validate_row_data` checks them. Errors
+/// name the tensor and the row (of the whole tensor).
+fn quantize_checked(
+    name: &str,
+    ty: WeightType,
+    values: &[f32],
+    cols: usize,
+    importance: Option<&[f32]>,
+    row0: usize,
+) -> Result<Vec<u8>> {
+    let bytes = quantize_rows(ty, values, cols, importance).map_err(|e| match e {
+        QuantizeError::Search { row, reason, .. } => {
+            anyhow::anyhow!("{name}: row {}: {ty}: {reason}", row0 + row)
+        }
+        QuantizeError::NonFinite {
+            what: "value",
+            index,
+            value,
+        } => anyhow::anyhow!(
+            "{name}: row {}: column {} is {value} (only finite values can be quantized to {ty})",
+            row0 + index / cols.max(1),
+            index % cols.max(1)
+        ),
+        other => anyhow::anyhow!("quantizing {name} to {ty}: {other}"),
+    })?;
+    if let Err(bad) = validate(ty, &bytes, cols) {
+        bail!(
+            "{name}: row {}, block {}: the {ty} bytes hold an {} (a value too large for {ty}); refused, as llama.cpp's ggml_validate_row_data refuses it",
+            row0 + bad.row,
+            bad.block,
+            bad.what
+        );
+    }
+    Ok(bytes)
+}
+
+/// [`quantize_checked`] with the rows split over up to `threads` scoped
+/// threads, the pieces joined in row order: the same bytes as one thread
+/// (each row is quantized on its own).
+fn quantize_parallel(
+    name: &str,
+    ty: WeightType,
+    values: &[f32],
+    cols: usize,
+    importance: Option<&[f32]>,
+    row0: usize,
+    threads: usize,
+) -> Result<Vec<u8>> {
+    let rows = values.len() / cols.max(1);
+    let n = threads.min(rows).max(1);
+    if n == 1 {
+        return quantize_checked(name, ty, values, cols, importance, row0);
+    }
+    let per = rows.div_ceil(n);
+    let parts: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = values
+            .chunks(per * cols)
+            .enumerate()
+            .map(|(i, piece)| {
+                s.spawn(move || quantize_checked(name, ty, piece, cols, importance, row0 + i * per))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("{name}: a quantizer thread panicked")))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(ty.row_bytes(cols).unwrap_or(0) * rows);
+    for p in parts {
+        out.extend_from_slice(&p?);
+    }
+    Ok(out)
+}
+
 fn write_tensor<W: Write>(
     src: &mut Source,
     w: &mut GgufWriter<W>,
     t: &Typed,
     ty: WeightType,
-    imatrix: Option<&Imatrix>,
-    progress: &mut Progress,
-    interrupted: &AtomicBool,
+    cx: &mut WriteCx,
 ) -> Result<()> {
+    let imatrix = cx.imatrix;
     let dims = &t.t.dims;
     let cols = dims.last().copied().unwrap_or(1);
     let rows: usize = dims.iter().rev().skip(1).product();
@@ -568,15 +651,22 @@ fn write_tensor<W: Write>(
         };
         let mut r = s0;
         while r < s1 {
-            if interrupted.load(Ordering::SeqCst) {
+            if cx.interrupted.load(Ordering::SeqCst) {
                 bail!("interrupted");
             }
             let r_end = (r + chunk).min(s1);
             let v = dequantize(src, &mut cache, &t.t.pieces, r, r_end, cols)?;
-            let bytes = quantize_rows(ty, &v, cols, importance.as_deref())
-                .with_context(|| format!("quantizing {} to {ty}", t.t.name))?;
+            let bytes = quantize_parallel(
+                &t.t.name,
+                ty,
+                &v,
+                cols,
+                importance.as_deref(),
+                r,
+                cx.threads,
+            )?;
             w.write(&bytes)?;
-            progress.add(bytes.len() as u64, &t.t.name, false);
+            cx.progress.add(bytes.len() as u64, &t.t.name, false);
             r = r_end;
         }
     }
@@ -624,6 +714,7 @@ mod tests {
             imatrix: None,
             allow_no_imatrix: false,
             dry_run: false,
+            threads: None,
         };
         // Ctrl+C before the first tensor: the header was written to
         // OUT.partial, which is removed; OUT never appears.
