@@ -11,7 +11,8 @@
 //!
 //! Per session, on its rows: its M-RoPE positions and tables (a text token
 //! continues after the largest position so far, so a session that saw an
-//! image keeps its offset), the PLE n-gram window, the DeltaNet conv window
+//! image keeps its offset), the PLE n-gram ids and value conv (its gather,
+//! projections, norms and gate are shared), the DeltaNet conv window
 //! and recurrence, the QSA indexer and its block keys, the q / k norms and
 //! RoPE, the KV cache append and the gathered attention.
 //!
@@ -90,15 +91,28 @@ impl<B: Backend> DecoderLayer<B> {
             Mixer::Gdn(gdn) => {
                 let mut input = input;
                 if let Some(ple) = &self.ple {
-                    // The PLE addend reads each session's n-gram window.
+                    // Each session's n-gram ids (its id window) and conv
+                    // (its value window); the gather, projections, norms
+                    // and gate over every row.
                     let xs = input.into_buf(ops)?;
-                    let rows_in = split(ops, &xs, rows, parts)?;
-                    let mut adds = Vec::with_capacity(parts.len());
-                    for (p, xi) in parts.iter_mut().zip(&rows_in) {
+                    let mut ids = Vec::with_capacity(rows);
+                    for p in parts.iter_mut() {
                         let LayerCache::Linear { ple: Some(pc), .. } = &mut *p.cache else {
                             return Err(mismatch());
                         };
-                        adds.push(ple.forward(ops, xi, p.tokens, pc, None)?);
+                        ids.extend(ple.ids(p.tokens, pc, false).0);
+                    }
+                    let [gv, gvn] = ple.gated(ops, &xs, &ids, rows)?;
+                    let (gv, gvn) = (
+                        split(ops, &gv, rows, parts)?,
+                        split(ops, &gvn, rows, parts)?,
+                    );
+                    let mut adds = Vec::with_capacity(parts.len());
+                    for ((p, gv), gvn) in parts.iter_mut().zip(gv).zip(gvn) {
+                        let LayerCache::Linear { ple: Some(pc), .. } = &mut *p.cache else {
+                            return Err(mismatch());
+                        };
+                        adds.push(ple.conv(ops, gv, gvn, pc, None, Vec::new())?);
                     }
                     input = Streams::ready(ops.add(&xs, &concat(ops, adds)?)?);
                 }

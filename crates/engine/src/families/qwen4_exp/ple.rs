@@ -283,11 +283,22 @@ impl<B: Backend> Ple<B> {
         cache: &mut PleCache<B>,
         capture: Option<&mut Vec<PleCache<B>>>,
     ) -> Result<B::Buf> {
-        let t_len = tokens.len();
-        let (c, h) = (self.c, self.h);
-        let ch = c * h;
+        let (ids, ids_rows) = self.ids(tokens, cache, capture.is_some());
+        let [gv, gvn] = self.gated(ops, xs, &ids, tokens.len())?;
+        self.conv(ops, gv, gvn, cache, capture, ids_rows)
+    }
+
+    /// One session's hashed n-gram ids of `tokens` (advancing its id
+    /// window) and, when `per_row`, its window after every row (for a
+    /// capture).
+    pub(super) fn ids(
+        &self,
+        tokens: &[u32],
+        cache: &mut PleCache<B>,
+        per_row: bool,
+    ) -> (Vec<i64>, Vec<Vec<u32>>) {
         let mut ids_rows = Vec::new();
-        let ids = if capture.is_some() {
+        let ids = if per_row {
             // Per-row id windows for the capture.
             let mut all = Vec::new();
             for &tok in tokens {
@@ -298,9 +309,23 @@ impl<B: Backend> Ple<B> {
         } else {
             self.hash.ids(tokens, &mut cache.ids)
         };
+        (ids, ids_rows)
+    }
+
+    /// Per row: the gated values `gv` and their norm `gvn` of `t_len` rows
+    /// `xs` with their n-gram `ids` (a batched forward runs this once over
+    /// several sessions' rows).
+    pub(super) fn gated(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        ids: &[i64],
+        t_len: usize,
+    ) -> Result<[B::Buf; 2]> {
+        let (c, h) = (self.c, self.h);
         // Token ids are host data and the table lives on the host: the
         // gathered rows are the forward's input, like the token ids.
-        let emb = ops.upload(&self.table.gather(&ids))?;
+        let emb = ops.upload(&self.table.gather(ids))?;
         let key = self
             .norm_key
             .forward(ops, &self.key_proj.forward(ops, &emb, t_len)?)?;
@@ -308,6 +333,22 @@ impl<B: Backend> Ple<B> {
         let qry = self.norm_query.forward(ops, xs)?;
         let gv = ops.ple_gate(&key, &qry, &val, c, h)?;
         let gvn = self.norm_conv.forward(ops, &gv)?;
+        Ok([gv, gvn])
+    }
+
+    /// One session's dilated causal conv over its window and its rows of
+    /// `gvn` (advancing the window; with `capture`, pushing the cache after
+    /// every row with its id window from `ids_rows`); → `gv + conv`.
+    pub(super) fn conv(
+        &self,
+        ops: &B,
+        gv: B::Buf,
+        gvn: B::Buf,
+        cache: &mut PleCache<B>,
+        capture: Option<&mut Vec<PleCache<B>>>,
+        ids_rows: Vec<Vec<u32>>,
+    ) -> Result<B::Buf> {
+        let ch = self.c * self.h;
         // Dilated causal conv over [history | gvn]: tap k of token t reads
         // row t + k·N of that array.
         let hist = ops.len(&cache.gvn) / ch;
