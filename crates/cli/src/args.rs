@@ -31,6 +31,8 @@ pub enum Command {
     Pull,
     /// Write a GGUF from a Hugging Face directory or a GGUF, in a recipe's types.
     Quantize(QuantizeArgs),
+    /// Compare quantized GGUFs with their source: logit error, KL, top-1, NLL.
+    QuantizeReport(crate::commands::quantize_report::QuantizeReportArgs),
     /// Measure prefill and decode speed across context lengths (CSV + SVG).
     Bench(BenchArgs),
     /// Tools for replaying and checking individual pieces.

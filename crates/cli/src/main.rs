@@ -33,6 +33,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(args) => commands::inspect::inspect(args),
         Command::Pull => commands::pull::pull(),
         Command::Quantize(args) => commands::quantize::quantize(args),
+        Command::QuantizeReport(args) => commands::quantize_report::quantize_report(args),
         Command::Bench(args) => commands::bench::bench(args),
         Command::Debug(command) => commands::debug::debug(command),
         Command::Sessions(command) => commands::sessions::sessions(command),

@@ -216,10 +216,11 @@ fn ds4_recipes_type_ds4s_groups() {
         assert_eq!(type_of(&g, "blk.0.attn_norm.weight"), 0);
         assert_eq!(type_of(&g, "blk.0.ffn_gate_tid2eid.weight"), 26);
         // Gate/up rows of 256 take the recipe's type; down rows of 32
-        // fall back to Q8_0.
+        // fall back as llama.cpp does (Q4_K → Q5_0; Q8_0 fits).
         let gate = if recipe == "ds4-q4" { 12 } else { 8 };
         assert_eq!(type_of(&g, "blk.0.ffn_gate_exps.weight"), gate);
-        assert_eq!(type_of(&g, "blk.0.ffn_down_exps.weight"), 8);
+        let down = if recipe == "ds4-q4" { 6 } else { 8 };
+        assert_eq!(type_of(&g, "blk.0.ffn_down_exps.weight"), down);
         close(
             recipe,
             &logits(&LoadedModel::load(&out).unwrap()),
@@ -536,4 +537,60 @@ fn blocks_with_non_finite_scales_are_refused_naming_tensor_and_row() {
         "{err}"
     );
     assert!(!out_dir.path().join("n.gguf").exists());
+}
+
+/// `quantize-report SRC FILES...`: (stdout, success, stderr).
+fn report(src: &Path, files: &[&Path], extra: &[&str]) -> (String, bool, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+        .arg("quantize-report")
+        .arg(src)
+        .args(files)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The table row of `file`: (max |Δlogit|, mean KL, top-1 agreement).
+fn row_of(table: &str, file: &str) -> (f64, f64, f64) {
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&format!("| {file} |")))
+        .unwrap_or_else(|| panic!("{file} not in\n{table}"));
+    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    let num = |i: usize| cells[i].parse::<f64>().unwrap();
+    (num(3), num(4), num(5))
+}
+
+#[test]
+fn report_measures_the_distance_from_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("llama/tiny/f32_untied");
+    let f32 = dir.path().join("f32.gguf");
+    let q8 = dir.path().join("q8.gguf");
+    let q4 = dir.path().join("q4.gguf");
+    ok(&src, &f32, &["--recipe", "f32"]);
+    ok(&src, &q8, &["--recipe", "q8_0"]);
+    ok(&src, &q4, &["--recipe", "q4_k"]);
+    let (table, done, err) = report(&src, &[&f32, &q8, &q4], &["--tokens", "48"]);
+    assert!(done, "{err}");
+    assert!(table.contains("48 positions"), "{table}");
+    // The same weights: the logits of the source up to summation order.
+    let (d, kl, top1) = row_of(&table, "f32.gguf");
+    assert!(d < 1e-3 && kl < 1e-6 && top1 == 1.0, "{table}");
+    // Q8_0 is close, Q4_K's fallbacks (Q5_0) further: KL grows with
+    // fewer bits.
+    let (d8, kl8, _) = row_of(&table, "q8.gguf");
+    let (d4, kl4, _) = row_of(&table, "q4.gguf");
+    assert!(d8 > 0.0 && kl8 > 0.0 && kl8 < kl4 && d8 < d4, "{table}");
+
+    // A file of another model (another vocabulary) is refused by name.
+    let other = dir.path().join("qwen.gguf");
+    ok(&fixture("qwen4_exp/tiny_a"), &other, &["--recipe", "f32"]);
+    let (_, done, err) = report(&src, &[&other], &[]);
+    assert!(!done && err.contains("qwen.gguf"), "{err}");
 }

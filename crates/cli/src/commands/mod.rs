@@ -13,6 +13,7 @@ pub mod pull;
 pub mod quantize;
 pub mod quantize_layout;
 pub mod quantize_recipes;
+pub mod quantize_report;
 pub mod quantize_source;
 pub mod quantize_validate;
 pub mod run;
