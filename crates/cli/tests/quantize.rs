@@ -594,3 +594,159 @@ fn report_measures_the_distance_from_the_source() {
     let (_, done, err) = report(&src, &[&other], &[]);
     assert!(!done && err.contains("qwen.gguf"), "{err}");
 }
+
+/// The llama f32 fixture plus a byte-level BPE tokenizer (pre-tokenizer
+/// `pre`) of 56 ids, in a temporary directory.
+fn llama_with_tokenizer(pre: serde_json::Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("llama/tiny/f32_untied");
+    for f in ["model.safetensors", "config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut vocab = serde_json::Map::new();
+    let mut next = 0u32;
+    let mut add = |t: &str| {
+        vocab.insert(t.to_string(), next.into());
+        next += 1;
+    };
+    for t in ["<unk>", "<s>", "</s>", "Ġ", "Ċ"] {
+        add(t);
+    }
+    for c in ('a'..='z').chain('0'..='9') {
+        add(&c.to_string());
+    }
+    let merges = [
+        ("t", "h"),
+        ("th", "e"),
+        ("Ġ", "the"),
+        ("l", "l"),
+        ("e", "ll"),
+        ("h", "ell"),
+        ("hell", "o"),
+        ("Ġ", "w"),
+        ("o", "r"),
+        ("Ġw", "or"),
+        ("l", "d"),
+        ("Ġwor", "ld"),
+        ("3", "3"),
+        ("Ġ", "33"),
+    ];
+    for (a, b) in merges {
+        add(&format!("{a}{b}"));
+    }
+    let added: Vec<_> = ["<unk>", "<s>", "</s>"]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"id": i, "content": t, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let tok = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre,
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null,
+            "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab,
+            "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tok.to_string()).unwrap();
+    let cfg = serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": true,
+        "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"});
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn a_llama_directory_tokenizer_goes_into_the_gguf_and_tokenizes_the_same() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": true});
+    let llama3 = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": ds4_text::tokenizer::pretokenizers::LLAMA3_SPLIT},
+         "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+    for (pre, want) in [(byte_level, "gpt2"), (llama3, "llama-bpe")] {
+        let src = llama_with_tokenizer(pre);
+        let out = out_dir.path().join(format!("{want}.gguf"));
+        let (done, err) = quantize(src.path(), &out, &["--recipe", "q8_0"]);
+        assert!(done, "{err}");
+        assert!(err.contains(&format!("pre = {want}")), "{err}");
+        let g = Gguf::open(&out).unwrap();
+        assert_eq!(meta_str(&g, "tokenizer.ggml.model"), "gpt2");
+        assert_eq!(meta_str(&g, "tokenizer.ggml.pre"), want);
+        match g.metadata.get("tokenizer.ggml.tokens") {
+            // config.json's vocab_size; ids past the tokenizer's are [PAD<id>].
+            Some(Value::Array(t)) => {
+                assert_eq!(t.len(), 96);
+                assert!(matches!(&t[60], Value::String(s) if s == "[PAD60]"));
+            }
+            other => panic!("{other:?}"),
+        }
+        match g.metadata.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(t)) => {
+                assert!(matches!(t[1], Value::I32(3)), "<s> is control");
+                assert!(matches!(t[10], Value::I32(1)));
+                assert!(matches!(t[60], Value::I32(5)), "padding is unused");
+            }
+            other => panic!("{other:?}"),
+        }
+        let dir_tok = ds4_text::Tokenizer::from_hf_dir(src.path()).unwrap();
+        let gguf_tok = ds4_text::Tokenizer::from_gguf(&out).unwrap();
+        for text in [
+            "hello the world",
+            " the  world\n33 333 hello!the",
+            "<s>the</s>",
+        ] {
+            let a = dir_tok.encode(text, false).unwrap();
+            assert_eq!(gguf_tok.encode(text, false).unwrap(), a, "{want}: {text:?}");
+            assert_eq!(
+                gguf_tok.encode(text, true).unwrap(),
+                dir_tok.encode(text, true).unwrap(),
+                "{want}: {text:?} (special tokens parsed)"
+            );
+        }
+        let world = dir_tok.token_to_id("Ġworld").unwrap();
+        assert!(
+            dir_tok
+                .encode("hello world", false)
+                .unwrap()
+                .contains(&world)
+        );
+        assert_eq!(gguf_tok.bos_token().unwrap().id, 1);
+        assert_eq!(gguf_tok.eos_token().unwrap().id, 2);
+        assert!(gguf_tok.add_bos());
+        assert_eq!(gguf_tok.chat_template(), dir_tok.chat_template());
+        // The server's loader reads it from the file.
+        let o = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+            .arg("inspect")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains(&format!("gguf gpt2 BPE, pre={want}, 96 tokens")),
+            "{text}"
+        );
+    }
+
+    // A tokenizer with no GGUF form here (WordLevel) is left out, saying so.
+    let src = llama_with_tokenizer(serde_json::json!({"type": "WhitespaceSplit"}));
+    let out = out_dir.path().join("none.gguf");
+    let (done, err) = quantize(src.path(), &out, &["--recipe", "f16"]);
+    assert!(done && err.contains("not written to the GGUF"), "{err}");
+    assert!(
+        !Gguf::open(&out)
+            .unwrap()
+            .metadata
+            .contains_key("tokenizer.ggml.tokens")
+    );
+}

@@ -15,6 +15,7 @@ pub mod quantize_layout;
 pub mod quantize_recipes;
 pub mod quantize_report;
 pub mod quantize_source;
+pub mod quantize_tokenizer;
 pub mod quantize_validate;
 pub mod run;
 pub mod serve;

@@ -269,6 +269,9 @@ fn llama(src: &Source) -> Result<OutFile> {
     if let Some(name) = config.get("_name_or_path").and_then(|v| v.as_str()) {
         metadata.push(("general.name".into(), s(name)));
     }
+    if let Some(t) = super::quantize_tokenizer::metadata(&src.path, v)? {
+        metadata.extend(t);
+    }
     Ok(OutFile {
         suffix: None,
         layout: Layout::LlamaCpp,
