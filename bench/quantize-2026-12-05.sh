@@ -36,6 +36,6 @@ for t in $types; do
 done
 files=()
 for t in $types; do files+=("$out/ours-$t.gguf" "$out/llama-$t.gguf"); done
-"$ours" quantize-report "$src" "${files[@]}" --text "$root/bench/heldout.txt" --window "${WINDOW:-1024}" \
+"$ours" quantize-report "$src" "${files[@]}" --text "$root/bench/heldout.txt" --window "${WINDOW:-1024}" --kernels "${KERNELS:-reference}" \
   > "$log-report.log" 2> "$log-report.stderr.log"
 cat "$log-report.log"

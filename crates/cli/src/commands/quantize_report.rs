@@ -45,8 +45,13 @@ pub struct QuantizeReportArgs {
     #[arg(long, value_name = "N")]
     pub tokens: Option<usize>,
     /// Forward pieces of at most this many tokens.
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = 2048)]
     pub chunk: usize,
+    /// The CPU kernel set every model runs with (as for `bench --nll`;
+    /// `reference` measures the weights alone, `fast` adds its int8
+    /// activations to every model alike).
+    #[command(flatten)]
+    pub kernels: crate::args::KernelsArg,
 }
 
 /// One file's distance from the source.
@@ -190,6 +195,10 @@ fn synthetic(vocab: usize, len: usize) -> Vec<u32> {
 }
 
 pub fn quantize_report(args: QuantizeReportArgs) -> Result<()> {
+    let set =
+        crate::model_source::kernels_for(ds4_engine::families::Device::Cpu, args.kernels.kernels)?;
+    ds4_engine::backend::kernel_set::choose(set)
+        .map_err(|e| anyhow::anyhow!("--kernels {set}: {e}"))?;
     let load = |p: &Path| LoadedModel::load(p).with_context(|| format!("loading {}", p.display()));
     let source = load(&args.source)?;
     let models = args
@@ -263,7 +272,7 @@ pub fn quantize_report(args: QuantizeReportArgs) -> Result<()> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "reference {} ({} bytes); {what}: {} positions in {} windows of {}{}",
+        "reference {} ({} bytes), {set} kernels; {what}: {} positions in {} windows of {}{}",
         args.source.display(),
         file_size(&args.source),
         src_nll.positions,
