@@ -27,7 +27,7 @@ for t in $types; do
   { echo "== ours $t: ds4server quantize ${flags[$t]} --threads $threads"
     /usr/bin/time -f "wall %e s, max rss %M KiB" "$ours" quantize "$src" "$out/ours-$t.gguf" ${flags[$t]} --threads "$threads" 2>&1 | grep -v "MiB (.*left$"
     echo "== llama.cpp $t: llama-quantize --allow-requantize --pure $T $threads"
-    /usr/bin/time -f "wall %e s, max rss %M KiB" "$llq" --allow-requantize --pure "$src" "$out/llama-$t.gguf" "$T" "$threads" 2>&1 | grep -E "size|llama_model_quantize_impl|type|falling|WARN|wall" | grep -v "^llama_model_loader: - kv" || true
+    /usr/bin/time -f "wall %e s, max rss %M KiB" "$llq" --allow-requantize --pure "$src" "$out/llama-$t.gguf" "$T" "$threads" 2>&1 | grep -E "model size|quant size|WARNING|llama_model_loader: - type|wall" || true
   } >> "$log-quantize.log" 2>&1
 done
 : > "$log-compare.log"
