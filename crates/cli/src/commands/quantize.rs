@@ -578,18 +578,27 @@ fn quantize_parallel(
     }
     let per = rows.div_ceil(n);
     let parts: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
+        // A thread the system refuses is an error, not a panic.
         let handles: Vec<_> = values
             .chunks(per * cols)
             .enumerate()
             .map(|(i, piece)| {
-                s.spawn(move || quantize_checked(name, ty, piece, cols, importance, row0 + i * per))
+                std::thread::Builder::new()
+                    .name(format!("quantize-{i}"))
+                    .spawn_scoped(s, move || {
+                        quantize_checked(name, ty, piece, cols, importance, row0 + i * per)
+                    })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("{name}: a quantizer thread panicked")))
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!("{name}: a quantizer thread panicked"))
+                }),
+                Err(e) => Err(anyhow::anyhow!(
+                    "{name}: cannot start a quantizer thread ({e}); try a smaller --threads"
+                )),
             })
             .collect()
     });
