@@ -588,6 +588,32 @@ fn report_measures_the_distance_from_the_source() {
     let (d4, kl4, _) = row_of(&table, "q4.gguf");
     assert!(d8 > 0.0 && kl8 > 0.0 && kl8 < kl4 && d8 < d4, "{table}");
 
+    // With --text: tokenized by the source's tokenizer (BOS first, as
+    // `bench --nll`), every model's NLL beside the source's.
+    let tok_src = llama_with_tokenizer(serde_json::json!({"type": "ByteLevel",
+        "add_prefix_space": false, "trim_offsets": true, "use_regex": true}));
+    let tq8 = dir.path().join("tq8.gguf");
+    ok(tok_src.path(), &tq8, &["--recipe", "q8_0"]);
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "hello the world 33 hello world the 333 the hello").unwrap();
+    let (table, done, err) = report(
+        tok_src.path(),
+        &[&tq8],
+        &["--text", text.to_str().unwrap(), "--window", "8"],
+    );
+    assert!(done, "{err}");
+    assert!(
+        table.contains("source NLL") && table.contains("| NLL | ΔNLL |"),
+        "{table}"
+    );
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("| tq8.gguf |"))
+        .unwrap();
+    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    let nll: f64 = cells[6].parse().unwrap();
+    assert!(nll.is_finite() && nll > 0.0, "{table}");
+
     // A file of another model (another vocabulary) is refused by name.
     let other = dir.path().join("qwen.gguf");
     ok(&fixture("qwen4_exp/tiny_a"), &other, &["--recipe", "f32"]);
@@ -749,4 +775,12 @@ fn a_llama_directory_tokenizer_goes_into_the_gguf_and_tokenizes_the_same() {
             .metadata
             .contains_key("tokenizer.ggml.tokens")
     );
+
+    // Nor is one that does not load (a ByteLevel missing a field): the
+    // weights are still written.
+    let src = llama_with_tokenizer(serde_json::json!({"type": "ByteLevel"}));
+    let (done, err) = quantize(src.path(), &out, &["--recipe", "f16"]);
+    assert!(done && err.contains("does not load"), "{err}");
+    let g = Gguf::open(&out).unwrap();
+    assert!(!g.metadata.contains_key("tokenizer.ggml.tokens"));
 }

@@ -127,7 +127,10 @@ fn build(dir: &Path, vocab_size: usize) -> Result<Result<Vec<(String, Value)>, S
             json["pre_tokenizer"]
         )));
     };
-    let hf = Tokenizer::from_hf_dir(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let hf = match Tokenizer::from_hf_dir(dir) {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(format!("the directory's tokenizer does not load: {e}"))),
+    };
 
     // Every id's token and type, as `_set_vocab_gpt2`.
     let mut by_id: HashMap<u32, (String, i32)> = HashMap::new();
