@@ -549,8 +549,13 @@ fn quantize_checked(
         other => anyhow::anyhow!("quantizing {name} to {ty}: {other}"),
     })?;
     if let Err(bad) = validate(ty, &bytes, cols) {
+        let why = if bad.what.starts_with("inf") {
+            format!(" (a source value too large for {ty})")
+        } else {
+            String::new()
+        };
         bail!(
-            "{name}: row {}, block {}: the {ty} bytes hold an {} (a value too large for {ty}); refused, as llama.cpp's ggml_validate_row_data refuses it",
+            "{name}: row {}, block {}: {} in the {ty} data{why}; refused, as llama.cpp's ggml_validate_row_data refuses it",
             row0 + bad.row,
             bad.block,
             bad.what
