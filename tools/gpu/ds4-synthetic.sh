@@ -9,6 +9,11 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRAR
 export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
 OUT=${OUT:-/tmp/ds4-out}; mkdir -p "$OUT"
 root=$PWD
+# SHAPE: full (default), or a config.json relative to the checkout, e.g.
+# tools/gpu/deepseek_v4_full_32_layers.json (the full shape with 32 of its
+# 43 layers: 60.5 GiB of q2 weights, which fit an H100's 78 GiB).
+shape=${SHAPE:-full}
+case "$shape" in /*|full|tiny) ;; *) shape="$root/$shape" ;; esac
 cd "$(dirname "$0")" || exit 1
 python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('ds4server.xz'),open('ds4server','wb'))" && chmod +x ds4server
 [ -e cuda.gz ] && gunzip -f cuda.gz && chmod +x cuda
@@ -22,8 +27,8 @@ bench() {  # NAME TIMEOUT_S BENCH_ARGS...
   local name=$1 t=$2; shift 2
   nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader -lms 500 > "$OUT/mem-$name.csv" 2>&1 &
   local mp=$! s0=$SECONDS
-  echo "== ds4server bench --synthetic deepseek_v4 --shape full --device cuda $*" | tee "$OUT/$name.log"
-  timeout "$t" ./ds4server bench --synthetic deepseek_v4 --shape full --device cuda "$@" 2>&1 | tee -a "$OUT/$name.log"
+  echo "== ds4server bench --synthetic deepseek_v4 --shape $shape --device cuda $*" | tee "$OUT/$name.log"
+  timeout "$t" ./ds4server bench --synthetic deepseek_v4 --shape "$shape" --device cuda "$@" 2>&1 | tee -a "$OUT/$name.log"
   echo "rc=${PIPESTATUS[0]} wall_s=$((SECONDS - s0))" | tee -a "$OUT/$name.log"
   kill "$mp"; wait "$mp" 2>/dev/null
   echo "device memory used, peak MiB: $(cut -d, -f2 "$OUT/mem-$name.csv" | tr -dc '0-9\n' | sort -n | tail -1) (sampled every 0.5 s)" | tee -a "$OUT/$name.log"
@@ -43,8 +48,8 @@ for what in "$@"; do
       s0=$SECONDS
       DS4_PROFILE_STEP=1 timeout "${NCU_S:-300}" "$ncu" --clock-control none --cache-control none \
         --profile-from-start off --csv \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size \
-        ./ds4server bench --synthetic deepseek_v4 --shape full --device cuda --kernels $set_ \
+        --metrics "${NCU_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size}" \
+        ./ds4server bench --synthetic deepseek_v4 --shape "$shape" --device cuda --kernels $set_ \
         --weights ds4-q2 --prompts "${NCU_PROMPT:-512}" --gen 2 > "$OUT/$what-step.csv" 2> "$OUT/$what.err"
       echo "$what rc=$? wall_s=$((SECONDS - s0))" | tee -a "$OUT/$what.err"
       grep "^REPORT" "$OUT/$what-step.csv" | tee "$OUT/$what.report"

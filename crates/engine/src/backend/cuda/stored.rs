@@ -46,11 +46,14 @@ pub(super) fn kept_stored(ty: WeightType) -> bool {
     kernels(ty).is_some()
 }
 
-/// The three kernels of a format: product, routed product, table rows.
+/// The kernels of a format: product, routed product, table rows, and for
+/// the 16-bit floats a product whose blocks own 4 rows (`StNarrow`: the
+/// same per-output sequence, so the same bits).
 struct Kernels {
     matmul: &'static str,
     gather: &'static str,
     table: &'static str,
+    narrow: Option<&'static str>,
 }
 
 macro_rules! kernels {
@@ -59,14 +62,21 @@ macro_rules! kernels {
             matmul: concat!("st_matmul_", $s),
             gather: concat!("st_gather_", $s),
             table: concat!("st_table_", $s),
+            narrow: None,
+        })
+    };
+    ($s:literal, narrow) => {
+        Some(Kernels {
+            narrow: Some(concat!("st_matmul_narrow_", $s)),
+            ..kernels!($s).unwrap()
         })
     };
 }
 
 fn kernels(ty: WeightType) -> Option<Kernels> {
     match ty {
-        WeightType::F16 => kernels!("f16"),
-        WeightType::BF16 => kernels!("bf16"),
+        WeightType::F16 => kernels!("f16", narrow),
+        WeightType::BF16 => kernels!("bf16", narrow),
         WeightType::Q4_0 => kernels!("q4_0"),
         WeightType::Q5_0 => kernels!("q5_0"),
         WeightType::Q5_1 => kernels!("q5_1"),
@@ -309,6 +319,22 @@ fn col_blocks(n: usize) -> u32 {
     n.div_ceil(COLS).clamp(1, MAX_GRID) as u32
 }
 
+/// Weight rows a narrow product block owns (`StNarrow::COLS`).
+const NARROW_COLS: usize = 4;
+/// Below this many wide blocks a product runs narrow (an H100/H200 has 132
+/// SMs: a wide launch of fewer blocks leaves SMs idle).
+const NARROW_BELOW_BLOCKS: u32 = 128;
+
+/// The product kernel and its grid for `n` outputs.
+fn product_launch(kernels: &Kernels, n: usize) -> (&'static str, u32) {
+    match kernels.narrow {
+        Some(name) if col_blocks(n) < NARROW_BELOW_BLOCKS => {
+            (name, n.div_ceil(NARROW_COLS).clamp(1, MAX_GRID) as u32)
+        }
+        _ => (kernels.matmul, col_blocks(n)),
+    }
+}
+
 /// `y[rows, n] = x[rows, k] · wᵀ` into `y` (the caller checked the shapes).
 pub(super) fn matmul(
     dev: &Device,
@@ -333,10 +359,11 @@ pub(super) fn matmul(
     }
     let mut a = args![y.ptr(), x.ptr(), rows, ptr(&w.data), n, k].to_vec();
     a.extend(w.scale_args());
+    let (name, blocks) = product_launch(&w.kernels(), n);
     dev.launch(
-        w.kernels().matmul,
+        name,
         Shape {
-            grid: (col_blocks(n), 1),
+            grid: (blocks, 1),
             block: THREADS,
         },
         &a,

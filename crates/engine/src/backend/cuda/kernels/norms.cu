@@ -7,10 +7,25 @@
     for (u64 s = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; s < (u64)(n); \
          s += (u64)gridDim.x * (blockDim.x / 32))
 
+// Values a lane loads before it adds them (the same additions in the same
+// order: only the loads move ahead). One warp walks a slice alone, so a
+// loop that waits for each load before the next was latency-bound: run 30's
+// decode-step profile (DeepSeek-V4, `docs/GPU.md`) had `rms_norm_f32` at
+// 95 µs a launch, a quarter of the step.
+#define NORM_BATCH 16
+
 __device__ __forceinline__ float slice_sumsq(const float* x, u64 n) {
     unsigned lane = threadIdx.x & 31;
     float a = 0.0f;
-    for (u64 i = lane; i < n; i += 32) a += x[i] * x[i];
+    u64 i = lane;
+    for (; i + 32 * (NORM_BATCH - 1) < n; i += 32 * NORM_BATCH) {
+        float v[NORM_BATCH];
+#pragma unroll
+        for (int j = 0; j < NORM_BATCH; j++) v[j] = x[i + 32 * j];
+#pragma unroll
+        for (int j = 0; j < NORM_BATCH; j++) a += v[j] * v[j];
+    }
+    for (; i < n; i += 32) a += x[i] * x[i];
     return warp_sum(a);
 }
 
@@ -22,7 +37,18 @@ extern "C" __global__ void rms_norm_f32(float* y, const float* x, const float* w
     FOR_EACH_WARP(r, rows) {
         const float* xr = x + r * width;
         float m = sqrtf(slice_sumsq(xr, width) / (float)width + eps);
-        for (u64 i = lane; i < width; i += 32) y[r * width + i] = xr[i] / m * w[i];
+        u64 i = lane;
+        for (; i + 32 * (NORM_BATCH - 1) < width; i += 32 * NORM_BATCH) {
+            float xv[NORM_BATCH], wv[NORM_BATCH];
+#pragma unroll
+            for (int j = 0; j < NORM_BATCH; j++) {
+                xv[j] = xr[i + 32 * j];
+                wv[j] = w[i + 32 * j];
+            }
+#pragma unroll
+            for (int j = 0; j < NORM_BATCH; j++) y[r * width + i + 32 * j] = xv[j] / m * wv[j];
+        }
+        for (; i < width; i += 32) y[r * width + i] = xr[i] / m * w[i];
     }
 }
 

@@ -38,6 +38,24 @@
 // the four rows a warp reads start four banks apart.
 #define ST_STRIDE 400
 
+// A block's shape: the weight rows it owns, the bytes of a row a chunk
+// stages, and a staged row's stride. `StWide` is the one above; `StNarrow`
+// (the `st_matmul_narrow_*` kernels) owns 4 rows with chunks 8× longer, for
+// products of few outputs: a block per 32 rows left most SMs idle and each
+// block waiting on its short chunks (run 30's DeepSeek-V4 step: the F16
+// hyper-connection and router products, 24–256 outputs over 4096–16384
+// inputs, at 2–19 GB/s, half the step). The per-output sequence is the
+// same, so the bits are.
+// UNROLL: units whose activations a lane loads before it adds any of them
+// (the same additions in the same order; a narrow block's lanes walk long
+// rows, and one activation load per addition left them waiting on L2).
+struct StWide {
+    enum { COLS = ST_COLS, CHUNK = ST_CHUNK, STRIDE = ST_STRIDE, UNROLL = 1 };
+};
+struct StNarrow {
+    enum { COLS = 4, CHUNK = 8 * ST_CHUNK, STRIDE = 8 * ST_CHUNK + 32, UNROLL = 8 };
+};
+
 // Scale grids (FP8 / FP4): value (r, c) is scaled by
 // grid[rows[r] + c / bc]; `sh` = log2(bc) when bc is a power of two, else −1.
 struct StScales {
@@ -515,11 +533,11 @@ struct StIq2xxs {
 
 // Units per chunk, bytes of a row's chunk, and the 16-byte words that cover
 // it wherever it starts.
-template <class F>
+template <class F, int CHUNK = ST_CHUNK>
 struct StGeo {
     enum {
-        UPC = ST_CHUNK / F::UB,
-        CB = (ST_CHUNK / F::UB) * F::UB,
+        UPC = CHUNK / F::UB,
+        CB = (CHUNK / F::UB) * F::UB,
         WMAX = (CB + 30) / 16,
     };
 };
@@ -543,16 +561,16 @@ __device__ __forceinline__ void st_wait() {
 // wrow0 .. wrow0 + valid into `stage` (row r at r·ST_STRIDE): the aligned
 // words of [a & ~15, a + cnt·UB), a the address of the chunk's first byte
 // in the row (the kernels need no alignment of the weight buffer).
-template <class F>
+template <class F, class B = StWide>
 __device__ __forceinline__ void st_issue(u8* stage, const u8* w, u64 rb, u64 wrow0, u32 valid,
                                          u64 u0, u64 cnt, u32 t, u32 nt) {
-    const u32 wmax = StGeo<F>::WMAX;
-    for (u32 i = t; i < ST_COLS * wmax; i += nt) {
+    const u32 wmax = StGeo<F, B::CHUNK>::WMAX;
+    for (u32 i = t; i < B::COLS * wmax; i += nt) {
         u32 r = i / wmax, wd = i % wmax;
         if (r >= valid) break;
         u64 s = (u64)(w + (wrow0 + r) * rb + u0 * F::UB);
         u64 a = (s & ~(u64)15) + 16 * (u64)wd;
-        if (a < s + cnt * F::UB) st_cp16(stage + r * ST_STRIDE + 16 * wd, (const u8*)a);
+        if (a < s + cnt * F::UB) st_cp16(stage + r * B::STRIDE + 16 * wd, (const u8*)a);
     }
 }
 
@@ -560,12 +578,38 @@ __device__ __forceinline__ void st_issue(u8* stage, const u8* w, u64 rb, u64 wro
 // thread's row of the stage; `g`: the chunk's first byte in memory, which
 // landed at offset g mod 16) against activation rows xr + t·k, units in
 // order, a unit's values in order.
-template <class F, int T>
+template <class F, int T, int U = 1>
 __device__ __forceinline__ void st_compute(float (&acc)[T], u64 nr, const float* xr, u64 k,
                                            const u8* row, const u8* g, u64 u0, u64 cnt,
                                            unsigned l, const float* srow, const StScales& sc) {
     const u8* base = row + ((u64)g & 15);
-    for (u64 u = 0; u < cnt; u++) {
+    u64 u = 0;
+    if (U > 1) {
+        for (; u + U <= cnt; u += U) {
+            float xv[U][F::LV][T];
+#pragma unroll
+            for (int q = 0; q < U; q++) {
+                u32 col0 = (u32)((u0 + u + q) * F::UV);
+#pragma unroll
+                for (int i = 0; i < F::LV; i++)
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+                        xv[q][i][t] = (u64)t < nr ? xr[t * k + col0 + 8 * i + l] : 0.0f;
+            }
+#pragma unroll
+            for (int q = 0; q < U; q++) {
+                float v[F::LV];
+                u32 col0 = (u32)((u0 + u + q) * F::UV);
+                F::lane(base + (u + q) * F::UB, l, v, srow, col0, sc);
+#pragma unroll
+                for (int i = 0; i < F::LV; i++)
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+                        if ((u64)t < nr) acc[t] = fmaf(v[i], xv[q][i][t], acc[t]);
+            }
+        }
+    }
+    for (; u < cnt; u++) {
         float v[F::LV];
         u32 col0 = (u32)((u0 + u) * F::UV);
         F::lane(base + u * F::UB, l, v, srow, col0, sc);
@@ -598,21 +642,21 @@ __device__ __forceinline__ const float* st_srow(const StScales& sc, u64 r) {
 // against activation rows xr + t·k (t < nr), chunk by chunk through the
 // ST_STAGES buffers of `buf`; lane sums in acc. Every thread of the block
 // calls it (it waits at barriers).
-template <class F, int T>
+template <class F, int T, class B = StWide>
 __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr, u64 k,
                                         const u8* w, u64 wrow0, u32 valid, const StScales& sc,
                                         u8* buf) {
-    const u64 upc = StGeo<F>::UPC;
+    const u64 upc = StGeo<F, B::CHUNK>::UPC;
     u64 units = k / F::UV, rb = F::row_bytes(k);
     u64 chunks = (units + upc - 1) / upc;
     unsigned col = threadIdx.x / 8, l = threadIdx.x & 7;
     bool live = col < valid;
     u64 wrow = wrow0 + col;
     const float* srow = live ? st_srow<F>(sc, wrow) : sc.grid;
-    const u64 stage = (u64)ST_COLS * ST_STRIDE;
+    const u64 stage = (u64)B::COLS * B::STRIDE;
     for (u64 c = 0; c + 1 < ST_STAGES; c++) {
         if (c < chunks)
-            st_issue<F>(buf + (c % ST_STAGES) * stage, w, rb, wrow0, valid, c * upc,
+            st_issue<F, B>(buf + (c % ST_STAGES) * stage, w, rb, wrow0, valid, c * upc,
                         st_min(upc, units - c * upc), threadIdx.x, blockDim.x);
         st_commit();
     }
@@ -624,12 +668,13 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
         __syncthreads();
         u64 next = c + ST_STAGES - 1;
         if (next < chunks)
-            st_issue<F>(buf + (next % ST_STAGES) * stage, w, rb, wrow0, valid, next * upc,
+            st_issue<F, B>(buf + (next % ST_STAGES) * stage, w, rb, wrow0, valid, next * upc,
                         st_min(upc, units - next * upc), threadIdx.x, blockDim.x);
         st_commit();
         if (live) {
             u64 u0 = c * upc;
-            st_compute<F, T>(acc, nr, xr, k, buf + (c % ST_STAGES) * stage + col * ST_STRIDE,
+            st_compute<F, T, B::UNROLL>(acc, nr, xr, k,
+                                        buf + (c % ST_STAGES) * stage + col * B::STRIDE,
                              w + wrow * rb + u0 * F::UB, u0, st_min(upc, units - u0), l, srow,
                              sc);
         }
@@ -639,20 +684,20 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
 }
 
 // y[r, j] = x[r] · w[j] for rows × n outputs (`Backend::matmul`).
-template <class F>
+template <class F, class B = StWide>
 __device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, const u8* w, u64 n,
                                           u64 k, const StScales& sc) {
-    __shared__ __align__(16) u8 buf[ST_STAGES * ST_COLS * ST_STRIDE];
+    __shared__ __align__(16) u8 buf[ST_STAGES * B::COLS * B::STRIDE];
     unsigned col = threadIdx.x / 8, l = threadIdx.x & 7, mask = group_mask();
     u64 k8 = k / F::UV * F::UV, rb = F::row_bytes(k);
-    for (u64 j0 = (u64)blockIdx.x * ST_COLS; j0 < n; j0 += (u64)gridDim.x * ST_COLS) {
-        u32 valid = (u32)st_min(ST_COLS, n - j0);
+    for (u64 j0 = (u64)blockIdx.x * B::COLS; j0 < n; j0 += (u64)gridDim.x * B::COLS) {
+        u32 valid = (u32)st_min(B::COLS, n - j0);
         u64 j = j0 + col;
         for (u64 r0 = 0; r0 < rows; r0 += ST_TILE) {
             u64 nr = st_min(ST_TILE, rows - r0);
             const float* xr = x + r0 * k;
             float acc[ST_TILE] = {0.f, 0.f, 0.f, 0.f};
-            st_pass<F, ST_TILE>(acc, nr, xr, k, w, j0, valid, sc, buf);
+            st_pass<F, ST_TILE, B>(acc, nr, xr, k, w, j0, valid, sc, buf);
 #pragma unroll
             for (int t = 0; t < ST_TILE; t++) {
                 float s = group8_sum(acc[t], mask);
@@ -749,6 +794,17 @@ extern "C" __global__ void st_table_f16(float* dst, const u8* w, const u32* ids,
         u64 width, const float* grid, const u32* grid_rows, u32 bc, int sh) {
     dep_entry();
     st_table<StF16>(dst, w, ids, n, width, StScales{grid, grid_rows, bc, sh});
+}
+
+extern "C" __global__ void st_matmul_narrow_f16(float* y, const float* x, u64 rows, const u8* w,
+        u64 n, u64 k, const float* grid, const u32* grid_rows, u32 bc, int sh) {
+    dep_entry();
+    st_matmul<StF16, StNarrow>(y, x, rows, w, n, k, StScales{grid, grid_rows, bc, sh});
+}
+extern "C" __global__ void st_matmul_narrow_bf16(float* y, const float* x, u64 rows, const u8* w,
+        u64 n, u64 k, const float* grid, const u32* grid_rows, u32 bc, int sh) {
+    dep_entry();
+    st_matmul<StBF16, StNarrow>(y, x, rows, w, n, k, StScales{grid, grid_rows, bc, sh});
 }
 
 extern "C" __global__ void st_matmul_bf16(float* y, const float* x, u64 rows, const u8* w, u64 n,
