@@ -674,26 +674,28 @@ fn cuda_qwen4_exp_pure_units_equal_eager() {
 /// Continuous batching on the GPU: four concurrent turns through one
 /// `BatchingModel` (their forwards as eager batches, where a turn alone
 /// replays step graphs) give each session the tokens and logprobs of its
-/// turn alone, and batches of two or more ran.
-#[test]
-#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
-fn cuda_llama_batched_sessions_equal_solo() {
+/// turn alone, and batches of two or more ran. Every family has a batched
+/// pass of its own (shared row-wise work, per-session attention and
+/// recurrent state).
+fn batched_sessions_equal_solo<M: Model + Sync>(what: &str, m: &M)
+where
+    M::State: Send,
+{
     use ds4_engine::batching::{BatchConfig, BatchingModel};
-    let g = gpu();
-    let m = LlamaModel::load_hf(&fixtures().join("llama/tiny/f32_untied"), g).unwrap();
     let v = m.vocab_size();
+    let long = 90.min(m.context_length().saturating_sub(32));
     let jobs: Vec<(Vec<u32>, f64, usize)> = vec![
         (prompt(1, 12, v), 0.0, 20),
-        (prompt(2, 90, v), 0.8, 10),
+        (prompt(2, long, v), 0.8, 10),
         (prompt(3, 5, v), 0.8, 24),
-        (prompt(4, 40, v), 1.0, 6),
+        (prompt(4, 40.min(long), v), 1.0, 6),
     ];
     let solo: Vec<_> = jobs
         .iter()
-        .map(|(p, t, n)| turn(&m, &mut LiveSession::new(&m), p, 0, *n, *t, 16))
+        .map(|(p, t, n)| turn(m, &mut LiveSession::new(m), p, 0, *n, *t, 16))
         .collect();
     let bm = BatchingModel::new(
-        &m,
+        m,
         BatchConfig {
             max_tokens: 64,
             gather: std::time::Duration::from_millis(2),
@@ -716,13 +718,45 @@ fn cuda_llama_batched_sessions_equal_solo() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
-        assert_eq!(a.0, b.0, "session {i}: tokens");
-        assert_eq!(a.1, b.1, "session {i}: logprobs");
+        assert_eq!(a.0, b.0, "{what}: session {i}: tokens");
+        assert_eq!(a.1, b.1, "{what}: session {i}: logprobs");
     }
     let st = bm.stats();
     println!(
-        "REPORT batching batches={} forwards={} largest={}",
+        "REPORT batching {what} batches={} forwards={} largest={}",
         st.batches, st.forwards, st.largest
     );
-    assert!(st.largest >= 2, "{st:?}");
+    assert!(st.largest >= 2, "{what}: {st:?}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_llama_batched_sessions_equal_solo() {
+    let m = LlamaModel::load_hf(&fixtures().join("llama/tiny/f32_untied"), gpu()).unwrap();
+    batched_sessions_equal_solo("llama", &m);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_deepseek_v4_batched_sessions_equal_solo() {
+    for name in ["tiny_a", "tiny_b"] {
+        let m = DeepseekV4Model::load(&fixtures().join("deepseek_v4").join(name), gpu()).unwrap();
+        batched_sessions_equal_solo(&format!("deepseek_v4 {name}"), &m);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_qwen4_exp_batched_sessions_equal_solo() {
+    let m = Qwen4ExpModel::load(&fixtures().join("qwen4_exp").join("tiny_a"), gpu()).unwrap();
+    batched_sessions_equal_solo("qwen4_exp tiny_a", &m);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_glm5_next_batched_sessions_equal_solo() {
+    for name in ["tiny_a", "tiny_b"] {
+        let m = Glm5NextModel::load(&fixtures().join("glm5_next").join(name), gpu()).unwrap();
+        batched_sessions_equal_solo(&format!("glm5_next {name}"), &m);
+    }
 }
