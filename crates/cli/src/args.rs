@@ -348,6 +348,12 @@ pub struct ServeArgs {
     /// model's MTP default applies to one lane only).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256), value_name = "N")]
     pub max_batch: u64,
+    /// Rows one batched forward takes at most (decode rows and prefill
+    /// chunks of every running turn; with --max-batch above 1). A smaller
+    /// value bounds a step's latency for the running streams; a larger one
+    /// prefills more prompts at once.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536), value_name = "ROWS")]
+    pub max_batch_tokens: u64,
     /// Images one request may carry (models that read images); more get 400.
     #[arg(long, default_value_t = ds4_server::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,

@@ -76,6 +76,7 @@ pub fn build_state(
         tokenizer.clone(),
         config.max_queue,
         config.max_batch,
+        config.max_batch_tokens,
         config.prefill_chunk,
         worker::CacheSettings {
             bank_budget: config.bank_budget,

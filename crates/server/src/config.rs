@@ -35,6 +35,10 @@ pub struct ServerConfig {
     /// many lanes whose forwards meet in batches (`crate::lanes`); 1 is the
     /// single worker.
     pub max_batch: usize,
+    /// Rows (decode rows and prefill chunks of every running turn) one
+    /// batched forward takes at most (`--max-batch-tokens`); the turns past
+    /// it wait for the next forward.
+    pub max_batch_tokens: usize,
     /// When set, every route but `/health` and the embedded page needs it
     /// (Bearer or `x-api-key`).
     pub api_key: Option<String>,
@@ -101,6 +105,7 @@ impl ServerConfig {
             ctx: None,
             max_queue: 16,
             max_batch: 1,
+            max_batch_tokens: ds4_engine::batching::BatchConfig::default().max_tokens,
             api_key: None,
             cors: Vec::new(),
             allowed_hosts: Vec::new(),

@@ -38,6 +38,8 @@ use crate::worker::{CacheSettings, Job, Msg, Worker};
 pub(crate) struct Shared<'a> {
     pub tokenizer: &'a Tokenizer,
     pub prefill_chunk: usize,
+    /// Rows one batched forward takes at most (`--max-batch-tokens`).
+    pub batch_tokens: usize,
     pub metrics: &'a Metrics,
     pub stopping: &'a AtomicBool,
     pub vision: Option<&'a crate::vision::Vision>,
@@ -54,7 +56,13 @@ pub(crate) fn run<M: Model>(
     mut queue: mpsc::Receiver<Msg>,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
-    let bm = BatchingModel::new(model, BatchConfig::default());
+    let bm = BatchingModel::new(
+        model,
+        BatchConfig {
+            max_tokens: shared.batch_tokens.max(1),
+            ..BatchConfig::default()
+        },
+    );
     let bank_budget = settings.bank_budget / lanes;
     let mut caches = Vec::with_capacity(lanes);
     for i in 0..lanes {

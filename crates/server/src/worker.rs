@@ -170,6 +170,7 @@ pub fn spawn(
     tokenizer: Arc<Tokenizer>,
     max_queue: usize,
     lanes: usize,
+    batch_tokens: usize,
     prefill_chunk: usize,
     cache: CacheSettings,
     metrics: Arc<Metrics>,
@@ -188,6 +189,7 @@ pub fn spawn(
                     let shared = crate::lanes::Shared {
                         tokenizer: &tokenizer,
                         prefill_chunk,
+                        batch_tokens,
                         metrics: &metrics,
                         stopping: &stop_flag,
                         vision: vision.as_deref(),

@@ -58,8 +58,11 @@ async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm(
     let configure = |lanes: usize| {
         move |c: &mut ds4_server::ServerConfig| {
             c.max_batch = lanes;
-            // The long prompt prefills in chunks between the others' steps.
+            // The long prompt prefills in chunks between the others' steps,
+            // and a forward takes at most 40 rows (--max-batch-tokens): a
+            // chunk and a few decode rows meet, the rest wait a forward.
             c.prefill_chunk = 32;
+            c.max_batch_tokens = 40;
         }
     };
     let alone = common::start_with(configure(1)).await;

@@ -23,6 +23,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.ctx = args.ctx;
     config.max_queue = args.max_queue;
     config.max_batch = args.max_batch as usize;
+    config.max_batch_tokens = args.max_batch_tokens as usize;
     config.images = ds4_server::ImageLimits {
         max_images: args.max_images,
         max_image_bytes: args.max_image_bytes,
