@@ -102,3 +102,42 @@ pub(crate) fn split_logits(logits: &[f32], vocab: usize, counts: &[usize]) -> Ve
         })
         .collect()
 }
+
+/// Whether a forward alone would accept `tokens` after `len` tokens of
+/// context: some tokens, all within the vocabulary, and room for them.
+pub(crate) fn accepts(tokens: &[u32], len: usize, context: usize, vocab: usize) -> bool {
+    !tokens.is_empty()
+        && len + tokens.len() <= context
+        && tokens.iter().all(|&t| (t as usize) < vocab)
+}
+
+/// `parts` (rows of one width) one after another.
+pub(crate) fn concat_rows<B: Backend>(ops: &B, parts: Vec<B::Buf>) -> Result<B::Buf> {
+    let mut it = parts.into_iter();
+    let mut all = it
+        .next()
+        .ok_or_else(|| EngineError::State("an empty batch".into()))?;
+    for p in it {
+        ops.append(&mut all, &p)?;
+    }
+    Ok(all)
+}
+
+/// `x: [rows, width]` cut into consecutive parts of `counts` rows.
+pub(crate) fn split_rows<B: Backend>(
+    ops: &B,
+    x: &B::Buf,
+    rows: usize,
+    counts: impl IntoIterator<Item = usize>,
+) -> Result<Vec<B::Buf>> {
+    let width = ops.len(x) / rows.max(1);
+    let mut at = 0;
+    counts
+        .into_iter()
+        .map(|t| {
+            let r = ops.rows(x, width, at, t);
+            at += t;
+            r
+        })
+        .collect()
+}

@@ -13,7 +13,7 @@ use super::model::{DecoderLayer, DeepseekV4Model};
 use super::state::DeepseekV4State;
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
+use crate::families::batch_split::{accepts, split_batch, split_logits, wanted_rows};
 use crate::layers::hyper_connections::HyperConnection;
 use crate::model::{BatchCall, ForwardOutput, LogitsRows, Model};
 
@@ -76,9 +76,12 @@ impl<B: Backend> DeepseekV4Model<B> {
         split_batch(
             calls,
             |c| {
-                !c.tokens.is_empty()
-                    && c.state.len + c.tokens.len() <= self.cfg.context_length
-                    && c.tokens.iter().all(|&t| (t as usize) < self.cfg.vocab_size)
+                accepts(
+                    c.tokens,
+                    c.state.len,
+                    self.cfg.context_length,
+                    self.cfg.vocab_size,
+                )
             },
             |c| self.forward(c.tokens, c.state, c.rows),
             |shared| self.run_together(shared),

@@ -29,7 +29,9 @@ use super::model::Glm5NextModel;
 use super::state::{Glm5NextState, LayerCache};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
+use crate::families::batch_split::{
+    accepts, concat_rows as concat, split_batch, split_logits, split_rows, wanted_rows,
+};
 use crate::layers::hyper_connections::HyperConnection;
 use crate::model::ForwardOutput;
 use crate::model::{BatchCall, Model};
@@ -42,18 +44,6 @@ struct Part<'a, B: Backend> {
     selection: &'a mut Option<B::Selection>,
 }
 
-/// `parts` one after another.
-fn concat<B: Backend>(ops: &B, parts: Vec<B::Buf>) -> Result<B::Buf> {
-    let mut it = parts.into_iter();
-    let mut all = it
-        .next()
-        .ok_or_else(|| EngineError::State("an empty batch".into()))?;
-    for p in it {
-        ops.append(&mut all, &p)?;
-    }
-    Ok(all)
-}
-
 /// Each part's rows of `x: [Σt, width]`.
 fn split<B: Backend>(
     ops: &B,
@@ -61,16 +51,7 @@ fn split<B: Backend>(
     rows: usize,
     parts: &[Part<'_, B>],
 ) -> Result<Vec<B::Buf>> {
-    let width = ops.len(x) / rows.max(1);
-    let mut at = 0;
-    parts
-        .iter()
-        .map(|p| {
-            let r = ops.rows(x, width, at, p.rows);
-            at += p.rows;
-            r
-        })
-        .collect()
+    split_rows(ops, x, rows, parts.iter().map(|p| p.rows))
 }
 
 impl<B: Backend> DecoderLayer<B> {
@@ -150,9 +131,12 @@ impl<B: Backend> Glm5NextModel<B> {
         split_batch(
             calls,
             |c| {
-                !c.tokens.is_empty()
-                    && c.state.len + c.tokens.len() <= self.cfg.context_length
-                    && c.tokens.iter().all(|&t| (t as usize) < self.cfg.vocab_size)
+                accepts(
+                    c.tokens,
+                    c.state.len,
+                    self.cfg.context_length,
+                    self.cfg.vocab_size,
+                )
             },
             |c| self.forward(c.tokens, c.state, c.rows),
             |shared| self.run_together(shared),

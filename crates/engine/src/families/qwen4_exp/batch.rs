@@ -27,7 +27,9 @@ use super::model::{DecoderLayer, Mixer, Qwen4ExpModel};
 use super::state::{LayerCache, Qwen4ExpState};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
+use crate::families::batch_split::{
+    accepts, concat_rows as concat, split_batch, split_logits, split_rows, wanted_rows,
+};
 use crate::layers::hyper_connections::Streams;
 use crate::layers::rope::{MRope, Positions, RopeRows};
 use crate::model::{BatchCall, ForwardOutput, Model};
@@ -40,18 +42,6 @@ struct Part<'a, B: Backend> {
     pos: Positions<'a, B, MRope>,
 }
 
-/// `parts` one after another.
-fn concat<B: Backend>(ops: &B, parts: Vec<B::Buf>) -> Result<B::Buf> {
-    let mut it = parts.into_iter();
-    let mut all = it
-        .next()
-        .ok_or_else(|| EngineError::State("an empty batch".into()))?;
-    for p in it {
-        ops.append(&mut all, &p)?;
-    }
-    Ok(all)
-}
-
 /// Each part's rows of `x: [Σt, width]`.
 fn split<B: Backend>(
     ops: &B,
@@ -59,17 +49,7 @@ fn split<B: Backend>(
     rows: usize,
     parts: &[Part<'_, B>],
 ) -> Result<Vec<B::Buf>> {
-    let width = ops.len(x) / rows.max(1);
-    let mut at = 0;
-    parts
-        .iter()
-        .map(|p| {
-            let t = p.tokens.len();
-            let r = ops.rows(x, width, at, t);
-            at += t;
-            r
-        })
-        .collect()
+    split_rows(ops, x, rows, parts.iter().map(|p| p.tokens.len()))
 }
 
 fn mismatch() -> EngineError {
@@ -182,9 +162,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
         split_batch(
             calls,
             |c| {
-                !c.tokens.is_empty()
-                    && c.state.positions.len() + c.tokens.len() <= self.cfg.context_length
-                    && c.tokens.iter().all(|&t| (t as usize) < self.cfg.vocab_size)
+                accepts(
+                    c.tokens,
+                    c.state.positions.len(),
+                    self.cfg.context_length,
+                    self.cfg.vocab_size,
+                )
             },
             |c| self.forward(c.tokens, c.state, c.rows),
             |shared| self.run_together(shared),
