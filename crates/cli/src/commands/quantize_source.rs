@@ -195,7 +195,8 @@ impl Source {
 
     /// An integer table as i64 values.
     pub fn ids(&mut self, name: &str) -> Result<Vec<i64>> {
-        let dims = self.dims(name)?;
+        // A missing tensor is refused by name here.
+        self.dims(name)?;
         match &mut self.files {
             // The stored integers as they are (not only indices: Qwen's
             // PLE multipliers are I64 too).
@@ -214,33 +215,15 @@ impl Source {
                 f.seek(SeekFrom::Start(range.start as u64))?;
                 f.read_exact(&mut b)
                     .with_context(|| format!("{}: `{name}`: cannot read", path.display()))?;
-                let _ = dims;
-                Ok(match e.dtype {
-                    Dtype::I64 => b
-                        .chunks_exact(8)
-                        .map(|x| i64::from_le_bytes(x.try_into().expect("8 bytes")))
-                        .collect(),
-                    _ => b
-                        .chunks_exact(4)
-                        .map(|x| i32::from_le_bytes(x.try_into().expect("4 bytes")) as i64)
-                        .collect(),
-                })
+                Ok(le_ints(&b, e.dtype == Dtype::I64))
             }
             // The GGUF's own integer bytes (I32 or I64), as stored.
             Files::Gguf(g) => {
                 let c = g.container();
                 let info = &c.tensors[name];
                 let b = c.bytes(info);
-                Ok(match info.ggml_type {
-                    27 => b
-                        .chunks_exact(8)
-                        .map(|x| i64::from_le_bytes(x.try_into().expect("8 bytes")))
-                        .collect(),
-                    _ => b
-                        .chunks_exact(4)
-                        .map(|x| i32::from_le_bytes(x.try_into().expect("4 bytes")) as i64)
-                        .collect(),
-                })
+                // GGML type 27 is I64, else I32.
+                Ok(le_ints(b, info.ggml_type == 27))
             }
         }
     }
@@ -252,5 +235,18 @@ impl Source {
             .with_context(|| format!("{}: no tensor `{name}`", self.path.display()))?
             .dims
             .clone())
+    }
+}
+
+/// Little-endian integers, 8 bytes each (`wide`) or 4, as i64.
+fn le_ints(b: &[u8], wide: bool) -> Vec<i64> {
+    if wide {
+        b.chunks_exact(8)
+            .map(|x| i64::from_le_bytes(x.try_into().expect("8 bytes")))
+            .collect()
+    } else {
+        b.chunks_exact(4)
+            .map(|x| i32::from_le_bytes(x.try_into().expect("4 bytes")) as i64)
+            .collect()
     }
 }

@@ -6,18 +6,11 @@
 
 use super::k_common::QK_K;
 use super::scalar::nearest_int;
+use super::search::signed_max;
 
 pub(super) fn q8_k(x: &[f32], out: &mut Vec<u8>) {
     for b in x.chunks_exact(QK_K) {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in b {
-            let ax = v.abs();
-            if ax > amax {
-                amax = ax;
-                max = v;
-            }
-        }
+        let (max, amax) = signed_max(b);
         if amax == 0.0 {
             // The C zeroes `d` and `qs` and leaves `bsums` as it was; the
             // sums of zero levels are zero, so zero them too.

@@ -11,13 +11,10 @@ use super::scalar::{c_max, nearest_int};
 /// `GROUP_MAX_EPS`: a group whose largest magnitude is below it is zero.
 pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
-/// `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw)`: symmetric levels
-/// `L ∈ [0, 2·nmax)` (stored offset by `nmax`) and their scale, weighted by
-/// `qw` or, without one, by `x²`; nineteen trial scales around `nmax / max`.
-pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
-    let n = x.len();
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
+/// The value of largest magnitude (the first of equals) and its magnitude,
+/// as ggml's searches find them.
+pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
     for &v in x {
         let ax = v.abs();
         if ax > amax {
@@ -25,6 +22,15 @@ pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<
             max = v;
         }
     }
+    (max, amax)
+}
+
+/// `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw)`: symmetric levels
+/// `L ∈ [0, 2·nmax)` (stored offset by `nmax`) and their scale, weighted by
+/// `qw` or, without one, by `x²`; nineteen trial scales around `nmax / max`.
+pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
+    let n = x.len();
+    let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l_out[..n].fill(0);
         return 0.0;
@@ -76,15 +82,7 @@ pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<
 /// move single levels while the weighted fit improves.
 pub(super) fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let n = x.len();
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
+    let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l_out[..n].fill(0);
         return 0.0;
