@@ -282,20 +282,7 @@ fn edited_llama(edit: impl Fn(&str, Vec<usize>) -> Option<Vec<usize>>) -> tempfi
             kept.push((name, shape, view.data().to_vec()));
         }
     }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = kept
-        .iter()
-        .map(|(n, s, d)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
-                    .unwrap(),
-            )
-        })
-        .collect();
-    let dir = tempfile::tempdir().unwrap();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
-    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
-    dir
+    f32_dir(&src, &kept)
 }
 
 #[test]
@@ -489,20 +476,7 @@ fn llama_with_row(tensor: &str, row: usize, value: f32) -> tempfile::TempDir {
         kept.push((name, view.shape().to_vec(), data));
     }
     assert!(kept.iter().any(|k| k.0 == tensor), "{tensor}");
-    let views: Vec<(String, safetensors::tensor::TensorView)> = kept
-        .iter()
-        .map(|(n, s, d)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
-                    .unwrap(),
-            )
-        })
-        .collect();
-    let dir = tempfile::tempdir().unwrap();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
-    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
-    dir
+    f32_dir(&src, &kept)
 }
 
 #[test]
@@ -783,4 +757,23 @@ fn a_llama_directory_tokenizer_goes_into_the_gguf_and_tokenizes_the_same() {
     assert!(done && err.contains("does not load"), "{err}");
     let g = Gguf::open(&out).unwrap();
     assert!(!g.metadata.contains_key("tokenizer.ggml.tokens"));
+}
+
+/// A Hugging Face directory of `tensors` (name, shape, f32 bytes) with
+/// `src`'s config, in a temp dir.
+fn f32_dir(src: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) -> tempfile::TempDir {
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    dir
 }
