@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod layers;
 pub mod load;
 pub mod model;
+pub mod observe;
 pub mod quant;
 pub mod state;
 pub mod table;

@@ -92,9 +92,43 @@ impl<B: Backend> Experts<B> {
             let dn = stack(w, names[2], dns, [n_experts, h, inter])?;
             (gu, dn)
         };
+        // The tensors each stack is made of, for a product observer
+        // (`crate::observe`; nothing is built when none is installed).
+        let fused = w.has("experts.gate_up_proj");
+        let prefix = w.name("experts.");
+        let prefix = prefix.as_str();
+        let stack_names = |parts: &[(&str, usize)], out: usize, inp: usize| {
+            if fused {
+                return vec![(format!("{prefix}{}", parts[0].0), vec![n_experts, out, inp])];
+            }
+            (0..n_experts)
+                .flat_map(|e| {
+                    parts
+                        .iter()
+                        .map(move |&(p, rows)| (format!("{prefix}{e}.{p}.weight"), vec![rows, inp]))
+                })
+                .collect()
+        };
         let ops = w.ops();
+        crate::observe::name_next(&|| {
+            let parts = [(names[0], inter), (names[1], inter)];
+            stack_names(
+                if fused {
+                    &[("gate_up_proj", 0)]
+                } else {
+                    &parts
+                },
+                2 * inter,
+                h,
+            )
+        });
+        let gate_up = ops.experts(gu, n_experts, 2 * inter, h)?;
+        crate::observe::name_next(&|| {
+            let parts = [(names[2], h)];
+            stack_names(if fused { &[("down_proj", 0)] } else { &parts }, h, inter)
+        });
         Ok(Self {
-            gate_up: ops.experts(gu, n_experts, 2 * inter, h)?,
+            gate_up,
             down: ops.experts(dn, n_experts, h, inter)?,
             n_experts,
             inter,

@@ -216,6 +216,7 @@ impl<'a, B: Backend> Binder<'a, B> {
     pub fn matrix(&mut self, name: &str, out: usize, inp: usize) -> Result<B::Matrix> {
         let n = self.name(&format!("{name}.weight"));
         let w = self.src.read(&n, &[out, inp])?;
+        crate::observe::read(&n, &[out, inp]);
         self.ops.matrix(w, out, inp).map_err(|e| self.err(&n, e))
     }
 
@@ -234,6 +235,7 @@ impl<'a, B: Backend> Binder<'a, B> {
     /// A tensor as a host f32 tensor (for stacking or fusing at load).
     pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let n = self.name(name);
+        crate::observe::read(&n, shape);
         self.src.read_f32(&n, shape)
     }
 
@@ -301,6 +303,7 @@ impl<'a, B: Backend> Binder<'a, B> {
     /// A tensor as read (quantized GGUF tensors stay quantized).
     pub fn raw(&mut self, name: &str, shape: &[usize]) -> Result<HostWeight> {
         let n = self.name(name);
+        crate::observe::read(&n, shape);
         self.src.read(&n, shape)
     }
 

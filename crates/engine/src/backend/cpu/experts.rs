@@ -52,7 +52,9 @@ pub fn swiglu(g: f32, u: f32, limit: Option<f32>) -> f32 {
 /// `[gate | up]`), `down: [E, H, I]` (`E = n_experts`); returns `[T, H]`. Each expert runs
 /// once over the tokens routed to it; each token's `k` expert outputs are
 /// then added in top-k order (`o = 0; o += w_k·y_k`), so a token's result
-/// depends on its own row only.
+/// depends on its own row only. `seen`, when given, is told each expert's
+/// gathered rows and its down projection's input (`ds4server imatrix`'s
+/// product observer, [`crate::observe`]).
 #[allow(clippy::too_many_arguments)] // a kernel over flat slices
 pub fn expert_gather(
     x: &[f32],
@@ -65,6 +67,7 @@ pub fn expert_gather(
     h: usize,
     inter: usize,
     limit: Option<f32>,
+    seen: Option<&dyn Fn(usize, &[f32], &[f32])>,
 ) -> Vec<f32> {
     let slots = experts.len();
     debug_assert_eq!(slots * h, x.len() * top_k);
@@ -92,6 +95,9 @@ pub fn expert_gather(
             for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
                 *a = swiglu(g, u, limit);
             }
+        }
+        if let Some(seen) = seen {
+            seen(e, &xs, &act);
         }
         y.resize(n * h, 0.0);
         down.matmul(e, &act, n, h, inter, &mut y);
@@ -144,6 +150,7 @@ mod tests {
                 e,
                 h,
                 inter,
+                None,
                 None,
             )
         };
@@ -199,6 +206,7 @@ mod tests {
                     h,
                     inter,
                     Some(7.0),
+                    None,
                 )
             };
             let stored = run(Stack::Stored(&gu), Stack::Stored(&dn));

@@ -47,6 +47,13 @@ pub enum CpuMatrix {
     /// Row blocks of different stored types ([`HostWeight::Rows`]): each
     /// output column is its own part's product.
     Rows { parts: Vec<CpuMatrix>, out: usize },
+    /// A matrix whose products report their input rows to the process's
+    /// product observer first ([`crate::observe`]); placed only when one
+    /// is installed.
+    Observed {
+        tag: crate::observe::Tag,
+        inner: Box<CpuMatrix>,
+    },
 }
 
 /// An embedding table on the CPU.
@@ -67,12 +74,27 @@ pub enum CpuExperts {
     /// Kept as stored; each expert's rows are dequantized a strip at a time
     /// inside its product (the bits of the f32 stack).
     Stored(Arc<QuantTensor>),
+    /// A stack whose routed rows are reported to the product observer
+    /// ([`crate::observe`]); placed only when one is installed.
+    Observed {
+        tag: crate::observe::Tag,
+        inner: Box<CpuExperts>,
+    },
 }
 
 impl CpuExperts {
+    /// The stack itself and its observer tag, if observed.
+    fn unwrap_observed(&self) -> (&CpuExperts, Option<crate::observe::Tag>) {
+        match self {
+            CpuExperts::Observed { tag, inner } => (inner, Some(*tag)),
+            other => (other, None),
+        }
+    }
+
     /// `(E, out, in)`.
     fn dims(&self) -> Result<(usize, usize, usize)> {
         match self {
+            CpuExperts::Observed { inner, .. } => inner.dims(),
             CpuExperts::F32(t) => Ok(t.dims3()?),
             CpuExperts::Stored(q) => match q.dims[..] {
                 [e, o, i] => Ok((e, o, i)),
@@ -262,6 +284,91 @@ fn par_map(n: usize, f: impl Fn(usize) -> f32 + Sync) -> Vec<f32> {
 }
 
 impl CpuOps {
+    /// [`Backend::matrix`] without the observer's wrapping (the parts of
+    /// a `Rows` matrix are never observed on their own).
+    fn place_matrix(&self, w: HostWeight, out: usize, inp: usize) -> Result<CpuMatrix> {
+        match w.on_host()? {
+            HostWeight::F32(t) => {
+                if t.dims() != [out, inp] {
+                    return Err(shape_err(
+                        "matrix",
+                        format!("{:?} is not [{out}, {inp}]", t.dims()),
+                    ));
+                }
+                Ok(CpuMatrix::F32 {
+                    w: t.contiguous()?,
+                    out,
+                    inp,
+                })
+            }
+            HostWeight::Quant(q) => {
+                if q.dims != [out, inp] {
+                    return Err(shape_err(
+                        "matrix",
+                        format!("{:?} is not [{out}, {inp}]", q.dims),
+                    ));
+                }
+                let format = match q.ty {
+                    WeightType::Q4_1 => Some(BlockFormat::Q4_1),
+                    WeightType::Q8_0 => Some(BlockFormat::Q8_0),
+                    _ => None,
+                };
+                match format {
+                    // Repacked once into the block kernels' layout; the
+                    // file's pages are then released (resident memory is
+                    // the repacked copy, not both).
+                    Some(format) => {
+                        let bytes = stored_bytes(&q);
+                        let m = match crate::backend::kernel_set::current() {
+                            KernelSet::Reference => {
+                                BlockMatrix::new(&bytes, format, out, inp).map(CpuMatrix::Block)
+                            }
+                            KernelSet::Fast => {
+                                Q8Matrix::new(&bytes, format, out, inp).map(CpuMatrix::Q8)
+                            }
+                        }
+                        .map_err(|e| shape_err("matrix", e.to_string()))?;
+                        q.parts.iter().for_each(|p| p.data.release());
+                        Ok(m)
+                    }
+                    None => match crate::backend::kernel_set::current() {
+                        KernelSet::Fast if KMatrix::new(q.clone()).is_some() => {
+                            Ok(CpuMatrix::KQ8(KMatrix::new(q).expect("checked")))
+                        }
+                        _ => Ok(CpuMatrix::Stored(q)),
+                    },
+                }
+            }
+            HostWeight::Rows(parts) => {
+                let parts = parts
+                    .into_iter()
+                    .map(|p| {
+                        let rows = p.dims()[0];
+                        self.place_matrix(p, rows, inp)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(CpuMatrix::Rows { parts, out })
+            }
+            HostWeight::Synthetic(_) => Err(shape_err("matrix", "not materialised".into())),
+        }
+    }
+
+    /// [`Backend::experts`] without the observer's wrapping.
+    fn place_experts(&self, w: HostWeight, e: usize, out: usize, inp: usize) -> Result<CpuExperts> {
+        if w.dims() != [e, out, inp] {
+            return Err(shape_err(
+                "experts",
+                format!("{:?} is not [{e}, {out}, {inp}]", w.dims()),
+            ));
+        }
+        match w.on_host()? {
+            // Stored stacks stay stored: a flagship's experts are most of
+            // its bytes.
+            HostWeight::Quant(q) if q.ty != WeightType::F32 => Ok(CpuExperts::Stored(q)),
+            w => Ok(CpuExperts::F32(w.to_f32()?.contiguous()?)),
+        }
+    }
+
     /// The id a CPU process running kernel set `set` reports (with this
     /// machine's ISA): what its states' and checkpoints' identity carries.
     pub fn id_for(set: KernelSet) -> BackendId {
@@ -425,85 +532,25 @@ impl Backend for CpuOps {
     // ---- weights ----
 
     fn matrix(&self, w: HostWeight, out: usize, inp: usize) -> Result<CpuMatrix> {
-        match w.on_host()? {
-            HostWeight::F32(t) => {
-                if t.dims() != [out, inp] {
-                    return Err(shape_err(
-                        "matrix",
-                        format!("{:?} is not [{out}, {inp}]", t.dims()),
-                    ));
-                }
-                Ok(CpuMatrix::F32 {
-                    w: t.contiguous()?,
-                    out,
-                    inp,
-                })
-            }
-            HostWeight::Quant(q) => {
-                if q.dims != [out, inp] {
-                    return Err(shape_err(
-                        "matrix",
-                        format!("{:?} is not [{out}, {inp}]", q.dims),
-                    ));
-                }
-                let format = match q.ty {
-                    WeightType::Q4_1 => Some(BlockFormat::Q4_1),
-                    WeightType::Q8_0 => Some(BlockFormat::Q8_0),
-                    _ => None,
-                };
-                match format {
-                    // Repacked once into the block kernels' layout; the
-                    // file's pages are then released (resident memory is
-                    // the repacked copy, not both).
-                    Some(format) => {
-                        let bytes = stored_bytes(&q);
-                        let m = match crate::backend::kernel_set::current() {
-                            KernelSet::Reference => {
-                                BlockMatrix::new(&bytes, format, out, inp).map(CpuMatrix::Block)
-                            }
-                            KernelSet::Fast => {
-                                Q8Matrix::new(&bytes, format, out, inp).map(CpuMatrix::Q8)
-                            }
-                        }
-                        .map_err(|e| shape_err("matrix", e.to_string()))?;
-                        q.parts.iter().for_each(|p| p.data.release());
-                        Ok(m)
-                    }
-                    None => match crate::backend::kernel_set::current() {
-                        KernelSet::Fast if KMatrix::new(q.clone()).is_some() => {
-                            Ok(CpuMatrix::KQ8(KMatrix::new(q).expect("checked")))
-                        }
-                        _ => Ok(CpuMatrix::Stored(q)),
-                    },
-                }
-            }
-            HostWeight::Rows(parts) => {
-                let parts = parts
-                    .into_iter()
-                    .map(|p| {
-                        let rows = p.dims()[0];
-                        self.matrix(p, rows, inp)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(CpuMatrix::Rows { parts, out })
-            }
-            HostWeight::Synthetic(_) => Err(shape_err("matrix", "not materialised".into())),
-        }
+        let m = self.place_matrix(w, out, inp)?;
+        Ok(match crate::observe::place(out, inp, None) {
+            Some(tag) => CpuMatrix::Observed {
+                tag,
+                inner: Box::new(m),
+            },
+            None => m,
+        })
     }
 
     fn experts(&self, w: HostWeight, e: usize, out: usize, inp: usize) -> Result<CpuExperts> {
-        if w.dims() != [e, out, inp] {
-            return Err(shape_err(
-                "experts",
-                format!("{:?} is not [{e}, {out}, {inp}]", w.dims()),
-            ));
-        }
-        match w.on_host()? {
-            // Stored stacks stay stored: a flagship's experts are most of
-            // its bytes.
-            HostWeight::Quant(q) if q.ty != WeightType::F32 => Ok(CpuExperts::Stored(q)),
-            w => Ok(CpuExperts::F32(w.to_f32()?.contiguous()?)),
-        }
+        let m = self.place_experts(w, e, out, inp)?;
+        Ok(match crate::observe::place(out, inp, Some(e)) {
+            Some(tag) => CpuExperts::Observed {
+                tag,
+                inner: Box::new(m),
+            },
+            None => m,
+        })
     }
 
     fn table(&self, w: HostWeight, rows: usize, width: usize) -> Result<CpuTable> {
@@ -554,6 +601,12 @@ impl Backend for CpuOps {
 
     fn matmul(&self, x: &Vec<f32>, rows: usize, w: &CpuMatrix) -> Result<Vec<f32>> {
         match w {
+            CpuMatrix::Observed { tag, inner } => {
+                if let Some(o) = crate::observe::observer() {
+                    o.rows(*tag, None, x, rows);
+                }
+                self.matmul(x, rows, inner)
+            }
             CpuMatrix::F32 { w, out, inp } => {
                 if x.len() != rows * inp {
                     return Err(shape_err(
@@ -651,6 +704,22 @@ impl Backend for CpuOps {
         limit: Option<f32>,
     ) -> Result<Vec<f32>> {
         let (e, two_i, h) = gate_up.dims()?;
+        let (gate_up, gu_tag) = gate_up.unwrap_observed();
+        let (down, dn_tag) = down.unwrap_observed();
+        // Each expert's routed rows and its down projection's input, for
+        // the product observer (`None` unless a stack is observed).
+        let seen = |ex: usize, xs: &[f32], act: &[f32]| {
+            if let Some(o) = crate::observe::observer() {
+                if let Some(t) = gu_tag {
+                    o.rows(t, Some(ex), xs, xs.len() / h.max(1));
+                }
+                if let Some(t) = dn_tag {
+                    o.rows(t, Some(ex), act, act.len() / (two_i / 2).max(1));
+                }
+            }
+        };
+        let seen: Option<&dyn Fn(usize, &[f32], &[f32])> =
+            (gu_tag.is_some() || dn_tag.is_some()).then_some(&seen);
         if x.len() != rows * h
             || routing.experts.len() != rows * routing.k
             || down.dims()? != (e, h, two_i / 2)
@@ -676,6 +745,7 @@ impl Backend for CpuOps {
                 h,
                 two_i / 2,
                 limit,
+                seen,
             )
         };
         match (gate_up, down) {
@@ -693,6 +763,8 @@ impl Backend for CpuOps {
             (CpuExperts::Stored(gu), CpuExperts::Stored(dn)) => {
                 Ok(run(experts::Stack::Stored(gu), experts::Stack::Stored(dn)))
             }
+            // A stack is wrapped once, at placement.
+            _ => Err(shape_err("experts_swiglu", "a stack observed twice".into())),
         }
     }
 
