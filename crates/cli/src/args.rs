@@ -33,6 +33,8 @@ pub enum Command {
     Quantize(QuantizeArgs),
     /// Compare quantized GGUFs with their source: logit error, KL, top-1, NLL.
     QuantizeReport(crate::commands::quantize_report::QuantizeReportArgs),
+    /// Collect an importance matrix (llama.cpp's GGUF imatrix) over a text.
+    Imatrix(crate::commands::imatrix_run::ImatrixArgs),
     /// Measure prefill and decode speed across context lengths (CSV + SVG).
     Bench(BenchArgs),
     /// Tools for replaying and checking individual pieces.

@@ -26,6 +26,13 @@ fn main() -> std::process::ExitCode {
         // SAFETY: no other thread exists yet (the pool starts lazily later).
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.max(1).to_string()) };
     }
+    if let Command::Imatrix(args) = &cli.command
+        && let Some(threads) = args.threads
+    {
+        // As for bench: before the pool starts.
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.max(1).to_string()) };
+    }
     let outcome = match cli.command {
         Command::Serve(args) => commands::serve::serve(args),
         Command::Run(args) => commands::run::run(args),
@@ -34,6 +41,7 @@ fn main() -> std::process::ExitCode {
         Command::Pull => commands::pull::pull(),
         Command::Quantize(args) => commands::quantize::quantize(args),
         Command::QuantizeReport(args) => commands::quantize_report::quantize_report(args),
+        Command::Imatrix(args) => commands::imatrix_run::imatrix(args),
         Command::Bench(args) => commands::bench::bench(args),
         Command::Debug(command) => commands::debug::debug(command),
         Command::Sessions(command) => commands::sessions::sessions(command),
