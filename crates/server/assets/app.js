@@ -658,7 +658,9 @@ function renderStatus(s) {
       ["uptime", "uptime", fmt(s.uptime_seconds) + " s"],
     ]),
     card("Queue", [
-      ["queue_depth", "waiting", fmt(s.queue_depth) + " / " + fmt(s.max_queue)],
+      ["running", "running", fmt(s.running) + " of " + fmt(s.lanes) + " lanes"],
+      ["queue_depth", "waiting", fmt(s.queue_depth) + (s.max_queue === null ? "" : " / " + fmt(s.max_queue))],
+      ["queue_tokens", "queued tokens", fmt(s.queue.reserved_tokens) + " / " + fmt(s.queue.max_tokens)],
       ["requests", "requests", fmt(s.totals.requests)],
       ["turns", "turns", fmt(s.totals.turns)],
       ["cancelled", "cancelled", fmt(s.totals.turns_cancelled)],
@@ -684,6 +686,9 @@ function renderStatus(s) {
       ["last_decode", "decode, last turn", fmt(sp.last_decode_tokens_per_second, 1) + " tok/s"],
       ["avg_prefill", "prefill, overall", avg(sp.prefill_tokens, sp.prefill_seconds) + " tok/s"],
       ["avg_decode", "decode, overall", avg(sp.decode_tokens, sp.decode_seconds) + " tok/s"],
+      ["tokens_per_second", "now (last 10 s)", fmt(sp.tokens_per_second, 1) + " tok/s"],
+      ["ttft", "time to first token (mean)", s.latency.turns ? fmt(s.latency.mean_time_to_first_token_seconds, 2) + " s" : "–"],
+      ["batch", "batch size (mean / largest)", s.batching.batches ? fmt(s.batching.mean_size, 2) + " / " + fmt(s.batching.largest) : "–"],
       ["completion_tokens", "generated", fmt(s.totals.completion_tokens) + " tokens"],
     ]),
     card(

@@ -1,14 +1,21 @@
 //! Admission: an API-neutral generation request is checked against the
-//! context, gets its sampler from the family's law and a seed, and is put on
-//! the worker's queue (or refused with 503 when the queue is full).
+//! context, gets its sampler from the family's law and a seed, and is
+//! submitted to the scheduler, whose queue takes it or is full (503 with
+//! `Retry-After`; the rule is `crate::queue`'s).
 
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ds4_engine::decode::CancelToken;
 use ds4_sampling::{Law, Sampler, SamplingParams, SamplingRequest, resolve_seed};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::events::WorkEvent;
 use crate::output::Budget;
+use crate::scheduler::{Rejected, SchedulerHandle};
 use crate::state::{AppState, SharedState};
-use crate::worker::{Job, Rejected, WorkEvent};
+use crate::worker::Job;
 
 /// What every API asks of the engine, once parsed and validated.
 #[derive(Debug, Default)]
@@ -47,6 +54,20 @@ pub struct Generation {
     pub constraint: Option<Box<ds4_constraint::Constraint>>,
 }
 
+impl Generation {
+    /// Expand the prompt's images for a model that reads them
+    /// ([`crate::vision::expand`]): the prompt becomes the session keys.
+    pub async fn expand_images(
+        &mut self,
+        vision: Option<&std::sync::Arc<crate::vision::Vision>>,
+    ) -> Result<(), ApiError> {
+        if let Some(v) = crate::vision::expand(vision, &mut self.prompt, &self.images).await? {
+            self.vision = Some(v);
+        }
+        Ok(())
+    }
+}
+
 /// A queued turn.
 pub struct Admitted {
     pub events: mpsc::UnboundedReceiver<WorkEvent>,
@@ -55,9 +76,28 @@ pub struct Admitted {
     pub prompt_tokens: usize,
     /// Set when the turn runs under a reasoning budget.
     pub budget: Option<Budget>,
+    /// Cancels the turn's jobs when dropped before they end (the client
+    /// left): they leave the queue, or their lane, at once.
+    pub ticket: Ticket,
 }
 
-pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiError> {
+/// The scheduler ids of a turn's jobs; dropping it cancels them (a job
+/// that already ended ignores it).
+pub struct Ticket {
+    scheduler: SchedulerHandle,
+    ids: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let ids = self.ids.lock().map(|ids| ids.clone()).unwrap_or_default();
+        for id in ids {
+            self.scheduler.cancel(id);
+        }
+    }
+}
+
+pub async fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiError> {
     if g.prompt.is_empty() {
         return Err(ApiError::invalid(g.prompt_field, "the prompt is empty"));
     }
@@ -79,7 +119,9 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     server_sampling(&state.config, &mut g);
     let params = sampling(state, &mut g)?;
     let seed = resolve_seed(g.seed, state.config.seed);
+    let ids = Arc::new(Mutex::new(Vec::new()));
     let plan = JobPlan {
+        ids: ids.clone(),
         law: descriptor.law,
         params,
         structural: g.structural,
@@ -110,11 +152,20 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
                 close,
                 close_ids,
                 resubmit: Box::new(move |prompt, max_tokens| {
-                    // A stream of its own: the continuation does not replay
-                    // the reasoning's draws.
-                    let seed = seed ^ 0x9e37_79b9_7f4a_7c15;
-                    plan.submit(&state, prompt, max_tokens, None, seed, None)
-                        .map_err(|e| e.message)
+                    Box::pin(async move {
+                        // A stream of its own: the continuation does not
+                        // replay the reasoning's draws.
+                        let seed = seed ^ 0x9e37_79b9_7f4a_7c15;
+                        let next = Next {
+                            prompt_logprobs: None,
+                            seed,
+                            constraint: None,
+                            continuation: true,
+                        };
+                        plan.submit(&state, prompt, max_tokens, next)
+                            .await
+                            .map_err(|e| e.message)
+                    })
                 }),
             })
         }
@@ -122,20 +173,23 @@ pub fn admit(state: &SharedState, mut g: Generation) -> Result<Admitted, ApiErro
     };
     let first_max = budget.as_ref().map_or(max_tokens, |b| b.tokens);
     let prompt_tokens = g.prompt.len();
-    let events = plan.submit(
-        state,
-        g.prompt,
-        first_max,
-        g.prompt_logprobs,
+    let first = Next {
+        prompt_logprobs: g.prompt_logprobs,
         seed,
-        g.constraint,
-    )?;
+        constraint: g.constraint,
+        continuation: false,
+    };
+    let events = plan.submit(state, g.prompt, first_max, first).await?;
     Ok(Admitted {
         events,
         seed,
         warnings: g.warnings,
         prompt_tokens,
         budget,
+        ticket: Ticket {
+            scheduler: state.scheduler.clone(),
+            ids,
+        },
     })
 }
 
@@ -232,6 +286,8 @@ fn thinking_sampling(
 /// Everything a job needs besides its prompt and limit.
 #[derive(Clone)]
 struct JobPlan {
+    /// The turn's job ids so far (its [`Ticket`]'s).
+    ids: Arc<Mutex<Vec<u64>>>,
     law: Law,
     params: SamplingParams,
     structural: bool,
@@ -241,39 +297,53 @@ struct JobPlan {
     vision: Option<std::sync::Arc<crate::vision::VisionPrompt>>,
 }
 
+/// What differs between a turn's first job and its continuation.
+struct Next {
+    prompt_logprobs: Option<usize>,
+    seed: u64,
+    constraint: Option<Box<ds4_constraint::Constraint>>,
+    continuation: bool,
+}
+
 impl JobPlan {
-    fn submit(
+    async fn submit(
         &self,
         state: &AppState,
         prompt: Vec<u32>,
         max_tokens: usize,
-        prompt_logprobs: Option<usize>,
-        seed: u64,
-        constraint: Option<Box<ds4_constraint::Constraint>>,
+        next: Next,
     ) -> Result<mpsc::UnboundedReceiver<WorkEvent>, ApiError> {
-        let sampler = Sampler::new(self.law, self.params, seed)
+        let sampler = Sampler::new(self.law, self.params, next.seed)
             .map_err(|e| ApiError::invalid(e.field().name(), e.to_string()))?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let id = state.scheduler.next_id();
         let job = Job {
+            id,
+            cancel: CancelToken::new(),
+            admitted: Instant::now(),
+            continuation: next.continuation,
             prompt,
             sampler,
             max_tokens,
             stops: self.stops.clone(),
             logprobs: self.logprobs,
-            prompt_logprobs,
+            prompt_logprobs: next.prompt_logprobs,
             mtp_depth: self.mtp_depth,
             structural: self.structural,
-            constraint,
+            constraint: next.constraint,
             vision: self.vision.clone(),
             events: tx,
         };
-        match state.worker.submit(job) {
+        if let Ok(mut ids) = self.ids.lock() {
+            ids.push(id);
+        }
+        match state.scheduler.submit(job).await {
             Ok(()) => Ok(rx),
-            Err(Rejected::QueueFull) => {
+            Err(Rejected::QueueFull(full)) => {
                 state.metrics.rejected_queue_full();
-                Err(ApiError::queue_full(state.worker.depth()))
+                Err(ApiError::queue_full(full.waiting, full.reserved_tokens))
             }
-            Err(Rejected::WorkerGone) => Err(ApiError::internal("the engine worker has stopped")),
+            Err(Rejected::Stopped) => Err(ApiError::shutting_down()),
         }
     }
 }

@@ -16,10 +16,12 @@ use ds4_text::{ChatTemplate, TextProfile, Tokenizer};
 
 use crate::config::ServerConfig;
 use crate::error::{ApiError, Flavor};
+use crate::lanes::CacheSettings;
 use crate::metrics::Metrics;
+use crate::queue::QueueLimits;
 use crate::routes;
+use crate::scheduler;
 use crate::state::{AppState, SharedState};
-use crate::worker;
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +38,7 @@ pub enum ServeError {
     Cors(String),
 }
 
-/// Build the shared state and start the engine worker.
+/// Build the shared state and start the scheduler.
 pub fn build_state(
     config: ServerConfig,
     model: LoadedModel,
@@ -71,18 +73,21 @@ pub fn build_state(
     };
     let mut serving = crate::family::Serving::for_family(descriptor.name);
     serving.accepts_images = vision.is_some();
-    let worker = worker::spawn(
-        Arc::new(model),
-        tokenizer.clone(),
-        config.max_queue,
-        config.max_batch,
-        config.max_batch_tokens,
-        config.prefill_chunk,
-        worker::CacheSettings {
+    let settings = scheduler::Settings {
+        lanes: config.max_batch.max(1),
+        batch_tokens: config.max_batch_tokens,
+        prefill_chunk: config.prefill_chunk,
+        cache: CacheSettings {
             bank_budget: config.bank_budget,
             boundary_every: config.boundary_every,
             checkpoints: config.checkpoints.clone(),
         },
+        queue: queue_limits(&config, ctx),
+    };
+    let scheduler = scheduler::spawn(
+        Arc::new(model),
+        tokenizer.clone(),
+        settings,
         metrics.clone(),
         vision.clone(),
     )
@@ -101,11 +106,23 @@ pub fn build_state(
         template,
         template_has_tools,
         tokenizer,
-        worker,
+        scheduler,
         metrics,
         created: crate::ids::unix_now(),
         config,
     }))
+}
+
+/// The queue's capacity: `--max-queue-tokens` (by default
+/// [`crate::config::QUEUE_CONTEXTS`] contexts of `ctx` tokens) and the
+/// `--max-queue` count, when set.
+pub fn queue_limits(config: &ServerConfig, ctx: usize) -> QueueLimits {
+    QueueLimits {
+        max_tokens: config
+            .max_queue_tokens
+            .unwrap_or(crate::config::QUEUE_CONTEXTS.saturating_mul(ctx)),
+        max_count: (config.max_queue != usize::MAX).then_some(config.max_queue),
+    }
 }
 
 /// The kernel set a model on `backend` runs: the process's set
@@ -225,7 +242,7 @@ pub struct Running {
 impl Running {
     /// Shut down as `serve` does on a signal: stop accepting, give running
     /// requests the grace period, cancel what is left, then save the live
-    /// session (with checkpoints on) and stop the engine worker.
+    /// session (with checkpoints on) and stop the scheduler.
     pub async fn shutdown(self) -> std::io::Result<()> {
         let _ = self.stop.send(());
         self.task
@@ -295,10 +312,10 @@ async fn run(
         stop,
     )
     .await;
-    // Whatever still runs in the worker is cancelled at its next chunk or
+    // Whatever still runs on a lane is cancelled at its next chunk or
     // token; queued jobs are skipped. Then the session is saved.
-    state.worker.stop_turns();
-    state.worker.shutdown().await;
+    state.scheduler.stop_turns();
+    state.scheduler.shutdown().await;
     if let crate::transport::Drained::Dropped(n) = drained {
         eprintln!("ds4server: the grace period ran out; {n} connection(s) dropped");
     }

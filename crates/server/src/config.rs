@@ -8,6 +8,11 @@ pub use ds4_engine::state::warm::CheckpointConfig;
 /// The reply length for requests that set none (`--default-max-tokens`).
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 
+/// The default queue budget in contexts: as many requests as the old
+/// fixed queue of 16 held when each may fill the context, and many more
+/// short ones.
+pub const QUEUE_CONTEXTS: usize = 16;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Where to listen. Loopback unless the operator says otherwise.
@@ -29,8 +34,13 @@ pub struct ServerConfig {
     /// Context limit in tokens; `None` means the model's own. Never above
     /// the model's.
     pub ctx: Option<usize>,
-    /// Requests that may wait behind the running ones before new ones get 503.
+    /// Requests that may wait behind the running ones (`--max-queue`), a
+    /// cap besides the token budget; `usize::MAX`: no cap (the default).
     pub max_queue: usize,
+    /// Session-cache rows the waiting requests may reserve, each its
+    /// prompt plus its output limit (`--max-queue-tokens`; `crate::queue`);
+    /// `None`: [`QUEUE_CONTEXTS`] contexts.
+    pub max_queue_tokens: Option<usize>,
     /// Turns that run at once (`--max-batch`): above 1 the worker runs that
     /// many lanes whose forwards meet in batches (`crate::lanes`); 1 is the
     /// single worker.
@@ -103,7 +113,8 @@ impl ServerConfig {
             strict_model_names: false,
             default_max_tokens: Some(DEFAULT_MAX_TOKENS),
             ctx: None,
-            max_queue: 16,
+            max_queue: usize::MAX,
+            max_queue_tokens: None,
             max_batch: 1,
             max_batch_tokens: ds4_engine::batching::BatchConfig::default().max_tokens,
             api_key: None,

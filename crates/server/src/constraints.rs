@@ -12,32 +12,13 @@
 //! "value": …}` (a Lark grammar in llguidance's dialect or a regex as a
 //! string, a schema as an object); a bare string is a Lark grammar.
 
-use std::sync::{Arc, OnceLock};
-
-use ds4_constraint::{Constraint, ConstraintError, ForcedTool, Grammar, Vocabulary};
+use ds4_constraint::{Constraint, ConstraintError, ForcedTool, Grammar};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::prompt::FunctionTool;
-use crate::request::Output;
+use crate::output::Output;
 use crate::state::AppState;
-
-/// The model's vocabulary for constraints, built on first use (the trie
-/// over every token takes a moment on a large vocabulary; requests without
-/// a constraint never pay it).
-#[derive(Default)]
-pub struct LazyVocabulary(OnceLock<Result<Arc<Vocabulary>, ConstraintError>>);
-
-impl LazyVocabulary {
-    fn get(&self, state: &AppState) -> Result<Arc<Vocabulary>, ConstraintError> {
-        self.0
-            .get_or_init(|| {
-                Vocabulary::new(state.tokenizer.clone(), state.tokenizer.stop_token_ids())
-                    .map(Arc::new)
-            })
-            .clone()
-    }
-}
+use crate::tools::FunctionTool;
 
 /// How a request's `tool_choice` reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,7 +327,7 @@ pub fn compile(
     };
     let vocabulary = state
         .vocabulary
-        .get(state)
+        .get(&state.tokenizer)
         .map_err(|e| ApiError::invalid(field, e.to_string()))?;
     let close = state
         .profile

@@ -6,8 +6,8 @@
 use ds4_text::deepseek_v4::{Call, Message, Role, ThinkMode, render as render_ds4};
 use serde_json::Value;
 
-use crate::prompt::FunctionTool;
 use crate::tool_memory::ToolMemory;
+use crate::tools::FunctionTool;
 
 /// A message's role in ds4's classes (`developer` is system, `function` a
 /// tool result); ds4 skips any other role.

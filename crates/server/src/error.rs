@@ -172,12 +172,28 @@ impl ApiError {
         e
     }
 
-    pub fn queue_full(depth: usize) -> Self {
+    /// The queue's capacity is used up: `waiting` requests reserve
+    /// `reserved_tokens` of its token budget (`crate::queue`).
+    pub fn queue_full(waiting: usize, reserved_tokens: usize) -> Self {
         let mut e = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("the server is busy ({depth} requests waiting); retry shortly"),
+            format!(
+                "the server is busy ({waiting} requests waiting, {reserved_tokens} tokens \
+                 reserved); retry shortly"
+            ),
         );
         e.code = Some("queue_full");
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// The server is stopping: no new turn starts.
+    pub fn shutting_down() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down; retry on another instance or later",
+        );
+        e.code = Some("shutting_down");
         e.retry_after = Some(1);
         e
     }

@@ -1,336 +1,122 @@
-//! Lanes: several turns at once (`serve --max-batch N`, N above 1).
+//! Lanes: the threads that run turns, one [`Worker`] each (`serve
+//! --max-batch N` runs N of them; 1 is one lane on the bare model).
 //!
-//! The worker thread wraps the model in one [`BatchingModel`] and runs N
-//! lane threads in a scope, each a [`Worker`] with its own
-//! [`SessionCache`] (the bank budget split evenly; only lane 0 opens the
-//! checkpoint store: several stores on one directory would fight over its
-//! files). A lane holds [`BatchingModel::join`] for the whole of a turn, so
-//! its forwards meet the other lanes' in batches; a session's bits are
-//! those of the same turn served alone (the engine's batching contract).
+//! With N above 1 the scheduler wraps the model in one [`BatchingModel`]
+//! and every lane's worker runs on it; a lane holds
+//! [`BatchingModel::join`] for the whole of a turn, so its forwards meet
+//! the other lanes' in batches and a session's bits are those of the same
+//! turn served alone (the engine's batching contract). Each lane has its
+//! own [`SessionCache`] (the bank budget split evenly; only lane 0 opens
+//! the checkpoint store: several stores on one directory would fight over
+//! its files).
 //!
-//! The worker thread is the dispatcher: it waits until some lane is idle,
-//! only then takes the next message off the bounded queue (so the server
-//! holds the running turns plus `--max-queue` waiting ones, and admission's
-//! 503 stays a full queue), and hands the job to the idle lane whose live
-//! session shares the longest prefix with the prompt (ties: the lowest
-//! lane), so a conversation's next turn goes back to its lane and starts
-//! warm. Lanes publish their live tokens and busy flag on the [`Board`]
-//! at the end of every turn — before the client hears of it, so its next
-//! turn finds the lane free — and their cache reports, which the board sums into
-//! the metrics. On shutdown (or when every handle is gone) the dispatcher
-//! stops taking jobs; each lane finishes its turn, saves its live session
-//! and ends, and the scope waits for all of them.
+//! This module holds what a lane is, not who decides what it runs: the
+//! scheduler (`crate::scheduler`) owns the lanes' states ([`LaneState`]),
+//! picks a lane with [`best_lane`] and hears of each turn's end through the
+//! `idle` callback it gives [`LaneReports`]. The lanes' cache counters
+//! and contents are summed here ([`CacheSums`]) and published to the
+//! metrics at once, before the client hears that its turn ended.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use ds4_engine::Model;
-use ds4_engine::batching::{BatchConfig, BatchingModel};
-use ds4_engine::state::warm::{CacheStats, SessionCache};
-use ds4_text::Tokenizer;
-use tokio::sync::mpsc;
+use ds4_engine::batching::{BatchStats, BatchingModel};
+use ds4_engine::state::warm::{CacheStats, CheckpointConfig, SessionCache};
 
 use crate::metrics::{CacheContents, Metrics, StoreContents};
-use crate::worker::{CacheSettings, Job, Msg, Worker};
+use crate::worker::{Job, Reports, Worker};
 
-/// What every lane's worker borrows from the worker thread.
-pub(crate) struct Shared<'a> {
-    pub tokenizer: &'a Tokenizer,
-    pub prefill_chunk: usize,
-    /// Rows one batched forward takes at most (`--max-batch-tokens`).
-    pub batch_tokens: usize,
-    pub metrics: &'a Metrics,
-    pub stopping: &'a AtomicBool,
-    pub vision: Option<&'a crate::vision::Vision>,
+/// The session caches' settings.
+pub struct CacheSettings {
+    pub bank_budget: usize,
+    pub boundary_every: usize,
+    pub checkpoints: Option<CheckpointConfig>,
 }
 
-/// Run `lanes` lanes on `model` until shutdown (see the module docs).
-/// `ready` gets the start's outcome: a checkpoint store that cannot be
-/// opened fails it.
-pub(crate) fn run<M: Model>(
-    model: &M,
+/// One session cache per lane on `model`: the bank budget split evenly,
+/// the checkpoint store for lane 0 only. Err: the store cannot be opened.
+pub(crate) fn open_caches<X: Model>(
+    model: &X,
     lanes: usize,
     settings: &CacheSettings,
-    shared: Shared<'_>,
-    mut queue: mpsc::Receiver<Msg>,
-    ready: std::sync::mpsc::Sender<Result<(), String>>,
-) {
-    let bm = BatchingModel::new(
-        model,
-        BatchConfig {
-            max_tokens: shared.batch_tokens.max(1),
-            ..BatchConfig::default()
-        },
-    );
-    let bank_budget = settings.bank_budget / lanes;
-    let mut caches = Vec::with_capacity(lanes);
-    for i in 0..lanes {
-        let store = if i == 0 {
-            settings.checkpoints.as_ref()
-        } else {
-            None
-        };
-        match SessionCache::open(&bm, bank_budget, store) {
-            Ok(c) => caches.push(c.with_boundary_every(settings.boundary_every)),
-            Err(e) => {
-                let _ = ready.send(Err(e.to_string()));
-                return;
-            }
-        }
+) -> Result<Vec<SessionCache<X>>, String> {
+    let bank_budget = settings.bank_budget / lanes.max(1);
+    (0..lanes.max(1))
+        .map(|i| {
+            let store = settings.checkpoints.as_ref().filter(|_| i == 0);
+            SessionCache::open(model, bank_budget, store)
+                .map(|c| c.with_boundary_every(settings.boundary_every))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// Something dropped at the end of a turn (the batching model's join).
+pub(crate) trait Held {}
+impl<T> Held for T {}
+
+/// What a lane does around each turn when the lanes' forwards are batched.
+pub(crate) trait Batching: Sync {
+    /// Join the batches for one turn (until the guard drops).
+    fn join(&self) -> Box<dyn Held + '_>;
+    fn stats(&self) -> BatchStats;
+}
+
+impl<M: Model> Batching for BatchingModel<'_, M> {
+    fn join(&self) -> Box<dyn Held + '_> {
+        Box::new(BatchingModel::join(self))
     }
-    let board = Board::new(lanes, shared.metrics);
-    let done = std::thread::scope(|s| {
-        let mut inboxes = Vec::with_capacity(lanes);
-        for (index, cache) in caches.into_iter().enumerate() {
-            let mut worker = Worker {
-                model: &bm,
-                cache,
-                tokenizer: shared.tokenizer,
-                prefill_chunk: shared.prefill_chunk,
-                metrics: shared.metrics,
-                stopping: shared.stopping,
-                saves_seen: 0,
-                vision: shared.vision,
-                lane: Some(Slot {
-                    board: &board,
-                    index,
-                    idle: true,
-                }),
-            };
-            // Before the server answers: checkpoint files refused while
-            // opening the store are in /metrics at once.
-            worker.report_cache();
-            let (tx, rx) = std::sync::mpsc::channel();
-            inboxes.push(tx);
-            let bm = &bm;
-            let board = &board;
-            std::thread::Builder::new()
-                .name(format!("engine-lane-{index}"))
-                .spawn_scoped(s, move || lane(worker, bm, board, index, rx))
-                .expect("starting an engine lane");
-        }
-        let _ = ready.send(Ok(()));
-        dispatch(
-            &mut queue,
-            &board,
-            &inboxes,
-            shared.metrics,
-            shared.stopping,
-        )
-        // The inboxes drop here: each lane ends after its turn, and the
-        // scope waits for every one.
-    });
-    if let Some(done) = done {
-        let _ = done.send(());
+
+    fn stats(&self) -> BatchStats {
+        BatchingModel::stats(self)
     }
 }
 
-/// Take jobs off the queue while a lane is idle and hand each to the best
-/// idle lane. Returns on shutdown (with its reply) or when every handle or
-/// every lane is gone.
-fn dispatch(
-    queue: &mut mpsc::Receiver<Msg>,
-    board: &Board<'_>,
-    inboxes: &[std::sync::mpsc::Sender<Box<Job>>],
-    metrics: &Metrics,
-    stopping: &AtomicBool,
-) -> Option<tokio::sync::oneshot::Sender<()>> {
-    loop {
-        // A job leaves the queue only when a lane can start it.
-        if !board.wait_idle() {
-            return None;
-        }
-        match queue.blocking_recv()? {
-            Msg::Job(job) if job.events.is_closed() || stopping.load(Ordering::Relaxed) => {
-                // The client left while the job waited, or the server is
-                // stopping.
-                metrics.cancelled();
-            }
-            Msg::Job(job) => {
-                let index = board.claim(&job.prompt)?;
-                if inboxes[index].send(job).is_err() {
-                    // The lane ended (a panic); the job's events channel
-                    // closed with it.
-                    board.gone(index);
-                }
-            }
-            Msg::Shutdown(done) => return Some(done),
-        }
-    }
-}
-
-/// One lane: run the jobs it is given, each turn joined to the batches;
-/// when the dispatcher is done, save the live session and end.
-fn lane<M: Model>(
-    mut worker: Worker<'_, BatchingModel<'_, M>>,
-    bm: &BatchingModel<'_, M>,
-    board: &Board<'_>,
-    index: usize,
+/// One lane: run the jobs it is given (each turn joined to the batches
+/// when `batching`), until its inbox closes; then save the live session.
+pub(crate) fn run<X: Model>(
+    mut worker: Worker<'_, X>,
+    batching: Option<&dyn Batching>,
     inbox: std::sync::mpsc::Receiver<Box<Job>>,
 ) {
-    // Marks the lane gone however it ends (a panicking turn included), so
-    // the dispatcher never waits for it.
-    struct Gone<'b, 'm>(&'b Board<'m>, usize);
-    impl Drop for Gone<'_, '_> {
-        fn drop(&mut self) {
-            self.0.gone(self.1);
-        }
-    }
-    let _gone = Gone(board, index);
     for job in inbox {
-        if let Some(slot) = &mut worker.lane {
-            slot.idle = false;
-        }
         {
-            let _joined = bm.join();
+            let _joined = batching.map(|b| b.join());
             worker.turn(*job);
         }
-        worker.metrics.batching(bm.stats());
-        // A turn that ended before decoding (a failed prompt logprobs or
-        // image) did not publish itself.
+        if let Some(b) = batching {
+            worker.metrics.batching(b.stats());
+        }
+        // A turn that ended before decoding (failed prompt logprobs or
+        // image) did not report itself.
         worker.lane_idle();
     }
     worker.cache.shutdown();
     worker.report_cache();
 }
 
-/// What the dispatcher and the lanes share: each lane's state, and the
-/// metrics they sum into.
-pub(crate) struct Board<'a> {
-    lanes: Mutex<Vec<Lane>>,
-    changed: Condvar,
-    metrics: &'a Metrics,
-}
-
-#[derive(Default)]
-struct Lane {
-    busy: bool,
-    /// Ended (shutdown or a panic): never given a job again.
-    gone: bool,
+/// What the scheduler knows of a lane.
+#[derive(Debug, Default)]
+pub(crate) struct LaneState {
+    /// The job it runs, if any.
+    pub running: Option<u64>,
+    /// Ended (a panic): never given a job again.
+    pub gone: bool,
     /// The live session's tokens after the lane's last turn.
-    tokens: Vec<u32>,
-    stats: CacheStats,
-    rejections: BTreeMap<&'static str, u64>,
-    contents: CacheContents,
+    pub tokens: Vec<u32>,
 }
 
-impl Lane {
-    fn free(&self) -> bool {
-        !self.busy && !self.gone
+impl LaneState {
+    pub fn free(&self) -> bool {
+        self.running.is_none() && !self.gone
     }
 }
 
-/// A lane's place on the board (what its worker reports through).
-pub(crate) struct Slot<'a> {
-    board: &'a Board<'a>,
-    index: usize,
-    /// The lane's end of turn is published (the dispatcher may have
-    /// claimed it again since).
-    idle: bool,
-}
-
-impl Slot<'_> {
-    /// The turn is over and the live session covers `tokens`: the lane is
-    /// free (once per turn).
-    pub(crate) fn idle(&mut self, tokens: &[u32]) {
-        if !self.idle {
-            self.idle = true;
-            self.board.idle(self.index, tokens);
-        }
-    }
-
-    /// Record this lane's cache counters and contents; publish the sums
-    /// over every lane.
-    pub(crate) fn report(
-        &self,
-        stats: CacheStats,
-        rejections: BTreeMap<&'static str, u64>,
-        contents: CacheContents,
-    ) {
-        let mut lanes = self.board.lock();
-        let lane = &mut lanes[self.index];
-        lane.stats = stats;
-        lane.rejections = rejections;
-        lane.contents = contents;
-        let (stats, rejections, contents) = sums(&lanes);
-        self.board.metrics.cache(&stats, &rejections);
-        self.board.metrics.contents(contents);
-    }
-}
-
-impl<'a> Board<'a> {
-    fn new(lanes: usize, metrics: &'a Metrics) -> Self {
-        Self {
-            lanes: Mutex::new((0..lanes).map(|_| Lane::default()).collect()),
-            changed: Condvar::new(),
-            metrics,
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Vec<Lane>> {
-        // Every update below leaves the lanes consistent: a poisoned
-        // lock's data is sound.
-        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Wait until some lane is idle; false once every lane is gone.
-    fn wait_idle(&self) -> bool {
-        self.wait_free().is_some()
-    }
-
-    /// The lanes once some lane is idle; `None` once every lane is gone.
-    fn wait_free(&self) -> Option<MutexGuard<'_, Vec<Lane>>> {
-        let mut lanes = self.lock();
-        loop {
-            if lanes.iter().any(Lane::free) {
-                return Some(lanes);
-            }
-            if lanes.iter().all(|l| l.gone) {
-                return None;
-            }
-            lanes = self.changed.wait(lanes).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Mark the best idle lane for `prompt` busy and return it (waiting
-    /// for one if none is idle); `None` once every lane is gone.
-    fn claim(&self, prompt: &[u32]) -> Option<usize> {
-        let mut lanes = self.wait_free()?;
-        let index = best_lane(&lanes, prompt)?;
-        lanes[index].busy = true;
-        self.publish_running(&lanes);
-        Some(index)
-    }
-
-    /// The lane finished its turn; its live session now covers `tokens`.
-    fn idle(&self, index: usize, tokens: &[u32]) {
-        let mut lanes = self.lock();
-        let lane = &mut lanes[index];
-        lane.busy = false;
-        lane.tokens.clear();
-        lane.tokens.extend_from_slice(tokens);
-        self.publish_running(&lanes);
-        self.changed.notify_all();
-    }
-
-    fn gone(&self, index: usize) {
-        let mut lanes = self.lock();
-        lanes[index].gone = true;
-        lanes[index].busy = false;
-        self.publish_running(&lanes);
-        self.changed.notify_all();
-    }
-
-    fn publish_running(&self, lanes: &[Lane]) {
-        self.metrics
-            .running(lanes.iter().filter(|l| l.busy).count());
-    }
-}
-
-/// The idle lane whose live session shares the longest prefix with
-/// `prompt`; ties go to the lowest lane.
-fn best_lane(lanes: &[Lane], prompt: &[u32]) -> Option<usize> {
+/// The free lane whose live session shares the longest prefix with
+/// `prompt` (so a conversation's next turn returns to its lane warm);
+/// ties go to the lowest lane.
+pub(crate) fn best_lane(lanes: &[LaneState], prompt: &[u32]) -> Option<usize> {
     let mut best: Option<(usize, usize)> = None;
     for (i, lane) in lanes.iter().enumerate() {
         if !lane.free() {
@@ -348,8 +134,80 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// Every lane's cache counters and contents, published as sums.
+pub(crate) struct CacheSums<'a> {
+    lanes: Mutex<Vec<LaneCache>>,
+    metrics: &'a Metrics,
+}
+
+#[derive(Default)]
+struct LaneCache {
+    stats: CacheStats,
+    rejections: BTreeMap<&'static str, u64>,
+    contents: CacheContents,
+}
+
+impl<'a> CacheSums<'a> {
+    pub fn new(lanes: usize, metrics: &'a Metrics) -> Self {
+        Self {
+            lanes: Mutex::new((0..lanes).map(|_| LaneCache::default()).collect()),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<LaneCache>> {
+        // Every update leaves the sums consistent: a poisoned lock's data
+        // is sound.
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Record lane `index`'s numbers; publish the sums over every lane.
+    pub fn report(
+        &self,
+        index: usize,
+        stats: CacheStats,
+        rejections: BTreeMap<&'static str, u64>,
+        contents: CacheContents,
+    ) {
+        let mut lanes = self.lock();
+        if let Some(lane) = lanes.get_mut(index) {
+            *lane = LaneCache {
+                stats,
+                rejections,
+                contents,
+            };
+        }
+        let (stats, rejections, contents) = sums(&lanes);
+        self.metrics.cache(&stats, &rejections);
+        self.metrics.contents(contents);
+    }
+}
+
+/// How lanes report: cache numbers to the sums, a turn's end to `idle`
+/// (the scheduler's command channel).
+pub(crate) struct LaneReports<'a, F> {
+    pub sums: CacheSums<'a>,
+    pub idle: F,
+}
+
+impl<F: Fn(usize, Vec<u32>) + Sync> Reports for LaneReports<'_, F> {
+    fn cache(
+        &self,
+        lane: usize,
+        stats: CacheStats,
+        rejections: BTreeMap<&'static str, u64>,
+        contents: CacheContents,
+    ) {
+        self.sums.report(lane, stats, rejections, contents);
+    }
+
+    fn idle(&self, lane: usize, tokens: &[u32]) {
+        (self.idle)(lane, tokens.to_vec());
+    }
+}
+
 /// The cache counters and contents summed over the lanes.
-fn sums(lanes: &[Lane]) -> (CacheStats, BTreeMap<&'static str, u64>, CacheContents) {
+fn sums(lanes: &[LaneCache]) -> (CacheStats, BTreeMap<&'static str, u64>, CacheContents) {
     let mut stats = CacheStats::default();
     let mut rejections = BTreeMap::new();
     let mut contents = CacheContents::default();
@@ -387,41 +245,36 @@ fn sums(lanes: &[Lane]) -> (CacheStats, BTreeMap<&'static str, u64>, CacheConten
 mod tests {
     use super::*;
 
-    fn lane(busy: bool, tokens: &[u32]) -> Lane {
-        Lane {
-            busy,
+    fn lane(running: Option<u64>, tokens: &[u32]) -> LaneState {
+        LaneState {
+            running,
             tokens: tokens.to_vec(),
-            ..Lane::default()
+            ..LaneState::default()
         }
     }
 
     #[test]
-    fn a_job_goes_to_the_idle_lane_sharing_the_longest_prefix() {
+    fn a_job_goes_to_the_free_lane_sharing_the_longest_prefix() {
         let lanes = [
-            lane(false, &[1, 2]),
-            lane(false, &[1, 2, 3, 4]),
-            lane(true, &[1, 2, 3, 4, 5]),
-            lane(false, &[9]),
+            lane(None, &[1, 2]),
+            lane(None, &[1, 2, 3, 4]),
+            lane(Some(7), &[1, 2, 3, 4, 5]),
+            lane(None, &[9]),
         ];
         assert_eq!(best_lane(&lanes, &[1, 2, 3, 4, 5, 6]), Some(1));
         // Ties (nothing shared, or the same length) go to the lowest lane.
         assert_eq!(best_lane(&lanes, &[7]), Some(0));
         assert_eq!(best_lane(&lanes, &[1, 5]), Some(0));
         assert_eq!(best_lane(&lanes, &[9, 9]), Some(3));
-        let mut gone = lane(false, &[7]);
+        let mut gone = lane(None, &[7]);
         gone.gone = true;
-        assert_eq!(best_lane(&[lane(true, &[]), gone], &[7]), None);
+        assert_eq!(best_lane(&[lane(Some(1), &[]), gone], &[7]), None);
     }
 
     #[test]
     fn the_metrics_show_the_sums_over_the_lanes() {
         let metrics = Metrics::default();
-        let board = Board::new(2, &metrics);
-        let slot = |index| Slot {
-            board: &board,
-            index,
-            idle: true,
-        };
+        let sums = CacheSums::new(2, &metrics);
         let stats = |hits, misses| CacheStats {
             live_hits: hits,
             misses,
@@ -439,14 +292,15 @@ mod tests {
             bytes: 100,
             budget: 1000,
         };
-        slot(0).report(
+        sums.report(
+            0,
             stats(1, 2),
             BTreeMap::from([("corrupt", 1)]),
             contents(3, Some(store)),
         );
-        slot(1).report(stats(4, 0), BTreeMap::new(), contents(7, None));
+        sums.report(1, stats(4, 0), BTreeMap::new(), contents(7, None));
         // A lane's later report replaces its own numbers only.
-        slot(1).report(stats(5, 1), BTreeMap::new(), contents(8, None));
+        sums.report(1, stats(5, 1), BTreeMap::new(), contents(8, None));
         let snap = metrics.snapshot();
         assert_eq!(snap.cache.live_hits, 6);
         assert_eq!(snap.cache.misses, 3);
@@ -457,25 +311,8 @@ mod tests {
         assert_eq!(snap.contents.store, Some(store));
         assert!(
             metrics
-                .render(0)
+                .render()
                 .contains("ds4_checkpoint_rejections_total{reason=\"corrupt\"} 1")
         );
-    }
-
-    #[test]
-    fn claims_and_idles_count_the_running_turns() {
-        let metrics = Metrics::default();
-        let board = Board::new(2, &metrics);
-        assert_eq!(board.claim(&[1, 2]), Some(0));
-        assert_eq!(board.claim(&[3]), Some(1));
-        assert!(metrics.render(0).contains("ds4_running_turns 2"));
-        board.idle(1, &[3, 4]);
-        board.idle(0, &[1, 2, 5]);
-        assert!(metrics.render(0).contains("ds4_running_turns 0"));
-        // The conversation on lane 1 goes back to it.
-        assert_eq!(board.claim(&[3, 4, 6]), Some(1));
-        board.gone(0);
-        board.gone(1);
-        assert!(!board.wait_idle());
     }
 }

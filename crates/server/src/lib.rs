@@ -21,6 +21,7 @@ mod deepseek_prompt;
 #[cfg(test)]
 mod deepseek_tests;
 mod error;
+mod events;
 mod extract;
 mod family;
 #[cfg(test)]
@@ -34,24 +35,28 @@ mod openapi;
 mod output;
 mod params;
 mod prompt;
+mod queue;
 #[cfg(test)]
 mod qwen_tests;
 mod request;
 mod routes;
+mod scheduler;
 mod sse;
 mod state;
 mod summary;
 mod thinking;
 mod tokenize;
 mod tool_memory;
+mod tools;
 mod transport;
 mod types;
 mod vision;
+mod vocabulary;
 mod web;
 mod worker;
 
 pub use app::{Running, ServeError, build_state, router, serve, start};
-pub use config::{CheckpointConfig, DEFAULT_MAX_TOKENS, ServerConfig};
+pub use config::{CheckpointConfig, DEFAULT_MAX_TOKENS, QUEUE_CONTEXTS, ServerConfig};
 pub use error::{ApiError, Flavor};
 pub use family::Serving;
 pub use images::{DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES, ImageInput, ImageLimits};

@@ -59,8 +59,20 @@ pub struct Metrics {
     mtp_drafted: AtomicU64,
     mtp_accepted: AtomicU64,
     connections_refused: AtomicU64,
-    /// Turns running now (more than one with `--max-batch`).
+    /// Turns running now (more than one with `--max-batch`), requests
+    /// waiting and the session-cache rows they reserve (the scheduler
+    /// publishes them after every command).
     running: AtomicU64,
+    waiting: AtomicU64,
+    reserved_tokens: AtomicU64,
+    /// From admission to a turn's first token, and to its start.
+    first_token: Mutex<Histogram>,
+    queue_wait: Mutex<Histogram>,
+    /// Tokens sent to clients, counted as they go (live, unlike
+    /// `completion_tokens`, which counts finished turns).
+    emitted: AtomicU64,
+    /// The last seconds' emitted tokens (for a live tokens/s).
+    recent: Mutex<Recent>,
     /// Batched forwards (`--max-batch` > 1): batches run, the forwards
     /// they held, the largest.
     batches: AtomicU64,
@@ -77,6 +89,77 @@ pub struct Metrics {
     contents: Mutex<CacheContents>,
     /// Every response by HTTP status (what a client saw: 200s, 400s, 404s).
     statuses: Mutex<BTreeMap<u16, u64>>,
+}
+
+/// Seconds into buckets (Prometheus histogram, cumulative on render).
+#[derive(Debug, Clone, Default)]
+pub struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+/// Upper bounds in seconds (a request's wait and its first token: from
+/// milliseconds on an idle server to minutes behind a long queue).
+pub const BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
+            self.counts[i] += 1;
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+
+    /// The observations' mean (0 with none).
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum / self.count as f64
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+/// Tokens emitted per second over the last [`RECENT_SECONDS`] seconds.
+#[derive(Debug, Default)]
+struct Recent {
+    /// (unix second, tokens emitted in it), oldest first.
+    seconds: std::collections::VecDeque<(u64, u64)>,
+}
+
+const RECENT_SECONDS: u64 = 10;
+
+impl Recent {
+    fn add(&mut self, now: u64) {
+        match self.seconds.back_mut() {
+            Some((s, n)) if *s == now => *n += 1,
+            _ => self.seconds.push_back((now, 1)),
+        }
+        self.trim(now);
+    }
+
+    fn trim(&mut self, now: u64) {
+        while self
+            .seconds
+            .front()
+            .is_some_and(|(s, _)| *s + RECENT_SECONDS <= now)
+        {
+            self.seconds.pop_front();
+        }
+    }
+
+    fn rate(&mut self, now: u64) -> f64 {
+        self.trim(now);
+        self.seconds.iter().map(|(_, n)| n).sum::<u64>() as f64 / RECENT_SECONDS as f64
+    }
 }
 
 /// What the worker's session cache holds: the live session, the bank of
@@ -126,6 +209,18 @@ pub struct Snapshot {
     pub last_decode_rate: f64,
     pub cache: CacheStats,
     pub contents: CacheContents,
+    pub running: u64,
+    pub waiting: u64,
+    pub reserved_tokens: u64,
+    /// Batches and the forwards they held (`--max-batch` above 1).
+    pub batches: u64,
+    pub batched_forwards: u64,
+    pub batch_largest: u64,
+    /// Time to first token (from admission) and queue wait.
+    pub first_token: Histogram,
+    pub queue_wait: Histogram,
+    /// Tokens emitted over the last seconds, per second.
+    pub recent_tokens_per_second: f64,
 }
 
 impl Metrics {
@@ -175,6 +270,35 @@ impl Metrics {
     /// How many turns run now.
     pub fn running(&self, n: usize) {
         self.running.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// The queue now: requests waiting and the tokens they reserve.
+    pub fn queue(&self, waiting: usize, reserved_tokens: usize) {
+        self.waiting.store(waiting as u64, Ordering::Relaxed);
+        self.reserved_tokens
+            .store(reserved_tokens as u64, Ordering::Relaxed);
+    }
+
+    /// A turn started `waited` after its admission.
+    pub fn queue_wait(&self, waited: std::time::Duration) {
+        if let Ok(mut h) = self.queue_wait.lock() {
+            h.observe(waited.as_secs_f64());
+        }
+    }
+
+    /// A turn's first token came `after` its admission.
+    pub fn first_token(&self, after: std::time::Duration) {
+        if let Ok(mut h) = self.first_token.lock() {
+            h.observe(after.as_secs_f64());
+        }
+    }
+
+    /// One token went to a client.
+    pub fn token_emitted(&self) {
+        self.emitted.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut r) = self.recent.lock() {
+            r.add(crate::ids::unix_now());
+        }
     }
 
     /// The batching model's counters since the server started.
@@ -232,6 +356,27 @@ impl Metrics {
             last_decode_rate,
             cache: self.cache.lock().map(|c| c.0).unwrap_or_default(),
             contents: self.contents.lock().map(|c| *c).unwrap_or_default(),
+            running: get(&self.running),
+            waiting: get(&self.waiting),
+            reserved_tokens: get(&self.reserved_tokens),
+            batches: get(&self.batches),
+            batched_forwards: get(&self.batched_forwards),
+            batch_largest: get(&self.batch_largest),
+            first_token: self
+                .first_token
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_default(),
+            queue_wait: self
+                .queue_wait
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_default(),
+            recent_tokens_per_second: self
+                .recent
+                .lock()
+                .map(|mut r| r.rate(crate::ids::unix_now()))
+                .unwrap_or(0.0),
         }
     }
 
@@ -273,8 +418,8 @@ impl Metrics {
         }
     }
 
-    /// The exposition text; `queue_depth` is read from the worker's queue.
-    pub fn render(&self, queue_depth: usize) -> String {
+    /// The exposition text.
+    pub fn render(&self) -> String {
         let mut out = String::new();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
@@ -322,8 +467,14 @@ impl Metrics {
         metric(
             "ds4_queue_depth",
             "gauge",
-            "Requests waiting for the engine worker.",
-            &one(queue_depth as u64),
+            "Requests waiting for a lane.",
+            &one(get(&self.waiting)),
+        );
+        metric(
+            "ds4_queue_reserved_tokens",
+            "gauge",
+            "Session-cache rows (prompt + output limit) the waiting requests reserve, against --max-queue-tokens.",
+            &one(get(&self.reserved_tokens)),
         );
         metric(
             "ds4_running_turns",
@@ -348,6 +499,75 @@ impl Metrics {
             "gauge",
             "The most session forwards one batch has held.",
             &one(get(&self.batch_largest)),
+        );
+        let (batches, forwards) = (get(&self.batches), get(&self.batched_forwards));
+        metric(
+            "ds4_batch_mean_size",
+            "gauge",
+            "Session forwards per batched forward since the start (ds4_batched_forwards_total / ds4_batches_total; 0 before any).",
+            &[(
+                String::new(),
+                if batches > 0 {
+                    forwards as f64 / batches as f64
+                } else {
+                    0.0
+                },
+            )],
+        );
+        for (name, help, h) in [
+            (
+                "ds4_time_to_first_token_seconds",
+                "From admission to a turn's first token (queue wait and prefill).",
+                &self.first_token,
+            ),
+            (
+                "ds4_queue_wait_seconds",
+                "From admission to a turn's start on a lane.",
+                &self.queue_wait,
+            ),
+        ] {
+            let h = h.lock().map(|h| h.clone()).unwrap_or_default();
+            let mut samples = Vec::with_capacity(BUCKETS.len() + 3);
+            let mut cumulative = 0;
+            for (b, n) in BUCKETS.iter().zip(h.counts) {
+                cumulative += n;
+                samples.push((format!("_bucket{{le=\"{b}\"}}"), cumulative as f64));
+            }
+            samples.push(("_bucket{le=\"+Inf\"}".into(), h.count as f64));
+            samples.push(("_sum".into(), h.sum));
+            samples.push(("_count".into(), h.count as f64));
+            metric(name, "histogram", help, &samples);
+        }
+        metric(
+            "ds4_generated_tokens_total",
+            "counter",
+            "Tokens sent to clients, counted as they go (ds4_completion_tokens_total counts finished turns).",
+            &one(get(&self.emitted)),
+        );
+        let recent = self
+            .recent
+            .lock()
+            .map(|mut r| r.rate(crate::ids::unix_now()))
+            .unwrap_or(0.0);
+        metric(
+            "ds4_tokens_per_second",
+            "gauge",
+            "Tokens sent to clients per second over the last 10 seconds (every running turn together).",
+            &[(String::new(), recent)],
+        );
+        let contents = self.contents.lock().map(|c| *c).unwrap_or_default();
+        metric(
+            "ds4_session_cache_bytes",
+            "gauge",
+            "Memory the session caches hold (every lane's live session, the banks), and the checkpoint files on disk.",
+            &[
+                ("{kind=\"live\"}".into(), contents.live_bytes as f64),
+                ("{kind=\"bank\"}".into(), contents.bank_bytes as f64),
+                (
+                    "{kind=\"checkpoints\"}".into(),
+                    contents.store.map_or(0, |s| s.bytes) as f64,
+                ),
+            ],
         );
         metric(
             "ds4_turns_total",

@@ -179,7 +179,7 @@ fn layer_statuses(path: &str, method: &str) -> Vec<(&'static str, &'static str)>
     if GENERATING.contains(&path) {
         out.push((
             "503",
-            "The queue is full (`--max-queue`); retry after `Retry-After` seconds",
+            "The queue is full (its token budget `--max-queue-tokens`, or `--max-queue` requests), or the server is shutting down; retry after `Retry-After` seconds",
         ));
     }
     out

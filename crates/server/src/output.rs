@@ -7,12 +7,23 @@ use ds4_engine::decode::{FinishReason, TokenLogprobs};
 use std::sync::Arc;
 
 use ds4_text::{ReasoningSplitter, Split, TextProfile, ToolCallParser, ToolEvent, ToolSchemas};
+use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
+use crate::events::{TokenOut, WorkEvent};
 use crate::ids::new_id;
 use crate::summary::TurnSummary;
 use crate::tool_memory::ToolMemory;
-use crate::worker::{TokenOut, WorkEvent};
+
+/// How the turn's text is read: tools offered, and whether the template
+/// opened the reasoning block.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Output {
+    pub tools: bool,
+    pub reasoning_open: bool,
+    /// Plain text (no reasoning split, no tool calls): `/v1/completions`.
+    pub raw: bool,
+}
 
 #[derive(Debug, Clone)]
 pub enum Item {
@@ -166,11 +177,17 @@ pub struct Budget {
     pub close: String,
     pub close_ids: Vec<u32>,
     /// Queue the continuation: (prompt, max_tokens) → its events.
-    #[allow(clippy::type_complexity)]
-    pub resubmit: Box<
-        dyn FnOnce(Vec<u32>, usize) -> Result<mpsc::UnboundedReceiver<WorkEvent>, String> + Send,
-    >,
+    pub resubmit: Resubmit,
 }
+
+/// How a budgeted turn queues its continuation.
+pub type Resubmit = Box<
+    dyn FnOnce(
+            Vec<u32>,
+            usize,
+        ) -> BoxFuture<'static, Result<mpsc::UnboundedReceiver<WorkEvent>, String>>
+        + Send,
+>;
 
 /// The first job of a budgeted turn, once it has ended.
 struct Carried {
@@ -187,6 +204,9 @@ pub struct TurnStream {
     /// The tokens generated so far (kept only under a budget).
     generated: Vec<u32>,
     carried: Option<Carried>,
+    /// Dropped with the stream: cancels the turn's jobs if the client
+    /// leaves before the end (`admission::Ticket`).
+    _guard: Option<Box<dyn Send>>,
 }
 
 impl TurnStream {
@@ -198,7 +218,13 @@ impl TurnStream {
             budget: None,
             generated: Vec::new(),
             carried: None,
+            _guard: None,
         }
+    }
+
+    pub fn with_guard(mut self, guard: Box<dyn Send>) -> Self {
+        self._guard = Some(guard);
+        self
     }
 
     pub fn with_budget(mut self, budget: Option<Budget>) -> Self {
@@ -227,7 +253,7 @@ impl TurnStream {
             Some(WorkEvent::Tail(text)) => self.parser.push(&text, &mut out),
             Some(WorkEvent::Finished(summary)) => {
                 if let Some(budget) = self.budget.take() {
-                    return Some(match self.continue_past(budget, summary, &mut out) {
+                    return Some(match self.continue_past(budget, summary, &mut out).await {
                         None => out,
                         Some(summary) => self.finish(summary, out),
                     });
@@ -260,7 +286,7 @@ impl TurnStream {
     /// The first job of a budgeted turn ended: queue the continuation when
     /// it stopped at the budget with room left, closing the reasoning if it
     /// is still open. Some: the turn is over (with this summary).
-    fn continue_past(
+    async fn continue_past(
         &mut self,
         budget: Budget,
         summary: TurnSummary,
@@ -282,7 +308,7 @@ impl TurnStream {
         prompt.extend_from_slice(&self.generated);
         prompt.extend_from_slice(close);
         let injected = close.len();
-        match (budget.resubmit)(prompt, left - injected) {
+        match (budget.resubmit)(prompt, left - injected).await {
             Ok(events) => {
                 if injected > 0 {
                     self.parser.push(&budget.close, out);
@@ -432,7 +458,8 @@ mod tests {
             close_ids: vec![900, 901],
             resubmit: Box::new(move |prompt, max| {
                 *seen.lock().unwrap() = Some((prompt, max));
-                Ok(scripted::events(&second, FinishReason::StopToken))
+                let events = scripted::events(&second, FinishReason::StopToken);
+                Box::pin(async move { Ok(events) })
             }),
         };
         let parser = OutputParser::new(&TextProfile::for_family("qwen4_exp"), false, open);

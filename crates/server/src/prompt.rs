@@ -4,70 +4,12 @@
 //! ([`crate::deepseek_prompt`]) — tools included, and tokenized.
 
 use ds4_text::{PromptFormat, RenderOptions, ToolCallFormat};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::thinking::Thinking;
-
-/// How the API spelled a tool (ds4 lists tools in its prompt as the client
-/// sent them: an OpenAI chat tool's `function` object, an Anthropic tool,
-/// a Responses function tool).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolShape {
-    OpenAiFunction,
-    Anthropic,
-    Responses,
-}
-
-/// A function the model may call.
-#[derive(Debug, Clone)]
-pub struct FunctionTool {
-    pub name: String,
-    pub description: Option<String>,
-    pub parameters: Value,
-    /// Whether the request gave `parameters` (else `parameters` is the empty
-    /// object schema).
-    pub has_parameters: bool,
-    pub shape: ToolShape,
-}
-
-impl FunctionTool {
-    /// The tool as one line of JSON in the API's own shape and key order
-    /// (`name`, `description`, the schema under the API's key), fields the
-    /// request left out omitted: the line ds4's tools block lists. Extra
-    /// keys a client may add to a tool object are not kept.
-    pub fn schema_line(&self) -> String {
-        let mut m = Map::new();
-        if self.shape == ToolShape::Responses {
-            m.insert("type".into(), json!("function"));
-        }
-        m.insert("name".into(), json!(self.name));
-        if let Some(d) = &self.description {
-            m.insert("description".into(), json!(d));
-        }
-        if self.has_parameters {
-            let key = match self.shape {
-                ToolShape::Anthropic => "input_schema",
-                ToolShape::OpenAiFunction | ToolShape::Responses => "parameters",
-            };
-            m.insert(key.into(), self.parameters.clone());
-        }
-        Value::Object(m).to_string()
-    }
-
-    /// The OpenAI/transformers tool shape templates expect.
-    fn to_template(&self) -> Value {
-        json!({
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description.clone().unwrap_or_default(),
-                "parameters": self.parameters,
-            }
-        })
-    }
-}
+use crate::tools::FunctionTool;
 
 /// A conversation to render.
 #[derive(Debug, Default)]

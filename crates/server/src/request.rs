@@ -16,17 +16,18 @@ use axum::Json;
 use axum::response::{IntoResponse, Response};
 use ds4_text::ToolSchemas;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::admission::{Generation, admit};
 use crate::error::ApiError;
 use crate::ids::{new_id, unix_now};
-use crate::output::{Collected, Item, OutputParser, TurnStream};
+use crate::output::{Collected, Item, Output, OutputParser, TurnStream};
 use crate::params::{self, SamplingFields, StopField};
-use crate::prompt::{self, ChatTurn, FunctionTool, ToolShape};
+use crate::prompt::{self, ChatTurn};
 use crate::sse::{self, SseSender};
 use crate::state::{AppState, SharedState};
 use crate::summary::TurnSummary;
+use crate::tools::FunctionTool;
 
 /// The parameters every generation API carries, as the request gave them,
 /// with the names this API gives them (for error messages).
@@ -131,16 +132,6 @@ pub struct Head {
     pub warnings: Vec<String>,
 }
 
-/// How the turn's text is read: tools offered, and whether the template
-/// opened the reasoning block.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Output {
-    pub tools: bool,
-    pub reasoning_open: bool,
-    /// Plain text (no reasoning split, no tool calls): `/v1/completions`.
-    pub raw: bool,
-}
-
 /// An admitted turn, not yet answered.
 pub struct Turn {
     pub stream: TurnStream,
@@ -151,7 +142,7 @@ pub struct Turn {
 impl Turn {
     /// Admit `checked.generation` (the route has set its prompt) and start
     /// reading its events. `id_prefix` names the response (`chatcmpl-`).
-    pub fn start(
+    pub async fn start(
         state: &SharedState,
         checked: Checked,
         output: Output,
@@ -167,7 +158,7 @@ impl Turn {
         let parser = OutputParser::new(&profile, output.tools, output.reasoning_open)
             .with_tool_schemas(checked.tool_schemas.clone())
             .with_memory(memory);
-        let admitted = admit(state, checked.generation)?;
+        let admitted = admit(state, checked.generation).await?;
         Ok(Turn {
             head: Head {
                 id: new_id(id_prefix),
@@ -177,7 +168,9 @@ impl Turn {
                 prompt_tokens: admitted.prompt_tokens,
                 warnings: admitted.warnings,
             },
-            stream: TurnStream::new(admitted.events, parser).with_budget(admitted.budget),
+            stream: TurnStream::new(admitted.events, parser)
+                .with_budget(admitted.budget)
+                .with_guard(Box::new(admitted.ticket)),
             streaming: checked.stream,
         })
     }
@@ -197,7 +190,8 @@ impl Turn {
         if self.streaming {
             let (turn, head) = (self.stream, self.head);
             return Ok(sse::respond(state.config.keep_alive, move |tx| {
-                drive(turn, make(tx, head))
+                let gone = tx.gone();
+                drive(turn, make(tx, head), gone)
             }));
         }
         let finished = Finished::run(self.stream).await?;
@@ -239,12 +233,23 @@ pub trait Writer: Send {
     fn close(self) -> impl Future<Output = ()> + Send;
 }
 
-/// Feed a turn's items to `w` until the turn ends or the client leaves.
-pub async fn drive(mut turn: TurnStream, mut w: impl Writer) {
+/// Feed a turn's items to `w` until the turn ends or the client leaves
+/// (`gone` resolves: the response body was dropped). Leaving drops the
+/// turn's stream, which cancels its job at once, waiting or running.
+pub async fn drive(mut turn: TurnStream, mut w: impl Writer, gone: impl Future<Output = ()>) {
     if !w.open().await {
         return;
     }
-    while let Some(items) = turn.next().await {
+    tokio::pin!(gone);
+    loop {
+        // A client that leaves while its turn waits in the queue (or in a
+        // long prefill) sends nothing: notice it without waiting for the
+        // turn's next event.
+        let items = tokio::select! {
+            items = turn.next() => items,
+            () = &mut gone => return,
+        };
+        let Some(items) = items else { break };
         for item in items {
             if !w.item(item).await {
                 return;
@@ -255,24 +260,6 @@ pub async fn drive(mut turn: TurnStream, mut w: impl Writer) {
         }
     }
     w.close().await;
-}
-
-impl FunctionTool {
-    /// A tool as an API declared it (no schema: an empty object).
-    pub fn new(
-        shape: ToolShape,
-        name: String,
-        description: Option<String>,
-        parameters: Option<Value>,
-    ) -> Self {
-        Self {
-            name,
-            description,
-            has_parameters: parameters.is_some(),
-            parameters: parameters.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            shape,
-        }
-    }
 }
 
 /// OpenAI's tools (chat and responses) under its `tool_choice`: `map`
@@ -312,9 +299,9 @@ pub mod scripted {
     use tokio::sync::mpsc;
 
     use super::{Head, Writer, drive};
+    use crate::events::{TokenOut, WorkEvent};
     use crate::output::{OutputParser, TurnStream};
     use crate::summary::TurnSummary;
-    use crate::worker::{TokenOut, WorkEvent};
 
     pub fn summary(completion_tokens: usize) -> TurnSummary {
         TurnSummary {
@@ -379,8 +366,10 @@ pub mod scripted {
         turn: TurnStream,
         make: impl FnOnce(crate::sse::SseSender) -> W,
     ) -> Vec<(Option<String>, Value)> {
-        let response =
-            crate::sse::respond(Duration::from_secs(60), move |tx| drive(turn, make(tx)));
+        let response = crate::sse::respond(Duration::from_secs(60), move |tx| {
+            let gone = tx.gone();
+            drive(turn, make(tx), gone)
+        });
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .expect("the SSE body");

@@ -33,6 +33,12 @@ impl SseSender {
         self.tx.send(e).await.is_ok()
     }
 
+    /// Resolves when the response body is gone (the client left).
+    pub fn gone(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
+        let tx = self.tx.clone();
+        async move { tx.closed().await }
+    }
+
     /// OpenAI's end-of-stream marker.
     pub async fn done(&self) -> bool {
         self.tx.send(Event::default().data("[DONE]")).await.is_ok()

@@ -1,4 +1,4 @@
-//! What every handler shares: the worker's queue, the tokenizer and chat
+//! What every handler shares: the scheduler's handle, the tokenizer and chat
 //! template, the family's text profile, serving rules and sampling law, the
 //! tool-call replay memory, limits, metrics.
 
@@ -11,12 +11,13 @@ use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::family::Serving;
 use crate::metrics::Metrics;
+use crate::scheduler::SchedulerHandle;
 use crate::tool_memory::ToolMemory;
-use crate::worker::WorkerHandle;
 
 pub struct AppState {
     pub config: ServerConfig,
-    pub worker: WorkerHandle,
+    /// The only way to the engine: routes submit and cancel through it.
+    pub scheduler: SchedulerHandle,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
     /// The template renders `tools` itself; otherwise the server describes
@@ -30,7 +31,7 @@ pub struct AppState {
     /// `serving.exact_tool_replay`).
     pub tool_memory: ToolMemory,
     /// The vocabulary structured outputs compile against (built on first use).
-    pub vocabulary: crate::constraints::LazyVocabulary,
+    pub vocabulary: crate::vocabulary::LazyVocabulary,
     pub descriptor: &'static FamilyDescriptor,
     /// The backend id of the loaded model (`cpu-avx512`, `cpu-avx512-fast`,
     /// `cuda-sm_90a`): where it runs and with which kernels.
@@ -107,7 +108,7 @@ impl AppState {
 
 #[cfg(test)]
 pub mod testing {
-    //! Shared state without a model (the worker refuses every job): for
+    //! Shared state without a model (the scheduler refuses every job): for
     //! tests of a family's rendering and admission rules.
 
     use std::net::SocketAddr;
@@ -119,8 +120,8 @@ pub mod testing {
     use super::{AppState, SharedState};
     use crate::config::ServerConfig;
     use crate::family::Serving;
+    use crate::scheduler::SchedulerHandle;
     use crate::tool_memory::ToolMemory;
-    use crate::worker::WorkerHandle;
 
     pub fn state(
         descriptor: &'static FamilyDescriptor,
@@ -131,7 +132,7 @@ pub mod testing {
     ) -> SharedState {
         Arc::new(AppState {
             config: ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), model_id),
-            worker: WorkerHandle::detached(),
+            scheduler: SchedulerHandle::detached(),
             template_has_tools: tokenizer
                 .chat_template()
                 .is_some_and(|t| t.contains("tools")),

@@ -212,40 +212,33 @@ fn refusal(img: &ImageInput, e: ImageError) -> ApiError {
     ApiError::invalid(img.field.as_str(), format!("{}: {e}; {what}", img.field))
 }
 
-/// The request side: process the generation's images (on a blocking
-/// thread), expand their placeholders and key the prompt. Nothing to do
-/// without images or without a tower (the routes refused the images then).
+/// The request side: process a prompt's images (on a blocking thread),
+/// expand their placeholders and key the prompt: `prompt` becomes the
+/// session keys, the result what the worker needs besides them. Nothing to
+/// do (`None`) without images or without a tower (the routes refused the
+/// images then).
 pub async fn expand(
     vision: Option<&Arc<Vision>>,
-    g: &mut crate::admission::Generation,
-) -> Result<(), ApiError> {
-    let (Some(vision), false) = (vision, g.images.is_empty()) else {
-        return Ok(());
+    prompt: &mut Vec<u32>,
+    images: &[ImageInput],
+) -> Result<Option<Arc<VisionPrompt>>, ApiError> {
+    let (Some(vision), false) = (vision, images.is_empty()) else {
+        return Ok(None);
     };
-    let (vision, prompt, images) = (
-        vision.clone(),
-        std::mem::take(&mut g.prompt),
-        g.images.clone(),
-    );
-    let (keys, prepared) = tokio::task::spawn_blocking(move || vision.prepare(&prompt, &images))
+    let (vision, tokens, images) = (vision.clone(), std::mem::take(prompt), images.to_vec());
+    let (keys, prepared) = tokio::task::spawn_blocking(move || vision.prepare(&tokens, &images))
         .await
         .map_err(|e| ApiError::internal(format!("processing the images failed: {e}")))??;
-    g.prompt = keys;
-    g.vision = Some(Arc::new(prepared));
-    Ok(())
+    *prompt = keys;
+    Ok(Some(Arc::new(prepared)))
 }
 
 /// The prompt's length once its images are expanded (`count_tokens`).
 pub async fn count(
     vision: Option<&Arc<Vision>>,
-    prompt: Vec<u32>,
+    mut prompt: Vec<u32>,
     images: Vec<ImageInput>,
 ) -> Result<usize, ApiError> {
-    let mut g = crate::admission::Generation {
-        prompt,
-        images,
-        ..Default::default()
-    };
-    expand(vision, &mut g).await?;
-    Ok(g.prompt.len())
+    expand(vision, &mut prompt, &images).await?;
+    Ok(prompt.len())
 }

@@ -1,41 +1,49 @@
-//! The engine worker: one OS thread that owns the model and the session
-//! cache (live session, bank, optional checkpoint store: the engine's
-//! [`SessionCache`], the same policy `run` and `chat` use) and runs one turn
-//! at a time. Requests reach it through a bounded queue (full → 503); each
-//! job streams its events back on its own channel. A job whose receiver is
-//! gone (client disconnected) is cancelled through its [`CancelToken`] at
-//! the next prefill chunk or token, or skipped if it never started; the
-//! session stays consistent because the decode loops always leave it
-//! covering exactly the tokens they processed. Text goes through
-//! [`TextStream`] (detokenizer, stop strings, stop tokens), the stream the
-//! CLI uses too. On shutdown the worker saves
-//! the live session (clean-shutdown checkpoint trigger).
+//! A turn runner: one lane's [`Worker`] owns a session cache (live
+//! session, bank, optional checkpoint store: the engine's [`SessionCache`],
+//! the same policy `run` and `chat` use) and runs one [`Job`] at a time on
+//! it, streaming [`WorkEvent`]s back on the job's own channel. A job is
+//! cancelled through its [`CancelToken`] — by the scheduler when its client
+//! leaves, or here when the job's channel is found closed at a prefill
+//! chunk or token — and the session stays consistent because the decode
+//! loops always leave it covering exactly the tokens they processed. Text
+//! goes through [`TextStream`] (detokenizer, stop strings, stop tokens),
+//! the stream the CLI uses too.
 //!
-//! With `--max-batch N` above 1 the worker thread runs N lanes instead
-//! ([`crate::lanes`]): each a [`Worker`] with its own session cache, their
-//! forwards batched; the worker thread dispatches the queue to them.
+//! Who gives a worker its jobs and where it reports is not its business:
+//! the scheduler (`crate::scheduler`) runs one worker per lane
+//! (`crate::lanes`) and hears through [`Reports`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use ds4_engine::Model;
 use ds4_engine::decode::{
-    self, CallerStop, CancelToken, Flow, Observe, PrefillProgress, TokenEvent, TokenLogprobs,
-    TokenMask, TurnConfig, TurnObserver, TurnRequest,
+    self, CallerStop, CancelToken, Flow, Observe, PrefillProgress, TokenEvent, TokenMask,
+    TurnConfig, TurnObserver, TurnRequest,
 };
-use ds4_engine::families::LoadedModel;
-use ds4_engine::state::warm::{CheckpointConfig, SessionCache};
+use ds4_engine::state::warm::{CacheStats, SessionCache};
 use ds4_sampling::Sampler;
 use ds4_text::deepseek_v4::StructuralSampling;
 use ds4_text::{TextStream, Tokenizer};
 use tokio::sync::mpsc;
 
+use crate::events::{TokenOut, WorkEvent};
 use crate::metrics::{CacheContents, Metrics, StoreContents};
 use crate::summary::TurnSummary;
 
 /// One admitted generation request.
 pub struct Job {
+    /// The scheduler's id for it (set when it is submitted).
+    pub id: u64,
+    /// Set by the scheduler when the client leaves or the server stops.
+    pub cancel: CancelToken,
+    /// When admission accepted it: time to first token counts from here.
+    pub admitted: Instant,
+    /// The second job of a turn under a reasoning budget: part of a turn
+    /// already admitted, so the queue always takes it.
+    pub continuation: bool,
     pub prompt: Vec<u32>,
     pub sampler: Sampler,
     pub max_tokens: usize,
@@ -58,178 +66,18 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<WorkEvent>,
 }
 
-/// A generated token with what the client may want to know about it.
-#[derive(Debug, Clone)]
-pub struct TokenOut {
-    pub id: u32,
-    pub logprobs: Option<TokenLogprobs>,
-}
-
-#[derive(Debug)]
-pub enum WorkEvent {
-    /// The turn began; `cached_tokens` prompt tokens were reused.
-    Started {
-        cached_tokens: usize,
-    },
-    PromptLogprobs(Vec<Option<TokenLogprobs>>),
-    /// Text that is final (stop strings already removed) and the token that
-    /// released it (text may be empty while a token is held back).
-    Delta {
-        text: String,
-        token: TokenOut,
-    },
-    /// Text released at the end of the turn (held-back tail).
-    Tail(String),
-    Finished(TurnSummary),
-    /// The turn failed inside the engine.
-    Failed(String),
-}
-
-/// What the queue carries: a job, or the request to save and stop.
-pub(crate) enum Msg {
-    Job(Box<Job>),
-    Shutdown(tokio::sync::oneshot::Sender<()>),
-}
-
-/// The request side of the queue.
-#[derive(Clone)]
-pub struct WorkerHandle {
-    queue: mpsc::Sender<Msg>,
-    /// Set when the shutdown grace period is over: the running turn stops
-    /// at its next prefill chunk or token, queued ones are skipped.
-    stopping: Arc<AtomicBool>,
-}
-
-#[cfg(test)]
-impl WorkerHandle {
-    /// A handle whose worker is gone: every submission is refused. For tests
-    /// of what happens before a job is queued (rendering, admission rules).
-    pub fn detached() -> Self {
-        let (queue, _) = mpsc::channel(1);
-        Self {
-            queue,
-            stopping: Arc::default(),
-        }
-    }
-}
-
-/// Why a job was not queued.
-pub enum Rejected {
-    QueueFull,
-    WorkerGone,
-}
-
-impl WorkerHandle {
-    pub fn submit(&self, job: Job) -> Result<(), Rejected> {
-        self.queue
-            .try_send(Msg::Job(Box::new(job)))
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => Rejected::QueueFull,
-                mpsc::error::TrySendError::Closed(_) => Rejected::WorkerGone,
-            })
-    }
-
-    /// Jobs waiting (not counting the running ones).
-    pub fn depth(&self) -> usize {
-        self.queue.max_capacity() - self.queue.capacity()
-    }
-
-    /// Cancel the running turns at their next prefill chunk or token (the
-    /// session then covers exactly what was processed) and skip the queued
-    /// ones: the shutdown grace period is over.
-    pub fn stop_turns(&self) {
-        self.stopping.store(true, Ordering::Relaxed);
-    }
-
-    /// Let the queued jobs run (unless [`Self::stop_turns`] was called),
-    /// then save the live session (when checkpoints are on) and stop the
-    /// worker. Later submissions are refused.
-    pub async fn shutdown(&self) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.queue.send(Msg::Shutdown(tx)).await.is_ok() {
-            let _ = rx.await;
-        }
-    }
-}
-
-/// The session cache's settings.
-pub struct CacheSettings {
-    pub bank_budget: usize,
-    pub boundary_every: usize,
-    pub checkpoints: Option<CheckpointConfig>,
-}
-
-/// Start the worker thread (it opens the session cache first: a checkpoint
-/// store that cannot be opened fails the start). It runs until
-/// [`WorkerHandle::shutdown`] or until every handle is dropped. With
-/// `lanes` above 1 it runs that many turns at once ([`crate::lanes`]);
-/// the queue holds `max_queue` jobs besides the running ones.
-#[allow(clippy::too_many_arguments)]
-pub fn spawn(
-    model: Arc<LoadedModel>,
-    tokenizer: Arc<Tokenizer>,
-    max_queue: usize,
-    lanes: usize,
-    batch_tokens: usize,
-    prefill_chunk: usize,
-    cache: CacheSettings,
-    metrics: Arc<Metrics>,
-    vision: Option<Arc<crate::vision::Vision>>,
-) -> Result<WorkerHandle, String> {
-    let (tx, rx) = mpsc::channel(max_queue.max(1));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let boundary_every = cache.boundary_every;
-    let stopping = Arc::new(AtomicBool::new(false));
-    let stop_flag = stopping.clone();
-    std::thread::Builder::new()
-        .name("engine-worker".into())
-        .spawn(move || {
-            ds4_engine::with_model!(&*model, m => {
-                if lanes > 1 {
-                    let shared = crate::lanes::Shared {
-                        tokenizer: &tokenizer,
-                        prefill_chunk,
-                        batch_tokens,
-                        metrics: &metrics,
-                        stopping: &stop_flag,
-                        vision: vision.as_deref(),
-                    };
-                    return crate::lanes::run(m, lanes, &cache, shared, rx, ready_tx);
-                }
-                match SessionCache::open(m, cache.bank_budget, cache.checkpoints.as_ref()) {
-                    Ok(cache) => {
-                        let cache = cache.with_boundary_every(boundary_every);
-                        let mut worker = Worker {
-                            model: m,
-                            cache,
-                            tokenizer: &tokenizer,
-                            prefill_chunk,
-                            metrics: &metrics,
-                            stopping: &stop_flag,
-                            saves_seen: 0,
-                            vision: vision.as_deref(),
-                            lane: None,
-                        };
-                        // Before the server answers: checkpoint files refused
-                        // while opening the store are in /metrics at once.
-                        worker.report_cache();
-                        let _ = ready_tx.send(Ok(()));
-                        worker.run(rx)
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                    }
-                }
-            })
-        })
-        .map_err(|e| format!("starting the engine worker: {e}"))?;
-    ready_rx
-        .recv()
-        .map_err(|_| "the engine worker stopped while starting".to_string())??;
-    Ok(WorkerHandle {
-        queue: tx,
-        stopping,
-    })
+/// Where a worker reports: its cache's counters and contents after each
+/// turn, and the end of each turn (the lane is free; its live session
+/// covers `tokens`).
+pub(crate) trait Reports: Sync {
+    fn cache(
+        &self,
+        lane: usize,
+        stats: CacheStats,
+        rejections: BTreeMap<&'static str, u64>,
+        contents: CacheContents,
+    );
+    fn idle(&self, lane: usize, tokens: &[u32]);
 }
 
 pub(crate) struct Worker<'a, M: Model> {
@@ -243,21 +91,20 @@ pub(crate) struct Worker<'a, M: Model> {
     pub(crate) saves_seen: u64,
     /// The vision tower, for a model that reads images.
     pub(crate) vision: Option<&'a crate::vision::Vision>,
-    /// The lane this worker is, when several run (`--max-batch`): its
-    /// cache reports go through the lanes' board, which sums them.
-    pub(crate) lane: Option<crate::lanes::Slot<'a>>,
+    /// The lane this worker is, and where it reports.
+    pub(crate) lane: usize,
+    pub(crate) reports: &'a dyn Reports,
+    /// The end of the current turn has been reported.
+    pub(crate) idle: bool,
 }
 
 impl<M: Model> Worker<'_, M> {
-    /// Publish the session cache's counters and contents to the metrics
-    /// (a lane's are summed with the other lanes'); warn once when a
-    /// checkpoint did not survive its own save.
+    /// Report the session cache's counters and contents (summed with the
+    /// other lanes'); warn once when a checkpoint did not survive its own
+    /// save.
     pub(crate) fn report_cache(&mut self) {
         let stats = self.cache.stats();
         let rejections = self.cache.rejections();
-        if self.lane.is_none() {
-            self.metrics.cache(&stats, &rejections);
-        }
         if let Some(store) = self.cache.store()
             && stats.saves > self.saves_seen
         {
@@ -287,49 +134,22 @@ impl<M: Model> Worker<'_, M> {
                 budget: s.budget(),
             }),
         };
-        match &self.lane {
-            Some(lane) => lane.report(stats, rejections, contents),
-            None => self.metrics.contents(contents),
-        }
+        self.reports.cache(self.lane, stats, rejections, contents);
     }
 
-    /// A lane's turn is over: publish its live tokens and that it is free
-    /// (once per turn; nothing for the single worker).
+    /// The turn is over: report the lane free with its live tokens (once
+    /// per turn).
     pub(crate) fn lane_idle(&mut self) {
-        if let Some(lane) = &mut self.lane {
-            lane.idle(self.cache.live().tokens());
+        if !self.idle {
+            self.idle = true;
+            self.reports.idle(self.lane, self.cache.live().tokens());
         }
-    }
-
-    fn run(mut self, mut queue: mpsc::Receiver<Msg>) {
-        while let Some(msg) = queue.blocking_recv() {
-            match msg {
-                Msg::Job(job)
-                    if job.events.is_closed() || self.stopping.load(Ordering::Relaxed) =>
-                {
-                    // The client left while the job waited, or the server
-                    // is stopping.
-                    self.metrics.cancelled();
-                }
-                Msg::Job(job) => {
-                    self.metrics.running(1);
-                    self.turn(*job);
-                    self.metrics.running(0);
-                }
-                Msg::Shutdown(done) => {
-                    self.cache.shutdown();
-                    self.report_cache();
-                    let _ = done.send(());
-                    return;
-                }
-            }
-        }
-        // Every handle dropped: still a clean end.
-        self.cache.shutdown();
     }
 
     pub(crate) fn turn(&mut self, mut job: Job) {
+        self.idle = false;
         let events = job.events.clone();
+        self.metrics.queue_wait(job.admitted.elapsed());
         if let Some(top_n) = job.prompt_logprobs {
             match decode::prompt_logprobs(self.model, &job.prompt, top_n, 256) {
                 Ok(lps) => {
@@ -341,8 +161,11 @@ impl<M: Model> Worker<'_, M> {
                 }
             }
         }
-        let cancel = CancelToken::new();
+        let cancel = job.cancel.clone();
         let stopping = self.stopping;
+        // A continuation's first token is not the turn's.
+        let admitted = (!job.continuation).then_some(job.admitted);
+        let metrics = self.metrics;
         let config = TurnConfig {
             max_tokens: job.max_tokens,
             stop_token_ids: self.tokenizer.stop_token_ids().to_vec(),
@@ -383,7 +206,12 @@ impl<M: Model> Worker<'_, M> {
                     if !started {
                         started = true;
                         first_token = Some(start.elapsed());
+                        // What the client waited: the queue and the prefill.
+                        if let Some(admitted) = admitted {
+                            metrics.first_token(admitted.elapsed());
+                        }
                     }
+                    metrics.token_emitted();
                     // A token the detokenizer cannot decode adds no text; the
                     // turn goes on.
                     let piece = text

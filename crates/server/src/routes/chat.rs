@@ -8,13 +8,14 @@ use crate::constraints;
 use crate::error::{ApiError, tool_not_offered};
 use crate::extract::ApiJson;
 use crate::images::Images;
-use crate::output::Item;
+use crate::output::{Item, Output};
 use crate::params::{self, SamplingFields};
-use crate::prompt::{ChatTurn, FunctionTool, ToolShape};
-use crate::request::{Checked, Common, Finished, Head, Output, Turn, Writer, openai_tools};
+use crate::prompt::ChatTurn;
+use crate::request::{Checked, Common, Finished, Head, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::{AppState, SharedState};
 use crate::thinking;
+use crate::tools::{FunctionTool, ToolShape};
 use crate::types::chat::*;
 use crate::types::common::{LogprobEntry, Usage, finish_reason};
 
@@ -39,8 +40,11 @@ pub async fn chat_completions(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let (mut checked, output) = prepare(&state, req)?;
-    crate::vision::expand(state.vision.as_ref(), &mut checked.generation).await?;
-    let turn = Turn::start(&state, checked, output, "chatcmpl-")?;
+    checked
+        .generation
+        .expand_images(state.vision.as_ref())
+        .await?;
+    let turn = Turn::start(&state, checked, output, "chatcmpl-").await?;
     let tokenizer = state.tokenizer.clone();
     turn.respond(
         &state,

@@ -11,9 +11,9 @@ use serde_json::json;
 use crate::constraints;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::output::Item;
+use crate::output::{Item, Output};
 use crate::params::{self, SamplingFields};
-use crate::request::{Common, Finished, Head, Output, Turn, Writer};
+use crate::request::{Common, Finished, Head, Turn, Writer};
 use crate::sse::SseSender;
 use crate::state::{AppState, SharedState};
 use crate::types::common::{Usage, finish_reason, token_text};
@@ -92,7 +92,7 @@ pub async fn completions(
         constraints::grammar_field(req.grammar.as_ref())?,
     ])?;
     checked.generation.constraint = constraints::compile(&state, requested, output)?;
-    let turn = Turn::start(&state, checked, output, "cmpl-")?;
+    let turn = Turn::start(&state, checked, output, "cmpl-").await?;
     let echo = Echo {
         text: echo.then_some(prompt_text),
         prompt,

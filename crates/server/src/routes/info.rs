@@ -29,7 +29,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Health> {
         model: state.config.model_id.clone(),
         family: state.descriptor.name,
         context_length: state.ctx,
-        queue_depth: state.worker.depth(),
+        queue_depth: state.metrics.snapshot().waiting as usize,
     })
 }
 
@@ -82,7 +82,7 @@ pub async fn get_model(
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(state.worker.depth()),
+        state.metrics.render(),
     )
         .into_response()
 }

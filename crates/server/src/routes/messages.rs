@@ -11,12 +11,13 @@ use crate::extract::ApiJson;
 use crate::images::Images;
 use crate::output::Item;
 use crate::params::{self, SamplingFields};
-use crate::prompt::{self, ChatTurn, FunctionTool, ToolShape};
+use crate::prompt::{self, ChatTurn};
 use crate::request::{Common, Finished, Head, Turn, Writer};
 use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::summary::TurnSummary;
 use crate::thinking;
+use crate::tools::{FunctionTool, ToolShape};
 use crate::types::anthropic::*;
 use ds4_engine::decode::{CallerStop, FinishReason};
 use ds4_text::PromptFormat;
@@ -85,8 +86,11 @@ async fn run(state: SharedState, req: MessagesRequest) -> Result<Response, ApiEr
     let requested = constraints::forced_call(&state, &choice, &turn.tools)?;
     let output = checked.render(&state, "messages", turn)?;
     checked.generation.constraint = constraints::compile(&state, requested, output)?;
-    crate::vision::expand(state.vision.as_ref(), &mut checked.generation).await?;
-    let turn = Turn::start(&state, checked, output, "msg_")?;
+    checked
+        .generation
+        .expand_images(state.vision.as_ref())
+        .await?;
+    let turn = Turn::start(&state, checked, output, "msg_").await?;
     turn.respond(&state, BlockWriter::new, complete).await
 }
 

@@ -12,12 +12,13 @@ use crate::ids::new_id;
 use crate::images::Images;
 use crate::output::Item;
 use crate::params::SamplingFields;
-use crate::prompt::{ChatTurn, FunctionTool, ToolShape};
+use crate::prompt::ChatTurn;
 use crate::request::{Common, Finished, Turn, Writer, openai_tools};
 use crate::sse::SseSender;
 use crate::state::SharedState;
 use crate::summary::TurnSummary;
 use crate::thinking;
+use crate::tools::{FunctionTool, ToolShape};
 use crate::types::responses::*;
 use ds4_engine::decode::FinishReason;
 
@@ -97,8 +98,11 @@ pub async fn responses(
     let output = checked.render(&state, "input", conversation)?;
     checked.generation.constraint = constraints::compile(&state, requested, output)?;
     let has_tools = output.tools;
-    crate::vision::expand(state.vision.as_ref(), &mut checked.generation).await?;
-    let turn = Turn::start(&state, checked, output, "resp_")?;
+    checked
+        .generation
+        .expand_images(state.vision.as_ref())
+        .await?;
+    let turn = Turn::start(&state, checked, output, "resp_").await?;
     let shell = ResponseObject {
         id: turn.head.id.clone(),
         object: "response",

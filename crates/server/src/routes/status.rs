@@ -1,7 +1,8 @@
 //! `GET /v1/status`: what the server is and what it holds, as JSON — the
-//! model and family, its sampling law, limits, the queue, the session
-//! cache's contents and hits by source, and the running totals also in
-//! `/metrics`. The page's dashboard polls it.
+//! model and family, its sampling law, limits, the queue and the running
+//! turns (asked of the scheduler), batching, time to first token, the
+//! session cache's contents and hits by source, and the running totals
+//! also in `/metrics`. The page's dashboard polls it.
 
 use axum::Json;
 use axum::extract::State;
@@ -9,6 +10,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::ids::unix_now;
+use crate::scheduler::SchedulerStatus;
 use crate::state::SharedState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -25,10 +27,20 @@ pub struct Status {
     /// The family's defaults for parameters a request leaves unset.
     pub sampling_defaults: SamplingDefaults,
     pub context_length: usize,
-    /// Requests waiting behind the running one.
+    /// Requests waiting for a lane.
     pub queue_depth: usize,
-    /// Waiting requests allowed before new ones get 503.
-    pub max_queue: usize,
+    /// Waiting requests allowed (`--max-queue`); null: no count cap, only
+    /// the token budget (`queue.max_tokens`).
+    pub max_queue: Option<usize>,
+    /// The admission queue: what waits and what it reserves.
+    pub queue: Queue,
+    /// Turns running now, and the lanes that run them (`--max-batch`).
+    pub running: usize,
+    pub lanes: usize,
+    /// Batched forwards (`--max-batch` above 1).
+    pub batching: Batching,
+    /// Time to first token and queue wait.
+    pub latency: Latency,
     /// The model's MTP head (null: none).
     pub mtp: Option<MtpHead>,
     /// `--api-key` is set (the key itself is never shown).
@@ -37,6 +49,38 @@ pub struct Status {
     pub totals: Totals,
     pub cache: Cache,
     pub speed: Speed,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Queue {
+    pub waiting: usize,
+    /// Session-cache rows (prompt + output limit) the waiting requests
+    /// reserve.
+    pub reserved_tokens: usize,
+    /// The budget they reserve against (`--max-queue-tokens`): a request
+    /// that does not fit gets 503 with `Retry-After`, unless none waits.
+    pub max_tokens: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Batching {
+    pub batches: u64,
+    /// Session forwards the batches held.
+    pub forwards: u64,
+    pub largest: u64,
+    /// `forwards / batches` (0 before any).
+    pub mean_size: f64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Latency {
+    /// Turns measured.
+    pub turns: u64,
+    /// Mean seconds from admission to the first token (queue wait and
+    /// prefill).
+    pub mean_time_to_first_token_seconds: f64,
+    /// Mean seconds from admission to the turn's start on a lane.
+    pub mean_queue_wait_seconds: f64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -115,6 +159,9 @@ pub struct Checkpoints {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Speed {
+    /// Tokens sent to clients per second over the last 10 seconds, every
+    /// running turn together.
+    pub tokens_per_second: f64,
     /// Tokens per second of the last turn.
     pub last_prefill_tokens_per_second: f64,
     pub last_decode_tokens_per_second: f64,
@@ -135,6 +182,16 @@ pub struct Speed {
 )]
 pub async fn status(State(state): State<SharedState>) -> Json<Status> {
     let m = state.metrics.snapshot();
+    // The scheduler's own view (a consistent one); the published gauges if
+    // it is gone.
+    let q = state.scheduler.status().await.unwrap_or(SchedulerStatus {
+        waiting: m.waiting as usize,
+        reserved_tokens: m.reserved_tokens as usize,
+        running: m.running as usize,
+        lanes: state.config.max_batch.max(1),
+        max_queue_tokens: 0,
+        max_queue: None,
+    });
     let d = state.descriptor.sampling_defaults;
     Json(Status {
         model: state.config.model_id.clone(),
@@ -149,8 +206,30 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
             min_p: d.min_p,
         },
         context_length: state.ctx,
-        queue_depth: state.worker.depth(),
-        max_queue: state.config.max_queue,
+        queue_depth: q.waiting,
+        max_queue: q.max_queue,
+        queue: Queue {
+            waiting: q.waiting,
+            reserved_tokens: q.reserved_tokens,
+            max_tokens: q.max_queue_tokens,
+        },
+        running: q.running,
+        lanes: q.lanes,
+        batching: Batching {
+            batches: m.batches,
+            forwards: m.batched_forwards,
+            largest: m.batch_largest,
+            mean_size: if m.batches > 0 {
+                m.batched_forwards as f64 / m.batches as f64
+            } else {
+                0.0
+            },
+        },
+        latency: Latency {
+            turns: m.first_token.count(),
+            mean_time_to_first_token_seconds: m.first_token.mean(),
+            mean_queue_wait_seconds: m.queue_wait.mean(),
+        },
         mtp: state.mtp.map(|c| MtpHead {
             default_depth: state.config.mtp_depth.unwrap_or(c.default_depth),
             max_depth: c.max_depth,
@@ -197,6 +276,7 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
             }),
         },
         speed: Speed {
+            tokens_per_second: m.recent_tokens_per_second,
             last_prefill_tokens_per_second: m.last_prefill_rate,
             last_decode_tokens_per_second: m.last_decode_rate,
             prefill_tokens: m.prefill_tokens,

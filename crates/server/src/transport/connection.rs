@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 use tower::ServiceExt;
 
-use super::Limits;
+use super::limits::Limits;
 
 /// When a request's body must have arrived (a request extension; the JSON
 /// extractor stops reading there and answers 408).
