@@ -15,14 +15,15 @@
 //! `matmul_many`'s one-dispatch path for the part-by-part one, which has
 //! the same bits by the op's contract.
 //!
-//! Naming. The binder records each tensor it reads (`read`); a placement
-//! takes the reads since the previous one. A dense matrix `[out, in]` is
-//! named by the trailing reads of shape `[r_i, in]` with `Σ r_i = out` (one
-//! tensor, or the parts a fused gate/up joined); an expert stack by the
-//! names its loader gives (`name_next`: one `[E, out, in]` tensor, or `E·m`
-//! per-expert tensors). A matrix derived from tensors of other shapes (an
-//! absorbed MLA projection, a split grouped output) matches nothing and is
-//! not observed.
+//! Naming. The binder records each tensor it reads (`read`). A dense
+//! matrix `[out, in]` is named by the latest unclaimed reads of shape
+//! `[r_i, in]` with `Σ r_i = out` (its own tensor, or the parts a fused
+//! gate/up joined, which a loader may place after other weights), and
+//! claims them; an expert stack by the names its loader gives
+//! (`name_next`: one `[E, out, in]` tensor, or `E·m` per-expert tensors,
+//! whose reads it claims). A matrix derived from tensors of other shapes
+//! (an absorbed MLA projection, a split grouped output) matches nothing
+//! and is not observed.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -62,8 +63,10 @@ struct Hook {
 
 #[derive(Default)]
 struct Naming {
-    /// Tensors read since the last placement: name and dims.
+    /// Tensors read and not yet claimed by a placement: name and dims.
     pending: Vec<(String, Vec<usize>)>,
+    /// The tensors of the next expert stack ([`name_next`]).
+    next_stack: Option<Vec<(String, Vec<usize>)>>,
     placements: Vec<Placement>,
 }
 
@@ -104,22 +107,32 @@ pub(crate) fn read(name: &str, dims: &[usize]) {
     }
 }
 
-/// The tensors the next expert stack is made of (replacing the reads).
+/// The tensors the next expert stack is made of; their reads are claimed.
 pub(crate) fn name_next(names: &dyn Fn() -> Vec<(String, Vec<usize>)>) {
     if let Some(h) = HOOK.get() {
-        lock(h).pending = names();
+        let names = names();
+        let mut n = lock(h);
+        let set: std::collections::HashSet<&str> = names.iter().map(|(s, _)| s.as_str()).collect();
+        n.pending.retain(|(p, _)| !set.contains(p.as_str()));
+        n.next_stack = Some(names);
     }
 }
 
 /// A weight `[out, in]` (`experts: Some(E)`: a stack `[E, out, in]`) is
-/// being placed: its tag when its tensors are known. Clears the reads.
+/// being placed: its tag when its tensors are known.
 pub(crate) fn place(out: usize, inp: usize, experts: Option<usize>) -> Option<Tag> {
     let h = HOOK.get()?;
     let mut n = lock(h);
-    let pending = std::mem::take(&mut n.pending);
     let names = match experts {
-        None => dense_names(&pending, out, inp)?,
-        Some(e) => stack_names(&pending, e, out, inp)?,
+        None => {
+            let picked = dense_reads(&n.pending, out, inp)?;
+            let names = picked.iter().map(|&i| n.pending[i].0.clone()).collect();
+            for &i in picked.iter().rev() {
+                n.pending.remove(i);
+            }
+            names
+        }
+        Some(e) => stack_names(&n.next_stack.take()?, e, out, inp)?,
     };
     let tag = Tag::try_from(n.placements.len()).ok()?;
     n.placements.push(Placement {
@@ -131,21 +144,24 @@ pub(crate) fn place(out: usize, inp: usize, experts: Option<usize>) -> Option<Ta
     Some(tag)
 }
 
-/// The trailing reads `[r_i, inp]` with `Σ r_i = out`, in read order.
-fn dense_names(pending: &[(String, Vec<usize>)], out: usize, inp: usize) -> Option<Vec<String>> {
+/// The indices (ascending) of the latest reads `[r_i, inp]` with
+/// `Σ r_i = out`; reads of other shapes in between are passed over.
+fn dense_reads(pending: &[(String, Vec<usize>)], out: usize, inp: usize) -> Option<Vec<usize>> {
     let mut rows = 0;
-    let mut names = Vec::new();
-    for (name, dims) in pending.iter().rev() {
-        match dims[..] {
-            [r, i] if i == inp && rows + r <= out => {
-                rows += r;
-                names.push(name.clone());
-                if rows == out {
-                    names.reverse();
-                    return Some(names);
-                }
+    let mut picked = Vec::new();
+    for (at, (_, dims)) in pending.iter().enumerate().rev() {
+        if let [r, i] = dims[..]
+            && i == inp
+        {
+            if rows + r > out {
+                return None;
             }
-            _ => return None,
+            rows += r;
+            picked.push(at);
+            if rows == out {
+                picked.reverse();
+                return Some(picked);
+            }
         }
     }
     None
@@ -187,14 +203,20 @@ mod tests {
     }
 
     #[test]
-    fn a_matrix_is_named_by_its_trailing_reads() {
-        let reads = p(&[("norm", &[8]), ("gate", &[4, 8]), ("up", &[4, 8])]);
-        assert_eq!(dense_names(&reads, 8, 8).unwrap(), ["gate", "up"]);
-        assert_eq!(dense_names(&reads, 4, 8).unwrap(), ["up"]);
+    fn a_matrix_is_named_by_its_latest_reads() {
+        let reads = p(&[
+            ("gate", &[4, 8]),
+            ("up", &[4, 8]),
+            ("norm", &[8]),
+            ("o", &[8, 4]),
+        ]);
+        assert_eq!(dense_reads(&reads, 8, 8).unwrap(), [0, 1]);
+        assert_eq!(dense_reads(&reads, 4, 8).unwrap(), [1]);
+        assert_eq!(dense_reads(&reads, 8, 4).unwrap(), [3]);
         // A derived matrix of another shape matches nothing.
-        assert_eq!(dense_names(&reads, 3, 8), None);
-        assert_eq!(dense_names(&reads, 12, 8), None);
-        assert_eq!(dense_names(&[], 4, 8), None);
+        assert_eq!(dense_reads(&reads, 3, 8), None);
+        assert_eq!(dense_reads(&reads, 12, 8), None);
+        assert_eq!(dense_reads(&[], 4, 8), None);
     }
 
     #[test]
