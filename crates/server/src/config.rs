@@ -41,9 +41,8 @@ pub struct ServerConfig {
     /// prompt plus its output limit (`--max-queue-tokens`; `crate::queue`);
     /// `None`: [`QUEUE_CONTEXTS`] contexts.
     pub max_queue_tokens: Option<usize>,
-    /// Turns that run at once (`--max-batch`): above 1 the worker runs that
-    /// many lanes whose forwards meet in batches (`crate::lanes`); 1 is the
-    /// single worker.
+    /// Turns that run at once (`--max-batch`): the scheduler runs that many
+    /// lanes (`crate::lanes`), whose forwards meet in batches above 1.
     pub max_batch: usize,
     /// Rows (decode rows and prefill chunks of every running turn) one
     /// batched forward takes at most (`--max-batch-tokens`); the turns past

@@ -1,17 +1,21 @@
 //! `ds4-server`: the OpenAI- and Anthropic-compatible HTTP server.
 //!
-//! One engine worker thread owns the model and the live session and runs
-//! one turn at a time; requests wait in a bounded queue. Handlers parse and
+//! The scheduler (`scheduler`) is the centre: one thread owns the model,
+//! the lanes that run turns (`lanes`, a `worker` each with its session
+//! cache) and the queue of waiting requests (`queue`'s rule: bounded by
+//! the tokens they reserve, first come first served); everything else
+//! speaks to it through commands on a `SchedulerHandle`. Handlers parse and
 //! validate (`extract`, `params`, `thinking`), render the prompt (`prompt`;
-//! `deepseek_prompt` for the family rendered in code), and hand
-//! the shared request layer (`request`) the common parameters: it admits
-//! the turn (`admission`), turns the worker's events (`worker`) into items
-//! (`output`) and collects them or drives the route's SSE writer (`sse`);
-//! each route (`routes`) only maps its API's shapes. Per-family serving
-//! rules (`family`) and the tool-call replay memory (`tool_memory`) are
-//! chosen by the family descriptor's name. The crate knows
-//! nothing of tensors: it sees the engine only through the session cache's
-//! `decode_turn` (a `TurnRequest` and a `TurnObserver`).
+//! `deepseek_prompt` for the family rendered in code), and hand the shared
+//! request layer (`request`) the common parameters: it admits the turn
+//! (`admission`), turns the lane's events (`events`) into items (`output`)
+//! and collects them or drives the route's SSE writer (`sse`); each route
+//! (`routes`) only maps its API's shapes. Per-family serving rules
+//! (`family`) and the tool-call replay memory (`tool_memory`) are chosen by
+//! the family descriptor's name. The module graph has no cycle
+//! (`tests/module_graph.rs`). The crate knows nothing of tensors: it sees
+//! the engine only through the session cache's `decode_turn` (a
+//! `TurnRequest` and a `TurnObserver`).
 
 mod admission;
 mod app;

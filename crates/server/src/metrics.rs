@@ -83,7 +83,7 @@ pub struct Metrics {
     checkpoint_budget_too_small: AtomicU64,
     last_rates: Mutex<(f64, f64)>,
     /// The session cache's own counters and the checkpoint store's refused
-    /// files by reason (snapshots of the worker's totals).
+    /// files by reason (snapshots of the lanes' totals).
     cache: Mutex<(CacheStats, BTreeMap<&'static str, u64>)>,
     /// What the session cache holds now (after the last turn).
     contents: Mutex<CacheContents>,
@@ -162,7 +162,7 @@ impl Recent {
     }
 }
 
-/// What the worker's session cache holds: the live session, the bank of
+/// What the lanes' session caches hold: the live session, the bank of
 /// earlier sessions and the checkpoint store (snapshot after each turn).
 /// With several lanes: the sums over the lanes' caches (live tokens and
 /// bytes of every lane's live session, every lane's bank; the store is
@@ -279,6 +279,11 @@ impl Metrics {
             .store(reserved_tokens as u64, Ordering::Relaxed);
     }
 
+    /// Requests waiting for a lane (the scheduler's last count).
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed) as usize
+    }
+
     /// A turn started `waited` after its admission.
     pub fn queue_wait(&self, waited: std::time::Duration) {
         if let Ok(mut h) = self.queue_wait.lock() {
@@ -313,8 +318,8 @@ impl Metrics {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The worker's session cache totals after a turn (with several lanes,
-    /// the sums over the lanes: `crate::lanes`).
+    /// The session caches' totals after a turn (the sums over the lanes:
+    /// `crate::lanes::CacheSums`).
     pub fn cache(&self, stats: &CacheStats, rejections: &BTreeMap<&'static str, u64>) {
         if let Ok(mut c) = self.cache.lock() {
             *c = (*stats, rejections.clone());

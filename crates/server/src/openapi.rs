@@ -75,7 +75,7 @@ const STREAMING: [&str; 4] = [
     "/v1/messages",
 ];
 
-/// POST operations that queue a turn on the engine worker.
+/// POST operations that queue a turn with the scheduler.
 const GENERATING: [&str; 4] = STREAMING;
 
 /// The generated document with the layers' answers added.

@@ -269,7 +269,9 @@ impl TurnStream {
                 self.done = true;
             }
             None => {
-                out.push(Item::Failed("the engine worker stopped".into()));
+                out.push(Item::Failed(
+                    "the server stopped before the turn ended".into(),
+                ));
                 self.done = true;
             }
         }

@@ -1,7 +1,8 @@
 //! Server-sent events: a writer task pushes events into a channel that the
-//! response body drains. When the client disconnects, axum drops the body,
-//! the writer's next send fails and it returns, dropping the turn's event
-//! receiver, which cancels the turn in the worker at its next token.
+//! response body drains. When the client disconnects, axum drops the body;
+//! the writer sees it at once ([`SseSender::gone`]) or at its next send,
+//! and returns, dropping the turn's stream, which cancels the turn
+//! (`admission::Ticket`).
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -18,7 +18,7 @@ pub struct Health {
     pub model: String,
     pub family: &'static str,
     pub context_length: usize,
-    /// Requests waiting behind the running one.
+    /// Requests waiting for a lane.
     pub queue_depth: usize,
 }
 
@@ -29,7 +29,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Health> {
         model: state.config.model_id.clone(),
         family: state.descriptor.name,
         context_length: state.ctx,
-        queue_depth: state.metrics.snapshot().waiting as usize,
+        queue_depth: state.metrics.waiting(),
     })
 }
 
