@@ -93,13 +93,13 @@ fn synthetic(vocab: usize, len: usize) -> Vec<u32> {
 }
 
 /// The token sequence, its BOS, and what to record as the dataset.
-fn tokens(args: &ImatrixArgs, vocab: usize) -> Result<(Vec<u32>, Option<u32>, String)> {
-    let Some(path) = &args.text else {
-        let Some(n) = args.tokens else {
-            bail!(
-                "give the calibration text with --text FILE (or --tokens N for a model without a tokenizer)"
-            );
-        };
+fn tokens(
+    args: &ImatrixArgs,
+    text: Option<&str>,
+    vocab: usize,
+) -> Result<(Vec<u32>, Option<u32>, String)> {
+    let (Some(path), Some(text)) = (&args.text, text) else {
+        let n = args.tokens.unwrap_or(0);
         return Ok((
             synthetic(vocab, n),
             None,
@@ -108,8 +108,6 @@ fn tokens(args: &ImatrixArgs, vocab: usize) -> Result<(Vec<u32>, Option<u32>, St
     };
     let tok = crate::model_source::load_tokenizer(&args.model)
         .with_context(|| format!("the tokenizer of {}", args.model.display()))?;
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let bos = if tok.add_bos() {
         tok.bos_token().map(|t| t.id)
     } else {
@@ -118,7 +116,7 @@ fn tokens(args: &ImatrixArgs, vocab: usize) -> Result<(Vec<u32>, Option<u32>, St
     // llama-imatrix tokenizes with `add_special`: BOS first when added.
     let mut t: Vec<u32> = bos.into_iter().collect();
     t.extend(
-        tok.encode(&text, false)
+        tok.encode(text, false)
             .with_context(|| format!("tokenizing {}", path.display()))?,
     );
     Ok((t, bos, path.display().to_string()))
@@ -127,11 +125,23 @@ fn tokens(args: &ImatrixArgs, vocab: usize) -> Result<(Vec<u32>, Option<u32>, St
 pub fn imatrix(args: ImatrixArgs) -> Result<()> {
     let started = Instant::now();
     let n = args.chunk_size;
+    if args.text.is_none() && args.tokens.is_none() {
+        bail!(
+            "give the calibration text with --text FILE (or --tokens N for a model without a tokenizer)"
+        );
+    }
     if n < MIN_DENSE_ROWS {
         bail!(
             "--chunk-size {n}: llama-imatrix leaves out products of fewer than {MIN_DENSE_ROWS} rows, so a chunk needs at least {MIN_DENSE_ROWS} tokens"
         );
     }
+    // Read before the (longer) model load, so a wrong path fails at once.
+    let text = match &args.text {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
+        None => None,
+    };
     let set = crate::model_source::kernels_for(Device::Cpu, args.kernels.kernels)?;
     ds4_engine::backend::kernel_set::choose(set)
         .map_err(|e| anyhow::anyhow!("--kernels {set}: {e}"))?;
@@ -146,7 +156,7 @@ pub fn imatrix(args: ImatrixArgs) -> Result<()> {
     if n > ctx {
         bail!("--chunk-size {n} exceeds the model's context of {ctx} tokens");
     }
-    let (tokens, bos, dataset) = tokens(&args, vocab)?;
+    let (tokens, bos, dataset) = tokens(&args, text.as_deref(), vocab)?;
     if tokens.len() < 2 * n {
         bail!(
             "{dataset}: {} tokens; llama-imatrix needs at least 2 × --chunk-size = {} tokens",
