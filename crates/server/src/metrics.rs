@@ -14,6 +14,11 @@ use ds4_engine::state::warm::CacheStats;
 
 use crate::summary::TurnSummary;
 
+mod latency;
+
+use latency::Recent;
+pub use latency::{BUCKETS, Histogram};
+
 /// Endpoints counted separately.
 pub const ENDPOINTS: [&str; 6] = [
     "chat_completions",
@@ -89,77 +94,6 @@ pub struct Metrics {
     contents: Mutex<CacheContents>,
     /// Every response by HTTP status (what a client saw: 200s, 400s, 404s).
     statuses: Mutex<BTreeMap<u16, u64>>,
-}
-
-/// Seconds into buckets (Prometheus histogram, cumulative on render).
-#[derive(Debug, Clone, Default)]
-pub struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
-/// Upper bounds in seconds (a request's wait and its first token: from
-/// milliseconds on an idle server to minutes behind a long queue).
-pub const BUCKETS: [f64; 12] = [
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-];
-
-impl Histogram {
-    fn observe(&mut self, seconds: f64) {
-        if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
-            self.counts[i] += 1;
-        }
-        self.count += 1;
-        self.sum += seconds;
-    }
-
-    /// The observations' mean (0 with none).
-    pub fn mean(&self) -> f64 {
-        if self.count == 0 {
-            0.0
-        } else {
-            self.sum / self.count as f64
-        }
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-}
-
-/// Tokens emitted per second over the last [`RECENT_SECONDS`] seconds.
-#[derive(Debug, Default)]
-struct Recent {
-    /// (unix second, tokens emitted in it), oldest first.
-    seconds: std::collections::VecDeque<(u64, u64)>,
-}
-
-const RECENT_SECONDS: u64 = 10;
-
-impl Recent {
-    fn add(&mut self, now: u64) {
-        match self.seconds.back_mut() {
-            Some((s, n)) if *s == now => *n += 1,
-            _ => self.seconds.push_back((now, 1)),
-        }
-        self.trim(now);
-    }
-
-    fn trim(&mut self, now: u64) {
-        while self
-            .seconds
-            .front()
-            .is_some_and(|(s, _)| *s + RECENT_SECONDS <= now)
-        {
-            self.seconds.pop_front();
-        }
-    }
-
-    fn rate(&mut self, now: u64) -> f64 {
-        self.trim(now);
-        self.seconds.iter().map(|(_, n)| n).sum::<u64>() as f64 / RECENT_SECONDS as f64
-    }
 }
 
 /// What the lanes' session caches hold: the live session, the bank of

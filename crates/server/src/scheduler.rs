@@ -452,3 +452,6 @@ impl Scheduler<'_> {
         self.metrics.queue(s.waiting, s.reserved_tokens);
     }
 }
+
+#[cfg(test)]
+mod tests;
