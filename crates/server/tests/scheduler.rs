@@ -94,13 +94,9 @@ fn metric(text: &str, name: &str) -> f64 {
 /// leaving lets the next in at once.
 #[tokio::test(flavor = "multi_thread")]
 async fn default_model_the_queue_is_bounded_by_reserved_tokens() {
-    // Keep-alive comments every 50 ms: a queued stream's disconnect shows
-    // at the next write.
-    let s = start_with(|c| {
-        c.max_queue_tokens = Some(500);
-        c.keep_alive = Duration::from_millis(50);
-    })
-    .await;
+    // Default keep-alive (10 s): the server sees a queued stream's
+    // disconnect without writing to it.
+    let s = start_with(|c| c.max_queue_tokens = Some(500)).await;
     let _a = running(&s, 300).await;
     let waiting = chat("Hi", 200, true);
     let b = queued(&s, &waiting)
