@@ -191,6 +191,24 @@ fn expert_counts_sum_to_tokens_times_experts_per_token() {
         );
         assert_eq!(e[&format!("blk.{l}.ffn_down_shexp.weight")].1, [96.0]);
     }
+    // The same model as a ds4 GGUF (bound by the engine under upstream
+    // names): the same entries under the same names.
+    let gguf = dir.path().join("ds-f32.gguf");
+    let (ok, log) = ds4(&[
+        "quantize",
+        fixture("deepseek_v4/tiny_a").to_str().unwrap(),
+        gguf.to_str().unwrap(),
+        "--recipe",
+        "f32",
+    ]);
+    assert!(ok, "{log}");
+    let again = dir.path().join("ds-again.gguf");
+    imatrix(
+        &gguf,
+        &again,
+        &["--tokens", "96", "-c", "32", "--kernels", "reference"],
+    );
+    assert_eq!(entries(&again), e);
     // qwen4_exp in Hugging Face names: one entry per expert tensor.
     let out = dir.path().join("qwen.gguf");
     imatrix(
