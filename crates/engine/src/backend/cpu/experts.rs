@@ -36,6 +36,9 @@ impl Stack<'_> {
     }
 }
 
+/// Told each expert's gathered rows and its down projection's input.
+pub type SeenRows<'a> = &'a dyn Fn(usize, &[f32], &[f32]);
+
 /// `silu(g)·u`, or `silu(min(g, L))·clamp(u, −L, L)` with a limit.
 #[inline]
 pub fn swiglu(g: f32, u: f32, limit: Option<f32>) -> f32 {
@@ -67,7 +70,7 @@ pub fn expert_gather(
     h: usize,
     inter: usize,
     limit: Option<f32>,
-    seen: Option<&dyn Fn(usize, &[f32], &[f32])>,
+    seen: Option<SeenRows<'_>>,
 ) -> Vec<f32> {
     let slots = experts.len();
     debug_assert_eq!(slots * h, x.len() * top_k);

@@ -718,7 +718,7 @@ impl Backend for CpuOps {
                 }
             }
         };
-        let seen: Option<&dyn Fn(usize, &[f32], &[f32])> =
+        let seen: Option<experts::SeenRows<'_>> =
             (gu_tag.is_some() || dn_tag.is_some()).then_some(&seen);
         if x.len() != rows * h
             || routing.experts.len() != rows * routing.k
