@@ -42,18 +42,21 @@ for what in "$@"; do
     # One decode step (after a 512-token prefill) under Nsight Compute,
     # only it profiled (DS4_PROFILE_STEP, --profile-from-start off); sum it
     # with tools/gpu/ncu_table.py. ncu-fast: the same under --kernels fast.
+    # NCU_ROWS=N (default 1) profiles one forward of N rows instead: a
+    # prefill chunk's kernels.
     ncu|ncu-fast)
       ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
       set_=reference; [ "$what" = ncu-fast ] && set_=fast
       s0=$SECONDS
-      DS4_PROFILE_STEP=1 timeout "${NCU_S:-300}" "$ncu" --clock-control none --cache-control none \
+      DS4_PROFILE_STEP=${NCU_ROWS:-1} timeout "${NCU_S:-300}" "$ncu" --clock-control none --cache-control none \
         --profile-from-start off --csv \
         --metrics "${NCU_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size}" \
         ./ds4server bench --synthetic deepseek_v4 --shape "$shape" --device cuda --kernels $set_ \
-        --weights ds4-q2 --prompts "${NCU_PROMPT:-512}" --gen 2 > "$OUT/$what-step.csv" 2> "$OUT/$what.err"
-      echo "$what rc=$? wall_s=$((SECONDS - s0))" | tee -a "$OUT/$what.err"
-      grep "^REPORT" "$OUT/$what-step.csv" | tee "$OUT/$what.report"
-      gzip -f "$OUT/$what-step.csv" ;;
+        --weights ds4-q2 --prompts "${NCU_PROMPT:-512}" --gen 2 > "$OUT/$what-rows${NCU_ROWS:-1}.csv" 2> "$OUT/$what-rows${NCU_ROWS:-1}.err"
+      echo "$what rc=$? wall_s=$((SECONDS - s0))" | tee -a "$OUT/$what-rows${NCU_ROWS:-1}.err"
+      grep "^REPORT" "$OUT/$what-rows${NCU_ROWS:-1}.csv" | tee "$OUT/$what-rows${NCU_ROWS:-1}.report"
+      python3 "$root/tools/gpu/ncu_table.py" "$OUT/$what-rows${NCU_ROWS:-1}.csv" > "$OUT/$what-rows${NCU_ROWS:-1}.table" 2>&1
+      gzip -f "$OUT/$what-rows${NCU_ROWS:-1}.csv" ;;
     q4) bench q4 "${Q4_S:-120}" --weights ds4-q4 --prompts 512 --gen 8 ;;
   esac
 done

@@ -295,22 +295,38 @@ fn bench_stored(
 /// runs inside the profiler's capture range and is then undone, so `ncu
 /// --profile-from-start off` profiles exactly one step of any family
 /// (`run.sh`'s `ncu-step`; `tools/gpu/ncu_table.py` sums it per kernel).
+/// `DS4_PROFILE_STEP=N` with N > 1 profiles one forward of N rows instead
+/// (a prefill chunk from the decoded state: what prefill's kernels cost).
 fn profile_step<M: Model>(model: &M, state: &mut M::State, token: u32) -> anyhow::Result<()> {
-    if std::env::var("DS4_PROFILE_STEP").map_or(true, |v| v != "1") {
+    let rows = match std::env::var("DS4_PROFILE_STEP") {
+        Ok(v) => v.trim().parse::<usize>().unwrap_or(0),
+        Err(_) => 0,
+    };
+    if rows == 0 {
         return Ok(());
     }
     #[cfg(feature = "cuda")]
     {
+        let vocab = model.vocab_size() as u64;
+        let tokens: Vec<u32> = (0..rows as u64)
+            .map(|i| {
+                if i == 0 {
+                    token
+                } else {
+                    (hash64(u64::from(token), i) % vocab) as u32
+                }
+            })
+            .collect();
         let snapshot = state.snapshot();
         ds4_engine::backend::cuda::profiler_range_current(true)?;
-        let out = model.forward(&[token], state, LogitsRows::Last);
+        let out = model.forward(&tokens, state, LogitsRows::Last);
         ds4_engine::backend::cuda::profiler_range_current(false)?;
         state.restore(&snapshot);
         out?;
-        println!("REPORT profiled_step token={token}");
+        println!("REPORT profiled_forward rows={rows} token={token}");
     }
     #[cfg(not(feature = "cuda"))]
-    let _ = (model, state, token);
+    let _ = (model, state, token, rows);
     Ok(())
 }
 

@@ -67,6 +67,14 @@ pub type StepBody<'a, S, B> = dyn FnMut(&S) -> Result<Vec<B>> + 'a;
 /// inputs, returning outputs.
 pub type PureBody<'a, B> = dyn FnMut(&[&B]) -> Result<Vec<B>> + 'a;
 
+/// A new model identity for pure-unit keys ([`Backend::run_pure`]): a
+/// replayed unit reads the weights of the model that captured it, so no two
+/// models (of any family) may share a key; every model takes one at load.
+pub fn pure_scope() -> u64 {
+    static SCOPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Which backend and kernel set produced a state: part of every checkpoint's
 /// identity, because bits differ between backends and kernel sets.
 #[derive(Debug, Clone, PartialEq, Eq)]

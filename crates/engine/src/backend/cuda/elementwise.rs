@@ -461,7 +461,22 @@ pub(super) fn hc_sinkhorn(
     }
     let rows = z.len() / width;
     let y = CudaBuf::uninit(dev, z.len())?;
-    if rows > 0 {
+    if rows > 0 && n == 4 {
+        // Four streams (DeepSeek-V4): a warp a row, the same bits.
+        dev.launch(
+            "hc_sinkhorn4_f32",
+            Shape::warps(rows),
+            args![
+                y.ptr(),
+                z.ptr(),
+                base.ptr(),
+                scale.ptr(),
+                rows,
+                iters as i32,
+                eps
+            ],
+        )?;
+    } else if rows > 0 {
         dev.launch(
             "hc_sinkhorn_f32",
             Shape::elements(rows),
@@ -592,7 +607,7 @@ pub(super) fn index_scores(
     if rows * e > 0 {
         dev.launch(
             "index_scores_f32",
-            Shape::elements(rows * e),
+            Shape::warps(rows * e),
             args![
                 y.ptr(),
                 q.ptr(),

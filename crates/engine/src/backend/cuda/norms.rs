@@ -39,14 +39,27 @@ pub(super) fn rms_norm(
     let rows = check("rms_norm", x, width, Some((w, width)))?;
     let y = CudaBuf::uninit(dev, x.len())?;
     if rows > 0 {
+        // Few wide rows: a block a row (`rms_norm_wide_f32`, the same
+        // bits); otherwise a warp a row keeps every SM busy.
+        let (name, shape) = if width >= WIDE_NORM_MIN && rows <= WIDE_NORM_MAX_ROWS {
+            ("rms_norm_wide_f32", Shape::blocks(rows, 256))
+        } else {
+            ("rms_norm_f32", Shape::warps(rows))
+        };
         dev.launch(
-            "rms_norm_f32",
-            Shape::warps(rows),
+            name,
+            shape,
             args![y.ptr(), x.ptr(), w.ptr(), rows, width, eps],
         )?;
     }
     Ok(y)
 }
+
+/// Widths from which a norm of few rows runs a block per row.
+const WIDE_NORM_MIN: usize = 2048;
+/// Rows up to which a wide norm runs a block per row (more rows fill the
+/// SMs with a warp each).
+const WIDE_NORM_MAX_ROWS: usize = 64;
 
 pub(super) fn rms_norm_grouped(
     dev: &Device,

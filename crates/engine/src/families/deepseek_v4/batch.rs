@@ -14,7 +14,6 @@ use super::state::DeepseekV4State;
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{accepts, split_batch, split_logits, wanted_rows};
-use crate::layers::hyper_connections::HyperConnection;
 use crate::model::{BatchCall, ForwardOutput, LogitsRows, Model};
 
 /// One session's part of a batched layer: its rows, caches and rotations.
@@ -33,11 +32,10 @@ impl<B: Backend> DecoderLayer<B> {
         xs: &B::Buf,
         tokens: &[u32],
         parts: &mut [Part<'_, '_, B>],
+        unit: [u64; 2],
     ) -> Result<B::Buf> {
         let rows = tokens.len();
-        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
-        let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
-        let normed = self.attn_norm.forward(ops, &x)?;
+        let (normed, mix) = self.attn_half_in(ops, xs, rows, unit)?;
         let width = ops.len(&normed) / rows.max(1);
         let mut y: Option<B::Buf> = None;
         let mut at = 0;
@@ -54,13 +52,7 @@ impl<B: Backend> DecoderLayer<B> {
             at += p.rows;
         }
         let y = y.ok_or_else(|| EngineError::State("an empty batch".into()))?;
-        let xs = self.attn_hc.combine(ops, xs, &y, &mix)?;
-        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
-        let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
-        let (y, _) = self
-            .moe
-            .forward(ops, &self.ffn_norm.forward(ops, &x)?, tokens)?;
-        self.ffn_hc.combine(ops, &xs, &y, &mix)
+        self.ffn_half(ops, xs, &y, &mix, tokens, unit)
     }
 }
 
@@ -114,7 +106,7 @@ impl<B: Backend> DeepseekV4Model<B> {
                     rot,
                 })
                 .collect();
-            xs = layer.forward_batch(ops, &xs, &tokens, &mut parts)?;
+            xs = layer.forward_batch(ops, &xs, &tokens, &mut parts, [self.scope, l as u64])?;
         }
         for call in calls.iter_mut() {
             call.state.len += call.tokens.len();

@@ -45,6 +45,16 @@ use crate::model::{
 };
 use crate::state::mtp::MtpCache;
 
+/// Rows up to which a layer's pure units run through
+/// [`Backend::run_pure`] (decode steps and verify windows; a prefill chunk
+/// runs eagerly rather than keep a graph per chunk length).
+const PURE_MAX_ROWS: usize = 8;
+/// Which pure unit of a layer a key names.
+const UNIT_ATTN_IN: u64 = 1;
+const UNIT_FFN: u64 = 2;
+/// The layer index of the MTP head's layer in unit keys.
+const MTP_LAYER: u64 = u64::MAX;
+
 #[derive(Debug)]
 pub struct DecoderLayer<B: Backend> {
     pub(super) attn_norm: RmsNorm<B>,
@@ -151,8 +161,10 @@ impl<B: Backend> DecoderLayer<B> {
         })
     }
 
-    /// `xs: [T, N·D]` → `[T, N·D]`.
-    fn forward(
+    /// `xs: [T, N·D]` → `[T, N·D]`. `unit` names this layer in its model
+    /// (the keys of its pure units, [`Backend::run_pure`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward(
         &self,
         ops: &B,
         xs: &B::Buf,
@@ -160,30 +172,104 @@ impl<B: Backend> DecoderLayer<B> {
         cache: &mut AttnCache<B>,
         rot: &Rotations<'_, B>,
         trace: bool,
+        unit: [u64; 2],
     ) -> Result<(B::Buf, Option<LayerTrace>)> {
         let rows = tokens.len();
-        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
-        let mix = mix.expect("mHC always combines");
-        let (y, sel) =
-            self.attn
-                .forward(ops, &self.attn_norm.forward(ops, &x)?, rows, cache, rot)?;
-        let xs = self.attn_hc.combine(ops, xs, &y, &mix)?;
-        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
-        let mix = mix.expect("mHC always combines");
-        let (y, routing) = self
-            .moe
-            .forward(ops, &self.ffn_norm.forward(ops, &x)?, tokens)?;
-        let xs = self.ffn_hc.combine(ops, &xs, &y, &mix)?;
-        let tr = if trace {
-            Some(LayerTrace {
+        if trace {
+            let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
+            let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
+            let (y, sel) =
+                self.attn
+                    .forward(ops, &self.attn_norm.forward(ops, &x)?, rows, cache, rot)?;
+            let (xs, routing) = self.ffn_half_routed(ops, xs, &y, &mix, tokens)?;
+            let tr = LayerTrace {
                 streams: ops.download(&xs)?,
                 selection: sel.map(|s| ops.selection_to_host(&s)).transpose()?,
                 experts: ops.routing_to_host(&routing)?.0,
-            })
-        } else {
-            None
+            };
+            return Ok((xs, Some(tr)));
+        }
+        let (normed, mix) = self.attn_half_in(ops, xs, rows, unit)?;
+        let (y, _) = self.attn.forward(ops, &normed, rows, cache, rot)?;
+        Ok((self.ffn_half(ops, xs, &y, &mix, tokens, unit)?, None))
+    }
+
+    /// The attention's input: `attn_norm(mix(xs))` and the mix's combine
+    /// weights. Pure (one replayed unit on a device) up to
+    /// [`PURE_MAX_ROWS`] rows.
+    pub(super) fn attn_half_in(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        rows: usize,
+        unit: [u64; 2],
+    ) -> Result<(B::Buf, B::Buf)> {
+        let body = |ops: &B, xs: &B::Buf| -> Result<(B::Buf, B::Buf)> {
+            let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
+            let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
+            Ok((self.attn_norm.forward(ops, &x)?, mix))
         };
-        Ok((xs, tr))
+        if rows > PURE_MAX_ROWS {
+            return body(ops, xs);
+        }
+        let key = [unit[0], unit[1], UNIT_ATTN_IN, rows as u64];
+        let mut pure = |inp: &[&B::Buf]| {
+            let (normed, mix) = body(ops, inp[0])?;
+            Ok(vec![normed, mix])
+        };
+        let outs = ops.run_pure(&key, &[xs], &mut pure)?;
+        let [normed, mix]: [B::Buf; 2] = outs.try_into().map_err(|_| {
+            EngineError::State("the attention-input unit returned other than two".into())
+        })?;
+        Ok((normed, mix))
+    }
+
+    /// The attention's combine and the whole MoE half: `xs` after the
+    /// layer. Pure (one replayed unit on a device) up to [`PURE_MAX_ROWS`]
+    /// rows, except on hash layers (their experts come from the token ids,
+    /// host values a replay would not see).
+    pub(super) fn ffn_half(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        mix: &B::Buf,
+        tokens: &[u32],
+        unit: [u64; 2],
+    ) -> Result<B::Buf> {
+        let rows = tokens.len();
+        if rows > PURE_MAX_ROWS || self.moe.is_hash() {
+            return Ok(self.ffn_half_routed(ops, xs, y, mix, tokens)?.0);
+        }
+        let key = [unit[0], unit[1], UNIT_FFN, rows as u64];
+        let mut pure = |inp: &[&B::Buf]| {
+            Ok(vec![
+                self.ffn_half_routed(ops, inp[0], inp[1], inp[2], tokens)?.0,
+            ])
+        };
+        let outs = ops.run_pure(&key, &[xs, y, mix], &mut pure)?;
+        outs.into_iter()
+            .next()
+            .ok_or_else(|| EngineError::State("the MoE unit returned nothing".into()))
+    }
+
+    /// [`Self::ffn_half`]'s ops, with the routing.
+    fn ffn_half_routed(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        mix: &B::Buf,
+        tokens: &[u32],
+    ) -> Result<(B::Buf, B::Routing)> {
+        let rows = tokens.len();
+        let xs = self.attn_hc.combine(ops, xs, y, mix)?;
+        let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
+        let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
+        let (y, routing) = self
+            .moe
+            .forward(ops, &self.ffn_norm.forward(ops, &x)?, tokens)?;
+        Ok((self.ffn_hc.combine(ops, &xs, &y, &mix)?, routing))
     }
 }
 
@@ -234,6 +320,8 @@ pub struct DeepseekV4Model<B: Backend = CpuOps> {
     pub(super) hc_head: HcHead<B>,
     pub(super) ropes: Ropes,
     mtp: Option<Box<MtpHead<B>>>,
+    /// This model's identity in pure-unit keys ([`crate::backend::pure_scope`]).
+    pub(super) scope: u64,
 }
 
 impl DeepseekV4Model<CpuOps> {
@@ -340,6 +428,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             hc_head,
             ropes,
             mtp,
+            scope: crate::backend::pure_scope(),
         })
     }
 
@@ -419,8 +508,9 @@ impl<B: Backend> DeepseekV4Model<B> {
         let mut xs = ops.tile_streams(&x, self.cfg.hc_mult, self.cfg.hidden_size)?;
         let rot = self.ropes.for_rows(ops, state.len, tokens.len())?;
         let mut traces = Vec::new();
-        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
-            let (out, tr) = layer.forward(ops, &xs, tokens, cache, &rot, trace)?;
+        for (l, (layer, cache)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+            let (out, tr) =
+                layer.forward(ops, &xs, tokens, cache, &rot, trace, [self.scope, l as u64])?;
             xs = out;
             traces.extend(tr);
         }
@@ -483,9 +573,15 @@ impl<B: Backend> DeepseekV4Model<B> {
             .extend((base..base + n as u32).map(|p| [p; 3]));
         // The head's layer is sliding-only with a learned router: no token
         // ids reach it.
-        let (x1, _) = mtp
-            .layer
-            .forward(ops, &x0, tokens, &mut state.cache, &rot, false)?;
+        let (x1, _) = mtp.layer.forward(
+            ops,
+            &x0,
+            tokens,
+            &mut state.cache,
+            &rot,
+            false,
+            [self.scope, MTP_LAYER],
+        )?;
         let logits = self.logits(&x1, n, &mtp.hc_head, &mtp.norm, rows)?;
         Ok((logits, x1))
     }

@@ -66,9 +66,6 @@ const PURE_MAX_ROWS: usize = 8;
 const UNIT_MOE: u64 = 1;
 /// The layer index of the MTP head's layer in unit keys.
 const MTP_LAYER: u64 = u64::MAX;
-/// Model identities for unit keys: a replayed unit reads the weights of
-/// the model that captured it, so no two models may share a key.
-static MODEL_SCOPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[derive(Debug)]
 pub(super) enum Mixer<B: Backend> {
@@ -339,7 +336,7 @@ pub struct Qwen4ExpModel<B: Backend = CpuOps> {
     pub(super) mixer: Box<GatedResidual<B>>,
     pub(super) rope: MRope,
     mtp: Option<Box<MtpHead<B>>>,
-    /// This model's identity in pure-unit keys ([`MODEL_SCOPES`]).
+    /// This model's identity in pure-unit keys ([`crate::backend::pure_scope`]).
     pub(super) scope: u64,
 }
 
@@ -460,7 +457,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             mixer: Box::new(mixer),
             rope,
             mtp,
-            scope: MODEL_SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            scope: crate::backend::pure_scope(),
         })
     }
 

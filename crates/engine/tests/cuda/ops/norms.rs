@@ -28,6 +28,26 @@ fn cuda_norms_match_the_cpu() {
                 .unwrap(),
         )
     });
+    // Wide rows: 70 rows of 5000 run a warp a row, 64 or fewer a block a
+    // row (`rms_norm_wide_f32`, pieces of 4096 with a tail): the splits
+    // below cross that line, so equal bits mean the two kernels agree.
+    let (ww, wrows) = (5000, 70);
+    let (xw, wtw) = (rnd(wrows * ww, 52), rnd(ww, 53));
+    let gww = up(&g, &wtw);
+    check(
+        "rms_norm wide",
+        &down(&g, &g.rms_norm(&up(&g, &xw), ww, &gww, 1e-5).unwrap()),
+        &c.rms_norm(&xw, ww, &wtw, 1e-5).unwrap(),
+        1e-5,
+        false,
+    );
+    rows_invariant("rms_norm wide", wrows, |r| {
+        down(
+            &g,
+            &g.rms_norm(&up(&g, &xw[r.start * ww..r.end * ww]), ww, &gww, 1e-5)
+                .unwrap(),
+        )
+    });
     // Grouped, zero-centred scale: short groups, and groups longer than
     // the kernel's 256 threads (not a multiple of them).
     for (width, group) in [(96, 32), (2 * 1000, 1000)] {

@@ -193,6 +193,22 @@ fn cuda_select_topk_matches_the_cpu_with_ties() {
         0.0,
         true,
     );
+    // More heads than a warp's lanes (40: a full and a partial round of
+    // the per-head terms), the sum still the CPU's sequential one.
+    let q = rnd(3 * 40 * 8, 134);
+    let w = rnd(3 * 40, 135);
+    let gy = down(
+        &g,
+        &g.index_scores(&up(&g, &q), &up(&g, &w), &up(&g, &keys), 3, 40, 8, 0.3, 0.7)
+            .unwrap(),
+    );
+    check(
+        "index_scores 40 heads",
+        &gy,
+        &c.index_scores(&q, &w, &keys, 3, 40, 8, 0.3, 0.7).unwrap(),
+        0.0,
+        true,
+    );
 }
 
 /// GLM-5's pools → tokens, with and without the tail, on pools chosen among

@@ -76,6 +76,48 @@ extern "C" __global__ void hc_sinkhorn_f32(float* out, const float* z, const flo
     }
 }
 
+// `hc_sinkhorn_f32` for N = 4 with a warp per row: lane t < 16 holds
+// C[t / 4, t % 4], lanes 0–3 compute `pre`, 4–7 `post`. Every row or column
+// sum is read through shuffles and added in the CPU's order by each lane
+// that needs it, and each element is divided by its own lane, so the bits
+// are `hc_sinkhorn_row`'s; run 31 had the one-thread form at 25 µs a launch
+// (20 rounds of 16 dependent divisions), a DeepSeek-V4 step runs 2 a layer.
+extern "C" __global__ void hc_sinkhorn4_f32(float* out, const float* z, const float* base,
+                                            const float* scale, u64 rows, int iters, float eps) {
+    dep_entry();
+    const int n = 4, w = (2 + n) * n;
+    unsigned lane = threadIdx.x & 31;
+    u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 r = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+        const float* zr = z + r * w;
+        float* o = out + r * w;
+        int t = (int)(lane & 15), j = t / 4, k = t % 4;
+        if (lane < 4)
+            o[lane] = 1.0f / (1.0f + expf(-(zr[lane] * scale[0] + base[lane]))) + eps;
+        else if (lane < 8)
+            o[lane] = 2.0f * (1.0f / (1.0f + expf(-(zr[lane] * scale[1] + base[lane]))));
+        float v = zr[2 * n + t] * scale[2] + base[2 * n + t];
+        float mx = DS4_NEG_INF;
+        for (int q = 0; q < n; q++) mx = fmaxf(mx, __shfl_sync(FULL_MASK, v, j * 4 + q));
+        v = expf(v - mx);
+        float sum = 0.0f;
+        for (int q = 0; q < n; q++) sum += __shfl_sync(FULL_MASK, v, j * 4 + q);
+        v = v / sum + eps;
+        // Columns once, then `iters − 1` rounds of rows and columns.
+        for (int it = 0; it < (iters > 1 ? iters : 1); it++) {
+            if (it > 0) {
+                float s = 0.0f;
+                for (int q = 0; q < n; q++) s += __shfl_sync(FULL_MASK, v, j * 4 + q);
+                v /= s + eps;
+            }
+            float s = 0.0f;
+            for (int q = 0; q < n; q++) s += __shfl_sync(FULL_MASK, v, q * 4 + k);
+            v /= s + eps;
+        }
+        if (lane < 16) o[2 * n + t] = v;
+    }
+}
+
 // x[r, e] = Σ_s pre[r, s]·X[r, s, e], streams in order from 0.
 extern "C" __global__ void hc_pre_f32(float* out, const float* xs, const float* mix, u64 rows,
                                       int n, u64 d) {

@@ -52,6 +52,63 @@ extern "C" __global__ void rms_norm_f32(float* y, const float* x, const float* w
     }
 }
 
+// `rms_norm_f32` for few wide rows (a block per row): the block's threads
+// copy the row into shared memory a piece at a time (cp.async, the next
+// piece in flight while the current one is summed), warp 0 adds each lane's
+// values exactly as `slice_sumsq` does (lane l: indices ≡ l mod 32 in
+// order, then `warp_sum`), and every thread writes outputs. Same bits as
+// `rms_norm_f32`; run 31's DeepSeek-V4 step had the hyper-connection norms
+// (one row of 16384) at 17 µs a launch with one warp a row, waiting on its
+// loads.
+#define WIDE_PIECE 4096
+__device__ __forceinline__ void norm_cp4(float* smem, const float* gmem) {
+    u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void norm_piece(float* buf, const float* xr, u64 p0, u64 width) {
+    u64 m = width - p0 < WIDE_PIECE ? width - p0 : WIDE_PIECE;
+    for (u64 i = threadIdx.x; i < m; i += blockDim.x) norm_cp4(buf + i, xr + p0 + i);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+extern "C" __global__ void rms_norm_wide_f32(float* y, const float* x, const float* w, u64 rows,
+                                             u64 width, float eps) {
+    dep_entry();
+    __shared__ float buf[2][WIDE_PIECE];
+    __shared__ float total;
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    u64 pieces = (width + WIDE_PIECE - 1) / WIDE_PIECE;
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * width;
+        float a = 0.0f;
+        norm_piece(buf[0], xr, 0, width);
+        for (u64 p = 0; p < pieces; p++) {
+            if (p + 1 < pieces) {
+                norm_piece(buf[(p + 1) & 1], xr, (p + 1) * WIDE_PIECE, width);
+                asm volatile("cp.async.wait_group 1;" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            }
+            __syncthreads();
+            if (warp == 0) {
+                // WIDE_PIECE is a multiple of 32: lane l's values of this
+                // piece are the next ones of its sequence.
+                u64 p0 = p * WIDE_PIECE, m = width - p0 < WIDE_PIECE ? width - p0 : WIDE_PIECE;
+                const float* b = buf[p & 1];
+                for (u64 i = lane; i < m; i += 32) a += b[i] * b[i];
+            }
+            __syncthreads();
+        }
+        if (warp == 0) {
+            a = warp_sum(a);
+            if (lane == 0) total = a;
+        }
+        __syncthreads();
+        float m = sqrtf(total / (float)width + eps);
+        for (u64 i = threadIdx.x; i < width; i += blockDim.x) y[r * width + i] = xr[i] / m * w[i];
+        __syncthreads();
+    }
+}
+
 // Zero-centred grouped RMSNorm (candle's ops): mean = Σx²·(1/g) + 0,
 // inv = 1/sqrt(mean·1 + eps), out = (x·inv)·scale. One block of
 // GROUPED_THREADS (256) per slice, since a slice is a whole hyper-connection

@@ -49,11 +49,19 @@
 // UNROLL: units whose activations a lane loads before it adds any of them
 // (the same additions in the same order; a narrow block's lanes walk long
 // rows, and one activation load per addition left them waiting on L2).
+// XSTAGE: the activation rows' chunk is staged in shared memory beside the
+// weights' (cp.async, in the same group), so the lanes' activation reads
+// never wait on L2: run 31's profile of the narrow kernel with activations
+// read from global memory (eight loads in flight a lane) had the HC `fn`
+// product (24 × 16384) at 164 µs, 5 GB/s, its one computing warp a block
+// waiting on every load. The sums are unchanged (same values, same order).
 struct StWide {
-    enum { COLS = ST_COLS, CHUNK = ST_CHUNK, STRIDE = ST_STRIDE, UNROLL = 1 };
+    enum { COLS = ST_COLS, CHUNK = ST_CHUNK, STRIDE = ST_STRIDE, UNROLL = 1, XSTAGE = 0 };
 };
+// 3 stages × (4 weight rows of 1296 + 32 bytes + 4 activation rows of 648
+// floats + 8): 47 KB of the 48 KB a block may hold statically.
 struct StNarrow {
-    enum { COLS = 4, CHUNK = 8 * ST_CHUNK, STRIDE = 8 * ST_CHUNK + 32, UNROLL = 8 };
+    enum { COLS = 4, CHUNK = 1296, STRIDE = 1296 + 32, UNROLL = 8, XSTAGE = 1 };
 };
 
 // Scale grids (FP8 / FP4): value (r, c) is scaled by
@@ -637,6 +645,76 @@ __device__ __forceinline__ const float* st_srow(const StScales& sc, u64 r) {
     return F::SCALED ? sc.grid + sc.rows[r] : sc.grid;
 }
 
+// Floats a staged activation row holds: the chunk's values and the words
+// that cover its unaligned start (a row of x starts at r·k floats).
+template <class F, class B>
+struct StXGeo {
+    enum { VALS = StGeo<F, B::CHUNK>::UPC * F::UV, STRIDE = VALS + 8 };
+};
+
+// Issue the 16-byte copies of activation rows xr + t·k (t < nr), values
+// u0·UV .. (u0 + cnt)·UV, into xs (row t at t·STRIDE, its first value at
+// float offset (address mod 16) / 4).
+template <class F, int T, class B>
+__device__ __forceinline__ void st_issue_x(float* xs, const float* xr, u64 k, u64 nr, u64 u0,
+                                           u64 cnt, u32 t0, u32 nt) {
+    const u32 wmax = (StXGeo<F, B>::VALS * 4 + 30) / 16;
+    for (u32 i = t0; i < T * wmax; i += nt) {
+        u32 t = i / wmax, wd = i % wmax;
+        if ((u64)t >= nr) break;
+        u64 s = (u64)(xr + t * k + u0 * F::UV);
+        u64 a = (s & ~(u64)15) + 16 * (u64)wd;
+        if (a < s + cnt * F::UV * 4)
+            st_cp16((u8*)(xs + t * StXGeo<F, B>::STRIDE) + 16 * wd, (const u8*)a);
+    }
+}
+
+// `st_compute` with the activations read from their staged chunk `xs`
+// (`st_issue_x`): the same values in the same order.
+template <class F, int T, int U, class B>
+__device__ __forceinline__ void st_compute_xs(float (&acc)[T], u64 nr, const float* xr, u64 k,
+                                              const float* xs, const u8* row, const u8* g,
+                                              u64 u0, u64 cnt, unsigned l, const float* srow,
+                                              const StScales& sc) {
+    const u8* base = row + ((u64)g & 15);
+    const float* xt[T];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+        xt[t] = xs + t * StXGeo<F, B>::STRIDE + (((u64)(xr + t * k + u0 * F::UV) & 15) >> 2);
+    u64 u = 0;
+    for (; u + U <= cnt; u += U) {
+        float xv[U][F::LV][T];
+#pragma unroll
+        for (int q = 0; q < U; q++)
+#pragma unroll
+            for (int i = 0; i < F::LV; i++)
+#pragma unroll
+                for (int t = 0; t < T; t++)
+                    xv[q][i][t] = (u64)t < nr ? xt[t][(u + q) * F::UV + 8 * i + l] : 0.0f;
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            float v[F::LV];
+            u32 col0 = (u32)((u0 + u + q) * F::UV);
+            F::lane(base + (u + q) * F::UB, l, v, srow, col0, sc);
+#pragma unroll
+            for (int i = 0; i < F::LV; i++)
+#pragma unroll
+                for (int t = 0; t < T; t++)
+                    if ((u64)t < nr) acc[t] = fmaf(v[i], xv[q][i][t], acc[t]);
+        }
+    }
+    for (; u < cnt; u++) {
+        float v[F::LV];
+        u32 col0 = (u32)((u0 + u) * F::UV);
+        F::lane(base + u * F::UB, l, v, srow, col0, sc);
+#pragma unroll
+        for (int i = 0; i < F::LV; i++)
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if ((u64)t < nr) acc[t] = fmaf(v[i], xt[t][u * F::UV + 8 * i + l], acc[t]);
+    }
+}
+
 #ifndef ST_HOST
 // The whole block: weight rows wrow0 + j (j = threadIdx.x / 8 < valid)
 // against activation rows xr + t·k (t < nr), chunk by chunk through the
@@ -645,7 +723,7 @@ __device__ __forceinline__ const float* st_srow(const StScales& sc, u64 r) {
 template <class F, int T, class B = StWide>
 __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr, u64 k,
                                         const u8* w, u64 wrow0, u32 valid, const StScales& sc,
-                                        u8* buf) {
+                                        u8* buf, float* xbuf = nullptr) {
     const u64 upc = StGeo<F, B::CHUNK>::UPC;
     u64 units = k / F::UV, rb = F::row_bytes(k);
     u64 chunks = (units + upc - 1) / upc;
@@ -654,10 +732,16 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
     u64 wrow = wrow0 + col;
     const float* srow = live ? st_srow<F>(sc, wrow) : sc.grid;
     const u64 stage = (u64)B::COLS * B::STRIDE;
+    const u64 xstage = (u64)T * StXGeo<F, B>::STRIDE;
     for (u64 c = 0; c + 1 < ST_STAGES; c++) {
-        if (c < chunks)
-            st_issue<F, B>(buf + (c % ST_STAGES) * stage, w, rb, wrow0, valid, c * upc,
-                        st_min(upc, units - c * upc), threadIdx.x, blockDim.x);
+        if (c < chunks) {
+            u64 cnt = st_min(upc, units - c * upc);
+            st_issue<F, B>(buf + (c % ST_STAGES) * stage, w, rb, wrow0, valid, c * upc, cnt,
+                           threadIdx.x, blockDim.x);
+            if (B::XSTAGE)
+                st_issue_x<F, T, B>(xbuf + (c % ST_STAGES) * xstage, xr, k, nr, c * upc, cnt,
+                                    threadIdx.x, blockDim.x);
+        }
         st_commit();
     }
     for (u64 c = 0; c < chunks; c++) {
@@ -667,16 +751,27 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
         st_wait<ST_STAGES - 2>();
         __syncthreads();
         u64 next = c + ST_STAGES - 1;
-        if (next < chunks)
+        if (next < chunks) {
+            u64 cnt = st_min(upc, units - next * upc);
             st_issue<F, B>(buf + (next % ST_STAGES) * stage, w, rb, wrow0, valid, next * upc,
-                        st_min(upc, units - next * upc), threadIdx.x, blockDim.x);
+                           cnt, threadIdx.x, blockDim.x);
+            if (B::XSTAGE)
+                st_issue_x<F, T, B>(xbuf + (next % ST_STAGES) * xstage, xr, k, nr, next * upc,
+                                    cnt, threadIdx.x, blockDim.x);
+        }
         st_commit();
         if (live) {
             u64 u0 = c * upc;
-            st_compute<F, T, B::UNROLL>(acc, nr, xr, k,
-                                        buf + (c % ST_STAGES) * stage + col * B::STRIDE,
-                             w + wrow * rb + u0 * F::UB, u0, st_min(upc, units - u0), l, srow,
-                             sc);
+            if (B::XSTAGE)
+                st_compute_xs<F, T, B::UNROLL, B>(
+                    acc, nr, xr, k, xbuf + (c % ST_STAGES) * xstage,
+                    buf + (c % ST_STAGES) * stage + col * B::STRIDE, w + wrow * rb + u0 * F::UB,
+                    u0, st_min(upc, units - u0), l, srow, sc);
+            else
+                st_compute<F, T, B::UNROLL>(acc, nr, xr, k,
+                                            buf + (c % ST_STAGES) * stage + col * B::STRIDE,
+                                            w + wrow * rb + u0 * F::UB, u0,
+                                            st_min(upc, units - u0), l, srow, sc);
         }
     }
     st_wait<0>();
@@ -688,6 +783,7 @@ template <class F, class B = StWide>
 __device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, const u8* w, u64 n,
                                           u64 k, const StScales& sc) {
     __shared__ __align__(16) u8 buf[ST_STAGES * B::COLS * B::STRIDE];
+    __shared__ __align__(16) float xbuf[B::XSTAGE ? ST_STAGES * ST_TILE * StXGeo<F, B>::STRIDE : 4];
     unsigned col = threadIdx.x / 8, l = threadIdx.x & 7, mask = group_mask();
     u64 k8 = k / F::UV * F::UV, rb = F::row_bytes(k);
     for (u64 j0 = (u64)blockIdx.x * B::COLS; j0 < n; j0 += (u64)gridDim.x * B::COLS) {
@@ -697,7 +793,7 @@ __device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, co
             u64 nr = st_min(ST_TILE, rows - r0);
             const float* xr = x + r0 * k;
             float acc[ST_TILE] = {0.f, 0.f, 0.f, 0.f};
-            st_pass<F, ST_TILE, B>(acc, nr, xr, k, w, j0, valid, sc, buf);
+            st_pass<F, ST_TILE, B>(acc, nr, xr, k, w, j0, valid, sc, buf, xbuf);
 #pragma unroll
             for (int t = 0; t < ST_TILE; t++) {
                 float s = group8_sum(acc[t], mask);
