@@ -235,6 +235,37 @@ fn expert_counts_sum_to_tokens_times_experts_per_token() {
 }
 
 #[test]
+fn glm5_next_expert_counts_sum_to_tokens_times_experts_per_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("glm.gguf");
+    imatrix(
+        &fixture("glm5_next/tiny_a"),
+        &out,
+        &["--tokens", "96", "-c", "32", "--kernels", "reference"],
+    );
+    let e = entries(&out);
+    let p = |l: usize, x: usize| format!("model.language_model.layers.{l}.mlp.experts.{x}");
+    let mut moe_layers = 0;
+    for l in 0..6 {
+        let routed: Vec<f32> = (0..8)
+            .filter_map(|x| e.get(&format!("{}.gate_proj.weight", p(l, x))))
+            .map(|(_, c)| c[0])
+            .collect();
+        if routed.is_empty() {
+            continue; // a dense layer
+        }
+        moe_layers += 1;
+        assert_eq!(routed.iter().sum::<f32>(), 96.0 * 3.0, "layer {l}");
+        for x in 0..8 {
+            if let Some((_, c)) = e.get(&format!("{}.up_proj.weight", p(l, x))) {
+                assert_eq!(e[&format!("{}.down_proj.weight", p(l, x))].1, *c);
+            }
+        }
+    }
+    assert!(moe_layers > 0, "{:?}", e.keys());
+}
+
+#[test]
 fn quantize_reads_the_matrix_and_it_changes_the_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixture("llama/tiny/f32_untied");
