@@ -339,9 +339,15 @@ pub struct ServeArgs {
     /// value is capped, with a warning).
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Requests that may wait behind the running ones; more get 503.
-    #[arg(long, default_value_t = 16)]
-    pub max_queue: usize,
+    /// Requests that may wait behind the running ones, a cap besides
+    /// --max-queue-tokens (default: no count cap); more get 503.
+    #[arg(long, value_name = "N")]
+    pub max_queue: Option<usize>,
+    /// Session-cache rows the waiting requests may reserve together, each
+    /// its prompt plus its output limit (default: 16 contexts); a request
+    /// past it gets 503 with Retry-After, unless nothing waits.
+    #[arg(long, value_name = "TOKENS")]
+    pub max_queue_tokens: Option<usize>,
     /// Turns run at once, their forwards batched (1: one turn at a time).
     /// Each of the N lanes keeps its own live session and a bank of
     /// --bank-budget-mib / N; a conversation's next turn goes back to the

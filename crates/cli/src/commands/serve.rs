@@ -21,7 +21,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.strict_model_names = args.strict_model_names;
     config.default_max_tokens = (args.default_max_tokens > 0).then_some(args.default_max_tokens);
     config.ctx = args.ctx;
-    config.max_queue = args.max_queue;
+    if let Some(n) = args.max_queue {
+        config.max_queue = n;
+    }
+    config.max_queue_tokens = args.max_queue_tokens;
     config.max_batch = args.max_batch as usize;
     config.max_batch_tokens = args.max_batch_tokens as usize;
     config.images = ds4_server::ImageLimits {
