@@ -81,7 +81,9 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
             None => Tokenizer::from_hf_dir(path),
         }
         .map_err(Into::into)
-    } else if let Some(dir) = known_tokenizer(path)? {
+    } else if !embedded_tokenizer_wins(path)
+        && let Some(dir) = known_tokenizer(path)?
+    {
         // A GGUF of a family with a known tokenizer (antirez/ds4's
         // DeepSeek-V4 files) uses that one, as for a directory.
         Tokenizer::from_hf_dir(dir).map_err(Into::into)
@@ -174,6 +176,19 @@ pub fn attach_known_head(model: &mut LoadedModel, path: &Path) {
         },
         Some(Err(e)) => eprintln!("warning: {e}; running without MTP"),
     }
+}
+
+/// Whether the GGUF at `path` carries its own tokenizer (`tokenizer.ggml.tokens`,
+/// as `ds4server quantize` writes for a Qwen or GLM directory after proving
+/// it encodes as the directory's) that is used instead of the family's known
+/// one. DeepSeek-V4 GGUFs keep ds4's tokenizer whatever they carry, as
+/// antirez/ds4 serves them.
+fn embedded_tokenizer_wins(path: &Path) -> bool {
+    let deepseek = ds4_engine::families::detect(path)
+        .is_ok_and(|(family, _)| family.descriptor.name == "deepseek_v4");
+    !deepseek
+        && ds4_engine::load::gguf::GgufFile::open(path)
+            .is_ok_and(|g| g.container().metadata.contains_key("tokenizer.ggml.tokens"))
 }
 
 /// The pinned tokenizer folder for a directory that lacks `tokenizer.json`

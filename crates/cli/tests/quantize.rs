@@ -598,8 +598,13 @@ fn report_measures_the_distance_from_the_source() {
 /// The llama f32 fixture plus a byte-level BPE tokenizer (pre-tokenizer
 /// `pre`) of 56 ids, in a temporary directory.
 fn llama_with_tokenizer(pre: serde_json::Value) -> tempfile::TempDir {
+    with_tokenizer(&fixture("llama/tiny/f32_untied"), pre)
+}
+
+/// The checkpoint `src` (its config and safetensors) plus a byte-level BPE
+/// tokenizer (pre-tokenizer `pre`) of 56 ids, in a temporary directory.
+fn with_tokenizer(src: &Path, pre: serde_json::Value) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let src = fixture("llama/tiny/f32_untied");
     for f in ["model.safetensors", "config.json"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
@@ -757,6 +762,117 @@ fn a_llama_directory_tokenizer_goes_into_the_gguf_and_tokenizes_the_same() {
     assert!(done && err.contains("does not load"), "{err}");
     let g = Gguf::open(&out).unwrap();
     assert!(!g.metadata.contains_key("tokenizer.ggml.tokens"));
+}
+
+/// `Sequence[Split(r, Isolated) for r in splits, ByteLevel(use_regex=false)]`.
+fn splits(regexes: &[&str]) -> serde_json::Value {
+    let mut p: Vec<serde_json::Value> = regexes
+        .iter()
+        .map(|r| {
+            serde_json::json!({"type": "Split", "pattern": {"Regex": r},
+                "behavior": "Isolated", "invert": false})
+        })
+        .collect();
+    p.push(
+        serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": false}),
+    );
+    serde_json::json!({"type": "Sequence", "pretokenizers": p})
+}
+
+fn tokenize_cli(model: &Path, text: &str) -> Vec<u64> {
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+        .args(["debug", "tokenize", "--special", "--text", text, "-m"])
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap())
+        .collect()
+}
+
+fn run_cli(model: &Path, prompt: &str) -> serde_json::Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+        .args([
+            "run",
+            "--raw",
+            "--json",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "3",
+        ])
+        .args(["--mtp-depth", "0", "-p", prompt, "-m"])
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Qwen, GLM and DeepSeek-V4 directories with a byte-level BPE tokenizer:
+/// `quantize` writes it as `tokenizer.ggml.*`, the GGUF's tokenizer encodes
+/// as the directory's, and the CLI reads it from the file alone (no
+/// tokenizer.json beside it) for Qwen and GLM. (A DeepSeek-V4 GGUF keeps
+/// ds4's tokenizer when served; its keys are proven here all the same.)
+#[test]
+fn other_families_directory_tokenizers_go_into_the_gguf() {
+    use ds4_text::tokenizer::pretokenizers::{DEEPSEEK3_SPLITS, QWEN2_SPLIT};
+    let out_dir = tempfile::tempdir().unwrap();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": true});
+    for (fam, pre, want, vocab) in [
+        ("qwen4_exp", splits(&[QWEN2_SPLIT]), "qwen2", 128),
+        ("glm5_next", byte_level, "gpt2", 64),
+        ("deepseek_v4", splits(DEEPSEEK3_SPLITS), "deepseek-v3", 256),
+    ] {
+        let src = with_tokenizer(&fixture(&format!("{fam}/tiny_a")), pre);
+        let out = out_dir.path().join(format!("{fam}.gguf"));
+        let (done, err) = quantize(src.path(), &out, &["--recipe", "f32"]);
+        assert!(done, "{err}");
+        assert!(err.contains(&format!("pre = {want}")), "{fam}: {err}");
+        let g = Gguf::open(&out).unwrap();
+        assert_eq!(meta_str(&g, "tokenizer.ggml.pre"), want, "{fam}");
+        assert!(
+            matches!(g.metadata.get("tokenizer.ggml.tokens"), Some(Value::Array(t)) if t.len() == vocab),
+            "{fam}"
+        );
+        let dir_tok = ds4_text::Tokenizer::from_hf_dir(src.path()).unwrap();
+        let gguf_tok = ds4_text::Tokenizer::from_gguf(&out).unwrap();
+        let text = "<s>hello the world\n 333 12345 the</s>";
+        for parse in [false, true] {
+            assert_eq!(
+                gguf_tok.encode(text, parse).unwrap(),
+                dir_tok.encode(text, parse).unwrap(),
+                "{fam}: parse_special = {parse}"
+            );
+        }
+        assert_eq!(gguf_tok.eos_token().map(|t| t.id), Some(2), "{fam}");
+        if fam == "deepseek_v4" {
+            continue;
+        }
+        // The CLI's loader, given the file alone.
+        let want_ids: Vec<u64> = dir_tok
+            .encode(text, true)
+            .unwrap()
+            .into_iter()
+            .map(u64::from)
+            .collect();
+        assert_eq!(tokenize_cli(&out, text), want_ids, "{fam}");
+        // `run` on the f32 file: the prompt's tokens and the greedy
+        // continuation are the directory's.
+        let (a, b) = (
+            run_cli(src.path(), "hello the world"),
+            run_cli(&out, "hello the world"),
+        );
+        assert_eq!(a["prompt_tokens"], b["prompt_tokens"], "{fam}");
+        assert_eq!(a["tokens"], b["tokens"], "{fam}");
+    }
 }
 
 /// A Hugging Face directory of `tensors` (name, shape, f32 bytes) with

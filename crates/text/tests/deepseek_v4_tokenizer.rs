@@ -60,3 +60,36 @@ fn chat_markers_are_single_tokens_and_eos_stops() {
     assert!(!tok.add_bos() && !tok.add_eos());
     assert_eq!(tok.vocab_size(), 129280);
 }
+
+/// Our GGUF tokenizer's `deepseek-v3` split (llama.cpp's three regexes) cuts every text of both
+/// corpora into the same pieces as the pre-tokenizer of DeepSeek-V4's own `tokenizer.json`: with
+/// the same vocabulary and merges, a GGUF of it encodes as the directory does.
+#[test]
+fn gguf_deepseek_v3_split_is_the_tokenizer_jsons() {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    let dir = ds4_models::deepseek_v4_tokenizer_dir().expect("DeepSeek-V4 tokenizer available");
+    let json = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("loads");
+    let theirs = json.get_pre_tokenizer().expect("has a pre-tokenizer");
+    let split = ds4_text::tokenizer::pretokenizers::pre_split("deepseek-v3").expect("known");
+    let ours = ds4_text::tokenizer::pretokenizers::build(split).expect("builds");
+    let pieces = |pt: &dyn PreTokenizer, text: &str| {
+        let mut s = PreTokenizedString::from(text);
+        pt.pre_tokenize(&mut s).expect("pre-tokenizes");
+        s.get_splits(OffsetReferential::Original, OffsetType::Char)
+            .into_iter()
+            .map(|(p, o, _)| (p.to_string(), o))
+            .collect::<Vec<_>>()
+    };
+    let texts: Vec<String> = common::corpus()
+        .into_iter()
+        .chain(
+            read_deepseek_jsonl("tokenizer_ids.jsonl")
+                .iter()
+                .map(|r| r["text"].as_str().expect("text").to_string()),
+        )
+        .collect();
+    assert!(texts.len() >= 150, "{} texts", texts.len());
+    for text in &texts {
+        assert_eq!(pieces(&ours, text), pieces(theirs, text), "{text:?}");
+    }
+}

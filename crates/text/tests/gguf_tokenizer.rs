@@ -128,6 +128,11 @@ fn pre_tokenizer_variants_match_transformers() {
     for row in read_jsonl("pre_variants_ids.jsonl") {
         let name = row["variant"].as_str().expect("variant");
         let pre = row["pre"].as_str().expect("pre");
+        // transformers gives `deepseek-v3` GPT-2's regex; we take llama.cpp's three splits, the
+        // real DeepSeek tokenizer's (`deepseek_v4_tokenizer.rs` checks them against it).
+        if pre == "deepseek-v3" {
+            continue;
+        }
         let user_defined = ids(&row["user_defined"]);
         let tok =
             Tokenizer::from_gguf_metadata(&variant(pre, &user_defined).metadata, model_path())

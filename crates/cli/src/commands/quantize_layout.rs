@@ -292,16 +292,35 @@ fn hf_names(src: &Source) -> Result<OutFile> {
         .and_then(|v| v.as_str())
         .unwrap_or("unknown")
         .to_string();
+    let mut metadata = vec![
+        ("general.architecture".into(), s(&model_type)),
+        (
+            ds4_engine::load::checkpoint::HF_CONFIG_KEY.into(),
+            Value::String(text),
+        ),
+    ];
+    // The embedding's rows are the vocabulary the tokenizer is padded to
+    // (config.json's `vocab_size`, top level or under `text_config`).
+    let vocab = src.hf_config().and_then(|c| {
+        c.get("vocab_size")
+            .or_else(|| c.get("text_config")?.get("vocab_size"))
+            .and_then(|v| v.as_u64())
+    });
+    match vocab {
+        Some(v) => {
+            if let Some(t) = super::quantize_tokenizer::metadata(&src.path, v as usize)? {
+                metadata.extend(t);
+            }
+        }
+        None => eprintln!(
+            "note: {}: no vocab_size; the GGUF has no tokenizer",
+            config_path.display()
+        ),
+    }
     Ok(OutFile {
         suffix: None,
         layout: Layout::HfNames,
-        metadata: vec![
-            ("general.architecture".into(), s(&model_type)),
-            (
-                ds4_engine::load::checkpoint::HF_CONFIG_KEY.into(),
-                Value::String(text),
-            ),
-        ],
+        metadata,
         tensors: src.tensors.keys().map(|n| whole(src, n)).collect(),
     })
 }
@@ -551,10 +570,16 @@ fn deepseek(src: &Source) -> Result<Vec<OutFile>> {
     }
     unexpected(src, &used, &[])?;
 
+    let mut metadata = ds4_metadata(&cfg, config)?;
+    if let Some(t) = super::quantize_tokenizer::metadata(&src.path, cfg.vocab_size)? {
+        // The proven tokenizer names its own eos; config.json's goes.
+        metadata.retain(|(k, _)| !k.starts_with("tokenizer.ggml."));
+        metadata.extend(t);
+    }
     let mut files = vec![OutFile {
         suffix: None,
         layout: Layout::Ds4,
-        metadata: ds4_metadata(&cfg, config)?,
+        metadata,
         tensors: main,
     }];
     if with_mtp {

@@ -25,7 +25,7 @@ use anyhow::{Context, Result, bail};
 use ds4_gguf::Value;
 use ds4_text::Tokenizer;
 use ds4_text::tokenizer::pretokenizers::{
-    GPT4O_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT, QWEN35_SPLIT, TEKKEN_SPLIT,
+    DEEPSEEK3_SPLITS, GPT4O_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT, QWEN35_SPLIT, TEKKEN_SPLIT,
 };
 use serde_json::Value as Json;
 
@@ -37,6 +37,15 @@ const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
 
+/// The regex of an isolating, non-inverted `Split` pre-tokenizer.
+fn isolated_split(v: &Json) -> Option<&str> {
+    (v.get("type").and_then(Json::as_str) == Some("Split")
+        && v.get("behavior").and_then(Json::as_str) == Some("Isolated")
+        && v.get("invert").and_then(Json::as_bool) != Some(true))
+    .then(|| v.get("pattern")?.get("Regex")?.as_str())
+    .flatten()
+}
+
 /// The `tokenizer.ggml.pre` name of a `tokenizer.json` pre-tokenizer.
 fn pre_name(pre: &Json) -> Option<&'static str> {
     fn ty(v: &Json) -> &str {
@@ -47,23 +56,18 @@ fn pre_name(pre: &Json) -> Option<&'static str> {
         "ByteLevel" if use_regex(pre) => Some("gpt2"),
         "Sequence" => {
             let parts = pre.get("pretokenizers")?.as_array()?;
-            match parts.as_slice() {
-                [d, b]
-                    if ty(d) == "Digits"
-                        && d.get("individual_digits").and_then(Json::as_bool) == Some(true)
-                        && ty(b) == "ByteLevel"
-                        && use_regex(b) =>
+            let (last, splits) = parts.split_last()?;
+            match splits {
+                [d] if ty(d) == "Digits"
+                    && d.get("individual_digits").and_then(Json::as_bool) == Some(true)
+                    && ty(last) == "ByteLevel"
+                    && use_regex(last) =>
                 {
                     Some("smollm")
                 }
-                [s, b]
-                    if ty(s) == "Split"
-                        && s.get("behavior").and_then(Json::as_str) == Some("Isolated")
-                        && s.get("invert").and_then(Json::as_bool) != Some(true)
-                        && ty(b) == "ByteLevel"
-                        && !use_regex(b) =>
-                {
-                    let regex = s.get("pattern")?.get("Regex")?.as_str()?;
+                _ if ty(last) != "ByteLevel" || use_regex(last) => None,
+                [s] => {
+                    let regex = isolated_split(s)?;
                     [
                         ("llama-bpe", LLAMA3_SPLIT),
                         ("qwen2", QWEN2_SPLIT),
@@ -75,7 +79,13 @@ fn pre_name(pre: &Json) -> Option<&'static str> {
                     .find(|(_, r)| *r == regex)
                     .map(|(n, _)| n)
                 }
-                _ => None,
+                // DeepSeek-V3/V4: three splits in turn, llama.cpp's `deepseek-v3`.
+                _ => splits
+                    .iter()
+                    .map(isolated_split)
+                    .collect::<Option<Vec<&str>>>()
+                    .filter(|r| r.as_slice() == DEEPSEEK3_SPLITS)
+                    .map(|_| "deepseek-v3"),
             }
         }
         _ => None,
@@ -321,6 +331,48 @@ mod tests {
         assert_eq!(pre_name(&split(LLAMA3_SPLIT)), Some("llama-bpe"));
         assert_eq!(pre_name(&split(QWEN2_SPLIT)), Some("qwen2"));
         assert_eq!(pre_name(&split(r"\s+")), None);
+        let mut deepseek: Vec<Json> = DEEPSEEK3_SPLITS
+            .iter()
+            .map(|r| serde_json::json!({"type":"Split","pattern":{"Regex":r},"behavior":"Isolated","invert":false}))
+            .collect();
+        deepseek.push(
+            serde_json::json!({"type":"ByteLevel","add_prefix_space":false,"use_regex":false}),
+        );
+        let seq = |p: &[Json]| serde_json::json!({"type":"Sequence","pretokenizers":p});
+        assert_eq!(pre_name(&seq(&deepseek)), Some("deepseek-v3"));
+        // The same splits in another order are not llama.cpp's.
+        deepseek.swap(0, 1);
+        assert_eq!(pre_name(&seq(&deepseek)), None);
         assert_eq!(pre_name(&j(r#"{"type":"WhitespaceSplit"}"#)), None);
+    }
+
+    /// DeepSeek-V4's real tokenizer (three splits) converts as llama.cpp's
+    /// `deepseek-v3` and passes the proof: the check text and the special
+    /// tokens encode as the directory's tokenizer encodes them.
+    #[test]
+    fn deepseek_v4s_tokenizer_is_written_and_proven() {
+        let dir = ds4_models::deepseek_v4_tokenizer_dir()
+            .expect("the DeepSeek-V4 tokenizer (pulled with pip, as for the other DeepSeek tests)");
+        let m = build(&dir, 129_280)
+            .expect("readable")
+            .unwrap_or_else(|why| panic!("not written: {why}"));
+        let get = |k: &str| m.iter().find(|(key, _)| key == k).map(|(_, v)| v);
+        assert!(matches!(get("tokenizer.ggml.pre"), Some(Value::String(s)) if s == "deepseek-v3"));
+        assert!(
+            matches!(get("tokenizer.ggml.tokens"), Some(Value::Array(t)) if t.len() == 129_280)
+        );
+        // Its added tokens outside the byte-level alphabet (a conversation's
+        // markers, DSML) are matched whole, as the directory's are.
+        let map: HashMap<String, Value> = m.iter().cloned().collect();
+        let gguf = Tokenizer::from_gguf_metadata(&map, &dir).expect("keys load");
+        let hf = Tokenizer::from_hf_dir(&dir).expect("directory loads");
+        let chat = "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi 12345 我想在apple工作<｜Assistant｜><think>ok</think>Hello!<｜end▁of▁sentence｜><｜fim▁hole｜>";
+        for parse in [true, false] {
+            assert_eq!(
+                gguf.encode(chat, parse).unwrap(),
+                hf.encode(chat, parse).unwrap(),
+                "parse_special = {parse}"
+            );
+        }
     }
 }

@@ -207,14 +207,25 @@ pub(crate) fn from_gguf_metadata(
     let types = meta.ints("tokenizer.ggml.token_type")?.unwrap_or_default();
 
     let table = bytes_to_unicode();
+    let type_of = |id: usize| types.get(id).copied().unwrap_or(1);
+    // Where we follow llama.cpp's split (`deepseek-v3`), its added tokens
+    // are llama.cpp's too: a control or user-defined token is matched whole
+    // by its raw text whatever its spelling (DeepSeek's `<｜User｜>` is outside
+    // the byte-level alphabet), not respelled and dropped as transformers
+    // does.
+    let raw_added = |id: usize, token: &str| {
+        pretokenizers::added_tokens_as_llama_cpp(split)
+            && matches!(type_of(id), TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED)
+            && !in_alphabet(token)
+    };
     let mut vocab = Vocab::default();
-    for (id, token) in tokens.iter().enumerate() {
-        let id = u32::try_from(id).map_err(|_| TextError::InvalidMetadata {
+    for (i, token) in tokens.iter().enumerate() {
+        let id = u32::try_from(i).map_err(|_| TextError::InvalidMetadata {
             path: path.to_path_buf(),
             key: tokens_key.into(),
             message: "more than 2^32 tokens".into(),
         })?;
-        let spelled = if in_alphabet(token) {
+        let spelled = if in_alphabet(token) || raw_added(i, token) {
             (*token).to_string()
         } else {
             token.bytes().map(|b| table[usize::from(b)]).collect()
@@ -252,11 +263,12 @@ pub(crate) fn from_gguf_metadata(
     inner.with_pre_tokenizer(Some(pretokenizers::build(split).map_err(build_err)?));
     inner.with_decoder(Some(ByteLevel::default()));
 
-    let type_of = |id: usize| types.get(id).copied().unwrap_or(1);
     let control: Vec<AddedToken> = tokens
         .iter()
         .enumerate()
-        .filter(|&(id, t)| type_of(id) == TOKEN_TYPE_CONTROL && in_alphabet(t))
+        .filter(|&(id, t)| {
+            type_of(id) == TOKEN_TYPE_CONTROL && (in_alphabet(t) || raw_added(id, t))
+        })
         .map(|(_, t)| AddedToken::from(*t, true).normalized(false))
         .collect();
     inner

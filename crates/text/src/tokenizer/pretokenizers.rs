@@ -10,9 +10,13 @@
 //! * `smollm` (and starcoder, refact, ...): llama.cpp splits every digit (`\p{N}` first, then the
 //!   GPT-2 regex), transformers does not. For SmolLM's vocabulary the ids agree anyway, because
 //!   its merges never join digits.
-//! * `deepseek-v3`, `deepseek-llm`, `deepseek-coder`: llama.cpp has dedicated regex lists
-//!   (`\p{N}{1,3}`, a CJK run rule, ...); transformers falls back to GPT-2's regex. We follow
-//!   transformers, so on digit runs and CJK our ids can differ from llama.cpp's.
+//! * `deepseek-llm`, `deepseek-coder`: llama.cpp has dedicated regex lists; transformers falls
+//!   back to GPT-2's regex. We follow transformers, so on digit runs and CJK our ids can differ
+//!   from llama.cpp's.
+//! * `deepseek-v3`: here we follow llama.cpp (`LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM`), not
+//!   transformers' GPT-2 fallback: its three regexes are exactly the three `Split`s of
+//!   DeepSeek-V3/V4's own `tokenizer.json`, so the GGUF tokenizes as the model's tokenizer does
+//!   (`ds4server quantize` proves it before writing such a file).
 //! * `llama-bpe`/`llama3`, `qwen2`: identical regexes in both.
 //!
 //! Unknown names are an error here (transformers silently falls back to GPT-2), so a new
@@ -38,6 +42,15 @@ pub const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M
 
 /// GPT-4o's (o200k) split, also Llama 4's.
 pub const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// DeepSeek-V3/V4's three splits, applied in turn (llama.cpp's `deepseek-v3`; the same strings
+/// as the `Split`s of DeepSeek-V4's `tokenizer.json`): digit runs of at most 3, CJK runs, then
+/// words, punctuation and whitespace.
+pub const DEEPSEEK3_SPLITS: &[&str] = &[
+    r"\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+];
 
 /// transformers' table: `tokenizer.ggml.pre` value → split regex.
 const SPLITS: &[(&str, &str)] = &[
@@ -76,7 +89,6 @@ const GPT2_REGEX: &[&str] = &[
     "starcoder",
     "refact",
     "codeshell",
-    "deepseek-v3",
     "deepseek-llm",
     "deepseek-coder",
 ];
@@ -88,6 +100,8 @@ pub enum PreSplit {
     Gpt2,
     /// A dedicated split regex, then `ByteLevel` without its own regex.
     Regex(&'static str),
+    /// Several split regexes applied in turn, then `ByteLevel` without its own regex.
+    Regexes(&'static [&'static str]),
 }
 
 /// The split for a `tokenizer.ggml.pre` value, or `None` if it is not one we support.
@@ -95,12 +109,23 @@ pub fn pre_split(pre: &str) -> Option<PreSplit> {
     if let Some((_, regex)) = SPLITS.iter().find(|(name, _)| *name == pre) {
         return Some(PreSplit::Regex(regex));
     }
+    if pre == "deepseek-v3" {
+        return Some(PreSplit::Regexes(DEEPSEEK3_SPLITS));
+    }
     GPT2_REGEX.contains(&pre).then_some(PreSplit::Gpt2)
+}
+
+/// Whether a GGUF with this split takes its added tokens as llama.cpp does (matched by their raw
+/// text, whatever their spelling): only where the split itself is llama.cpp's rather than
+/// transformers' (`deepseek-v3`), so no other name's tokens change.
+pub fn added_tokens_as_llama_cpp(split: PreSplit) -> bool {
+    matches!(split, PreSplit::Regexes(_))
 }
 
 /// Every supported name, for error messages.
 pub fn supported_names() -> String {
     let mut names: Vec<&str> = GPT2_REGEX.to_vec();
+    names.push("deepseek-v3");
     names.extend(SPLITS.iter().map(|(name, _)| *name));
     names.join(", ")
 }
@@ -110,20 +135,27 @@ pub fn build(split: PreSplit) -> Result<PreTokenizerWrapper, String> {
     Ok(match split {
         // GPT2Tokenizer: ByteLevel(add_prefix_space=False), trim_offsets and use_regex default on.
         PreSplit::Gpt2 => ByteLevel::new(false, true, true).into(),
-        PreSplit::Regex(regex) => {
-            let split = Split::new(
-                SplitPattern::Regex(regex.to_string()),
+        PreSplit::Regex(regex) => splits_then_bytes(&[regex])?,
+        PreSplit::Regexes(regexes) => splits_then_bytes(regexes)?,
+    })
+}
+
+/// `Sequence[Split(r, Isolated) for r in regexes, ByteLevel(use_regex=false)]`.
+fn splits_then_bytes(regexes: &[&str]) -> Result<PreTokenizerWrapper, String> {
+    let mut parts: Vec<PreTokenizerWrapper> = regexes
+        .iter()
+        .map(|r| {
+            Split::new(
+                SplitPattern::Regex((*r).to_string()),
                 SplitDelimiterBehavior::Isolated,
                 false,
             )
-            .map_err(|e| format!("split regex does not compile: {e}"))?;
-            Sequence::new(vec![
-                split.into(),
-                ByteLevel::new(false, true, false).into(),
-            ])
-            .into()
-        }
-    })
+            .map(Into::into)
+            .map_err(|e| format!("split regex does not compile: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    parts.push(ByteLevel::new(false, true, false).into());
+    Ok(Sequence::new(parts).into())
 }
 
 #[cfg(test)]
@@ -150,6 +182,16 @@ mod tests {
             assert_eq!(pre_split(name), Some(PreSplit::Gpt2), "{name}");
         }
         assert_eq!(pre_split("no-such-pre"), None);
+        assert!(pre_split("deepseek-v3").is_some_and(|s| build(s).is_ok()));
+    }
+
+    #[test]
+    fn deepseek3_splits_digits_cjk_and_words_in_turn() {
+        // Digits by three, a CJK run alone, a punctuation-led word kept whole.
+        assert_eq!(
+            pieces("deepseek-v3", "ab 12345我想在apple.Hi"),
+            ["ab", "Ġ", "123", "45", "æĪĳæĥ³åľ¨", "apple", ".Hi"]
+        );
     }
 
     #[test]
