@@ -271,6 +271,43 @@ fn qwen_and_glm_become_hf_name_ggufs_that_load() {
     }
 }
 
+/// IQ2_XXS on rows that are not whole 256-value blocks falls back to
+/// IQ4_NL as llama.cpp's `tensor_type_fallback` does (ds4's expert down
+/// rows of 32 here), with and without an importance matrix, and the file
+/// loads and runs close to the source.
+#[test]
+fn iq2_xxs_rows_of_32_fall_back_to_iq4_nl() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("deepseek_v4/ds4_gguf/f32");
+    let want = logits(&LoadedModel::load(&src).unwrap());
+    let out = dir.path().join("iq4.gguf");
+    let (done, err) = quantize(
+        &src,
+        &out,
+        &[
+            "--recipe",
+            "q8_0",
+            "--type",
+            "expert-down=IQ2_XXS",
+            "--allow-no-imatrix",
+        ],
+    );
+    assert!(done, "{err}");
+    assert!(
+        err.contains("blk.0.ffn_down_exps.weight: rows of 32 values are not whole IQ2_XXS blocks; written as IQ4_NL"),
+        "{err}"
+    );
+    let g = Gguf::open(&out).unwrap();
+    assert_eq!(type_of(&g, "blk.0.ffn_down_exps.weight"), 20, "IQ4_NL");
+    assert_eq!(type_of(&g, "blk.0.ffn_gate_exps.weight"), 8);
+    close(
+        "IQ4_NL down",
+        &logits(&LoadedModel::load(&out).unwrap()),
+        &want,
+        0.1,
+    );
+}
+
 /// The llama f32 fixture with its tensors edited, in a temporary directory.
 fn edited_llama(edit: impl Fn(&str, Vec<usize>) -> Option<Vec<usize>>) -> tempfile::TempDir {
     let src = fixture("llama/tiny/f32_untied");

@@ -239,6 +239,45 @@ fn iq2_xxs_matches_llama_cpp() {
     check_round_trip("iq2_xxs_imatrix", WeightType::IQ2_XXS, &f, &f.blocks, 0.55);
 }
 
+/// IQ4_NL's no-importance file is `quantize_iq4_nl(…, NULL)` (what
+/// llama-quantize writes; its `_ref` searches fewer scales), checked the
+/// same way as a `_ref`.
+#[test]
+fn iq4_nl_matches_llama_cpp() {
+    check_both("iq4_nl", WeightType::IQ4_NL, 0.11);
+}
+
+/// IQ4_NL blocks load as a stored matrix and the CPU's product (the
+/// reference path: exactly dequantized rows) has the bits of the f32
+/// product over the dequantized matrix, whatever the number of rows.
+#[test]
+fn iq4_nl_cpu_product_is_its_dequantized_f32_product() {
+    use std::sync::Arc;
+
+    use ds4_engine::backend::{Backend, CpuOps, HostWeight};
+    use ds4_engine::quant::random::random_stored;
+    let (n, k) = (24, 256);
+    let ops = CpuOps;
+    let q = random_stored(WeightType::IQ4_NL, &[n, k], &[n], 48);
+    let deq = q.to_f32_vec();
+    assert!(deq.iter().all(|v| v.is_finite()) && deq.iter().any(|v| *v != 0.0));
+    let f = candle_core::Tensor::from_vec(deq, (n, k), &candle_core::Device::Cpu).unwrap();
+    let sm = ops.matrix(HostWeight::Quant(Arc::new(q)), n, k).unwrap();
+    let fm = ops.matrix(HostWeight::F32(f), n, k).unwrap();
+    let x: Vec<f32> = (0..5 * k)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+        .collect();
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for rows in [1, 2, 5] {
+        let xs = x[..rows * k].to_vec();
+        assert_eq!(
+            bits(ops.matmul(&xs, rows, &sm).unwrap()),
+            bits(ops.matmul(&xs, rows, &fm).unwrap()),
+            "{rows} rows"
+        );
+    }
+}
+
 /// Rows are independent: quantizing the rows one at a time gives the same
 /// bytes as all at once (the importance paths use per-row statistics).
 #[test]
@@ -408,6 +447,7 @@ fn stress_rows_match_llama_cpp() {
         ("q6_k", WeightType::Q6_K),
         ("q8_k", WeightType::Q8_K),
         ("iq2_xxs", WeightType::IQ2_XXS),
+        ("iq4_nl", WeightType::IQ4_NL),
     ];
     let mut failed = Vec::new();
     for (name, ty) in types {
@@ -419,7 +459,8 @@ fn stress_rows_match_llama_cpp() {
             sha["values"].as_str().unwrap(),
             "{name}: the generated rows differ from quantize.py's"
         );
-        if let Some(want) = sha["ref"].as_str() {
+        // "plain": `quantize_<type>(…, NULL)` where that is not the `_ref`.
+        if let Some(want) = sha["ref"].as_str().or(sha["plain"].as_str()) {
             let got = quantize::rows(ty, &values, row_len, None).unwrap();
             if sha256_hex(&got) != want {
                 failed.push(format!("{name} without importance"));

@@ -13,6 +13,8 @@ path:
   <type>_imatrix.safetensors  `quantize_<type>(..., quant_weights)`: the
                               importance-weighted search llama-quantize runs
                               with --imatrix (the only path for IQ2_XXS).
+  iq4_nl.safetensors          `quantize_iq4_nl(..., NULL)` (no `_ref`
+                              check: the `_ref` differs, see PLAIN).
 
 Each file: F32 `values` [rows, row_len], U8 `blocks` [rows, row bytes], and
 in the _imatrix files F32 `importance` [row_len] (one weight per column, as
@@ -58,7 +60,13 @@ TYPES = [
     ("q6_k", 14, 256, 210, "quantize_q6_K", True),
     ("q8_k", 15, 256, 292, None, False),
     ("iq2_xxs", 16, 256, 66, "quantize_iq2_xxs", True),
+    ("iq4_nl", 20, 32, 18, "quantize_iq4_nl", True),
 ]
+# Types whose no-importance file is `quantize_<type>(..., NULL)` itself, not
+# a `_ref`: `quantize_iq4_nl` searches 15 scales (ntry = 7) where
+# `quantize_row_iq4_nl_ref` passes ntry = -1, and llama-quantize calls the
+# former. Their stress entry stores the sha256 under "plain".
+PLAIN = {"iq4_nl"}
 REF = {"q4_0": "quantize_row_q4_0_ref", "q4_1": "quantize_row_q4_1_ref",
        "q5_0": "quantize_row_q5_0_ref", "q5_1": "quantize_row_q5_1_ref",
        "q8_0": "quantize_row_q8_0_ref", "mxfp4": "quantize_row_mxfp4_ref",
@@ -233,6 +241,12 @@ def main():
                 results.append((name, values, ref, None,
                                 {"type": name.upper(), "oracle": oracle,
                                  "function": REF[name], "seed": seed}))
+            if name in PLAIN:
+                plain = c_quantize(lib, entry, values, row_bytes, None)
+                results.append((name, values, plain, None,
+                                {"type": name.upper(), "oracle": oracle,
+                                 "function": f"{entry} with quant_weights = NULL",
+                                 "seed": seed}))
             if imatrix:
                 blocks = c_quantize(lib, entry, values, row_bytes, importance)
                 results.append((f"{name}_imatrix", values, blocks, importance,
@@ -246,6 +260,9 @@ def main():
             sha = {"values": hashlib.sha256(rows).hexdigest()}
             if name in REF:
                 sha["ref"] = hashlib.sha256(c_ref(lib, REF[name], rows, row_bytes)).hexdigest()
+            if name in PLAIN:
+                sha["plain"] = hashlib.sha256(
+                    c_quantize(lib, entry, rows, row_bytes, None)).hexdigest()
             if imatrix:
                 entry_stress["importance_seed"] = SEED * 1000 + 500 + i
                 w = stress_importance(entry_stress["importance_seed"])

@@ -269,8 +269,8 @@ fn hf_group(name: &str) -> Group {
 /// Where a type's block does not divide a row, llama.cpp's
 /// `tensor_type_fallback` (`llama-quant.cpp`): a 256-value type falls back
 /// to a 32-value one (Q2_K, Q3_K → Q4_0; Q4_K → Q5_0; Q5_K → Q5_1;
-/// Q6_K → Q8_0; IQ2_XXS → IQ4_NL there, which the quantizer does not write:
-/// Q8_0 here), and to F16 when that does not divide the row either.
+/// Q6_K → Q8_0; IQ2_XXS → IQ4_NL), and to F16 when that does not divide
+/// the row either.
 pub fn fallback(ty: WeightType, row_len: usize) -> WeightType {
     if row_len.is_multiple_of(ty.block_len()) {
         return ty;
@@ -279,6 +279,7 @@ pub fn fallback(ty: WeightType, row_len: usize) -> WeightType {
         WeightType::Q2_K | WeightType::Q3_K => WeightType::Q4_0,
         WeightType::Q4_K => WeightType::Q5_0,
         WeightType::Q5_K => WeightType::Q5_1,
+        WeightType::IQ2_XXS => WeightType::IQ4_NL,
         _ => WeightType::Q8_0,
     };
     if row_len.is_multiple_of(smaller.block_len()) {
@@ -370,7 +371,8 @@ mod tests {
         assert_eq!(fallback(WeightType::Q3_K, 64), WeightType::Q4_0);
         assert_eq!(fallback(WeightType::Q5_K, 64), WeightType::Q5_1);
         assert_eq!(fallback(WeightType::Q6_K, 64), WeightType::Q8_0);
-        assert_eq!(fallback(WeightType::IQ2_XXS, 64), WeightType::Q8_0);
+        assert_eq!(fallback(WeightType::IQ2_XXS, 64), WeightType::IQ4_NL);
+        assert_eq!(fallback(WeightType::IQ2_XXS, 48), WeightType::F16);
         assert_eq!(fallback(WeightType::Q4_K, 48), WeightType::F16);
         assert_eq!(fallback(WeightType::Q8_0, 48), WeightType::F16);
     }

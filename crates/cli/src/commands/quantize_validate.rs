@@ -24,7 +24,11 @@ pub struct Invalid {
 /// `ggml-common.h`.
 fn f16_fields(ty: WeightType) -> Option<&'static [(usize, &'static str)]> {
     Some(match ty {
-        WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::IQ2_XXS => &[(0, "d")],
+        WeightType::Q4_0
+        | WeightType::Q5_0
+        | WeightType::Q8_0
+        | WeightType::IQ2_XXS
+        | WeightType::IQ4_NL => &[(0, "d")],
         WeightType::Q4_1 | WeightType::Q5_1 => &[(0, "d"), (2, "m")],
         WeightType::Q4_K | WeightType::Q5_K => &[(0, "d"), (2, "dmin")],
         // scales[16], qs[64], d, dmin

@@ -101,7 +101,7 @@ pub fn random_bytes(ty: WeightType, rows: usize, cols: usize, r: &mut Rng) -> Ve
             WeightType::BF16 => {
                 b.extend_from_slice(&((r.unit().to_bits() >> 16) as u16).to_le_bytes())
             }
-            WeightType::Q4_0 => {
+            WeightType::Q4_0 | WeightType::IQ4_NL => {
                 r.scale(&mut b);
                 r.bytes(&mut b, 16);
             }

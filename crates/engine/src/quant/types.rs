@@ -25,6 +25,10 @@ pub enum WeightType {
     Q6_K,
     Q8_K,
     IQ2_XXS,
+    /// GGUF's IQ4_NL block: an f16 scale, then 16 bytes of 4-bit indices
+    /// into the non-linear table `kvalues_iq4nl` (low nibble element `j`,
+    /// high nibble element `j + 16`).
+    IQ4_NL,
     /// GGUF's MXFP4 block: one E8M0 scale, then 16 bytes of E2M1 pairs
     /// (low nibble element `j`, high nibble element `j + 16`).
     MXFP4,
@@ -39,7 +43,7 @@ pub enum WeightType {
 
 impl WeightType {
     /// Every type, in GGML id order then the safetensors ones.
-    pub const ALL: [WeightType; 18] = [
+    pub const ALL: [WeightType; 19] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
@@ -55,6 +59,7 @@ impl WeightType {
         WeightType::Q6_K,
         WeightType::Q8_K,
         WeightType::IQ2_XXS,
+        WeightType::IQ4_NL,
         WeightType::MXFP4,
         WeightType::FP8_E4M3,
         WeightType::FP4_E2M1,
@@ -78,6 +83,7 @@ impl WeightType {
             WeightType::Q6_K => 14,
             WeightType::Q8_K => 15,
             WeightType::IQ2_XXS => 16,
+            WeightType::IQ4_NL => 20,
             WeightType::BF16 => 30,
             WeightType::MXFP4 => 39,
             WeightType::FP8_E4M3 | WeightType::FP4_E2M1 => return None,
@@ -99,6 +105,7 @@ impl WeightType {
             | WeightType::Q5_0
             | WeightType::Q5_1
             | WeightType::Q8_0
+            | WeightType::IQ4_NL
             | WeightType::MXFP4 => 32,
             WeightType::Q2_K
             | WeightType::Q3_K
@@ -116,7 +123,7 @@ impl WeightType {
             WeightType::F32 => 4,
             WeightType::F16 | WeightType::BF16 => 2,
             WeightType::FP8_E4M3 | WeightType::FP4_E2M1 => 1,
-            WeightType::Q4_0 => 18,
+            WeightType::Q4_0 | WeightType::IQ4_NL => 18,
             WeightType::Q4_1 => 20,
             WeightType::Q5_0 => 22,
             WeightType::Q5_1 => 24,
@@ -231,6 +238,7 @@ mod tests {
             (WeightType::Q6_K, 210),
             (WeightType::IQ2_XXS, 66),
             (WeightType::MXFP4, 17),
+            (WeightType::IQ4_NL, 18),
         ];
         for (t, b) in want {
             assert_eq!(t.block_bytes(), b, "{t}");

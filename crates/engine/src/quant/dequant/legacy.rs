@@ -96,3 +96,20 @@ pub(super) fn mxfp4(src: &[u8], dst: &mut [f32]) {
         }
     }
 }
+
+/// `kvalues_iq4nl` (`ggml-common.h`): IQ4_NL's 16 non-linear levels.
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// `{d: f16, qs[16]}`: `d·kvalues_iq4nl[q]`, low nibble element `j`, high
+/// nibble `j + 16` (`dequantize_row_iq4_nl`).
+pub(super) fn iq4_nl(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
+        let d = h(b, 0);
+        for j in 0..16 {
+            y[j] = d * KVALUES_IQ4NL[(b[2 + j] & 0xF) as usize] as f32;
+            y[j + 16] = d * KVALUES_IQ4NL[(b[2 + j] >> 4) as usize] as f32;
+        }
+    }
+}

@@ -7,7 +7,7 @@
 mod float;
 pub(crate) mod iq2;
 mod k_quants;
-mod legacy;
+pub(crate) mod legacy;
 
 pub use float::{e4m3_to_f32, e8m0_to_f32};
 
@@ -30,6 +30,7 @@ pub fn blocks(ty: WeightType, src: &[u8], dst: &mut [f32]) {
         WeightType::Q5_1 => legacy::q5_1(src, dst),
         WeightType::Q8_0 => legacy::q8_0(src, dst),
         WeightType::MXFP4 => legacy::mxfp4(src, dst),
+        WeightType::IQ4_NL => legacy::iq4_nl(src, dst),
         WeightType::Q2_K => k_quants::q2_k(src, dst),
         WeightType::Q3_K => k_quants::q3_k(src, dst),
         WeightType::Q4_K => k_quants::q4_k(src, dst),

@@ -20,6 +20,8 @@
 mod iq2_grid;
 #[allow(clippy::needless_range_loop)]
 mod iq2_xxs;
+#[allow(clippy::needless_range_loop)]
+mod iq4_nl;
 mod k_common;
 #[allow(clippy::needless_range_loop)]
 mod legacy;
@@ -82,8 +84,9 @@ pub enum QuantizeError {
 ///
 /// Byte for byte `ggml_quantize_chunk`: without importance the
 /// `quantize_row_*_ref` functions (what `quantize_q4_K(…, NULL)` and the
-/// like call), with it the `_impl` searches, row by row. Q8_0, MXFP4 and
-/// Q8_K have no importance path and ignore one.
+/// like call), with it the `_impl` searches, row by row; IQ4_NL is
+/// `quantize_iq4_nl` either way (its `_ref` is not what llama-quantize
+/// writes). Q8_0, MXFP4 and Q8_K have no importance path and ignore one.
 pub fn rows(
     ty: WeightType,
     values: &[f32],
@@ -140,6 +143,7 @@ pub fn rows(
         }
         (WeightType::Q6_K, w) => Ok(block_rows(&|x, o| q6_k::q6_k(x, w, o))),
         (WeightType::Q8_K, _) => Ok(block_rows(&q8_k::q8_k)),
+        (WeightType::IQ4_NL, w) => Ok(block_rows(&|x, o| iq4_nl::iq4_nl(x, w, o))),
         (WeightType::IQ2_XXS, None) => Err(QuantizeError::NeedsImportance(ty)),
         (WeightType::IQ2_XXS, Some(w)) => {
             let mut out = Vec::with_capacity(values.len() / block * ty.block_bytes());
