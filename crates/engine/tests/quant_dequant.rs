@@ -168,6 +168,11 @@ fn iq2_xxs() {
     check_blocks("iq2_xxs", WeightType::IQ2_XXS);
 }
 
+#[test]
+fn iq4_nl() {
+    check_blocks("iq4_nl", WeightType::IQ4_NL);
+}
+
 /// All 256 E4M3 codes, decoded directly and through `scaled` with scale 1
 /// (an exact product, so the same bits).
 #[test]

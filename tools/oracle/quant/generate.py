@@ -78,6 +78,7 @@ BLOCK_TYPES = [
     ("q6_k", T.Q6_K, [("f16", 208)], 6),
     ("q8_k", T.Q8_K, [("f32", 0)], 6),
     ("iq2_xxs", T.IQ2_XXS, [("f16", 0)], 6),
+    ("iq4_nl", T.IQ4_NL, [("f16", 0)], 40),
 ]
 
 # OCP MX v1.0 E2M1: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0.
@@ -178,7 +179,8 @@ C_FUNCS = {T.F16: "shim_f16", T.BF16: "shim_bf16", T.Q4_0: "dequantize_row_q4_0"
            T.MXFP4: "dequantize_row_mxfp4", T.Q2_K: "dequantize_row_q2_K",
            T.Q3_K: "dequantize_row_q3_K", T.Q4_K: "dequantize_row_q4_K",
            T.Q5_K: "dequantize_row_q5_K", T.Q6_K: "dequantize_row_q6_K",
-           T.Q8_K: "dequantize_row_q8_K", T.IQ2_XXS: "dequantize_row_iq2_xxs"}
+           T.Q8_K: "dequantize_row_q8_K", T.IQ2_XXS: "dequantize_row_iq2_xxs",
+           T.IQ4_NL: "dequantize_row_iq4_nl"}
 
 
 def fetch_sdist(work):
