@@ -168,6 +168,13 @@ impl Pdl {
     }
 }
 
+/// Kernels launched with more dynamic shared memory than a block gets
+/// unasked, and how much (allowed at open where the device has room).
+pub(super) const DYNAMIC_SHARED: &[(&str, usize)] = &[
+    ("st_matmul_deep_f16", super::stored::DEEP_SMEM),
+    ("st_matmul_deep_bf16", super::stored::DEEP_SMEM),
+];
+
 /// Kernel arguments at most (the longest signature has 20).
 const MAX_ARGS: usize = 24;
 
@@ -197,6 +204,9 @@ pub(super) struct Device {
     pdl: AtomicU8,
     /// Whether the device has it (compute capability 9.0 and later).
     pdl_supported: bool,
+    /// Dynamic shared memory a block may opt in to, in bytes (the
+    /// `st_matmul_deep_*` ring needs `stored::DEEP_SMEM`).
+    pub shared_optin: usize,
     /// Whether products run the fast kernel set (`backend::kernel_set`):
     /// the process's set at open, changeable for side-by-side runs and
     /// tests ([`Device::set_kernel_set`]).
@@ -228,6 +238,7 @@ unsafe fn launch_dependent(
     f: driver_sys::CUfunction,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
+    shared: u32,
     stream: driver_sys::CUstream,
     params: &mut [*mut c_void],
 ) -> std::result::Result<(), driver::DriverError> {
@@ -244,7 +255,7 @@ unsafe fn launch_dependent(
         blockDimX: block.0,
         blockDimY: block.1,
         blockDimZ: block.2,
-        sharedMemBytes: 0,
+        sharedMemBytes: shared,
         hStream: stream,
         attrs: &mut attr,
         numAttrs: 1,
@@ -317,6 +328,26 @@ impl Device {
                 .map_err(|e| dev_err(&format!("kernel `{name}`"), e))?;
             kernels.insert(name, Kernel { f, params });
         }
+        // Kernels whose ring is dynamic shared memory past the 48 KB a
+        // block gets without asking: allowed once here, where the device
+        // has room (the launcher checks `shared_optin` before using them).
+        let shared_optin = ctx
+            .attribute(
+                driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| dev_err("shared memory opt-in", e))?
+            .max(0) as usize;
+        for (name, bytes) in DYNAMIC_SHARED {
+            if let Some(k) = kernels.get(*name)
+                && *bytes <= shared_optin
+            {
+                k.f.set_attribute(
+                    driver_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    *bytes as i32,
+                )
+                .map_err(|e| dev_err(&format!("kernel `{name}` shared memory"), e))?;
+            }
+        }
         let pool = Pool::new(stream.clone(), side.clone());
         Ok(Self {
             ctx,
@@ -332,6 +363,7 @@ impl Device {
             compile_seconds: cubin.compile_seconds,
             pdl: AtomicU8::new(pdl as u8),
             pdl_supported: major >= 9,
+            shared_optin,
             fast: AtomicBool::new(crate::backend::kernel_set::current() == KernelSet::Fast),
             launches: AtomicU64::new(0),
             sync_wait_ns: AtomicU64::new(0),
@@ -371,6 +403,18 @@ impl Device {
 
     /// Queue kernel `name` on the stream.
     pub fn launch(&self, name: &'static str, shape: Shape, args: &[Arg]) -> Result<()> {
+        self.launch_shared(name, shape, 0, args)
+    }
+
+    /// [`Device::launch`] with `shared` bytes of dynamic shared memory (a
+    /// kernel of [`DYNAMIC_SHARED`] past 48 KB, on a device with room).
+    pub fn launch_shared(
+        &self,
+        name: &'static str,
+        shape: Shape,
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let k = self
             .kernels
             .get(name)
@@ -399,7 +443,7 @@ impl Device {
         // come from live allocations of this context, and every op queues
         // on this one stream, so buffers outlive the kernels that use them
         // (recycled and freed memory is reused in stream order).
-        unsafe { self.launch_raw(name, &k.f, shape, &mut params[..args.len()]) }
+        unsafe { self.launch_raw(name, &k.f, shape, shared, &mut params[..args.len()]) }
     }
 
     /// The driver launch of `f` on the stream, timed when profiling.
@@ -412,6 +456,7 @@ impl Device {
         name: &'static str,
         f: &CudaFunction,
         shape: Shape,
+        shared: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
         self.bind()?;
@@ -421,9 +466,9 @@ impl Device {
                 let (grid, block) = ((shape.grid.0, shape.grid.1, 1), (shape.block, 1, 1));
                 let stream = self.stream.cu_stream();
                 if self.pdl().applies(self.pool.capturing()) {
-                    launch_dependent(f.cu_function(), grid, block, stream, params)
+                    launch_dependent(f.cu_function(), grid, block, shared, stream, params)
                 } else {
-                    driver::launch_kernel(f.cu_function(), grid, block, 0, stream, params)
+                    driver::launch_kernel(f.cu_function(), grid, block, shared, stream, params)
                 }
             })
             .map_err(|e| dev_err(&format!("launching `{name}`"), e))
@@ -448,7 +493,7 @@ impl Device {
         // `ManyArgs` mirrors field for field (`repr(C)`); the driver copies
         // the parameter at launch, and the pointers in it are live
         // allocations of this context used in stream order (as `launch`).
-        unsafe { self.launch_raw(name, &k.f, shape, &mut params) }
+        unsafe { self.launch_raw(name, &k.f, shape, 0, &mut params) }
     }
 
     /// Room for `n` elements from the pool, to be fully written by the

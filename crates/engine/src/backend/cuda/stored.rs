@@ -54,6 +54,9 @@ struct Kernels {
     gather: &'static str,
     table: &'static str,
     narrow: Option<&'static str>,
+    /// The narrow product with a deeper ring in dynamic shared memory
+    /// (`StDeep`), where the device allows [`DEEP_SMEM`] a block.
+    deep: Option<&'static str>,
 }
 
 macro_rules! kernels {
@@ -63,11 +66,13 @@ macro_rules! kernels {
             gather: concat!("st_gather_", $s),
             table: concat!("st_table_", $s),
             narrow: None,
+            deep: None,
         })
     };
     ($s:literal, narrow) => {
         Some(Kernels {
             narrow: Some(concat!("st_matmul_narrow_", $s)),
+            deep: Some(concat!("st_matmul_deep_", $s)),
             ..kernels!($s).unwrap()
         })
     };
@@ -326,13 +331,23 @@ const NARROW_COLS: usize = 4;
 /// SMs: a wide launch of fewer blocks leaves SMs idle).
 const NARROW_BELOW_BLOCKS: u32 = 128;
 
-/// The product kernel and its grid for `n` outputs.
-fn product_launch(kernels: &Kernels, n: usize) -> (&'static str, u32) {
-    match kernels.narrow {
-        Some(name) if col_blocks(n) < NARROW_BELOW_BLOCKS => {
-            (name, n.div_ceil(NARROW_COLS).clamp(1, MAX_GRID) as u32)
+/// Dynamic shared memory of `StDeep`'s ring (`kernels/stored.cu`): 8
+/// stages × (4 weight rows of 1296 + 32 bytes + 4 activation rows of 648 +
+/// 8 floats).
+pub(super) const DEEP_SMEM: usize = 8 * (4 * (1296 + 32) + 4 * (648 + 8) * 4);
+
+/// The product kernel, its grid and its dynamic shared memory for `n`
+/// outputs on `dev`.
+fn product_launch(dev: &Device, kernels: &Kernels, n: usize) -> (&'static str, u32, u32) {
+    match (kernels.narrow, kernels.deep) {
+        (Some(narrow), deep) if col_blocks(n) < NARROW_BELOW_BLOCKS => {
+            let blocks = n.div_ceil(NARROW_COLS).clamp(1, MAX_GRID) as u32;
+            match deep {
+                Some(deep) if dev.shared_optin >= DEEP_SMEM => (deep, blocks, DEEP_SMEM as u32),
+                _ => (narrow, blocks, 0),
+            }
         }
-        _ => (kernels.matmul, col_blocks(n)),
+        _ => (kernels.matmul, col_blocks(n), 0),
     }
 }
 
@@ -360,13 +375,14 @@ pub(super) fn matmul(
     }
     let mut a = args![y.ptr(), x.ptr(), rows, ptr(&w.data), n, k].to_vec();
     a.extend(w.scale_args());
-    let (name, blocks) = product_launch(&w.kernels(), n);
-    dev.launch(
+    let (name, blocks, shared) = product_launch(dev, &w.kernels(), n);
+    dev.launch_shared(
         name,
         Shape {
             grid: (blocks, 1),
             block: THREADS,
         },
+        shared,
         &a,
     )
 }

@@ -307,6 +307,8 @@ extern "C" __global__ void route_softmax_topk_block_f32(u32* experts, float* wei
 // Scored routing (`cpu::routing::route_scored`), one warp per row. groups
 // = 0: no group limit; fixed: hash routing (experts given per token).
 // `masked` is the choice value of experts in dropped groups.
+// Candidates a lane keeps scored in `route_scored_f32` (experts ≤ 32 × this).
+#define ROUTE_CACHE 16
 extern "C" __global__ void route_scored_f32(u32* experts, float* weights, const float* logits,
                                             const float* bias, const u32* fixed, u64 rows,
                                             u64 n_exp, int k, int sigmoid, int groups,
@@ -350,9 +352,26 @@ extern "C" __global__ void route_scored_f32(u32* experts, float* weights, const 
             auto masked_choice = [&](u32 e) {
                 return (groups > 0 && !kept[e / per]) ? masked : choice(e);
             };
-            for (int s = 0; s < k; s++)
-                chosen[s] = warp_argbest(0, n_exp, masked_choice,
-                                         [&](u32 e) { return chosen_has(chosen, s, e); });
+            if (n_exp <= 32 * ROUTE_CACHE) {
+                // Each lane's candidates (e ≡ lane mod 32, as `warp_argbest`
+                // walks them from 0) scored once, not once a pick: run 31
+                // had this kernel at 25 µs a row recomputing 256 scores for
+                // each of 6 picks. The same values, so the same choices.
+                float cached[ROUTE_CACHE];
+#pragma unroll
+                for (int i = 0; i < ROUTE_CACHE; i++) {
+                    u64 e = lane + 32 * (u64)i;
+                    cached[i] = e < n_exp ? masked_choice((u32)e) : 0.0f;
+                }
+                auto cached_choice = [&](u32 e) { return cached[(e - lane) / 32]; };
+                for (int s = 0; s < k; s++)
+                    chosen[s] = warp_argbest(0, n_exp, cached_choice,
+                                             [&](u32 e) { return chosen_has(chosen, s, e); });
+            } else {
+                for (int s = 0; s < k; s++)
+                    chosen[s] = warp_argbest(0, n_exp, masked_choice,
+                                             [&](u32 e) { return chosen_has(chosen, s, e); });
+            }
         }
         float denom = 1.0f;
         if (renormalise) {

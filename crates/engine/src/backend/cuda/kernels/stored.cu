@@ -55,13 +55,31 @@
 // read from global memory (eight loads in flight a lane) had the HC `fn`
 // product (24 × 16384) at 164 µs, 5 GB/s, its one computing warp a block
 // waiting on every load. The sums are unchanged (same values, same order).
+// STAGES: chunks in the ring (STAGES − 1 in flight); DYN: the ring is the
+// launch's dynamic shared memory (`ST_DEEP_SMEM` bytes) instead of static.
 struct StWide {
-    enum { COLS = ST_COLS, CHUNK = ST_CHUNK, STRIDE = ST_STRIDE, UNROLL = 1, XSTAGE = 0 };
+    enum {
+        COLS = ST_COLS, CHUNK = ST_CHUNK, STRIDE = ST_STRIDE, UNROLL = 1, XSTAGE = 0,
+        STAGES = ST_STAGES, DYN = 0
+    };
 };
 // 3 stages × (4 weight rows of 1296 + 32 bytes + 4 activation rows of 648
 // floats + 8): 47 KB of the 48 KB a block may hold statically.
 struct StNarrow {
-    enum { COLS = 4, CHUNK = 1296, STRIDE = 1296 + 32, UNROLL = 8, XSTAGE = 1 };
+    enum {
+        COLS = 4, CHUNK = 1296, STRIDE = 1296 + 32, UNROLL = 8, XSTAGE = 1, STAGES = ST_STAGES,
+        DYN = 0
+    };
+};
+// `StNarrow` with 8 stages in dynamic shared memory (7 chunks in flight,
+// 124 KB; `cuda/stored.rs` `DEEP_SMEM`), where the device lets a block opt
+// in to that much: run 31 had the narrow HC `fn` product at 48 µs for
+// 786 KB, its lanes waiting on chunks with only 2 in flight. Same sums in
+// the same order (only the ring is deeper).
+struct StDeep {
+    enum {
+        COLS = 4, CHUNK = 1296, STRIDE = 1296 + 32, UNROLL = 8, XSTAGE = 1, STAGES = 8, DYN = 1
+    };
 };
 
 // Scale grids (FP8 / FP4): value (r, c) is scaled by
@@ -733,30 +751,30 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
     const float* srow = live ? st_srow<F>(sc, wrow) : sc.grid;
     const u64 stage = (u64)B::COLS * B::STRIDE;
     const u64 xstage = (u64)T * StXGeo<F, B>::STRIDE;
-    for (u64 c = 0; c + 1 < ST_STAGES; c++) {
+    for (u64 c = 0; c + 1 < B::STAGES; c++) {
         if (c < chunks) {
             u64 cnt = st_min(upc, units - c * upc);
-            st_issue<F, B>(buf + (c % ST_STAGES) * stage, w, rb, wrow0, valid, c * upc, cnt,
+            st_issue<F, B>(buf + (c % B::STAGES) * stage, w, rb, wrow0, valid, c * upc, cnt,
                            threadIdx.x, blockDim.x);
             if (B::XSTAGE)
-                st_issue_x<F, T, B>(xbuf + (c % ST_STAGES) * xstage, xr, k, nr, c * upc, cnt,
+                st_issue_x<F, T, B>(xbuf + (c % B::STAGES) * xstage, xr, k, nr, c * upc, cnt,
                                     threadIdx.x, blockDim.x);
         }
         st_commit();
     }
     for (u64 c = 0; c < chunks; c++) {
-        // Chunk c has landed (only the ST_STAGES − 2 newer groups may be in
+        // Chunk c has landed (only the B::STAGES − 2 newer groups may be in
         // flight), for every thread's copies after the barrier; the buffer
         // refilled next held chunk c − 1, which every thread has finished.
-        st_wait<ST_STAGES - 2>();
+        st_wait<B::STAGES - 2>();
         __syncthreads();
-        u64 next = c + ST_STAGES - 1;
+        u64 next = c + B::STAGES - 1;
         if (next < chunks) {
             u64 cnt = st_min(upc, units - next * upc);
-            st_issue<F, B>(buf + (next % ST_STAGES) * stage, w, rb, wrow0, valid, next * upc,
+            st_issue<F, B>(buf + (next % B::STAGES) * stage, w, rb, wrow0, valid, next * upc,
                            cnt, threadIdx.x, blockDim.x);
             if (B::XSTAGE)
-                st_issue_x<F, T, B>(xbuf + (next % ST_STAGES) * xstage, xr, k, nr, next * upc,
+                st_issue_x<F, T, B>(xbuf + (next % B::STAGES) * xstage, xr, k, nr, next * upc,
                                     cnt, threadIdx.x, blockDim.x);
         }
         st_commit();
@@ -764,12 +782,12 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
             u64 u0 = c * upc;
             if (B::XSTAGE)
                 st_compute_xs<F, T, B::UNROLL, B>(
-                    acc, nr, xr, k, xbuf + (c % ST_STAGES) * xstage,
-                    buf + (c % ST_STAGES) * stage + col * B::STRIDE, w + wrow * rb + u0 * F::UB,
+                    acc, nr, xr, k, xbuf + (c % B::STAGES) * xstage,
+                    buf + (c % B::STAGES) * stage + col * B::STRIDE, w + wrow * rb + u0 * F::UB,
                     u0, st_min(upc, units - u0), l, srow, sc);
             else
                 st_compute<F, T, B::UNROLL>(acc, nr, xr, k,
-                                            buf + (c % ST_STAGES) * stage + col * B::STRIDE,
+                                            buf + (c % B::STAGES) * stage + col * B::STRIDE,
                                             w + wrow * rb + u0 * F::UB, u0,
                                             st_min(upc, units - u0), l, srow, sc);
         }
@@ -782,8 +800,11 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
 template <class F, class B = StWide>
 __device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, const u8* w, u64 n,
                                           u64 k, const StScales& sc) {
-    __shared__ __align__(16) u8 buf[ST_STAGES * B::COLS * B::STRIDE];
-    __shared__ __align__(16) float xbuf[B::XSTAGE ? ST_STAGES * ST_TILE * StXGeo<F, B>::STRIDE : 4];
+    __shared__ __align__(16) u8 sbuf[B::DYN ? 16 : B::STAGES * B::COLS * B::STRIDE];
+    __shared__ __align__(16) float sxbuf[B::XSTAGE && !B::DYN ? B::STAGES * ST_TILE * StXGeo<F, B>::STRIDE : 4];
+    extern __shared__ __align__(16) u8 st_dyn[];
+    u8* buf = B::DYN ? st_dyn : sbuf;
+    float* xbuf = B::DYN ? (float*)(st_dyn + B::STAGES * B::COLS * B::STRIDE) : sxbuf;
     unsigned col = threadIdx.x / 8, l = threadIdx.x & 7, mask = group_mask();
     u64 k8 = k / F::UV * F::UV, rb = F::row_bytes(k);
     for (u64 j0 = (u64)blockIdx.x * B::COLS; j0 < n; j0 += (u64)gridDim.x * B::COLS) {
@@ -896,6 +917,16 @@ extern "C" __global__ void st_matmul_narrow_f16(float* y, const float* x, u64 ro
         u64 n, u64 k, const float* grid, const u32* grid_rows, u32 bc, int sh) {
     dep_entry();
     st_matmul<StF16, StNarrow>(y, x, rows, w, n, k, StScales{grid, grid_rows, bc, sh});
+}
+extern "C" __global__ void st_matmul_deep_f16(float* y, const float* x, u64 rows, const u8* w,
+        u64 n, u64 k, const float* grid, const u32* grid_rows, u32 bc, int sh) {
+    dep_entry();
+    st_matmul<StF16, StDeep>(y, x, rows, w, n, k, StScales{grid, grid_rows, bc, sh});
+}
+extern "C" __global__ void st_matmul_deep_bf16(float* y, const float* x, u64 rows, const u8* w,
+        u64 n, u64 k, const float* grid, const u32* grid_rows, u32 bc, int sh) {
+    dep_entry();
+    st_matmul<StBF16, StDeep>(y, x, rows, w, n, k, StScales{grid, grid_rows, bc, sh});
 }
 extern "C" __global__ void st_matmul_narrow_bf16(float* y, const float* x, u64 rows, const u8* w,
         u64 n, u64 k, const float* grid, const u32* grid_rows, u32 bc, int sh) {
