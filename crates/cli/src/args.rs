@@ -615,7 +615,7 @@ pub struct BenchArgs {
     /// default 128; `--gen` tokens each) at once through one batching
     /// model; prints the aggregate decode rate against one stream and
     /// whether each stream's tokens equal its turn served alone.
-    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["mtp", "synthetic", "nll"])]
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["mtp", "nll"])]
     pub streams: Vec<usize>,
     /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
     /// built in).

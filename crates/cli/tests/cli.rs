@@ -584,3 +584,39 @@ fn kernels_flag_default_model_is_reported_by_inspect_bench_and_nll() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("DS4_KERNELS=int8"), "{stderr}");
 }
+
+/// `bench --synthetic FAMILY --streams`: continuous batching on a synthetic
+/// model (the GPU's full-size shapes have no file here), both the Q4_1 path
+/// (qwen4_exp) and ds4's stored types (deepseek_v4 ds4-q2): one CSV row per
+/// stream count, every stream identical to its turn alone.
+#[test]
+fn bench_synthetic_streams_are_identical_to_alone() {
+    for (family, extra) in [("qwen4_exp", None), ("deepseek_v4", Some("ds4-q2"))] {
+        let mut cmd = bin();
+        cmd.args(["bench", "--synthetic", family, "--shape", "tiny"])
+            .args(["--streams", "1,3", "--prompts", "12", "--gen", "4"]);
+        if let Some(w) = extra {
+            cmd.args(["--weights", w]);
+        }
+        let out = ok(cmd.output().unwrap());
+        let rows: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("streams,"))
+            .skip(1)
+            .collect();
+        assert_eq!(rows.len(), 2, "{family}: {out}");
+        for (row, n) in rows.iter().zip(["1", "3"]) {
+            let cols: Vec<&str> = row.split(',').collect();
+            assert_eq!(cols[0], n, "{family}: {row}");
+            assert_eq!(
+                cols[1],
+                (4 * n.parse::<usize>().unwrap()).to_string(),
+                "{family}: {row}"
+            );
+            assert_eq!(
+                cols[7], "true",
+                "{family}: {row} (a stream differs from alone)"
+            );
+        }
+    }
+}

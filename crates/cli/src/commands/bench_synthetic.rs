@@ -92,6 +92,9 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     if let LoadedModel::Qwen4ExpCuda(m) = &loaded {
         println!("REPORT load_launches={}", m.ops().launches());
     }
+    if !args.streams.is_empty() {
+        return streams(&loaded, args, kernels.name());
+    }
     let report = ds4_engine::with_model!(&loaded, model => run(model, args, load_secs))?;
     let count = |key: &str| config.get(key).and_then(|v| v.as_u64()).unwrap_or(1) as usize;
     let step = step_bytes(
@@ -238,6 +241,9 @@ fn bench_stored(
         host_peak_bytes().map_or("?".into(), gb)
     );
     print_types(&ledger, recipe);
+    if !args.streams.is_empty() {
+        return streams(&loaded, args, kernels.name());
+    }
     let held: Ledger = ledger
         .iter()
         .filter(|(_, e)| e.ty != "I32")
@@ -287,6 +293,21 @@ fn bench_stored(
     println!(
         "REPORT host_peak={}",
         host_peak_bytes().map_or("?".into(), gb)
+    );
+    Ok(())
+}
+
+/// `--streams` on a synthetic model: continuous batching's throughput with
+/// the same bench as a real model's (`bench_streams`), for shapes no file
+/// here holds (issue 47's GPU rows).
+fn streams(loaded: &LoadedModel, args: &BenchArgs, kernels: &str) -> anyhow::Result<()> {
+    if args.streams.contains(&0) {
+        anyhow::bail!("--streams: every count must be at least 1");
+    }
+    let rows = ds4_engine::with_model!(loaded, model => super::bench_streams::bench_streams(model, args, &args.streams))?;
+    print!(
+        "{}",
+        super::bench_streams::to_csv(&rows, &loaded.backend().to_string(), kernels)
     );
     Ok(())
 }
