@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use ds4_engine::backend::cuda::Pdl;
-use ds4_engine::backend::{Backend, CpuOps};
+use ds4_engine::backend::{Backend, CpuOps, CudaOps};
 use ds4_engine::decode::{self, LiveSession, Observe, TurnConfig, TurnRequest};
 use ds4_engine::families::deepseek_v4::DeepseekV4Model;
 use ds4_engine::families::glm5_next::Glm5NextModel;
@@ -640,41 +640,48 @@ fn cuda_dependent_launch_changes_no_bit() {
     );
 }
 
-/// qwen4_exp's pure units (each layer's MoE half replayed as a graph for
-/// decode steps and verify windows, `Backend::run_pure`) give the eager
-/// forward's bits: single steps and windows of 2–4 rows, graphs off then
-/// on, every logit compared.
-#[test]
-#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
-fn cuda_qwen4_exp_pure_units_equal_eager() {
-    let g = gpu();
-    let dir = fixtures().join("qwen4_exp").join("tiny_a");
-    let gm = Qwen4ExpModel::load(&dir, g.clone()).unwrap();
+/// A model's pure units (replayed graphs) give the eager forward's bits
+/// over [`window_session`] (single steps and windows of 2–4 rows), graphs
+/// off then on, every logit compared; they were captured and replayed.
+fn pure_units_equal_eager<M: Model>(what: &str, g: &CudaOps, gm: &M) {
     g.set_graphs(false);
-    let eager = window_session(&gm);
+    let eager = window_session(gm);
     g.set_graphs(true);
     let (c0, r0) = g.graph_counts();
-    let graphs = window_session(&gm);
+    let graphs = window_session(gm);
     let (c1, r1) = g.graph_counts();
-    assert!(g.graphs(), "no capture may fail");
+    assert!(g.graphs(), "{what}: no capture may fail");
     assert_eq!(graphs.len(), eager.len());
     for (i, (a, b)) in graphs.iter().zip(&eager).enumerate() {
-        assert!(a == b, "forward {i}: replayed units differ from eager");
+        assert!(
+            a == b,
+            "{what}: forward {i}: replayed units differ from eager"
+        );
     }
-    assert!(r1 - r0 > 100, "{} replays", r1 - r0);
-    assert!(c1 - c0 >= 4, "{} captures", c1 - c0);
+    assert!(r1 - r0 > 100, "{what}: {} replays", r1 - r0);
+    assert!(c1 - c0 >= 4, "{what}: {} captures", c1 - c0);
     println!(
-        "REPORT e2e=qwen4_exp tiny_a pure units == eager over {} forwards ({} captures, {} replays)",
+        "REPORT e2e={what} pure units == eager over {} forwards ({} captures, {} replays)",
         eager.len(),
         c1 - c0,
         r1 - r0
     );
 }
 
+/// qwen4_exp's pure units: each layer's MoE half replayed as a graph for
+/// decode steps and verify windows (`Backend::run_pure`).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_qwen4_exp_pure_units_equal_eager() {
+    let g = gpu();
+    let dir = fixtures().join("qwen4_exp").join("tiny_a");
+    let gm = Qwen4ExpModel::load(&dir, g.clone()).unwrap();
+    pure_units_equal_eager("qwen4_exp tiny_a", &g, &gm);
+}
+
 /// DeepSeek-V4's pure units (each layer's attention input and its
-/// combine + MoE half replayed as graphs for decode steps and verify
-/// windows; hash layers keep their MoE eager) give the eager forward's
-/// bits, on both tiny fixtures.
+/// combine + MoE half; hash layers keep their MoE eager), on both tiny
+/// fixtures.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_deepseek_v4_pure_units_equal_eager() {
@@ -682,28 +689,7 @@ fn cuda_deepseek_v4_pure_units_equal_eager() {
     for name in ["tiny_a", "tiny_b"] {
         let dir = fixtures().join("deepseek_v4").join(name);
         let gm = DeepseekV4Model::load(&dir, g.clone()).unwrap();
-        g.set_graphs(false);
-        let eager = window_session(&gm);
-        g.set_graphs(true);
-        let (c0, r0) = g.graph_counts();
-        let graphs = window_session(&gm);
-        let (c1, r1) = g.graph_counts();
-        assert!(g.graphs(), "{name}: no capture may fail");
-        assert_eq!(graphs.len(), eager.len());
-        for (i, (a, b)) in graphs.iter().zip(&eager).enumerate() {
-            assert!(
-                a == b,
-                "{name}: forward {i}: replayed units differ from eager"
-            );
-        }
-        assert!(r1 - r0 > 100, "{name}: {} replays", r1 - r0);
-        assert!(c1 - c0 >= 4, "{name}: {} captures", c1 - c0);
-        println!(
-            "REPORT e2e=deepseek_v4 {name} pure units == eager over {} forwards ({} captures, {} replays)",
-            eager.len(),
-            c1 - c0,
-            r1 - r0
-        );
+        pure_units_equal_eager(&format!("deepseek_v4 {name}"), &g, &gm);
     }
 }
 

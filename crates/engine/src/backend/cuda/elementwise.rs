@@ -461,25 +461,16 @@ pub(super) fn hc_sinkhorn(
     }
     let rows = z.len() / width;
     let y = CudaBuf::uninit(dev, z.len())?;
-    if rows > 0 && n == 4 {
+    if rows > 0 {
         // Four streams (DeepSeek-V4): a warp a row, the same bits.
+        let (name, shape) = if n == 4 {
+            ("hc_sinkhorn4_f32", Shape::warps(rows))
+        } else {
+            ("hc_sinkhorn_f32", Shape::elements(rows))
+        };
         dev.launch(
-            "hc_sinkhorn4_f32",
-            Shape::warps(rows),
-            args![
-                y.ptr(),
-                z.ptr(),
-                base.ptr(),
-                scale.ptr(),
-                rows,
-                iters as i32,
-                eps
-            ],
-        )?;
-    } else if rows > 0 {
-        dev.launch(
-            "hc_sinkhorn_f32",
-            Shape::elements(rows),
+            name,
+            shape,
             args![
                 y.ptr(),
                 z.ptr(),

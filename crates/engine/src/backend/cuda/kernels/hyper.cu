@@ -82,10 +82,13 @@ extern "C" __global__ void hc_sinkhorn_f32(float* out, const float* z, const flo
 // that needs it, and each element is divided by its own lane, so the bits
 // are `hc_sinkhorn_row`'s; run 31 had the one-thread form at 25 µs a launch
 // (20 rounds of 16 dependent divisions), a DeepSeek-V4 step runs 2 a layer.
+// `n_arg` is 4 (`hc_sinkhorn_f32`'s parameters, so one launch serves both).
 extern "C" __global__ void hc_sinkhorn4_f32(float* out, const float* z, const float* base,
-                                            const float* scale, u64 rows, int iters, float eps) {
+                                            const float* scale, u64 rows, int n_arg, int iters,
+                                            float eps) {
     dep_entry();
     const int n = 4, w = (2 + n) * n;
+    (void)n_arg;
     unsigned lane = threadIdx.x & 31;
     u64 warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 r = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
