@@ -78,20 +78,6 @@ pub fn chunks(tokens: &[u32], n: usize, bos: Option<u32>, max: Option<usize>) ->
         .collect()
 }
 
-/// `len` tokens of a fixed pseudo-random sequence over `vocab` (a 64-bit
-/// LCG; the sequence `quantize-report` uses).
-fn synthetic(vocab: usize, len: usize) -> Vec<u32> {
-    let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 33) % vocab.max(1) as u64) as u32
-        })
-        .collect()
-}
-
 /// The token sequence, its BOS, and what to record as the dataset.
 fn tokens(
     args: &ImatrixArgs,
@@ -101,7 +87,7 @@ fn tokens(
     let (Some(path), Some(text)) = (&args.text, text) else {
         let n = args.tokens.unwrap_or(0);
         return Ok((
-            synthetic(vocab, n),
+            super::quantize_report::synthetic(vocab, n),
             None,
             format!("{n} pseudo-random tokens"),
         ));

@@ -181,8 +181,8 @@ fn file_size(p: &Path) -> u64 {
 }
 
 /// `len` tokens of a fixed pseudo-random sequence over `vocab` (a 64-bit
-/// LCG, the same for every run).
-fn synthetic(vocab: usize, len: usize) -> Vec<u32> {
+/// LCG, the same for every run; `imatrix --tokens` uses it too).
+pub(crate) fn synthetic(vocab: usize, len: usize) -> Vec<u32> {
     let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
     (0..len)
         .map(|_| {
