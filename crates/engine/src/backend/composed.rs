@@ -3,7 +3,7 @@
 //! for the calls it does not fuse (a prefill chunk, say), so a fused op's
 //! definition is written once.
 
-use super::{Backend, Epilogue, ScanDims};
+use super::{Backend, CausalPart, Epilogue, ScanDims};
 use crate::error::{EngineError, Result};
 
 /// [`Backend::matmul_many`] part by part: each product with its epilogue.
@@ -20,6 +20,20 @@ pub fn matmul_many<B: Backend>(
             Epilogue::Swiglu(_) => epilogue(ops, ops.matmul(x, rows, w)?, rows, then),
         })
         .collect()
+}
+
+/// [`Backend::attention_causal_batch`] (and its f16 twin) one part after
+/// another: `one` per part, the outputs appended in order.
+pub fn part_by_part<B: Backend, K>(
+    ops: &B,
+    parts: &[CausalPart<'_, B::Buf, K>],
+    one: impl Fn(&CausalPart<'_, B::Buf, K>) -> Result<B::Buf>,
+) -> Result<B::Buf> {
+    let mut y = ops.zeros(0)?;
+    for p in parts {
+        ops.append(&mut y, &one(p)?)?;
+    }
+    Ok(y)
 }
 
 /// What [`Backend::matmul_many`] does to a part's product `y` (`rows`

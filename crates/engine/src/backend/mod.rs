@@ -243,6 +243,16 @@ pub struct Heads {
     pub dim: usize,
 }
 
+/// One session's share of [`Backend::attention_causal_batch`]: its scaled
+/// queries `[t, Hq·d]`, its cache's keys and values per kv head (`K` is the
+/// backend's f32 or f16 buffer) and the positions before its window.
+pub struct CausalPart<'a, Q, K> {
+    pub q: &'a Q,
+    pub k: &'a [&'a K],
+    pub v: &'a [&'a K],
+    pub offset: usize,
+}
+
 /// The QSA block selection's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexerShape {
@@ -607,6 +617,20 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         q_heads: usize,
         kv: Heads,
     ) -> Result<Self::Buf>;
+    /// Several sessions' [`Backend::attention_causal`] (continuous
+    /// batching): each part's rows with the bits of the op alone, the
+    /// parts' outputs one after another. By default one call per part; a
+    /// backend may run them together.
+    fn attention_causal_batch(
+        &self,
+        parts: &[CausalPart<'_, Self::Buf, Self::Buf>],
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Self::Buf> {
+        composed::part_by_part(self, parts, |p| {
+            self.attention_causal(p.q, p.k, p.v, p.offset, q_heads, kv)
+        })
+    }
     /// Mean of each complete block of `ratio` rows of `raw: [P, dim]`, for
     /// blocks `first .. last`: `(0 + r_0 + … + r_{ratio−1}) / ratio`.
     fn block_keys(
@@ -998,4 +1022,15 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         q_heads: usize,
         kv: Heads,
     ) -> Result<Self::Buf>;
+    /// [`Backend::attention_causal_batch`] over f16 caches.
+    fn attention_causal_half_batch(
+        &self,
+        parts: &[CausalPart<'_, Self::Buf, Self::Half>],
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Self::Buf> {
+        composed::part_by_part(self, parts, |p| {
+            self.attention_causal_half(p.q, p.k, p.v, p.offset, q_heads, kv)
+        })
+    }
 }

@@ -8,7 +8,7 @@
 //! over an f16 cache), whose per-query result does not depend on the window
 //! size (warm == cold bit for bit).
 
-use crate::backend::{Backend, Epilogue, Heads};
+use crate::backend::{Backend, CausalPart, Epilogue, Heads};
 use crate::error::Result;
 use crate::layers::linear::Linear;
 use crate::layers::rope::RopeRows;
@@ -76,34 +76,85 @@ impl<B: Backend> Attention<B> {
         layer: usize,
     ) -> Result<B::Buf> {
         let total: usize = parts.iter().map(|p| p.t).sum();
+        if parts.is_empty() {
+            return ops.zeros(0);
+        }
         let [mut q, mut k, v] = self.project(ops, x, total)?;
         let d = self.head_dim;
         rope.apply(ops, &mut q, d)?;
         rope.apply(ops, &mut k, d)?;
         let q = self.scale_queries(ops, &q)?;
         let (qd, kvd) = (self.num_heads * d, self.num_kv_heads * d);
-        let mut y: Option<B::Buf> = None;
+        // Every session's rows into its cache first, then all the
+        // attentions in one call (one dispatch on the CPU).
+        let mut windows = Vec::with_capacity(parts.len());
         let mut at = 0;
         for p in parts.iter_mut() {
             let offset = p.cache.len();
-            let rows = p.cache.write(
+            p.cache.write(
                 layer,
                 &ops.rows(&k, kvd, at, p.t)?,
                 &ops.rows(&v, kvd, at, p.t)?,
             )?;
-            let yi = self.attend_cached(ops, &ops.rows(&q, qd, at, p.t)?, rows, offset, None)?;
-            y = Some(match y {
-                None => yi,
-                Some(mut all) => {
-                    ops.append(&mut all, &yi)?;
-                    all
-                }
-            });
+            windows.push((ops.rows(&q, qd, at, p.t)?, offset));
             at += p.t;
         }
-        match y {
-            Some(y) => self.o.forward(ops, &y, total),
-            None => ops.zeros(0),
+        let rows: Vec<KvRows<'_, B>> = parts
+            .iter()
+            .map(|p| p.cache.written(layer))
+            .collect::<Result<_>>()?;
+        let y = self.attend_sessions(ops, &windows, &rows)?;
+        self.o.forward(ops, &y, total)
+    }
+
+    /// [`Attention::forward_batch`]'s attentions: session `i`'s scaled
+    /// queries and offset `windows[i]` over its cache rows `rows[i]`, the
+    /// outputs one after another.
+    fn attend_sessions(
+        &self,
+        ops: &B,
+        windows: &[(B::Buf, usize)],
+        rows: &[KvRows<'_, B>],
+    ) -> Result<B::Buf> {
+        let kv = Heads {
+            heads: self.num_kv_heads,
+            dim: self.head_dim,
+        };
+        let f32_parts: Option<Vec<_>> = windows
+            .iter()
+            .zip(rows)
+            .map(|((q, offset), r)| match r {
+                KvRows::F32(k, v) => Some(CausalPart {
+                    q,
+                    k,
+                    v,
+                    offset: *offset,
+                }),
+                KvRows::F16(..) => None,
+            })
+            .collect();
+        if let Some(parts) = f32_parts {
+            return ops.attention_causal_batch(&parts, self.num_heads, kv);
+        }
+        let f16_parts: Option<Vec<_>> = windows
+            .iter()
+            .zip(rows)
+            .map(|((q, offset), r)| match r {
+                KvRows::F16(k, v) => Some(CausalPart {
+                    q,
+                    k,
+                    v,
+                    offset: *offset,
+                }),
+                KvRows::F32(..) => None,
+            })
+            .collect();
+        match f16_parts {
+            Some(parts) => ops.attention_causal_half_batch(&parts, self.num_heads, kv),
+            // One model's sessions share their cache type.
+            None => Err(crate::error::EngineError::State(
+                "a batch mixes f32 and f16 kv caches".into(),
+            )),
         }
     }
 

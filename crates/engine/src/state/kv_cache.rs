@@ -221,6 +221,16 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// `layer`'s keys and values per head (a layer that exists).
+    /// `layer`'s keys and values per head, as [`KvCache::write`] returned
+    /// them (continuous batching writes every session's rows first, then
+    /// reads them all).
+    pub fn written(&self, layer: usize) -> Result<KvRows<'_, B>> {
+        if layer >= self.layers {
+            return Err(Self::no_layer(layer));
+        }
+        Ok(self.layer_rows(layer))
+    }
+
     fn layer_rows(&self, layer: usize) -> KvRows<'_, B> {
         match &self.store {
             Store::F32 { k, v } => KvRows::F32(

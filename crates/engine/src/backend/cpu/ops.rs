@@ -15,8 +15,8 @@ use super::{
 };
 use crate::backend::composed;
 use crate::backend::{
-    Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostStep, HostWeight,
-    IndexerShape, KernelSet, RopeLayout, RouterSpec, ScanDims, StepBody,
+    Backend, BackendId, CausalPart, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostStep,
+    HostWeight, IndexerShape, KernelSet, RopeLayout, RouterSpec, ScanDims, StepBody,
 };
 use crate::error::{EngineError, Result};
 use crate::quant::{QuantTensor, WeightType};
@@ -164,14 +164,7 @@ fn causal_over<E: attention::KvElem>(
     // position `i`, i.e. token `i`, query head `h·group + g`; the queries
     // are copied into that head-major order once.
     let rows = group * t;
-    let mut qr = vec![0f32; kvh * rows * d];
-    for h in 0..kvh {
-        for r in 0..rows {
-            let (g, i) = (r / t, r % t);
-            let src = (i * q_heads + h * group + g) * d;
-            qr[(h * rows + r) * d..][..d].copy_from_slice(&q[src..src + d]);
-        }
-    }
+    let qr = head_major_queries(q, t, q_heads, kvh, d);
     fn view<E>(heads: Vec<&[E]>, d: usize) -> attention::View<'_, E> {
         attention::View { heads, stride: d }
     }
@@ -189,6 +182,91 @@ fn causal_over<E: attention::KvElem>(
         &|h, r| ((r % t) * q_heads + h * group + r / t) * d,
     );
     Ok(y)
+}
+
+/// [`Backend::attention_causal_batch`] on the CPU: every part checked as
+/// [`causal_over`] checks it, the queries of each copied head-major, then
+/// one [`attention::causal_attention_batch`] over all of them (the same
+/// bits as one [`causal_over`] per part).
+fn causal_over_batch<E: attention::KvElem>(
+    parts: &[CausalPart<'_, Vec<f32>, Vec<E>>],
+    q_heads: usize,
+    kv: Heads,
+) -> Result<Vec<f32>> {
+    let (kvh, d) = (kv.heads, kv.dim);
+    let group = q_heads / kvh.max(1);
+    let width = q_heads * d;
+    let mut windows = Vec::with_capacity(parts.len());
+    let mut first = 0;
+    for p in parts {
+        let t = p.q.len() / width.max(1);
+        let total = p.offset + t;
+        if t == 0
+            || p.q.len() != t * width
+            || p.k.len() != kvh
+            || p.v.len() != kvh
+            || p.k.iter().chain(p.v).any(|c| c.len() < total * d)
+        {
+            return Err(shape_err(
+                "attention_causal_batch",
+                format!("{t} queries over {total} keys in {} kv heads", p.k.len()),
+            ));
+        }
+        windows.push((t, first));
+        first += t;
+    }
+    let queries: Vec<Vec<f32>> = parts
+        .iter()
+        .zip(&windows)
+        .map(|(p, &(t, _))| head_major_queries(p.q, t, q_heads, kvh, d))
+        .collect();
+    let out_rows: Vec<_> = windows
+        .iter()
+        .map(|&(t, first)| {
+            move |h: usize, r: usize| ((first + r % t) * q_heads + h * group + r / t) * d
+        })
+        .collect();
+    let sessions: Vec<attention::Session<'_, E>> = parts
+        .iter()
+        .zip(&windows)
+        .zip(queries.iter().zip(&out_rows))
+        .map(|((p, &(t, _)), (qr, out_row))| attention::Session {
+            q: attention::View {
+                heads: qr.chunks(group * t * d).collect(),
+                stride: d,
+            },
+            k: attention::View {
+                heads: p.k.iter().map(|c| c.as_slice()).collect(),
+                stride: d,
+            },
+            v: attention::View {
+                heads: p.v.iter().map(|c| c.as_slice()).collect(),
+                stride: d,
+            },
+            t,
+            offset: p.offset,
+            out_row,
+        })
+        .collect();
+    let mut y = vec![0f32; first * width];
+    attention::causal_attention_batch(kvh, group, d, &sessions, &mut y);
+    Ok(y)
+}
+
+/// `q: [t, q_heads·d]` as the attention kernels take it: per kv head `h`,
+/// rows `g·t + i` (group member `g` at window position `i`).
+fn head_major_queries(q: &[f32], t: usize, q_heads: usize, kvh: usize, d: usize) -> Vec<f32> {
+    let group = q_heads / kvh;
+    let rows = group * t;
+    let mut qr = vec![0f32; kvh * rows * d];
+    for h in 0..kvh {
+        for r in 0..rows {
+            let (g, i) = (r / t, r % t);
+            let src = (i * q_heads + h * group + g) * d;
+            qr[(h * rows + r) * d..][..d].copy_from_slice(&q[src..src + d]);
+        }
+    }
+    qr
 }
 
 fn shape_err(op: &str, msg: String) -> EngineError {
@@ -1092,6 +1170,15 @@ impl Backend for CpuOps {
         causal_over(q, k, v, offset, q_heads, kv)
     }
 
+    fn attention_causal_batch(
+        &self,
+        parts: &[CausalPart<'_, Vec<f32>, Vec<f32>>],
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Vec<f32>> {
+        causal_over_batch(parts, q_heads, kv)
+    }
+
     fn block_keys(
         &self,
         raw: &Vec<f32>,
@@ -1708,6 +1795,15 @@ impl Backend for CpuOps {
         kv: Heads,
     ) -> Result<Vec<f32>> {
         causal_over(q, k, v, offset, q_heads, kv)
+    }
+
+    fn attention_causal_half_batch(
+        &self,
+        parts: &[CausalPart<'_, Vec<f32>, Vec<half::f16>>],
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Vec<f32>> {
+        causal_over_batch(parts, q_heads, kv)
     }
 }
 

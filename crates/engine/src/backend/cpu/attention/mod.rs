@@ -82,6 +82,7 @@ macro_rules! load16 {
     };
 }
 
+mod batch;
 mod exp;
 mod lanes;
 mod split;
@@ -90,6 +91,8 @@ mod tile;
 use super::SendPtr;
 use super::block_matmul::Isa;
 use tile::{Keys, Tile, TileRow};
+
+pub(crate) use batch::{Session, causal_attention_batch};
 
 /// An element of a key/value cache the kernels read: `f32`, or `f16`
 /// (IEEE binary16, widened to f32 exactly as it is loaded).
@@ -268,57 +271,139 @@ pub(crate) fn causal_attention_planned<E: KvElem>(
     // Tiles: `span` consecutive positions of `members` group members of one
     // kv head. Few tiles (decode steps) split the group so both threads
     // work; otherwise a tile takes the whole group, which shares its keys.
-    let mut members = group;
-    let mut span = (TILE_ROWS / group).clamp(1, t);
-    if few_tiles {
-        members = 1;
-        span = TILE_ROWS.min(t);
-    }
-    let member_blocks = group.div_ceil(members);
-    let position_blocks = t.div_ceil(span);
-    let per_head = member_blocks * position_blocks;
-
+    let grid = Grid::new(group, t, offset, few_tiles);
     let y_ptr = SendPtr(y.as_mut_ptr());
     let y_len = y.len();
-    pool.execute_chunked(kvh * per_head, |range| {
-        let y_ptr = &y_ptr;
+    let keys = KvHeads {
+        k,
+        v,
+        transposed: transposed.then_some((kt.as_slice(), blocks)),
+    };
+    pool.execute_chunked(kvh * grid.per_head(), |range| {
         let mut scratch = tile::Scratch::default();
         for item in range {
-            let h = item / per_head;
-            let (mb, pb) = ((item % per_head) / position_blocks, item % position_blocks);
-            let positions = pb * span..((pb + 1) * span).min(t);
-            let mut tile_rows = Vec::with_capacity(members * span);
-            for g in mb * members..((mb + 1) * members).min(group) {
-                for i in positions.clone() {
-                    let r = g * t + i;
-                    let at = out_row(h, r);
-                    assert!(at + d <= y_len, "attention output row out of bounds");
-                    tile_rows.push(TileRow {
-                        q: q.row(h, r, d),
-                        visible: offset + i + 1,
-                        // SAFETY: in bounds (checked above); each (h, r)
-                        // is in one tile and owns its row of y.
-                        out: unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(at), d) },
-                    });
-                }
-            }
-            let keys = if transposed {
-                Keys::Transposed(&kt[h * blocks * BLOCK * d..][..blocks * BLOCK * d])
-            } else {
-                Keys::Rows(&k.heads[h][..total * d])
-            };
-            tile::run(
-                isa,
-                &mut Tile {
-                    rows: tile_rows,
-                    keys,
-                    values: &v.heads[h][..total * d],
+            // SAFETY: `y` outlives the pool's join; every item owns its rows.
+            unsafe {
+                grid.run_item(
+                    isa,
+                    item,
+                    q,
+                    &keys,
                     d,
-                },
-                &mut scratch,
-            );
+                    (&y_ptr, y_len),
+                    out_row,
+                    &mut scratch,
+                )
+            };
         }
     });
+}
+
+/// One kv head's keys and values as the tiles read them: the rows in
+/// place, or (`transposed`) blocks of keys transposed first, `blocks` per
+/// head.
+struct KvHeads<'a, 'b, E> {
+    k: &'b View<'a, E>,
+    v: &'b View<'a, E>,
+    transposed: Option<(&'b [f32], usize)>,
+}
+
+/// How one window's query rows are cut into tiles: `span` consecutive
+/// positions of `members` group members of one kv head. Which rows share a
+/// tile decides only which elements are computed together, never a bit.
+#[derive(Clone, Copy, Debug)]
+struct Grid {
+    group: usize,
+    t: usize,
+    offset: usize,
+    members: usize,
+    span: usize,
+    member_blocks: usize,
+    position_blocks: usize,
+}
+
+impl Grid {
+    /// `split_group`: one group member a tile (few tiles: both threads
+    /// work); otherwise a tile takes the whole group, which shares its keys.
+    fn new(group: usize, t: usize, offset: usize, split_group: bool) -> Self {
+        let (members, span) = if split_group {
+            (1, TILE_ROWS.min(t))
+        } else {
+            (group, (TILE_ROWS / group).clamp(1, t))
+        };
+        Self {
+            group,
+            t,
+            offset,
+            members,
+            span,
+            member_blocks: group.div_ceil(members),
+            position_blocks: t.div_ceil(span),
+        }
+    }
+
+    /// Tiles per kv head.
+    fn per_head(&self) -> usize {
+        self.member_blocks * self.position_blocks
+    }
+
+    /// Tile `item` (kv head `item / per_head`) into `y`'s rows.
+    ///
+    /// # Safety
+    /// `y.0` points at `y.1` writable values that outlive the call, and no
+    /// other caller writes this tile's rows meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_item<E: KvElem>(
+        &self,
+        isa: Isa,
+        item: usize,
+        q: &View<'_>,
+        keys: &KvHeads<'_, '_, E>,
+        d: usize,
+        (y_ptr, y_len): (&SendPtr, usize),
+        out_row: &(dyn Fn(usize, usize) -> usize + Sync),
+        scratch: &mut tile::Scratch,
+    ) {
+        let per_head = self.per_head();
+        let h = item / per_head;
+        let (mb, pb) = (
+            (item % per_head) / self.position_blocks,
+            item % self.position_blocks,
+        );
+        let positions = pb * self.span..((pb + 1) * self.span).min(self.t);
+        let total = self.offset + self.t;
+        let mut tile_rows = Vec::with_capacity(self.members * self.span);
+        for g in mb * self.members..((mb + 1) * self.members).min(self.group) {
+            for i in positions.clone() {
+                let r = g * self.t + i;
+                let at = out_row(h, r);
+                assert!(at + d <= y_len, "attention output row out of bounds");
+                tile_rows.push(TileRow {
+                    q: q.row(h, r, d),
+                    visible: self.offset + i + 1,
+                    // SAFETY: in bounds (checked above); each (h, r) is in
+                    // one tile and owns its row of y (the caller's promise).
+                    out: unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(at), d) },
+                });
+            }
+        }
+        let k = match keys.transposed {
+            Some((kt, blocks)) => {
+                Keys::Transposed(&kt[h * blocks * BLOCK * d..][..blocks * BLOCK * d])
+            }
+            None => Keys::Rows(&keys.k.heads[h][..total * d]),
+        };
+        tile::run(
+            isa,
+            &mut Tile {
+                rows: tile_rows,
+                keys: k,
+                values: &keys.v.heads[h][..total * d],
+                d,
+            },
+            scratch,
+        );
+    }
 }
 
 #[inline]

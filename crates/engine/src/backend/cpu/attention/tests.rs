@@ -523,3 +523,142 @@ fn f16_long_rows_match_f64_attention_within_the_stated_bound() {
         }
     }
 }
+
+/// Continuous batching: sessions of one model at different depths and
+/// window sizes (decode rows, short verify windows, a prefill chunk that
+/// wants transposed keys, a step over more than `SPLIT_FROM_KEYS` keys)
+/// through one [`batch::causal_attention_batch_planned`] give, bit for
+/// bit, each session's [`causal_attention_planned`] alone, f32 and f16,
+/// under every kernel set; the short windows did share one dispatch.
+#[test]
+fn a_batch_of_sessions_equals_each_session_alone() {
+    let (kvh, group, d) = (3, 3, 64);
+    let windows: &[(usize, usize)] = &[(0, 1), (130, 1), (191, 2), (7, 40), (600, 1), (64, 1)];
+    let caches: Vec<(Vec<f32>, Vec<f32>)> = windows
+        .iter()
+        .enumerate()
+        .map(|(i, &(offset, t))| {
+            let n = kvh * (offset + t) * d;
+            (random(n, 11 + i as u64), random(n, 101 + i as u64))
+        })
+        .collect();
+    let queries: Vec<Vec<f32>> = windows
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, t))| random(kvh * group * t * d, 1001 + i as u64))
+        .collect();
+    let halves: Vec<(Vec<half::f16>, Vec<half::f16>)> = caches
+        .iter()
+        .map(|(k, v)| {
+            let h = |x: &Vec<f32>| x.iter().map(|&x| half::f16::from_f32(x)).collect();
+            (h(k), h(v))
+        })
+        .collect();
+    let rows: usize = windows.iter().map(|&(_, t)| t).sum();
+    let width = kvh * group * d;
+    // Session i's rows start at `first[i]` of the shared output, in the
+    // layout `causal_over` uses.
+    let first: Vec<usize> = windows
+        .iter()
+        .scan(0, |at, &(_, t)| {
+            let f = *at;
+            *at += t;
+            Some(f)
+        })
+        .collect();
+    let out_rows: Vec<_> = windows
+        .iter()
+        .zip(&first)
+        .map(|(&(_, t), &f)| {
+            move |h: usize, r: usize| ((f + r % t) * kvh * group + h * group + r / t) * d
+        })
+        .collect();
+    fn heads<E>(x: &[E], kvh: usize) -> View<'_, E> {
+        let n = x.len() / kvh;
+        View {
+            heads: x.chunks(n).collect(),
+            stride: 64,
+        }
+    }
+    fn run<E: KvElem>(
+        isa: Isa,
+        together: bool,
+        windows: &[(usize, usize)],
+        queries: &[Vec<f32>],
+        caches: &[(Vec<E>, Vec<E>)],
+        out_rows: &[impl Fn(usize, usize) -> usize + Sync],
+        len: usize,
+    ) -> (Vec<f32>, usize) {
+        let (kvh, group, d) = (3, 3, 64);
+        let sessions: Vec<batch::Session<'_, E>> = windows
+            .iter()
+            .enumerate()
+            .map(|(i, &(offset, t))| batch::Session {
+                q: heads(&queries[i], kvh),
+                k: heads(&caches[i].0, kvh),
+                v: heads(&caches[i].1, kvh),
+                t,
+                offset,
+                out_row: &out_rows[i],
+            })
+            .collect();
+        let mut y = vec![0f32; len];
+        let mut shared = 0;
+        if together {
+            shared = batch::causal_attention_batch_planned(
+                isa,
+                Plan::Auto,
+                2,
+                kvh,
+                group,
+                d,
+                &sessions,
+                &mut y,
+            );
+        } else {
+            for s in &sessions {
+                causal_attention_planned(
+                    isa,
+                    Plan::Auto,
+                    &s.q,
+                    &s.k,
+                    &s.v,
+                    kvh,
+                    group * s.t,
+                    s.t,
+                    s.offset,
+                    d,
+                    &mut y,
+                    s.out_row,
+                );
+            }
+        }
+        (y, shared)
+    }
+    for isa in kernel_sets() {
+        let len = rows * width;
+        let (alone, _) = run(isa, false, windows, &queries, &caches, &out_rows, len);
+        let (batched, shared) = run(isa, true, windows, &queries, &caches, &out_rows, len);
+        assert_eq!(shared, 5, "{isa:?}: the short windows share one dispatch");
+        assert!(
+            alone
+                .iter()
+                .zip(&batched)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{isa:?} f32"
+        );
+        let (alone, _) = run(isa, false, windows, &queries, &halves, &out_rows, len);
+        let (batched, shared) = run(isa, true, windows, &queries, &halves, &out_rows, len);
+        assert_eq!(shared, 5);
+        assert!(
+            alone
+                .iter()
+                .zip(&batched)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{isa:?} f16"
+        );
+        // A lone decode row runs as it always did.
+        let (_, shared) = run(isa, true, &windows[..1], &queries, &caches, &out_rows, len);
+        assert_eq!(shared, 0);
+    }
+}
