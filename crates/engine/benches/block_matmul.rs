@@ -64,13 +64,19 @@ fn bench(c: &mut Criterion) {
         let data = gguf_bytes(format, n, k, n as u64 ^ k as u64);
         let w = BlockMatrix::new(&data, format, n, k).expect("sizes match");
         let fast = Q8Matrix::new(&data, format, n, k).expect("sizes match");
-        let x = activations(4 * k);
-        let mut y = vec![0f32; 4 * n];
+        let x = activations(16 * k);
+        let mut y = vec![0f32; 16 * n];
         let mut group = c.benchmark_group(name);
         for rows in 1..=4 {
             group.bench_with_input(BenchmarkId::new("reference", rows), &rows, |b, &rows| {
                 b.iter(|| w.matmul(black_box(&x[..rows * k]), rows, &mut y[..rows * n]))
             });
+            group.bench_with_input(BenchmarkId::new("fast", rows), &rows, |b, &rows| {
+                b.iter(|| fast.matmul(black_box(&x[..rows * k]), rows, &mut y[..rows * n]))
+            });
+        }
+        // Continuous batching's decode steps: the fast set at 8 and 16 rows.
+        for rows in [8, 16] {
             group.bench_with_input(BenchmarkId::new("fast", rows), &rows, |b, &rows| {
                 b.iter(|| fast.matmul(black_box(&x[..rows * k]), rows, &mut y[..rows * n]))
             });

@@ -129,7 +129,13 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
             // Four keys at a time, every row per key quad: each key is read
             // once for the tile, and each score is still `dot`'s.
             let quads = most / 4;
+            let values = tile.values;
             for j4 in 0..quads {
+                // The values phase 3 reads: asked for now, so their lines
+                // come from memory while the scores are computed (a decode
+                // step's keys and values are read once, from DRAM: without
+                // this, the two passes wait for memory one after the other).
+                prefetch_rows(&values[j4 * 4 * d..][..4 * d]);
                 let ks = &k[j4 * 4 * d..][..4 * d];
                 let (k0, rest) = ks.split_at(d);
                 let (k1, rest) = rest.split_at(d);
@@ -196,6 +202,25 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
             *o = a * inv;
         }
     }
+}
+
+/// Ask for every cache line of `x` into L2 (a hint: no value changes).
+#[inline(always)]
+fn prefetch_rows<E>(x: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = std::mem::size_of_val(x);
+        let p = x.as_ptr().cast::<i8>();
+        for at in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch of an address inside `x` (never faults,
+            // reads nothing into the program's state).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.add(at))
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
 }
 
 /// Rows a pass over the keys takes when `left` rows remain: the register
