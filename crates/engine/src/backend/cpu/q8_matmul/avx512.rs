@@ -14,7 +14,7 @@ use crate::backend::cpu::block_matmul::{BLOCK, BlockFormat};
 const PREFETCH: usize = 8192;
 
 /// # Safety
-/// The CPU has AVX-512 F/BW/VNNI; `g` is a whole group, `a` holds 1..=4
+/// The CPU has AVX-512 F/BW/VNNI; `g` is a whole group, `a` holds 1..=8
 /// rows and `out` at least `a.rows · LANES` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn group_rows(g: &Group<'_>, a: &RowsView<'_>, out: &mut [f32]) {
@@ -25,11 +25,19 @@ pub(crate) unsafe fn group_rows(g: &Group<'_>, a: &RowsView<'_>, out: &mut [f32]
             (BlockFormat::Q4_1, 1) => q4_1::<1>(g, a, out),
             (BlockFormat::Q4_1, 2) => q4_1::<2>(g, a, out),
             (BlockFormat::Q4_1, 3) => q4_1::<3>(g, a, out),
-            (BlockFormat::Q4_1, _) => q4_1::<4>(g, a, out),
+            (BlockFormat::Q4_1, 4) => q4_1::<4>(g, a, out),
+            (BlockFormat::Q4_1, 5) => q4_1::<5>(g, a, out),
+            (BlockFormat::Q4_1, 6) => q4_1::<6>(g, a, out),
+            (BlockFormat::Q4_1, 7) => q4_1::<7>(g, a, out),
+            (BlockFormat::Q4_1, _) => q4_1::<8>(g, a, out),
             (BlockFormat::Q8_0, 1) => q8_0::<1>(g, a, out),
             (BlockFormat::Q8_0, 2) => q8_0::<2>(g, a, out),
             (BlockFormat::Q8_0, 3) => q8_0::<3>(g, a, out),
-            (BlockFormat::Q8_0, _) => q8_0::<4>(g, a, out),
+            (BlockFormat::Q8_0, 4) => q8_0::<4>(g, a, out),
+            (BlockFormat::Q8_0, 5) => q8_0::<5>(g, a, out),
+            (BlockFormat::Q8_0, 6) => q8_0::<6>(g, a, out),
+            (BlockFormat::Q8_0, 7) => q8_0::<7>(g, a, out),
+            (BlockFormat::Q8_0, _) => q8_0::<8>(g, a, out),
         }
     }
 }

@@ -57,8 +57,14 @@ mod tests;
 /// Output rows per group (one per lane of a 512-bit vector of i32).
 pub const LANES: usize = 16;
 
-/// Activation rows one kernel pass takes over a group's weights.
+/// Activation rows one kernel pass takes over a group's weights (the
+/// AVX-512 kernels take up to [`WIDE_ROWS`]: 32 registers hold eight
+/// rows' sums beside a block's unpacked weights, which are then unpacked
+/// once for eight rows instead of twice).
 const ROWS: usize = 4;
+
+/// Rows of one AVX-512 VNNI pass.
+const WIDE_ROWS: usize = 8;
 
 /// The integer kernels this process runs: every one gives the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,8 +336,13 @@ impl Q8Matrix {
         // Activation rows in tiles of about 128 KiB of quants, which stay
         // in L2 while this work item's groups pass over them. A pass's rows
         // are the kernel's business only: no output bit depends on them.
-        let tile = (128 * 1024 / self.k).max(ROWS).min(m.max(1));
-        let mut out = [0f32; ROWS * LANES];
+        let pass = if kernels == Q8Kernels::Avx512Vnni {
+            WIDE_ROWS
+        } else {
+            ROWS
+        };
+        let tile = (128 * 1024 / self.k).max(pass).min(m.max(1));
+        let mut out = [0f32; WIDE_ROWS * LANES];
         for r0 in (0..m).step_by(tile) {
             let tm = tile.min(m - r0);
             for g in range.clone() {
@@ -339,7 +350,7 @@ impl Q8Matrix {
                 let cols = LANES.min(self.n - g * LANES);
                 let mut r = r0;
                 while r < r0 + tm {
-                    let rows = ROWS.min(r0 + tm - r);
+                    let rows = pass.min(r0 + tm - r);
                     let a = act.rows(r, rows);
                     match kernels {
                         Q8Kernels::Scalar => scalar::group_rows(&group, &a, &mut out),
@@ -393,7 +404,8 @@ pub(crate) struct QuantizedRows {
     s: Vec<f32>,
 }
 
-/// Up to [`ROWS`] consecutive quantized rows: the kernels' view.
+/// Up to [`ROWS`] (AVX-512: [`WIDE_ROWS`]) consecutive quantized rows:
+/// the kernels' view.
 pub(crate) struct RowsView<'a> {
     pub(crate) rows: usize,
     /// `[rows][k]`.

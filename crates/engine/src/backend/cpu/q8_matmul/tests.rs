@@ -110,7 +110,7 @@ fn every_kernel_computes_the_file_model_bit_for_bit_for_every_row_count() {
         let (n, k) = (37, 96);
         let data = random_bytes(weight_type(format), n, k, &mut Rng::new(7));
         let w = Q8Matrix::new(&data, format, n, k).unwrap();
-        for m in [1, 2, 3, 4, 5, 9] {
+        for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 17] {
             let x = activations(m, k, 11 + m as u64);
             let want = bits(&model_from_file(&data, format, n, k, &x, m));
             for kernels in every_kernel() {
