@@ -177,6 +177,19 @@ fn llama_tiny_batched_sessions_equal_solo() {
     batched_equals_solo(model, vocab, true);
 }
 
+/// An f16 KV cache: every session's attention in one call reads f16
+/// rows (`attention_causal_half_batch`), with each session's bits alone.
+#[test]
+fn llama_tiny_f16_cache_batched_sessions_equal_solo() {
+    let mut model =
+        ds4_engine::families::llama::load_llama(&fixtures().join("llama/tiny/f32_untied")).unwrap();
+    model
+        .set_kv_type(ds4_engine::state::kv_cache::KvType::F16)
+        .unwrap();
+    let vocab = model.vocab_size() as u32;
+    batched_equals_solo(model, vocab, true);
+}
+
 /// DeepSeek-V4's batched pass (shared hyper-connections and MoE, each
 /// session's own attention, compressor and indexer): the same bits.
 #[test]

@@ -120,35 +120,23 @@ impl<B: Backend> Attention<B> {
             heads: self.num_kv_heads,
             dim: self.head_dim,
         };
-        let f32_parts: Option<Vec<_>> = windows
-            .iter()
-            .zip(rows)
-            .map(|((q, offset), r)| match r {
-                KvRows::F32(k, v) => Some(CausalPart {
-                    q,
-                    k,
-                    v,
-                    offset: *offset,
-                }),
+        let f32_parts = causal_parts(
+            windows,
+            rows.iter().map(|r| match r {
+                KvRows::F32(k, v) => Some((k.as_slice(), v.as_slice())),
                 KvRows::F16(..) => None,
-            })
-            .collect();
+            }),
+        );
         if let Some(parts) = f32_parts {
             return ops.attention_causal_batch(&parts, self.num_heads, kv);
         }
-        let f16_parts: Option<Vec<_>> = windows
-            .iter()
-            .zip(rows)
-            .map(|((q, offset), r)| match r {
-                KvRows::F16(k, v) => Some(CausalPart {
-                    q,
-                    k,
-                    v,
-                    offset: *offset,
-                }),
+        let f16_parts = causal_parts(
+            windows,
+            rows.iter().map(|r| match r {
+                KvRows::F16(k, v) => Some((k.as_slice(), v.as_slice())),
                 KvRows::F32(..) => None,
-            })
-            .collect();
+            }),
+        );
         match f16_parts {
             Some(parts) => ops.attention_causal_half_batch(&parts, self.num_heads, kv),
             // One model's sessions share their cache type.
@@ -231,6 +219,26 @@ impl<B: Backend> Attention<B> {
             }
         }
     }
+}
+
+/// Each session's window and its cache's keys and values of one element
+/// type (`None` for a session whose cache holds the other: then `None`).
+fn causal_parts<'a, Q, K>(
+    windows: &'a [(Q, usize)],
+    caches: impl Iterator<Item = Option<(&'a [&'a K], &'a [&'a K])>>,
+) -> Option<Vec<CausalPart<'a, Q, K>>> {
+    windows
+        .iter()
+        .zip(caches)
+        .map(|((q, offset), kv)| {
+            kv.map(|(k, v)| CausalPart {
+                q,
+                k,
+                v,
+                offset: *offset,
+            })
+        })
+        .collect()
 }
 
 /// One session's part of [`Attention::forward_batch`]: its row count and
