@@ -218,6 +218,11 @@ mod x86 {
         out
     }
 
+    /// Keys ahead whose value line a weighted sum asks memory for (the
+    /// split plan's passes stride 128 of every 256 bytes of a value row,
+    /// which the hardware prefetcher follows poorly at 4K keys).
+    const VALUES_AHEAD: usize = 32;
+
     /// Whole groups of 16 dimensions of `cols` from its start; returns
     /// where they stopped.
     #[inline]
@@ -238,7 +243,11 @@ mod x86 {
             for e0 in (cols.start..whole).step_by(16) {
                 let mut a: [__m512; QB] =
                     std::array::from_fn(|b| _mm512_loadu_ps(ap.add(b * d + e0)));
+                let end = keys.end;
                 for j in keys.clone() {
+                    if j + VALUES_AHEAD < end {
+                        _mm_prefetch::<_MM_HINT_T0>(vp.add((j + VALUES_AHEAD) * d + e0).cast());
+                    }
                     let v = load16!(E, vp.add(j * d + e0));
                     for (b, a) in a.iter_mut().enumerate() {
                         let pj = _mm512_set1_ps(*pp.add(b * width + j));

@@ -24,12 +24,16 @@
 
 use super::exp::exp_slice;
 use super::lanes;
-use super::tile::{BLOCK, max_of, weighted_keys_all_rows_see};
+use super::tile::{BLOCK, max_of, prefetch_rows, weighted_keys_all_rows_see};
 use super::{Isa, KvElem, SendPtr, View, dot, dot4};
 
 /// Keys per scoring item: 256 keys of `d = 64` f16 are 32 KiB, read once
 /// and dotted with every row while they sit in L1.
 const KEY_CHUNK: usize = 256;
+/// Keys ahead of the scores whose rows a scoring item asks memory for
+/// (16 KiB at `d = 64` f32): at 4K keys the scores waited on the cache's
+/// reads, which the hardware prefetcher alone did not keep ahead of.
+const AHEAD: usize = 64;
 /// Dimensions per weighted-sum item: at `d = 64` an f16 value row is two
 /// 64-byte lines, so an item reads whole lines and two items share a head.
 const COL_CHUNK: usize = 32;
@@ -72,6 +76,9 @@ pub(super) fn run<E: KvElem>(
             };
             let mut j = keys.start;
             while j + 4 <= keys.end {
+                if let Some(ahead) = kh.get((j + AHEAD) * d..(j + AHEAD + 4) * d) {
+                    prefetch_rows(ahead);
+                }
                 let ks: [&[E]; 4] = std::array::from_fn(|i| &kh[(j + i) * d..][..d]);
                 for r in 0..rows {
                     if j < visible(r) {

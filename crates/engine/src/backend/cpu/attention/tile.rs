@@ -206,7 +206,7 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
 
 /// Ask for every cache line of `x` into L2 (a hint: no value changes).
 #[inline(always)]
-fn prefetch_rows<E>(x: &[E]) {
+pub(super) fn prefetch_rows<E>(x: &[E]) {
     #[cfg(target_arch = "x86_64")]
     {
         let bytes = std::mem::size_of_val(x);
