@@ -930,3 +930,151 @@ fn f32_dir(src: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) -> tempfile::T
     std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
     dir
 }
+
+/// Every block type a file holds, by GGUF type id (F32, F16, BF16 and the
+/// I32/I64 tables left out).
+fn block_types(g: &Gguf) -> std::collections::BTreeSet<u32> {
+    g.tensors
+        .values()
+        .map(|t| t.ggml_type)
+        .filter(|t| ![0, 1, 26, 27, 30].contains(t))
+        .collect()
+}
+
+/// For every family's tiny fixture and every block recipe, the written file
+/// runs exactly its own blocks: its logits on the reference kernel set
+/// equal a forward over the same file with every block dequantized to f32
+/// (`quantize Q.gguf D.gguf --recipe f32`) up to f32 summation order (the
+/// block kernels add the same products per block, the f32 kernels in lanes:
+/// 1e-5 of the largest logit, where the recipes' own distance from the
+/// source is 1e-2 to 1).
+#[test]
+fn every_family_and_recipe_runs_its_own_blocks_exactly() {
+    ds4_engine::backend::kernel_set::choose(ds4_engine::backend::KernelSet::Reference).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (fam, src) in [
+        ("llama", "llama/tiny/f32_untied"),
+        ("deepseek_v4", "deepseek_v4/tiny_a"),
+        ("qwen4_exp", "qwen4_exp/tiny_a"),
+        ("glm5_next", "glm5_next/tiny_a"),
+    ] {
+        for recipe in ["q8_0", "q4_k", "ds4-q4", "ds4-q2"] {
+            let case = format!("{fam} {recipe}");
+            let q = dir.path().join(format!("{fam}-{recipe}.gguf"));
+            let d = dir.path().join(format!("{fam}-{recipe}-f32.gguf"));
+            ok(
+                &fixture(src),
+                &q,
+                &["--recipe", recipe, "--allow-no-imatrix"],
+            );
+            ok(&q, &d, &["--recipe", "f32"]);
+            let (gq, gd) = (Gguf::open(&q).unwrap(), Gguf::open(&d).unwrap());
+            assert!(!block_types(&gq).is_empty(), "{case}: no block type");
+            assert!(block_types(&gd).is_empty(), "{case}: f32 file has blocks");
+            assert_eq!(gq.order, gd.order, "{case}");
+            let got = logits(&LoadedModel::load(&q).unwrap());
+            let want = logits(&LoadedModel::load(&d).unwrap());
+            close(&case, &got, &want, 1e-5);
+        }
+    }
+}
+
+/// A llama directory large enough that IQ2_XXS takes seconds on one
+/// thread: 6 layers, hidden 256, FFN 2048, pseudo-random f32 weights
+/// (43 MB).
+fn slow_llama() -> tempfile::TempDir {
+    let (hidden, ffn, vocab, layers) = (256usize, 2048usize, 256usize, 6);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut data = |n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1).to_le_bytes()
+            })
+            .collect()
+    };
+    let mut t = vec![
+        ("model.embed_tokens.weight".to_string(), vec![vocab, hidden]),
+        ("lm_head.weight".to_string(), vec![vocab, hidden]),
+        ("model.norm.weight".to_string(), vec![hidden]),
+    ];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for (n, s) in [
+            ("self_attn.q_proj", vec![hidden, hidden]),
+            ("self_attn.k_proj", vec![hidden / 2, hidden]),
+            ("self_attn.v_proj", vec![hidden / 2, hidden]),
+            ("self_attn.o_proj", vec![hidden, hidden]),
+            ("mlp.gate_proj", vec![ffn, hidden]),
+            ("mlp.up_proj", vec![ffn, hidden]),
+            ("mlp.down_proj", vec![hidden, ffn]),
+            ("input_layernorm", vec![hidden]),
+            ("post_attention_layernorm", vec![hidden]),
+        ] {
+            t.push((format!("{p}.{n}.weight"), s));
+        }
+    }
+    let tensors: Vec<_> = t
+        .into_iter()
+        .map(|(n, s)| {
+            let d = data(s.iter().product());
+            (n, s, d)
+        })
+        .collect();
+    let dir = f32_dir(&fixture("llama/tiny/f32_untied"), &tensors);
+    let config = dir.path().join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    for (k, v) in [
+        ("hidden_size", hidden),
+        ("intermediate_size", ffn),
+        ("vocab_size", vocab),
+        ("num_hidden_layers", layers),
+        ("num_attention_heads", 8),
+        ("num_key_value_heads", 4),
+        ("head_dim", 32),
+    ] {
+        c[k] = v.into();
+    }
+    std::fs::write(&config, serde_json::to_vec(&c).unwrap()).unwrap();
+    dir
+}
+
+/// Ctrl+C while tensors are being written: the command fails saying so,
+/// and neither the target nor its temporary file is left.
+#[test]
+fn an_interrupted_run_leaves_no_file() {
+    let src = slow_llama();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("i.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ds4server"))
+        .arg("quantize")
+        .arg(src.path())
+        .arg(&out)
+        .args(["--recipe", "q8_0", "--threads", "1", "--allow-no-imatrix"])
+        .args(["--type", "ffn=IQ2_XXS", "--type", "ffn-down=IQ2_XXS"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !partial(&out).exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "finished before writing"
+        );
+        assert!(start.elapsed().as_secs() < 60, "no temporary file");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(!out.exists() && !partial(&out).exists(), "{err}");
+}
