@@ -37,6 +37,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod kernel_set;
+pub mod split;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -434,6 +435,60 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         let out = self.experts_swiglu(x, rows, routing, gate_up, down, limit)?;
         let width = self.len(&out) / rows.max(1);
         self.add_gated_rows(&out, shared, gate, width)
+    }
+
+    /// Expert parallel ([`split`]): the unweighted outputs of the slots
+    /// whose expert lies in `first..first + E` (`E` the stacks' experts,
+    /// global ids), `down_e(act(gate_up_e·x_t))` as in
+    /// [`Backend::experts_swiglu`], `[rows·k, H]` with every other slot
+    /// zero. `sum_slots` over the slots of all parts equals
+    /// `experts_swiglu` bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn experts_slots(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        routing: &Self::Routing,
+        gate_up: &Self::Experts,
+        down: &Self::Experts,
+        limit: Option<f32>,
+        first: usize,
+    ) -> Result<Self::Buf> {
+        let _ = (x, rows, routing, gate_up, down, limit, first);
+        Err(crate::error::EngineError::Unsupported(format!(
+            "the {} backend has no expert-parallel slots yet",
+            self.id()
+        )))
+    }
+    /// `out[t] = Σ_k w[t,k]·ys[t·k + k']` in slot order from 0 (`o = 0;
+    /// o += w·y`, no fused multiply-add): the sum [`Backend::experts_swiglu`]
+    /// ends with, over slot outputs `ys: [rows·k, width]`.
+    fn sum_slots(
+        &self,
+        ys: &Self::Buf,
+        rows: usize,
+        routing: &Self::Routing,
+        width: usize,
+    ) -> Result<Self::Buf> {
+        let _ = (ys, rows, routing, width);
+        Err(crate::error::EngineError::Unsupported(format!(
+            "the {} backend has no expert-parallel sums yet",
+            self.id()
+        )))
+    }
+    /// A routing from the host (the inverse of
+    /// [`Backend::routing_to_host`]), for a device that did not route.
+    fn routing_upload(
+        &self,
+        experts: &[usize],
+        weights: &[f32],
+        k: usize,
+    ) -> Result<Self::Routing> {
+        let _ = (experts, weights, k);
+        Err(crate::error::EngineError::Unsupported(format!(
+            "the {} backend cannot take a routing from the host yet",
+            self.id()
+        )))
     }
 
     // ---- routing ----

@@ -72,13 +72,55 @@ pub fn expert_gather(
     limit: Option<f32>,
     seen: Option<SeenRows<'_>>,
 ) -> Vec<f32> {
+    let ys = slot_outputs(
+        x,
+        experts,
+        top_k,
+        Owned {
+            gate_up,
+            down,
+            first: 0,
+            count: n_experts,
+        },
+        h,
+        inter,
+        limit,
+        seen,
+    );
+    sum_slots(&ys, weights, top_k, h)
+}
+
+/// The stacks of experts `first..first + count` (global ids; the stacks
+/// index them from 0).
+#[derive(Clone, Copy)]
+pub struct Owned<'a> {
+    pub gate_up: Stack<'a>,
+    pub down: Stack<'a>,
+    pub first: usize,
+    pub count: usize,
+}
+
+/// The unweighted output of every slot whose expert `owned` holds,
+/// `[T·k, H]` (slot `j` = token `j / k`'s `(j % k)`-th expert), every other
+/// slot zero: each owned expert runs once over its routed rows.
+#[allow(clippy::too_many_arguments)] // a kernel over flat slices
+pub fn slot_outputs(
+    x: &[f32],
+    experts: &[usize],
+    top_k: usize,
+    owned: Owned<'_>,
+    h: usize,
+    inter: usize,
+    limit: Option<f32>,
+    seen: Option<SeenRows<'_>>,
+) -> Vec<f32> {
     let slots = experts.len();
     debug_assert_eq!(slots * h, x.len() * top_k);
-    // ys[j]: the output of slot j = (token j / k, its (j % k)-th expert).
     let mut ys = vec![0f32; slots * h];
     let (mut idx, mut xs, mut gu, mut act, mut y) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for e in 0..n_experts {
+    for local in 0..owned.count {
+        let e = owned.first + local;
         idx.clear();
         idx.extend((0..slots).filter(|&j| experts[j] == e));
         if idx.is_empty() {
@@ -91,7 +133,7 @@ pub fn expert_gather(
             xs.extend_from_slice(&x[t * h..(t + 1) * h]);
         }
         gu.resize(n * 2 * inter, 0.0);
-        gate_up.matmul(e, &xs, n, 2 * inter, h, &mut gu);
+        owned.gate_up.matmul(local, &xs, n, 2 * inter, h, &mut gu);
         act.resize(n * inter, 0.0);
         for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
             let (g, u) = g.split_at(inter);
@@ -103,12 +145,19 @@ pub fn expert_gather(
             seen(e, &xs, &act);
         }
         y.resize(n * h, 0.0);
-        down.matmul(e, &act, n, h, inter, &mut y);
+        owned.down.matmul(local, &act, n, h, inter, &mut y);
         for (&j, yr) in idx.iter().zip(y.chunks_exact(h)) {
             ys[j * h..(j + 1) * h].copy_from_slice(yr);
         }
     }
-    let mut out = vec![0f32; x.len()];
+    ys
+}
+
+/// `out[t] = Σ_k w[t,k]·ys[t·k + k]`, slots added in order from 0
+/// (`o = 0; o += w·y`): `ys: [T·k, H]` → `[T, H]`.
+pub fn sum_slots(ys: &[f32], weights: &[f32], top_k: usize, h: usize) -> Vec<f32> {
+    let tokens = weights.len() / top_k.max(1);
+    let mut out = vec![0f32; tokens * h];
     for (t, o) in out.chunks_exact_mut(h).enumerate() {
         for j in t * top_k..(t + 1) * top_k {
             let w = weights[j];

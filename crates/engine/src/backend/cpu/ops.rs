@@ -781,6 +781,21 @@ impl Backend for CpuOps {
         down: &CpuExperts,
         limit: Option<f32>,
     ) -> Result<Vec<f32>> {
+        let ys = self.experts_slots(x, rows, routing, gate_up, down, limit, 0)?;
+        let h = x.len() / rows.max(1);
+        self.sum_slots(&ys, rows, routing, h)
+    }
+
+    fn experts_slots(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        routing: &CpuRouting,
+        gate_up: &CpuExperts,
+        down: &CpuExperts,
+        limit: Option<f32>,
+        first: usize,
+    ) -> Result<Vec<f32>> {
         let (e, two_i, h) = gate_up.dims()?;
         let (gate_up, gu_tag) = gate_up.unwrap_observed();
         let (down, dn_tag) = down.unwrap_observed();
@@ -811,20 +826,15 @@ impl Backend for CpuOps {
                 ),
             ));
         }
-        let run = |gu: experts::Stack<'_>, dn: experts::Stack<'_>| {
-            experts::expert_gather(
-                x,
-                &routing.experts,
-                &routing.weights,
-                routing.k,
-                gu,
-                dn,
-                e,
-                h,
-                two_i / 2,
-                limit,
-                seen,
-            )
+        let run = |gate_up: experts::Stack<'_>, down: experts::Stack<'_>| {
+            let owned = experts::Owned {
+                gate_up,
+                down,
+                first,
+                count: e,
+            };
+            let experts = &routing.experts;
+            experts::slot_outputs(x, experts, routing.k, owned, h, two_i / 2, limit, seen)
         };
         match (gate_up, down) {
             (CpuExperts::F32(gu), CpuExperts::F32(dn)) => with_slice(gu, |gu| {
@@ -844,6 +854,47 @@ impl Backend for CpuOps {
             // A stack is wrapped once, at placement.
             _ => Err(shape_err("experts_swiglu", "a stack observed twice".into())),
         }
+    }
+
+    fn sum_slots(
+        &self,
+        ys: &Vec<f32>,
+        rows: usize,
+        routing: &CpuRouting,
+        width: usize,
+    ) -> Result<Vec<f32>> {
+        if routing.experts.len() != rows * routing.k
+            || routing.weights.len() != routing.experts.len()
+            || ys.len() != routing.experts.len() * width
+        {
+            return Err(shape_err(
+                "sum_slots",
+                format!(
+                    "{} values, {} slots of width {width} for {rows} rows",
+                    ys.len(),
+                    routing.experts.len()
+                ),
+            ));
+        }
+        Ok(experts::sum_slots(ys, &routing.weights, routing.k, width))
+    }
+
+    fn routing_upload(&self, experts: &[usize], weights: &[f32], k: usize) -> Result<CpuRouting> {
+        if experts.len() != weights.len() || k == 0 || !experts.len().is_multiple_of(k) {
+            return Err(shape_err(
+                "routing_upload",
+                format!(
+                    "{} experts, {} weights, top {k}",
+                    experts.len(),
+                    weights.len()
+                ),
+            ));
+        }
+        Ok(CpuRouting {
+            experts: experts.to_vec(),
+            weights: weights.to_vec(),
+            k,
+        })
     }
 
     // ---- routing ----
