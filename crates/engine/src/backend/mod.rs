@@ -293,6 +293,13 @@ pub struct RouterSpec {
     pub scale: f32,
 }
 
+/// A backend without [`split`]'s ops: says which and what is missing.
+fn no_expert_parallel(id: BackendId, what: &str) -> crate::error::EngineError {
+    crate::error::EngineError::Unsupported(format!(
+        "the {id} backend {what} (expert parallel runs on the CPU only so far)"
+    ))
+}
+
 /// The op inventory (see the module docs). `rows` is always the number of
 /// tokens in the call; every op is row-independent.
 pub trait Backend: Clone + Send + Sync + Debug + 'static {
@@ -455,10 +462,10 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         first: usize,
     ) -> Result<Self::Buf> {
         let _ = (x, rows, routing, gate_up, down, limit, first);
-        Err(crate::error::EngineError::Unsupported(format!(
-            "the {} backend has no expert-parallel slots yet",
-            self.id()
-        )))
+        Err(no_expert_parallel(
+            self.id(),
+            "has no expert-parallel slots yet",
+        ))
     }
     /// `out[t] = Σ_k w[t,k]·ys[t·k + k']` in slot order from 0 (`o = 0;
     /// o += w·y`, no fused multiply-add): the sum [`Backend::experts_swiglu`]
@@ -471,10 +478,10 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         width: usize,
     ) -> Result<Self::Buf> {
         let _ = (ys, rows, routing, width);
-        Err(crate::error::EngineError::Unsupported(format!(
-            "the {} backend has no expert-parallel sums yet",
-            self.id()
-        )))
+        Err(no_expert_parallel(
+            self.id(),
+            "has no expert-parallel sums yet",
+        ))
     }
     /// A routing from the host (the inverse of
     /// [`Backend::routing_to_host`]), for a device that did not route.
@@ -485,10 +492,10 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         k: usize,
     ) -> Result<Self::Routing> {
         let _ = (experts, weights, k);
-        Err(crate::error::EngineError::Unsupported(format!(
-            "the {} backend cannot take a routing from the host yet",
-            self.id()
-        )))
+        Err(no_expert_parallel(
+            self.id(),
+            "cannot take a routing from the host yet",
+        ))
     }
 
     // ---- routing ----
