@@ -104,9 +104,12 @@ pub struct ModelArgs {
     /// KV cache element type (llama.cpp's `-ctk/-ctv`): `f32` keeps keys and
     /// values as computed (4 bytes a value); `f16` rounds them to half
     /// precision (2 bytes: half the cache memory and half the bytes each
-    /// decode step reads at depth; outputs may differ from f32 in the last
-    /// bits). f16 is for llama-family models on the CPU.
-    #[arg(long, value_enum, default_value_t = KvCacheArg::F32)]
+    /// decode step reads at depth; outputs differ from f32 in the last
+    /// bits). f16 is for llama-family models on the CPU. `auto` (the
+    /// default): f16 where the model can hold it and the fast kernel set
+    /// runs (its quality is measured with the set's: bench/README.md),
+    /// else f32 (so `--kernels reference` keeps the reference numerics).
+    #[arg(long, value_enum, default_value_t = KvCacheArg::Auto)]
     pub kv_cache: KvCacheArg,
     #[command(flatten)]
     pub kernels: KernelsArg,
@@ -136,15 +139,21 @@ fn kernel_set(s: &str) -> Result<KernelSet, String> {
 /// `--kv-cache`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvCacheArg {
+    Auto,
     F32,
     F16,
 }
 
 impl KvCacheArg {
-    pub fn kv_type(self) -> ds4_engine::state::kv_cache::KvType {
+    /// The cache type for a model that can (`f16_capable`) or cannot hold
+    /// f16 rows, under kernel set `set`.
+    pub fn kv_type(self, f16_capable: bool, set: KernelSet) -> ds4_engine::state::kv_cache::KvType {
+        use ds4_engine::state::kv_cache::KvType;
         match self {
-            KvCacheArg::F32 => ds4_engine::state::kv_cache::KvType::F32,
-            KvCacheArg::F16 => ds4_engine::state::kv_cache::KvType::F16,
+            KvCacheArg::F32 => KvType::F32,
+            KvCacheArg::F16 => KvType::F16,
+            KvCacheArg::Auto if f16_capable && set == KernelSet::Fast => KvType::F16,
+            KvCacheArg::Auto => KvType::F32,
         }
     }
 }
@@ -674,5 +683,29 @@ fn temperature(s: &str) -> Result<f64, String> {
         Err(format!(
             "{s} is out of range: the temperature must be between 0 and 2"
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ds4_engine::state::kv_cache::KvType;
+
+    /// `auto` is f16 only where the model holds f16 rows and the fast set
+    /// runs; an explicit type is kept (the loader refuses f16 where it
+    /// cannot be held).
+    #[test]
+    fn kv_cache_auto_is_f16_for_a_capable_model_on_the_fast_set() {
+        use KernelSet::{Fast, Reference};
+        let auto = KvCacheArg::Auto;
+        assert_eq!(auto.kv_type(true, Fast), KvType::F16);
+        assert_eq!(auto.kv_type(true, Reference), KvType::F32);
+        assert_eq!(auto.kv_type(false, Fast), KvType::F32);
+        for capable in [true, false] {
+            for set in [Fast, Reference] {
+                assert_eq!(KvCacheArg::F32.kv_type(capable, set), KvType::F32);
+                assert_eq!(KvCacheArg::F16.kv_type(capable, set), KvType::F16);
+            }
+        }
     }
 }

@@ -287,15 +287,15 @@ pub fn device_and_kernels(args: &ModelArgs) -> anyhow::Result<(Device, KernelSet
 /// the kernel set of `args`.
 pub fn load(path: Option<&Path>, args: &ModelArgs) -> anyhow::Result<Loaded> {
     let path = resolve(path)?;
-    let kv = args.kv_cache;
-    let (device, _) = device_and_kernels(args)?;
+    let (device, set) = device_and_kernels(args)?;
     let start = Instant::now();
     let tokenizer = load_tokenizer(&path)?;
     let mut model = LoadedModel::load_on(&path, device)
         .with_context(|| format!("loading {} on {device:?}", path.display()))?;
+    let kv = args.kv_cache.kv_type(model.holds_f16_kv(), set);
     model
-        .set_kv_type(kv.kv_type())
-        .with_context(|| format!("--kv-cache {}", kv.kv_type()))?;
+        .set_kv_type(kv)
+        .with_context(|| format!("--kv-cache {kv}"))?;
     attach_known_head(&mut model, &path);
     tracing::info!(
         "loaded {} ({}) on {} ({} kernels, kv cache {}) in {:.2}s",

@@ -393,10 +393,11 @@ fn bench_writes_csv_and_svg_default_model() {
         "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,state_bytes,kv_cache,backend,kernels"
     );
     // Every row names its kv cache type, backend id and kernel set (the
-    // CPU's default: fast, whose ids carry the `-fast` suffix).
+    // CPU's default: fast, whose ids carry the `-fast` suffix, and with it
+    // `--kv-cache auto`'s f16 for a llama model).
     for l in &lines[1..] {
         let cols: Vec<&str> = l.split(',').collect();
-        assert_eq!(cols[6], "f32", "{out}");
+        assert_eq!(cols[6], "f16", "{out}");
         assert!(
             cols[7].starts_with("cpu-") && cols[7].ends_with("-fast"),
             "{out}"

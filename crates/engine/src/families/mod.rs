@@ -356,6 +356,12 @@ impl LoadedModel {
         }
     }
 
+    /// Whether [`Self::set_kv_type`] takes f16 (the llama family on the
+    /// CPU; CUDA has no f16 rows).
+    pub fn holds_f16_kv(&self) -> bool {
+        matches!(self, LoadedModel::Llama(_))
+    }
+
     /// The KV cache element type of the states the model makes (f32 for
     /// families without a choice).
     pub fn kv_type(&self) -> crate::state::kv_cache::KvType {
@@ -437,8 +443,13 @@ impl LoadedModel {
 
     /// Whether the model runs on the CPU under the fast kernel set.
     fn runs_cpu_fast_set(&self) -> bool {
-        let id = self.backend();
-        id.backend == "cpu" && id == crate::backend::CpuOps::id_for(crate::backend::KernelSet::Fast)
+        // Backend and kernels, not the tag: an f16 KV cache adds `+kv-f16`
+        // to the tag and runs the same products.
+        let (id, fast) = (
+            self.backend(),
+            crate::backend::CpuOps::id_for(crate::backend::KernelSet::Fast),
+        );
+        id.backend == fast.backend && id.kernels == fast.kernels
     }
 }
 
