@@ -60,7 +60,7 @@ fn default_model_serve_warns_when_ctx_exceeds_the_model() {
 }
 
 /// `serve --kernels fast`: the start line, `/v1/models` and `/v1/status`
-/// name the fast set's backend id.
+/// name the fast set's backend id and its default KV cache type.
 #[test]
 fn default_model_serve_reports_the_kernel_set() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ds4server"))
@@ -104,4 +104,7 @@ fn default_model_serve_reports_the_kernel_set() {
     assert!(models.contains("\"kernel_set\":\"fast\""), "{models}");
     assert!(models.contains("-fast\""), "{models}");
     assert!(status.contains("\"kernel_set\":\"fast\""), "{status}");
+    // `--kv-cache auto` (the default): f16 rows for llama on the fast set.
+    assert!(models.contains("\"kv_cache\":\"f16\""), "{models}");
+    assert!(status.contains("\"kv_cache\":\"f16\""), "{status}");
 }

@@ -651,7 +651,7 @@ function renderStatus(s) {
     card("Model", [
       ["model", "model", s.model],
       ["family", "family", s.family],
-      ["backend", "backend", s.backend + " (" + s.kernel_set + " kernels)"],
+      ["backend", "backend", s.backend + " (" + s.kernel_set + " kernels, " + s.kv_cache + " KV cache)"],
       ["sampling_law", "sampling law", s.sampling_law],
       ["defaults", "defaults", "T " + s.sampling_defaults.temperature + " · top-p " + s.sampling_defaults.top_p + " · top-k " + s.sampling_defaults.top_k + " · min-p " + s.sampling_defaults.min_p],
       ["context_length", "context", fmt(s.context_length) + " tokens"],

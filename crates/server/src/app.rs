@@ -46,6 +46,7 @@ pub fn build_state(
 ) -> Result<SharedState, ServeError> {
     let descriptor = model.descriptor();
     let backend = model.backend();
+    let kv_cache = model.kv_type().name();
     let model_ctx = ds4_engine::with_model!(&model, m => m.context_length());
     let mtp = ds4_engine::with_model!(&model, m => m.mtp_contract());
     for d in [config.mtp_depth, config.mtp_depth_sampled]
@@ -101,6 +102,7 @@ pub fn build_state(
         descriptor,
         backend: backend.to_string(),
         kernel_set: kernel_set_of(&backend).name(),
+        kv_cache,
         ctx,
         mtp,
         template,

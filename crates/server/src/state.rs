@@ -38,6 +38,8 @@ pub struct AppState {
     pub backend: String,
     /// The kernel set the model's products run (`reference`, `fast`).
     pub kernel_set: &'static str,
+    /// The KV cache element type of the model's sessions (`f32`, `f16`).
+    pub kv_cache: &'static str,
     /// Effective context: `--ctx`, capped at the model's.
     pub ctx: usize,
     /// The vision tower, processor and prompt ids of a model that reads
@@ -145,6 +147,7 @@ pub mod testing {
             descriptor,
             backend: "cpu-test".into(),
             kernel_set: "reference",
+            kv_cache: "f32",
             ctx,
             vision: None,
             mtp: None,

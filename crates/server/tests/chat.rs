@@ -37,6 +37,8 @@ async fn default_model_health_models_metrics_openapi() {
     assert!(backend.starts_with("cpu-"), "{models}");
     assert_eq!(backend.ends_with("-fast"), set == "fast", "{models}");
     assert!(["reference", "fast"].contains(&set), "{models}");
+    let kv = models["data"][0]["kv_cache"].as_str().unwrap();
+    assert!(["f32", "f16"].contains(&kv), "{models}");
     let (status, model) = s.get(&format!("/v1/models/{MODEL_ID}")).await;
     assert_eq!((status, model["id"].clone()), (200, json!(MODEL_ID)));
     // Any name is served by the loaded model (strict mode: tests/agents.rs).
@@ -52,7 +54,7 @@ async fn default_model_health_models_metrics_openapi() {
         );
     }
     assert!(spec["components"]["schemas"]["ChatCompletionRequest"].is_object());
-    for field in ["backend", "kernel_set"] {
+    for field in ["backend", "kernel_set", "kv_cache"] {
         assert!(
             spec["components"]["schemas"]["Model"]["properties"][field].is_object(),
             "Model.{field} missing from the spec"

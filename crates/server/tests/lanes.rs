@@ -86,8 +86,17 @@ async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm(
         assert_eq!(status, 200, "{r}");
         assert_eq!(answer(&r), expected[i], "request {i}");
     }
-    let (_, metrics) = batched.get("/metrics").await;
-    let metrics = metrics.as_str().expect("metrics text").to_string();
+    // A turn ends (its session banked, its lane freed) just after its last
+    // bytes are sent: wait for the gauges to settle.
+    let mut metrics = String::new();
+    for _ in 0..200 {
+        let (_, m) = batched.get("/metrics").await;
+        metrics = m.as_str().expect("metrics text").to_string();
+        if metrics.contains("ds4_running_turns 0") && metrics.contains("ds4_turns_total 6") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
     assert!(metrics.contains("ds4_running_turns 0"), "{metrics}");
     assert!(metrics.contains("ds4_turns_total 6"), "{metrics}");
     // The forwards really shared batches.

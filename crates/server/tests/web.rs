@@ -105,6 +105,8 @@ async fn default_model_status_reports_the_model_a_turn_and_the_cache() {
     let (_, models) = s.get("/v1/models").await;
     assert_eq!(before["backend"], models["data"][0]["backend"]);
     assert_eq!(before["kernel_set"], models["data"][0]["kernel_set"]);
+    assert_eq!(before["kv_cache"], models["data"][0]["kv_cache"]);
+    assert!(["f32", "f16"].contains(&before["kv_cache"].as_str().unwrap()));
     assert!(before["context_length"].as_u64().unwrap() > 0);
     assert_eq!(before["totals"]["turns"], 0);
     assert_eq!(before["cache"]["live_session"]["tokens"], 0);
@@ -141,7 +143,7 @@ async fn default_model_status_reports_the_model_a_turn_and_the_cache() {
     let (_, doc) = s.get("/openapi.json").await;
     assert!(doc["paths"]["/v1/status"]["get"].is_object());
     assert!(doc["components"]["schemas"]["Status"].is_object());
-    for field in ["backend", "kernel_set"] {
+    for field in ["backend", "kernel_set", "kv_cache"] {
         assert!(
             doc["components"]["schemas"]["Status"]["properties"][field].is_object(),
             "Status.{field} missing from the spec"

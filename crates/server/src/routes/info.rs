@@ -43,6 +43,7 @@ fn model(state: &AppState, id: &str) -> Model {
         family: state.descriptor.name,
         backend: state.backend.clone(),
         kernel_set: state.kernel_set,
+        kv_cache: state.kv_cache,
     }
 }
 

@@ -22,6 +22,8 @@ pub struct Status {
     pub backend: String,
     /// The kernel set of the model's products (`reference`, `fast`).
     pub kernel_set: &'static str,
+    /// The KV cache element type (`f32`, `f16`).
+    pub kv_cache: &'static str,
     /// The sampling law the family is bound to (`nucleus`, `ds4`).
     pub sampling_law: &'static str,
     /// The family's defaults for parameters a request leaves unset.
@@ -198,6 +200,7 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
         family: state.descriptor.name,
         backend: state.backend.clone(),
         kernel_set: state.kernel_set,
+        kv_cache: state.kv_cache,
         sampling_law: state.descriptor.law.name(),
         sampling_defaults: SamplingDefaults {
             temperature: d.temperature,

@@ -166,6 +166,9 @@ pub struct Model {
     /// activations, exact dequantized products) or `fast` (int8
     /// activations, integer dot products).
     pub kernel_set: &'static str,
+    /// Extension: the KV cache element type (`f32`, or `f16` rows: the
+    /// CPU fast set's default for llama models).
+    pub kv_cache: &'static str,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
