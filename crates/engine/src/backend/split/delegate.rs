@@ -1,7 +1,10 @@
 //! [`Split`]'s op inventory: every op on the home device, except the
 //! routed experts ([`super::exchange`]). The delegating methods are
 //! mechanical: one per op of [`Backend`], defaults included, so the home
-//! backend's own overrides run (not the trait's composed defaults).
+//! backend's own overrides run (not the trait's composed defaults). A new
+//! op without a default fails to compile here; a new op with one must be
+//! added by hand, or a group runs the composed default (same bits by the
+//! op's contract, but not the home's fused kernel).
 
 use super::Split;
 use super::exchange::{self, SplitExperts};
