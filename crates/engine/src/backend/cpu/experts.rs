@@ -49,47 +49,6 @@ pub fn swiglu(g: f32, u: f32, limit: Option<f32>) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
-/// Routed experts: `out[t] = Σ_k w[t,k]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`.
-///
-/// `x: [T, H]`, `experts`/`weights`: `[T, k]`; `gate_up: [E, 2I, H]` (rows
-/// `[gate | up]`), `down: [E, H, I]` (`E = n_experts`); returns `[T, H]`. Each expert runs
-/// once over the tokens routed to it; each token's `k` expert outputs are
-/// then added in top-k order (`o = 0; o += w_k·y_k`), so a token's result
-/// depends on its own row only. `seen`, when given, is told each expert's
-/// gathered rows and its down projection's input (`ds4server imatrix`'s
-/// product observer, [`crate::observe`]).
-#[allow(clippy::too_many_arguments)] // a kernel over flat slices
-pub fn expert_gather(
-    x: &[f32],
-    experts: &[usize],
-    weights: &[f32],
-    top_k: usize,
-    gate_up: Stack<'_>,
-    down: Stack<'_>,
-    n_experts: usize,
-    h: usize,
-    inter: usize,
-    limit: Option<f32>,
-    seen: Option<SeenRows<'_>>,
-) -> Vec<f32> {
-    let ys = slot_outputs(
-        x,
-        experts,
-        top_k,
-        Owned {
-            gate_up,
-            down,
-            first: 0,
-            count: n_experts,
-        },
-        h,
-        inter,
-        limit,
-        seen,
-    );
-    sum_slots(&ys, weights, top_k, h)
-}
-
 /// The stacks of experts `first..first + count` (global ids; the stacks
 /// index them from 0).
 #[derive(Clone, Copy)]
@@ -100,6 +59,9 @@ pub struct Owned<'a> {
     pub count: usize,
 }
 
+/// Routed experts, `out[t] = Σ_k w[t,k]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`,
+/// are [`sum_slots`] over these slot outputs (`CpuOps::experts_swiglu`).
+///
 /// The unweighted output of every slot whose expert `owned` holds,
 /// `[T·k, H]` (slot `j` = token `j / k`'s `(j % k)`-th expert), every other
 /// slot zero: each owned expert runs once over its routed rows.
@@ -177,6 +139,31 @@ mod tests {
         (0..len).map(|i| ((i as f32) * 0.13 + seed).sin()).collect()
     }
 
+    /// The routed experts of one call: every slot, then the sum (what
+    /// `CpuOps::experts_swiglu` runs).
+    #[allow(clippy::too_many_arguments)]
+    fn expert_gather(
+        x: &[f32],
+        experts: &[usize],
+        weights: &[f32],
+        top_k: usize,
+        gate_up: Stack<'_>,
+        down: Stack<'_>,
+        n_experts: usize,
+        h: usize,
+        inter: usize,
+        limit: Option<f32>,
+    ) -> Vec<f32> {
+        let owned = Owned {
+            gate_up,
+            down,
+            first: 0,
+            count: n_experts,
+        };
+        let ys = slot_outputs(x, experts, top_k, owned, h, inter, limit, None);
+        sum_slots(&ys, weights, top_k, h)
+    }
+
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
@@ -202,7 +189,6 @@ mod tests {
                 e,
                 h,
                 inter,
-                None,
                 None,
             )
         };
@@ -258,7 +244,6 @@ mod tests {
                     h,
                     inter,
                     Some(7.0),
-                    None,
                 )
             };
             let stored = run(Stack::Stored(&gu), Stack::Stored(&dn));

@@ -1,7 +1,10 @@
 //! [`Split`]'s op inventory: every op on the home device, except the
 //! routed experts ([`super::exchange`]). The delegating methods are
 //! mechanical: one per op of [`Backend`], defaults included, so the home
-//! backend's own overrides run (not the trait's composed defaults). A new
+//! backend's own overrides run (not the trait's composed defaults), except
+//! `experts_swiglu_gated`, whose default composes the group's
+//! `experts_swiglu` with the home's `add_gated_rows`, and `experts_slots`
+//! (a group is not itself a shard). A new
 //! op without a default fails to compile here; a new op with one must be
 //! added by hand, or a group runs the composed default (same bits by the
 //! op's contract, but not the home's fused kernel).
@@ -35,24 +38,6 @@ impl<B: Backend> Backend for Split<B> {
         limit: Option<f32>,
     ) -> Result<B::Buf> {
         exchange::experts_swiglu(&self.group(), x, rows, routing, gate_up, down, limit)
-    }
-
-    fn experts_swiglu_gated(
-        &self,
-        x: &B::Buf,
-        rows: usize,
-        routing: &B::Routing,
-        gate_up: &SplitExperts<B>,
-        down: &SplitExperts<B>,
-        limit: Option<f32>,
-        shared: &B::Buf,
-        gate: &B::Buf,
-    ) -> Result<B::Buf> {
-        // The composed form the trait defines (a device's fused one has
-        // the same bits).
-        let out = self.experts_swiglu(x, rows, routing, gate_up, down, limit)?;
-        let width = self.len(&out) / rows.max(1);
-        self.add_gated_rows(&out, shared, gate, width)
     }
 
     fn id(&self) -> BackendId {

@@ -105,17 +105,26 @@ pub struct Group<'a, B: Backend> {
 }
 
 /// What a group's exchanges have moved, since it was made.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     /// Layers run over the group.
     pub layers: AtomicU64,
-    /// Slots computed on each device, by device (up to 16 devices).
-    pub slots: [AtomicU64; 16],
+    /// Slots computed on each device, by device.
+    pub slots: Box<[AtomicU64]>,
     /// Buffers moved between devices (scatters and gathers).
     pub copies: AtomicU64,
 }
 
 impl Stats {
+    /// Zero counters for a group of `devices`.
+    pub fn new(devices: usize) -> Self {
+        Self {
+            layers: AtomicU64::new(0),
+            slots: (0..devices).map(|_| AtomicU64::new(0)).collect(),
+            copies: AtomicU64::new(0),
+        }
+    }
+
     /// Slots computed by device `d`.
     pub fn slots_on(&self, d: usize) -> u64 {
         self.slots.get(d).map_or(0, |c| c.load(Ordering::Relaxed))

@@ -68,10 +68,10 @@ impl<B: Backend> Split<B> {
             )));
         }
         Ok(Self {
+            stats: Arc::new(exchange::Stats::new(devices.len())),
             devices: devices.into(),
             plan,
             transport,
-            stats: Arc::default(),
         })
     }
 
