@@ -220,7 +220,6 @@ impl<B: Backend> KvCache<B> {
         Ok(self.layer_rows(layer))
     }
 
-    /// `layer`'s keys and values per head (a layer that exists).
     /// `layer`'s keys and values per head, as [`KvCache::write`] returned
     /// them (continuous batching writes every session's rows first, then
     /// reads them all).
@@ -231,6 +230,7 @@ impl<B: Backend> KvCache<B> {
         Ok(self.layer_rows(layer))
     }
 
+    /// `layer`'s keys and values per head (a layer that exists).
     fn layer_rows(&self, layer: usize) -> KvRows<'_, B> {
         match &self.store {
             Store::F32 { k, v } => KvRows::F32(
