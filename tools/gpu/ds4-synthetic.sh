@@ -3,7 +3,7 @@
 # (docs/GPU.md, runs 28 and 30), and the CUDA tests of the stored and fast
 # products first. Carried in .gpu-synth/ with `ds4server.xz` (xz -9e of the
 # stripped `--features cuda` binary) and `cuda.gz` or `cuda.xz` (the
-# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [ncu] [ncu-fast]
+# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [streams] [ncu] [ncu-fast]
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
@@ -57,6 +57,10 @@ for what in "$@"; do
       grep "^REPORT" "$OUT/$what-rows${NCU_ROWS:-1}.csv" | tee "$OUT/$what-rows${NCU_ROWS:-1}.report"
       python3 "$root/tools/gpu/ncu_table.py" "$OUT/$what-rows${NCU_ROWS:-1}.csv" > "$OUT/$what-rows${NCU_ROWS:-1}.table" 2>&1
       gzip -f "$OUT/$what-rows${NCU_ROWS:-1}.csv" ;;
+    # Continuous batching's aggregate decode rate (issue 47's GPU rows):
+    # STREAMS (default 1,8,32) greedy streams of 128-token prompts at once,
+    # each checked against its turn served alone.
+    streams) bench streams "${STREAMS_S:-300}" --kernels fast --weights ds4-q2 --streams "${STREAMS:-1,8,32}" --prompts 128 --gen 32 ;;
     q4) bench q4 "${Q4_S:-120}" --weights ds4-q4 --prompts 512 --gen 8 ;;
   esac
 done

@@ -109,7 +109,7 @@ fn group_sessions_move_to_one_device_and_stay_exact() {
     let dir = fixture("deepseek_v4/tiny_a");
     let one = DeepseekV4Model::load(&dir, CpuOps).unwrap();
     let plan = ExpertSplit::even(2).unwrap();
-    let group = split::group(&plan);
+    let group = split::group_of(&plan, &CpuOps);
     let split = DeepseekV4Model::load(&dir, group.clone()).unwrap();
     let v = one.vocab_size() as u32;
     let prompt: Vec<u32> = (0..12).map(|i| (i * 5 + 1) % v).collect();

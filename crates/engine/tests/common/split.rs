@@ -1,11 +1,12 @@
-//! Expert-parallel checks shared by the reference and fast-set binaries:
-//! a model on every plan's CPU group gives the one-device bits.
+//! Expert-parallel checks shared by the reference and fast-set binaries
+//! and the CUDA tests: a model on every plan's group gives the one-device
+//! bits.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ds4_engine::backend::CpuOps;
 use ds4_engine::backend::split::{ExpertSplit, HostCopy, Split};
+use ds4_engine::backend::{Backend, CpuOps};
 use ds4_engine::{HiddenRows, LogitsRows, Model};
 
 pub fn fixture(p: &str) -> PathBuf {
@@ -14,9 +15,11 @@ pub fn fixture(p: &str) -> PathBuf {
         .join(p)
 }
 
-pub fn group(plan: &ExpertSplit) -> Split<CpuOps> {
+/// `plan`'s group with every part a clone of `device` (on a GPU: logical
+/// shards of one device, the copies through the host).
+pub fn group_of<B: Backend>(plan: &ExpertSplit, device: &B) -> Split<B> {
     Split::new(
-        vec![CpuOps; plan.devices()],
+        vec![device.clone(); plan.devices()],
         plan.clone(),
         Arc::new(HostCopy),
     )
@@ -71,15 +74,26 @@ pub fn bits<M: Model>(m: &M) -> Vec<u32> {
     out.iter().map(|x| x.to_bits()).collect()
 }
 
-/// `one` (one device) against the same model on every plan's group.
+/// `one` (one CPU) against the same model on every plan's group.
 pub fn same_bits_on_every_plan<M: Model, N: Model>(
     what: &str,
     one: &M,
     split: impl Fn(Split<CpuOps>) -> N,
 ) {
+    same_bits_on_every_plan_of(what, one, &CpuOps, split)
+}
+
+/// `one` (on `device`) against the same model on every plan's group of
+/// `device`'s clones.
+pub fn same_bits_on_every_plan_of<B: Backend, M: Model, N: Model>(
+    what: &str,
+    one: &M,
+    device: &B,
+    split: impl Fn(Split<B>) -> N,
+) {
     let want = bits(one);
     for plan in plans() {
-        let g = group(&plan);
+        let g = group_of(&plan, device);
         let m = split(g.clone());
         assert_eq!(m.backend(), one.backend(), "{what}: a group is its home");
         let got = bits(&m);

@@ -10,5 +10,6 @@
 
 mod bench;
 mod e2e;
+mod expert_split;
 mod ops;
 mod support;

@@ -410,7 +410,6 @@ pub(super) fn experts_swiglu(
     }
     let k = routing.k;
     let pairs = rows * k;
-    let out = CudaBuf::uninit(dev, rows * h)?;
     if pairs == 0 {
         let zeros = super::buf::zeros(dev, rows * h)?;
         return match gated {
@@ -420,7 +419,59 @@ pub(super) fn experts_swiglu(
             _ => Ok(zeros),
         };
     }
-    let experts = routing.experts.ptr();
+    let ys = slot_outputs(
+        dev,
+        x,
+        pairs,
+        k,
+        routing.experts.ptr(),
+        gate_up,
+        down,
+        limit,
+    )?;
+    let out = CudaBuf::uninit(dev, rows * h)?;
+    match gated {
+        None => dev.launch(
+            "experts_combine",
+            Shape::elements(rows * h),
+            args![out.ptr(), ys.ptr(), routing.weights.ptr(), rows, k, h],
+        )?,
+        Some((shared, gate)) => dev.launch(
+            "experts_combine_gated",
+            Shape::elements(rows * h),
+            args![
+                out.ptr(),
+                ys.ptr(),
+                routing.weights.ptr(),
+                rows,
+                k,
+                h,
+                shared.ptr(),
+                gate.ptr()
+            ],
+        )?,
+    }
+    Ok(out)
+}
+
+/// The unweighted output of every (token, slot) pair, `[pairs, H]`:
+/// `down_e(act(gate_up_e·x_{p / k}))` with `e = experts[p]` (device ids
+/// into these stacks, `pairs ≥ 1`): gate/up for every pair in one launch,
+/// SwiGLU, down in one launch. Each pair's output depends on its row and
+/// expert alone (the sum over slots is the caller's).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn slot_outputs(
+    dev: &Device,
+    x: &CudaBuf,
+    pairs: usize,
+    k: usize,
+    experts: u64,
+    gate_up: &CudaExperts,
+    down: &CudaExperts,
+    limit: Option<f32>,
+) -> Result<CudaBuf> {
+    let (h, two_i) = (gate_up.inp, gate_up.out);
+    let inter = two_i / 2;
     let act = CudaBuf::uninit(dev, pairs * inter)?;
     if let ExpertWeights::Block { kind, dm, quants } = &gate_up.w {
         // Block stacks: gate, up and SwiGLU in one launch (the bits of the
@@ -464,28 +515,7 @@ pub(super) fn experts_swiglu(
     }
     let ys = CudaBuf::uninit(dev, pairs * h)?;
     gather_product(dev, &ys, &act, 1, experts, pairs, down)?;
-    match gated {
-        None => dev.launch(
-            "experts_combine",
-            Shape::elements(rows * h),
-            args![out.ptr(), ys.ptr(), routing.weights.ptr(), rows, k, h],
-        )?,
-        Some((shared, gate)) => dev.launch(
-            "experts_combine_gated",
-            Shape::elements(rows * h),
-            args![
-                out.ptr(),
-                ys.ptr(),
-                routing.weights.ptr(),
-                rows,
-                k,
-                h,
-                shared.ptr(),
-                gate.ptr()
-            ],
-        )?,
-    }
-    Ok(out)
+    Ok(ys)
 }
 
 /// `y[p] = w_{experts[p]} · x[p / x_div]` for every pair, one launch.

@@ -32,6 +32,7 @@ mod attention;
 mod buf;
 mod device;
 mod elementwise;
+mod expert_slots;
 mod fused;
 mod graph;
 mod host_gaps;

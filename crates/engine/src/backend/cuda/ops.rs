@@ -6,7 +6,7 @@ use super::buf::{self, CudaBuf};
 use super::graph::{self, CudaStep};
 use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
-use super::{CudaOps, attention, elementwise, fused, linear, norms, recurrent};
+use super::{CudaOps, attention, elementwise, expert_slots, fused, linear, norms, recurrent};
 use crate::backend::composed;
 use crate::backend::{
     Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostWeight, IndexerShape,
@@ -154,6 +154,33 @@ impl Backend for CudaOps {
     ) -> Result<CudaBuf> {
         let gated = Some((shared, gate));
         linear::experts_swiglu(&self.dev, x, rows, routing, gate_up, down, limit, gated)
+    }
+
+    fn experts_slots(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        routing: &CudaRouting,
+        gate_up: &CudaExperts,
+        down: &CudaExperts,
+        limit: Option<f32>,
+        first: usize,
+    ) -> Result<CudaBuf> {
+        expert_slots::experts_slots(&self.dev, x, rows, routing, gate_up, down, limit, first)
+    }
+
+    fn sum_slots(
+        &self,
+        ys: &CudaBuf,
+        rows: usize,
+        routing: &CudaRouting,
+        width: usize,
+    ) -> Result<CudaBuf> {
+        expert_slots::sum_slots(&self.dev, ys, rows, routing, width)
+    }
+
+    fn routing_upload(&self, experts: &[usize], weights: &[f32], k: usize) -> Result<CudaRouting> {
+        expert_slots::routing_upload(&self.dev, experts, weights, k)
     }
 
     // ---- routing ----

@@ -552,6 +552,12 @@ impl<B: Backend> Backend for Split<B> {
         inputs: &[&B::Buf],
         body: &mut PureBody<'_, B::Buf>,
     ) -> Result<Vec<B::Buf>> {
+        // A unit holding an exchange reads the routing back on the host,
+        // which a captured graph cannot: a group runs its units eagerly
+        // (the same launches, so the same bits); a group of one replays.
+        if self.devices.len() > 1 {
+            return body(inputs);
+        }
         self.home().run_pure(key, inputs, body)
     }
 

@@ -93,6 +93,30 @@ extern "C" __global__ void experts_combine(float* out, const float* ys, const fl
     }
 }
 
+// Expert parallel (`Backend::experts_slots`): a shard holds experts
+// first .. first + count. `local[p]` is slot p's expert in the shard's
+// stack, or 0 where another shard owns it: such a slot runs expert 0's
+// product and is zeroed after (`experts_zero_unowned`), so every owned
+// slot keeps the one-device kernel, hence its bits.
+extern "C" __global__ void experts_local_ids(u32* local, const u32* experts, u64 pairs,
+                                             u64 first, u64 count) {
+    dep_entry();
+    FOR_EACH(p, pairs) {
+        u64 e = experts[p];
+        local[p] = (e >= first && e < first + count) ? (u32)(e - first) : 0u;
+    }
+}
+
+// `ys[p, :] = 0` for every slot p whose expert lies outside first .. first + count.
+extern "C" __global__ void experts_zero_unowned(float* ys, const u32* experts, u64 pairs, u64 h,
+                                                u64 first, u64 count) {
+    dep_entry();
+    FOR_EACH(i, pairs * h) {
+        u64 e = experts[i / h];
+        if (e < first || e >= first + count) ys[i] = 0.0f;
+    }
+}
+
 // `experts_combine`, plus a gated shared expert: base + shared·σ(gate[r]),
 // each step rounded as `add_gated_rows_f32` rounds it (one launch instead
 // of two).
