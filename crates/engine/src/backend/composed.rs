@@ -22,6 +22,36 @@ pub fn matmul_many<B: Backend>(
         .collect()
 }
 
+/// [`Backend::matmul_grouped`] as its parts: the groups' columns split
+/// off, each multiplied, the products joined.
+pub fn matmul_grouped<B: Backend>(
+    ops: &B,
+    x: &B::Buf,
+    rows: usize,
+    parts: &[&B::Matrix],
+) -> Result<B::Buf> {
+    let g = parts.len();
+    let len = ops.len(x);
+    if g == 0 || rows == 0 || !len.is_multiple_of(rows * g) {
+        return if len == 0 && rows == 0 {
+            ops.zeros(0)
+        } else {
+            Err(crate::error::EngineError::State(format!(
+                "matmul_grouped: {len} values are not {rows} rows of {g} groups"
+            )))
+        };
+    }
+    let k = len / (rows * g);
+    let xs = ops.split_cols(x, rows, &vec![k; g], 1)?;
+    let ys = xs
+        .iter()
+        .zip(parts)
+        .map(|(xi, w)| ops.matmul(xi, rows, w))
+        .collect::<Result<Vec<_>>>()?;
+    let cat: Vec<(&B::Buf, usize)> = ys.iter().map(|y| (y, ops.len(y) / rows)).collect();
+    ops.concat_cols(&cat, rows)
+}
+
 /// [`Backend::attention_causal_batch`] (and its f16 twin) one part after
 /// another: `one` per part, the outputs appended in order.
 pub fn part_by_part<B: Backend, K>(

@@ -408,6 +408,20 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Vec<Self::Buf>> {
         composed::matmul_many(self, x, rows, parts)
     }
+    /// A block-diagonal product: `x: [rows, g·k]`, group `i` its columns
+    /// `i·k ..`, times `parts[i]` (`[n, k]` each) into columns `i·n ..` of
+    /// `[rows, g·n]` (DeepSeek-V4's grouped output projection). Each group
+    /// is its own [`Backend::matmul`] row by row, so the bits are those of
+    /// splitting, multiplying and joining, which the default does; a
+    /// device may run the groups in one launch.
+    fn matmul_grouped(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        parts: &[&Self::Matrix],
+    ) -> Result<Self::Buf> {
+        composed::matmul_grouped(self, x, rows, parts)
+    }
     /// Routed SwiGLU experts: `out[t] = Σ_k w[t,k]·down_e(act(g, u))`,
     /// `[g | u] = gate_up_e·x_t`, `e = routing[t,k]`, `act = silu(g)·u`, or
     /// with a `limit` L `silu(min(g, L))·clamp(u, −L, L)` (DeepSeek, GLM);

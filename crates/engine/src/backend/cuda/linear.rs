@@ -150,6 +150,8 @@ pub(super) struct ManyPart {
     y: u64,
     n: u64,
     first: u64,
+    x_off: u64,
+    y_stride: u64,
     swiglu: i32,
     has_limit: i32,
     limit: f32,
@@ -162,6 +164,7 @@ pub(super) struct ManyPart {
 pub(super) struct ManyArgs {
     x: u64,
     k: u64,
+    x_stride: u64,
     parts: u64,
     p: [ManyPart; MANY_PARTS],
 }
@@ -239,6 +242,7 @@ fn many_in_one(
     let mut a = ManyArgs {
         x: x.ptr(),
         k: k as u64,
+        x_stride: k as u64,
         parts: parts.len() as u64,
         ..Default::default()
     };
@@ -262,6 +266,8 @@ fn many_in_one(
             y: y.ptr(),
             n: n as u64,
             first: first as u64,
+            x_off: 0,
+            y_stride: n as u64,
             swiglu: swiglu as i32,
             has_limit: limit.is_some() as i32,
             limit: limit.unwrap_or(0.0),
@@ -283,6 +289,78 @@ fn many_in_one(
     // One row of blocks per activation row (grid y).
     dev.launch_many(name, per_row(shape, rows), &a)?;
     Ok(Some(outs))
+}
+
+/// [`crate::backend::Backend::matmul_grouped`] in `matmul_*_many` launches
+/// of up to [`MANY_PARTS`] groups each, where the call is one activation
+/// row (or a verify window's 2..=4) and the groups are block matrices of
+/// one format and shape: each group reads its own columns of `x` and writes
+/// its own columns of the output, with its own `matmul`'s bits. `None`:
+/// the caller runs the composed form.
+pub(super) fn matmul_grouped(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    parts: &[&CudaMatrix],
+) -> Result<Option<CudaBuf>> {
+    let Some(CudaMatrix::Block { kind, out, inp, .. }) = parts.first().copied() else {
+        return Ok(None);
+    };
+    let (kind, out, inp) = (*kind, *out, *inp);
+    let same = parts.iter().all(|w| {
+        matches!(w, CudaMatrix::Block { kind: k2, out: o2, inp: i2, .. }
+            if *k2 == kind && *o2 == out && *i2 == inp)
+    });
+    let (g, n, k) = (parts.len(), out, inp);
+    if !same || n == 0 || k == 0 || !(rows == 1 || per_row_window(rows)) {
+        return Ok(None);
+    }
+    if x.len() != rows * g * k {
+        return Err(shape_err(
+            "matmul_grouped",
+            format!("{} values are not [{rows}, {g}×{k}]", x.len()),
+        ));
+    }
+    let split = split_form(k);
+    let y = CudaBuf::uninit(dev, rows * g * n)?;
+    let chain = chain_fields("matmul_grouped", &[])?;
+    for (c, chunk) in parts.chunks(MANY_PARTS).enumerate() {
+        let mut a = ManyArgs {
+            x: x.ptr(),
+            k: k as u64,
+            x_stride: (g * k) as u64,
+            parts: chunk.len() as u64,
+            ..Default::default()
+        };
+        for (i, w) in chunk.iter().enumerate() {
+            let CudaMatrix::Block { dm, quants, .. } = w else {
+                unreachable!("checked above")
+            };
+            let group = c * MANY_PARTS + i;
+            a.p[i] = ManyPart {
+                dm: ptr(dm),
+                quants: ptr(quants),
+                y: y.ptr() + (4 * group * n) as u64,
+                n: n as u64,
+                first: (i * n) as u64,
+                x_off: (group * k) as u64,
+                y_stride: (g * n) as u64,
+                swiglu: 0,
+                has_limit: 0,
+                limit: 0.0,
+                chain,
+            };
+        }
+        let units = chunk.len() * n;
+        let (name, shape) = match (kind, split) {
+            (BlockKind::Q4_1, false) => ("matmul_q4_1_many", warp_rows(units)),
+            (BlockKind::Q8_0, false) => ("matmul_q8_0_many", warp_rows(units)),
+            (BlockKind::Q4_1, true) => ("matmul_q4_1_split_many", Shape::blocks(units, 256)),
+            (BlockKind::Q8_0, true) => ("matmul_q8_0_split_many", Shape::blocks(units, 256)),
+        };
+        dev.launch_many(name, per_row(shape, rows), &a)?;
+    }
+    Ok(Some(y))
 }
 
 /// A warp per output row, [`ROWS_PER_BLOCK`] warps per block.

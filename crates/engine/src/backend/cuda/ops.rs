@@ -129,6 +129,13 @@ impl Backend for CudaOps {
         linear::matmul_gated_mean(&self.dev, x, rows, w, streams, c, h)
     }
 
+    fn matmul_grouped(&self, x: &CudaBuf, rows: usize, parts: &[&CudaMatrix]) -> Result<CudaBuf> {
+        match linear::matmul_grouped(&self.dev, x, rows, parts)? {
+            Some(y) => Ok(y),
+            None => composed::matmul_grouped(self, x, rows, parts),
+        }
+    }
+
     fn experts_swiglu(
         &self,
         x: &CudaBuf,

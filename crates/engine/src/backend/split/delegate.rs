@@ -121,6 +121,10 @@ impl<B: Backend> Backend for Split<B> {
         self.home().matmul_many(x, rows, parts)
     }
 
+    fn matmul_grouped(&self, x: &B::Buf, rows: usize, parts: &[&B::Matrix]) -> Result<B::Buf> {
+        self.home().matmul_grouped(x, rows, parts)
+    }
+
     fn sum_slots(
         &self,
         ys: &B::Buf,

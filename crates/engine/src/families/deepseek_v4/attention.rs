@@ -295,17 +295,11 @@ impl<B: Backend> Attention<B> {
         // K = V carried the rotation into the output: undo it at the
         // query's position.
         inverse.apply_trailing(ops, &mut o, d, r)?;
-        let g = self.wo_a.len();
-        let parts = ops.split_cols(&o, rows, &vec![self.heads * d / g; g], 1)?;
-        let outs = parts
-            .iter()
-            .zip(&self.wo_a)
-            .map(|(p, w)| w.forward(ops, p, rows))
-            .collect::<Result<Vec<_>>>()?;
-        let cat: Vec<(&B::Buf, usize)> = outs.iter().map(|o| (o, self.wo_a[0].out_dim())).collect();
+        // Group i's columns of `o` through its block of `wo_a`, joined.
+        let wo_a: Vec<&B::Matrix> = self.wo_a.iter().map(Linear::matrix).collect();
         let y = self
             .wo_b
-            .forward(ops, &ops.concat_cols(&cat, rows)?, rows)?;
+            .forward(ops, &ops.matmul_grouped(&o, rows, &wo_a)?, rows)?;
         cache.trim(ops)?;
         Ok((y, selection))
     }

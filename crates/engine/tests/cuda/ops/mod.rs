@@ -12,6 +12,7 @@
 mod attention;
 mod elementwise;
 mod fused;
+mod grouped;
 pub(crate) mod kq8;
 mod linear;
 mod memory;

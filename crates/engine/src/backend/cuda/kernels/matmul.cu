@@ -550,7 +550,9 @@ extern "C" __global__ void matmul_q8_0_one(float* y, const float* x, const u32* 
 // its warps (split form: blocks) numbered from `first` in the launch. Each
 // output runs the code of that part's own launch (`block_steps` with
 // MM_AHEAD, the butterfly, `split_row_one` for the split form, the chain
-// as it stores), so it has that launch's bits. A SwiGLU part (rows
+// as it stores), so it has that launch's bits. A grouped launch
+// (`Backend::matmul_grouped`) gives each part its own columns of x
+// (`x_off`, rows `x_stride` apart) and of one output (`y_stride`). A SwiGLU part (rows
 // [g | u], 2·I of them) has a warp per j < I computing rows j and I + j
 // and storing `swiglu_one(g_j, u_j)`, as `swiglu_f32` does. The fields
 // mirror `ManyArgs` in `cuda/linear.rs` (repr(C)).
@@ -559,8 +561,10 @@ struct ManyPart {
     const u32* dm;
     const u8* quants;
     float* y;
-    u64 n;      // outputs of the part (I for a SwiGLU part)
-    u64 first;  // its first warp (split form: block) in the launch
+    u64 n;         // outputs of the part (I for a SwiGLU part)
+    u64 first;     // its first warp (split form: block) in the launch
+    u64 x_off;     // its first column of x
+    u64 y_stride;  // values between its output rows
     int swiglu;
     int has_limit;
     float limit;
@@ -569,6 +573,7 @@ struct ManyPart {
 struct Many {
     const float* x;
     u64 k;
+    u64 x_stride;  // values between rows of x
     u64 parts;
     ManyPart p[MANY_PARTS];
 };
@@ -596,8 +601,8 @@ __device__ __forceinline__ void matmul_block_many(const Many& m, u64 t) {
     if (j >= p.n) return;
     unsigned lane = threadIdx.x & 31;
     u64 nb = m.k / 32;
-    const float* x = m.x + t * m.k;
-    float* y = p.y + t * p.n;
+    const float* x = m.x + t * m.x_stride + p.x_off;
+    float* y = p.y + t * p.y_stride;
     if (SWIGLU && p.swiglu) {
         float2 gu = two_row_sums<Q4>(x, p.dm, p.quants, nb, j, p.n + j, lane);
         if (lane == 0) y[j] = swiglu_one(gu.x, gu.y, p.has_limit, p.limit);
@@ -618,9 +623,9 @@ __device__ __forceinline__ void matmul_block_split_many(const Many& m, u64 t) {
     u64 j = blockIdx.x - p.first;
     if (j >= p.n) return;
     u64 nb = m.k / 32;
-    float s = split_row_one<Q4>(&part[0][0], m.x + t * m.k, m.k, p.dm + j * nb,
+    float s = split_row_one<Q4>(&part[0][0], m.x + t * m.x_stride + p.x_off, m.k, p.dm + j * nb,
                                 p.quants + j * nb * qb, nb);
-    if (threadIdx.x == 0) p.y[t * p.n + j] = p.c.apply(s);
+    if (threadIdx.x == 0) p.y[t * p.y_stride + j] = p.c.apply(s);
 }
 
 extern "C" __global__ void matmul_q4_1_many(Many m) {
