@@ -3,7 +3,7 @@
 # (docs/GPU.md, runs 28 and 30), and the CUDA tests of the stored and fast
 # products first. Carried in .gpu-synth/ with `ds4server.xz` (xz -9e of the
 # stripped `--features cuda` binary) and `cuda.gz` or `cuda.xz` (the
-# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [streams] [ncu] [ncu-fast]
+# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [streams] [group] [ncu] [ncu-fast]
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
@@ -27,8 +27,9 @@ bench() {  # NAME TIMEOUT_S BENCH_ARGS...
   local name=$1 t=$2; shift 2
   nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader -lms 500 > "$OUT/mem-$name.csv" 2>&1 &
   local mp=$! s0=$SECONDS
-  echo "== ds4server bench --synthetic deepseek_v4 --shape $shape --device cuda $*" | tee "$OUT/$name.log"
-  timeout "$t" ./ds4server bench --synthetic deepseek_v4 --shape "$shape" --device cuda "$@" 2>&1 | tee -a "$OUT/$name.log"
+  local dev=${DEVICES:+--devices $DEVICES}; dev=${dev:---device cuda}
+  echo "== ds4server bench --synthetic deepseek_v4 --shape $shape $dev $*" | tee "$OUT/$name.log"
+  timeout "$t" ./ds4server bench --synthetic deepseek_v4 --shape "$shape" $dev "$@" 2>&1 | tee -a "$OUT/$name.log"
   echo "rc=${PIPESTATUS[0]} wall_s=$((SECONDS - s0))" | tee -a "$OUT/$name.log"
   kill "$mp"; wait "$mp" 2>/dev/null
   echo "device memory used, peak MiB: $(cut -d, -f2 "$OUT/mem-$name.csv" | tr -dc '0-9\n' | sort -n | tail -1) (sampled every 0.5 s)" | tee -a "$OUT/$name.log"
@@ -61,6 +62,9 @@ for what in "$@"; do
     # STREAMS (default 1,8,32) greedy streams of 128-token prompts at once,
     # each checked against its turn served alone.
     streams) bench streams "${STREAMS_S:-300}" --kernels fast --weights ds4-q2 --streams "${STREAMS:-1,8,32}" --prompts 128 --gen 32 ;;
+    # The expert-parallel group on one GPU (issue 49): two logical shards
+    # of device 0, rows and slot outputs through the host, against q2fast.
+    group) DEVICES=cuda:0,cuda:0 bench group "${Q2_S:-240}" --kernels fast --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 16 ;;
     q4) bench q4 "${Q4_S:-120}" --weights ds4-q4 --prompts 512 --gen 8 ;;
   esac
 done

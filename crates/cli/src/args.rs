@@ -101,6 +101,13 @@ pub struct ModelArgs {
     /// CPU, saying so).
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,
+    /// Several GPUs for one model: `cuda:0,cuda:1,…`, the first holding
+    /// everything but the routed experts, which are split evenly over all
+    /// (expert parallel; the MoE families). Outputs are bit-identical to
+    /// one GPU's. A repeated device runs logical shards of one GPU. Rows
+    /// cross between GPUs through the host for now. Replaces `--device`.
+    #[arg(long, value_name = "LIST", conflicts_with = "device")]
+    pub devices: Option<ds4_engine::families::shards::Shards>,
     /// KV cache element type (llama.cpp's `-ctk/-ctv`): `f32` keeps keys and
     /// values as computed (4 bytes a value); `f16` rounds them to half
     /// precision (2 bytes: half the cache memory and half the bytes each
@@ -125,8 +132,9 @@ pub struct KernelsArg {
     /// int8 with one scale per 32 values and integer dot products for
     /// block-quantized weights; faster, with its own bits, and its own
     /// checkpoint identity). Default: `DS4_KERNELS`, else fast on the CPU
-    /// (its quality against reference is measured: bench/README.md). The
-    /// CUDA backend has only its reference set.
+    /// (its quality against reference is measured: bench/README.md). On
+    /// CUDA the default is reference; `fast` there runs int8 activations
+    /// for the super-block types (Q2_K–Q6_K, IQ2_XXS: docs/GPU.md).
     #[arg(long, value_name = "SET", value_parser = kernel_set)]
     pub kernels: Option<KernelSet>,
 }

@@ -264,12 +264,14 @@ fn kernels_with_env(
         // reference's, bench/README.md) and it is the faster one (rule 6
         // (d)). The engine's own default stays the reference set.
         (Device::Cpu, Asked::Nothing) => Ok((KernelSet::Fast, None)),
-        (Device::Cuda(_), Asked::Flag(set) | Asked::Env(set)) => Ok((set, None)),
+        (Device::Cuda(_) | Device::CudaGroup(_), Asked::Flag(set) | Asked::Env(set)) => {
+            Ok((set, None))
+        }
         // CUDA's fast set covers the 256-value super-block types' products
         // only (Q2_K–Q6_K, IQ2_XXS: `kernels/kq8.cu`); its quality is not
         // measured on the GPU yet (rule 6 (c)), so the reference set stays
         // the default there.
-        (Device::Cuda(_), _) => Ok((KernelSet::Reference, None)),
+        (Device::Cuda(_) | Device::CudaGroup(_), _) => Ok((KernelSet::Reference, None)),
     }
 }
 
@@ -277,7 +279,14 @@ fn kernels_with_env(
 /// ([`kernels_for`]). Call before any model load: the weights are laid
 /// out for the set.
 pub fn device_and_kernels(args: &ModelArgs) -> anyhow::Result<(Device, KernelSet)> {
-    let device = device(args.device)?;
+    let device = match args.devices {
+        Some(shards) if cfg!(feature = "cuda") => Device::CudaGroup(shards),
+        Some(shards) => anyhow::bail!(
+            "--devices {shards}: this ds4server was built without CUDA support \
+             (cargo build --release -p ds4server --features cuda)"
+        ),
+        None => device(args.device)?,
+    };
     let set = kernels_for(device, args.kernels.kernels)?;
     kernel_set::choose(set).map_err(|e| anyhow::anyhow!("--kernels {set}: {e}"))?;
     Ok((device, set))

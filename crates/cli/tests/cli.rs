@@ -361,6 +361,42 @@ fn missing_model_path_is_a_readable_error() {
     assert!(stderr.contains("/nonexistent/model.gguf"), "{stderr}");
 }
 
+/// `--devices` (issue 49): a list of fewer than two GPUs or a part that
+/// is not `cuda:N` is a usage error that says what to write; with
+/// `--device` it conflicts; a build without CUDA says how to get one.
+#[test]
+fn devices_lists_are_checked_before_anything_loads() {
+    let fails = |args: &[&str], says: &str| {
+        let out = bin().args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    };
+    let tiny = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/deepseek_v4/tiny_a"
+    );
+    let run = ["run", "-m", tiny, "-p", "hi"];
+    fails(
+        &[&run[..], &["--devices", "cuda:0"]].concat(),
+        "2 to 8 parts",
+    );
+    fails(
+        &[&run[..], &["--devices", "cuda:0,gpu1"]].concat(),
+        "write cuda:N",
+    );
+    fails(
+        &[&run[..], &["--devices", "cuda:0,cuda:1", "--device", "cpu"]].concat(),
+        "cannot be used with",
+    );
+    if !cfg!(feature = "cuda") {
+        fails(
+            &[&run[..], &["--devices", "cuda:0,cuda:1"]].concat(),
+            "built without CUDA support",
+        );
+    }
+}
+
 #[test]
 fn bench_writes_csv_and_svg_default_model() {
     let dir = tempfile::tempdir().unwrap();

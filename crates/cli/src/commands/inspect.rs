@@ -113,10 +113,8 @@ impl Kernels {
     fn line(&self) -> String {
         match (&self.backend, self.device) {
             (Some(id), _) => format!("{id} ({} set)", self.set),
-            (None, Device::Cuda(n)) => format!(
-                "cuda device {n}, {} set (the CUDA backend has only its reference set)",
-                self.set
-            ),
+            (None, Device::Cuda(n)) => format!("cuda device {n}, {} set", self.set),
+            (None, Device::CudaGroup(g)) => format!("cuda devices {g}, {} set", self.set),
             (None, Device::Cpu) => format!("cpu, {} set", self.set),
         }
     }
@@ -128,6 +126,7 @@ impl Kernels {
             "device": match self.device {
                 Device::Cpu => "cpu".to_string(),
                 Device::Cuda(n) => format!("cuda:{n}"),
+                Device::CudaGroup(g) => g.to_string(),
             },
         })
     }
@@ -138,7 +137,7 @@ fn kernels(args: &InspectArgs) -> anyhow::Result<Kernels> {
     let set = model_source::kernels_for(device, args.kernels.kernels)?;
     let backend = match device {
         Device::Cpu => Some(CpuOps::id_for(set).to_string()),
-        Device::Cuda(_) => None,
+        Device::Cuda(_) | Device::CudaGroup(_) => None,
     };
     Ok(Kernels {
         set,

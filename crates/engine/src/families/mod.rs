@@ -13,6 +13,7 @@ pub mod llama;
 #[cfg(feature = "cuda")]
 mod on_cuda;
 pub mod qwen4_exp;
+pub mod shards;
 
 use std::path::Path;
 
@@ -148,6 +149,10 @@ pub enum Device {
     Cpu,
     /// CUDA device `n` (the `cuda` feature).
     Cuda(usize),
+    /// An expert-parallel group of CUDA devices, the home first
+    /// (`--devices`, [`crate::backend::split`]): routed experts split
+    /// evenly, everything else on the home.
+    CudaGroup(shards::Shards),
 }
 
 /// A loaded model of any family. Generic code receives the concrete model
@@ -167,7 +172,17 @@ pub enum LoadedModel {
     DeepseekV4Cuda(Box<deepseek_v4::DeepseekV4Model<crate::backend::CudaOps>>),
     #[cfg(feature = "cuda")]
     Glm5NextCuda(Box<glm5_next::Glm5NextModel<crate::backend::CudaOps>>),
+    #[cfg(feature = "cuda")]
+    Qwen4ExpCudaGroup(Box<qwen4_exp::Qwen4ExpModel<CudaGroup>>),
+    #[cfg(feature = "cuda")]
+    DeepseekV4CudaGroup(Box<deepseek_v4::DeepseekV4Model<CudaGroup>>),
+    #[cfg(feature = "cuda")]
+    Glm5NextCudaGroup(Box<glm5_next::Glm5NextModel<CudaGroup>>),
 }
+
+/// An expert-parallel group of CUDA devices ([`Device::CudaGroup`]).
+#[cfg(feature = "cuda")]
+pub type CudaGroup = crate::backend::split::Split<crate::backend::CudaOps>;
 
 /// The draft depths `--mtp-depth auto` runs, by whether a request samples:
 /// a sampled cycle also samples its draft and verify rows, so a deeper
@@ -208,8 +223,13 @@ impl LoadedModel {
                 let (family, format) = detect(path)?;
                 on_cuda::load(family.descriptor, path, format, n)
             }
+            #[cfg(feature = "cuda")]
+            Device::CudaGroup(shards) => {
+                let (family, format) = detect(path)?;
+                on_cuda::load_group(family.descriptor, path, format, shards)
+            }
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => Err(EngineError::Unsupported(
+            Device::Cuda(_) | Device::CudaGroup(_) => Err(EngineError::Unsupported(
                 "this build has no CUDA backend (build with `--features cuda`)".into(),
             )),
         }
@@ -250,8 +270,17 @@ impl LoadedModel {
                     crate::backend::CudaOps::new(n)?,
                 )?))
             }
+            #[cfg(feature = "cuda")]
+            Device::CudaGroup(shards) => {
+                LoadedModel::Qwen4ExpCudaGroup(Box::new(qwen4_exp::Qwen4ExpModel::load_from(
+                    &mut src,
+                    &path,
+                    parsed,
+                    on_cuda::group(shards)?,
+                )?))
+            }
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => {
+            Device::Cuda(_) | Device::CudaGroup(_) => {
                 return Err(EngineError::Unsupported(
                     "this build has no CUDA backend (build with `--features cuda`)".into(),
                 ));
@@ -301,8 +330,16 @@ impl LoadedModel {
                     crate::backend::CudaOps::new(n)?,
                 )?))
             }
+            #[cfg(feature = "cuda")]
+            Device::CudaGroup(shards) => LoadedModel::DeepseekV4CudaGroup(Box::new(
+                deepseek_v4::DeepseekV4Model::load_synthetic(
+                    &mut src,
+                    cfg,
+                    on_cuda::group(shards)?,
+                )?,
+            )),
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => {
+            Device::Cuda(_) | Device::CudaGroup(_) => {
                 return Err(EngineError::Unsupported(
                     "this build has no CUDA backend (build with `--features cuda`)".into(),
                 ));
@@ -325,6 +362,12 @@ impl LoadedModel {
             LoadedModel::DeepseekV4Cuda(_) => &deepseek_v4::DESCRIPTOR,
             #[cfg(feature = "cuda")]
             LoadedModel::Glm5NextCuda(_) => &glm5_next::DESCRIPTOR,
+            #[cfg(feature = "cuda")]
+            LoadedModel::Qwen4ExpCudaGroup(_) => &qwen4_exp::DESCRIPTOR,
+            #[cfg(feature = "cuda")]
+            LoadedModel::DeepseekV4CudaGroup(_) => &deepseek_v4::DESCRIPTOR,
+            #[cfg(feature = "cuda")]
+            LoadedModel::Glm5NextCudaGroup(_) => &glm5_next::DESCRIPTOR,
         }
     }
 
@@ -385,6 +428,8 @@ impl LoadedModel {
             LoadedModel::DeepseekV4(m) => m.attach_mtp_gguf(path),
             #[cfg(feature = "cuda")]
             LoadedModel::DeepseekV4Cuda(m) => m.attach_mtp_gguf(path),
+            #[cfg(feature = "cuda")]
+            LoadedModel::DeepseekV4CudaGroup(m) => m.attach_mtp_gguf(path),
             _ => Err(EngineError::Unsupported(format!(
                 "{}: MTP head files are for the llama and deepseek_v4 families",
                 self.family_name()
@@ -506,6 +551,18 @@ macro_rules! with_model {
                 $body
             }
             $crate::families::LoadedModel::Glm5NextCuda($model) => {
+                let $model = &**$model;
+                $body
+            }
+            $crate::families::LoadedModel::Qwen4ExpCudaGroup($model) => {
+                let $model = &**$model;
+                $body
+            }
+            $crate::families::LoadedModel::DeepseekV4CudaGroup($model) => {
+                let $model = &**$model;
+                $body
+            }
+            $crate::families::LoadedModel::Glm5NextCudaGroup($model) => {
                 let $model = &**$model;
                 $body
             }

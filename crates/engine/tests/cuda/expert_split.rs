@@ -72,3 +72,21 @@ fn cuda_qwen4_exp_on_a_group_equals_one_device() {
         Qwen4ExpModel::load(&dir, s).unwrap()
     });
 }
+
+/// `--devices cuda:0,cuda:0`'s load: the group variant, the home's
+/// backend id; a family without routed experts is refused, saying why.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_a_device_list_loads_a_group() {
+    use ds4_engine::families::{Device, LoadedModel};
+    let shards = "cuda:0,cuda:0".parse().unwrap();
+    let dir = fixture("deepseek_v4/tiny_a");
+    let group = LoadedModel::load_on(&dir, Device::CudaGroup(shards)).unwrap();
+    assert!(matches!(group, LoadedModel::DeepseekV4CudaGroup(_)));
+    let one = LoadedModel::load_on(&dir, Device::Cuda(0)).unwrap();
+    assert_eq!(group.backend(), one.backend());
+    match LoadedModel::load_on(&fixture("llama/tiny/f32_tied"), Device::CudaGroup(shards)) {
+        Err(e) => assert!(e.to_string().contains("has none"), "{e}"),
+        Ok(_) => panic!("a llama model has no routed experts to split"),
+    }
+}
