@@ -432,12 +432,16 @@ impl BlockMatrix {
                     let cols = COLUMNS.min(n - j0);
                     let out = &mut out[..tm * cols];
                     self.group_times(isa, j0, cols, xt, st, tm, scratch, out);
-                    for r in 0..tm {
-                        for c in 0..cols {
-                            // SAFETY: (r0 + r, j0 + c) is in bounds and
-                            // written only by this group.
-                            unsafe { *y.0.add((r0 + r) * n + j0 + c) = out[r * cols + c] };
-                        }
+                    for (r, row) in out.chunks_exact(cols).enumerate() {
+                        // SAFETY: (r0 + r, j0 .. j0 + cols) is in bounds and
+                        // written only by this group.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                row.as_ptr(),
+                                y.0.add((r0 + r) * n + j0),
+                                cols,
+                            )
+                        };
                     }
                 }
             }

@@ -375,12 +375,18 @@ impl Q8Matrix {
                         #[allow(unreachable_patterns)]
                         _ => scalar::group_rows(&group, &a, &mut out),
                     }
-                    for i in 0..rows {
+                    for (i, lanes) in out.chunks_exact(LANES).take(rows).enumerate() {
                         let dst = (r + i) * self.n + g * LANES;
-                        for c in 0..cols {
-                            // SAFETY: in bounds, and this group's columns
-                            // are written by this work item only.
-                            unsafe { *y.0.add(dst + c) = out[i * LANES + c] };
+                        // SAFETY: in bounds, and this group's columns are
+                        // written by this work item only. A whole group is
+                        // a copy of constant length (vector moves: the
+                        // element loop was 3 % of an 8-stream step).
+                        unsafe {
+                            if cols == LANES {
+                                std::ptr::copy_nonoverlapping(lanes.as_ptr(), y.0.add(dst), LANES);
+                            } else {
+                                std::ptr::copy_nonoverlapping(lanes.as_ptr(), y.0.add(dst), cols);
+                            }
                         }
                     }
                     r += rows;
