@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args};
-use super::linear::slot_outputs;
+use super::linear::{check_stacks, slot_outputs};
 use super::select::CudaRouting;
 use super::weights::CudaExperts;
 use crate::error::{EngineError, Result};
@@ -32,24 +32,8 @@ pub(super) fn experts_slots(
     limit: Option<f32>,
     first: usize,
 ) -> Result<CudaBuf> {
-    let (h, two_i) = (gate_up.inp, gate_up.out);
-    let inter = two_i / 2;
-    let ok = x.len() == rows * h
-        && routing.rows == rows
-        && two_i == 2 * inter
-        && down.e == gate_up.e
-        && down.out == h
-        && down.inp == inter;
-    if !ok {
-        return Err(shape_err(
-            "experts_slots",
-            format!(
-                "{} values for {rows} rows, routing of {} rows, {gate_up:?} / {down:?}",
-                x.len(),
-                routing.rows
-            ),
-        ));
-    }
+    check_stacks("experts_slots", x, rows, routing, gate_up, down)?;
+    let h = gate_up.inp;
     let (k, count) = (routing.k, gate_up.e);
     let pairs = rows * k;
     if pairs == 0 || count == 0 {

@@ -439,6 +439,38 @@ pub(super) fn matmul_gated_mean(
     super::elementwise::gated_mean_streams(dev, &g, streams, c, h)
 }
 
+/// `x: [rows, H]`, a routing of `rows` rows, and stacks that chain
+/// (`gate_up: [E, 2I, H]`, `down: [E, H, I]`): the shapes every routed
+/// product checks.
+pub(super) fn check_stacks(
+    op: &str,
+    x: &CudaBuf,
+    rows: usize,
+    routing: &CudaRouting,
+    gate_up: &CudaExperts,
+    down: &CudaExperts,
+) -> Result<()> {
+    let (h, two_i) = (gate_up.inp, gate_up.out);
+    let inter = two_i / 2;
+    let ok = x.len() == rows * h
+        && routing.rows == rows
+        && two_i == 2 * inter
+        && down.e == gate_up.e
+        && down.out == h
+        && down.inp == inter;
+    if ok {
+        return Ok(());
+    }
+    Err(shape_err(
+        op,
+        format!(
+            "{} values for {rows} rows, routing of {} rows, {gate_up:?} / {down:?}",
+            x.len(),
+            routing.rows
+        ),
+    ))
+}
+
 /// `out[t] = Σ_k w[t,k]·down_e(act(gate_up_e·x_t))`: gate/up for every
 /// (token, slot) pair in one launch, SwiGLU, down in one launch, then the
 /// slots summed in order; with `gated = (shared, gate)`, plus
@@ -455,25 +487,14 @@ pub(super) fn experts_swiglu(
     limit: Option<f32>,
     gated: Option<(&CudaBuf, &CudaBuf)>,
 ) -> Result<CudaBuf> {
-    let (h, two_i) = (gate_up.inp, gate_up.out);
-    let inter = two_i / 2;
-    let ok = x.len() == rows * h
-        && routing.rows == rows
-        && routing.n_experts <= gate_up.e
-        && two_i == 2 * inter
-        && down.e == gate_up.e
-        && down.out == h
-        && down.inp == inter;
-    if !ok {
+    check_stacks("experts_swiglu", x, rows, routing, gate_up, down)?;
+    if routing.n_experts > gate_up.e {
         return Err(shape_err(
             "experts_swiglu",
-            format!(
-                "{} values for {rows} rows, routing of {} rows, {gate_up:?} / {down:?}",
-                x.len(),
-                routing.rows
-            ),
+            format!("a routing over {} experts, {gate_up:?}", routing.n_experts),
         ));
     }
+    let h = gate_up.inp;
     if let Some((shared, gate)) = gated
         && (shared.len() != rows * h || gate.len() != rows)
     {
