@@ -296,16 +296,23 @@ pub fn device_and_kernels(args: &ModelArgs) -> anyhow::Result<(Device, KernelSet
 /// the kernel set of `args`.
 pub fn load(path: Option<&Path>, args: &ModelArgs) -> anyhow::Result<Loaded> {
     let path = resolve(path)?;
+    let tokenizer = load_tokenizer(&path)?;
+    let model = load_model(&path, args)?;
+    Ok(Loaded { model, tokenizer })
+}
+
+/// [`load`] without the tokenizer: for what needs token ids only (`bench
+/// --streams`, which also runs on a shape-only GGUF with no vocabulary).
+pub fn load_model(path: &Path, args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     let (device, set) = device_and_kernels(args)?;
     let start = Instant::now();
-    let tokenizer = load_tokenizer(&path)?;
-    let mut model = LoadedModel::load_on(&path, device)
+    let mut model = LoadedModel::load_on(path, device)
         .with_context(|| format!("loading {} on {device:?}", path.display()))?;
     let kv = args.kv_cache.kv_type(model.holds_f16_kv(), set);
     model
         .set_kv_type(kv)
         .with_context(|| format!("--kv-cache {kv}"))?;
-    attach_known_head(&mut model, &path);
+    attach_known_head(&mut model, path);
     tracing::info!(
         "loaded {} ({}) on {} ({} kernels, kv cache {}) in {:.2}s",
         path.display(),
@@ -315,7 +322,7 @@ pub fn load(path: Option<&Path>, args: &ModelArgs) -> anyhow::Result<Loaded> {
         model.kv_type(),
         start.elapsed().as_secs_f64()
     );
-    Ok(Loaded { model, tokenizer })
+    Ok(model)
 }
 
 #[cfg(test)]

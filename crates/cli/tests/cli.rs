@@ -622,6 +622,52 @@ fn kernels_flag_default_model_is_reported_by_inspect_bench_and_nll() {
     assert!(stderr.contains("DS4_KERNELS=int8"), "{stderr}");
 }
 
+/// `bench --streams` needs token ids only, so it runs on a GGUF with no
+/// vocabulary (a shape-only file: the GPU's SmolLM2-shaped bench), where
+/// the modes that read text still say the tokenizer is missing.
+#[test]
+fn bench_streams_runs_without_a_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("shape-only.gguf");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/llama/tiny/f32_tied"
+    );
+    ok(bin()
+        .args(["quantize", src])
+        .arg(&gguf)
+        .args(["--recipe", "q8_0"])
+        .output()
+        .unwrap());
+    let out = ok(bin()
+        .args(["bench", "--device", "cpu", "-m"])
+        .arg(&gguf)
+        .args(["--streams", "1,2", "--prompts", "8", "--gen", "2"])
+        .output()
+        .unwrap());
+    assert!(out.contains("\n2,4,"), "{out}");
+    let text = bin()
+        .args([
+            "bench",
+            "--device",
+            "cpu",
+            "--ctx-start",
+            "8",
+            "--ctx-max",
+            "8",
+            "-m",
+        ])
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    assert!(!text.status.success());
+    assert!(
+        String::from_utf8_lossy(&text.stderr).contains("tokenizer"),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+}
+
 /// `bench --synthetic FAMILY --streams`: continuous batching on a synthetic
 /// model (the GPU's full-size shapes have no file here), both the Q4_1 path
 /// (qwen4_exp) and ds4's stored types (deepseek_v4 ds4-q2): one CSV row per

@@ -54,24 +54,28 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(family) = &args.synthetic {
         return super::bench_synthetic::bench_synthetic(family, &args);
     }
-    let loaded = crate::model_source::load(args.model.model.as_deref(), &args.model)?;
-    // The set this process fixed before the load (CUDA: its reference set).
-    let kernels = kernel_set::current().name();
-    if let Some(path) = &args.nll {
-        let report = ds4_engine::with_model!(&loaded.model, model => super::bench_nll::bench_nll(model, &loaded.tokenizer, &args, path, kernels))?;
-        let csv = super::bench_nll::to_csv(&report);
+    if !args.streams.is_empty() {
+        if args.streams.contains(&0) {
+            anyhow::bail!("--streams: every count must be at least 1");
+        }
+        // Token ids only: no tokenizer (a shape-only GGUF has none).
+        let path = crate::model_source::resolve(args.model.model.as_deref())?;
+        let model = crate::model_source::load_model(&path, &args.model)?;
+        let kernels = kernel_set::current().name();
+        let rows = ds4_engine::with_model!(&model, model => super::bench_streams::bench_streams(model, &args, &args.streams))?;
+        let csv = super::bench_streams::to_csv(&rows, &model.backend().to_string(), kernels);
         print!("{csv}");
         if let Some(path) = &args.csv {
             std::fs::write(path, &csv).with_context(|| format!("writing {}", path.display()))?;
         }
         return Ok(());
     }
-    if !args.streams.is_empty() {
-        if args.streams.contains(&0) {
-            anyhow::bail!("--streams: every count must be at least 1");
-        }
-        let rows = ds4_engine::with_model!(&loaded.model, model => super::bench_streams::bench_streams(model, &args, &args.streams))?;
-        let csv = super::bench_streams::to_csv(&rows, &loaded.model.backend().to_string(), kernels);
+    let loaded = crate::model_source::load(args.model.model.as_deref(), &args.model)?;
+    // The set this process fixed before the load (CUDA: its reference set).
+    let kernels = kernel_set::current().name();
+    if let Some(path) = &args.nll {
+        let report = ds4_engine::with_model!(&loaded.model, model => super::bench_nll::bench_nll(model, &loaded.tokenizer, &args, path, kernels))?;
+        let csv = super::bench_nll::to_csv(&report);
         print!("{csv}");
         if let Some(path) = &args.csv {
             std::fs::write(path, &csv).with_context(|| format!("writing {}", path.display()))?;

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 47's GPU rows for the SmolLM2 shape: the `cuda` test binary writes a
+# SmolLM2-135M-shaped Q4_1 GGUF (random weights, `DS4_SMOLLM2_GGUF`) and
+# times one stream eager and as graphs, then `ds4server bench --streams`
+# runs STREAMS (default 1,8,32,64) batched greedy streams of 128-token
+# prompts on it, each checked against its turn alone. Carried with
+# `.gpu-synth/ds4server.xz` and `.gpu-tests/cuda.xz` (docs/GPU.md).
+# Usage: bash tools/gpu/smollm2-streams.sh
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
+OUT=${OUT:-/tmp/ds4-out}; mkdir -p "$OUT"
+bin=/tmp/ds4-bin; mkdir -p "$bin"
+python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('.gpu-synth/ds4server.xz'),open('$bin/ds4server','wb'))"
+python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('.gpu-tests/cuda.xz'),open('$bin/cuda','wb'))"
+chmod +x "$bin/ds4server" "$bin/cuda"
+gguf=/tmp/smollm2-shaped.gguf
+DS4_SMOLLM2_GGUF=$gguf timeout "${SMOL_TEST_S:-150}" "$bin/cuda" --ignored --exact \
+  bench::cuda_bench_smollm2_shaped_decode --nocapture 2>&1 | grep -E "REPORT|test result|panicked" | tee "$OUT/smollm2-single.log"
+echo "== ds4server bench -m smollm2-shaped.gguf --device cuda --streams ${STREAMS:-1,8,32,64} --prompts 128 --gen 32" | tee "$OUT/smollm2-streams.log"
+timeout "${STREAMS_S:-200}" "$bin/ds4server" bench -m "$gguf" --device cuda --streams "${STREAMS:-1,8,32,64}" \
+  --prompts 128 --gen 32 2>&1 | tee -a "$OUT/smollm2-streams.log"
+echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/smollm2-streams.log"
