@@ -22,7 +22,7 @@
 //! |---|---|
 //! | memory | `upload`, `download`, `zeros`, `len`, `rows`, `append`, `truncate`, `concat_cols`, `split_cols` |
 //! | weights | `matrix`, `experts`, `table` + `gather_rows` (embedding) |
-//! | linear | `matmul` (f32 and block formats, 1..N rows), `matmul_unary` (a product, then a `unary_chain`), `matmul_many` (several products of one input, each with its chain or a SwiGLU), `experts_swiglu` (gathered routed experts), `experts_swiglu_gated` (plus a gated shared expert) |
+//! | linear | `matmul` (f32 and block formats, 1..N rows), `matmul_unary` (a product, then a `unary_chain`), `matmul_many` (several products of one input, each with its chain or a SwiGLU), `matmul_grouped` (a block-diagonal product: each group of columns through its own matrix), `experts_swiglu` (gathered routed experts), `experts_swiglu_gated` (plus a gated shared expert) |
 //! | routing | `route_softmax_topk`, `route_scored` (sqrt-softplus / sigmoid, bias, group limit, hash) |
 //! | norms | `rms_norm`, `rms_norm_grouped` (zero-centred, per-group statistics), `rms_norm_heads`, `l2_norm_heads`, `gated_rms_norm`, `layer_norm` (with bias) |
 //! | position | `rope` (per-row cos/sin tables: plain, partial, M-RoPE, llama3, YaRN) |
