@@ -85,6 +85,13 @@ macro_rules! load16 {
 mod batch;
 mod exp;
 mod lanes;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod pairs;
 mod split;
 mod tile;
 
@@ -427,6 +434,24 @@ fn dot4<E: KvElem>(a: &[f32], b: [&[E]; 4]) -> [f32; 4] {
     {
         b.map(|b| dot(a, b))
     }
+}
+
+/// [`dot4`] on `isa`: two keys to a register where AVX-512 runs (the same
+/// bits, `pairs.rs`).
+#[inline(always)]
+fn dot4_on<E: KvElem>(isa: Isa, a: &[f32], b: [&[E]; 4]) -> [f32; 4] {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::Avx512` is chosen only where the CPU has AVX-512F.
+        return unsafe { pairs::dots4(a, b) };
+    }
+    let _ = isa;
+    dot4(a, b)
 }
 
 /// A fixed-order dot product: 8 interleaved partial sums `l[i % 8]` (one

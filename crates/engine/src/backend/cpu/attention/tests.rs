@@ -61,6 +61,43 @@ fn four_key_dot_is_bit_identical_to_single_dots() {
     }
 }
 
+/// Two keys to a 512-bit register (`pairs.rs`): every ISA the machine runs
+/// gives `dot4`'s bits, for f32 and f16 keys, whole and partial chunks.
+#[test]
+fn paired_key_dots_are_the_four_key_dots() {
+    let mut isas = vec![Isa::Portable, Isa::Avx2];
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        isas.push(Isa::Avx512);
+    }
+    for d in [64, 67, 128, 20, 5] {
+        let a = random(d, 17);
+        let keys: Vec<Vec<f32>> = (0..4).map(|i| random(d + 3, 18 + i)).collect();
+        let halves: Vec<Vec<half::f16>> = keys
+            .iter()
+            .map(|k| k.iter().map(|&x| half::f16::from_f32(x)).collect())
+            .collect();
+        let want = dot4(&a, [&keys[0], &keys[1], &keys[2], &keys[3]]);
+        let want_h = dot4(&a, [&halves[0], &halves[1], &halves[2], &halves[3]]);
+        for &isa in &isas {
+            let got = dot4_on(isa, &a, [&keys[0], &keys[1], &keys[2], &keys[3]]);
+            let got_h = dot4_on(isa, &a, [&halves[0], &halves[1], &halves[2], &halves[3]]);
+            for i in 0..4 {
+                assert_eq!(
+                    got[i].to_bits(),
+                    want[i].to_bits(),
+                    "{isa:?} d={d} f32 key {i}"
+                );
+                assert_eq!(
+                    got_h[i].to_bits(),
+                    want_h[i].to_bits(),
+                    "{isa:?} d={d} f16 key {i}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn matches_f64_softmax_attention_and_ignores_chunking() {
     let (kvh, group, d, total) = (2, 3, 16, 11);

@@ -142,7 +142,7 @@ fn body<const QB: usize, E: KvElem>(isa: Isa, tile: &mut Tile<'_, E>, scratch: &
                 let (k2, k3) = rest.split_at(d);
                 for (r, row) in tile.rows.iter().enumerate() {
                     if j4 * 4 < row.visible {
-                        let s = super::dot4(row.q, [k0, k1, k2, k3]);
+                        let s = super::dot4_on(isa, row.q, [k0, k1, k2, k3]);
                         scores[r * width + j4 * 4..][..4].copy_from_slice(&s);
                     }
                 }
