@@ -3,7 +3,7 @@
 # (docs/GPU.md, runs 28 and 30), and the CUDA tests of the stored and fast
 # products first. Carried in .gpu-synth/ with `ds4server.xz` (xz -9e of the
 # stripped `--features cuda` binary) and `cuda.gz` or `cuda.xz` (the
-# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [streams] [group] [ncu] [ncu-fast]
+# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [streams] [group] [ncu] [ncu-fast] [ncu-detail]
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
@@ -58,6 +58,22 @@ for what in "$@"; do
       grep "^REPORT" "$OUT/$what-rows${NCU_ROWS:-1}.csv" | tee "$OUT/$what-rows${NCU_ROWS:-1}.report"
       python3 "$root/tools/gpu/ncu_table.py" "$OUT/$what-rows${NCU_ROWS:-1}.csv" > "$OUT/$what-rows${NCU_ROWS:-1}.table" 2>&1
       gzip -f "$OUT/$what-rows${NCU_ROWS:-1}.csv" ;;
+    # Why the slow kernels of one fast-set step are slow: Nsight Compute's
+    # occupancy, warp-state (stall reasons), launch and speed-of-light
+    # sections for the first NCU_COUNT (default 80) launches whose names
+    # match NCU_KERNELS; details page as CSV (`ncu-detail.csv.gz`).
+    ncu-detail)
+      ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+      s0=$SECONDS
+      DS4_PROFILE_STEP=1 timeout "${NCU_S:-300}" "$ncu" --profile-from-start off --csv --page details \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis \
+        -k "regex:${NCU_KERNELS:-st_matmul|kq8_gather|route_scored|attention_window|rms_norm_wide|matmul_q8_0}" \
+        -c "${NCU_COUNT:-80}" \
+        ./ds4server bench --synthetic deepseek_v4 --shape "$shape" --device cuda --kernels fast \
+        --weights ds4-q2 --prompts "${NCU_PROMPT:-512}" --gen 2 > "$OUT/ncu-detail.csv" 2> "$OUT/ncu-detail.err"
+      echo "ncu-detail rc=$? wall_s=$((SECONDS - s0))" | tee -a "$OUT/ncu-detail.err"
+      gzip -f "$OUT/ncu-detail.csv" ;;
     # Continuous batching's aggregate decode rate (issue 47's GPU rows):
     # STREAMS (default 1,8,32) greedy streams of 128-token prompts at once,
     # each checked against its turn served alone.

@@ -102,6 +102,37 @@ fn cuda_stored_matmul_is_bit_identical_to_the_cpu() {
     });
 }
 
+/// Products of more outputs than the narrow kernels take (the wide
+/// `st_matmul_*`: 129 column blocks of 32) on 1, 2 and 5 rows against the
+/// CPU, bit for bit: one row runs the kernel's one-row tile loop, more rows
+/// its 4-row tiles, with the same sums.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_stored_wide_matmul_is_bit_identical_to_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    let n = 129 * 32;
+    every_type("stored_wide_matmul", |ti, ty| {
+        let k = lengths(ty)[0];
+        let seed = 5000 + ti as u64;
+        let q = HostWeight::Quant(Arc::new(random_stored(ty, &[n, k], &[n], seed)));
+        let gm = g.matrix(q.clone(), n, k).unwrap();
+        let cm = c.matrix(q, n, k).unwrap();
+        let x = rnd(5 * k, seed + 1);
+        for rows in [1usize, 2, 5] {
+            let xs = &x[..rows * k];
+            let gy = down(&g, &g.matmul(&up(&g, xs), rows, &gm).unwrap());
+            let cy = c.matmul(&xs.to_vec(), rows, &cm).unwrap();
+            check(
+                &format!("stored wide matmul {ty} [{n},{k}] x{rows}"),
+                &gy,
+                &cy,
+                0.0,
+                true,
+            );
+        }
+    });
+}
+
 /// Gate/up `[E, 2I, H]` and down `[E, H, I]` stacks of `ty`, each expert a
 /// part of its own (its own scale grid), on both backends; and each
 /// expert's matrices alone on the GPU.

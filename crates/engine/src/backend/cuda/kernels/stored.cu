@@ -796,27 +796,25 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
     __syncthreads();
 }
 
-// y[r, j] = x[r] · w[j] for rows × n outputs (`Backend::matmul`).
-template <class F, class B = StWide>
-__device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, const u8* w, u64 n,
-                                          u64 k, const StScales& sc) {
-    __shared__ __align__(16) u8 sbuf[B::DYN ? 16 : B::STAGES * B::COLS * B::STRIDE];
-    __shared__ __align__(16) float sxbuf[B::XSTAGE && !B::DYN ? B::STAGES * ST_TILE * StXGeo<F, B>::STRIDE : 4];
-    extern __shared__ __align__(16) u8 st_dyn[];
-    u8* buf = B::DYN ? st_dyn : sbuf;
-    float* xbuf = B::DYN ? (float*)(st_dyn + B::STAGES * B::COLS * B::STRIDE) : sxbuf;
+// The rows of x in tiles of T through one block's weight rows (`st_matmul`).
+template <class F, class B, int T>
+__device__ __forceinline__ void st_matmul_tiles(float* y, const float* x, u64 rows, const u8* w,
+                                                u64 n, u64 k, const StScales& sc, u8* buf,
+                                                float* xbuf) {
     unsigned col = threadIdx.x / 8, l = threadIdx.x & 7, mask = group_mask();
     u64 k8 = k / F::UV * F::UV, rb = F::row_bytes(k);
     for (u64 j0 = (u64)blockIdx.x * B::COLS; j0 < n; j0 += (u64)gridDim.x * B::COLS) {
         u32 valid = (u32)st_min(B::COLS, n - j0);
         u64 j = j0 + col;
-        for (u64 r0 = 0; r0 < rows; r0 += ST_TILE) {
-            u64 nr = st_min(ST_TILE, rows - r0);
+        for (u64 r0 = 0; r0 < rows; r0 += T) {
+            u64 nr = st_min(T, rows - r0);
             const float* xr = x + r0 * k;
-            float acc[ST_TILE] = {0.f, 0.f, 0.f, 0.f};
-            st_pass<F, ST_TILE, B>(acc, nr, xr, k, w, j0, valid, sc, buf, xbuf);
+            float acc[T];
 #pragma unroll
-            for (int t = 0; t < ST_TILE; t++) {
+            for (int t = 0; t < T; t++) acc[t] = 0.f;
+            st_pass<F, T, B>(acc, nr, xr, k, w, j0, valid, sc, buf, xbuf);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
                 float s = group8_sum(acc[t], mask);
                 if (l == 0 && (u64)t < nr && col < valid) {
                     s = st_tail<F>(s, w + j * rb, xr + t * k, k8, k, st_srow<F>(sc, j), sc);
@@ -825,6 +823,26 @@ __device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, co
             }
         }
     }
+}
+
+// y[r, j] = x[r] · w[j] for rows × n outputs (`Backend::matmul`).
+// One row (a decode step's products) runs the tile loop with T = 1: the
+// same sums in the same order as row 0 of a 4-row tile (each row's lane
+// sums are independent of the other rows of its tile), without the three
+// predicated-off loads and FMAs per value a 4-row tile issues for a lone
+// row (run 32's step: these products on one row at 14–47 µs, 53–313 GB/s).
+template <class F, class B = StWide>
+__device__ __forceinline__ void st_matmul(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                          u64 k, const StScales& sc) {
+    __shared__ __align__(16) u8 sbuf[B::DYN ? 16 : B::STAGES * B::COLS * B::STRIDE];
+    __shared__ __align__(16) float sxbuf[B::XSTAGE && !B::DYN ? B::STAGES * ST_TILE * StXGeo<F, B>::STRIDE : 4];
+    extern __shared__ __align__(16) u8 st_dyn[];
+    u8* buf = B::DYN ? st_dyn : sbuf;
+    float* xbuf = B::DYN ? (float*)(st_dyn + B::STAGES * B::COLS * B::STRIDE) : sxbuf;
+    if (rows == 1)
+        st_matmul_tiles<F, B, 1>(y, x, rows, w, n, k, sc, buf, xbuf);
+    else
+        st_matmul_tiles<F, B, ST_TILE>(y, x, rows, w, n, k, sc, buf, xbuf);
 }
 
 // Routed products: pair p multiplies x row p / x_div by expert experts[p]
