@@ -48,8 +48,8 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         Some("ok") => println!(
             "mtp head:      {} ({} parameters, vocabulary subset {}, sha256 {} checked; \
              depths: on the CPU's fast set default = auto {} greedy / {} sampled, elsewhere \
-             default 0 = AR and auto {} greedy / {} sampled, max {}; on the CPU drafting stops \
-             before a greedy draft below {} head confidence)",
+             default 0 = AR and auto {} greedy / {} sampled, max {}; on the CPU's reference set drafting \
+             stops before a greedy draft below {} head confidence)",
             head["path"].as_str().unwrap_or_default(),
             group_thousands(head["parameters"].as_u64().unwrap_or(0)),
             head["vocab_subset"],
@@ -59,7 +59,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
             head["auto_depth"],
             head["auto_depth_sampled"],
             head["max_depth"],
-            head["cpu_draft_stop"],
+            head["cpu_reference_draft_stop"],
         ),
         Some(status) => println!("mtp head:      {status}"),
         None => println!("mtp head:      none"),
@@ -168,7 +168,7 @@ fn mtp_head(path: &std::path::Path) -> serde_json::Value {
                     ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED_FAST,
                 "max_depth": MTP_MAX_DEPTH,
                 // printed as written (an f32 widened to f64 shows its binary tail)
-                "cpu_draft_stop": (f64::from(MTP_MIN_DRAFT_CONFIDENCE) * 1e6).round() / 1e6,
+                "cpu_reference_draft_stop": (f64::from(MTP_MIN_DRAFT_CONFIDENCE) * 1e6).round() / 1e6,
             }),
             Err(e) => json!({ "status": format!("unreadable: {e}") }),
         },

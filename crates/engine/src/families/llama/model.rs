@@ -10,8 +10,7 @@ use std::path::Path;
 
 use super::config::LlamaConfig;
 use super::mtp::{
-    LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MTP_MIN_DRAFT_CONFIDENCE,
-    MtpHead,
+    LlamaMtpHistory, MTP_DEFAULT_DEPTH, MTP_HIDDEN, MTP_MAX_DEPTH, MtpHead, draft_stop_on,
 };
 use crate::backend::{Backend, CpuOps, HostWeight};
 use crate::error::{EngineError, Result};
@@ -659,10 +658,9 @@ impl<B: Backend> Model for LlamaModel<B> {
             default_depth: MTP_DEFAULT_DEPTH,
             max_depth: MTP_MAX_DEPTH,
             hidden: MTP_HIDDEN,
-            // Tuned where a verify row costs a quarter of a step (the CPU);
-            // on a GPU a row costs next to nothing, so every draft pays.
-            min_draft_confidence: (self.ops.id().backend == "cpu")
-                .then_some(MTP_MIN_DRAFT_CONFIDENCE),
+            // Tuned where a verify row costs a quarter of a step (the
+            // CPU's reference set); elsewhere every draft pays.
+            min_draft_confidence: draft_stop_on(&self.ops.id()),
         })
     }
 

@@ -88,14 +88,29 @@ pub const MTP_AUTO_DEPTH_FAST: usize = 1;
 pub const MTP_AUTO_DEPTH_SAMPLED_FAST: usize = 1;
 /// Deepest chain: the head was trained for depths 1..=3.
 pub const MTP_MAX_DEPTH: usize = 3;
-/// The shipped head's draft-stop threshold on the CPU
-/// ([`crate::MtpContract::min_draft_confidence`]; none on a GPU, where a
-/// verify row costs next to nothing): a cycle stops drafting before a
-/// greedy draft whose head row gives its top token less than this
-/// probability. Picked with `bench --mtp --mtp-draft-stop` on the held-out
-/// prompts (`bench/README.md`, 2026-12-03): such drafts are rejected more
-/// often than a verify row pays for.
+/// The shipped head's draft-stop threshold on the CPU's reference set
+/// ([`crate::MtpContract::min_draft_confidence`], [`draft_stop_on`]): a
+/// cycle stops drafting before a greedy draft whose head row gives its top
+/// token less than this probability. Picked with `bench --mtp
+/// --mtp-draft-stop` on the held-out prompts (`bench/README.md`,
+/// 2026-12-03), where a verify row cost about a quarter of a step: such
+/// drafts are rejected more often than a verify row pays for.
 pub const MTP_MIN_DRAFT_CONFIDENCE: f32 = 0.3;
+
+/// The draft stop where `id` runs: [`MTP_MIN_DRAFT_CONFIDENCE`] on the
+/// CPU's reference set only. Under the CPU's fast set a verify row costs a
+/// tenth of a step or less (int8 activations, 8-row VNNI passes), so a
+/// doubtful draft is worth its row: at depth 1 (`--mtp-depth auto` there)
+/// drafting every cycle was 4 % faster at T 0 on the tuning prompts
+/// (lines 1–8 of `bench/mtp_prompts.txt`) and 7 % on the held-out ones
+/// (lines 9–16: 1.26 / 1.24× AR against 1.17 / 1.17× with the stop;
+/// `bench/mtp-2026-12-06-xeon-fast-draft-stop.log`), the stop's own check
+/// costing 0.1 ms a cycle besides. On a GPU a row costs next to nothing.
+pub fn draft_stop_on(id: &crate::backend::BackendId) -> Option<f32> {
+    let reference = crate::backend::CpuOps::id_for(crate::backend::KernelSet::Reference);
+    (id.backend == reference.backend && id.kernels == reference.kernels)
+        .then_some(MTP_MIN_DRAFT_CONFIDENCE)
+}
 
 /// The value of `general.architecture` in a head file.
 pub const HEAD_ARCHITECTURE: &str = "llama-mtp-head";
@@ -295,7 +310,7 @@ impl<B: Backend> PartialEq for LlamaMtpHistory<B> {
 
 #[cfg(test)]
 mod tests {
-    use super::subset_ids;
+    use super::{MTP_MIN_DRAFT_CONFIDENCE, draft_stop_on, subset_ids};
 
     #[test]
     fn subset_ids_are_checked() {
@@ -313,5 +328,21 @@ mod tests {
                 .unwrap_err()
                 .contains("increasing")
         );
+    }
+
+    /// The draft stop holds on the CPU's reference set only: the fast set
+    /// and other backends draft every cycle.
+    #[test]
+    fn draft_stop_only_on_the_cpu_reference_set() {
+        use crate::backend::{BackendId, CpuOps, KernelSet};
+        let reference = CpuOps::id_for(KernelSet::Reference);
+        assert_eq!(draft_stop_on(&reference), Some(MTP_MIN_DRAFT_CONFIDENCE));
+        assert_eq!(draft_stop_on(&CpuOps::id_for(KernelSet::Fast)), None);
+        let gpu = BackendId {
+            backend: "cuda",
+            kernels: reference.kernels.clone(),
+            tag: "cuda".into(),
+        };
+        assert_eq!(draft_stop_on(&gpu), None);
     }
 }
