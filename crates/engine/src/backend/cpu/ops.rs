@@ -8,7 +8,7 @@ use candle_core::{Device, Storage, Tensor};
 
 use super::block_matmul::{self, BlockFormat, BlockMatrix};
 use super::kq8_matmul::KMatrix;
-use super::q8_matmul::Q8Matrix;
+use super::q8_matmul::{OutputMap, Q8Matrix};
 use super::{
     attention, compression, delta_rule, experts, f32_matmul, hyper, indexer, kda_gate, layer_norm,
     pool_expand, routing, sparse_attention, window_attention,
@@ -16,7 +16,7 @@ use super::{
 use crate::backend::composed;
 use crate::backend::{
     Backend, BackendId, CausalPart, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostStep,
-    HostWeight, IndexerShape, KernelSet, RopeLayout, RouterSpec, ScanDims, StepBody,
+    HostWeight, IndexerShape, KernelSet, RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
 };
 use crate::error::{EngineError, Result};
 use crate::quant::{QuantTensor, WeightType};
@@ -346,6 +346,13 @@ fn product(
 }
 
 /// `out[i] = f(i)` for every element, in parallel when large.
+/// SiLU of one value: [`Backend::silu`]'s, and the fast products' output
+/// map ([`super::q8_matmul::OutputMap::Silu`]), one definition for both.
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
 fn par_map(n: usize, f: impl Fn(usize) -> f32 + Sync) -> Vec<f32> {
     let mut out = vec![0f32; n];
     // Blocks of 256 values: rows of a notional `[n/256, 256]`.
@@ -499,10 +506,23 @@ impl CpuOps {
         }
         let mut ys: Vec<Vec<f32>> = q8.iter().map(|w| vec![0f32; rows * w.rows()]).collect();
         let mut views: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
-        Q8Matrix::matmul_several(&q8, x, rows, &mut views);
+        // A lone SiLU (the SwiGLU gate) runs inside the products' dispatch;
+        // any other epilogue after it, as the parts compose it.
+        let maps: Vec<OutputMap> = parts
+            .iter()
+            .map(|(_, then)| match then {
+                Epilogue::Chain([Unary::Silu]) => OutputMap::Silu,
+                _ => OutputMap::None,
+            })
+            .collect();
+        Q8Matrix::matmul_several_mapped(&q8, x, rows, &mut views, &maps);
         ys.into_iter()
             .zip(parts)
-            .map(|(y, &(_, then))| composed::epilogue(self, y, rows, then))
+            .zip(&maps)
+            .map(|((y, &(_, then)), map)| match map {
+                OutputMap::Silu => Ok(y),
+                OutputMap::None => composed::epilogue(self, y, rows, then),
+            })
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }
@@ -1563,7 +1583,7 @@ impl Backend for CpuOps {
     }
 
     fn silu(&self, x: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(par_map(x.len(), |i| x[i] / (1.0 + (-x[i]).exp())))
+        Ok(par_map(x.len(), |i| silu(x[i])))
     }
 
     fn sigmoid(&self, x: &Vec<f32>) -> Result<Vec<f32>> {

@@ -45,7 +45,7 @@ fn product_with(w: &Q8Matrix, kernels: Q8Kernels, x: &[f32], m: usize) -> Vec<f3
     let mut y = vec![f32::NAN; m * w.n];
     let ptr = SendPtr(y.as_mut_ptr());
     // SAFETY: one caller writes `y`, which is `[m, n]`.
-    unsafe { w.run_range(kernels, &rows, &ptr, 0..w.groups()) };
+    unsafe { w.run_range(kernels, &rows, &ptr, 0..w.groups(), OutputMap::None) };
     y
 }
 
@@ -149,6 +149,44 @@ fn a_row_has_the_same_bits_in_every_window_and_thread_split() {
         w2.matmul(&x, m, &mut alone2);
         assert_eq!(bits(&y1), bits(&all));
         assert_eq!(bits(&y2), bits(&alone2));
+    }
+}
+
+/// An output map runs inside the dispatch with the bits of the same map
+/// over the finished product: SiLU on one part, none on the other, for
+/// 1, 2, 8 and 11 rows (a partial last group: 19 columns).
+#[test]
+fn mapped_outputs_are_the_map_of_the_product() {
+    for format in FORMATS {
+        let k = 576;
+        let data = random_bytes(weight_type(format), 80, k, &mut Rng::new(21));
+        let w = Q8Matrix::new(&data, format, 80, k).unwrap();
+        let data2 = random_bytes(weight_type(format), 19, k, &mut Rng::new(22));
+        let w2 = Q8Matrix::new(&data2, format, 19, k).unwrap();
+        for m in [1, 2, 8, 11] {
+            let x = activations(m, k, 23);
+            let (mut y1, mut y2) = (vec![0f32; m * 80], vec![0f32; m * 19]);
+            Q8Matrix::matmul_several_mapped(
+                &[&w, &w2],
+                &x,
+                m,
+                &mut [&mut y1, &mut y2],
+                &[OutputMap::None, OutputMap::Silu],
+            );
+            let (mut p1, mut p2) = (vec![0f32; m * 80], vec![0f32; m * 19]);
+            w.matmul(&x, m, &mut p1);
+            w2.matmul(&x, m, &mut p2);
+            let want2: Vec<f32> = p2
+                .iter()
+                .map(|&v| crate::backend::cpu::ops::silu(v))
+                .collect();
+            assert_eq!(bits(&y1), bits(&p1), "{format:?} m={m} unmapped");
+            assert_eq!(bits(&y2), bits(&want2), "{format:?} m={m} silu");
+            assert!(
+                want2.iter().zip(&p2).any(|(a, b)| a != b),
+                "the map did something"
+            );
+        }
     }
 }
 
