@@ -296,8 +296,25 @@ pub struct RouterSpec {
 /// A backend without [`split`]'s ops: says which and what is missing.
 fn no_expert_parallel(id: BackendId, what: &str) -> crate::error::EngineError {
     crate::error::EngineError::Unsupported(format!(
-        "the {id} backend {what} (expert parallel runs on the CPU only so far)"
+        "the {id} backend {what} (expert parallel runs on the CPU and CUDA backends)"
     ))
+}
+
+/// The shape [`Backend::routing_upload`] takes on every backend: one weight
+/// per expert id, whole rows of `k ≥ 1` slots.
+pub(crate) fn check_routing_upload(
+    experts: &[usize],
+    weights: &[f32],
+    k: usize,
+) -> crate::error::Result<()> {
+    if experts.len() != weights.len() || k == 0 || !experts.len().is_multiple_of(k) {
+        return Err(crate::error::EngineError::State(format!(
+            "routing_upload: {} experts, {} weights, top {k}",
+            experts.len(),
+            weights.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The op inventory (see the module docs). `rows` is always the number of

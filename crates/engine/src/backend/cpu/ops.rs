@@ -508,20 +508,16 @@ impl CpuOps {
         let mut views: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
         // A lone SiLU (the SwiGLU gate) runs inside the products' dispatch;
         // any other epilogue after it, as the parts compose it.
-        let maps: Vec<OutputMap> = parts
-            .iter()
-            .map(|(_, then)| match then {
-                Epilogue::Chain([Unary::Silu]) => OutputMap::Silu,
-                _ => OutputMap::None,
-            })
-            .collect();
-        Q8Matrix::matmul_several_mapped(&q8, x, rows, &mut views, &maps);
+        let map = |then: &Epilogue<'_>| match then {
+            Epilogue::Chain([Unary::Silu]) => OutputMap::Silu,
+            _ => OutputMap::None,
+        };
+        Q8Matrix::matmul_several_with(&q8, x, rows, &mut views, &|i| map(&parts[i].1));
         ys.into_iter()
             .zip(parts)
-            .zip(&maps)
-            .map(|((y, &(_, then)), map)| match map {
+            .map(|(y, (_, then))| match map(then) {
                 OutputMap::Silu => Ok(y),
-                OutputMap::None => composed::epilogue(self, y, rows, then),
+                OutputMap::None => composed::epilogue(self, y, rows, *then),
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
@@ -900,16 +896,7 @@ impl Backend for CpuOps {
     }
 
     fn routing_upload(&self, experts: &[usize], weights: &[f32], k: usize) -> Result<CpuRouting> {
-        if experts.len() != weights.len() || k == 0 || !experts.len().is_multiple_of(k) {
-            return Err(shape_err(
-                "routing_upload",
-                format!(
-                    "{} experts, {} weights, top {k}",
-                    experts.len(),
-                    weights.len()
-                ),
-            ));
-        }
+        crate::backend::check_routing_upload(experts, weights, k)?;
         Ok(CpuRouting {
             experts: experts.to_vec(),
             weights: weights.to_vec(),

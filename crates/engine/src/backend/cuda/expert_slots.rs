@@ -95,22 +95,12 @@ pub(super) fn routing_upload(
     weights: &[f32],
     k: usize,
 ) -> Result<CudaRouting> {
-    let ids: Option<Vec<u32>> = experts.iter().map(|&e| u32::try_from(e).ok()).collect();
-    let ids = match ids {
-        Some(ids) if experts.len() == weights.len() && k > 0 && experts.len().is_multiple_of(k) => {
-            ids
-        }
-        _ => {
-            return Err(shape_err(
-                "routing_upload",
-                format!(
-                    "{} experts, {} weights, top {k}",
-                    experts.len(),
-                    weights.len()
-                ),
-            ));
-        }
-    };
+    crate::backend::check_routing_upload(experts, weights, k)?;
+    let ids = experts
+        .iter()
+        .map(|&e| u32::try_from(e))
+        .collect::<std::result::Result<Vec<u32>, _>>()
+        .map_err(|_| shape_err("routing_upload", "an expert id past u32".into()))?;
     Ok(CudaRouting {
         n_experts: experts.iter().max().map_or(0, |&e| e + 1),
         experts: Arc::new(dev.upload(&ids)?),

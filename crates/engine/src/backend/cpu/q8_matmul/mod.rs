@@ -288,23 +288,22 @@ impl Q8Matrix {
     /// `ys[i] = x · parts[i]ᵀ` in one pool dispatch, `x` quantized once:
     /// `x` is `[m, k]`, every part `[n_i, k]`, `ys[i]` `[m, n_i]`.
     pub fn matmul_several(parts: &[&Q8Matrix], x: &[f32], m: usize, ys: &mut [&mut [f32]]) {
-        Self::matmul_several_mapped(parts, x, m, ys, &vec![OutputMap::None; parts.len()]);
+        Self::matmul_several_with(parts, x, m, ys, &|_| OutputMap::None);
     }
 
-    /// [`Q8Matrix::matmul_several`] with `maps[i]` applied to each value of
-    /// `ys[i]` by the work item that computed it, inside the same pool
-    /// dispatch: the values `map` gives over the finished product, without
-    /// a serial pass after it (the SwiGLU gate's SiLU was 2 % of a decode
-    /// step's samples on the leader while the other thread spun).
-    pub fn matmul_several_mapped(
+    /// [`Q8Matrix::matmul_several`] with part `i`'s values mapped by
+    /// `map_of(i)`, each by the work item that computed it, inside the same
+    /// pool dispatch: the values the map gives over the finished product,
+    /// without a serial pass after it (the SwiGLU gate's SiLU was 2 % of a
+    /// decode step's samples on the leader while the other thread spun).
+    pub fn matmul_several_with(
         parts: &[&Q8Matrix],
         x: &[f32],
         m: usize,
         ys: &mut [&mut [f32]],
-        maps: &[OutputMap],
+        map_of: &(dyn Fn(usize) -> OutputMap + Sync),
     ) {
         assert_eq!(parts.len(), ys.len(), "one output per part");
-        assert_eq!(parts.len(), maps.len(), "one map per part");
         let Some(k) = parts.first().map(|w| w.k) else {
             return;
         };
@@ -321,7 +320,8 @@ impl Q8Matrix {
         let (act, ptrs) = (&rows, &ptrs);
         candle_core::utils::barrier_pool().execute_chunked(total, |range| {
             let mut start = 0;
-            for ((w, y), &map) in parts.iter().zip(ptrs).zip(maps) {
+            for (i, (w, y)) in parts.iter().zip(ptrs).enumerate() {
+                let map = map_of(i);
                 let end = start + w.groups();
                 let (lo, hi) = (range.start.max(start), range.end.min(end));
                 if lo < hi {
@@ -414,7 +414,7 @@ impl Q8Matrix {
     }
 }
 
-/// What [`Q8Matrix::matmul_several_mapped`] applies to each product value.
+/// What [`Q8Matrix::matmul_several_with`] applies to each product value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputMap {
     None,

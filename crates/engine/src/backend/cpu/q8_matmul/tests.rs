@@ -166,13 +166,8 @@ fn mapped_outputs_are_the_map_of_the_product() {
         for m in [1, 2, 8, 11] {
             let x = activations(m, k, 23);
             let (mut y1, mut y2) = (vec![0f32; m * 80], vec![0f32; m * 19]);
-            Q8Matrix::matmul_several_mapped(
-                &[&w, &w2],
-                &x,
-                m,
-                &mut [&mut y1, &mut y2],
-                &[OutputMap::None, OutputMap::Silu],
-            );
+            let maps = [OutputMap::None, OutputMap::Silu];
+            Q8Matrix::matmul_several_with(&[&w, &w2], &x, m, &mut [&mut y1, &mut y2], &|i| maps[i]);
             let (mut p1, mut p2) = (vec![0f32; m * 80], vec![0f32; m * 19]);
             w.matmul(&x, m, &mut p1);
             w2.matmul(&x, m, &mut p2);
