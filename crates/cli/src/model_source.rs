@@ -168,13 +168,39 @@ pub fn attach_known_head(model: &mut LoadedModel, path: &Path) {
     match ds4_models::mtp_head_for(path) {
         None => {}
         Some(Ok(head)) => match model.attach_mtp_head(&head) {
-            Ok(()) => tracing::info!("MTP head: {}", head.display()),
+            Ok(()) => {
+                tracing::info!("MTP head: {}", head.display());
+                measure_greedy_depth(model);
+            }
             Err(e) => eprintln!(
                 "warning: MTP head {} refused ({e}); running without MTP",
                 head.display()
             ),
         },
         Some(Err(e)) => eprintln!("warning: {e}; running without MTP"),
+    }
+}
+
+/// Pick `--mtp-depth auto`'s greedy depth for the shipped head from this
+/// machine's cycle pieces (`LoadedModel::measure_greedy_mtp_depth`: the CPU
+/// fast set only). A failed timing keeps the constant and says so.
+fn measure_greedy_depth(model: &mut LoadedModel) {
+    let accepted = ds4_models::DEFAULT_MTP_HEAD.fast_greedy_accepted_per_cycle;
+    match model.measure_greedy_mtp_depth(accepted) {
+        Ok(Some((depth, c))) => tracing::info!(
+            "MTP greedy auto depth {depth}: AR step {:.2} ms, windows {:?} ms, draft {:.2} ms",
+            c.ar_step,
+            c.windows
+                .iter()
+                .map(|w| (w * 100.0).round() / 100.0)
+                .collect::<Vec<_>>(),
+            c.draft
+        ),
+        Ok(None) => {}
+        Err(e) => eprintln!(
+            "warning: timing the MTP pieces failed ({e}); greedy auto depth stays {}",
+            model.mtp_auto_depth().greedy
+        ),
     }
 }
 

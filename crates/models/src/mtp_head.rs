@@ -26,6 +26,13 @@ pub struct KnownHead {
     /// next to the model): such a file is overwritten with this head, not
     /// refused, so an upgrade keeps MTP on.
     pub superseded: &'static [&'static str],
+    /// Drafts accepted per cycle at greedy depth d (`[d - 1]`) under the
+    /// CPU's fast kernel set, on the tuning prompts (lines 1–8 of
+    /// `bench/mtp_prompts.txt`, 64 tokens each): greedy tokens are the same
+    /// bits on every machine, so this is the head's alone, and what a load
+    /// weighs this machine's timed cycle pieces with to pick `--mtp-depth
+    /// auto`'s greedy depth.
+    pub fast_greedy_accepted_per_cycle: &'static [f64],
     /// The file itself (what `install` writes).
     bytes: &'static [u8],
 }
@@ -45,6 +52,8 @@ pub const DEFAULT_MTP_HEAD: KnownHead = KnownHead {
         "5b3417abff9c17ca0ae7c6ca69609c4b283d5a89986d65e6deb6a3eb00bfcb84",
         "4379a7341eb73e997bd33d9a97e642f8144a38220e17ee5fbb0c6c163ab9af98",
     ],
+    // bench/mtp-2026-12-06-epyc.log (the same on 2026-12-06's Xeon)
+    fast_greedy_accepted_per_cycle: &[0.674, 1.179, 1.495],
     bytes: include_bytes!("../assets/SmolLM2-135M-Instruct.mtp.gguf"),
 };
 
@@ -218,6 +227,7 @@ mod tests {
             sha256: "11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437",
             size_bytes: 3,
             superseded: &["cba06b5736faf67e54b07b561eae94395e774c517a7d910a54369e1263ccfbd4"],
+            fast_greedy_accepted_per_cycle: &[],
             bytes: b"new",
         };
         let dir = tempfile::tempdir().unwrap();

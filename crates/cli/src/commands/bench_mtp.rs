@@ -33,11 +33,10 @@
 //! `trunk_ms_per_cycle`, `head_ms_per_cycle`, `own_ms_per_cycle`). A turn's
 //! final forward counts toward its trunk time.
 
-use std::time::Instant;
-
 use anyhow::Context;
+use ds4_engine::Model;
+use ds4_engine::decode::mtp_pieces::{PieceCosts, measure_pieces};
 use ds4_engine::decode::{self, LiveSession, TurnConfig, TurnRequest};
-use ds4_engine::{HiddenRows, LogitsRows, Model, ModelState};
 use ds4_sampling::Sampler;
 use ds4_text::Tokenizer;
 
@@ -121,7 +120,8 @@ pub fn bench_mtp<M: Model>(
         anyhow::bail!("bench --mtp: no prompts");
     }
     // The pieces first: the modelled column needs them.
-    let (cost_csv, costs) = step_costs(model, &prompts[0], max_depth, args.mtp_cost_reps)?;
+    let costs = measure_pieces(model, &prompts[0], max_depth, args.mtp_cost_reps)?;
+    let cost_csv = costs.csv();
     let law = model.descriptor().law;
     // (depth, draft-stop threshold): AR first, then every depth under each
     // threshold.
@@ -220,7 +220,7 @@ pub fn bench_mtp<M: Model>(
             } else {
                 t.verify_rows as f64 / cycles
             };
-            let pieces = costs.speedup(t);
+            let pieces = pieces_speedup(&costs, t);
             let (depth, stop) = (modes[mi].0, stop_name(modes[mi].1));
             let per_cycle = 1e3 / t.cycles_or_tokens();
             let (trunk_ms, head_ms) = (t.trunk_secs * per_cycle, t.head_secs * per_cycle);
@@ -293,133 +293,28 @@ pub fn bench_mtp<M: Model>(
     Ok(out)
 }
 
-/// Median milliseconds of the pieces of a cycle.
-struct PieceCosts {
-    ar_step: f64,
-    /// `windows[k - 1]`: a verify window of k + 1 rows.
-    windows: Vec<f64>,
-    draft: f64,
-}
-
-impl PieceCosts {
-    /// Emitted tokens over the cycles' cost in AR steps (1 for AR itself):
-    /// a cycle that drafted j tokens costs a window of j + 1 rows (an AR
-    /// step for j = 0) and j head forwards. `t.drafted[i]` counts the
-    /// cycles that drafted at least i + 1, since drafting runs in order.
-    fn speedup(&self, t: &Tally) -> f64 {
-        if t.cycles == 0 {
-            return 1.0;
-        }
-        let mut cost = 0.0;
-        let mut reached = t.cycles;
-        for j in 0..=t.drafted.len() {
-            let deeper = t.drafted.get(j).copied().unwrap_or(0);
-            let window = if j == 0 {
-                self.ar_step
-            } else {
-                self.windows[j - 1]
-            };
-            cost += reached.saturating_sub(deeper) as f64 * window;
-            reached = deeper;
-        }
-        cost += t.drafted.iter().sum::<usize>() as f64 * self.draft;
-        let tokens = t.cycles + t.accepted.iter().sum::<usize>();
-        tokens as f64 * self.ar_step / cost
+/// Emitted tokens over the cycles' cost in AR steps (1 for AR itself): a
+/// cycle that drafted j tokens costs a window of j + 1 rows (an AR step for
+/// j = 0) and j head forwards. `t.drafted[i]` counts the cycles that
+/// drafted at least i + 1, since drafting runs in order.
+fn pieces_speedup(c: &PieceCosts, t: &Tally) -> f64 {
+    if t.cycles == 0 {
+        return 1.0;
     }
+    let mut cost = 0.0;
+    let mut reached = t.cycles;
+    for j in 0..=t.drafted.len() {
+        let deeper = t.drafted.get(j).copied().unwrap_or(0);
+        let window = if j == 0 { c.ar_step } else { c.windows[j - 1] };
+        cost += reached.saturating_sub(deeper) as f64 * window;
+        reached = deeper;
+    }
+    cost += t.drafted.iter().sum::<usize>() as f64 * c.draft;
+    let tokens = t.cycles + t.accepted.iter().sum::<usize>();
+    tokens as f64 * c.ar_step / cost
 }
 
 /// A threshold as the tables print it (`none`: full depth every cycle).
 fn stop_name(stop: Option<f32>) -> String {
     stop.map_or_else(|| "none".to_string(), |c| format!("{c}"))
-}
-
-/// Milliseconds per call of each piece of a cycle, on `prompt`'s
-/// prefilled state (each timed `reps` times from the same snapshot, one
-/// untimed step past it, the median reported).
-fn step_costs<M: Model>(
-    model: &M,
-    prompt: &[u32],
-    max_depth: usize,
-    reps: usize,
-) -> anyhow::Result<(String, PieceCosts)> {
-    let mut state = model.new_state();
-    let (out, hidden) = model.forward_hidden(prompt, &mut state, LogitsRows::Last)?;
-    let tok = argmax(out.last_row());
-    let base = state.snapshot();
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2] * 1e3
-    };
-    // Each piece is timed on a copy of the snapshot that has taken one
-    // untimed forward first: a fresh copy's caches are filled to capacity,
-    // so its first append reallocates and copies every layer's KV (about
-    // 0.8 ms of a 7 ms step for a short prompt on the 2-core Xeon), which a
-    // session in the decode loop, growing its caches amortised, never pays.
-    let warmed = || -> anyhow::Result<_> {
-        let mut st = base.snapshot();
-        model.forward(&[tok], &mut st, LogitsRows::Last)?;
-        Ok(st)
-    };
-    let mut s = String::from("piece,rows,ms_per_call\n");
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let mut st = warmed()?;
-        let t0 = Instant::now();
-        model.forward(&[tok], &mut st, LogitsRows::Last)?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let ar_step = median(times);
-    s.push_str(&format!("ar_step,1,{ar_step:.3}\n"));
-    let mut windows = Vec::new();
-    for k in 1..=max_depth {
-        let window: Vec<u32> = std::iter::repeat_n(tok, k + 1).collect();
-        let mut times = Vec::new();
-        for _ in 0..reps.max(1) {
-            let mut st = warmed()?;
-            let t0 = Instant::now();
-            model.forward_window(&window, &mut st)?;
-            times.push(t0.elapsed().as_secs_f64());
-        }
-        let ms = median(times);
-        windows.push(ms);
-        s.push_str(&format!("verify_window,{},{ms:.3}\n", k + 1));
-    }
-    // One draft: the head's row for the last prompt position.
-    let mut history = model
-        .new_mtp_history()
-        .context("the model reports an MTP contract but no history")?;
-    let n = prompt.len() - 1;
-    if n > 0 {
-        model.mtp_forward(&prompt[1..], &hidden.narrow(0, n)?, &mut history)?;
-    }
-    let last = hidden.narrow(n, 1)?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        // The head's history likewise: one untimed row first.
-        let mut h = history.clone();
-        model.mtp_forward(&[tok], &last, &mut h)?;
-        let t0 = Instant::now();
-        model.mtp_forward(&[tok], &last, &mut h)?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let draft = median(times);
-    s.push_str(&format!("draft,1,{draft:.3}\n"));
-    Ok((
-        s,
-        PieceCosts {
-            ar_step,
-            windows,
-            draft,
-        },
-    ))
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

@@ -47,13 +47,16 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     match head["status"].as_str() {
         Some("ok") => println!(
             "mtp head:      {} ({} parameters, vocabulary subset {}, sha256 {} checked; \
-             depths: on the CPU's fast set default = auto {} greedy / {} sampled, elsewhere \
+             depths: on the CPU's fast set default = auto, greedy measured at load from this \
+             machine's cycle costs and the head's greedy acceptance {} per cycle at depths 1-3 \
+             (if timing fails: {}) / {} sampled, elsewhere \
              default 0 = AR and auto {} greedy / {} sampled, max {}; on the CPU's reference set drafting \
              stops before a greedy draft below {} head confidence)",
             head["path"].as_str().unwrap_or_default(),
             group_thousands(head["parameters"].as_u64().unwrap_or(0)),
             head["vocab_subset"],
             head["sha256"].as_str().unwrap_or_default(),
+            head["fast_greedy_accepted_per_cycle"],
             head["auto_depth_fast"],
             head["auto_depth_sampled_fast"],
             head["auto_depth"],
@@ -164,6 +167,8 @@ fn mtp_head(path: &std::path::Path) -> serde_json::Value {
                 "auto_depth": ds4_engine::families::llama::MTP_AUTO_DEPTH,
                 "auto_depth_sampled": ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED,
                 "auto_depth_fast": ds4_engine::families::llama::MTP_AUTO_DEPTH_FAST,
+                "fast_greedy_accepted_per_cycle":
+                    ds4_models::DEFAULT_MTP_HEAD.fast_greedy_accepted_per_cycle,
                 "auto_depth_sampled_fast":
                     ds4_engine::families::llama::MTP_AUTO_DEPTH_SAMPLED_FAST,
                 "max_depth": MTP_MAX_DEPTH,

@@ -19,6 +19,7 @@ pub mod logprobs;
 mod mask;
 pub mod media;
 mod mtp;
+pub mod mtp_pieces;
 pub mod prefill;
 pub mod session;
 mod step;

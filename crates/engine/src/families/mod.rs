@@ -195,6 +195,10 @@ pub struct AutoDepth {
     pub sampled: usize,
 }
 
+/// How much faster (relative, by the pieces) a deeper greedy chain must be
+/// to be chosen over a shallower one ([`LoadedModel::measure_greedy_mtp_depth`]).
+const GREEDY_DEPTH_MARGIN: f64 = 0.01;
+
 impl AutoDepth {
     /// The depth for a request at `temperature`.
     pub fn for_temperature(self, temperature: f64) -> usize {
@@ -441,8 +445,9 @@ impl LoadedModel {
     /// for the kernel set it runs ([`llama::MTP_AUTO_DEPTH`] /
     /// [`llama::MTP_AUTO_DEPTH_SAMPLED`] on the reference set and CUDA,
     /// [`llama::MTP_AUTO_DEPTH_FAST`] / [`llama::MTP_AUTO_DEPTH_SAMPLED_FAST`]
-    /// on the CPU's fast set), the family default for other heads, 0 (AR)
-    /// without a head.
+    /// on the CPU's fast set, whose greedy depth
+    /// [`Self::measure_greedy_mtp_depth`] replaces with this machine's), the
+    /// family default for other heads, 0 (AR) without a head.
     pub fn mtp_auto_depth(&self) -> AutoDepth {
         let llama = if self.runs_cpu_fast_set() {
             AutoDepth {
@@ -456,7 +461,10 @@ impl LoadedModel {
             }
         };
         match self {
-            LoadedModel::Llama(m) if m.mtp_head().is_some() => llama,
+            LoadedModel::Llama(m) if m.mtp_head().is_some() => AutoDepth {
+                greedy: m.measured_greedy_depth().unwrap_or(llama.greedy),
+                ..llama
+            },
             #[cfg(feature = "cuda")]
             LoadedModel::LlamaCuda(m) if m.mtp_head().is_some() => llama,
             _ => {
@@ -487,6 +495,39 @@ impl LoadedModel {
     }
 
     /// Whether the model runs on the CPU under the fast kernel set.
+    /// Time one MTP cycle's pieces on this machine and keep the greedy
+    /// depth they make fastest for a head that accepts
+    /// `accepted_per_cycle[d - 1]` drafts per cycle at depth d (greedy, so
+    /// a property of the head and the trunk's bits, not of the machine):
+    /// the llama family on the CPU's fast set with a head attached, else
+    /// `None` and nothing changes. Greedy MTP emits the AR tokens at every
+    /// depth, so this moves speed only ([`crate::decode::mtp_pieces`]).
+    /// Nine rounds of timed pieces on a 128-token context, ~0.4 s on 2 cores.
+    pub fn measure_greedy_mtp_depth(
+        &mut self,
+        accepted_per_cycle: &[f64],
+    ) -> Result<Option<(usize, crate::decode::mtp_pieces::PieceCosts)>> {
+        if !self.runs_cpu_fast_set() {
+            return Ok(None);
+        }
+        let LoadedModel::Llama(m) = self else {
+            return Ok(None);
+        };
+        if m.mtp_head().is_none() || accepted_per_cycle.is_empty() {
+            return Ok(None);
+        }
+        // Any tokens time the same; ids spread over the vocabulary.
+        let vocab = crate::model::Model::vocab_size(&*m) as u64;
+        let prompt: Vec<u32> = (0..128u64)
+            .map(|i| ((i * 7919 + 17) % vocab) as u32)
+            .collect();
+        let costs =
+            crate::decode::mtp_pieces::measure_pieces(&*m, &prompt, accepted_per_cycle.len(), 9)?;
+        let depth = costs.best_depth(accepted_per_cycle, GREEDY_DEPTH_MARGIN);
+        m.set_measured_greedy_depth(depth);
+        Ok(Some((depth, costs)))
+    }
+
     fn runs_cpu_fast_set(&self) -> bool {
         // Backend and kernels, not the tag: an f16 KV cache adds `+kv-f16`
         // to the tag and runs the same products.

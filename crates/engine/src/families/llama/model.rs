@@ -456,6 +456,20 @@ impl<B: Backend> LlamaModel<B> {
         Ok(())
     }
 
+    /// Record the greedy draft depth measured fastest for the attached
+    /// head on this machine (`decode::mtp_pieces`); attaching another head
+    /// forgets it.
+    pub fn set_measured_greedy_depth(&mut self, depth: usize) {
+        if let Some(head) = self.mtp.as_deref_mut() {
+            head.measured_greedy_depth = Some(depth);
+        }
+    }
+
+    /// See [`LlamaModel::set_measured_greedy_depth`].
+    pub fn measured_greedy_depth(&self) -> Option<usize> {
+        self.mtp.as_deref().and_then(|h| h.measured_greedy_depth)
+    }
+
     /// The attached MTP head, if any.
     pub fn mtp_head(&self) -> Option<&MtpHead<B>> {
         self.mtp.as_deref()

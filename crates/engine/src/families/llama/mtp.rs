@@ -77,7 +77,10 @@ pub const MTP_AUTO_DEPTH: usize = 2;
 /// 2026-12-02 Xeon 1.15 against 1.08, the EPYC 1.18 against 1.19.
 pub const MTP_AUTO_DEPTH_SAMPLED: usize = 1;
 /// `--mtp-depth auto` under the CPU's fast kernel set (int8 activations),
-/// greedy and sampled. There a verify row costs far less than under the
+/// greedy and sampled; for the shipped head the greedy depth is measured
+/// at load instead (`LoadedModel::measure_greedy_mtp_depth`: the pieces
+/// of 2026-12-06's Xeon give 1, that day's EPYC's 2–3) and this is its
+/// fallback. There a verify row costs far less than under the
 /// reference set (a window of 2 rows 1.13 AR steps, of 4 rows 1.59, against
 /// 1.27 / 2.06; `bench/README.md`, 2026-12-05), so the head is faster than
 /// AR at both temperatures and a request that asks for no depth drafts
@@ -129,6 +132,10 @@ pub struct MtpHead<B: Backend> {
     vocab: usize,
     hidden: usize,
     source: PathBuf,
+    /// The greedy depth `--mtp-depth auto` runs with this head, measured on
+    /// this machine (`LlamaModel::set_measured_greedy_depth`); `None`: the
+    /// family's constants.
+    pub(super) measured_greedy_depth: Option<usize>,
 }
 
 impl<B: Backend> MtpHead<B> {
@@ -171,6 +178,7 @@ impl<B: Backend> MtpHead<B> {
             vocab: cfg.vocab_size,
             hidden: h,
             source: path.to_path_buf(),
+            measured_greedy_depth: None,
         };
         g.finish()?;
         Ok(head)
