@@ -254,6 +254,26 @@ pub struct CausalPart<'a, Q, K> {
     pub offset: usize,
 }
 
+/// One session's share of [`Backend::attention_causal_rows`]: its `t`
+/// query rows (consecutive in the call's queries), its cache's keys and
+/// values per kv head and the positions before its window.
+pub struct CausalRows<'a, K> {
+    pub t: usize,
+    pub k: &'a [&'a K],
+    pub v: &'a [&'a K],
+    pub offset: usize,
+}
+
+/// One target of [`Backend::append_head_rows`]: rows `first .. first +
+/// rows` of `src` (`[_, dsts.len() · width]`), column block h appended to
+/// `dsts[h]`.
+pub struct HeadRows<'a, B> {
+    pub src: &'a B,
+    pub first: usize,
+    pub rows: usize,
+    pub dsts: Vec<&'a mut B>,
+}
+
 /// The QSA block selection's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexerShape {
@@ -723,6 +743,56 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         composed::part_by_part(self, parts, |p| {
             self.attention_causal(p.q, p.k, p.v, p.offset, q_heads, kv)
         })
+    }
+    /// [`Backend::attention_causal_batch`] with the parts' queries as
+    /// consecutive rows of one `q` (`[Σ t, Hq·d]`), as continuous batching
+    /// projects them. By default each part's rows are copied out first; a
+    /// backend may read them in place (CUDA: one launch for every part).
+    fn attention_causal_rows(
+        &self,
+        q: &Self::Buf,
+        parts: &[CausalRows<'_, Self::Buf>],
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<Self::Buf> {
+        let qd = q_heads * kv.dim;
+        let mut qs = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for p in parts {
+            qs.push(self.rows(q, qd, at, p.t)?);
+            at += p.t;
+        }
+        let parts: Vec<CausalPart<'_, Self::Buf, Self::Buf>> = parts
+            .iter()
+            .zip(&qs)
+            .map(|(p, q)| CausalPart {
+                q,
+                k: p.k,
+                v: p.v,
+                offset: p.offset,
+            })
+            .collect();
+        self.attention_causal_batch(&parts, q_heads, kv)
+    }
+    /// Append each target's rows of its source, column block by column
+    /// block (`width` values each), to its buffers (continuous batching's
+    /// cache writes: every session's keys of a layer). By default a row
+    /// copy, a column split and an append per block; a backend may do all
+    /// in one pass (CUDA: one launch for every target).
+    fn append_head_rows(
+        &self,
+        width: usize,
+        targets: &mut [HeadRows<'_, Self::Buf>],
+    ) -> Result<()> {
+        for t in targets {
+            let heads = t.dsts.len();
+            let rows = self.rows(t.src, heads * width, t.first, t.rows)?;
+            let blocks = self.split_cols(&rows, t.rows, &vec![width; heads], 1)?;
+            for (block, dst) in blocks.iter().zip(t.dsts.iter_mut()) {
+                self.append(dst, block)?;
+            }
+        }
+        Ok(())
     }
     /// Mean of each complete block of `ratio` rows of `raw: [P, dim]`, for
     /// blocks `first .. last`: `(0 + r_0 + … + r_{ratio−1}) / ratio`.

@@ -8,7 +8,7 @@
 //! over an f16 cache), whose per-query result does not depend on the window
 //! size (warm == cold bit for bit).
 
-use crate::backend::{Backend, CausalPart, Epilogue, Heads};
+use crate::backend::{Backend, CausalPart, CausalRows, Epilogue, Heads};
 use crate::error::Result;
 use crate::layers::linear::Linear;
 use crate::layers::rope::RopeRows;
@@ -85,8 +85,38 @@ impl<B: Backend> Attention<B> {
         rope.apply(ops, &mut k, d)?;
         let q = self.scale_queries(ops, &q)?;
         let (qd, kvd) = (self.num_heads * d, self.num_kv_heads * d);
-        // Every session's rows into its cache first, then all the
-        // attentions in one call (one dispatch on the CPU).
+        // f32 caches: every session's rows into its cache in one call, then
+        // every attention over the queries in place in one more (a launch
+        // each on CUDA, where the per-session copies, appends and
+        // attentions below were ~15 launches a session and layer).
+        let offsets: Vec<usize> = parts.iter().map(|p| p.cache.len()).collect();
+        let ts: Vec<usize> = parts.iter().map(|p| p.t).collect();
+        let mut caches: Vec<&mut KvCache<B>> = parts.iter_mut().map(|p| &mut *p.cache).collect();
+        if KvCache::write_batch(ops, &mut caches, layer, &k, &v, &ts)? {
+            let rows: Vec<KvRows<'_, B>> = caches
+                .iter()
+                .map(|c| c.written(layer))
+                .collect::<Result<_>>()?;
+            let sessions = rows
+                .iter()
+                .zip(ts.iter().zip(&offsets))
+                .map(|(r, (&t, &offset))| match r {
+                    KvRows::F32(k, v) => Ok(CausalRows { t, k, v, offset }),
+                    KvRows::F16(..) => Err(crate::error::EngineError::State(
+                        "a batch mixes f32 and f16 kv caches".into(),
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let kv = Heads {
+                heads: self.num_kv_heads,
+                dim: d,
+            };
+            let y = ops.attention_causal_rows(&q, &sessions, self.num_heads, kv)?;
+            return self.o.forward(ops, &y, total);
+        }
+        drop(caches);
+        // f16 caches (the CPU): every session's rows into its cache first,
+        // then all the attentions in one call (one dispatch on the CPU).
         let mut windows = Vec::with_capacity(parts.len());
         let mut at = 0;
         for p in parts.iter_mut() {

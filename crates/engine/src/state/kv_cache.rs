@@ -15,7 +15,7 @@
 //! rounded back, exactly; the cache type is part of a checkpoint's identity
 //! through the model's backend tag, so the two never meet).
 
-use crate::backend::Backend;
+use crate::backend::{Backend, HeadRows};
 use crate::error::{EngineError, Result};
 use crate::state::rows::RowCache;
 use crate::state::table::{NamedTensor, TableReader};
@@ -218,6 +218,82 @@ impl<B: Backend> KvCache<B> {
             });
         }
         Ok(self.layer_rows(layer))
+    }
+
+    /// [`KvCache::write`] for several sessions' caches of one layer at
+    /// once (continuous batching): cache i takes rows `at_i .. at_i + t_i`
+    /// of `k` and `v` (`[Σ t, kv_heads · head_dim]`, `at_i` = Σ_{j<i} t_j)
+    /// through one [`Backend::append_head_rows`] (one launch on CUDA where
+    /// the writes one by one were ~8 a session and layer). Every cache
+    /// holds f32 rows of one geometry; it returns false, writing nothing,
+    /// where one holds f16 rows (the caller writes them one by one).
+    pub fn write_batch(
+        ops: &B,
+        caches: &mut [&mut KvCache<B>],
+        layer: usize,
+        k: &B::Buf,
+        v: &B::Buf,
+        ts: &[usize],
+    ) -> Result<bool> {
+        if caches.iter().any(|c| !matches!(c.store, Store::F32 { .. })) {
+            return Ok(false);
+        }
+        let Some(first) = caches.first() else {
+            return Ok(true);
+        };
+        let (heads, d) = (first.kv_heads, first.head_dim);
+        for (c, &t) in caches.iter().zip(ts) {
+            if c.kv_heads != heads || c.head_dim != d {
+                return Err(EngineError::State(
+                    "a batch's kv caches differ in heads or head size".into(),
+                ));
+            }
+            if layer >= c.num_layers() {
+                return Err(Self::no_layer(layer));
+            }
+            let rows = c.layer_len(layer) + t;
+            if rows > c.max_len {
+                return Err(EngineError::ContextOverflow {
+                    needed: rows,
+                    limit: c.max_len,
+                });
+            }
+        }
+        let mut targets = Vec::with_capacity(2 * caches.len());
+        let mut at = 0;
+        for (c, &t) in caches.iter_mut().zip(ts) {
+            if let Store::F32 { k: kc, v: vc } = &mut c.store {
+                for (src, heads) in [(k, &mut kc[layer]), (v, &mut vc[layer])] {
+                    targets.push(HeadRows {
+                        src,
+                        first: at,
+                        rows: t,
+                        dsts: heads.iter_mut().map(RowCache::storage_mut).collect(),
+                    });
+                }
+            }
+            at += t;
+        }
+        ops.append_head_rows(d, &mut targets)?;
+        drop(targets);
+        for (c, &t) in caches.iter_mut().zip(ts) {
+            if let Store::F32 { k: kc, v: vc } = &mut c.store {
+                for cache in kc[layer].iter_mut().chain(vc[layer].iter_mut()) {
+                    cache.appended(t);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Rows of `layer` (its first head's keys; every head has as many).
+    fn layer_len(&self, layer: usize) -> usize {
+        match &self.store {
+            Store::F32 { k, .. } => k[layer].first().map_or(0, |c| c.rows()),
+            Store::F16 { k, .. } => k[layer]
+                .first()
+                .map_or(0, |c| self.ops.half_len(c) / self.head_dim.max(1)),
+        }
     }
 
     /// `layer`'s keys and values per head, as [`KvCache::write`] returned

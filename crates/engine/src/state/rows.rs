@@ -36,6 +36,18 @@ impl<B: Backend> RowCache<B> {
         &self.buf
     }
 
+    /// The storage rows are appended to ([`RowCache::appended`] counts
+    /// them): for a backend's several-buffer append
+    /// ([`Backend::append_head_rows`]).
+    pub(crate) fn storage_mut(&mut self) -> &mut B::Buf {
+        &mut self.buf
+    }
+
+    /// `n` rows were appended to [`RowCache::storage_mut`].
+    pub(crate) fn appended(&mut self, n: usize) {
+        self.rows += n;
+    }
+
     /// Append `x: [n, width]`.
     pub fn append(&mut self, ops: &B, x: &B::Buf) -> Result<()> {
         let n = ops.len(x) / self.width.max(1);

@@ -108,6 +108,103 @@ pub(super) fn attention_causal(
     merge(dev, &parts, items, tiles, q_heads, d, None)
 }
 
+/// `Backend::attention_causal_rows` (continuous batching): every
+/// session's queries in place, one table upload, one tiles launch and one
+/// merge for all of them (the kernels `attention_causal_tiles_batch_f32` /
+/// `attention_merge_batch_f32`: each row's tiles and merge are its session's
+/// launch alone's, so the same bits).
+pub(super) fn attention_causal_rows(
+    dev: &Device,
+    q: &CudaBuf,
+    parts: &[crate::backend::CausalRows<'_, CudaBuf>],
+    q_heads: usize,
+    kv: Heads,
+) -> Result<CudaBuf> {
+    if dev.pool.capturing() {
+        return Err(shape_err(
+            "attention_causal_rows",
+            "a captured step attends one session (attention_causal_step)".into(),
+        ));
+    }
+    let (kvh, d) = (kv.heads, kv.dim);
+    let rows: usize = parts.iter().map(|p| p.t).sum();
+    let bad = parts.is_empty()
+        || kvh == 0
+        || !q_heads.is_multiple_of(kvh)
+        || q.len() != rows * q_heads * d
+        || parts.iter().any(|p| {
+            p.t == 0
+                || p.k.len() != kvh
+                || p.v.len() != kvh
+                || p.k
+                    .iter()
+                    .chain(p.v)
+                    .any(|c| c.len() < (p.offset + p.t) * d)
+        });
+    if bad {
+        return Err(shape_err(
+            "attention_causal_rows",
+            format!(
+                "{rows} queries of {} sessions in {kvh} kv heads",
+                parts.len()
+            ),
+        ));
+    }
+    // row_part, row_pos [rows]; part_t, part_off [parts]; then each part's
+    // 2·kvh cache addresses (the kernels' table).
+    let mut table: Vec<u64> = Vec::with_capacity(2 * rows + parts.len() * (2 + 2 * kvh));
+    for (p, part) in parts.iter().enumerate() {
+        table.extend(std::iter::repeat_n(p as u64, part.t));
+    }
+    for part in parts {
+        table.extend(0..part.t as u64);
+    }
+    table.extend(parts.iter().map(|p| p.t as u64));
+    table.extend(parts.iter().map(|p| p.offset as u64));
+    for part in parts {
+        table.extend(part.k.iter().chain(part.v).map(|c| c.ptr()));
+    }
+    let max_tiles = parts
+        .iter()
+        .map(|p| (p.offset + p.t).div_ceil(TILE))
+        .max()
+        .unwrap_or(1);
+    let table = dev.upload(&table)?;
+    let items = rows * q_heads;
+    let tiles_out = CudaBuf::uninit(dev, items * max_tiles * (d + 2))?;
+    dev.launch(
+        "attention_causal_tiles_batch_f32",
+        Shape::warps(items * max_tiles),
+        args![
+            tiles_out.ptr(),
+            q.ptr(),
+            table.ptr(),
+            rows,
+            parts.len(),
+            q_heads,
+            kvh,
+            d,
+            max_tiles
+        ],
+    )?;
+    let y = CudaBuf::uninit(dev, items * d)?;
+    dev.launch(
+        "attention_merge_batch_f32",
+        Shape::warps(items * d.div_ceil(32)),
+        args![
+            y.ptr(),
+            tiles_out.ptr(),
+            table.ptr(),
+            rows,
+            parts.len(),
+            q_heads,
+            d,
+            max_tiles
+        ],
+    )?;
+    Ok(y)
+}
+
 /// `Backend::attention_causal_step`: the cache length from the step, the
 /// grid over the caches' capacity (see the kernels).
 pub(super) fn attention_causal_step(

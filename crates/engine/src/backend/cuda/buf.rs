@@ -416,3 +416,61 @@ pub(super) fn split_cols(
     }
     Ok(out)
 }
+
+/// `Backend::append_head_rows`: every target's column blocks appended in
+/// one `copy_row_blocks_f32` launch (each buffer grown first as [`append`]
+/// grows it, so the storage is the same as appends one by one).
+pub(super) fn append_head_rows(
+    dev: &Device,
+    width: usize,
+    targets: &mut [crate::backend::HeadRows<'_, CudaBuf>],
+) -> Result<()> {
+    let mut table: Vec<u64> = Vec::new();
+    let mut max_rows = 0;
+    for t in targets.iter_mut() {
+        let stride = t.dsts.len() * width;
+        if (t.first + t.rows) * stride > t.src.len {
+            return Err(shape_err(
+                "append_head_rows",
+                format!(
+                    "rows {}..{} of a {}-row buffer",
+                    t.first,
+                    t.first + t.rows,
+                    t.src.len / stride.max(1)
+                ),
+            ));
+        }
+        if t.rows == 0 {
+            continue;
+        }
+        for (h, dst) in t.dsts.iter_mut().enumerate() {
+            let need = dst.len + t.rows * width;
+            let capacity = if dst.mem.len() >= need {
+                need
+            } else {
+                need.max(2 * dst.mem.len()).max(64)
+            };
+            let at = dst.len;
+            let base = dst.own(dev, capacity)?;
+            table.extend([
+                t.src.ptr() + 4 * (t.first * stride + h * width) as u64,
+                stride as u64,
+                t.rows as u64,
+                base + 4 * at as u64,
+                0,
+            ]);
+            dst.len = need;
+        }
+        max_rows = max_rows.max(t.rows);
+    }
+    if table.is_empty() || width == 0 {
+        return Ok(());
+    }
+    let n = table.len() / 5;
+    let table = dev.upload(&table)?;
+    dev.launch(
+        "copy_row_blocks_f32",
+        Shape::elements(n * max_rows * width),
+        args![table.ptr(), n, max_rows, width],
+    )
+}

@@ -9,8 +9,8 @@ use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{CudaOps, attention, elementwise, expert_slots, fused, linear, norms, recurrent};
 use crate::backend::composed;
 use crate::backend::{
-    Backend, BackendId, EntryKeep, Epilogue, GateAct, GeluForm, Heads, HostWeight, IndexerShape,
-    PureBody, RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
+    Backend, BackendId, CausalRows, EntryKeep, Epilogue, GateAct, GeluForm, HeadRows, Heads,
+    HostWeight, IndexerShape, PureBody, RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
 };
 use crate::error::Result;
 
@@ -351,6 +351,20 @@ impl Backend for CudaOps {
         kv: Heads,
     ) -> Result<CudaBuf> {
         attention::attention_causal(&self.dev, q, k, v, offset, q_heads, kv)
+    }
+
+    fn attention_causal_rows(
+        &self,
+        q: &CudaBuf,
+        parts: &[CausalRows<'_, CudaBuf>],
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<CudaBuf> {
+        attention::attention_causal_rows(&self.dev, q, parts, q_heads, kv)
+    }
+
+    fn append_head_rows(&self, width: usize, targets: &mut [HeadRows<'_, CudaBuf>]) -> Result<()> {
+        buf::append_head_rows(&self.dev, width, targets)
     }
 
     fn block_keys(

@@ -297,6 +297,20 @@ impl<B: Backend> Backend for Split<B> {
         self.home().attention_causal_batch(parts, q_heads, kv)
     }
 
+    fn attention_causal_rows(
+        &self,
+        q: &B::Buf,
+        parts: &[CausalRows<'_, B::Buf>],
+        q_heads: usize,
+        kv: Heads,
+    ) -> Result<B::Buf> {
+        self.home().attention_causal_rows(q, parts, q_heads, kv)
+    }
+
+    fn append_head_rows(&self, width: usize, targets: &mut [HeadRows<'_, B::Buf>]) -> Result<()> {
+        self.home().append_head_rows(width, targets)
+    }
+
     fn block_keys(
         &self,
         raw: &B::Buf,

@@ -305,3 +305,114 @@ fn cuda_attention_window_matches_the_cpu() {
         rows_invariant("attention_window", rows, run);
     }
 }
+
+/// Continuous batching's two ops on the GPU: `attention_causal_rows` (every
+/// session's queries in place, one launch) gives each session's rows the
+/// bits of its `attention_causal` alone, and `append_head_rows` (one launch
+/// for every session's cache heads) the buffers that row copies, column
+/// splits and appends one by one give. Sessions of 1–3 rows after 0–150
+/// cached positions (1–4 tiles of 64 keys), 2 kv heads for 6 query heads.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_batched_sessions_attend_and_append_as_alone() {
+    use ds4_engine::backend::{CausalRows, HeadRows};
+    let g = gpu();
+    let (hq, hkv, d) = (6, 2, 24);
+    let kv = Heads { heads: hkv, dim: d };
+    // (offset, t) per session.
+    let sessions = [(0, 1), (150, 1), (63, 3), (64, 2), (7, 1)];
+    let rows: usize = sessions.iter().map(|s| s.1).sum();
+    // Each session's cache before this forward, per kv head, and this
+    // forward's k/v rows for every session ([rows, hkv·d]).
+    let caches: Vec<Vec<Vec<f32>>> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, &(off, _))| {
+            (0..2 * hkv)
+                .map(|h| rnd(off * d, 300 + 10 * i as u64 + h as u64))
+                .collect()
+        })
+        .collect();
+    let new_k = rnd(rows * hkv * d, 401);
+    let new_v = rnd(rows * hkv * d, 402);
+    let (gk_new, gv_new) = (up(&g, &new_k), up(&g, &new_v));
+    // One by one (what the batch must equal): the session's rows of k and
+    // v, split into heads and appended.
+    let mut alone: Vec<Vec<<Gpu as Backend>::Buf>> = caches
+        .iter()
+        .map(|heads| heads.iter().map(|x| up(&g, x)).collect())
+        .collect();
+    let mut at = 0;
+    for (s, &(_, t)) in alone.iter_mut().zip(&sessions) {
+        for (src, heads) in [(&gk_new, 0..hkv), (&gv_new, hkv..2 * hkv)] {
+            let r = g.rows(src, hkv * d, at, t).unwrap();
+            let parts = g.split_cols(&r, t, &vec![d; hkv], 1).unwrap();
+            for (part, h) in parts.iter().zip(heads) {
+                g.append(&mut s[h], part).unwrap();
+            }
+        }
+        at += t;
+    }
+    // Batched: one append_head_rows for every session's k and v heads.
+    let mut batched: Vec<Vec<<Gpu as Backend>::Buf>> = caches
+        .iter()
+        .map(|heads| heads.iter().map(|x| up(&g, x)).collect())
+        .collect();
+    {
+        let mut targets = Vec::new();
+        let mut at = 0;
+        for (s, &(_, t)) in batched.iter_mut().zip(&sessions) {
+            let (ks, vs) = s.split_at_mut(hkv);
+            targets.push(HeadRows {
+                src: &gk_new,
+                first: at,
+                rows: t,
+                dsts: ks.iter_mut().collect(),
+            });
+            targets.push(HeadRows {
+                src: &gv_new,
+                first: at,
+                rows: t,
+                dsts: vs.iter_mut().collect(),
+            });
+            at += t;
+        }
+        g.append_head_rows(d, &mut targets).unwrap();
+    }
+    for (a, b) in alone.iter().zip(&batched) {
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(bits(&down(&g, x)), bits(&down(&g, y)), "append_head_rows");
+        }
+    }
+    // Attention: every session's queries in one q, against one by one.
+    let q = rnd(rows * hq * d, 403);
+    let gq = up(&g, &q);
+    let refs: Vec<Vec<&<Gpu as Backend>::Buf>> =
+        batched.iter().map(|s| s.iter().collect()).collect();
+    let parts: Vec<CausalRows<'_, <Gpu as Backend>::Buf>> = refs
+        .iter()
+        .zip(&sessions)
+        .map(|(r, &(offset, t))| CausalRows {
+            t,
+            k: &r[..hkv],
+            v: &r[hkv..],
+            offset,
+        })
+        .collect();
+    let together = down(&g, &g.attention_causal_rows(&gq, &parts, hq, kv).unwrap());
+    let mut at = 0;
+    for (r, &(offset, t)) in refs.iter().zip(&sessions) {
+        let qs = up(&g, &q[at * hq * d..(at + t) * hq * d]);
+        let one = down(
+            &g,
+            &g.attention_causal(&qs, &r[..hkv], &r[hkv..], offset, hq, kv)
+                .unwrap(),
+        );
+        assert_eq!(
+            bits(&one),
+            bits(&together[at * hq * d..(at + t) * hq * d]),
+            "session at {offset} with {t} rows"
+        );
+        at += t;
+    }
+}

@@ -282,6 +282,52 @@ extern "C" __global__ void attention_causal_tiles_f32(float* parts, const float*
     }
 }
 
+// Several sessions' causal attention in one launch (continuous batching):
+// q [R, Hq·d] holds every session's rows one after another; row r is row
+// `row_pos[r]` of session `row_part[r]`, whose window starts after
+// `part_off[p]` cached positions and has `part_t[p]` rows, and whose kv
+// head h lives at kv[p·2·Hkv + h] (keys) and kv[p·2·Hkv + Hkv + h]
+// (values). parts is [R·Hq, max_tiles, 2 + d]: an item uses the tiles its
+// session alone would (ceil((off + t)/ATT_TILE)), each computed by
+// `tile_partial` as `attention_causal_tiles_f32` computes it, and
+// `attention_merge_batch_f32` merges exactly those, so every row has the
+// bits of its session's attention alone. The u64 arrays are one table:
+// row_part and row_pos [R], part_t and part_off [P], then kv.
+extern "C" __global__ void attention_causal_tiles_batch_f32(float* parts, const float* q,
+                                                            const u64* table, u64 rows,
+                                                            u64 n_parts, u64 hq, u64 hkv,
+                                                            u64 d, u64 max_tiles) {
+    dep_entry();
+    const u64 *row_part = table, *row_pos = table + rows, *part_t = table + 2 * rows,
+              *part_off = part_t + n_parts, *kv = part_off + n_parts;
+    FOR_EACH_WARP(w, rows * hq * max_tiles) {
+        u64 item = w / max_tiles, tile = w % max_tiles;
+        u64 r = item / hq, qh = item % hq;
+        u64 p = row_part[r], off = part_off[p];
+        if (tile >= (off + part_t[p] + ATT_TILE - 1) / ATT_TILE) continue;
+        u64 kvh = qh / (hq / hkv);
+        CacheKeys keys{(const float*)kv[p * 2 * hkv + kvh], (const float*)kv[p * 2 * hkv + hkv + kvh],
+                       d};
+        tile_partial(parts + w * (d + 2), q + item * d, keys, off + row_pos[r] + 1, tile, d, 1,
+                     1.0f);
+    }
+}
+
+extern "C" __global__ void attention_merge_batch_f32(float* y, const float* parts,
+                                                     const u64* table, u64 rows, u64 n_parts,
+                                                     u64 hq, u64 d, u64 max_tiles) {
+    dep_entry();
+    const u64 *row_part = table, *part_t = table + 2 * rows, *part_off = part_t + n_parts;
+    u64 chunks = (d + 31) / 32;
+    FOR_EACH_WARP(w, rows * hq * chunks) {
+        u64 item = w / chunks;
+        u64 p = row_part[item / hq];
+        u64 tiles = (part_off[p] + part_t[p] + ATT_TILE - 1) / ATT_TILE;
+        merge_chunk(y + item * d, parts + item * max_tiles * (d + 2), tiles, d, w % chunks,
+                    DS4_NEG_INF);
+    }
+}
+
 // Gathered attention tiles: q [T, Hq·d] unscaled, k, v [P, Hkv·d],
 // selection idx [T, cap] + counts.
 extern "C" __global__ void attention_gathered_tiles_f32(float* parts, const float* q,

@@ -113,3 +113,20 @@ extern "C" __global__ void write_rows_step_f32(float* dst, const float* src, u64
     u64 at = (u64)step[0] * width;
     FOR_EACH(i, n) dst[at + i] = src[i];
 }
+
+// Row blocks of several sources into several buffers in one launch
+// (`Backend::append_row_blocks`: continuous batching's cache writes, one
+// launch for every session's keys and values of a layer instead of a
+// split and an append per head and session). Copy c of `n` is the table's
+// entries 5c .. 5c + 4: source address (already at its first value),
+// source row stride, rows, destination address (already at its first
+// free value), `width` values a row.
+extern "C" __global__ void copy_row_blocks_f32(const u64* table, u64 n, u64 max_rows,
+                                               u64 width) {
+    dep_entry();
+    FOR_EACH(i, n * max_rows * width) {
+        u64 c = i / (max_rows * width), r = (i / width) % max_rows, e = i % width;
+        const u64* t = table + 5 * c;
+        if (r < t[2]) ((float*)t[3])[r * width + e] = ((const float*)t[0])[r * t[1] + e];
+    }
+}
