@@ -3,7 +3,7 @@
 # (docs/GPU.md, runs 28 and 30), and the CUDA tests of the stored and fast
 # products first. Carried in .gpu-synth/ with `ds4server.xz` (xz -9e of the
 # stripped `--features cuda` binary) and `cuda.gz` or `cuda.xz` (the
-# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [streams] [group] [ncu] [ncu-fast] [ncu-detail]
+# compressed `cuda` test binary). Usage: bash .gpu-synth/run.sh [tests] [q2] [q2fast] [q4] [streams] [group] [ncu] [ncu-fast] [ncu-detail] [variants]
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4-cuda-cache}
@@ -82,5 +82,14 @@ for what in "$@"; do
     # of device 0, rows and slot outputs through the host, against q2fast.
     group) DEVICES=cuda:0,cuda:0 bench group "${Q2_S:-240}" --kernels fast --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 16 ;;
     q4) bench q4 "${Q4_S:-120}" --weights ds4-q4 --prompts 512 --gen 8 ;;
+    # Kernel variants side by side on one machine: q2fast once per
+    # directory in VARIANTS (relative to the checkout), each holding
+    # replacement kernel sources (`DS4_CUDA_KERNELS`, `cuda/nvrtc.rs`); the
+    # embedded kernels run first as `q2fast-embedded`.
+    variants)
+      bench q2fast-embedded "${Q2_S:-240}" --kernels fast --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32
+      for v in ${VARIANTS:-}; do
+        DS4_CUDA_KERNELS="$root/$v" bench "q2fast-$(basename "$v")" "${Q2_S:-240}" --kernels fast --weights ds4-q2 --prompts "${PROMPTS:-512}" --gen 32
+      done ;;
   esac
 done
