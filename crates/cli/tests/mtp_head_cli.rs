@@ -38,16 +38,32 @@ fn mtp_depth(v: &Value) -> usize {
     v["mtp"]["depth"].as_u64().map_or(0, |d| d as usize)
 }
 
-fn run(model: Option<&std::path::Path>, depth: &str) -> Output {
+/// `run` of the test prompt: greedy, 24 tokens, JSON, logging at info (the
+/// measured depth's line).
+fn greedy_command() -> Command {
     let mut c = bin();
-    c.env("DS4SERVER_LOG", "info").arg("run");
-    if let Some(m) = model {
-        c.arg("-m").arg(m);
+    c.env("DS4SERVER_LOG", "info")
+        .args([
+            "run",
+            "-p",
+            "Why is exercise important?",
+            "--temperature",
+            "0",
+        ])
+        .args(["--max-tokens", "24", "--json"]);
+    c
+}
+
+/// [`greedy_command`] with `extra` appended, run.
+fn greedy(extra: &[&str]) -> Output {
+    greedy_command().args(extra).output().unwrap()
+}
+
+fn run(model: Option<&std::path::Path>, depth: &str) -> Output {
+    match model {
+        Some(m) => greedy(&["-m", m.to_str().unwrap(), "--mtp-depth", depth]),
+        None => greedy(&["--mtp-depth", depth]),
     }
-    c.args(["-p", "Why is exercise important?", "--temperature", "0"])
-        .args(["--max-tokens", "24", "--json", "--mtp-depth", depth])
-        .output()
-        .unwrap()
 }
 
 #[test]
@@ -190,16 +206,9 @@ fn head_override_default_model_attaches_a_file_or_refuses_a_damaged_one() {
     let copy = dir.path().join("candidate.mtp.gguf");
     std::fs::write(&copy, &bytes).unwrap();
     let with = |head: &std::path::Path, depth: &str| {
-        bin()
+        greedy_command()
             .env("DS4_MTP_HEAD", head)
-            .args([
-                "run",
-                "-p",
-                "Why is exercise important?",
-                "--temperature",
-                "0",
-            ])
-            .args(["--max-tokens", "24", "--json", "--mtp-depth", depth])
+            .args(["--mtp-depth", depth])
             .output()
             .unwrap()
     };
@@ -230,45 +239,12 @@ fn head_override_default_model_attaches_a_file_or_refuses_a_damaged_one() {
 /// under the reference set; greedy, the tokens are AR's either way.
 #[test]
 fn mtp_is_on_by_default_on_the_fast_set_default_model() {
-    let default_run = |kernels: &str| {
-        bin()
-            .env("DS4SERVER_LOG", "info")
-            .args([
-                "run",
-                "-p",
-                "Why is exercise important?",
-                "--temperature",
-                "0",
-            ])
-            .args(["--max-tokens", "24", "--json", "--kernels", kernels])
-            .output()
-            .unwrap()
-    };
+    let default_run = |kernels: &str| greedy(&["--kernels", kernels]);
     let out = default_run("fast");
     let measured = measured_greedy_depth(&out.stderr);
     let fast = json(out);
     assert_eq!(mtp_depth(&fast), measured);
-    let ar = json(
-        bin()
-            .args([
-                "run",
-                "-p",
-                "Why is exercise important?",
-                "--temperature",
-                "0",
-            ])
-            .args([
-                "--max-tokens",
-                "24",
-                "--json",
-                "--kernels",
-                "fast",
-                "--mtp-depth",
-                "0",
-            ])
-            .output()
-            .unwrap(),
-    );
+    let ar = json(greedy(&["--kernels", "fast", "--mtp-depth", "0"]));
     assert!(ar["mtp"].is_null());
     assert_eq!(fast["tokens"], ar["tokens"]);
     // The reference set measures nothing and keeps its constant (AR).
