@@ -181,7 +181,10 @@ async fn default_model_a_cancelled_turn_frees_its_lane_for_the_next() {
 #[tokio::test(flavor = "multi_thread")]
 async fn default_model_requests_run_first_come_first_served() {
     let s = start_with(|_| {}).await;
-    let a = running(&s, 40).await;
+    // Long enough to hold the lane while six requests queue on a loaded
+    // machine (40 tokens once finished first: the queue drained before the
+    // sixth arrived); dropping it below cancels it.
+    let a = running(&s, 1000).await;
     let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(40);
     let bodies = [
         chat("Name a colour.", 4, false),
