@@ -274,8 +274,20 @@ impl<B: Backend> KvCache<B> {
             }
             at += t;
         }
-        ops.append_head_rows(d, &mut targets)?;
+        let appended = ops.append_head_rows(d, &mut targets);
         drop(targets);
+        if let Err(e) = appended {
+            // Some buffers may hold their new rows: drop them, so the
+            // caller's rollback finds every cache as it was.
+            for c in caches.iter_mut() {
+                if let Store::F32 { k: kc, v: vc } = &mut c.store {
+                    for cache in kc[layer].iter_mut().chain(vc[layer].iter_mut()) {
+                        cache.drop_unrecorded(ops)?;
+                    }
+                }
+            }
+            return Err(e);
+        }
         for (c, &t) in caches.iter_mut().zip(ts) {
             if let Store::F32 { k: kc, v: vc } = &mut c.store {
                 for cache in kc[layer].iter_mut().chain(vc[layer].iter_mut()) {
@@ -591,6 +603,53 @@ mod tests {
         d.import(table.clone()).unwrap();
         assert_eq!(d.export().unwrap(), table);
         assert_eq!(d.len(), 5);
+    }
+
+    /// Several caches written at once equal each written alone; a batch
+    /// that fails part way (the second session's rows past the source)
+    /// leaves every cache as it was, so the next write is a fresh one's.
+    #[test]
+    fn batched_writes_equal_single_ones_and_a_failed_batch_leaves_no_rows() {
+        let ops = CpuOps;
+        let fresh = || {
+            let mut c = KvCache::new(&ops, 2, 2, 3, 64).unwrap();
+            for l in 0..2 {
+                c.write(l, &rows(2, 6, 7.0), &rows(2, 6, 70.0)).unwrap();
+            }
+            c.advance(2).unwrap();
+            c
+        };
+        let (k, v) = (rows(3, 6, 0.0), rows(3, 6, 500.0));
+        let (mut a, mut b) = (fresh(), fresh());
+        KvCache::write_batch(&ops, &mut [&mut a, &mut b], 1, &k, &v, &[1, 2]).unwrap();
+        let (mut a1, mut b1) = (fresh(), fresh());
+        a1.write(1, &k[..6].to_vec(), &v[..6].to_vec()).unwrap();
+        b1.write(1, &k[6..].to_vec(), &v[6..].to_vec()).unwrap();
+        for (x, y) in [(&a, &a1), (&b, &b1)] {
+            let (KvRows::F32(xk, xv), KvRows::F32(yk, yv)) =
+                (x.written(1).unwrap(), y.written(1).unwrap())
+            else {
+                panic!("f32 caches")
+            };
+            assert_eq!(xk, yk);
+            assert_eq!(xv, yv);
+        }
+        // 1 + 3 rows asked of a 3-row source: the first cache's append
+        // runs, the second's fails.
+        let (mut a, mut b) = (fresh(), fresh());
+        let err = KvCache::write_batch(&ops, &mut [&mut a, &mut b], 0, &k, &v, &[1, 3]);
+        assert!(err.is_err());
+        for c in [&mut a, &mut b] {
+            c.rollback().unwrap();
+            let KvRows::F32(ck, _) = c.write(0, &k[..6].to_vec(), &v[..6].to_vec()).unwrap() else {
+                panic!("an f32 cache")
+            };
+            let mut expect = rows(2, 6, 7.0);
+            expect.extend_from_slice(&k[..6]);
+            // Head 0: each position's first 3 values.
+            let head0: Vec<f32> = expect.chunks(6).flat_map(|r| r[..3].to_vec()).collect();
+            assert_eq!(ck[0], &head0);
+        }
     }
 
     #[test]

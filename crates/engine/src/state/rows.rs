@@ -48,6 +48,12 @@ impl<B: Backend> RowCache<B> {
         self.rows += n;
     }
 
+    /// Drop what [`RowCache::storage_mut`] holds past the recorded rows
+    /// (after a several-buffer append that failed part way).
+    pub(crate) fn drop_unrecorded(&mut self, ops: &B) -> Result<()> {
+        ops.truncate(&mut self.buf, self.rows * self.width)
+    }
+
     /// Append `x: [n, width]`.
     pub fn append(&mut self, ops: &B, x: &B::Buf) -> Result<()> {
         let n = ops.len(x) / self.width.max(1);
