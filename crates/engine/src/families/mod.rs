@@ -494,7 +494,6 @@ impl LoadedModel {
         }
     }
 
-    /// Whether the model runs on the CPU under the fast kernel set.
     /// Time one MTP cycle's pieces on this machine and keep the greedy
     /// depth they make fastest for a head that accepts
     /// `accepted_per_cycle[d - 1]` drafts per cycle at depth d (greedy, so
@@ -502,7 +501,7 @@ impl LoadedModel {
     /// the llama family on the CPU's fast set with a head attached, else
     /// `None` and nothing changes. Greedy MTP emits the AR tokens at every
     /// depth, so this moves speed only ([`crate::decode::mtp_pieces`]).
-    /// Nine rounds of timed pieces on a 128-token context, ~0.4 s on 2 cores.
+    /// Nine rounds of timed pieces on a 128-token context, ~0.3 s on 2 cores.
     pub fn measure_greedy_mtp_depth(
         &mut self,
         accepted_per_cycle: &[f64],
@@ -528,6 +527,7 @@ impl LoadedModel {
         Ok(Some((depth, costs)))
     }
 
+    /// Whether the model runs on the CPU under the fast kernel set.
     fn runs_cpu_fast_set(&self) -> bool {
         // Backend and kernels, not the tag: an f16 KV cache adds `+kv-f16`
         // to the tag and runs the same products.
