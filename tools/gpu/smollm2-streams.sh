@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 47's GPU rows for the SmolLM2 shape: the `cuda` test binary writes a
 # SmolLM2-135M-shaped Q4_1 GGUF (random weights, `DS4_SMOLLM2_GGUF`) and
-# times one stream eager and as graphs, then `ds4server bench --streams`
-# runs STREAMS (default 1,8,32,64) batched greedy streams of 128-token
-# prompts on it, each checked against its turn alone. Carried with
+# times one stream eager and as graphs and batched steps of 1..64 sessions
+# on both kernel sets, then `ds4server bench --streams` runs STREAMS
+# (default 1,8,32,64) batched greedy streams of 128-token prompts on it
+# for each set of KERNELS (default "reference fast"), each checked against
+# its turn alone. Carried with
 # `.gpu-synth/ds4server.xz` and `.gpu-tests/cuda.xz` (docs/GPU.md).
 # Usage: bash tools/gpu/smollm2-streams.sh
 set -uo pipefail
@@ -15,9 +17,19 @@ python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('.gpu-synth/ds4serve
 python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('.gpu-tests/cuda.xz'),open('$bin/cuda','wb'))"
 chmod +x "$bin/ds4server" "$bin/cuda"
 gguf=/tmp/smollm2-shaped.gguf
-DS4_SMOLLM2_GGUF=$gguf timeout "${SMOL_TEST_S:-150}" "$bin/cuda" --ignored --exact \
-  bench::cuda_bench_smollm2_shaped_decode --nocapture 2>&1 | grep -E "REPORT|test result|panicked" | tee "$OUT/smollm2-single.log"
-echo "== ds4server bench -m smollm2-shaped.gguf --device cuda --streams ${STREAMS:-1,8,32,64} --prompts 128 --gen 32" | tee "$OUT/smollm2-streams.log"
-timeout "${STREAMS_S:-200}" "$bin/ds4server" bench -m "$gguf" --device cuda --streams "${STREAMS:-1,8,32,64}" \
-  --prompts 128 --gen 32 2>&1 | tee -a "$OUT/smollm2-streams.log"
-echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/smollm2-streams.log"
+# SINGLE=0 skips the one-stream timing (the batched test writes the GGUF).
+if [ "${SINGLE:-1}" != 0 ]; then
+  DS4_SMOLLM2_GGUF=$gguf timeout "${SMOL_TEST_S:-150}" "$bin/cuda" --ignored --exact \
+    bench::cuda_bench_smollm2_shaped_decode --nocapture 2>&1 | grep -E "REPORT|test result|panicked" | tee "$OUT/smollm2-single.log"
+fi
+# Batched decode steps of 1..64 sessions on both kernel sets, the host's
+# share split out (tests/cuda/bench_batched.rs).
+DS4_SMOLLM2_GGUF=$gguf DS4_CUDA_HOST_PROFILE=${HOST_PROFILE:-0} timeout "${BATCHED_S:-150}" "$bin/cuda" --ignored --exact \
+  bench_batched::cuda_bench_smollm2_shaped_batched_steps --nocapture 2>&1 | grep -E "REPORT|test result|panicked" | tee "$OUT/smollm2-batched.log"
+: > "$OUT/smollm2-streams.log"
+for set in ${KERNELS:-reference fast}; do
+  echo "== ds4server bench -m smollm2-shaped.gguf --device cuda --kernels $set --streams ${STREAMS:-1,8,32,64} --prompts 128 --gen 32" | tee -a "$OUT/smollm2-streams.log"
+  timeout "${STREAMS_S:-200}" "$bin/ds4server" bench -m "$gguf" --device cuda --kernels "$set" --streams "${STREAMS:-1,8,32,64}" \
+    --prompts 128 --gen 32 2>&1 | tee -a "$OUT/smollm2-streams.log"
+  echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/smollm2-streams.log"
+done

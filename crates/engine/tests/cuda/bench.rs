@@ -218,7 +218,7 @@ fn cuda_bench_kernels_at_full_size() {
 /// `DS4_VOCAB_GGUF` (a metadata-only GGUF from `tools/gpu/vocab_gguf.py`)
 /// its `tokenizer.*` keys are copied in, so tokenizers and llama.cpp load
 /// the file too.
-fn smollm2_shaped_gguf(path: &std::path::Path) {
+pub(crate) fn smollm2_shaped_gguf(path: &std::path::Path) {
     let (layers, hidden, ffn, vocab, heads, kv) =
         (30usize, 576usize, 1536usize, 49_152usize, 9usize, 3usize);
     let hd = hidden / heads;

@@ -9,6 +9,7 @@
 #![cfg(feature = "cuda")]
 
 mod bench;
+mod bench_batched;
 mod e2e;
 mod expert_split;
 mod ops;

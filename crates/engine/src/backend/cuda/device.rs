@@ -13,6 +13,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use super::fast8::F8Args;
 use super::graph::Graphs;
 use super::host_gaps::{self, HostGaps};
 use super::linear::ManyArgs;
@@ -477,22 +478,45 @@ impl Device {
     /// Queue kernel `name`, whose one parameter is the `Many` struct of
     /// `matmul.cu`, with `value` (its `repr(C)` mirror) as that parameter.
     pub fn launch_many(&self, name: &'static str, shape: Shape, value: &ManyArgs) -> Result<()> {
+        // SAFETY: `ManyArgs` mirrors `Many` field for field (`repr(C)`).
+        unsafe { self.launch_struct(name, shape, Param::Many, value) }
+    }
+
+    /// Queue kernel `name`, whose one parameter is the `Fast8` struct of
+    /// `fast8.cu`, with `value` (its `repr(C)` mirror) as that parameter.
+    pub fn launch_fast8(&self, name: &'static str, shape: Shape, value: &F8Args) -> Result<()> {
+        // SAFETY: `F8Args` mirrors `Fast8` field for field (`repr(C)`).
+        unsafe { self.launch_struct(name, shape, Param::Fast8, value) }
+    }
+
+    /// Queue kernel `name`, whose one parameter is the struct `want` names,
+    /// with `value` as that parameter.
+    ///
+    /// # Safety
+    /// `T` must mirror the kernel's struct field for field (`repr(C)`), and
+    /// every pointer in it must be a live allocation of this context used
+    /// in stream order (as `launch`).
+    unsafe fn launch_struct<T>(
+        &self,
+        name: &'static str,
+        shape: Shape,
+        want: Param,
+        value: &T,
+    ) -> Result<()> {
         let k = self
             .kernels
             .get(name)
             .ok_or_else(|| EngineError::Device(format!("no kernel `{name}` in the sources")))?;
-        if k.params != [Param::Many] {
+        if k.params != [want] {
             return Err(EngineError::Device(format!(
-                "kernel `{name}` takes {:?}, not one `Many`",
+                "kernel `{name}` takes {:?}, not one {want:?}",
                 k.params
             )));
         }
         self.launches.fetch_add(1, Ordering::Relaxed);
-        let mut params = [value as *const ManyArgs as *mut c_void];
-        // SAFETY: the kernel's one parameter is `Many`, whose layout
-        // `ManyArgs` mirrors field for field (`repr(C)`); the driver copies
-        // the parameter at launch, and the pointers in it are live
-        // allocations of this context used in stream order (as `launch`).
+        let mut params = [value as *const T as *mut c_void];
+        // SAFETY: the kernel's one parameter is the struct `T` mirrors (the
+        // caller's promise); the driver copies the parameter at launch.
         unsafe { self.launch_raw(name, &k.f, shape, 0, &mut params) }
     }
 

@@ -8,6 +8,7 @@
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args, ptr};
 use super::elementwise::{ChainFields, chain_args, chain_fields, swiglu, unary_chain};
+use super::fast8;
 use super::select::CudaRouting;
 use super::stored;
 use super::weights::{BlockKind, CudaExperts, CudaMatrix, ExpertWeights};
@@ -67,6 +68,11 @@ pub(super) fn matmul(
     }
     let shape = columns(n, 1);
     match w {
+        // The fast set's int8 products apply the chain as they store.
+        CudaMatrix::Fast { .. } => {
+            let part = fast_part(w, chain).expect("a fast matrix");
+            return Ok(fast8::products(dev, x, rows, &[part])?.remove(0));
+        }
         CudaMatrix::F32 { w, .. } => dev.launch(
             "matmul_f32",
             shape,
@@ -188,6 +194,9 @@ pub(super) fn matmul_many(
     if let Some(outs) = many_in_one(dev, x, rows, parts)? {
         return Ok(outs);
     }
+    if let Some(outs) = many_fast(dev, x, rows, parts)? {
+        return Ok(outs);
+    }
     parts
         .iter()
         .map(|&(w, then)| match then {
@@ -198,6 +207,66 @@ pub(super) fn matmul_many(
             }
         })
         .collect()
+}
+
+/// A fast-set matrix as `fast8` reads it, with the chain it stores
+/// through (`None` for the other forms).
+fn fast_part<'a>(w: &CudaMatrix, chain: &'a [Unary]) -> Option<fast8::F8Matrix<'a>> {
+    match w {
+        CudaMatrix::Fast {
+            kind,
+            dm,
+            quants,
+            out,
+            inp,
+        } => Some(fast8::F8Matrix {
+            kind: *kind,
+            dm: ptr(dm),
+            quants: ptr(quants),
+            out: *out,
+            inp: *inp,
+            chain,
+        }),
+        _ => None,
+    }
+}
+
+/// Parts that are all fast-set matrices of one format and length: one
+/// rounding of `x` and one launch per four (SwiGLU parts then `swiglu`),
+/// each output the bits of its own `matmul_unary` / `matmul` + `swiglu`.
+fn many_fast(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    parts: &[(&CudaMatrix, Epilogue<'_>)],
+) -> Result<Option<Vec<CudaBuf>>> {
+    let mut fast = Vec::with_capacity(parts.len());
+    for &(w, then) in parts {
+        let chain = match then {
+            Epilogue::Chain(chain) => chain,
+            Epilogue::Swiglu(_) => &[],
+        };
+        let Some(p) = fast_part(w, chain) else {
+            return Ok(None);
+        };
+        fast.push(p);
+    }
+    let same = fast
+        .windows(2)
+        .all(|w| w[0].kind == w[1].kind && w[0].inp == w[1].inp);
+    if parts.len() < 2 || !same {
+        return Ok(None);
+    }
+    let outs = fast8::products(dev, x, rows, &fast)?;
+    parts
+        .iter()
+        .zip(outs)
+        .map(|(&(w, then), y)| match then {
+            Epilogue::Chain(_) => Ok(y),
+            Epilogue::Swiglu(limit) => swiglu(dev, &y, w.dims().0 / 2, limit),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 fn many_in_one(
@@ -295,14 +364,28 @@ fn many_in_one(
 /// of up to [`MANY_PARTS`] groups each, where the call is one activation
 /// row (or a verify window's 2..=4) and the groups are block matrices of
 /// one format and shape: each group reads its own columns of `x` and writes
-/// its own columns of the output, with its own `matmul`'s bits. `None`:
-/// the caller runs the composed form.
+/// its own columns of the output, with its own `matmul`'s bits; fast-set
+/// groups of one shape in `fast8::grouped` at any row count. `None`: the
+/// caller runs the composed form.
 pub(super) fn matmul_grouped(
     dev: &Device,
     x: &CudaBuf,
     rows: usize,
     parts: &[&CudaMatrix],
 ) -> Result<Option<CudaBuf>> {
+    let fast: Option<Vec<_>> = parts.iter().map(|w| fast_part(w, &[])).collect();
+    if let Some(fast) = fast
+        && !fast.is_empty()
+    {
+        let (kind, out, inp) = (fast[0].kind, fast[0].out, fast[0].inp);
+        if fast
+            .iter()
+            .all(|p| p.kind == kind && p.out == out && p.inp == inp)
+        {
+            return fast8::grouped(dev, x, rows, &fast).map(Some);
+        }
+        return Ok(None);
+    }
     let Some(CudaMatrix::Block { kind, out, inp, .. }) = parts.first().copied() else {
         return Ok(None);
     };

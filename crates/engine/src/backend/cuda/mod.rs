@@ -33,6 +33,7 @@ mod buf;
 mod device;
 mod elementwise;
 mod expert_slots;
+mod fast8;
 mod fused;
 mod graph;
 mod host_gaps;

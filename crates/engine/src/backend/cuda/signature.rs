@@ -17,6 +17,9 @@ pub(super) enum Param {
     /// The `Many` struct of `matmul.cu`, by value
     /// ([`super::device::Device::launch_many`]).
     Many,
+    /// The `Fast8` struct of `fast8.cu`, by value
+    /// ([`super::device::Device::launch_fast8`]).
+    Fast8,
 }
 
 impl Param {
@@ -30,6 +33,7 @@ impl Param {
             "int" => Some(Param::I32),
             "float" => Some(Param::F32),
             "Many" => Some(Param::Many),
+            "Fast8" => Some(Param::Fast8),
             _ => None,
         }
     }

@@ -14,7 +14,7 @@ use cudarc::driver::CudaSlice;
 
 use super::device::{Device, Shape, args, ptr};
 use super::stored::StoredWeights;
-use crate::backend::HostWeight;
+use crate::backend::{HostWeight, KernelSet};
 use crate::error::{EngineError, Result};
 use crate::load::synthetic::{SynthForm, SyntheticWeight};
 use crate::quant::{QuantTensor, WeightType};
@@ -69,6 +69,17 @@ pub enum CudaMatrix {
         out: usize,
         inp: usize,
     },
+    /// A Q8_0 / Q4_1 matrix in [`CudaMatrix::Block`]'s layout, run by the
+    /// fast kernel set's int8 products (`fast8.rs`): a variant of its own,
+    /// so no reference-set path (the one-launch parts, grouped and gated
+    /// products) ever takes it.
+    Fast {
+        kind: BlockKind,
+        dm: CudaSlice<u32>,
+        quants: CudaSlice<u8>,
+        out: usize,
+        inp: usize,
+    },
     /// Any other stored type, as stored (`stored.rs`).
     Stored {
         w: StoredWeights,
@@ -84,6 +95,9 @@ impl std::fmt::Debug for CudaMatrix {
             CudaMatrix::Block { kind, out, inp, .. } => {
                 write!(f, "CudaMatrix::{kind:?}[{out}, {inp}]")
             }
+            CudaMatrix::Fast { kind, out, inp, .. } => {
+                write!(f, "CudaMatrix::Fast{kind:?}[{out}, {inp}]")
+            }
             CudaMatrix::Stored { w, .. } => write!(f, "CudaMatrix::Stored({w:?})"),
         }
     }
@@ -94,6 +108,7 @@ impl CudaMatrix {
         match self {
             CudaMatrix::F32 { out, inp, .. }
             | CudaMatrix::Block { out, inp, .. }
+            | CudaMatrix::Fast { out, inp, .. }
             | CudaMatrix::Stored { out, inp, .. } => (*out, *inp),
         }
     }
@@ -102,7 +117,9 @@ impl CudaMatrix {
     pub fn bytes(&self) -> usize {
         match self {
             CudaMatrix::F32 { out, inp, .. } => 4 * out * inp,
-            CudaMatrix::Block { kind, out, inp, .. } => out * inp / 32 * kind.block_bytes(),
+            CudaMatrix::Block { kind, out, inp, .. } | CudaMatrix::Fast { kind, out, inp, .. } => {
+                out * inp / 32 * kind.block_bytes()
+            }
             CudaMatrix::Stored { w, .. } => w.bytes,
         }
     }
@@ -304,15 +321,7 @@ pub(super) fn matrix(dev: &Device, w: HostWeight, out: usize, inp: usize) -> Res
             },
         },
         HostWeight::Synthetic(s) => match synthetic_blocks(dev, &s)? {
-            Some((kind, dm, quants)) => {
-                return Ok(CudaMatrix::Block {
-                    kind,
-                    dm,
-                    quants,
-                    out,
-                    inp,
-                });
-            }
+            Some((kind, dm, quants)) => return Ok(block_form(dev, kind, dm, quants, out, inp)),
             None => s.to_f32()?,
         },
     };
@@ -332,13 +341,42 @@ pub(super) fn block_matrix(
     inp: usize,
 ) -> Result<CudaMatrix> {
     let (dm, quants) = repack(kind, data);
-    Ok(CudaMatrix::Block {
+    Ok(block_form(
+        dev,
         kind,
-        dm: dev.upload_weight(&dm)?,
-        quants: dev.upload_weight(&quants)?,
+        dev.upload_weight(&dm)?,
+        dev.upload_weight(&quants)?,
         out,
         inp,
-    })
+    ))
+}
+
+/// A block matrix for the kernel set `dev` runs: the reference set's
+/// f32-activation products, or the fast set's int8 ones (same layout).
+fn block_form(
+    dev: &Device,
+    kind: BlockKind,
+    dm: CudaSlice<u32>,
+    quants: CudaSlice<u8>,
+    out: usize,
+    inp: usize,
+) -> CudaMatrix {
+    match dev.kernel_set() {
+        KernelSet::Reference => CudaMatrix::Block {
+            kind,
+            dm,
+            quants,
+            out,
+            inp,
+        },
+        KernelSet::Fast => CudaMatrix::Fast {
+            kind,
+            dm,
+            quants,
+            out,
+            inp,
+        },
+    }
 }
 
 pub(super) fn experts(

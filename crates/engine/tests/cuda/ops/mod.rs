@@ -11,6 +11,7 @@
 
 mod attention;
 mod elementwise;
+mod fast8;
 mod fused;
 mod grouped;
 pub(crate) mod kq8;

@@ -1,0 +1,284 @@
+// The fast kernel set's products for Q8_0 / Q4_1 weights (`cuda/fast8.rs`):
+// activations rounded to int8 blocks of 32, weights read in their integer
+// form, integer sums on `dp4a` (one activation row) or on the tensor cores
+// (`mma.sync` m16n8k32 s8, tiles of rows). The arithmetic is the CPU fast
+// set's (`cpu/q8_matmul/mod.rs`, its scalar kernel the definition):
+//
+// - a row's block b: `d = amax / 127`, `q = rint(x · (1 / d))` clamped to
+//   ±127 (0 for a NaN), `s = d · Σ q`;
+// - per output element, over the blocks in order from acc = 0:
+//   `acc = fma(dw · d, (float)Σ w·q, acc)`, then for Q4_1
+//   `acc = fma(mw, s, acc)`. Σ w·q is an exact integer, so any split of a
+//   block's 32 products (dp4a lanes, a tensor-core tile) gives the same one,
+//   and the float steps run one block after the other in every kernel.
+//
+// So an output's bits depend on its weight row and activation row alone:
+// the same for every row count, kernel, tile and part of a launch.
+//
+// Q4_1's quants are stored as four words a block, element 8c + i in nibble
+// i of word c (`weights.rs`, `q4_1_quarters`). Masking word c gives the
+// bytes of elements 8c + {0, 2, 4, 6} (low nibbles) and 8c + {1, 3, 5, 7}
+// (high nibbles), so the activations of a Q4_1 product are stored in that
+// order (`F8_PERM`): byte 8c + 4h + j of a block holds element 8c + 2j + h.
+// A block's integer sum does not depend on the order of its terms.
+
+// Activation byte position of element e of a block: Q8_0 in order, Q4_1 in
+// the nibble order above.
+__device__ __forceinline__ u32 f8_pos(u32 e, int q4) {
+    return q4 ? 8 * (e / 8) + 4 * (e % 2) + (e % 8) / 2 : e;
+}
+
+// Round `blocks` blocks of 32 values of x (contiguous rows) into q (bytes,
+// in `f8_pos` order), d and s (one f32 each): a warp per block, lane l on
+// value l.
+extern "C" __global__ void f8_quantize(u8* q, float* d, float* s, const float* x, u64 blocks,
+                                       int q4) {
+    dep_entry();
+    u32 lane = threadIdx.x & 31;
+    u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 b = warp; b < blocks; b += warps) {
+        float v = x[b * 32 + lane];
+        float t = fabsf(v);
+        // amax with the CPU fold's NaN rule: any NaN makes it NaN.
+        bool nan = __any_sync(FULL_MASK, t != t);
+        float a = warp_max(t != t ? 0.0f : t);
+        float amax = nan ? __int_as_float(0x7fc00000) : a;
+        float db = amax / 127.0f;
+        float id = db != 0.0f ? 1.0f / db : 0.0f;
+        float r = rintf(v * id);
+        int qi = (r != r) ? 0 : (int)fminf(fmaxf(r, -127.0f), 127.0f);
+        int sum = qi;
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+        q[b * 32 + f8_pos(lane, q4)] = (u8)(qi & 0xff);
+        if (lane == 0) {
+            d[b] = db;
+            s[b] = db * (float)sum;
+        }
+    }
+}
+
+// Parts of one launch (`F8Args` in `cuda/fast8.rs`, field for field): each
+// part a matrix [n, k] of one format reading k columns of the rounded rows
+// from `x_off` (a multiple of 32), writing n values a row `y_stride` apart,
+// through the unary chain. `first`: the part's first unit (a warp of the
+// one-row kernels, a 64-output tile of the tiled ones).
+#define F8_PARTS 4
+struct F8Part {
+    const u32* dm;
+    const u8* quants;
+    float* y;
+    u64 n;
+    u64 first;
+    u64 x_off;
+    u64 y_stride;
+    Chain c;
+};
+struct Fast8 {
+    const u8* q;     // [rows, x_stride] activation bytes
+    const float* d;  // [rows, x_stride / 32] block scales
+    const float* s;  // [rows, x_stride / 32] d · Σ q
+    u64 rows;
+    u64 k;
+    u64 x_stride;
+    u64 parts;
+    F8Part p[F8_PARTS];
+};
+
+// The part unit `g` belongs to (constant indices only: the struct stays in
+// the parameter bank).
+__device__ __forceinline__ F8Part f8_part(const Fast8& f, u64 g) {
+    F8Part p = f.p[0];
+#pragma unroll
+    for (int t = 1; t < F8_PARTS; t++)
+        if ((u64)t < f.parts && g >= f.p[t].first) p = f.p[t];
+    return p;
+}
+
+// ---- one activation row (decode): a warp per output element, lane l on
+// block b0 + l of each round of 32, the round's float steps in block order
+// on every lane (the sums and scales passed by shuffles).
+template <int Q4>
+__device__ __forceinline__ void f8_one(const Fast8& f) {
+    u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    F8Part p = f8_part(f, g);
+    u64 j = g - p.first;
+    if (j >= p.n) return;
+    u32 lane = threadIdx.x & 31;
+    u64 t = blockIdx.y;
+    u64 nb = f.k / 32;
+    u64 at = t * f.x_stride + p.x_off;
+    const u8* qa = f.q + at;
+    const float* da = f.d + at / 32;
+    const float* sa = f.s + at / 32;
+    const u32* dm = p.dm + j * nb;
+    const u8* wq = p.quants + j * nb * (Q4 ? 16 : 32);
+    float acc = 0.0f;
+    for (u64 b0 = 0; b0 < nb; b0 += 32) {
+        u64 b = b0 + lane;
+        int sumi = 0;
+        float scale = 0.0f, mw = 0.0f, sb = 0.0f;
+        if (b < nb) {
+            uint4 a0 = ((const uint4*)(qa + b * 32))[0], a1 = ((const uint4*)(qa + b * 32))[1];
+            u32 a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            u32 w = dm[b];
+            if (Q4) {
+                uint4 wv = ((const uint4*)(wq + b * 16))[0];
+                u32 c[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    sumi = __dp4a((int)(c[i] & 0x0f0f0f0fu), (int)a[2 * i], sumi);
+                    sumi = __dp4a((int)((c[i] >> 4) & 0x0f0f0f0fu), (int)a[2 * i + 1], sumi);
+                }
+                mw = h2f((u16)(w >> 16));
+                sb = sa[b];
+            } else {
+                uint4 w0 = ((const uint4*)(wq + b * 32))[0], w1 = ((const uint4*)(wq + b * 32))[1];
+                u32 c[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++) sumi = __dp4a((int)c[i], (int)a[i], sumi);
+            }
+            scale = h2f((u16)(w & 0xffff)) * da[b];
+        }
+        u64 live = nb - b0 < 32 ? nb - b0 : 32;
+        for (u64 i = 0; i < live; i++) {
+            float si = (float)__shfl_sync(FULL_MASK, sumi, (int)i);
+            acc = fmaf(__shfl_sync(FULL_MASK, scale, (int)i), si, acc);
+            if (Q4) acc = fmaf(__shfl_sync(FULL_MASK, mw, (int)i), __shfl_sync(FULL_MASK, sb, (int)i), acc);
+        }
+    }
+    if (lane == 0) p.y[t * p.y_stride + j] = p.c.apply(acc);
+}
+
+extern "C" __global__ void f8_one_q8_0(Fast8 f) {
+    dep_entry();
+    f8_one<0>(f);
+}
+extern "C" __global__ void f8_one_q4_1(Fast8 f) {
+    dep_entry();
+    f8_one<1>(f);
+}
+
+// ---- tiles of rows on the tensor cores: a block of 4 warps owns 64
+// outputs (16 a warp) and 8·NT activation rows; per weight block each warp
+// runs NT `mma.sync.m16n8k32.s8` into zeroed integer accumulators (the
+// block's exact sums), then the float step of that block on each of its
+// accumulators. Fragments (PTX ISA, m16n8k32 .s8): lane = 4·g + c; A
+// (weights, row-major 16 × 32) words {row g, bytes 4c..}, {row g + 8,
+// 4c..}, {row g, 16 + 4c..}, {row g + 8, 16 + 4c..}; B (activations, 32 ×
+// 8) words {row g, 4c..}, {row g, 16 + 4c..}; C: {out g, act 2c}, {g, 2c +
+// 1}, {g + 8, 2c}, {g + 8, 2c + 1}.
+__device__ __forceinline__ void f8_mma(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Weight words of lane (g, c) for block b of rows j0 (= row g) and j1
+// (= row g + 8).
+template <int Q4>
+__device__ __forceinline__ void f8_a(u32 (&a)[4], const u8* quants, u64 nb, u64 j0, u64 j1,
+                                     u64 b, u32 c) {
+    if (Q4) {
+        const u32* w0 = (const u32*)(quants + (j0 * nb + b) * 16);
+        const u32* w1 = (const u32*)(quants + (j1 * nb + b) * 16);
+        u32 sh = 4 * (c % 2);
+        a[0] = (w0[c / 2] >> sh) & 0x0f0f0f0fu;
+        a[1] = (w1[c / 2] >> sh) & 0x0f0f0f0fu;
+        a[2] = (w0[2 + c / 2] >> sh) & 0x0f0f0f0fu;
+        a[3] = (w1[2 + c / 2] >> sh) & 0x0f0f0f0fu;
+    } else {
+        const u32* w0 = (const u32*)(quants + (j0 * nb + b) * 32);
+        const u32* w1 = (const u32*)(quants + (j1 * nb + b) * 32);
+        a[0] = w0[c];
+        a[1] = w1[c];
+        a[2] = w0[4 + c];
+        a[3] = w1[4 + c];
+    }
+}
+
+template <int Q4, int NT>
+__device__ __forceinline__ void f8_tiles(const Fast8& f) {
+    F8Part p = f8_part(f, blockIdx.x);
+    u32 warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, c = lane % 4;
+    u64 jb = (blockIdx.x - p.first) * 64 + warp * 16;
+    if (jb >= p.n) return;
+    u64 nb = f.k / 32;
+    // Rows past the matrix or the activations read the last one (never
+    // stored).
+    u64 j0 = jb + g < p.n ? jb + g : p.n - 1;
+    u64 j1 = jb + g + 8 < p.n ? jb + g + 8 : p.n - 1;
+    // Rounded rows as words, and the part's first block of a row.
+    const u32* words = (const u32*)(f.q + p.x_off);
+    const float* fd = f.d + p.x_off / 32;
+    const float* fs = f.s + p.x_off / 32;
+    u64 kw = f.x_stride / 4, sb = f.x_stride / 32;
+    for (u64 r0 = (u64)blockIdx.y * 8 * NT; r0 < f.rows; r0 += (u64)gridDim.y * 8 * NT) {
+        float acc[NT][4];
+        u64 rb[NT], rc0[NT], rc1[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+            u64 r = r0 + 8 * t;
+            rb[t] = r + g < f.rows ? r + g : f.rows - 1;
+            rc0[t] = r + 2 * c < f.rows ? r + 2 * c : f.rows - 1;
+            rc1[t] = r + 2 * c + 1 < f.rows ? r + 2 * c + 1 : f.rows - 1;
+        }
+        for (u64 b = 0; b < nb; b++) {
+            u32 a[4];
+            f8_a<Q4>(a, p.quants, nb, j0, j1, b, c);
+            u32 m0 = p.dm[j0 * nb + b], m1 = p.dm[j1 * nb + b];
+            float dw0 = h2f((u16)(m0 & 0xffff)), dw1 = h2f((u16)(m1 & 0xffff));
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int sums[4];
+                const u32* xb = words + rb[t] * kw + b * 8;
+                f8_mma(sums, a, xb[c], xb[4 + c]);
+                float d0 = fd[rc0[t] * sb + b], d1 = fd[rc1[t] * sb + b];
+                acc[t][0] = fmaf(dw0 * d0, (float)sums[0], acc[t][0]);
+                acc[t][1] = fmaf(dw0 * d1, (float)sums[1], acc[t][1]);
+                acc[t][2] = fmaf(dw1 * d0, (float)sums[2], acc[t][2]);
+                acc[t][3] = fmaf(dw1 * d1, (float)sums[3], acc[t][3]);
+                if (Q4) {
+                    float mw0 = h2f((u16)(m0 >> 16)), mw1 = h2f((u16)(m1 >> 16));
+                    float s0 = fs[rc0[t] * sb + b], s1 = fs[rc1[t] * sb + b];
+                    acc[t][0] = fmaf(mw0, s0, acc[t][0]);
+                    acc[t][1] = fmaf(mw0, s1, acc[t][1]);
+                    acc[t][2] = fmaf(mw1, s0, acc[t][2]);
+                    acc[t][3] = fmaf(mw1, s1, acc[t][3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            u64 r = r0 + 8 * t + 2 * c;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u64 jj = jb + g + 8 * (i / 2), rr = r + (i % 2);
+                if (jj < p.n && rr < f.rows) p.y[rr * p.y_stride + jj] = p.c.apply(acc[t][i]);
+            }
+        }
+    }
+}
+
+// NT 1 (8 rows a warp) for batches of decode rows, where the outputs are
+// few and the grid needs the rows' tiles; NT 4 (32 rows) for prefill.
+extern "C" __global__ void f8_tiles8_q8_0(Fast8 f) {
+    dep_entry();
+    f8_tiles<0, 1>(f);
+}
+extern "C" __global__ void f8_tiles8_q4_1(Fast8 f) {
+    dep_entry();
+    f8_tiles<1, 1>(f);
+}
+extern "C" __global__ void f8_tiles32_q8_0(Fast8 f) {
+    dep_entry();
+    f8_tiles<0, 4>(f);
+}
+extern "C" __global__ void f8_tiles32_q4_1(Fast8 f) {
+    dep_entry();
+    f8_tiles<1, 4>(f);
+}
