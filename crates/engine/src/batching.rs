@@ -9,7 +9,8 @@
 //! The meeting (a leader / follower rendezvous): a forward queues a ticket
 //! and waits. The first waiter that finds no batch running becomes the
 //! leader: it waits until every session [`BatchingModel::join`]ed has a
-//! ticket queued, or for at most [`BatchConfig::gather`], takes the queued
+//! ticket queued, or until none arrived for [`BatchConfig::gather`] (at
+//! most eight such windows in all), takes the queued
 //! tickets in arrival order up to [`BatchConfig::max_tokens`] rows (at
 //! least one ticket, so a long prefill chunk runs alone), runs them as one
 //! batch while the others wait, posts each result to its ticket and hands
@@ -32,6 +33,9 @@ use crate::model::{
     BatchCall, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
 };
 
+/// The leader waits at most this many `gather` windows in all.
+const GATHER_ROUNDS: u32 = 8;
+
 /// How the leader forms a batch.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchConfig {
@@ -39,7 +43,8 @@ pub struct BatchConfig {
     /// a single larger forward runs alone).
     pub max_tokens: usize,
     /// How long the leader waits for the joined sessions that have no
-    /// forward queued yet (they are sampling, or between turns).
+    /// forward queued yet (they are sampling, or between turns): `gather`
+    /// after the last one arrived, at most 8 × `gather` in all.
     pub gather: Duration,
 }
 
@@ -213,17 +218,29 @@ impl<'m, M: Model> BatchingModel<'m, M> {
     fn lead(&self, mut q: MutexGuard<'_, Queue<M::State>>) -> MutexGuard<'_, Queue<M::State>> {
         let hub = &*self.hub;
         q.leading = true;
-        let deadline = Instant::now() + hub.config.gather;
+        // Wait while the missing sessions keep arriving: `gather` after the
+        // last arrival, `GATHER_ROUNDS × gather` in all. A fixed window
+        // from the lead split 64 streams into two alternating half batches
+        // (their threads wake and sample one after another after each
+        // batch, which took longer than one window).
+        let start = Instant::now();
+        let cap = start + hub.config.gather * GATHER_ROUNDS;
+        let (mut seen, mut deadline) = (q.pending.len(), start + hub.config.gather);
         while q.pending.len() < q.joined {
             let now = Instant::now();
-            if now >= deadline {
+            let until = deadline.min(cap);
+            if now >= until {
                 break;
             }
             q = hub
                 .wake
-                .wait_timeout(q, deadline - now)
+                .wait_timeout(q, until - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            if q.pending.len() > seen {
+                seen = q.pending.len();
+                deadline = Instant::now() + hub.config.gather;
+            }
         }
         let mut batch = Vec::new();
         let mut rows = 0;

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use crate::quant::QuantTensor;
 use candle_core::Tensor;
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 
 pub use cpu::CpuOps;
 #[cfg(feature = "cuda")]
@@ -376,6 +376,24 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn len(&self, x: &Self::Buf) -> usize;
     /// Rows `first .. first + count` of `x: [_, width]`, copied.
     fn rows(&self, x: &Self::Buf, width: usize, first: usize, count: usize) -> Result<Self::Buf>;
+    /// Runs of rows of `x: [_, width]` (`(first, count)` each), copied one
+    /// after another into one buffer: a batch's wanted rows, or its
+    /// sessions' rotary rows. The default copies run by run; a device may
+    /// copy them all in one launch.
+    fn row_runs(&self, x: &Self::Buf, width: usize, runs: &[(usize, usize)]) -> Result<Self::Buf> {
+        let mut out: Option<Self::Buf> = None;
+        for &(first, count) in runs {
+            let rows = self.rows(x, width, first, count)?;
+            out = Some(match out {
+                None => rows,
+                Some(mut all) => {
+                    self.append(&mut all, &rows)?;
+                    all
+                }
+            });
+        }
+        out.ok_or_else(|| EngineError::State("row_runs: no runs".into()))
+    }
     /// `dst ← [dst | src]` (a cache growing by rows).
     fn append(&self, dst: &mut Self::Buf, src: &Self::Buf) -> Result<()>;
     /// Keep the first `n` values.

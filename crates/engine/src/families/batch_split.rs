@@ -62,27 +62,29 @@ pub(crate) fn wanted_rows<B: Backend, S>(
     width: usize,
     calls: &[&mut BatchCall<'_, S>],
 ) -> Result<(B::Buf, Vec<usize>)> {
-    let mut wanted: Option<B::Buf> = None;
-    let mut counts = Vec::with_capacity(calls.len());
+    if calls.is_empty() {
+        return Err(EngineError::State("an empty batch".into()));
+    }
+    let mut runs = Vec::with_capacity(calls.len());
     let mut at = 0;
     for c in calls {
         let t = c.tokens.len();
-        let (first, n) = match c.rows {
+        runs.push(match c.rows {
             LogitsRows::Last => (at + t - 1, 1),
             LogitsRows::All => (at, t),
-        };
-        let rows = ops.rows(x, width, first, n)?;
-        wanted = Some(match wanted {
-            None => rows,
-            Some(mut all) => {
-                ops.append(&mut all, &rows)?;
-                all
-            }
         });
-        counts.push(n);
         at += t;
     }
-    let wanted = wanted.ok_or_else(|| EngineError::State("an empty batch".into()))?;
+    let counts = runs.iter().map(|r| r.1).collect();
+    // Every row, in order (a batch of decode steps): `x` itself.
+    let every = runs
+        .iter()
+        .try_fold(0, |next, &(first, n)| (first == next).then_some(first + n));
+    let wanted = if every == Some(at) {
+        x.clone()
+    } else {
+        ops.row_runs(x, width, &runs)?
+    };
     Ok((wanted, counts))
 }
 

@@ -62,7 +62,7 @@ impl<B: Backend> Attention<B> {
 
     /// Several sessions' rows at once (continuous batching): `x` holds each
     /// part's `t` rows one after another and `rope` their tables in the same
-    /// order ([`RopeRows::concat`]); the projections, the rotation and the
+    /// order ([`crate::layers::rope::Rope::tables_runs`]); the projections, the rotation and the
     /// query scale run once over all of them, each part writes its cache and
     /// attends over it at its own positions, and the output projection runs
     /// once. Every op is row-independent, so each part's rows have the bits

@@ -177,6 +177,23 @@ impl<B: Backend> Rope<B> {
         })
     }
 
+    /// The tables of several forwards' positions, one after another
+    /// (`(offset, len)` each): a batch's rows in one copy of each table.
+    pub fn tables_runs(&self, ops: &B, runs: &[(usize, usize)]) -> Result<RopeRows<B>> {
+        if let Some(&(offset, len)) = runs.iter().find(|&&(o, l)| o + l > self.max_positions) {
+            return Err(EngineError::ContextOverflow {
+                needed: offset + len,
+                limit: self.max_positions,
+            });
+        }
+        Ok(RopeRows {
+            cos: ops.row_runs(&self.cos, self.half, runs)?,
+            sin: ops.row_runs(&self.sin, self.half, runs)?,
+            half: self.half,
+            layout: self.layout,
+        })
+    }
+
     /// [`Rope::tables`] of the `len` positions from the step's (the
     /// caller checked `pos + len` against [`Rope::max_positions`]).
     pub fn tables_step(&self, ops: &B, step: &B::Step, len: usize) -> Result<RopeRows<B>> {
@@ -199,27 +216,6 @@ pub struct RopeRows<B: Backend> {
 }
 
 impl<B: Backend> RopeRows<B> {
-    /// The tables of several forwards' rows one after another (a batch of
-    /// sessions, each at its own positions): one rotation over all their
-    /// rows gives each row the bits of its own forward's.
-    pub fn concat(ops: &B, parts: &[RopeRows<B>]) -> Result<Self> {
-        let mut it = parts.iter();
-        let first = it
-            .next()
-            .ok_or_else(|| crate::error::EngineError::State("rope tables of no forward".into()))?;
-        let (mut cos, mut sin) = (first.cos.clone(), first.sin.clone());
-        for p in it {
-            ops.append(&mut cos, &p.cos)?;
-            ops.append(&mut sin, &p.sin)?;
-        }
-        Ok(Self {
-            cos,
-            sin,
-            half: first.half,
-            layout: first.layout,
-        })
-    }
-
     /// Rotate every `head_dim` head of `x: [rows, heads·head_dim]` in place.
     pub fn apply(&self, ops: &B, x: &mut B::Buf, head_dim: usize) -> Result<()> {
         ops.rope(x, head_dim, &self.cos, &self.sin, self.half, self.layout)

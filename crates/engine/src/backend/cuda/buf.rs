@@ -420,6 +420,63 @@ pub(super) fn split_cols(
 /// `Backend::append_head_rows`: every target's column blocks appended in
 /// one `copy_row_blocks_f32` launch (each buffer grown first as [`append`]
 /// grows it, so the storage is the same as appends one by one).
+/// [`crate::backend::Backend::row_runs`]: every run in one
+/// `copy_row_blocks_f32` launch after one table upload (a batch of 64
+/// decode rows took 384 copies a step as runs one by one); while a graph is
+/// captured (no uploads there), run by run.
+pub(super) fn row_runs(
+    dev: &Device,
+    x: &CudaBuf,
+    width: usize,
+    runs: &[(usize, usize)],
+) -> Result<CudaBuf> {
+    if let Some(&(first, count)) = runs.iter().find(|&&(f, c)| (f + c) * width > x.len) {
+        return Err(shape_err(
+            "row_runs",
+            format!(
+                "rows {first}..{} of a {}-row buffer",
+                first + count,
+                x.len / width.max(1)
+            ),
+        ));
+    }
+    let total: usize = runs.iter().map(|r| r.1).sum();
+    if runs.is_empty() {
+        return Err(shape_err("row_runs", "no runs".into()));
+    }
+    if dev.pool.capturing() || runs.len() == 1 {
+        let mut out = rows(dev, x, width, runs[0].0, runs[0].1)?;
+        for &(first, count) in &runs[1..] {
+            append(dev, &mut out, &rows(dev, x, width, first, count)?)?;
+        }
+        return Ok(out);
+    }
+    let out = CudaBuf::uninit(dev, total * width)?;
+    if total == 0 || width == 0 {
+        return Ok(out);
+    }
+    let mut table: Vec<u64> = Vec::with_capacity(5 * runs.len());
+    let mut at = 0;
+    for &(first, count) in runs {
+        table.extend([
+            x.ptr() + 4 * (first * width) as u64,
+            width as u64,
+            count as u64,
+            out.ptr() + 4 * (at * width) as u64,
+            0,
+        ]);
+        at += count;
+    }
+    let max_rows = runs.iter().map(|r| r.1).max().unwrap_or(0);
+    let table = dev.upload(&table)?;
+    dev.launch(
+        "copy_row_blocks_f32",
+        Shape::elements(runs.len() * max_rows * width),
+        args![table.ptr(), runs.len(), max_rows, width],
+    )?;
+    Ok(out)
+}
+
 pub(super) fn append_head_rows(
     dev: &Device,
     width: usize,

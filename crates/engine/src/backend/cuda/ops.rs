@@ -363,6 +363,10 @@ impl Backend for CudaOps {
         attention::attention_causal_rows(&self.dev, q, parts, q_heads, kv)
     }
 
+    fn row_runs(&self, x: &CudaBuf, width: usize, runs: &[(usize, usize)]) -> Result<CudaBuf> {
+        buf::row_runs(&self.dev, x, width, runs)
+    }
+
     fn append_head_rows(&self, width: usize, targets: &mut [HeadRows<'_, CudaBuf>]) -> Result<()> {
         buf::append_head_rows(&self.dev, width, targets)
     }

@@ -79,11 +79,11 @@ impl<B: Backend> LlamaModel<B> {
             .flat_map(|c| c.tokens.iter().copied())
             .collect();
         let mut x = embed_tokens(ops, &self.embed, &tokens, vocab)?;
-        let ropes: Vec<RopeRows<B>> = calls
+        let runs: Vec<(usize, usize)> = calls
             .iter()
-            .map(|c| self.rope.tables(ops, c.state.len(), c.tokens.len()))
-            .collect::<Result<_>>()?;
-        let rope = RopeRows::concat(ops, &ropes)?;
+            .map(|c| (c.state.len(), c.tokens.len()))
+            .collect();
+        let rope = self.rope.tables_runs(ops, &runs)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let mut parts: Vec<AttnPart<'_, B>> = calls
                 .iter_mut()
