@@ -258,6 +258,7 @@ struct FastKernels {
     one: &'static str,
     tiles: &'static str,
     gather: &'static str,
+    grouped: &'static str,
 }
 
 macro_rules! fast {
@@ -266,9 +267,20 @@ macro_rules! fast {
             one: concat!("kq8_matmul_one_", $s),
             tiles: concat!("kq8_matmul_", $s),
             gather: concat!("kq8_gather_", $s),
+            grouped: concat!("kq8_grouped_", $s),
         })
     };
 }
+
+/// Pairs from which a fast routed product runs grouped by expert
+/// (`kernels/kq8_grouped.cu`: a tile of up to [`KQ_GROUP`] pairs of one
+/// expert reads its weight row once); fewer (decode) run `kq8_gather_*`,
+/// a pair a warp. Same bits either way.
+const GROUP_FROM_PAIRS: usize = 32;
+/// Pairs per grouped tile at most (`KQ_GROUP`).
+const KQ_GROUP: usize = 8;
+/// Experts a grouping counts at most (`KQ_GROUP_EXPERTS`).
+const KQ_GROUP_EXPERTS: usize = 1024;
 
 /// Values per super-block of the fast products' activation rounding.
 const KQ: usize = 256;
@@ -404,6 +416,39 @@ pub(super) fn gather(
     if let Some(f) = fast_kernels(dev, w) {
         let x_rows = x.len() / k;
         let (_rounded, q, d) = round_rows(dev, x, x_rows, k)?;
+        let experts_in_stack = w.rows / n.max(1);
+        if pairs >= GROUP_FROM_PAIRS && experts_in_stack <= KQ_GROUP_EXPERTS {
+            // order [pairs], tiles [3 · max tiles], the tile count.
+            let max_tiles = pairs.div_ceil(KQ_GROUP) + experts_in_stack;
+            let tables = dev.alloc::<u32>(pairs + 3 * max_tiles + 1)?;
+            let order = tables.ptr();
+            let tiles = order + 4 * pairs as u64;
+            let ntiles = tiles + 12 * max_tiles as u64;
+            dev.launch(
+                "kq8_group_pairs",
+                Shape {
+                    grid: (1, 1),
+                    block: 1024,
+                },
+                args![order, tiles, ntiles, experts, pairs, experts_in_stack],
+            )?;
+            return dev.launch(
+                f.grouped,
+                fast_grid(n, max_tiles),
+                args![
+                    y.ptr(),
+                    q,
+                    d,
+                    x_div,
+                    order,
+                    tiles,
+                    ntiles,
+                    ptr(&w.data),
+                    n,
+                    k
+                ],
+            );
+        }
         return dev.launch(
             f.gather,
             fast_grid(n, pairs),

@@ -99,12 +99,14 @@ fn cuda_fast_kq8_products_are_the_cpu_fast_bits() {
 /// Routed products over stacks of these types (each expert a part): every
 /// (token, slot) projection has the bits of the fast `matmul` by that
 /// expert's own matrix, so the routed SwiGLU output equals those products,
-/// `swiglu` and the slots summed in order on the host.
+/// `swiglu` and the slots summed in order on the host — for 10 pairs (a
+/// warp per pair, `kq8_gather_*`) and 80 (grouped by expert into tiles of
+/// up to 8, `kq8_grouped_*`: whole and partial tiles).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_fast_kq8_experts_are_their_expert_products() {
     let g = fast_gpu();
-    let (rows, e, k, h, inter) = (5usize, 4usize, 2usize, 512usize, 256usize);
+    let (e, k, h, inter) = (4usize, 2usize, 512usize, 256usize);
     let mut failed = Vec::new();
     for (ti, ty) in TYPES.into_iter().enumerate() {
         let r = std::panic::catch_unwind(|| {
@@ -126,32 +128,38 @@ fn cuda_fast_kq8_experts_are_their_expert_products() {
             let gdn = g
                 .experts(HostWeight::Quant(Arc::new(dn)), e, h, inter)
                 .unwrap();
-            let x = activations(rows, h, seed + 2);
-            let logits = rnd(rows * e, seed + 3);
-            let route = g
-                .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
-                .unwrap();
-            let (chosen, weights) = g.routing_to_host(&route).unwrap();
-            let got = down(
-                &g,
-                &g.experts_swiglu(&up(&g, &x), rows, &route, &ggu, &gdn, None)
-                    .unwrap(),
-            );
-            let mut want = vec![0f32; rows * h];
-            for t in 0..rows {
-                let xt = up(&g, &x[t * h..(t + 1) * h]);
-                for slot in 0..k {
-                    let ex = chosen[t * k + slot];
-                    let p = g.matmul(&xt, 1, &gu_each[ex]).unwrap();
-                    let act = g.swiglu(&p, inter, None).unwrap();
-                    let y = down(&g, &g.matmul(&act, 1, &dn_each[ex]).unwrap());
-                    let w = weights[t * k + slot];
-                    for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
-                        *o += w * v;
+            for rows in [5usize, 40] {
+                let x = activations(rows, h, seed + 2);
+                let logits = rnd(rows * e, seed + 3);
+                let route = g
+                    .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
+                    .unwrap();
+                let (chosen, weights) = g.routing_to_host(&route).unwrap();
+                let got = down(
+                    &g,
+                    &g.experts_swiglu(&up(&g, &x), rows, &route, &ggu, &gdn, None)
+                        .unwrap(),
+                );
+                let mut want = vec![0f32; rows * h];
+                for t in 0..rows {
+                    let xt = up(&g, &x[t * h..(t + 1) * h]);
+                    for slot in 0..k {
+                        let ex = chosen[t * k + slot];
+                        let p = g.matmul(&xt, 1, &gu_each[ex]).unwrap();
+                        let act = g.swiglu(&p, inter, None).unwrap();
+                        let y = down(&g, &g.matmul(&act, 1, &dn_each[ex]).unwrap());
+                        let w = weights[t * k + slot];
+                        for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
+                            *o += w * v;
+                        }
                     }
                 }
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{ty} x{rows}: not its expert products"
+                );
             }
-            assert_eq!(bits(&got), bits(&want), "{ty}: not its expert products");
         });
         println!("REPORT kq8_experts type={ty} ok={}", r.is_ok());
         if r.is_err() {
