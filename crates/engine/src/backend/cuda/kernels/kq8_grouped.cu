@@ -86,20 +86,38 @@ __device__ __forceinline__ void kq_grouped(float* y, const u8* q, const float* d
     }
 }
 
-#define KQ_GROUPED(fmt, F, TABLES)                                                            \
-    extern "C" __global__ void kq8_grouped_##fmt(float* y, const u8* q, const float* d,       \
-                                                 u64 x_div, const u32* order,                 \
-                                                 const u32* tiles, const u32* ntiles,         \
-                                                 const u8* w, u64 n, u64 k) {                 \
-        dep_entry();                                                                          \
-        TABLES;                                                                               \
-        kq_grouped<F>(y, q, d, x_div, order, tiles, ntiles, w, n, k);                         \
-    }
-KQ_GROUPED(q2_k, KqQ2K, )
-KQ_GROUPED(q3_k, KqQ3K, )
-KQ_GROUPED(q4_k, KqQ45K<0>, )
-KQ_GROUPED(q5_k, KqQ45K<1>, )
-KQ_GROUPED(q6_k, KqQ6K, )
-KQ_GROUPED(iq2_xxs, KqIq2xxs, kq_iq2_tables())
+// The kernels, one per format (`stored.rs` names them; written out: the
+// signature check reads every kernel's name and first statement).
+extern "C" __global__ void kq8_grouped_q2_k(float* y, const u8* q, const float* d, u64 x_div,
+        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
+    dep_entry();
+    kq_grouped<KqQ2K>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
+}
+extern "C" __global__ void kq8_grouped_q3_k(float* y, const u8* q, const float* d, u64 x_div,
+        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
+    dep_entry();
+    kq_grouped<KqQ3K>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
+}
+extern "C" __global__ void kq8_grouped_q4_k(float* y, const u8* q, const float* d, u64 x_div,
+        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
+    dep_entry();
+    kq_grouped<KqQ45K<0>>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
+}
+extern "C" __global__ void kq8_grouped_q5_k(float* y, const u8* q, const float* d, u64 x_div,
+        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
+    dep_entry();
+    kq_grouped<KqQ45K<1>>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
+}
+extern "C" __global__ void kq8_grouped_q6_k(float* y, const u8* q, const float* d, u64 x_div,
+        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
+    dep_entry();
+    kq_grouped<KqQ6K>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
+}
+extern "C" __global__ void kq8_grouped_iq2_xxs(float* y, const u8* q, const float* d, u64 x_div,
+        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
+    dep_entry();
+    kq_iq2_tables();
+    kq_grouped<KqIq2xxs>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
+}
 
 #endif  // KQ_HOST
