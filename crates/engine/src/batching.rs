@@ -109,7 +109,12 @@ struct Queue<S> {
 
 struct Hub<S> {
     queue: Mutex<Queue<S>>,
+    /// Followers: results posted, or the lead free.
     wake: Condvar,
+    /// The gathering leader: a ticket queued, or a session left. Apart
+    /// from `wake` so that 64 arrivals do not wake 64 waiting followers
+    /// each (on one mutex, that took milliseconds a step).
+    arrive: Condvar,
     /// One batch, or one unbatched call, at a time.
     exec: Mutex<()>,
     config: BatchConfig,
@@ -134,7 +139,7 @@ impl<S> Drop for Joined<S> {
     fn drop(&mut self) {
         let mut q = lock(&self.hub.queue);
         q.joined = q.joined.saturating_sub(1);
-        self.hub.wake.notify_all();
+        self.hub.arrive.notify_all();
     }
 }
 
@@ -177,6 +182,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
                     joined: 0,
                 }),
                 wake: Condvar::new(),
+                arrive: Condvar::new(),
                 exec: Mutex::new(()),
                 config,
                 batches: AtomicU64::new(0),
@@ -233,7 +239,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
                 break;
             }
             q = hub
-                .wake
+                .arrive
                 .wait_timeout(q, until - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
@@ -336,7 +342,7 @@ impl<M: Model> Model for BatchingModel<'_, M> {
             state,
             rows,
         });
-        hub.wake.notify_all();
+        hub.arrive.notify_all();
         loop {
             if let Some(r) = q.done.remove(&id) {
                 return r;
