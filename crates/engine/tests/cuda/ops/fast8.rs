@@ -12,8 +12,8 @@ use ds4_engine::backend::{Backend, CudaOps, Epilogue, HostWeight, KernelSet, Una
 use ds4_engine::quant::random::{Rng, random_bytes};
 use ds4_engine::quant::{QuantTensor, WeightBytes, WeightType};
 
-use super::kq8::fast_gpu;
-use crate::support::{bits, down, rnd, up};
+use super::kq8::{fast_gpu, rounding_cases};
+use crate::support::{bits, down, up};
 
 const FORMATS: [(WeightType, BlockFormat); 2] = [
     (WeightType::Q8_0, BlockFormat::Q8_0),
@@ -40,18 +40,7 @@ fn matrices(
 /// Rows at several magnitudes, an all-zero block, a value far above the
 /// rest of its block.
 fn activations(rows: usize, k: usize, seed: u64) -> Vec<f32> {
-    let mut x = rnd(rows * k, seed);
-    for (r, row) in x.chunks_mut(k).enumerate() {
-        let scale = [1.0f32, 30.0, 1e-3, 4.0][r % 4];
-        row.iter_mut().for_each(|v| *v *= scale);
-        if r % 3 == 1 {
-            row[..32].iter_mut().for_each(|v| *v = 0.0);
-        }
-        if r % 5 == 2 {
-            row[k - 7] = 1e4;
-        }
-    }
-    x
+    rounding_cases(rows, k, seed, 32)
 }
 
 /// 1 row (`dp4a`), 2–128 rows (tiles of 8 rows a warp: whole, partial and

@@ -37,12 +37,19 @@ pub(crate) fn fast_gpu() -> CudaOps {
 /// values at several magnitudes, an all-zero super-block, one value far
 /// above the rest.
 fn activations(rows: usize, k: usize, seed: u64) -> Vec<f32> {
+    rounding_cases(rows, k, seed, 256)
+}
+
+/// Rows at several magnitudes, the first `zero` values of every third row
+/// zero (a whole rounding block), one value far above the rest of its
+/// block in every fifth.
+pub(crate) fn rounding_cases(rows: usize, k: usize, seed: u64, zero: usize) -> Vec<f32> {
     let mut x = rnd(rows * k, seed);
     for (r, row) in x.chunks_mut(k).enumerate() {
         let scale = [1.0f32, 30.0, 1e-3, 4.0][r % 4];
         row.iter_mut().for_each(|v| *v *= scale);
         if r % 3 == 1 {
-            row[..256].iter_mut().for_each(|v| *v = 0.0);
+            row[..zero].iter_mut().for_each(|v| *v = 0.0);
         }
         if r % 5 == 2 {
             row[k - 7] = 1e4;
