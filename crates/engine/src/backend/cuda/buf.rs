@@ -417,9 +417,6 @@ pub(super) fn split_cols(
     Ok(out)
 }
 
-/// `Backend::append_head_rows`: every target's column blocks appended in
-/// one `copy_row_blocks_f32` launch (each buffer grown first as [`append`]
-/// grows it, so the storage is the same as appends one by one).
 /// [`crate::backend::Backend::row_runs`]: every run in one
 /// `copy_row_blocks_f32` launch after one table upload (a batch of 64
 /// decode rows took 384 copies a step as runs one by one); while a graph is
@@ -440,10 +437,10 @@ pub(super) fn row_runs(
             ),
         ));
     }
-    let total: usize = runs.iter().map(|r| r.1).sum();
     if runs.is_empty() {
         return Err(shape_err("row_runs", "no runs".into()));
     }
+    let total: usize = runs.iter().map(|r| r.1).sum();
     if dev.pool.capturing() || runs.len() == 1 {
         let mut out = rows(dev, x, width, runs[0].0, runs[0].1)?;
         for &(first, count) in &runs[1..] {
@@ -477,6 +474,9 @@ pub(super) fn row_runs(
     Ok(out)
 }
 
+/// `Backend::append_head_rows`: every target's column blocks appended in
+/// one `copy_row_blocks_f32` launch (each buffer grown first as [`append`]
+/// grows it, so the storage is the same as appends one by one).
 pub(super) fn append_head_rows(
     dev: &Device,
     width: usize,

@@ -70,8 +70,12 @@ pub(super) fn matmul(
     match w {
         // The fast set's int8 products apply the chain as they store.
         CudaMatrix::Fast { .. } => {
-            let part = fast_part(w, chain).expect("a fast matrix");
-            return Ok(fast8::products(dev, x, rows, &[part])?.remove(0));
+            let part = fast_part(w, chain)
+                .ok_or_else(|| shape_err("matmul", format!("{w:?} is not a fast matrix")))?;
+            let mut ys = fast8::products(dev, x, rows, &[part])?;
+            return ys
+                .pop()
+                .ok_or_else(|| shape_err("matmul", "no output".into()));
         }
         CudaMatrix::F32 { w, .. } => dev.launch(
             "matmul_f32",
