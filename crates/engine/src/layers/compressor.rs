@@ -139,6 +139,11 @@ impl<B: Backend> Compressor<B> {
 
     /// `[n·2m, d]` kv and gate slots of entries `e0 .. e1`: window `w−1`'s
     /// first half-channels (empty for `w = 0`) then window `w`'s second.
+    /// Each side is one source — the first halves' rows, the second
+    /// halves', and for window 0 the empty window (kv 0, gate −∞) — read as
+    /// two runs of rows a window by one [`Backend::row_runs`] (on CUDA one
+    /// launch, where four row copies a window were ~480 launches a layer of
+    /// a 256-row prefill chunk).
     fn overlap_slots(
         &self,
         ops: &B,
@@ -149,26 +154,42 @@ impl<B: Backend> Compressor<B> {
         let (m, d) = (self.ratio, self.dim);
         let from = e0.saturating_sub(1) * m;
         let span = e1 * m - from;
-        let mut kvp = ops.split_cols(&cache.kv.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
-        let mut gp = ops.split_cols(&cache.gate.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
-        let (kb, ka) = (kvp.pop().expect("two parts"), kvp.pop().expect("two parts"));
-        let (gb, ga) = (gp.pop().expect("two parts"), gp.pop().expect("two parts"));
-        let mut kv = ops.zeros(0)?;
-        let mut gate = ops.zeros(0)?;
+        let kvp = ops.split_cols(&cache.kv.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
+        let gp = ops.split_cols(&cache.gate.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
+        let empty = e0 == 0;
+        let kv_src = Self::slot_source(ops, kvp, empty.then(|| ops.zeros(m * d)))?;
+        let gate_src = Self::slot_source(
+            ops,
+            gp,
+            empty.then(|| ops.upload(&vec![f32::NEG_INFINITY; m * d])),
+        )?;
+        let mut runs = Vec::with_capacity(2 * (e1 - e0));
         for w in e0..e1 {
-            if w == 0 {
-                ops.append(&mut kv, &ops.zeros(m * d)?)?;
-                ops.append(&mut gate, &ops.upload(&vec![f32::NEG_INFINITY; m * d])?)?;
+            runs.push(if w == 0 {
+                (2 * span, m)
             } else {
-                let a = (w - 1) * m - from;
-                ops.append(&mut kv, &ops.rows(&ka, d, a, m)?)?;
-                ops.append(&mut gate, &ops.rows(&ga, d, a, m)?)?;
-            }
-            let b = w * m - from;
-            ops.append(&mut kv, &ops.rows(&kb, d, b, m)?)?;
-            ops.append(&mut gate, &ops.rows(&gb, d, b, m)?)?;
+                ((w - 1) * m - from, m)
+            });
+            runs.push((span + w * m - from, m));
         }
-        Ok((kv, gate))
+        Ok((
+            ops.row_runs(&kv_src, d, &runs)?,
+            ops.row_runs(&gate_src, d, &runs)?,
+        ))
+    }
+
+    /// `[first halves; second halves; empty window]` (the last only when
+    /// given) as one buffer of rows.
+    fn slot_source(ops: &B, halves: Vec<B::Buf>, empty: Option<Result<B::Buf>>) -> Result<B::Buf> {
+        let mut halves = halves.into_iter();
+        let (Some(mut src), Some(second)) = (halves.next(), halves.next()) else {
+            return Err(EngineError::State("compressor overlap: two halves".into()));
+        };
+        ops.append(&mut src, &second)?;
+        if let Some(empty) = empty {
+            ops.append(&mut src, &empty?)?;
+        }
+        Ok(src)
     }
 }
 
