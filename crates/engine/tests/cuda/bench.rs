@@ -524,6 +524,52 @@ fn cuda_bench_stored_gemv() {
 fn cuda_bench_kq8_gemv_fast_vs_reference() {
     use ds4_engine::quant::WeightType;
     use ds4_engine::quant::random::random_stored;
+    let types = [
+        WeightType::Q2_K,
+        WeightType::Q3_K,
+        WeightType::Q4_K,
+        WeightType::Q5_K,
+        WeightType::Q6_K,
+        WeightType::IQ2_XXS,
+    ];
+    let k = 4096;
+    let mut weights = Vec::new();
+    for n in [4096usize, 16_384] {
+        for (i, ty) in types.into_iter().enumerate() {
+            let q = random_stored(ty, &[n, k], &[n], 170 + i as u64);
+            weights.push((ty.to_string(), n, Arc::new(q)));
+        }
+    }
+    fast_vs_reference("kq8_gemv", &weights, &[1, 4, 16]);
+}
+
+/// The fast set's Q8_0 / Q4_1 products (`kernels/fast8.cu`: `dp4a` warps
+/// per output for up to 8 rows, tensor-core tiles above) against the
+/// reference set's block kernels, side by side in one process: the row
+/// counts of verify windows (2–4) and of batches, [4096, 4096] and
+/// [16384, 4096], copies cycled past the L2.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_bench_fast8_gemv_fast_vs_reference() {
+    let k = 4096;
+    let mut weights = Vec::new();
+    for n in [4096usize, 16_384] {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let q = ds4_engine::quant::from_candle(&qtensor(dtype, n, k, 91)).unwrap();
+            weights.push((format!("{dtype:?}"), n, Arc::new(q)));
+        }
+    }
+    fast_vs_reference("fast8_gemv", &weights, &[1, 2, 3, 4, 8, 9, 16, 64]);
+}
+
+/// Each `[n, 4096]` matrix of `weights` times each row count on the
+/// reference set and the fast set, copies cycled past the L2: one
+/// `REPORT bench=<what>_<set>_<type>_[n,k]x<rows>` line each.
+fn fast_vs_reference(
+    what: &str,
+    weights: &[(String, usize, Arc<ds4_engine::quant::QuantTensor>)],
+    row_counts: &[usize],
+) {
     let (reference, fast) = (gpu(), crate::ops::kq8::fast_gpu());
     let n = 1 << 28;
     let src = reference.zeros(n).unwrap();
@@ -534,38 +580,74 @@ fn cuda_bench_kq8_gemv_fast_vs_reference() {
     let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
     println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
     drop(src);
-    let k = 4096;
-    let types = [
-        WeightType::Q2_K,
-        WeightType::Q3_K,
-        WeightType::Q4_K,
-        WeightType::Q5_K,
-        WeightType::Q6_K,
-        WeightType::IQ2_XXS,
-    ];
-    for n in [4096usize, 16_384] {
-        for (i, ty) in types.into_iter().enumerate() {
-            let q = Arc::new(random_stored(ty, &[n, k], &[n], 170 + i as u64));
-            let bytes = q.byte_size() as f64;
-            let copies = ((192e6 / bytes).ceil() as usize).clamp(2, 64);
-            for (set, g) in [("reference", &reference), ("fast", &fast)] {
-                let mats: Vec<_> = (0..copies)
-                    .map(|_| g.matrix(HostWeight::Quant(q.clone()), n, k).unwrap())
-                    .collect();
-                for rows in [1usize, 4, 16] {
-                    let x = g.upload(&rnd(rows * k, 3)).unwrap();
-                    let iters = (4 * copies).max(32);
-                    let t = time(g, iters, |i| {
-                        g.matmul(&x, rows, &mats[i % copies]).unwrap();
-                    });
-                    report(
-                        &format!("kq8_gemv_{set}_{ty}_[{n},{k}]x{rows}_cycled{copies}"),
-                        bytes,
-                        t,
-                        peak,
-                    );
-                }
+    for (ty, n, q) in weights {
+        let (n, k) = (*n, q.cols());
+        let bytes = q.byte_size() as f64;
+        let copies = ((192e6 / bytes).ceil() as usize).clamp(2, 64);
+        for (set, g) in [("reference", &reference), ("fast", &fast)] {
+            let mats: Vec<_> = (0..copies)
+                .map(|_| g.matrix(HostWeight::Quant(q.clone()), n, k).unwrap())
+                .collect();
+            for &rows in row_counts {
+                let x = g.upload(&rnd(rows * k, 3)).unwrap();
+                let iters = (4 * copies).max(32);
+                let t = time(g, iters, |i| {
+                    g.matmul(&x, rows, &mats[i % copies]).unwrap();
+                });
+                report(
+                    &format!("{what}_{set}_{ty}_[{n},{k}]x{rows}_cycled{copies}"),
+                    bytes,
+                    t,
+                    peak,
+                );
             }
         }
+    }
+}
+
+/// Routed SwiGLU experts of the fast set at a DeepSeek-V4-like width
+/// (hidden 4096, 128 experts of 1024, IQ2_XXS gate/up and Q2_K down, 6 a
+/// token, random routing) for 32–2048 tokens: 1.5–96 pairs an expert,
+/// every size grouped by expert into tensor-core tiles (`kq8_mma_*`; run
+/// 36 timed the warp-per-output tiles it replaced with this bench).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_bench_fast_routed_experts() {
+    use ds4_engine::quant::WeightType;
+    use ds4_engine::quant::random::random_stored;
+    let g = crate::ops::kq8::fast_gpu();
+    let (e, k, h, inter) = (128usize, 6usize, 4096usize, 1024usize);
+    let gu = random_stored(
+        WeightType::IQ2_XXS,
+        &[e, 2 * inter, h],
+        &vec![2 * inter; e],
+        31,
+    );
+    let dn = random_stored(WeightType::Q2_K, &[e, h, inter], &vec![h; e], 32);
+    let bytes = (gu.byte_size() + dn.byte_size()) as f64;
+    let ggu = g
+        .experts(HostWeight::Quant(Arc::new(gu)), e, 2 * inter, h)
+        .unwrap();
+    let gdn = g
+        .experts(HostWeight::Quant(Arc::new(dn)), e, h, inter)
+        .unwrap();
+    for rows in [32usize, 128, 512, 2048] {
+        let x = g.upload(&rnd(rows * h, 33)).unwrap();
+        let logits = g.upload(&rnd(rows * e, 34)).unwrap();
+        let route = g.route_softmax_topk(&logits, rows, e, k, true).unwrap();
+        let iters = if rows >= 512 { 8 } else { 32 };
+        let t = time(&g, iters, |_| {
+            g.experts_swiglu(&x, rows, &route, &ggu, &gdn, None)
+                .unwrap();
+        });
+        let pairs = rows * k;
+        println!(
+            "REPORT bench=fast_routed_experts tokens={rows} pairs={pairs} \
+             pairs_per_expert={:.1} time={:.1}us pairs_per_s={:.0} stack_MB={:.0}",
+            pairs as f64 / e as f64,
+            t * 1e6,
+            pairs as f64 / t,
+            bytes / 1e6
+        );
     }
 }

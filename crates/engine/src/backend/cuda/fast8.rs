@@ -1,7 +1,9 @@
 //! The fast kernel set's Q8_0 / Q4_1 products (`kernels/fast8.cu`): each
 //! activation row rounded to int8 blocks of 32 once (`f8_quantize`), then
 //! one launch for up to [`F8_PARTS`] matrices that read it: a warp per
-//! output on `dp4a` for one row (decode), tensor-core tiles for more. The
+//! output on `dp4a` for one row (decode) and for a few (verify windows,
+//! small batches: up to [`FEW_ROWS`] rows a warp), tensor-core tiles for
+//! more. The
 //! arithmetic is the CPU fast set's (`cpu/q8_matmul`), so every output has
 //! its bits whatever the row count, kernel or tile.
 
@@ -18,6 +20,16 @@ pub(super) const F8_PARTS: usize = 4;
 const BLOCK: usize = 32;
 /// Outputs per block of a one-row launch (a warp each).
 const ONE_WARPS: usize = 8;
+/// Rows up to which a launch runs warps per output on `dp4a` (4 or 8 rows
+/// a warp, each weight block read once for them) rather than tensor-core
+/// tiles of 16 outputs a warp, which leave a 2-row verify window a
+/// sixteenth of the warps the one-row kernel has.
+const FEW_ROWS: usize = 8;
+/// Outputs from which 5–8 rows run the tensor-core tiles after all: with
+/// that many outputs the tiles' warps fill the GPU and beat 8 rows a warp
+/// on `dp4a` (run 36, H100, Q8_0 × 8 rows: [16384, 4096] 82 µs in tiles
+/// against 107; [4096, 4096] 57 against 32).
+const FEW_ROWS_TILES_FROM: usize = 8192;
 /// Outputs per block of a tiled launch (4 warps of 16).
 const TILE_COLS: usize = 64;
 /// Rows above which a tiled launch takes 32 rows a warp instead of 8 (the
@@ -181,7 +193,9 @@ fn run(
         return Ok(());
     }
     let (_rounded, [q, d, s]) = round_rows(dev, x, rows, x_stride, kind)?;
-    let one = rows == 1;
+    // Warps per output (`dp4a`) for few rows; 64-output tiles for more.
+    let per_warp =
+        rows <= 4 || (rows <= FEW_ROWS && parts.iter().all(|p| p.out < FEW_ROWS_TILES_FROM));
     for (c, chunk) in parts.chunks(F8_PARTS).enumerate() {
         let mut a = F8Args {
             q,
@@ -193,12 +207,12 @@ fn run(
             parts: chunk.len() as u64,
             ..Default::default()
         };
-        // Units: warps (one row) or 64-output tiles, each part starting a
+        // Units: warps (few rows) or 64-output tiles, each part starting a
         // block of its own.
         let mut first = 0usize;
         for (i, p) in chunk.iter().enumerate() {
             let index = c * F8_PARTS + i;
-            let units = if one {
+            let units = if per_warp {
                 p.out.div_ceil(ONE_WARPS) * ONE_WARPS
             } else {
                 p.out.div_ceil(TILE_COLS)
@@ -219,13 +233,17 @@ fn run(
         if first == 0 {
             continue;
         }
-        let (name, shape) = if one {
-            let name = match kind {
-                BlockKind::Q8_0 => "f8_one_q8_0",
-                BlockKind::Q4_1 => "f8_one_q4_1",
+        let (name, shape) = if per_warp {
+            let (name, rows_a_warp) = match (kind, rows) {
+                (BlockKind::Q8_0, 1) => ("f8_one_q8_0", 1),
+                (BlockKind::Q4_1, 1) => ("f8_one_q4_1", 1),
+                (BlockKind::Q8_0, 2..=4) => ("f8_rows4_q8_0", 4),
+                (BlockKind::Q4_1, 2..=4) => ("f8_rows4_q4_1", 4),
+                (BlockKind::Q8_0, _) => ("f8_rows8_q8_0", 8),
+                (BlockKind::Q4_1, _) => ("f8_rows8_q4_1", 8),
             };
             let blocks = first / ONE_WARPS;
-            (name, (blocks, 1, ONE_WARPS * 32))
+            (name, (blocks, rows.div_ceil(rows_a_warp), ONE_WARPS * 32))
         } else {
             let wide = rows > WIDE_TILES_FROM;
             let name = match (kind, wide) {

@@ -29,6 +29,7 @@ pub(super) const SOURCES: &[(&str, &str)] = &[
     ("stored.cu", include_str!("kernels/stored.cu")),
     ("kq8.cu", include_str!("kernels/kq8.cu")),
     ("kq8_grouped.cu", include_str!("kernels/kq8_grouped.cu")),
+    ("kq8_mma.cu", include_str!("kernels/kq8_mma.cu")),
     ("fast8.cu", include_str!("kernels/fast8.cu")),
     ("norms.cu", include_str!("kernels/norms.cu")),
     ("recurrent.cu", include_str!("kernels/recurrent.cu")),

@@ -267,15 +267,20 @@ macro_rules! fast {
             one: concat!("kq8_matmul_one_", $s),
             tiles: concat!("kq8_matmul_", $s),
             gather: concat!("kq8_gather_", $s),
-            grouped: concat!("kq8_grouped_", $s),
+            grouped: concat!("kq8_mma_", $s),
         })
     };
 }
 
+/// Outputs a block of the grouped products owns (`kq8_mma_*`: 4 warps of
+/// 16).
+const KQM_COLS: usize = 64;
+
 /// Pairs from which a fast routed product runs grouped by expert
-/// (`kernels/kq8_grouped.cu`: a tile of up to [`KQ_GROUP`] pairs of one
-/// expert reads its weight row once); fewer (decode) run `kq8_gather_*`,
-/// a pair a warp. Same bits either way.
+/// (`kernels/kq8_grouped.cu` sorts them into tiles of up to [`KQ_GROUP`]
+/// pairs of one expert, `kernels/kq8_mma.cu` multiplies a tile by 16 of
+/// the expert's rows a warp on the tensor cores); fewer (decode) run
+/// `kq8_gather_*`, a pair a warp. Same bits either way.
 const GROUP_FROM_PAIRS: usize = 32;
 /// Pairs per grouped tile at most (`KQ_GROUP`).
 const KQ_GROUP: usize = 8;
@@ -348,6 +353,25 @@ const NARROW_BELOW_BLOCKS: u32 = 128;
 /// 8 floats).
 pub(super) const DEEP_SMEM: usize = 8 * (4 * (1296 + 32) + 4 * (648 + 8) * 4);
 
+/// Blocks a product of several rows aims at (a few waves of the 132 SMs
+/// of an H100 / H200): the tiles of rows are split along grid.y until the
+/// output blocks times the row blocks reach it.
+const PRODUCT_BLOCKS: usize = 512;
+/// Activation rows per tile of the stored products (`ST_TILE`).
+const ST_TILE: usize = 4;
+
+/// Blocks along y for a product of `rows` rows whose outputs take `blocks`
+/// blocks: each takes whole tiles of [`ST_TILE`] rows (one row runs one).
+fn row_blocks(rows: usize, blocks: u32) -> u32 {
+    if rows <= 1 {
+        return 1;
+    }
+    let tiles = rows.div_ceil(ST_TILE);
+    PRODUCT_BLOCKS
+        .div_ceil(blocks.max(1) as usize)
+        .clamp(1, tiles.min(MAX_GRID)) as u32
+}
+
 /// The product kernel, its grid and its dynamic shared memory for `n`
 /// outputs on `dev`.
 fn product_launch(dev: &Device, kernels: &Kernels, n: usize) -> (&'static str, u32, u32) {
@@ -391,7 +415,7 @@ pub(super) fn matmul(
     dev.launch_shared(
         name,
         Shape {
-            grid: (blocks, 1),
+            grid: (blocks, row_blocks(rows, blocks)),
             block: THREADS,
         },
         shared,
@@ -432,9 +456,16 @@ pub(super) fn gather(
                 },
                 args![order, tiles, ntiles, experts, pairs, experts_in_stack],
             )?;
+            let grid = Shape {
+                grid: (
+                    n.div_ceil(KQM_COLS).clamp(1, MAX_GRID) as u32,
+                    max_tiles.clamp(1, MAX_GRID) as u32,
+                ),
+                block: 128,
+            };
             return dev.launch(
                 f.grouped,
-                fast_grid(n, max_tiles),
+                grid,
                 args![
                     y.ptr(),
                     q,

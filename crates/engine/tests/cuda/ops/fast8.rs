@@ -43,8 +43,9 @@ fn activations(rows: usize, k: usize, seed: u64) -> Vec<f32> {
     rounding_cases(rows, k, seed, 32)
 }
 
-/// 1 row (`dp4a`), 2–128 rows (tiles of 8 rows a warp: whole, partial and
-/// several), 129 and 200 rows (tiles of 32); one block, 18 blocks and 33
+/// 1 row (`dp4a`), 2–4 and 5–8 rows (`dp4a` with 4 or 8 rows a warp),
+/// 9–128 rows (tiles of 8 rows a warp: whole, partial and several), 129
+/// and 200 rows (tiles of 32); one block, 18 blocks and 33
 /// (a one-row round of 32 and one more); 37 and 70 outputs (partial warp
 /// tiles and 64-output blocks): the CPU fast kernel's bits.
 #[test]
@@ -58,7 +59,7 @@ fn cuda_fast_block_products_are_the_cpu_fast_bits() {
                 let seed = 9000 + 100 * fi as u64 + k as u64 + n as u64;
                 let (cpu, gm) = matrices(&g, ty, format, n, k, seed);
                 let x = activations(200, k, seed + 1);
-                for rows in [1usize, 2, 3, 8, 9, 17, 64, 129, 200] {
+                for rows in [1usize, 2, 3, 4, 5, 8, 9, 17, 64, 129, 200] {
                     let xs = &x[..rows * k];
                     let got = down(&g, &g.matmul(&up(&g, xs), rows, &gm).unwrap());
                     let mut want = vec![0f32; rows * n];
@@ -88,7 +89,7 @@ fn cuda_fast_block_parts_are_their_own_products() {
             .map(|&(n, s)| matrices(&g, ty, format, n, k, seed + s).1)
             .collect();
         let x = activations(40, k, seed + 9);
-        for rows in [1usize, 5, 40] {
+        for rows in [1usize, 3, 5, 40] {
             let xb = up(&g, &x[..rows * k]);
             let parts: Vec<(&<CudaOps as Backend>::Matrix, Epilogue<'_>)> = vec![
                 (&mats[0], Epilogue::Chain(&[])),

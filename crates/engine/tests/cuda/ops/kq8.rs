@@ -106,14 +106,15 @@ fn cuda_fast_kq8_products_are_the_cpu_fast_bits() {
 /// Routed products over stacks of these types (each expert a part): every
 /// (token, slot) projection has the bits of the fast `matmul` by that
 /// expert's own matrix, so the routed SwiGLU output equals those products,
-/// `swiglu` and the slots summed in order on the host — for 10 pairs (a
-/// warp per pair, `kq8_gather_*`) and 80 (grouped by expert into tiles of
-/// up to 8, `kq8_grouped_*`: whole and partial tiles).
+/// `swiglu` and the slots summed in order on the host — over 16 experts,
+/// for 10 pairs (a warp per pair, `kq8_gather_*`), 40 and 120 (grouped
+/// by expert into tiles of up to 8 on the tensor cores, `kq8_mma_*`: 2.5
+/// and 7.5 pairs an expert, whole and partial tiles).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_fast_kq8_experts_are_their_expert_products() {
     let g = fast_gpu();
-    let (e, k, h, inter) = (4usize, 2usize, 512usize, 256usize);
+    let (e, k, h, inter) = (16usize, 2usize, 512usize, 256usize);
     let mut failed = Vec::new();
     for (ti, ty) in TYPES.into_iter().enumerate() {
         let r = std::panic::catch_unwind(|| {
@@ -135,7 +136,7 @@ fn cuda_fast_kq8_experts_are_their_expert_products() {
             let gdn = g
                 .experts(HostWeight::Quant(Arc::new(dn)), e, h, inter)
                 .unwrap();
-            for rows in [5usize, 40] {
+            for rows in [5usize, 20, 60] {
                 let x = activations(rows, h, seed + 2);
                 let logits = rnd(rows * e, seed + 3);
                 let route = g

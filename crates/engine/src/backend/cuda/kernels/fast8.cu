@@ -159,6 +159,113 @@ extern "C" __global__ void f8_one_q4_1(Fast8 f) {
     f8_one<1>(f);
 }
 
+// ---- a few activation rows (verify windows, small batches): the one-row
+// kernel's warp per output with R rows a warp, each weight block read once
+// for the R rows (the tensor-core tiles below own 16 outputs a warp, so a
+// 2-row window ran n / 16 warps over the whole k: a fifth of the one-row
+// kernel's memory parallelism). Each lane computes its block's sums for
+// every row and leaves them in shared memory; lane r then runs row r's
+// float steps over the round's blocks in order (the one-row kernel's
+// broadcast has every lane run every row's steps: R times the
+// instructions). Row r's sums and float steps are `f8_one`'s for that
+// row: the same bits.
+#define F8_ROWS_WARPS 8
+template <int Q4, int R>
+__device__ __forceinline__ void f8_rows(const Fast8& f) {
+    // Per warp and row: the round's 32 block scales (dw · d), sums as
+    // floats, and for Q4_1 the weight minima and the rows' d · Σq.
+    __shared__ float sc_s[F8_ROWS_WARPS][R][32];
+    __shared__ float si_s[F8_ROWS_WARPS][R][32];
+    __shared__ float sb_s[F8_ROWS_WARPS][Q4 ? R : 1][32];
+    __shared__ float mw_s[F8_ROWS_WARPS][32];
+    u32 w = threadIdx.x / 32, lane = threadIdx.x & 31;
+    u64 g = (u64)blockIdx.x * (blockDim.x / 32) + w;
+    F8Part p = f8_part(f, g);
+    u64 j = g - p.first;
+    if (j >= p.n) return;
+    u64 r0 = (u64)blockIdx.y * R;
+    if (r0 >= f.rows) return;
+    int nr = f.rows - r0 < (u64)R ? (int)(f.rows - r0) : R;
+    u64 nb = f.k / 32;
+    const u32* dm = p.dm + j * nb;
+    const u8* wq = p.quants + j * nb * (Q4 ? 16 : 32);
+    float acc = 0.0f;  // row `lane`'s, for lane < nr
+    for (u64 b0 = 0; b0 < nb; b0 += 32) {
+        u64 b = b0 + lane;
+        bool live_b = b < nb;
+        u32 c[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        float dw = 0.0f;
+        if (live_b) {
+            if (Q4) {
+                uint4 wv = ((const uint4*)(wq + b * 16))[0];
+                c[0] = wv.x & 0x0f0f0f0fu, c[1] = (wv.x >> 4) & 0x0f0f0f0fu;
+                c[2] = wv.y & 0x0f0f0f0fu, c[3] = (wv.y >> 4) & 0x0f0f0f0fu;
+                c[4] = wv.z & 0x0f0f0f0fu, c[5] = (wv.z >> 4) & 0x0f0f0f0fu;
+                c[6] = wv.w & 0x0f0f0f0fu, c[7] = (wv.w >> 4) & 0x0f0f0f0fu;
+            } else {
+                uint4 w0 = ((const uint4*)(wq + b * 32))[0], w1 = ((const uint4*)(wq + b * 32))[1];
+                c[0] = w0.x, c[1] = w0.y, c[2] = w0.z, c[3] = w0.w;
+                c[4] = w1.x, c[5] = w1.y, c[6] = w1.z, c[7] = w1.w;
+            }
+            u32 m = dm[b];
+            dw = h2f((u16)(m & 0xffff));
+            if (Q4) mw_s[w][lane] = h2f((u16)(m >> 16));
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r >= nr) break;
+            if (live_b) {
+                u64 at = (r0 + r) * f.x_stride + p.x_off;
+                const uint4* xa = (const uint4*)(f.q + at + b * 32);
+                uint4 a0 = xa[0], a1 = xa[1];
+                u32 a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                int sumi = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) sumi = __dp4a((int)c[i], (int)a[i], sumi);
+                sc_s[w][r][lane] = dw * f.d[at / 32 + b];
+                si_s[w][r][lane] = (float)sumi;
+                if (Q4) sb_s[w][Q4 ? r : 0][lane] = f.s[at / 32 + b];
+            }
+        }
+        __syncwarp();
+        if ((int)lane < nr) {
+            int r = (int)lane;
+            u64 live = nb - b0 < 32 ? nb - b0 : 32;
+            if (live == 32) {
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    acc = fmaf(sc_s[w][r][i], si_s[w][r][i], acc);
+                    if (Q4) acc = fmaf(mw_s[w][i], sb_s[w][Q4 ? r : 0][i], acc);
+                }
+            } else {
+                for (u64 i = 0; i < live; i++) {
+                    acc = fmaf(sc_s[w][r][i], si_s[w][r][i], acc);
+                    if (Q4) acc = fmaf(mw_s[w][i], sb_s[w][Q4 ? r : 0][i], acc);
+                }
+            }
+        }
+        __syncwarp();
+    }
+    if ((int)lane < nr) p.y[(r0 + lane) * p.y_stride + j] = p.c.apply(acc);
+}
+
+extern "C" __global__ void f8_rows4_q8_0(Fast8 f) {
+    dep_entry();
+    f8_rows<0, 4>(f);
+}
+extern "C" __global__ void f8_rows4_q4_1(Fast8 f) {
+    dep_entry();
+    f8_rows<1, 4>(f);
+}
+extern "C" __global__ void f8_rows8_q8_0(Fast8 f) {
+    dep_entry();
+    f8_rows<0, 8>(f);
+}
+extern "C" __global__ void f8_rows8_q4_1(Fast8 f) {
+    dep_entry();
+    f8_rows<1, 8>(f);
+}
+
 // ---- tiles of rows on the tensor cores: a block of 4 warps owns 64
 // outputs (16 a warp) and 8·NT activation rows; per weight block each warp
 // runs NT `mma.sync.m16n8k32.s8` into zeroed integer accumulators (the

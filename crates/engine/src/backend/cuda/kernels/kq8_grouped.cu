@@ -1,12 +1,12 @@
 // The fast set's routed K-quant products grouped by expert (`stored.rs`
 // `gather`): the (token, slot) pairs of a call sorted by expert into tiles
-// of up to KQ_GROUP rows, so a warp reads an expert's weight row once for
-// a tile instead of once per pair (`kq8_gather_*` reads it per pair, which
-// made a prefill chunk read every routed expert ~12 times a layer). Each
-// row's accumulation is `kq_dot`'s, independent of the other rows of its
-// tile, so every output has the bits of `kq8_gather_*` (and of the CPU fast
-// set); which pairs share a tile does not matter. Sources are joined in
-// order: this file uses `kq8.cu`.
+// of up to KQ_GROUP rows, so that the product (`kq8_mma.cu`, on the tensor
+// cores) reads an expert's weight rows once a tile instead of once a pair
+// (`kq8_gather_*` reads them per pair, which made a prefill chunk read
+// every routed expert ~12 times a layer). Which pairs share a tile changes
+// no output's bits. (A warp per output and tile on `dp4a`, this file's
+// product until run 36, was 1.8–3.6× slower than the tensor-core tiles at
+// every size from 1.5 pairs an expert: removed.)
 #ifndef KQ_HOST
 
 #define KQ_GROUP 8
@@ -47,77 +47,6 @@ extern "C" __global__ void kq8_group_pairs(u32* order, u32* tiles, u32* ntiles,
         u32 e = experts[p];
         order[counts[e] + atomicAdd(&cursor[e], 1u)] = (u32)p;
     }
-}
-
-// y[p, j] = W_{expert}[j] · x[p / x_div] for the pairs of each tile: a
-// warp per (output element, tile).
-template <class F>
-__device__ __forceinline__ void kq_grouped(float* y, const u8* q, const float* d, u64 x_div,
-                                           const u32* order, const u32* tiles,
-                                           const u32* ntiles, const u8* w, u64 n, u64 k) {
-    u64 nb = k / KQ;
-    u64 row_bytes = nb * F::BB;
-    u32 lane = threadIdx.x & 31;
-    u64 nt = *ntiles;
-    for (u64 t = blockIdx.y; t < nt; t += gridDim.y) {
-        u32 e = tiles[3 * t], first = tiles[3 * t + 1];
-        int cnt = (int)tiles[3 * t + 2];
-        const u8* qa[KQ_GROUP];
-        const float* da[KQ_GROUP];
-        u32 pr[KQ_GROUP];
-#pragma unroll
-        for (int r = 0; r < KQ_GROUP; r++) {
-            u32 p = order[first + (r < cnt ? r : 0)];
-            u64 xr = p / x_div;
-            pr[r] = p;
-            qa[r] = q + xr * k;
-            da[r] = d + xr * nb;
-        }
-        for (u64 j = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; j < n;
-             j += (u64)gridDim.x * (blockDim.x / 32)) {
-            float acc[KQ_GROUP];
-            kq_dot<F, KQ_GROUP>(w + ((u64)e * n + j) * row_bytes, qa, da, cnt, nb, acc);
-            if (lane == 0) {
-#pragma unroll
-                for (int r = 0; r < KQ_GROUP; r++)
-                    if (r < cnt) y[(u64)pr[r] * n + j] = acc[r];
-            }
-        }
-    }
-}
-
-// The kernels, one per format (`stored.rs` names them; written out: the
-// signature check reads every kernel's name and first statement).
-extern "C" __global__ void kq8_grouped_q2_k(float* y, const u8* q, const float* d, u64 x_div,
-        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
-    dep_entry();
-    kq_grouped<KqQ2K>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
-}
-extern "C" __global__ void kq8_grouped_q3_k(float* y, const u8* q, const float* d, u64 x_div,
-        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
-    dep_entry();
-    kq_grouped<KqQ3K>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
-}
-extern "C" __global__ void kq8_grouped_q4_k(float* y, const u8* q, const float* d, u64 x_div,
-        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
-    dep_entry();
-    kq_grouped<KqQ45K<0>>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
-}
-extern "C" __global__ void kq8_grouped_q5_k(float* y, const u8* q, const float* d, u64 x_div,
-        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
-    dep_entry();
-    kq_grouped<KqQ45K<1>>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
-}
-extern "C" __global__ void kq8_grouped_q6_k(float* y, const u8* q, const float* d, u64 x_div,
-        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
-    dep_entry();
-    kq_grouped<KqQ6K>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
-}
-extern "C" __global__ void kq8_grouped_iq2_xxs(float* y, const u8* q, const float* d, u64 x_div,
-        const u32* order, const u32* tiles, const u32* ntiles, const u8* w, u64 n, u64 k) {
-    dep_entry();
-    kq_iq2_tables();
-    kq_grouped<KqIq2xxs>(y, q, d, x_div, order, tiles, ntiles, w, n, k);
 }
 
 #endif  // KQ_HOST

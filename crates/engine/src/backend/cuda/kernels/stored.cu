@@ -796,7 +796,11 @@ __device__ __forceinline__ void st_pass(float (&acc)[T], u64 nr, const float* xr
     __syncthreads();
 }
 
-// The rows of x in tiles of T through one block's weight rows (`st_matmul`).
+// The rows of x in tiles of T through one block's weight rows (`st_matmul`);
+// grid.y splits the tiles between blocks (a prefill chunk's narrow
+// products: run 36's 256-row DeepSeek-V4 forward had the 24-output HC `fn`
+// product's 6 blocks walking all 64 tiles, 3.3 ms a launch). Which block
+// runs a tile changes no output's sequence.
 template <class F, class B, int T>
 __device__ __forceinline__ void st_matmul_tiles(float* y, const float* x, u64 rows, const u8* w,
                                                 u64 n, u64 k, const StScales& sc, u8* buf,
@@ -806,7 +810,7 @@ __device__ __forceinline__ void st_matmul_tiles(float* y, const float* x, u64 ro
     for (u64 j0 = (u64)blockIdx.x * B::COLS; j0 < n; j0 += (u64)gridDim.x * B::COLS) {
         u32 valid = (u32)st_min(B::COLS, n - j0);
         u64 j = j0 + col;
-        for (u64 r0 = 0; r0 < rows; r0 += T) {
+        for (u64 r0 = (u64)blockIdx.y * T; r0 < rows; r0 += (u64)gridDim.y * T) {
             u64 nr = st_min(T, rows - r0);
             const float* xr = x + r0 * k;
             float acc[T];
