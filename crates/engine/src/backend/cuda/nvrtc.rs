@@ -27,6 +27,7 @@ pub(super) const SOURCES: &[(&str, &str)] = &[
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("stored.cu", include_str!("kernels/stored.cu")),
+    ("stored_rows.cu", include_str!("kernels/stored_rows.cu")),
     ("kq8.cu", include_str!("kernels/kq8.cu")),
     ("kq8_grouped.cu", include_str!("kernels/kq8_grouped.cu")),
     ("kq8_mma.cu", include_str!("kernels/kq8_mma.cu")),

@@ -387,6 +387,38 @@ fn product_launch(dev: &Device, kernels: &Kernels, n: usize) -> (&'static str, u
     }
 }
 
+/// Rows from which an F16 / BF16 product runs `st_rows_*`
+/// (`kernels/stored_rows.cu`: register tiles of 4 outputs × 8 rows a
+/// thread; the same sums as the tile kernels, so the same bits).
+const ROWS_FROM: usize = 16;
+/// Outputs and rows a block of `st_rows_*` owns (`SR_OUTS`, `SR_ROWS`).
+const ROWS_TILE: usize = 32;
+/// Values a chunk of `st_rows_*` stages (`SR_KC`): k must be a multiple.
+const ROWS_CHUNK: usize = 64;
+
+/// Blocks below which `st_rows_*` leaves a product to the tile kernels
+/// split over grid.y: a 24-output product of 256 rows is 8 blocks of
+/// `st_rows_*` (run 36: DeepSeek-V4's HC `fn`, 16384 long, 299 µs a launch
+/// against 152 µs in the deep tiles over 384 blocks).
+const ROWS_MIN_BLOCKS: usize = 64;
+
+/// `st_rows_*` for a product of `rows` rows of `x` by `w`, where it
+/// applies: 16-bit float weights, whole chunks, activation rows that start
+/// on 16 bytes (its loads are 16 bytes wide), and blocks enough.
+fn rows_kernel(w: &StoredWeights, x: &CudaBuf, rows: usize) -> Option<&'static str> {
+    let name = match w.ty {
+        WeightType::F16 => "st_rows_f16",
+        WeightType::BF16 => "st_rows_bf16",
+        _ => return None,
+    };
+    let blocks = w.rows.div_ceil(ROWS_TILE) * rows.div_ceil(ROWS_TILE);
+    (rows >= ROWS_FROM
+        && blocks >= ROWS_MIN_BLOCKS
+        && w.cols.is_multiple_of(ROWS_CHUNK)
+        && x.ptr().is_multiple_of(16))
+    .then_some(name)
+}
+
 /// `y[rows, n] = x[rows, k] · wᵀ` into `y` (the caller checked the shapes).
 pub(super) fn matmul(
     dev: &Device,
@@ -407,6 +439,19 @@ pub(super) fn matmul(
             name,
             fast_grid(n, tiles),
             args![y.ptr(), q, d, rows, ptr(&w.data), n, k],
+        );
+    }
+    if let Some(name) = rows_kernel(w, x, rows) {
+        return dev.launch(
+            name,
+            Shape {
+                grid: (
+                    n.div_ceil(ROWS_TILE).clamp(1, MAX_GRID) as u32,
+                    rows.div_ceil(ROWS_TILE).clamp(1, MAX_GRID) as u32,
+                ),
+                block: THREADS,
+            },
+            args![y.ptr(), x.ptr(), rows, ptr(&w.data), n, k],
         );
     }
     let mut a = args![y.ptr(), x.ptr(), rows, ptr(&w.data), n, k].to_vec();

@@ -133,6 +133,50 @@ fn cuda_stored_wide_matmul_is_bit_identical_to_the_cpu() {
     });
 }
 
+/// F16 / BF16 products of prefill-sized row counts with k a multiple of 64
+/// against the CPU, bit for bit: `st_rows_*` (register tiles of 32 outputs
+/// × 32 rows a block, from 64 blocks: [300, k] × 200 rows, [1400, k] in
+/// two parts × 100 and 200 rows; partial output and row tiles) and the
+/// tile kernels split over grid.y (the smaller ones); rows independent of
+/// the window (one row at a time and chunks run the tile kernels, so the
+/// two kernels agree too).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_stored_many_rows_are_bit_identical_to_the_cpu() {
+    let (g, c) = (gpu(), CpuOps);
+    for (ti, ty) in [WeightType::F16, WeightType::BF16].into_iter().enumerate() {
+        for k in [64usize, 4096] {
+            for (n, parts) in [(37, vec![37]), (300, vec![300]), (1400, vec![900, 500])] {
+                let seed = 7000 + 10 * ti as u64 + k as u64 + n as u64;
+                let q = HostWeight::Quant(Arc::new(random_stored(ty, &[n, k], &parts, seed)));
+                let gm = g.matrix(q.clone(), n, k).unwrap();
+                let cm = c.matrix(q, n, k).unwrap();
+                let x = rnd(200 * k, seed + 1);
+                for rows in [16usize, 33, 100, 200] {
+                    let xs = &x[..rows * k];
+                    let gy = down(&g, &g.matmul(&up(&g, xs), rows, &gm).unwrap());
+                    let cy = c.matmul(&xs.to_vec(), rows, &cm).unwrap();
+                    check(
+                        &format!("stored rows {ty} [{n},{k}] parts {parts:?} x{rows}"),
+                        &gy,
+                        &cy,
+                        0.0,
+                        true,
+                    );
+                }
+                rows_invariant(&format!("stored rows {ty} [{n},{k}]"), 200, |r| {
+                    down(
+                        &g,
+                        &g.matmul(&up(&g, &x[r.start * k..r.end * k]), r.len(), &gm)
+                            .unwrap(),
+                    )
+                });
+            }
+        }
+        println!("REPORT stored_rows type={ty} ok=true");
+    }
+}
+
 /// Gate/up `[E, 2I, H]` and down `[E, H, I]` stacks of `ty`, each expert a
 /// part of its own (its own scale grid), on both backends; and each
 /// expert's matrices alone on the GPU.
