@@ -62,10 +62,11 @@ for what in "$@"; do
     # occupancy, warp-state (stall reasons), launch and speed-of-light
     # sections for the first NCU_COUNT (default 80) launches whose names
     # match NCU_KERNELS; details page as CSV (`ncu-detail.csv.gz`).
+    # NCU_ROWS=N: those of an N-row forward (a prefill chunk) instead.
     ncu-detail)
       ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
       s0=$SECONDS
-      DS4_PROFILE_STEP=1 timeout "${NCU_S:-300}" "$ncu" --profile-from-start off --csv --page details \
+      DS4_PROFILE_STEP=${NCU_ROWS:-1} timeout "${NCU_S:-300}" "$ncu" --profile-from-start off --csv --page details \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
         --section MemoryWorkloadAnalysis \
         -k "regex:${NCU_KERNELS:-st_matmul|kq8_gather|route_scored|attention_window|rms_norm_wide|matmul_q8_0}" \
