@@ -69,6 +69,22 @@ fn time(g: &CudaOps, iters: usize, mut f: impl FnMut(usize)) -> f64 {
     start.elapsed().as_secs_f64() / iters as f64
 }
 
+/// The ceiling the products are measured against: a device-to-device copy
+/// of 1 GiB, bytes read + written a second (printed as a REPORT line).
+fn copy_peak(g: &CudaOps) -> f64 {
+    let n = 1 << 28;
+    let src = g.zeros(n).unwrap();
+    let copy = time(g, 10, |_| {
+        let mut dst = g.zeros(0).unwrap();
+        g.append(&mut dst, &src).unwrap();
+    });
+    // `zeros` + append: the append's copy dominates (the memset is a
+    // tenth of it); counted as one read and one write.
+    let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
+    println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
+    peak
+}
+
 fn report(what: &str, bytes: f64, secs: f64, peak: f64) {
     let gbs = bytes / secs / 1e9;
     println!(
@@ -83,17 +99,7 @@ fn report(what: &str, bytes: f64, secs: f64, peak: f64) {
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_bench_kernels_at_full_size() {
     let g = gpu();
-    // The ceiling: a device-to-device copy of 1 GiB (bytes read + written).
-    let n = 1 << 28;
-    let src = g.zeros(n).unwrap();
-    let copy = time(&g, 10, |_| {
-        let mut dst = g.zeros(0).unwrap();
-        g.append(&mut dst, &src).unwrap();
-    });
-    // `zeros` + append: the append's copy dominates (the memset is a
-    // tenth of it); counted as one read and one write.
-    let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
-    println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
+    let peak = copy_peak(&g);
     // Block GEMV, full-size qwen4_exp shapes: the LM head [248320, 2560],
     // and 32 distinct [4096, 2560] projections cycled (210 MB in Q4_1, more
     // than the 50 MB L2, so each call streams from HBM).
@@ -462,15 +468,7 @@ fn cuda_bench_launch_overhead() {
 fn cuda_bench_stored_gemv() {
     use ds4_engine::quant::random::{STORED_TYPES as TYPES, random_stored};
     let g = gpu();
-    let n = 1 << 28;
-    let src = g.zeros(n).unwrap();
-    let copy = time(&g, 10, |_| {
-        let mut dst = g.zeros(0).unwrap();
-        g.append(&mut dst, &src).unwrap();
-    });
-    let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
-    println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
-    drop(src);
+    let peak = copy_peak(&g);
     let k = 4096;
     // [4096, 4096]: one block of 32 rows per SM (a decode-sized
     // projection); [16384, 4096]: enough blocks to fill every SM.
@@ -571,15 +569,7 @@ fn fast_vs_reference(
     row_counts: &[usize],
 ) {
     let (reference, fast) = (gpu(), crate::ops::kq8::fast_gpu());
-    let n = 1 << 28;
-    let src = reference.zeros(n).unwrap();
-    let copy = time(&reference, 10, |_| {
-        let mut dst = reference.zeros(0).unwrap();
-        reference.append(&mut dst, &src).unwrap();
-    });
-    let peak = 2.0 * 4.0 * n as f64 / copy / 1e9;
-    println!("REPORT bench=copy_1GiB GB/s={peak:.0} (read+write)");
-    drop(src);
+    let peak = copy_peak(&reference);
     for (ty, n, q) in weights {
         let (n, k) = (*n, q.cols());
         let bytes = q.byte_size() as f64;
