@@ -66,6 +66,11 @@ pub struct BatchStats {
     pub forwards: u64,
     /// The most forwards one batch held.
     pub largest: u64,
+    /// Nanoseconds the leaders waited for sessions to queue their
+    /// forwards before taking a batch (the gather), all batches together.
+    pub gather_ns: u64,
+    /// Nanoseconds the batches' forwards ran, all together.
+    pub run_ns: u64,
 }
 
 /// A model whose forwards from several threads run as batches (module
@@ -121,6 +126,8 @@ struct Hub<S> {
     batches: AtomicU64,
     forwards: AtomicU64,
     largest: AtomicU64,
+    gather_ns: AtomicU64,
+    run_ns: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -188,6 +195,8 @@ impl<'m, M: Model> BatchingModel<'m, M> {
                 batches: AtomicU64::new(0),
                 forwards: AtomicU64::new(0),
                 largest: AtomicU64::new(0),
+                gather_ns: AtomicU64::new(0),
+                run_ns: AtomicU64::new(0),
             }),
         }
     }
@@ -211,6 +220,8 @@ impl<'m, M: Model> BatchingModel<'m, M> {
             batches: self.hub.batches.load(Ordering::Relaxed),
             forwards: self.hub.forwards.load(Ordering::Relaxed),
             largest: self.hub.largest.load(Ordering::Relaxed),
+            gather_ns: self.hub.gather_ns.load(Ordering::Relaxed),
+            run_ns: self.hub.run_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -248,6 +259,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
                 deadline = Instant::now() + hub.config.gather;
             }
         }
+        let ran_from = Instant::now();
         let mut batch = Vec::new();
         let mut rows = 0;
         while let Some(t) = q.pending.front() {
@@ -280,6 +292,11 @@ impl<'m, M: Model> BatchingModel<'m, M> {
             self.inner.forward_batch(&mut calls)
         };
         guard.armed = false;
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        hub.gather_ns
+            .fetch_add(nanos(ran_from - start), Ordering::Relaxed);
+        hub.run_ns
+            .fetch_add(nanos(ran_from.elapsed()), Ordering::Relaxed);
         let n = batch.len() as u64;
         hub.batches.fetch_add(1, Ordering::Relaxed);
         hub.forwards.fetch_add(n, Ordering::Relaxed);

@@ -83,6 +83,9 @@ pub struct Metrics {
     batches: AtomicU64,
     batched_forwards: AtomicU64,
     batch_largest: AtomicU64,
+    /// Nanoseconds the batches' leaders gathered and their forwards ran.
+    batch_gather_ns: AtomicU64,
+    batch_run_ns: AtomicU64,
     /// Set once a checkpoint was deleted as soon as it was written: the
     /// disk budget is smaller than one file.
     checkpoint_budget_too_small: AtomicU64,
@@ -246,6 +249,9 @@ impl Metrics {
         self.batched_forwards
             .store(stats.forwards, Ordering::Relaxed);
         self.batch_largest.store(stats.largest, Ordering::Relaxed);
+        self.batch_gather_ns
+            .store(stats.gather_ns, Ordering::Relaxed);
+        self.batch_run_ns.store(stats.run_ns, Ordering::Relaxed);
     }
 
     pub fn failed(&self) {
@@ -438,6 +444,19 @@ impl Metrics {
             "gauge",
             "The most session forwards one batch has held.",
             &one(get(&self.batch_largest)),
+        );
+        let seconds = |ns: u64| vec![(String::new(), ns as f64 / 1e9)];
+        metric(
+            "ds4_batch_gather_seconds_total",
+            "counter",
+            "Time the batches' leaders waited for running turns to queue their forwards before taking a batch.",
+            &seconds(get(&self.batch_gather_ns)),
+        );
+        metric(
+            "ds4_batch_forward_seconds_total",
+            "counter",
+            "Time the batched forwards ran (ds4_batch_gather_seconds_total and this over ds4_batches_total: a batch's gather and forward).",
+            &seconds(get(&self.batch_run_ns)),
         );
         let (batches, forwards) = (get(&self.batches), get(&self.batched_forwards));
         metric(

@@ -115,6 +115,20 @@ async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm(
         "{batches} batches of {forwards} forwards"
     );
     assert!(value("ds4_batch_largest ") >= 2, "{metrics}");
+    let seconds = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert!(
+        seconds("ds4_batch_forward_seconds_total ") > 0.0,
+        "the batches' forwards took time: {metrics}"
+    );
+    assert!(
+        seconds("ds4_batch_gather_seconds_total ") >= 0.0,
+        "{metrics}"
+    );
 
     // The next turn of conversation 3 (its prompt extends the first) goes
     // back to the lane holding it and reuses the whole first prompt.

@@ -5,8 +5,11 @@
 //! for the others, then decodes; reported: the aggregate decode rate
 //! (every stream's decode tokens over the span from the first decode start
 //! to the last one's end), the ratio to one stream, the
-//! batches run and their mean size, and whether every stream's tokens are
-//! those of its turn served alone (run first, one by one).
+//! batches run and their mean size, the decode phase's batches with the
+//! time a batch's leader waited for the streams to queue (the gather) and
+//! the time its forward ran (what the batch costs beyond the forward is
+//! the streams' own work between steps), and whether every stream's tokens
+//! are those of its turn served alone (run first, one by one).
 
 use std::fmt::Write as _;
 use std::sync::Barrier;
@@ -27,6 +30,10 @@ pub struct StreamsRow {
     pub decode_span: Duration,
     pub batches: u64,
     pub forwards: u64,
+    /// The decode phase's batches, and their gather and forward time.
+    pub decode_batches: u64,
+    pub decode_gather: Duration,
+    pub decode_run: Duration,
     pub identical: bool,
 }
 
@@ -118,7 +125,10 @@ pub fn bench_streams<M: Model>(
     let mut rows = Vec::new();
     for &n in counts {
         let batching = BatchingModel::new(model, BatchConfig::default());
-        let ready = Barrier::new(n);
+        // The streams and this thread: the counters read once every
+        // stream has prefilled are the decode phase's start.
+        let ready = Barrier::new(n + 1);
+        let mut at_decode = None;
         let outs = std::thread::scope(|s| {
             let handles: Vec<_> = prompts[..n]
                 .iter()
@@ -130,6 +140,8 @@ pub fn bench_streams<M: Model>(
                     })
                 })
                 .collect();
+            ready.wait();
+            at_decode = Some(batching.stats());
             handles
                 .into_iter()
                 .map(|h| h.join().map_err(|_| anyhow::anyhow!("a stream panicked"))?)
@@ -138,12 +150,16 @@ pub fn bench_streams<M: Model>(
         let first = outs.iter().map(|o| o.1).min().expect("one stream at least");
         let last = outs.iter().map(|o| o.2).max().expect("one stream at least");
         let stats = batching.stats();
+        let at = at_decode.unwrap_or_default();
         rows.push(StreamsRow {
             streams: n,
             decode_tokens: outs.iter().map(|o| o.0.len()).sum(),
             decode_span: last - first,
             batches: stats.batches,
             forwards: stats.forwards,
+            decode_batches: stats.batches - at.batches,
+            decode_gather: Duration::from_nanos(stats.gather_ns - at.gather_ns),
+            decode_run: Duration::from_nanos(stats.run_ns - at.run_ns),
             identical: outs.iter().zip(&alone).all(|(o, a)| &o.0 == a),
         });
     }
@@ -153,19 +169,26 @@ pub fn bench_streams<M: Model>(
 pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str) -> String {
     let base = rows.first().map_or(1.0, StreamsRow::aggregate_tps);
     let mut out = String::from(
-        "streams,decode_tokens,aggregate_decode_tps,per_stream_tps,vs_one_stream,batches,mean_batch,identical_to_alone,backend,kernels\n",
+        "streams,decode_tokens,aggregate_decode_tps,per_stream_tps,vs_one_stream,batches,mean_batch,\
+         decode_batches,decode_ms_per_batch,gather_ms_per_batch,forward_ms_per_batch,\
+         identical_to_alone,backend,kernels\n",
     );
     for r in rows {
         let agg = r.aggregate_tps();
+        let per_batch = |d: Duration| 1e3 * d.as_secs_f64() / r.decode_batches.max(1) as f64;
         let _ = writeln!(
             out,
-            "{},{},{agg:.1},{:.1},{:.2},{},{:.2},{},{backend},{kernels}",
+            "{},{},{agg:.1},{:.1},{:.2},{},{:.2},{},{:.3},{:.3},{:.3},{},{backend},{kernels}",
             r.streams,
             r.decode_tokens,
             agg / r.streams as f64,
             agg / base,
             r.batches,
             r.forwards as f64 / r.batches.max(1) as f64,
+            r.decode_batches,
+            per_batch(r.decode_span),
+            per_batch(r.decode_gather),
+            per_batch(r.decode_run),
             r.identical,
         );
     }
