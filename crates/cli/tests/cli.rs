@@ -682,14 +682,20 @@ fn bench_synthetic_streams_are_identical_to_alone() {
             cmd.args(["--weights", w]);
         }
         let out = ok(cmd.output().unwrap());
-        let rows: Vec<&str> = out
-            .lines()
-            .skip_while(|l| !l.starts_with("streams,"))
-            .skip(1)
-            .collect();
+        let mut lines = out.lines().skip_while(|l| !l.starts_with("streams,"));
+        let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+        let col = |name: &str| {
+            header
+                .iter()
+                .position(|h| *h == name)
+                .unwrap_or_else(|| panic!("{family}: no column {name} in {header:?}"))
+        };
+        let (identical, batches) = (col("identical_to_alone"), col("decode_batches"));
+        let rows: Vec<&str> = lines.collect();
         assert_eq!(rows.len(), 2, "{family}: {out}");
         for (row, n) in rows.iter().zip(["1", "3"]) {
             let cols: Vec<&str> = row.split(',').collect();
+            assert_eq!(cols.len(), header.len(), "{family}: {row}");
             assert_eq!(cols[0], n, "{family}: {row}");
             assert_eq!(
                 cols[1],
@@ -697,9 +703,15 @@ fn bench_synthetic_streams_are_identical_to_alone() {
                 "{family}: {row}"
             );
             assert_eq!(
-                cols[7], "true",
+                cols[identical], "true",
                 "{family}: {row} (a stream differs from alone)"
             );
+            // The decode phase's batches: at least one, at most one per
+            // stream's forward (4 tokens and the last one's forward each;
+            // how many shared a batch depends on the threads' timing).
+            let decode_batches: usize = cols[batches].parse().unwrap();
+            let most = 5 * n.parse::<usize>().unwrap();
+            assert!((1..=most).contains(&decode_batches), "{family}: {row}");
         }
     }
 }

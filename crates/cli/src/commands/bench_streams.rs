@@ -91,17 +91,19 @@ fn turn<M: Model>(
 }
 
 /// A stream: the prompt prefilled (a zero-token turn), then, once every
-/// stream has (`ready`), its decode: the tokens, when the decode started
-/// and when it ended.
+/// stream has (`ready`) and the decode is let go (`go`), its decode: the
+/// tokens, when the decode started and when it ended.
 fn stream<M: Model>(
     model: &M,
     p: &[u32],
     args: &BenchArgs,
     ready: &Barrier,
+    go: &Barrier,
 ) -> anyhow::Result<(Vec<u32>, Instant, Instant)> {
     let mut session = LiveSession::new(model);
     let prefilled = turn(model, &mut session, p, 0, args);
     ready.wait();
+    go.wait();
     prefilled?;
     let start = Instant::now();
     let tokens = turn(model, &mut session, p, args.gen_tokens, args)?;
@@ -120,28 +122,30 @@ pub fn bench_streams<M: Model>(
         .collect();
     let alone: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| stream(model, p, args, &Barrier::new(1)).map(|t| t.0))
+        .map(|p| stream(model, p, args, &Barrier::new(1), &Barrier::new(1)).map(|t| t.0))
         .collect::<anyhow::Result<_>>()?;
     let mut rows = Vec::new();
     for &n in counts {
         let batching = BatchingModel::new(model, BatchConfig::default());
         // The streams and this thread: the counters read once every
-        // stream has prefilled are the decode phase's start.
-        let ready = Barrier::new(n + 1);
+        // stream has prefilled and before any decodes are the decode
+        // phase's start.
+        let (ready, go) = (Barrier::new(n + 1), Barrier::new(n + 1));
         let mut at_decode = None;
         let outs = std::thread::scope(|s| {
             let handles: Vec<_> = prompts[..n]
                 .iter()
                 .map(|p| {
-                    let (m, ready) = (batching.clone(), &ready);
+                    let (m, ready, go) = (batching.clone(), &ready, &go);
                     s.spawn(move || {
                         let _turn = m.join();
-                        stream(&m, p, args, ready)
+                        stream(&m, p, args, ready, go)
                     })
                 })
                 .collect();
             ready.wait();
             at_decode = Some(batching.stats());
+            go.wait();
             handles
                 .into_iter()
                 .map(|h| h.join().map_err(|_| anyhow::anyhow!("a stream panicked"))?)
