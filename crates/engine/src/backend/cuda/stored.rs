@@ -411,9 +411,12 @@ fn rows_kernel(w: &StoredWeights, x: &CudaBuf, rows: usize) -> Option<&'static s
         WeightType::BF16 => "st_rows_bf16",
         _ => return None,
     };
-    let blocks = w.rows.div_ceil(ROWS_TILE) * rows.div_ceil(ROWS_TILE);
+    let (gx, gy) = (w.rows.div_ceil(ROWS_TILE), rows.div_ceil(ROWS_TILE));
+    // The kernel's blocks do not loop: every tile needs a block of its own.
     (rows >= ROWS_FROM
-        && blocks >= ROWS_MIN_BLOCKS
+        && gx * gy >= ROWS_MIN_BLOCKS
+        && gx <= MAX_GRID
+        && gy <= MAX_GRID
         && w.cols.is_multiple_of(ROWS_CHUNK)
         && x.ptr().is_multiple_of(16))
     .then_some(name)
@@ -446,8 +449,8 @@ pub(super) fn matmul(
             name,
             Shape {
                 grid: (
-                    n.div_ceil(ROWS_TILE).clamp(1, MAX_GRID) as u32,
-                    rows.div_ceil(ROWS_TILE).clamp(1, MAX_GRID) as u32,
+                    n.div_ceil(ROWS_TILE) as u32,
+                    rows.div_ceil(ROWS_TILE) as u32,
                 ),
                 block: THREADS,
             },
@@ -486,7 +489,11 @@ pub(super) fn gather(
         let x_rows = x.len() / k;
         let (_rounded, q, d) = round_rows(dev, x, x_rows, k)?;
         let experts_in_stack = w.rows / n.max(1);
-        if pairs >= GROUP_FROM_PAIRS && experts_in_stack <= KQ_GROUP_EXPERTS {
+        // The tiles' blocks do not loop over outputs.
+        if pairs >= GROUP_FROM_PAIRS
+            && experts_in_stack <= KQ_GROUP_EXPERTS
+            && n.div_ceil(KQM_COLS) <= MAX_GRID
+        {
             // order [pairs], tiles [3 · max tiles], the tile count.
             let max_tiles = pairs.div_ceil(KQ_GROUP) + experts_in_stack;
             let tables = dev.alloc::<u32>(pairs + 3 * max_tiles + 1)?;
@@ -503,7 +510,7 @@ pub(super) fn gather(
             )?;
             let grid = Shape {
                 grid: (
-                    n.div_ceil(KQM_COLS).clamp(1, MAX_GRID) as u32,
+                    n.div_ceil(KQM_COLS).max(1) as u32,
                     max_tiles.clamp(1, MAX_GRID) as u32,
                 ),
                 block: 128,
