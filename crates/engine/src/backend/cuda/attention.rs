@@ -17,6 +17,15 @@ const TILE: usize = 64;
 /// The most queries a gathered-attention call runs a block per tile
 /// (`attention_gathered_tiles_block_f32`).
 const BLOCK_TILE_ROWS: usize = 16;
+/// Queries from which the window attention runs a block per (query, tile,
+/// 32 heads), the tile's shared keys staged once for them
+/// (`attention_window_rows32_f32`), rather than a warp per (query, head,
+/// tile) (`attention_window_tiles_f32`: faster for decode steps and verify
+/// windows, run 37). Both give the same partials.
+const WINDOW_ROWS_FROM: usize = 16;
+/// Threads and heads of an `attention_window_rows32_f32` block.
+const WINDOW_ROWS_THREADS: u32 = 256;
+const WINDOW_ROWS_HEADS: usize = 32;
 
 /// Merge `tiles` partials of `[2 + d]` per item into `[items, d]`.
 fn merge(
@@ -443,9 +452,20 @@ pub(super) fn attention_window(
     let tiles = (span.min(p) + entries_max).div_ceil(TILE).max(1);
     let items = rows * heads;
     let parts = CudaBuf::uninit(dev, items * tiles * (dim + 2))?;
+    let (kernel, shape) = if rows >= WINDOW_ROWS_FROM {
+        (
+            "attention_window_rows32_f32",
+            Shape::blocks(
+                rows * tiles * heads.div_ceil(WINDOW_ROWS_HEADS),
+                WINDOW_ROWS_THREADS,
+            ),
+        )
+    } else {
+        ("attention_window_tiles_f32", Shape::warps(items * tiles))
+    };
     dev.launch(
-        "attention_window_tiles_f32",
-        Shape::warps(items * tiles),
+        kernel,
+        shape,
         args![
             parts.ptr(),
             q.ptr(),

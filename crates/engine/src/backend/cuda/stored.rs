@@ -283,7 +283,7 @@ const KQM_COLS: usize = 64;
 /// `kq8_gather_*`, a pair a warp. Same bits either way.
 const GROUP_FROM_PAIRS: usize = 32;
 /// Pairs per grouped tile at most (`KQ_GROUP`).
-const KQ_GROUP: usize = 8;
+const KQ_GROUP: usize = 32;
 /// Experts a grouping counts at most (`KQ_GROUP_EXPERTS`).
 const KQ_GROUP_EXPERTS: usize = 1024;
 

@@ -227,21 +227,48 @@ fn cuda_gathered_attention_tiles_by_block_and_by_warp_agree() {
     rows_invariant("attention_gathered (block and warp tiles)", rows, run);
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
-fn cuda_attention_window_matches_the_cpu() {
+/// A window attention case: `rows` queries of `heads` × `dim` from
+/// position `query_first` over `p` window rows from `window_first` (a
+/// span of `span`) and `n_entries` compressed entries (none, causal at
+/// ratio 2, or the top `top` of random scores), against the CPU and
+/// invariant across row splits.
+struct WindowCase {
+    heads: usize,
+    dim: usize,
+    span: usize,
+    window_first: usize,
+    p: usize,
+    query_first: usize,
+    rows: usize,
+    n_entries: usize,
+    top: usize,
+    seed: u64,
+}
+
+fn window_case(w: WindowCase) {
     let (g, c) = (gpu(), CpuOps);
-    let (heads, dim, span) = (3, 16, 5);
-    let (window_first, p, query_first, rows) = (4, 12, 8, 6);
-    let q = rnd(rows * heads * dim, 110);
-    let window = rnd(p * dim, 111);
-    let n_entries = 7;
-    let entries = rnd(n_entries * dim, 112);
-    let sinks = rnd(heads, 113);
+    let WindowCase {
+        heads,
+        dim,
+        span,
+        window_first,
+        p,
+        query_first,
+        rows,
+        n_entries,
+        top,
+        seed,
+    } = w;
+    let q = rnd(rows * heads * dim, seed);
+    let window = rnd(p * dim, seed + 1);
+    let entries = rnd(n_entries * dim, seed + 2);
+    let sinks = rnd(heads, seed + 3);
     let (gw, ge, gs) = (up(&g, &window), up(&g, &entries), up(&g, &sinks));
-    let scores = rnd(rows * n_entries, 114);
+    let scores = rnd(rows * n_entries, seed + 4);
     let limits: Vec<usize> = (0..rows).map(|r| (r + 2).min(n_entries)).collect();
-    let csel = c.select_topk(&scores, rows, n_entries, &limits, 3).unwrap();
+    let csel = c
+        .select_topk(&scores, rows, n_entries, &limits, top)
+        .unwrap();
     for mode in 0..3 {
         let run = |r: std::ops::Range<usize>| {
             let gsel = g
@@ -250,7 +277,7 @@ fn cuda_attention_window_matches_the_cpu() {
                     r.len(),
                     n_entries,
                     &limits[r.clone()],
-                    3,
+                    top,
                 )
                 .unwrap();
             let keep = match mode {
@@ -296,7 +323,7 @@ fn cuda_attention_window_matches_the_cpu() {
             )
             .unwrap();
         check(
-            &format!("attention_window mode {mode}"),
+            &format!("attention_window {heads}x{dim} mode {mode}"),
             &run(0..rows),
             &cy,
             1e-5,
@@ -304,6 +331,48 @@ fn cuda_attention_window_matches_the_cpu() {
         );
         rows_invariant("attention_window", rows, run);
     }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_attention_window_matches_the_cpu() {
+    window_case(WindowCase {
+        heads: 3,
+        dim: 16,
+        span: 5,
+        window_first: 4,
+        p: 12,
+        query_first: 8,
+        rows: 6,
+        n_entries: 7,
+        top: 3,
+        seed: 110,
+    });
+}
+
+/// Prefill-sized calls (16 queries and more) run a block per (query,
+/// tile, 32 heads) (`attention_window_rows32_f32`), fewer a warp per
+/// (query, head, tile) (`attention_window_tiles_f32`): `rows_invariant`'s
+/// single rows and first chunk take the second, the whole call the first,
+/// so their bits are compared. 70 heads (groups of 32 + 32 + 6), dims 70
+/// (rounds of 32 and 64 with a remainder not a multiple of 4), windows of
+/// up to 90 keys and up to 70 entries (tiles of 64: full, partial and
+/// empty ones).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_attention_window_block_and_warp_kernels_have_the_same_bits() {
+    window_case(WindowCase {
+        heads: 70,
+        dim: 70,
+        span: 90,
+        window_first: 3,
+        p: 140,
+        query_first: 100,
+        rows: 40,
+        n_entries: 70,
+        top: 60,
+        seed: 150,
+    });
 }
 
 /// Continuous batching's two ops on the GPU: `attention_causal_rows` (every

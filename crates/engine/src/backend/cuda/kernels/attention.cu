@@ -389,6 +389,189 @@ extern "C" __global__ void attention_window_tiles_f32(
     }
 }
 
+// The window attention's tile partials with a block per (query row, tile,
+// group of HB heads): the window's keys are shared by all heads (one K = V
+// row a key), so the block stages the tile's keys once, WR_QK dims at a
+// time, and every head of the group scores them from shared memory. A
+// warp per (row, head, tile), a lane a key, read the same 64 key rows once
+// per head, 32 rows a load: the window attention took 72 of a 256-row
+// chunk's 320 ms (run 36) and ~50 µs a decode layer (run 32). The
+// arithmetic is `tile_partial`'s with `scaled` = 0, value for value: each
+// score the sequential dot (-0 + q_0·k_0 + q_1·k_1 + …, every product
+// rounded, then added in dim order) times `scale`; m the exact max; p =
+// expf(s − m) for the tile's keys (0 past them); l the p's added in key
+// order from 0; acc[e] the p·v added in key order from 0. So the partials,
+// and after the merge every output, keep those bits (the decode digests
+// of docs/GPU.md check it). HB = 32: the keys staged twice for
+// DeepSeek-V4's 64 heads (at 64 a thread's 16 heads took 174 registers,
+// one block an SM). For fewer than 16 rows (decode steps, verify windows)
+// the warp kernel above stays: blocks of 8 heads for one row took 75–101
+// µs a layer against its 47–55 (run 37), their rounds of staging waiting
+// on L2 with too few blocks to hide it.
+#define WR_THREADS 256
+#define WR_QK 32
+#define WR_PV 64
+// Row strides in floats: 36 keeps float4 rows 16-byte aligned with the 8
+// lanes of each quarter warp on distinct banks; 68 the same for Σ p·v.
+#define WR_KS 36
+#define WR_PS 68
+template <int HB>
+struct WinRowsSmem {
+    union {
+        struct {
+            float k[ATT_TILE][WR_KS];  // keys × dims of a round
+            float q[HB][WR_KS];        // heads × dims of a round
+        } qk;
+        float v[ATT_TILE][WR_PV + 1];  // keys × dims of a round
+    } u;
+    float p[HB][WR_PS];  // heads × keys: scores, then p
+    const float* kp[ATT_TILE];
+};
+
+template <int HB>
+__device__ __forceinline__ void window_rows(float* parts, const float* q, const float* window,
+                                            const float* entries, u64 n_entries, const u32* idx,
+                                            const u32* counts, u64 cap, u64 rows, u64 heads,
+                                            u64 dim, u64 query_first, u64 window_first, u64 span,
+                                            int mode, u64 ratio, float scale, u64 tiles) {
+    // A thread's heads: 4 groups of HPT, a group's in registers.
+    constexpr int HPT = HB / 4;
+    __shared__ __align__(16) WinRowsSmem<HB> sm;
+    u32 tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+    // Score and Σ p·v threads: key / dim j = tid % 64, heads hg·HPT ..
+    u32 j = tid % ATT_TILE, hg = tid / ATT_TILE;
+    u64 groups = (heads + HB - 1) / HB;
+    for (u64 blk = blockIdx.x; blk < rows * tiles * groups; blk += gridDim.x) {
+        u64 r = blk / (tiles * groups), tile = blk / groups % tiles;
+        u64 h0 = blk % groups * HB;
+        u32 hb = heads - h0 < (u64)HB ? (u32)(heads - h0) : (u32)HB;
+        u64 t = query_first + r;
+        u64 lo_abs = t + 1 > span ? t + 1 - span : 0;
+        if (lo_abs < window_first) lo_abs = window_first;
+        u64 lo = lo_abs - window_first, hi = t + 1 - window_first;
+        u64 ne = 0;
+        const u32* listed = 0;
+        if (mode == 1) {
+            ne = (t + 1) / (ratio ? ratio : 1);
+            if (ne > n_entries) ne = n_entries;
+        } else if (mode == 2) {
+            ne = counts[r];
+            listed = idx + r * cap;
+        }
+        WinKeys keys{window, entries, listed, lo, hi - lo, dim};
+        u64 n = hi - lo + ne;
+        u64 j0 = tile * ATT_TILE;
+        u32 cnt = j0 < n ? (u32)(n - j0 < ATT_TILE ? n - j0 : ATT_TILE) : 0;
+        float* base = parts + ((r * heads + h0) * tiles + tile) * (dim + 2);
+        u64 head_stride = tiles * (dim + 2);
+        __syncthreads();  // the previous item's readers are done
+        if (cnt == 0) {
+            // An empty tile: m = −∞, l = 0, acc = 0, as `tile_partial`.
+            for (u64 i = tid; i < (u64)hb * (dim + 2); i += WR_THREADS) {
+                u64 h = i / (dim + 2), e = i % (dim + 2);
+                base[h * head_stride + e] = e == 0 ? DS4_NEG_INF : 0.0f;
+            }
+            continue;
+        }
+        if (tid < cnt) sm.kp[tid] = keys.key(j0 + tid);
+        // Scores: thread (j, hg) keeps heads hg·HPT .. of key j.
+        float s[HPT];
+#pragma unroll
+        for (int i = 0; i < HPT; i++) s[i] = -0.0f;
+        for (u64 c0 = 0; c0 < dim; c0 += WR_QK) {
+            u32 dims = dim - c0 < WR_QK ? (u32)(dim - c0) : WR_QK;
+            __syncthreads();
+            for (u32 i = tid; i < ATT_TILE * WR_QK; i += WR_THREADS) {
+                u32 kj = i / WR_QK, e = i % WR_QK;
+                sm.u.qk.k[kj][e] = kj < cnt && e < dims ? sm.kp[kj][c0 + e] : 0.0f;
+            }
+            for (u32 i = tid; i < HB * WR_QK; i += WR_THREADS) {
+                u32 h = i / WR_QK, e = i % WR_QK;
+                sm.u.qk.q[h][e] = h < hb && e < dims ? q[(r * heads + h0 + h) * dim + c0 + e] : 0.0f;
+            }
+            __syncthreads();
+            for (u32 e = 0; e < dims; e += 4) {
+                float4 kv = *(const float4*)&sm.u.qk.k[j][e];
+#pragma unroll
+                for (int i = 0; i < HPT; i++) {
+                    float4 qv = *(const float4*)&sm.u.qk.q[hg * HPT + i][e];
+                    s[i] += qv.x * kv.x;
+                    if (e + 1 < dims) s[i] += qv.y * kv.y;
+                    if (e + 2 < dims) s[i] += qv.z * kv.z;
+                    if (e + 3 < dims) s[i] += qv.w * kv.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < HPT; i++) sm.p[hg * HPT + i][j] = j < cnt ? s[i] * scale : DS4_NEG_INF;
+        __syncthreads();
+        // Per head: the exact max (lanes over keys j and j + 32), p, and l
+        // in key order (lane 0).
+        for (u32 h = warp; h < hb; h += WR_THREADS / 32) {
+            float a = sm.p[h][lane], b = sm.p[h][lane + 32];
+            float m = warp_max(fmaxf(a, b));
+            sm.p[h][lane] = lane < cnt ? expf(a - m) : 0.0f;
+            sm.p[h][lane + 32] = lane + 32 < cnt ? expf(b - m) : 0.0f;
+            __syncwarp();
+            if (lane == 0) {
+                float l = 0.0f;
+                for (u32 i = 0; i < cnt; i++) l += sm.p[h][i];
+                base[h * head_stride] = m;
+                base[h * head_stride + 1] = l;
+            }
+            __syncwarp();
+        }
+        // Σ p·v: thread (dim c0 + j, hg) adds its heads' terms in key order.
+        for (u64 c0 = 0; c0 < dim; c0 += WR_PV) {
+            u32 dims = dim - c0 < WR_PV ? (u32)(dim - c0) : WR_PV;
+            __syncthreads();
+            for (u32 i = tid; i < ATT_TILE * WR_PV; i += WR_THREADS) {
+                u32 kj = i / WR_PV, e = i % WR_PV;
+                sm.u.v[kj][e] = kj < cnt && e < dims ? sm.kp[kj][c0 + e] : 0.0f;
+            }
+            __syncthreads();
+            float acc[HPT];
+#pragma unroll
+            for (int i = 0; i < HPT; i++) acc[i] = 0.0f;
+            u32 c4 = cnt / 4 * 4;
+            for (u32 k0 = 0; k0 < c4; k0 += 4) {
+                float v0 = sm.u.v[k0][j], v1 = sm.u.v[k0 + 1][j];
+                float v2 = sm.u.v[k0 + 2][j], v3 = sm.u.v[k0 + 3][j];
+#pragma unroll
+                for (int i = 0; i < HPT; i++) {
+                    float4 pv = *(const float4*)&sm.p[hg * HPT + i][k0];
+                    acc[i] += pv.x * v0;
+                    acc[i] += pv.y * v1;
+                    acc[i] += pv.z * v2;
+                    acc[i] += pv.w * v3;
+                }
+            }
+            for (u32 k0 = c4; k0 < cnt; k0++) {
+                float v0 = sm.u.v[k0][j];
+#pragma unroll
+                for (int i = 0; i < HPT; i++) acc[i] += sm.p[hg * HPT + i][k0] * v0;
+            }
+            if (j < dims) {
+#pragma unroll
+                for (int i = 0; i < HPT; i++) {
+                    u32 h = hg * HPT + i;
+                    if (h < hb) base[h * head_stride + 2 + c0 + j] = acc[i];
+                }
+            }
+        }
+    }
+}
+
+// Written out (the signature check reads each kernel's first statement).
+extern "C" __global__ void attention_window_rows32_f32(
+    float* parts, const float* q, const float* window, const float* entries, u64 n_entries,
+    const u32* idx, const u32* counts, u64 cap, u64 rows, u64 heads, u64 dim, u64 query_first,
+    u64 window_first, u64 span, int mode, u64 ratio, float scale, u64 tiles) {
+    dep_entry();
+    window_rows<32>(parts, q, window, entries, n_entries, idx, counts, cap, rows, heads, dim,
+                    query_first, window_first, span, mode, ratio, scale, tiles);
+}
+
 // Mean of each complete block of `ratio` rows: (0 + r_0 + …)/ratio.
 extern "C" __global__ void block_keys_f32(float* out, const float* raw, u64 dim, u64 ratio,
                                           u64 first, u64 count) {

@@ -307,58 +307,109 @@ __device__ __forceinline__ void f8_a(u32 (&a)[4], const u8* quants, u64 nb, u64 
     }
 }
 
+// The tiles' activations go through shared memory: the block's 4 warps own
+// different outputs but read the same 8·NT rounded rows and their scales,
+// so each warp loading them (8 rows a fragment, each a different 32-byte
+// sector) kept L1 95 % busy on a prefill chunk (run 36, `ncu-detail`).
+// The block copies F8_KB blocks of its rows at a time (cp.async, the next
+// stage in flight while this one is used); a staged row is F8_ROW_WORDS
+// words, the 4 spare ones putting the 8 rows of a fragment's load in 8
+// distinct bank groups. Only who loads changes: every integer sum and
+// float step is as before, so the bits are too.
+#define F8_KB 8
+#define F8_ROW_WORDS (F8_KB * 8 + 4)
+
+__device__ __forceinline__ void f8_cp4(float* smem, const float* gmem) {
+    u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+// Stage blocks b0 .. b0 + nbk of rows r0 .. r0 + R (rows past the
+// activations copy the last one, never stored) into xs / ds / ss.
+template <int Q4, int R>
+__device__ __forceinline__ void f8_stage(u32 (*xs)[F8_ROW_WORDS], float (*ds)[F8_KB + 1],
+                                         float (*ss)[F8_KB + 1], const Fast8& f, const F8Part& p,
+                                         u64 r0, u64 b0, u64 nbk) {
+    u64 sb = f.x_stride / 32;
+    u32 halves = (u32)nbk * 2;
+    for (u32 u = threadIdx.x; u < R * halves; u += blockDim.x) {
+        u32 row = u / halves, h = u % halves;
+        u64 r = r0 + row < f.rows ? r0 + row : f.rows - 1;
+        st_cp16((u8*)&xs[row][h * 4], f.q + p.x_off + r * f.x_stride + b0 * 32 + h * 16);
+    }
+    for (u32 u = threadIdx.x; u < R * (u32)nbk; u += blockDim.x) {
+        u32 row = u / (u32)nbk, bb = u % (u32)nbk;
+        u64 r = r0 + row < f.rows ? r0 + row : f.rows - 1;
+        f8_cp4(&ds[row][bb], f.d + p.x_off / 32 + r * sb + b0 + bb);
+        if (Q4) f8_cp4(&ss[row][bb], f.s + p.x_off / 32 + r * sb + b0 + bb);
+    }
+    st_commit();
+}
+
 template <int Q4, int NT>
 __device__ __forceinline__ void f8_tiles(const Fast8& f) {
+    constexpr int R = 8 * NT;
+    __shared__ __align__(16) u32 xs[2][R][F8_ROW_WORDS];
+    __shared__ float ds[2][R][F8_KB + 1];
+    __shared__ float ss[2][Q4 ? R : 1][F8_KB + 1];
     F8Part p = f8_part(f, blockIdx.x);
     u32 warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, c = lane % 4;
     u64 jb = (blockIdx.x - p.first) * 64 + warp * 16;
-    if (jb >= p.n) return;
+    // A warp past the part's outputs still stages and meets the barriers.
+    bool live = jb < p.n;
     u64 nb = f.k / 32;
-    // Rows past the matrix or the activations read the last one (never
-    // stored).
-    u64 j0 = jb + g < p.n ? jb + g : p.n - 1;
-    u64 j1 = jb + g + 8 < p.n ? jb + g + 8 : p.n - 1;
-    // Rounded rows as words, and the part's first block of a row.
-    const u32* words = (const u32*)(f.q + p.x_off);
-    const float* fd = f.d + p.x_off / 32;
-    const float* fs = f.s + p.x_off / 32;
-    u64 kw = f.x_stride / 4, sb = f.x_stride / 32;
-    for (u64 r0 = (u64)blockIdx.y * 8 * NT; r0 < f.rows; r0 += (u64)gridDim.y * 8 * NT) {
+    // Rows past the matrix read the last one (never stored).
+    u64 j0 = live && jb + g < p.n ? jb + g : p.n - 1;
+    u64 j1 = live && jb + g + 8 < p.n ? jb + g + 8 : p.n - 1;
+    for (u64 r0 = (u64)blockIdx.y * R; r0 < f.rows; r0 += (u64)gridDim.y * R) {
         float acc[NT][4];
-        u64 rb[NT], rc0[NT], rc1[NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-            u64 r = r0 + 8 * t;
-            rb[t] = r + g < f.rows ? r + g : f.rows - 1;
-            rc0[t] = r + 2 * c < f.rows ? r + 2 * c : f.rows - 1;
-            rc1[t] = r + 2 * c + 1 < f.rows ? r + 2 * c + 1 : f.rows - 1;
-        }
-        for (u64 b = 0; b < nb; b++) {
-            u32 a[4];
-            f8_a<Q4>(a, p.quants, nb, j0, j1, b, c);
-            u32 m0 = p.dm[j0 * nb + b], m1 = p.dm[j1 * nb + b];
-            float dw0 = h2f((u16)(m0 & 0xffff)), dw1 = h2f((u16)(m1 & 0xffff));
+        for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+        f8_stage<Q4, R>(xs[0], ds[0], ss[0], f, p, r0, 0, nb < F8_KB ? nb : F8_KB);
+        int s = 0;
+        for (u64 b0 = 0; b0 < nb; b0 += F8_KB, s ^= 1) {
+            u64 nbk = nb - b0 < F8_KB ? nb - b0 : F8_KB;
+            u64 next = b0 + F8_KB;
+            if (next < nb) {
+                u64 nk = nb - next < F8_KB ? nb - next : F8_KB;
+                f8_stage<Q4, R>(xs[s ^ 1], ds[s ^ 1], ss[Q4 ? s ^ 1 : 0], f, p, r0, next, nk);
+                st_wait<1>();
+            } else {
+                st_wait<0>();
+            }
+            __syncthreads();
+            if (live) {
+                for (u64 bb = 0; bb < nbk; bb++) {
+                    u64 b = b0 + bb;
+                    u32 a[4];
+                    f8_a<Q4>(a, p.quants, nb, j0, j1, b, c);
+                    u32 m0 = p.dm[j0 * nb + b], m1 = p.dm[j1 * nb + b];
+                    float dw0 = h2f((u16)(m0 & 0xffff)), dw1 = h2f((u16)(m1 & 0xffff));
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                int sums[4];
-                const u32* xb = words + rb[t] * kw + b * 8;
-                f8_mma(sums, a, xb[c], xb[4 + c]);
-                float d0 = fd[rc0[t] * sb + b], d1 = fd[rc1[t] * sb + b];
-                acc[t][0] = fmaf(dw0 * d0, (float)sums[0], acc[t][0]);
-                acc[t][1] = fmaf(dw0 * d1, (float)sums[1], acc[t][1]);
-                acc[t][2] = fmaf(dw1 * d0, (float)sums[2], acc[t][2]);
-                acc[t][3] = fmaf(dw1 * d1, (float)sums[3], acc[t][3]);
-                if (Q4) {
-                    float mw0 = h2f((u16)(m0 >> 16)), mw1 = h2f((u16)(m1 >> 16));
-                    float s0 = fs[rc0[t] * sb + b], s1 = fs[rc1[t] * sb + b];
-                    acc[t][0] = fmaf(mw0, s0, acc[t][0]);
-                    acc[t][1] = fmaf(mw0, s1, acc[t][1]);
-                    acc[t][2] = fmaf(mw1, s0, acc[t][2]);
-                    acc[t][3] = fmaf(mw1, s1, acc[t][3]);
+                    for (int t = 0; t < NT; t++) {
+                        int sums[4];
+                        const u32* xb = &xs[s][8 * t + g][bb * 8];
+                        f8_mma(sums, a, xb[c], xb[4 + c]);
+                        float d0 = ds[s][8 * t + 2 * c][bb], d1 = ds[s][8 * t + 2 * c + 1][bb];
+                        acc[t][0] = fmaf(dw0 * d0, (float)sums[0], acc[t][0]);
+                        acc[t][1] = fmaf(dw0 * d1, (float)sums[1], acc[t][1]);
+                        acc[t][2] = fmaf(dw1 * d0, (float)sums[2], acc[t][2]);
+                        acc[t][3] = fmaf(dw1 * d1, (float)sums[3], acc[t][3]);
+                        if (Q4) {
+                            float mw0 = h2f((u16)(m0 >> 16)), mw1 = h2f((u16)(m1 >> 16));
+                            float s0 = ss[Q4 ? s : 0][8 * t + 2 * c][bb];
+                            float s1 = ss[Q4 ? s : 0][8 * t + 2 * c + 1][bb];
+                            acc[t][0] = fmaf(mw0, s0, acc[t][0]);
+                            acc[t][1] = fmaf(mw0, s1, acc[t][1]);
+                            acc[t][2] = fmaf(mw1, s0, acc[t][2]);
+                            acc[t][3] = fmaf(mw1, s1, acc[t][3]);
+                        }
+                    }
                 }
             }
+            __syncthreads();
         }
+        if (!live) continue;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             u64 r = r0 + 8 * t + 2 * c;

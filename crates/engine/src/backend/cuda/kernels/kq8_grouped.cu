@@ -9,7 +9,10 @@
 // every size from 1.5 pairs an expert: removed.)
 #ifndef KQ_HOST
 
-#define KQ_GROUP 8
+// Pairs a tile holds at most (`kq8_mma.cu` runs them as sub-tiles of 8,
+// one weight decode for all): a 2,048-token chunk gives each of 256
+// experts ~48 pairs.
+#define KQ_GROUP 32
 // Experts a grouping handles at most (shared counters; `stored.rs` falls
 // back to the per-pair gather above it).
 #define KQ_GROUP_EXPERTS 1024

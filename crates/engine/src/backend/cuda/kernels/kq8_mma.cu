@@ -20,6 +20,8 @@
 
 // Warps a block (16 outputs each).
 #define KQM_WARPS 4
+// Sub-tiles of 8 pairs a tile holds at most: KQ_GROUP / 8.
+#define KQM_SUBS (KQ_GROUP / 8)
 // Bytes a staged row takes: 256 + 16, so that lane (g, c) reading word c
 // of row g's 16-byte piece hits bank 4g + c (no two lanes of a fragment
 // load on one bank).
@@ -43,11 +45,11 @@ __device__ __forceinline__ void kqm_mma(int (&c)[4], u32 a0, u32 a1, u32 b0) {
 // and the pairs' 16-value sums.
 struct KqmStage {
     u8 w[16 * KQM_STRIDE];
-    u8 x[KQ_GROUP * KQM_STRIDE];
+    u8 x[8 * KQM_STRIDE];
     signed char sc[16][16];
     signed char m[16][16];
     float d[16], dmin[16];
-    int xs[KQ_GROUP][16];
+    int xs[8][16];
 };
 
 template <class F>
@@ -64,20 +66,29 @@ __device__ __forceinline__ void kq_grouped_mma(float* y, const u8* q, const floa
     u64 nt = *ntiles;
     // The decode: lane → part p of rows lane / 8 + 4i; the staging of
     // activations: lane → 64 bytes (sub-blocks 4·(lane % 4) ..) of pair
-    // lane / 4.
+    // lane / 4 of a sub-tile.
     u32 p = lane % 8, xp = lane / 4, xq = lane % 4;
     for (u64 t = blockIdx.y; t < nt; t += gridDim.y) {
         u32 e = tiles[3 * t], first = tiles[3 * t + 1];
         u32 cnt = tiles[3 * t + 2];
-        // Pairs past the tile's count read its first (never stored).
-        u32 px = order[first + (xp < cnt ? xp : 0)];
-        u32 p0 = order[first + (2 * c < cnt ? 2 * c : 0)];
-        u32 p1 = order[first + (2 * c + 1 < cnt ? 2 * c + 1 : 0)];
-        const u8* qx = q + (u64)(px / x_div) * k + 64 * xq;
-        const float* da0 = d + (u64)(p0 / x_div) * nb;
-        const float* da1 = d + (u64)(p1 / x_div) * nb;
+        // A tile is up to KQM_SUBS sub-tiles of 8 pairs: each super-block's
+        // weights are decoded once for all of them (a 2,048-token chunk
+        // gives an expert ~48 pairs, which tiles of 8 decoded 6 times).
+        u32 subs = (cnt + 7) / 8;
+        // Per sub-tile: the pair whose activations this lane stages, and
+        // the pairs of its accumulators (pairs past the tile's count read
+        // its first, never stored).
+        u32 px[KQM_SUBS], p0[KQM_SUBS], p1[KQM_SUBS];
+        float acc[KQM_SUBS][4];
+#pragma unroll
+        for (int u = 0; u < KQM_SUBS; u++) {
+            u32 base = 8 * u;
+            px[u] = order[first + (base + xp < cnt ? base + xp : 0)];
+            p0[u] = order[first + (base + 2 * c < cnt ? base + 2 * c : 0)];
+            p1[u] = order[first + (base + 2 * c + 1 < cnt ? base + 2 * c + 1 : 0)];
+            acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+        }
         const u8* wexp = w + (u64)e * n * row_bytes;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (u64 b = 0; b < nb; b++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -102,67 +113,76 @@ __device__ __forceinline__ void kq_grouped_mma(float* y, const u8* q, const floa
                     st.dmin[r] = dm;
                 }
             }
-            {
-                const uint4* src = (const uint4*)(qx + b * KQ);
-                uint4* dst = (uint4*)(st.x + xp * KQM_STRIDE + 64 * xq);
 #pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    uint4 v = src[s];
-                    dst[s] = v;
-                    if (F::MIN) {
-                        int sum = __dp4a((int)v.x, 0x01010101, 0);
-                        sum = __dp4a((int)v.y, 0x01010101, sum);
-                        sum = __dp4a((int)v.z, 0x01010101, sum);
-                        sum = __dp4a((int)v.w, 0x01010101, sum);
-                        st.xs[xp][4 * xq + s] = sum;
+            for (int u = 0; u < KQM_SUBS; u++) {
+                if ((u32)u >= subs) break;
+                {
+                    const uint4* src = (const uint4*)(q + (u64)(px[u] / x_div) * k + 64 * xq + b * KQ);
+                    uint4* dst = (uint4*)(st.x + xp * KQM_STRIDE + 64 * xq);
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint4 v = src[s];
+                        dst[s] = v;
+                        if (F::MIN) {
+                            int sum = __dp4a((int)v.x, 0x01010101, 0);
+                            sum = __dp4a((int)v.y, 0x01010101, sum);
+                            sum = __dp4a((int)v.z, 0x01010101, sum);
+                            sum = __dp4a((int)v.w, 0x01010101, sum);
+                            st.xs[xp][4 * xq + s] = sum;
+                        }
                     }
                 }
-            }
-            __syncwarp();
-            int sumi[4] = {0, 0, 0, 0}, summ[4] = {0, 0, 0, 0};
+                __syncwarp();
+                int sumi[4] = {0, 0, 0, 0}, summ[4] = {0, 0, 0, 0};
 #pragma unroll
-            for (int s = 0; s < 16; s++) {
-                u32 a0 = *(const u32*)(st.w + g * KQM_STRIDE + 16 * s + 4 * c);
-                u32 a1 = *(const u32*)(st.w + (g + 8) * KQM_STRIDE + 16 * s + 4 * c);
-                u32 b0 = *(const u32*)(st.x + g * KQM_STRIDE + 16 * s + 4 * c);
-                int cc[4];
-                kqm_mma(cc, a0, a1, b0);
-                int s0 = st.sc[g][s], s1 = st.sc[g + 8][s];
-                sumi[0] += s0 * cc[0];
-                sumi[1] += s0 * cc[1];
-                sumi[2] += s1 * cc[2];
-                sumi[3] += s1 * cc[3];
-                if (F::MIN) {
-                    int m0 = st.m[g][s], m1 = st.m[g + 8][s];
-                    int x0 = st.xs[2 * c][s], x1 = st.xs[2 * c + 1][s];
-                    summ[0] += m0 * x0;
-                    summ[1] += m0 * x1;
-                    summ[2] += m1 * x0;
-                    summ[3] += m1 * x1;
+                for (int s = 0; s < 16; s++) {
+                    u32 a0 = *(const u32*)(st.w + g * KQM_STRIDE + 16 * s + 4 * c);
+                    u32 a1 = *(const u32*)(st.w + (g + 8) * KQM_STRIDE + 16 * s + 4 * c);
+                    u32 b0 = *(const u32*)(st.x + g * KQM_STRIDE + 16 * s + 4 * c);
+                    int cc[4];
+                    kqm_mma(cc, a0, a1, b0);
+                    int s0 = st.sc[g][s], s1 = st.sc[g + 8][s];
+                    sumi[0] += s0 * cc[0];
+                    sumi[1] += s0 * cc[1];
+                    sumi[2] += s1 * cc[2];
+                    sumi[3] += s1 * cc[3];
+                    if (F::MIN) {
+                        int m0 = st.m[g][s], m1 = st.m[g + 8][s];
+                        int x0 = st.xs[2 * c][s], x1 = st.xs[2 * c + 1][s];
+                        summ[0] += m0 * x0;
+                        summ[1] += m0 * x1;
+                        summ[2] += m1 * x0;
+                        summ[3] += m1 * x1;
+                    }
                 }
+                // The super-block's float steps (`kq_dot`'s, the same
+                // operands).
+                float a0 = d[(u64)(p0[u] / x_div) * nb + b], a1 = d[(u64)(p1[u] / x_div) * nb + b];
+                float dr0 = st.d[g], dr1 = st.d[g + 8];
+                acc[u][0] = fmaf(dr0 * a0, (float)sumi[0], acc[u][0]);
+                acc[u][1] = fmaf(dr0 * a1, (float)sumi[1], acc[u][1]);
+                acc[u][2] = fmaf(dr1 * a0, (float)sumi[2], acc[u][2]);
+                acc[u][3] = fmaf(dr1 * a1, (float)sumi[3], acc[u][3]);
+                if (F::MIN) {
+                    float m0 = st.dmin[g], m1 = st.dmin[g + 8];
+                    acc[u][0] = fmaf(-(m0 * a0), (float)summ[0], acc[u][0]);
+                    acc[u][1] = fmaf(-(m0 * a1), (float)summ[1], acc[u][1]);
+                    acc[u][2] = fmaf(-(m1 * a0), (float)summ[2], acc[u][2]);
+                    acc[u][3] = fmaf(-(m1 * a1), (float)summ[3], acc[u][3]);
+                }
+                // Every lane has read the staged activations before the
+                // next sub-tile's (or super-block's) are written.
+                __syncwarp();
             }
-            // The super-block's float steps (`kq_dot`'s, the same operands).
-            float a0 = da0[b], a1 = da1[b];
-            float dr0 = st.d[g], dr1 = st.d[g + 8];
-            acc[0] = fmaf(dr0 * a0, (float)sumi[0], acc[0]);
-            acc[1] = fmaf(dr0 * a1, (float)sumi[1], acc[1]);
-            acc[2] = fmaf(dr1 * a0, (float)sumi[2], acc[2]);
-            acc[3] = fmaf(dr1 * a1, (float)sumi[3], acc[3]);
-            if (F::MIN) {
-                float m0 = st.dmin[g], m1 = st.dmin[g + 8];
-                acc[0] = fmaf(-(m0 * a0), (float)summ[0], acc[0]);
-                acc[1] = fmaf(-(m0 * a1), (float)summ[1], acc[1]);
-                acc[2] = fmaf(-(m1 * a0), (float)summ[2], acc[2]);
-                acc[3] = fmaf(-(m1 * a1), (float)summ[3], acc[3]);
-            }
-            // Every lane has read the stage before the next one is written.
-            __syncwarp();
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u32 pi = 2 * c + (i % 2);
-            u64 j = jb + g + 8 * (i / 2);
-            if (pi < cnt && j < n) y[(u64)(i % 2 ? p1 : p0) * n + j] = acc[i];
+        for (int u = 0; u < KQM_SUBS; u++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 pi = 8 * u + 2 * c + (i % 2);
+                u64 j = jb + g + 8 * (i / 2);
+                if (pi < cnt && j < n) y[(u64)(i % 2 ? p1[u] : p0[u]) * n + j] = acc[u][i];
+            }
         }
     }
 }
