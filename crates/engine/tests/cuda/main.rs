@@ -12,5 +12,6 @@ mod bench;
 mod bench_batched;
 mod e2e;
 mod expert_split;
+mod fast_quality;
 mod ops;
 mod support;
