@@ -360,6 +360,33 @@ extern "C" __global__ void attention_gathered_tiles_block_f32(
     }
 }
 
+// Query row r's keys in the window attention (its window rows, then its
+// entries: mode 0 none, 1 the causal prefix by `ratio`, 2 the listed ones)
+// and how many.
+struct WinRow {
+    WinKeys keys;
+    u64 n;
+};
+__device__ __forceinline__ WinRow window_keys(u64 r, const float* window, const float* entries,
+                                              u64 n_entries, const u32* idx, const u32* counts,
+                                              u64 cap, u64 dim, u64 query_first,
+                                              u64 window_first, u64 span, int mode, u64 ratio) {
+    u64 t = query_first + r;
+    u64 lo_abs = t + 1 > span ? t + 1 - span : 0;
+    if (lo_abs < window_first) lo_abs = window_first;
+    u64 lo = lo_abs - window_first, hi = t + 1 - window_first;
+    u64 ne = 0;
+    const u32* listed = 0;
+    if (mode == 1) {
+        ne = (t + 1) / (ratio ? ratio : 1);
+        if (ne > n_entries) ne = n_entries;
+    } else if (mode == 2) {
+        ne = counts[r];
+        listed = idx + r * cap;
+    }
+    return WinRow{WinKeys{window, entries, listed, lo, hi - lo, dim}, hi - lo + ne};
+}
+
 // Window attention tiles (DeepSeek-V4 shared K=V over a sliding window plus
 // compressed entries); mode 0: no entries, 1: causal prefix (ratio), 2:
 // listed.
@@ -371,21 +398,9 @@ extern "C" __global__ void attention_window_tiles_f32(
     FOR_EACH_WARP(w, rows * heads * tiles) {
         u64 item = w / tiles, tile = w % tiles;
         u64 r = item / heads;
-        u64 t = query_first + r;
-        u64 lo_abs = t + 1 > span ? t + 1 - span : 0;
-        if (lo_abs < window_first) lo_abs = window_first;
-        u64 lo = lo_abs - window_first, hi = t + 1 - window_first;
-        u64 ne = 0;
-        const u32* listed = 0;
-        if (mode == 1) {
-            ne = (t + 1) / (ratio ? ratio : 1);
-            if (ne > n_entries) ne = n_entries;
-        } else if (mode == 2) {
-            ne = counts[r];
-            listed = idx + r * cap;
-        }
-        WinKeys keys{window, entries, listed, lo, hi - lo, dim};
-        tile_partial(parts + w * (dim + 2), q + item * dim, keys, hi - lo + ne, tile, dim, 0, scale);
+        WinRow row = window_keys(r, window, entries, n_entries, idx, counts, cap, dim, query_first,
+                                 window_first, span, mode, ratio);
+        tile_partial(parts + w * (dim + 2), q + item * dim, row.keys, row.n, tile, dim, 0, scale);
     }
 }
 
@@ -445,21 +460,10 @@ __device__ __forceinline__ void window_rows(float* parts, const float* q, const 
         u64 r = blk / (tiles * groups), tile = blk / groups % tiles;
         u64 h0 = blk % groups * HB;
         u32 hb = heads - h0 < (u64)HB ? (u32)(heads - h0) : (u32)HB;
-        u64 t = query_first + r;
-        u64 lo_abs = t + 1 > span ? t + 1 - span : 0;
-        if (lo_abs < window_first) lo_abs = window_first;
-        u64 lo = lo_abs - window_first, hi = t + 1 - window_first;
-        u64 ne = 0;
-        const u32* listed = 0;
-        if (mode == 1) {
-            ne = (t + 1) / (ratio ? ratio : 1);
-            if (ne > n_entries) ne = n_entries;
-        } else if (mode == 2) {
-            ne = counts[r];
-            listed = idx + r * cap;
-        }
-        WinKeys keys{window, entries, listed, lo, hi - lo, dim};
-        u64 n = hi - lo + ne;
+        WinRow row = window_keys(r, window, entries, n_entries, idx, counts, cap, dim, query_first,
+                                 window_first, span, mode, ratio);
+        const WinKeys& keys = row.keys;
+        u64 n = row.n;
         u64 j0 = tile * ATT_TILE;
         u32 cnt = j0 < n ? (u32)(n - j0 < ATT_TILE ? n - j0 : ATT_TILE) : 0;
         float* base = parts + ((r * heads + h0) * tiles + tile) * (dim + 2);
