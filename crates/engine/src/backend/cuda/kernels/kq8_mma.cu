@@ -3,9 +3,10 @@
 // pairs each): the tiles of `kq8_group_pairs` (up to KQ_GROUP pairs of one
 // expert), a warp per 16 outputs of a tile. Per super-block the warp
 // decodes its 16 weight rows into shared memory as signed bytes (with the
-// sub-block scales and minima), stages its pairs' activation bytes beside
-// them, and per 16-value sub-block runs one `mma.sync.m16n8k16.s8`: the
-// exact integer dot products of 16 rows × 8 pairs. Each is multiplied by
+// sub-block scales and minima) once for the tile, then per sub-tile of 8
+// pairs stages their activation bytes beside them and per 16-value
+// sub-block runs one `mma.sync.m16n8k16.s8`: the exact integer dot
+// products of 16 rows × 8 pairs. Each is multiplied by
 // its row's integer sub-block scale and added up (`sumi`), the minima by
 // the pairs' sub-block sums (`summ`): exact integers, the same ones
 // `kq_dot`'s lanes and shuffles add (any order gives them). The float
@@ -13,7 +14,8 @@
 // every output has the bits of `kq8_gather_*` and of the CPU fast set.
 // (Run 36: the tiles' former product, a warp per output and tile on
 // `dp4a`, took 37 % of a 256-row DeepSeek-V4 chunk; these are 1.8–3.6×
-// faster from 1.5 to 96 pairs an expert, `cuda_bench_fast_routed_experts`.)
+// faster from 1.5 to 96 pairs an expert, `cuda_bench_fast_routed_experts`;
+// run 37's sub-tiles of one decode, 1.4–1.5× again from 24 pairs.)
 // Sources are joined in order: this file uses `kq8.cu` and
 // `kq8_grouped.cu`.
 #ifndef KQ_HOST
