@@ -62,7 +62,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let path = crate::model_source::resolve(args.model.model.as_deref())?;
         let model = crate::model_source::load_model(&path, &args.model)?;
         let kernels = kernel_set::current().name();
-        let rows = ds4_engine::with_model!(&model, model => super::bench_streams::bench_streams(model, &args, &args.streams))?;
+        let probe = super::bench_streams::probe_for(&model);
+        let rows = ds4_engine::with_model!(&model, model => super::bench_streams::bench_streams(model, &args, &args.streams, &probe))?;
         let csv = super::bench_streams::to_csv(&rows, &model.backend().to_string(), kernels);
         print!("{csv}");
         if let Some(path) = &args.csv {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use ds4_engine::Model;
 use ds4_engine::batching::{BatchConfig, BatchingModel};
 use ds4_engine::decode::{self, LiveSession, TurnConfig, TurnRequest};
+use ds4_engine::families::LoadedModel;
 use ds4_sampling::{Sampler, SamplingParams};
 
 use crate::args::BenchArgs;
@@ -110,10 +111,14 @@ fn stream<M: Model>(
     Ok((tokens, start, Instant::now()))
 }
 
+/// `probe` is told when each count's decode phase starts (`None`) and
+/// ends (`Some(batches)`): the CUDA host profile's table per batch
+/// (`bench_host_gaps::streams_probe`).
 pub fn bench_streams<M: Model>(
     model: &M,
     args: &BenchArgs,
     counts: &[usize],
+    probe: &dyn Fn(Option<u64>),
 ) -> anyhow::Result<Vec<StreamsRow>> {
     let len = args.prompts.first().copied().unwrap_or(128);
     let most = counts.iter().copied().max().unwrap_or(1);
@@ -145,6 +150,7 @@ pub fn bench_streams<M: Model>(
                 .collect();
             ready.wait();
             at_decode = Some(batching.stats());
+            probe(None);
             go.wait();
             handles
                 .into_iter()
@@ -155,6 +161,7 @@ pub fn bench_streams<M: Model>(
         let last = outs.iter().map(|o| o.2).max().expect("one stream at least");
         let stats = batching.stats();
         let at = at_decode.unwrap_or_default();
+        probe(Some(stats.batches - at.batches));
         rows.push(StreamsRow {
             streams: n,
             decode_tokens: outs.iter().map(|o| o.0.len()).sum(),
@@ -168,6 +175,19 @@ pub fn bench_streams<M: Model>(
         });
     }
     Ok(rows)
+}
+
+/// The probe [`bench_streams`] reports to: the CUDA host profile's table
+/// where the model runs on a GPU (`DS4_CUDA_HOST_PROFILE=1`), nothing
+/// elsewhere.
+pub fn probe_for(loaded: &LoadedModel) -> Box<dyn Fn(Option<u64>) + '_> {
+    #[cfg(feature = "cuda")]
+    return Box::new(super::bench_host_gaps::streams_probe(loaded));
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = loaded;
+        Box::new(|_| ())
+    }
 }
 
 pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str) -> String {

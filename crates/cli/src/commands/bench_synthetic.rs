@@ -304,7 +304,8 @@ fn streams(loaded: &LoadedModel, args: &BenchArgs, kernels: &str) -> anyhow::Res
     if args.streams.contains(&0) {
         anyhow::bail!("--streams: every count must be at least 1");
     }
-    let rows = ds4_engine::with_model!(loaded, model => super::bench_streams::bench_streams(model, args, &args.streams))?;
+    let probe = super::bench_streams::probe_for(loaded);
+    let rows = ds4_engine::with_model!(loaded, model => super::bench_streams::bench_streams(model, args, &args.streams, &probe))?;
     print!(
         "{}",
         super::bench_streams::to_csv(&rows, &loaded.backend().to_string(), kernels)
@@ -437,36 +438,11 @@ fn step_profile(
         per(copies, counts[0]),
         per(allocs, counts[1])
     );
-    print_host_gaps(&gaps, STEPS);
-    Ok((launches, total - wait, wait))
-}
-
-/// The host's gaps between driver calls per step, by the call that ended
-/// each gap, largest first (`DS4_CUDA_HOST_PROFILE=1`).
-#[cfg(feature = "cuda")]
-fn print_host_gaps(rows: &[GapRow], steps: u32) {
-    let per = |ns: u64| ns as f64 / 1e6 / f64::from(steps);
-    let (gap, call): (u64, u64) = rows
-        .iter()
-        .fold((0, 0), |(g, c), r| (g + r.gap_ns, c + r.call_ns));
-    if rows.is_empty() {
-        return;
-    }
-    println!(
-        "REPORT step_host_gaps gap_ms={:.3} driver_ms={:.3} (per step; by the driver call after the gap)",
-        per(gap),
-        per(call)
+    print!(
+        "{}",
+        super::bench_host_gaps::host_gaps_report(&gaps, u64::from(STEPS), "step")
     );
-    for r in rows.iter().take(24) {
-        println!(
-            "REPORT host_gap name={} calls={:.1} gap_ms={:.3} driver_ms={:.3} gap_us_per_call={:.2}",
-            r.name,
-            r.calls as f64 / f64::from(steps),
-            per(r.gap_ns),
-            per(r.call_ns),
-            r.gap_ns as f64 / 1e3 / r.calls.max(1) as f64
-        );
-    }
+    Ok((launches, total - wait, wait))
 }
 
 /// The weights one decode step reads, in bytes.

@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod bench_host_gaps;
 pub mod bench_mtp;
 pub mod bench_nll;
 pub mod bench_streams;

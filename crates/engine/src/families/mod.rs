@@ -380,6 +380,19 @@ impl LoadedModel {
         crate::with_model!(self, m => crate::model::Model::backend(m))
     }
 
+    /// The CUDA ops a model on a GPU runs on (its launch counts and host
+    /// profile, for the benches); `None` on the CPU.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_ops(&self) -> Option<&crate::backend::CudaOps> {
+        match self {
+            LoadedModel::LlamaCuda(m) => Some(m.ops()),
+            LoadedModel::Qwen4ExpCuda(m) => Some(m.ops()),
+            LoadedModel::DeepseekV4Cuda(m) => Some(m.ops()),
+            LoadedModel::Glm5NextCuda(m) => Some(m.ops()),
+            _ => None,
+        }
+    }
+
     pub fn family_name(&self) -> &'static str {
         self.descriptor().name
     }

@@ -127,17 +127,64 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
             );
             if n == most {
                 let gaps = g.host_gaps();
-                let steps = STEPS as f64;
-                for r in gaps.iter().take(20) {
-                    println!(
-                        "REPORT batched_gap set={set} name={} calls_per_step={:.1} gap_ms={:.3} driver_ms={:.3}",
-                        r.name,
-                        r.calls as f64 / steps,
-                        r.gap_ns as f64 / 1e6 / steps,
-                        r.call_ns as f64 / 1e6 / steps
-                    );
+                print_gaps(set, &gaps, "same_thread");
+                // The same steps as `BatchingModel` runs them for
+                // `bench --streams`: each forward on another thread (the
+                // leader is whichever stream queued first) and each
+                // session's logits dropped on a thread of its own (its
+                // stream's): what the host's time costs off one warm thread.
+                let mut times = Vec::new();
+                for (step, tok) in (0..STEPS).zip(100u32..) {
+                    let toks: Vec<[u32; 1]> = (0..n).map(|i| [tok + i as u32]).collect();
+                    let states = &mut states;
+                    let (dt, outs) = std::thread::scope(|s| {
+                        s.spawn(|| {
+                            let start = Instant::now();
+                            let mut calls: Vec<_> = toks
+                                .iter()
+                                .zip(states.iter_mut())
+                                .map(|(t, s)| BatchCall {
+                                    tokens: t,
+                                    state: s,
+                                    rows: LogitsRows::Last,
+                                })
+                                .collect();
+                            let outs = m.forward_batch(&mut calls);
+                            (start.elapsed().as_secs_f64(), outs)
+                        })
+                        .join()
+                        .unwrap()
+                    });
+                    std::thread::scope(|s| {
+                        for o in outs {
+                            s.spawn(move || drop(o.unwrap()));
+                        }
+                    });
+                    if step >= 2 {
+                        times.push(dt);
+                    }
                 }
+                let step = times.iter().sum::<f64>() / times.len() as f64;
+                println!(
+                    "REPORT batched set={set} sessions={n} step_ms_thread_per_step={:.3}",
+                    step * 1e3
+                );
+                print_gaps(set, &g.host_gaps(), "thread_per_step");
             }
         }
+    }
+}
+
+/// The host profile's rows of a step (`DS4_CUDA_HOST_PROFILE=1`).
+fn print_gaps(set: &str, gaps: &[ds4_engine::backend::cuda::GapRow], how: &str) {
+    let steps = STEPS as f64;
+    for r in gaps.iter().take(20) {
+        println!(
+            "REPORT batched_gap set={set} how={how} name={} calls_per_step={:.1} gap_ms={:.3} driver_ms={:.3}",
+            r.name,
+            r.calls as f64 / steps,
+            r.gap_ns as f64 / 1e6 / steps,
+            r.call_ns as f64 / 1e6 / steps
+        );
     }
 }
