@@ -125,3 +125,16 @@ pub fn inject_streams_norm<B: Backend>(
     let n = ops.rms_norm_grouped(&out, width, width / c.max(1), scale, eps)?;
     Ok([out, n])
 }
+
+/// [`Backend::rms_matmul`]'s two ops.
+pub fn rms_matmul<B: Backend>(
+    ops: &B,
+    x: &B::Buf,
+    rows: usize,
+    ones: &B::Buf,
+    w: &B::Matrix,
+    eps: f32,
+) -> Result<B::Buf> {
+    let f = ops.rms_norm(x, ops.len(ones), ones, eps)?;
+    ops.matmul(&f, rows, w)
+}

@@ -1027,6 +1027,23 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         iters: usize,
         eps: f32,
     ) -> Result<Self::Buf>;
+    /// `matmul(rms_norm(x, width, ones, eps), rows, w)` with `ones` a
+    /// weight of ones (`width` = `w`'s input size): the mHC `fn`
+    /// projection of the normalised streams. The default runs the two ops
+    /// (every reference set); the CUDA fast set runs one launch whose sums
+    /// have an order of their own that depends on `width` alone, so a
+    /// row's outputs have the same bits in every row count (rule 6 of
+    /// `shared/specs/backend.md`).
+    fn rms_matmul(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        ones: &Self::Buf,
+        w: &Self::Matrix,
+        eps: f32,
+    ) -> Result<Self::Buf> {
+        composed::rms_matmul(self, x, rows, ones, w, eps)
+    }
     /// mHC block input: `x = Σ_s pre[s]·X[s]` (streams in order from 0),
     /// `xs: [rows, N·D]`, `mix` from [`Backend::hc_sinkhorn`] → `[rows, D]`.
     fn hc_pre(&self, xs: &Self::Buf, mix: &Self::Buf, n: usize) -> Result<Self::Buf>;

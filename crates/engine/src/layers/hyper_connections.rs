@@ -292,8 +292,15 @@ impl<B: Backend> Mhc<B> {
 
 impl<B: Backend> HyperConnection<B> for Mhc<B> {
     fn mix(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
-        let f = ops.rms_norm(xs, self.n * self.d, &self.ones, self.rms_eps)?;
-        let z = self.proj.forward(ops, &f, rows)?;
+        if ops.len(xs) != rows * self.n * self.d {
+            return Err(EngineError::State(format!(
+                "mHC streams of {} values are not {rows} rows of {} × {}",
+                ops.len(xs),
+                self.n,
+                self.d
+            )));
+        }
+        let z = ops.rms_matmul(xs, rows, &self.ones, self.proj.matrix(), self.rms_eps)?;
         let mix = ops.hc_sinkhorn(&z, &self.base, &self.scale, self.n, self.iters, self.hc_eps)?;
         Ok((ops.hc_pre(xs, &mix, self.n)?, Some(mix)))
     }

@@ -36,6 +36,7 @@ mod expert_slots;
 mod fast8;
 mod fused;
 mod graph;
+mod hc_fn;
 mod host_gaps;
 pub use device::Pdl;
 pub use host_gaps::GapRow;

@@ -38,6 +38,7 @@ pub(super) const SOURCES: &[(&str, &str)] = &[
     ("compression.cu", include_str!("kernels/compression.cu")),
     ("routing.cu", include_str!("kernels/routing.cu")),
     ("hyper.cu", include_str!("kernels/hyper.cu")),
+    ("hc_fn.cu", include_str!("kernels/hc_fn.cu")),
     ("synthetic.cu", include_str!("kernels/synthetic.cu")),
 ];
 

@@ -6,7 +6,9 @@ use super::buf::{self, CudaBuf};
 use super::graph::{self, CudaStep};
 use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
-use super::{CudaOps, attention, elementwise, expert_slots, fused, linear, norms, recurrent};
+use super::{
+    CudaOps, attention, elementwise, expert_slots, fused, hc_fn, linear, norms, recurrent,
+};
 use crate::backend::composed;
 use crate::backend::{
     Backend, BackendId, CausalRows, EntryKeep, Epilogue, GateAct, GeluForm, HeadRows, Heads,
@@ -222,6 +224,20 @@ impl Backend for CudaOps {
 
     fn rms_norm(&self, x: &CudaBuf, width: usize, w: &CudaBuf, eps: f32) -> Result<CudaBuf> {
         norms::rms_norm(&self.dev, x, width, w, eps)
+    }
+
+    fn rms_matmul(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        ones: &CudaBuf,
+        w: &CudaMatrix,
+        eps: f32,
+    ) -> Result<CudaBuf> {
+        match hc_fn::rms_matmul(&self.dev, x, rows, w, eps)? {
+            Some(y) => Ok(y),
+            None => composed::rms_matmul(self, x, rows, ones, w, eps),
+        }
     }
 
     fn rms_norm_grouped(

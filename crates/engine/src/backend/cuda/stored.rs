@@ -181,6 +181,12 @@ impl StoredWeights {
         kernels(self.ty).expect("only kept-stored types are uploaded")
     }
 
+    /// The device address of the stored bytes (row `j` of a 16-bit float
+    /// type at `2·cols·j`), for kernels of other files (`hc_fn.rs`).
+    pub(super) fn data_ptr(&self) -> u64 {
+        ptr(&self.data)
+    }
+
     /// The kernels' trailing scale arguments: grid, row offsets, block
     /// columns and their log2 (−1 when not a power of two).
     fn scale_args(&self) -> [Arg; 4] {

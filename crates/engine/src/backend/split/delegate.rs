@@ -530,6 +530,17 @@ impl<B: Backend> Backend for Split<B> {
         self.home().matmul_gated_mean(x, rows, w, streams, c, h)
     }
 
+    fn rms_matmul(
+        &self,
+        x: &B::Buf,
+        rows: usize,
+        ones: &B::Buf,
+        w: &B::Matrix,
+        eps: f32,
+    ) -> Result<B::Buf> {
+        self.home().rms_matmul(x, rows, ones, w, eps)
+    }
+
     fn inject_streams(&self, xs: &B::Buf, y: &B::Buf, inj: &B::Buf, c: usize) -> Result<B::Buf> {
         self.home().inject_streams(xs, y, inj, c)
     }

@@ -114,8 +114,13 @@ impl<B: Backend> HcHead<B> {
 
     fn forward(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<B::Buf> {
         let (n, d) = (self.n, self.d);
-        let f = ops.rms_norm(xs, n * d, &self.ones, self.rms_eps)?;
-        let z = self.proj.forward(ops, &f, rows)?;
+        if ops.len(xs) != rows * n * d {
+            return Err(EngineError::State(format!(
+                "head streams of {} values are not {rows} rows of {n} × {d}",
+                ops.len(xs)
+            )));
+        }
+        let z = ops.rms_matmul(xs, rows, &self.ones, self.proj.matrix(), self.rms_eps)?;
         let pad = ops.zeros(rows * (1 + n) * n)?;
         let z = ops.concat_cols(&[(&z, n), (&pad, (1 + n) * n)], rows)?;
         let mix = ops.hc_sinkhorn(&z, &self.base, &self.scale, n, 1, self.eps)?;
@@ -440,6 +445,10 @@ impl<B: Backend> DeepseekV4Model<B> {
     /// Use `head` as the MTP head (replacing any the model has).
     pub(super) fn set_mtp(&mut self, head: MtpHead<B>) {
         self.mtp = Some(Box::new(head));
+    }
+
+    pub fn ops(&self) -> &B {
+        &self.ops
     }
 
     pub fn config(&self) -> &DeepseekV4Config {

@@ -14,6 +14,7 @@ mod elementwise;
 mod fast8;
 mod fused;
 mod grouped;
+mod hc_fn;
 pub(crate) mod kq8;
 mod linear;
 mod memory;

@@ -1,0 +1,164 @@
+// The fast kernel set's mHC `fn` projection (`Backend::rms_matmul`,
+// `cuda/hc_fn.rs`): y[r, j] = Σ_i w[j, i] · (x[r, i] / m_r) with
+// m_r = sqrt(Σ_i x[r, i]² / k + eps), the RMS norm without a weight and the
+// product in one launch.
+//
+// Why: DeepSeek-V4's and GLM-5's streams are 4 × hidden wide (16,384) and
+// the projection has 24 outputs; the reference set's product keeps the
+// CPU's order (8 lanes a weight row, each walking k / 8 values in turn) on
+// 6 blocks and took 31.5 µs a launch for 786 KB, with the wide norm before
+// it another 8.6 µs (run 37's decode step: 3.1 ms of 15.8 for the 64
+// launches of each). Here a block of 256 threads owns one row and `OUTS`
+// outputs, so a decode row's 24 outputs take 24 blocks.
+//
+// The order (the fast set's own, rule 6 of `shared/specs/backend.md`): both
+// sums walk 8-value units, thread t the units u ≡ t (mod 256) in order and
+// a unit's values in order (fmaf), then `warp_sum`'s fixed butterfly, then
+// the 8 warps' sums added in warp order. It depends on k alone: never on
+// the row count, the grid or `OUTS` (each output's sum is the same
+// sequence whichever block computes it), so a row's outputs have the same
+// bits in a decode step, a verify window and a prefill chunk. k must be a
+// multiple of 8 (`hc_fn.rs` runs the reference's two ops otherwise, for
+// every row count alike).
+
+#define HC_FN_THREADS 256
+#define HC_FN_WARPS (HC_FN_THREADS / 32)
+
+// The 8 weights of unit `u` of weight row `row` (k values a row).
+struct HcF32 {
+    static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
+                                                float (&v)[8]) {
+        const float4* p = (const float4*)((const float*)w + row * k + u * 8);
+        float4 a = p[0], b = p[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+};
+struct HcF16 {
+    static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
+                                                float (&v)[8]) {
+        uint4 q = *(const uint4*)((const u16*)w + row * k + u * 8);
+        u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            v[2 * c] = h2f((u16)(words[c] & 0xffffu));
+            v[2 * c + 1] = h2f((u16)(words[c] >> 16));
+        }
+    }
+};
+struct HcBF16 {
+    static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
+                                                float (&v)[8]) {
+        uint4 q = *(const uint4*)((const u16*)w + row * k + u * 8);
+        u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            v[2 * c] = __uint_as_float(words[c] << 16);
+            v[2 * c + 1] = __uint_as_float(words[c] & 0xffff0000u);
+        }
+    }
+};
+
+// The block's sum of each thread's `a[o]` (o < N): butterfly per warp,
+// then warps in order; every thread gets the sums. `part` holds N × 8.
+template <int N>
+__device__ __forceinline__ void hc_fn_block_sum(float (&a)[N], float* part) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int o = 0; o < N; o++) {
+        float s = warp_sum(a[o]);
+        if (lane == 0) part[o * HC_FN_WARPS + warp] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int o = 0; o < N; o++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < HC_FN_WARPS; q++) s += part[o * HC_FN_WARPS + q];
+        a[o] = s;
+    }
+    __syncthreads();
+}
+
+// Grid: x over groups of `OUTS` outputs, y over rows (both loop).
+template <class W, int OUTS>
+__device__ __forceinline__ void hc_fn(float* y, const float* x, u64 rows, const void* w, u64 n,
+                                      u64 k, float eps) {
+    __shared__ float part[OUTS * HC_FN_WARPS];
+    u64 units = k / 8;
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float* xr = x + r * k;
+        float ss[1] = {0.0f};
+        for (u64 u = threadIdx.x; u < units; u += HC_FN_THREADS) {
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                float v = xr[u * 8 + c];
+                ss[0] = fmaf(v, v, ss[0]);
+            }
+        }
+        hc_fn_block_sum<1>(ss, part);
+        float m = sqrtf(ss[0] / (float)k + eps);
+        for (u64 j0 = (u64)blockIdx.x * OUTS; j0 < n; j0 += (u64)gridDim.x * OUTS) {
+            float acc[OUTS];
+#pragma unroll
+            for (int o = 0; o < OUTS; o++) acc[o] = 0.0f;
+            for (u64 u = threadIdx.x; u < units; u += HC_FN_THREADS) {
+                float f[8];
+#pragma unroll
+                for (int c = 0; c < 8; c++) f[c] = xr[u * 8 + c] / m;
+#pragma unroll
+                for (int o = 0; o < OUTS; o++) {
+                    if (j0 + o < n) {
+                        float v[8];
+                        W::unit(w, j0 + o, k, u, v);
+#pragma unroll
+                        for (int c = 0; c < 8; c++) acc[o] = fmaf(v[c], f[c], acc[o]);
+                    }
+                }
+            }
+            hc_fn_block_sum<OUTS>(acc, part);
+            if (threadIdx.x < OUTS && j0 + threadIdx.x < n) {
+                // Read the sum of output `threadIdx.x` without a dynamic
+                // register index.
+                float s = acc[0];
+#pragma unroll
+                for (int o = 1; o < OUTS; o++)
+                    if (threadIdx.x == (unsigned)o) s = acc[o];
+                y[r * n + j0 + threadIdx.x] = s;
+            }
+        }
+    }
+}
+
+// One output a block (decode rows, verify windows: every SM a block) and 8
+// a block (prefill chunks: each row's values read once for 8 outputs).
+extern "C" __global__ void hc_fn_f32_o1(float* y, const float* x, u64 rows, const float* w, u64 n,
+                                        u64 k, float eps) {
+    dep_entry();
+    hc_fn<HcF32, 1>(y, x, rows, w, n, k, eps);
+}
+extern "C" __global__ void hc_fn_f32_o8(float* y, const float* x, u64 rows, const float* w, u64 n,
+                                        u64 k, float eps) {
+    dep_entry();
+    hc_fn<HcF32, 8>(y, x, rows, w, n, k, eps);
+}
+extern "C" __global__ void hc_fn_f16_o1(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                        u64 k, float eps) {
+    dep_entry();
+    hc_fn<HcF16, 1>(y, x, rows, w, n, k, eps);
+}
+extern "C" __global__ void hc_fn_f16_o8(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                        u64 k, float eps) {
+    dep_entry();
+    hc_fn<HcF16, 8>(y, x, rows, w, n, k, eps);
+}
+extern "C" __global__ void hc_fn_bf16_o1(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                         u64 k, float eps) {
+    dep_entry();
+    hc_fn<HcBF16, 1>(y, x, rows, w, n, k, eps);
+}
+extern "C" __global__ void hc_fn_bf16_o8(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                         u64 k, float eps) {
+    dep_entry();
+    hc_fn<HcBF16, 8>(y, x, rows, w, n, k, eps);
+}
