@@ -14,7 +14,8 @@ use crate::error::{EngineError, Result};
 /// The most experts a router picks per token (the kernels keep the chosen
 /// ids in registers).
 pub const MAX_TOP_K: usize = 64;
-/// Experts `route_softmax_topk_block_f32` keeps (ROUTE_THREADS · ROUTE_PER).
+/// Experts the block routing kernels keep (`route_softmax_topk_block_f32`,
+/// `route_scored_block_f32`: ROUTE_THREADS · ROUTE_PER).
 const ROUTE_BLOCK_EXPERTS: usize = 512;
 /// The most expert groups of a group-limited router.
 pub const MAX_GROUPS: usize = 64;
@@ -142,6 +143,27 @@ pub(super) fn route_scored(
     let r = routing(dev, rows, k, e)?;
     if rows == 0 || k == 0 {
         return Ok(r);
+    }
+    if fixed.is_none() && spec.groups.is_none() && e <= ROUTE_BLOCK_EXPERTS {
+        // A block per row: the warp kernel's bits (see the kernel).
+        return dev
+            .launch(
+                "route_scored_block_f32",
+                Shape::blocks(rows, 128),
+                args![
+                    r.experts.ptr(),
+                    r.weights.ptr(),
+                    logits.ptr(),
+                    bias.map_or(0, |b| b.ptr()),
+                    rows,
+                    e,
+                    k as i32,
+                    (spec.scoring == Scoring::Sigmoid) as i32,
+                    spec.renormalise as i32,
+                    spec.scale
+                ],
+            )
+            .map(|()| r);
     }
     let fixed = fixed.map(|f| dev.upload(f)).transpose()?;
     let (groups, keep) = spec.groups.unwrap_or((0, 0));

@@ -155,6 +155,57 @@ fn cuda_routers_match_the_cpu() {
     );
 }
 
+/// The scored router's block kernel (no groups, no fixed experts, up to
+/// 512 experts) against its warp kernel, bit for bit: one group that keeps
+/// every expert runs the warp kernel on the same choices. Tied choices
+/// (lower index first), the best all in one warp's experts, the largest k,
+/// fewer experts than threads, with and without a bias, both scorings.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_route_scored_block_and_warp_kernels_have_the_same_bits() {
+    let g = gpu();
+    for (e, k) in [(256, 6), (512, 10), (384, 64), (100, 10)] {
+        let rows = 5;
+        let mut logits: Vec<f32> = rnd(rows * e, 140).iter().map(|v| 4.0 * v).collect();
+        for r in 0..rows {
+            for i in [5, e / 2, e - 1] {
+                logits[r * e + i] = 6.0;
+            }
+            if r % 2 == 1 {
+                for i in 32..96.min(e) {
+                    logits[r * e + i] = 8.0 + i as f32 / 64.0;
+                }
+            }
+        }
+        let bias: Vec<f32> = rnd(e, 141).iter().map(|v| 0.1 * v).collect();
+        let (l, gb) = (up(&g, &logits), up(&g, &bias));
+        for scoring in [Scoring::SqrtSoftplus, Scoring::Sigmoid] {
+            for use_bias in [false, true] {
+                let spec = |groups| RouterSpec {
+                    scoring,
+                    experts: e,
+                    k,
+                    groups,
+                    renormalise: true,
+                    scale: 1.5,
+                };
+                let run = |groups| {
+                    let r = g
+                        .route_scored(&l, rows, use_bias.then_some(&gb), None, &spec(groups))
+                        .unwrap();
+                    g.routing_to_host(&r).unwrap()
+                };
+                let (be, bw) = run(None);
+                let (we, ww) = run(Some((1, 1)));
+                let what = format!("route_scored e={e} k={k} {scoring:?} bias={use_bias}");
+                assert_eq!(be, we, "{what}: experts");
+                assert_eq!(bits(&bw), bits(&ww), "{what}: weights");
+            }
+        }
+    }
+    println!("REPORT op=route_scored_block identical to the warp kernel (ties, k up to 64)");
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_select_topk_matches_the_cpu_with_ties() {

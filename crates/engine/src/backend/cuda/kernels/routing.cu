@@ -387,6 +387,87 @@ extern "C" __global__ void route_scored_f32(u32* experts, float* weights, const 
     }
 }
 
+// `route_scored_f32` without groups or fixed experts, for up to
+// ROUTE_THREADS · ROUTE_PER experts, a block per row, with its bits: each
+// choice value is the same `route_score` (+ bias) of the same logit, the k
+// best under the strict order (larger value, then lower index) are one
+// list however they are found (two stages, as `route_softmax_topk_block_f32`
+// finds them), and the weights are the same sequence (the chosen scores
+// summed in slot order from +0, + 1e-20, each score / that · scale). Run
+// 37's DeepSeek-V4 decode step had the warp kernel at 23 µs a layer (one
+// warp walking 256 experts for each of 6 picks).
+extern "C" __global__ void route_scored_block_f32(u32* experts, float* weights,
+                                                  const float* logits, const float* bias,
+                                                  u64 rows, u64 n_exp, int k, int sigmoid,
+                                                  int renormalise, float scale) {
+    dep_entry();
+    __shared__ u32 ckey[(ROUTE_THREADS / 32) * ROUTE_MAX_K];
+    __shared__ u32 cidx[(ROUTE_THREADS / 32) * ROUTE_MAX_K];
+    __shared__ u32 slot[ROUTE_MAX_K];
+    const int warps = ROUTE_THREADS / 32;
+    unsigned tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* x = logits + r * n_exp;
+        // Thread (warp w, lane l) keeps experts l + 32·(ROUTE_PER·w + j).
+        u32 keys[ROUTE_PER];
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER; j++) {
+            u32 e = lane + 32 * (ROUTE_PER * warp + j);
+            keys[j] = 0;
+            if (e < n_exp) {
+                float c = route_score(x[e], sigmoid);
+                if (bias) c = c + bias[e];
+                keys[j] = total_key(c);
+            }
+        }
+        // This warp's k best, as in `route_softmax_topk_block_f32`.
+        u32 taken = 0;
+        for (int s = 0; s < k; s++) {
+            u32 best = 0, bi = 0xffffffffu;
+#pragma unroll
+            for (int j = 0; j < ROUTE_PER; j++) {
+                u32 e = lane + 32 * (ROUTE_PER * warp + j);
+                bool open = e < n_exp && !((taken >> j) & 1u);
+                if (open && (bi == 0xffffffffu || keys[j] > best)) {
+                    best = keys[j];
+                    bi = e;
+                }
+            }
+            u32 top = __reduce_max_sync(FULL_MASK, bi == 0xffffffffu ? 0u : best);
+            u32 win = __reduce_min_sync(FULL_MASK, bi != 0xffffffffu && best == top ? bi : 0xffffffffu);
+            if (win != 0xffffffffu && (win & 31u) == lane) taken |= 1u << ((win >> 5) % ROUTE_PER);
+            if (lane == 0) {
+                ckey[warp * k + s] = top;
+                cidx[warp * k + s] = win;
+            }
+        }
+        __syncthreads();
+        u32 nc = (u32)(warps * k);
+        for (u32 c = tid; c < nc; c += ROUTE_THREADS) {
+            u32 ic = cidx[c], kc = ckey[c], before = 0;
+            if (ic == 0xffffffffu) continue;
+            for (u32 o = 0; o < nc; o++)
+                before += cidx[o] != 0xffffffffu && ranks_before(ckey[o], cidx[o], kc, ic);
+            if (before < (u32)k) slot[before] = ic;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float denom = 1.0f;
+            if (renormalise) {
+                float sum = 0.0f;
+                for (int s = 0; s < k; s++) sum += route_score(x[slot[s]], sigmoid);
+                denom = sum + 1e-20f;
+            }
+            for (int s = 0; s < k; s++) {
+                experts[r * k + s] = slot[s];
+                weights[r * k + s] = route_score(x[slot[s]], sigmoid) / denom * scale;
+            }
+        }
+        // The next row reuses the shared arrays.
+        __syncthreads();
+    }
+}
+
 // Pools of `pool` tokens to tokens (GLM-5's DSA): row r (token t = base +
 // r) lists the tokens of each selected pool in order, then with `tail` the
 // incomplete tail ⌊(t+1)/pool⌋·pool ..= t. One thread per output slot.
