@@ -26,7 +26,7 @@ use crate::support::{bits, gpu};
 
 const TOL: f32 = 1e-4;
 
-fn fixtures() -> PathBuf {
+pub(crate) fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
@@ -285,7 +285,7 @@ fn mtp_exactness<M: Model>(what: &str, m: &M) {
     );
 }
 
-fn exactness<M: Model>(what: &str, m: &M) {
+pub(crate) fn exactness<M: Model>(what: &str, m: &M) {
     chunking(what, m);
     warm_equals_cold(what, m);
     mtp_exactness(what, m);

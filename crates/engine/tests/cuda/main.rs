@@ -12,6 +12,7 @@ mod bench;
 mod bench_batched;
 mod e2e;
 mod expert_split;
+mod fast_exact;
 mod fast_quality;
 mod ops;
 mod support;
