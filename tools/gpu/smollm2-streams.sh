@@ -29,7 +29,7 @@ DS4_SMOLLM2_GGUF=$gguf DS4_CUDA_HOST_PROFILE=${HOST_PROFILE:-0} timeout "${BATCH
 : > "$OUT/smollm2-streams.log"
 for set in ${KERNELS:-reference fast}; do
   echo "== ds4server bench -m smollm2-shaped.gguf --device cuda --kernels $set --streams ${STREAMS:-1,8,32,64} --prompts 128 --gen 32" | tee -a "$OUT/smollm2-streams.log"
-  timeout "${STREAMS_S:-200}" "$bin/ds4server" bench -m "$gguf" --device cuda --kernels "$set" --streams "${STREAMS:-1,8,32,64}" \
+  DS4_CUDA_HOST_PROFILE=${HOST_PROFILE:-0} timeout "${STREAMS_S:-200}" "$bin/ds4server" bench -m "$gguf" --device cuda --kernels "$set" --streams "${STREAMS:-1,8,32,64}" \
     --prompts 128 --gen 32 2>&1 | tee -a "$OUT/smollm2-streams.log"
   echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/smollm2-streams.log"
 done

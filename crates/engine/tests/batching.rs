@@ -129,32 +129,69 @@ fn batched_equals_solo<M: Model>(model: M, vocab: u32, expect_batches: bool) {
             gather: Duration::from_millis(2),
         },
     );
-    let ready = std::sync::Barrier::new(jobs.len());
-    let together: Vec<Trace> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .map(|j| {
-                let (m, ready) = (batching.clone(), &ready);
-                s.spawn(move || {
-                    // Every session joins before any forwards, so the
-                    // first batches wait for all four (however fast the
-                    // model, and however the threads are scheduled).
-                    let _turn = m.join();
-                    ready.wait();
-                    run(&m, j)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
-        assert_eq!(a, b, "session {i}: batched differs from alone");
-        assert_eq!(a.tokens.len(), jobs[i].max_tokens);
+    for executor in [false, true] {
+        let before = batching.stats();
+        let together = together(&batching, &jobs, executor);
+        let after = batching.stats();
+        assert_eq!(
+            after.executed - before.executed,
+            if executor {
+                after.batches - before.batches
+            } else {
+                0
+            },
+            "the executor runs every batch while it runs, and only then"
+        );
+        for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
+            assert_eq!(
+                a, b,
+                "session {i}: batched differs from alone (executor {executor})"
+            );
+            assert_eq!(a.tokens.len(), jobs[i].max_tokens);
+        }
     }
     let stats = batching.stats();
     if expect_batches {
         assert!(stats.largest >= 2, "no forward shared a batch: {stats:?}");
         assert!(stats.batches < stats.forwards, "{stats:?}");
+    }
+}
+
+/// Every job on a thread of its own through `batching`: the batches run
+/// by their leaders, or with `executor` on `BatchingModel::with_executor`'s
+/// thread.
+fn together<M: Model + Sync>(
+    batching: &BatchingModel<'_, M>,
+    jobs: &[Job],
+    executor: bool,
+) -> Vec<Trace>
+where
+    M::State: Send,
+{
+    let run_all = || {
+        let ready = std::sync::Barrier::new(jobs.len());
+        std::thread::scope(|s| {
+            let handles: Vec<_> = jobs
+                .iter()
+                .map(|j| {
+                    let (m, ready) = (batching.clone(), &ready);
+                    s.spawn(move || {
+                        // Every session joins before any forwards, so the
+                        // first batches wait for all four (however fast the
+                        // model, and however the threads are scheduled).
+                        let _turn = m.join();
+                        ready.wait();
+                        run(&m, j)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    if executor {
+        batching.with_executor(run_all)
+    } else {
+        run_all()
     }
 }
 

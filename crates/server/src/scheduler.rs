@@ -198,7 +198,10 @@ pub fn spawn(
                             ..BatchConfig::default()
                         },
                     );
-                    serve(&bm, Some(&bm), &settings, &env, rx, lane_tx, ready_tx)
+                    // The lanes' batches on a thread of their own.
+                    bm.with_executor(|| {
+                        serve(&bm, Some(&bm), &settings, &env, rx, lane_tx, ready_tx)
+                    })
                 } else {
                     serve(m, None, &settings, &env, rx, lane_tx, ready_tx)
                 }

@@ -137,25 +137,28 @@ pub fn bench_streams<M: Model>(
         // phase's start.
         let (ready, go) = (Barrier::new(n + 1), Barrier::new(n + 1));
         let mut at_decode = None;
-        let outs = std::thread::scope(|s| {
-            let handles: Vec<_> = prompts[..n]
-                .iter()
-                .map(|p| {
-                    let (m, ready, go) = (batching.clone(), &ready, &go);
-                    s.spawn(move || {
-                        let _turn = m.join();
-                        stream(&m, p, args, ready, go)
+        // The batches on a thread of their own, as the server runs them.
+        let outs = batching.with_executor(|| {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = prompts[..n]
+                    .iter()
+                    .map(|p| {
+                        let (m, ready, go) = (batching.clone(), &ready, &go);
+                        s.spawn(move || {
+                            let _turn = m.join();
+                            stream(&m, p, args, ready, go)
+                        })
                     })
-                })
-                .collect();
-            ready.wait();
-            at_decode = Some(batching.stats());
-            probe(None);
-            go.wait();
-            handles
-                .into_iter()
-                .map(|h| h.join().map_err(|_| anyhow::anyhow!("a stream panicked"))?)
-                .collect::<anyhow::Result<Vec<_>>>()
+                    .collect();
+                ready.wait();
+                at_decode = Some(batching.stats());
+                probe(None);
+                go.wait();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().map_err(|_| anyhow::anyhow!("a stream panicked"))?)
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })
         })?;
         let first = outs.iter().map(|o| o.1).min().expect("one stream at least");
         let last = outs.iter().map(|o| o.2).max().expect("one stream at least");
