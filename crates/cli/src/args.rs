@@ -131,10 +131,11 @@ pub struct KernelsArg {
     /// parity is proven on) or `fast` (on the CPU: activations rounded to
     /// int8 with one scale per 32 values and integer dot products for
     /// block-quantized weights; faster, with its own bits, and its own
-    /// checkpoint identity). Default: `DS4_KERNELS`, else fast on the CPU
-    /// (its quality against reference is measured: bench/README.md). On
-    /// CUDA the default is reference; `fast` there runs int8 activations
-    /// for the super-block types (Q2_K–Q6_K, IQ2_XXS: docs/GPU.md).
+    /// checkpoint identity). Default: `DS4_KERNELS`, else fast (its
+    /// quality against reference is measured on the CPU and on CUDA:
+    /// bench/README.md, docs/GPU.md run 38). On CUDA `fast` runs int8
+    /// activations for the block types (Q8_0, Q4_1, Q2_K–Q6_K, IQ2_XXS)
+    /// and its own mHC projection.
     #[arg(long, value_name = "SET", value_parser = kernel_set)]
     pub kernels: Option<KernelSet>,
 }

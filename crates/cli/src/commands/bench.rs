@@ -72,7 +72,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let loaded = crate::model_source::load(args.model.model.as_deref(), &args.model)?;
-    // The set this process fixed before the load (CUDA: its reference set).
+    // The set this process fixed before the load.
     let kernels = kernel_set::current().name();
     if let Some(path) = &args.nll {
         let report = ds4_engine::with_model!(&loaded.model, model => super::bench_nll::bench_nll(model, &loaded.tokenizer, &args, path, kernels))?;
