@@ -190,6 +190,53 @@ extern "C" __global__ void route_softmax_topk_f32(u32* experts, float* weights,
 #define ROUTE_THREADS 128
 #define ROUTE_PER 4
 
+// The block routers' two stages (`route_softmax_topk_block_f32`,
+// `route_scored_block_f32`). First, this warp's k best of the experts its
+// lanes keep (`keys[j]`: expert lane + 32·(ROUTE_PER·warp + j); fewer when
+// it holds fewer experts) into candidates warp·k + s: each round, the
+// largest key of the lanes' best open experts (a lane's own in index order,
+// so its first of equal keys), then the lowest index holding it, two warp
+// reductions.
+__device__ __forceinline__ void route_warp_best(const u32 (&keys)[ROUTE_PER], u64 n_exp, int k,
+                                                u32* ckey, u32* cidx) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    u32 taken = 0;
+    for (int s = 0; s < k; s++) {
+        u32 best = 0, bi = 0xffffffffu;
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER; j++) {
+            u32 e = lane + 32 * (ROUTE_PER * warp + j);
+            bool open = e < n_exp && !((taken >> j) & 1u);
+            if (open && (bi == 0xffffffffu || keys[j] > best)) {
+                best = keys[j];
+                bi = e;
+            }
+        }
+        u32 top = __reduce_max_sync(FULL_MASK, bi == 0xffffffffu ? 0u : best);
+        u32 win = __reduce_min_sync(FULL_MASK, bi != 0xffffffffu && best == top ? bi : 0xffffffffu);
+        if (win != 0xffffffffu && (win & 31u) == lane) taken |= 1u << ((win >> 5) % ROUTE_PER);
+        if (lane == 0) {
+            ckey[warp * k + s] = top;
+            cidx[warp * k + s] = win;
+        }
+    }
+}
+
+// Then (after a barrier) each of the `nc` candidates counts those ranked
+// before it, which is its slot when below k: every expert ranked before one
+// of the k best is itself one of its warp's k best, so the count is its
+// rank overall.
+__device__ __forceinline__ void route_rank_candidates(const u32* ckey, const u32* cidx, u32 nc,
+                                                      int k, u32* slot) {
+    for (u32 c = threadIdx.x; c < nc; c += ROUTE_THREADS) {
+        u32 ic = cidx[c], kc = ckey[c], before = 0;
+        if (ic == 0xffffffffu) continue;
+        for (u32 o = 0; o < nc; o++)
+            before += cidx[o] != 0xffffffffu && ranks_before(ckey[o], cidx[o], kc, ic);
+        if (before < (u32)k) slot[before] = ic;
+    }
+}
+
 // `route_softmax_topk_f32` for up to ROUTE_THREADS · ROUTE_PER experts, a
 // block per row, with its bits: the max is exact in any order, each p is
 // the same expf of the same difference, warp 0 sums the p as the warp
@@ -243,30 +290,7 @@ extern "C" __global__ void route_softmax_topk_block_f32(u32* experts, float* wei
                 sp[e] = pv[j];
             }
         }
-        // This warp's k best (fewer when it holds fewer experts): each
-        // round, the largest key of the lanes' best open experts (a lane's
-        // own in index order, so its first of equal keys), then the lowest
-        // index holding it, two warp reductions.
-        u32 taken = 0;
-        for (int s = 0; s < k; s++) {
-            u32 best = 0, bi = 0xffffffffu;
-#pragma unroll
-            for (int j = 0; j < ROUTE_PER; j++) {
-                u32 e = lane + 32 * (ROUTE_PER * warp + j);
-                bool open = e < n_exp && !((taken >> j) & 1u);
-                if (open && (bi == 0xffffffffu || keys[j] > best)) {
-                    best = keys[j];
-                    bi = e;
-                }
-            }
-            u32 top = __reduce_max_sync(FULL_MASK, bi == 0xffffffffu ? 0u : best);
-            u32 win = __reduce_min_sync(FULL_MASK, bi != 0xffffffffu && best == top ? bi : 0xffffffffu);
-            if (win != 0xffffffffu && (win & 31u) == lane) taken |= 1u << ((win >> 5) % ROUTE_PER);
-            if (lane == 0) {
-                ckey[warp * k + s] = top;
-                cidx[warp * k + s] = win;
-            }
-        }
+        route_warp_best(keys, n_exp, k, ckey, cidx);
         __syncthreads();
         if (warp == 0) {
             float part = 0.0f;
@@ -274,14 +298,7 @@ extern "C" __global__ void route_softmax_topk_block_f32(u32* experts, float* wei
             float total = warp_sum(part);
             if (lane == 0) sh_sum = total;
         }
-        u32 nc = (u32)(warps * k);
-        for (u32 c = tid; c < nc; c += ROUTE_THREADS) {
-            u32 ic = cidx[c], kc = ckey[c], before = 0;
-            if (ic == 0xffffffffu) continue;
-            for (u32 o = 0; o < nc; o++)
-                before += cidx[o] != 0xffffffffu && ranks_before(ckey[o], cidx[o], kc, ic);
-            if (before < (u32)k) slot[before] = ic;
-        }
+        route_rank_candidates(ckey, cidx, (u32)(warps * k), k, slot);
         __syncthreads();
         // p/Σ of each slot, their sum in slot order from -0, each weight.
         if (tid < (unsigned)k) top_p[tid] = sp[slot[tid]] / sh_sum;
@@ -420,36 +437,9 @@ extern "C" __global__ void route_scored_block_f32(u32* experts, float* weights,
                 keys[j] = total_key(c);
             }
         }
-        // This warp's k best, as in `route_softmax_topk_block_f32`.
-        u32 taken = 0;
-        for (int s = 0; s < k; s++) {
-            u32 best = 0, bi = 0xffffffffu;
-#pragma unroll
-            for (int j = 0; j < ROUTE_PER; j++) {
-                u32 e = lane + 32 * (ROUTE_PER * warp + j);
-                bool open = e < n_exp && !((taken >> j) & 1u);
-                if (open && (bi == 0xffffffffu || keys[j] > best)) {
-                    best = keys[j];
-                    bi = e;
-                }
-            }
-            u32 top = __reduce_max_sync(FULL_MASK, bi == 0xffffffffu ? 0u : best);
-            u32 win = __reduce_min_sync(FULL_MASK, bi != 0xffffffffu && best == top ? bi : 0xffffffffu);
-            if (win != 0xffffffffu && (win & 31u) == lane) taken |= 1u << ((win >> 5) % ROUTE_PER);
-            if (lane == 0) {
-                ckey[warp * k + s] = top;
-                cidx[warp * k + s] = win;
-            }
-        }
+        route_warp_best(keys, n_exp, k, ckey, cidx);
         __syncthreads();
-        u32 nc = (u32)(warps * k);
-        for (u32 c = tid; c < nc; c += ROUTE_THREADS) {
-            u32 ic = cidx[c], kc = ckey[c], before = 0;
-            if (ic == 0xffffffffu) continue;
-            for (u32 o = 0; o < nc; o++)
-                before += cidx[o] != 0xffffffffu && ranks_before(ckey[o], cidx[o], kc, ic);
-            if (before < (u32)k) slot[before] = ic;
-        }
+        route_rank_candidates(ckey, cidx, (u32)(warps * k), k, slot);
         __syncthreads();
         if (tid == 0) {
             float denom = 1.0f;
