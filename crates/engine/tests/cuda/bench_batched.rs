@@ -87,16 +87,7 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
                 let toks: Vec<[u32; 1]> = (0..n).map(|i| [tok + i as u32]).collect();
                 let w0 = g.sync_wait_ns();
                 let start = Instant::now();
-                let mut calls: Vec<_> = toks
-                    .iter()
-                    .zip(states.iter_mut())
-                    .map(|(t, s)| BatchCall {
-                        tokens: t,
-                        state: s,
-                        rows: LogitsRows::Last,
-                    })
-                    .collect();
-                let outs = m.forward_batch(&mut calls);
+                let outs = m.forward_batch(&mut decode_calls(&toks, &mut states));
                 let dt = start.elapsed().as_secs_f64();
                 let outs: Vec<_> = outs.into_iter().map(|r| r.unwrap()).collect();
                 if step == 0 && n == counts[0] {
@@ -140,16 +131,7 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
                     let (dt, outs) = std::thread::scope(|s| {
                         s.spawn(|| {
                             let start = Instant::now();
-                            let mut calls: Vec<_> = toks
-                                .iter()
-                                .zip(states.iter_mut())
-                                .map(|(t, s)| BatchCall {
-                                    tokens: t,
-                                    state: s,
-                                    rows: LogitsRows::Last,
-                                })
-                                .collect();
-                            let outs = m.forward_batch(&mut calls);
+                            let outs = m.forward_batch(&mut decode_calls(&toks, states));
                             (start.elapsed().as_secs_f64(), outs)
                         })
                         .join()
@@ -173,6 +155,18 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
             }
         }
     }
+}
+
+/// One decode row a session: `toks[i]` after session `i`'s state.
+fn decode_calls<'a, S>(toks: &'a [[u32; 1]], states: &'a mut [S]) -> Vec<BatchCall<'a, S>> {
+    toks.iter()
+        .zip(states.iter_mut())
+        .map(|(t, s)| BatchCall {
+            tokens: t,
+            state: s,
+            rows: LogitsRows::Last,
+        })
+        .collect()
 }
 
 /// The host profile's rows of a step (`DS4_CUDA_HOST_PROFILE=1`).
