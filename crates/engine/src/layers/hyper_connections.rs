@@ -249,7 +249,6 @@ pub struct Mhc<B: Backend> {
     /// Ones `[N·D]`: the normalisation has no weight.
     ones: B::Buf,
     n: usize,
-    d: usize,
     iters: usize,
     hc_eps: f32,
     rms_eps: f32,
@@ -282,7 +281,6 @@ impl<B: Backend> Mhc<B> {
             scale,
             ones: ops.upload(&vec![1.0; n * d])?,
             n,
-            d,
             iters,
             hc_eps,
             rms_eps,
@@ -292,15 +290,9 @@ impl<B: Backend> Mhc<B> {
 
 impl<B: Backend> HyperConnection<B> for Mhc<B> {
     fn mix(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<(B::Buf, Option<B::Buf>)> {
-        if ops.len(xs) != rows * self.n * self.d {
-            return Err(EngineError::State(format!(
-                "mHC streams of {} values are not {rows} rows of {} × {}",
-                ops.len(xs),
-                self.n,
-                self.d
-            )));
-        }
-        let z = ops.rms_matmul(xs, rows, &self.ones, self.proj.matrix(), self.rms_eps)?;
+        let z = self
+            .proj
+            .forward_rms(ops, xs, rows, &self.ones, self.rms_eps)?;
         let mix = ops.hc_sinkhorn(&z, &self.base, &self.scale, self.n, self.iters, self.hc_eps)?;
         Ok((ops.hc_pre(xs, &mix, self.n)?, Some(mix)))
     }

@@ -39,6 +39,20 @@ impl<B: Backend> Linear<B> {
         ops.matmul(x, rows, &self.w)
     }
 
+    /// `x` normalised by its RMS without a weight (`ones`, `in` ones), then
+    /// multiplied ([`Backend::rms_matmul`]: the mHC `fn` projection).
+    pub fn forward_rms(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        ones: &B::Buf,
+        eps: f32,
+    ) -> Result<B::Buf> {
+        self.check(ops, x, rows)?;
+        ops.rms_matmul(x, rows, ones, &self.w, eps)
+    }
+
     /// [`Self::forward`], then `chain` ([`Backend::matmul_unary`]: one
     /// launch on a device for a decode row).
     pub fn forward_unary(

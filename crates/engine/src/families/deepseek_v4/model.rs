@@ -87,7 +87,6 @@ pub(super) struct HcHead<B: Backend> {
     scale: B::Buf,
     ones: B::Buf,
     n: usize,
-    d: usize,
     eps: f32,
     rms_eps: f32,
 }
@@ -106,21 +105,16 @@ impl<B: Backend> HcHead<B> {
             scale: ops.upload(&[scale, 1.0, 1.0])?,
             ones: ops.upload(&vec![1.0; n * d])?,
             n,
-            d,
             eps: cfg.hc_eps,
             rms_eps: cfg.rms_norm_eps,
         })
     }
 
     fn forward(&self, ops: &B, xs: &B::Buf, rows: usize) -> Result<B::Buf> {
-        let (n, d) = (self.n, self.d);
-        if ops.len(xs) != rows * n * d {
-            return Err(EngineError::State(format!(
-                "head streams of {} values are not {rows} rows of {n} × {d}",
-                ops.len(xs)
-            )));
-        }
-        let z = ops.rms_matmul(xs, rows, &self.ones, self.proj.matrix(), self.rms_eps)?;
+        let n = self.n;
+        let z = self
+            .proj
+            .forward_rms(ops, xs, rows, &self.ones, self.rms_eps)?;
         let pad = ops.zeros(rows * (1 + n) * n)?;
         let z = ops.concat_cols(&[(&z, n), (&pad, (1 + n) * n)], rows)?;
         let mix = ops.hc_sinkhorn(&z, &self.base, &self.scale, n, 1, self.eps)?;
