@@ -6,8 +6,9 @@ use ds4_engine::backend::cuda::GapRow;
 use ds4_engine::families::LoadedModel;
 
 /// The gaps between driver calls per `unit` (a step, a batch) over `n` of
-/// them, by the driver call that ended each gap, largest first; empty when
-/// nothing was profiled.
+/// them, by the driver call that ended each gap, largest first, then the
+/// largest by transition (the call before the gap and the one after);
+/// empty when nothing was profiled.
 pub fn host_gaps_report(rows: &[GapRow], n: u64, unit: &str) -> String {
     use std::fmt::Write as _;
     let n = n.max(1) as f64;
@@ -16,7 +17,8 @@ pub fn host_gaps_report(rows: &[GapRow], n: u64, unit: &str) -> String {
     if rows.is_empty() {
         return out;
     }
-    let (gap, call): (u64, u64) = rows
+    let (calls, pairs): (Vec<&GapRow>, Vec<&GapRow>) = rows.iter().partition(|r| r.after.is_none());
+    let (gap, call): (u64, u64) = calls
         .iter()
         .fold((0, 0), |(g, c), r| (g + r.gap_ns, c + r.call_ns));
     let _ = writeln!(
@@ -25,7 +27,7 @@ pub fn host_gaps_report(rows: &[GapRow], n: u64, unit: &str) -> String {
         per(gap),
         per(call)
     );
-    for r in rows.iter().take(24) {
+    for r in calls.iter().take(24) {
         let _ = writeln!(
             out,
             "REPORT host_gap name={} calls={:.1} gap_ms={:.3} driver_ms={:.3} gap_us_per_call={:.2}",
@@ -33,6 +35,17 @@ pub fn host_gaps_report(rows: &[GapRow], n: u64, unit: &str) -> String {
             r.calls as f64 / n,
             per(r.gap_ns),
             per(r.call_ns),
+            r.gap_ns as f64 / 1e3 / r.calls.max(1) as f64
+        );
+    }
+    for r in pairs.iter().take(16) {
+        let _ = writeln!(
+            out,
+            "REPORT host_gap_after after={} name={} calls={:.1} gap_ms={:.3} gap_us_per_call={:.2}",
+            r.after.as_deref().unwrap_or("-"),
+            r.name,
+            r.calls as f64 / n,
+            per(r.gap_ns),
             r.gap_ns as f64 / 1e3 / r.calls.max(1) as f64
         );
     }

@@ -428,7 +428,8 @@ fn step_profile(
     let [copies, allocs] = m.ops().host_counts();
     let gaps = m.ops().host_gaps();
     let driver_ms = |keep: fn(&GapRow) -> bool| {
-        per(gaps.iter().filter(|r| keep(r)).map(|r| r.call_ns).sum(), 0) / 1e6
+        let calls = gaps.iter().filter(|r| r.after.is_none() && keep(r));
+        per(calls.map(|r| r.call_ns).sum(), 0) / 1e6
     };
     println!(
         "REPORT step_host_profile launch_ms={:.3} copy_ms={:.3} copies={:.1} driver_allocs={:.1} \

@@ -172,13 +172,25 @@ fn decode_calls<'a, S>(toks: &'a [[u32; 1]], states: &'a mut [S]) -> Vec<BatchCa
 /// The host profile's rows of a step (`DS4_CUDA_HOST_PROFILE=1`).
 fn print_gaps(set: &str, gaps: &[ds4_engine::backend::cuda::GapRow], how: &str) {
     let steps = STEPS as f64;
-    for r in gaps.iter().take(20) {
+    let (calls, pairs): (Vec<_>, Vec<_>) = gaps.iter().partition(|r| r.after.is_none());
+    for r in calls.iter().take(20) {
         println!(
             "REPORT batched_gap set={set} how={how} name={} calls_per_step={:.1} gap_ms={:.3} driver_ms={:.3}",
             r.name,
             r.calls as f64 / steps,
             r.gap_ns as f64 / 1e6 / steps,
             r.call_ns as f64 / 1e6 / steps
+        );
+    }
+    // Per transition: whose host code a gap was (the first call of a
+    // step's gap spans the loop's own work between steps).
+    for r in pairs.iter().take(12) {
+        println!(
+            "REPORT batched_gap_after set={set} how={how} after={} name={} calls_per_step={:.1} gap_ms={:.3}",
+            r.after.as_deref().unwrap_or("-"),
+            r.name,
+            r.calls as f64 / steps,
+            r.gap_ns as f64 / 1e6 / steps
         );
     }
 }

@@ -5,8 +5,11 @@
 //! between driver calls (the model's layers, buffer bookkeeping). This
 //! attributes every gap between the end of one driver call and the start of
 //! the next to the call that ends it (named by its kernel or kind), so a
-//! report can say which op's host-side preparation costs what. Off unless
-//! asked for: two clock reads and a lock per driver call.
+//! report can say which op's host-side preparation costs what. The same
+//! gaps are also counted per transition (the call before the gap and the
+//! call after it): a gap before an upload says little when several ops
+//! upload, the pair says whose host code it was. Off unless asked for: two
+//! clock reads and a lock per driver call.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,6 +19,9 @@ use std::time::Instant;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GapRow {
     pub name: String,
+    /// The driver call before the gap, on transition rows (`None`: the
+    /// row counts every gap before `name`).
+    pub after: Option<String>,
     pub calls: u64,
     /// Host time from the previous driver call's end to this call's start.
     pub gap_ns: u64,
@@ -56,7 +62,9 @@ impl GapRow {
 #[derive(Default)]
 struct Totals {
     last_end: Option<Instant>,
+    last_name: Option<&'static str>,
     rows: HashMap<&'static str, (u64, u64, u64)>,
+    pairs: HashMap<(&'static str, &'static str), (u64, u64, u64)>,
 }
 
 /// The profile: `None` inside when profiling is off.
@@ -78,18 +86,23 @@ impl HostGaps {
             let gap = t.last_end.map_or(std::time::Duration::ZERO, |l| {
                 start.saturating_duration_since(l)
             });
+            let (gap, call) = (gap.as_nanos() as u64, (end - start).as_nanos() as u64);
             let e = t.rows.entry(name).or_default();
-            e.0 += 1;
-            e.1 += gap.as_nanos() as u64;
-            e.2 += (end - start).as_nanos() as u64;
+            *e = (e.0 + 1, e.1 + gap, e.2 + call);
+            if let Some(prev) = t.last_name {
+                let e = t.pairs.entry((prev, name)).or_default();
+                *e = (e.0 + 1, e.1 + gap, e.2 + call);
+            }
             t.last_end = Some(end);
+            t.last_name = Some(name);
         }
         r
     }
 
-    /// The totals so far, largest gap first, and start counting afresh
-    /// (the next call's gap is not counted: it spans the caller's own
-    /// work between reports).
+    /// The totals so far, largest gap first: per driver call, then per
+    /// transition ([`GapRow::after`] set); and start counting afresh (the
+    /// next call's gap is not counted: it spans the caller's own work
+    /// between reports).
     pub fn take(&self) -> Vec<GapRow> {
         let Some(m) = &self.0 else {
             return Vec::new();
@@ -102,13 +115,33 @@ impl HostGaps {
             .drain()
             .map(|(name, (calls, gap_ns, call_ns))| GapRow {
                 name: name.to_string(),
+                after: None,
+                calls,
+                gap_ns,
+                call_ns,
+            })
+            .collect();
+        let mut pairs: Vec<GapRow> = t
+            .pairs
+            .drain()
+            .map(|((after, name), (calls, gap_ns, call_ns))| GapRow {
+                name: name.to_string(),
+                after: Some(after.to_string()),
                 calls,
                 gap_ns,
                 call_ns,
             })
             .collect();
         t.last_end = None;
-        rows.sort_by(|a, b| b.gap_ns.cmp(&a.gap_ns).then(a.name.cmp(&b.name)));
+        t.last_name = None;
+        let order = |a: &GapRow, b: &GapRow| {
+            (b.gap_ns.cmp(&a.gap_ns))
+                .then(a.name.cmp(&b.name))
+                .then(a.after.cmp(&b.after))
+        };
+        rows.sort_by(order);
+        pairs.sort_by(order);
+        rows.extend(pairs);
         rows
     }
 }
@@ -128,21 +161,36 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(5));
         on.call("b", || ());
         on.call("a", || ());
-        let rows = on.take();
+        let all = on.take();
+        let rows: Vec<_> = all.iter().filter(|r| r.after.is_none()).cloned().collect();
         assert_eq!(rows.len(), 2);
         // The sleep is the gap before "b", the largest.
         assert_eq!(rows[0].name, "b");
         assert!(rows[0].gap_ns >= 5_000_000, "{rows:?}");
         assert_eq!(rows[1].calls, 2);
+        // Per transition: a → b (the sleep), b → a; the first call has no
+        // call before it.
+        let pairs: Vec<_> = all[2..]
+            .iter()
+            .map(|r| (r.after.as_deref(), r.name.as_str(), r.calls))
+            .collect();
+        assert_eq!(pairs, [(Some("a"), "b", 1), (Some("b"), "a", 1)]);
+        assert!(all[2].gap_ns >= 5_000_000);
         assert!(rows.iter().all(GapRow::is_kernel));
         on.call(HTOD_WRITE, || ());
         on.call(GRAPH_LAUNCH, || ());
         let rows = on.take();
         assert!(rows.iter().all(|r| !r.is_kernel()));
-        assert_eq!(rows.iter().filter(|r| r.is_upload()).count(), 1);
+        assert_eq!(
+            rows.iter()
+                .filter(|r| r.is_upload() && r.after.is_none())
+                .count(),
+            1
+        );
         // Taken: counting starts afresh, the first gap is not counted.
         on.call("c", || ());
         let rows = on.take();
         assert_eq!((rows[0].name.as_str(), rows[0].gap_ns), ("c", 0));
+        assert_eq!(rows.len(), 1, "no transition into the first call");
     }
 }
