@@ -138,3 +138,40 @@ pub fn rms_matmul<B: Backend>(
     let f = ops.rms_norm(x, ops.len(ones), ones, eps)?;
     ops.matmul(&f, rows, w)
 }
+
+/// `all` cut into consecutive parts of `lens[i]` values each
+/// ([`Backend::download_parts`]); the lengths must add up to `all`'s.
+pub fn split_parts(all: &[f32], lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+    if lens.iter().sum::<usize>() != all.len() {
+        return Err(EngineError::State(format!(
+            "parts of {} values in all from {} values",
+            lens.iter().sum::<usize>(),
+            all.len()
+        )));
+    }
+    let mut at = 0;
+    Ok(lens
+        .iter()
+        .map(|&n| {
+            at += n;
+            all[at - n..at].to_vec()
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_parts;
+
+    #[test]
+    fn parts_are_cut_in_order_and_must_add_up() {
+        let all: Vec<f32> = (0..7).map(|i| i as f32).collect();
+        let parts = split_parts(&all, &[2, 0, 4, 1]).unwrap();
+        assert_eq!(
+            parts,
+            [vec![0.0, 1.0], vec![], vec![2.0, 3.0, 4.0, 5.0], vec![6.0]]
+        );
+        assert!(split_parts(&all, &[2, 4]).is_err());
+        assert!(split_parts(&all, &[8]).is_err());
+    }
+}

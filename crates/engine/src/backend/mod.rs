@@ -372,6 +372,14 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
     /// The one read-back: logits rows, and state export.
     fn download(&self, x: &Self::Buf) -> Result<Vec<f32>>;
+    /// `x` read back as consecutive parts of `lens[i]` values (a batch's
+    /// logits, one part a session), which must add up to its length. The
+    /// default splits one [`Backend::download`]; a backend may fill the
+    /// parts without the whole on the host first.
+    fn download_parts(&self, x: &Self::Buf, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let all = self.download(x)?;
+        composed::split_parts(&all, lens)
+    }
     fn zeros(&self, n: usize) -> Result<Self::Buf>;
     fn len(&self, x: &Self::Buf) -> usize;
     /// Rows `first .. first + count` of `x: [_, width]`, copied.

@@ -88,21 +88,26 @@ pub(crate) fn wanted_rows<B: Backend, S>(
     Ok((wanted, counts))
 }
 
-/// One head's logits `[Σ counts, vocab]` back per call.
-pub(crate) fn split_logits(logits: &[f32], vocab: usize, counts: &[usize]) -> Vec<ForwardOutput> {
-    let mut from = 0;
-    counts
-        .iter()
-        .map(|&n| {
-            let out = ForwardOutput {
-                logits: logits[from * vocab..(from + n) * vocab].to_vec(),
-                rows: n,
-                vocab,
-            };
-            from += n;
-            out
+/// A batch's logits `[Σ counts, vocab]` read back straight into each
+/// call's output (`counts[i]` rows each): one host copy of the values
+/// ([`Backend::download_parts`]).
+pub(crate) fn download_logits<B: Backend>(
+    ops: &B,
+    logits: &B::Buf,
+    vocab: usize,
+    counts: &[usize],
+) -> Result<Vec<ForwardOutput>> {
+    let lens: Vec<usize> = counts.iter().map(|&n| n * vocab).collect();
+    Ok(ops
+        .download_parts(logits, &lens)?
+        .into_iter()
+        .zip(counts)
+        .map(|(logits, &rows)| ForwardOutput {
+            logits,
+            rows,
+            vocab,
         })
-        .collect()
+        .collect())
 }
 
 /// Whether a forward alone would accept `tokens` after `len` tokens of

@@ -548,6 +548,10 @@ impl Backend for CpuOps {
         Ok(x.clone())
     }
 
+    fn download_parts(&self, x: &Vec<f32>, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        crate::backend::composed::split_parts(x, lens)
+    }
+
     fn zeros(&self, n: usize) -> Result<Vec<f32>> {
         Ok(vec![0.0; n])
     }

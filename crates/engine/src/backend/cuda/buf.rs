@@ -85,6 +85,20 @@ pub(super) fn download(dev: &Device, x: &CudaBuf) -> Result<Vec<f32>> {
     dev.download(&x.mem, x.len)
 }
 
+pub(super) fn download_parts(dev: &Device, x: &CudaBuf, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+    if lens.iter().sum::<usize>() != x.len {
+        return Err(shape_err(
+            "download_parts",
+            format!(
+                "parts of {} values in all from {} values",
+                lens.iter().sum::<usize>(),
+                x.len
+            ),
+        ));
+    }
+    dev.download_parts(&x.mem, lens)
+}
+
 pub(super) fn zeros(dev: &Device, n: usize) -> Result<CudaBuf> {
     Ok(CudaBuf::from_mem(dev.alloc_zeros(n)?, n))
 }

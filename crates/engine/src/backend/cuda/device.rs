@@ -20,6 +20,7 @@ use super::linear::ManyArgs;
 use super::mem::{DevMem, Pool};
 use super::nvrtc;
 use super::signature::{self, Param};
+use super::staging::Staging;
 use crate::backend::KernelSet;
 use crate::error::{EngineError, Result};
 
@@ -221,6 +222,8 @@ pub(super) struct Device {
     pub copies: AtomicU64,
     /// The host's gaps between driver calls, per call (profiling only).
     pub(super) gaps: HostGaps,
+    /// Page-locked memory downloads land in.
+    staging: Staging,
 }
 
 impl std::fmt::Debug for Device {
@@ -332,6 +335,7 @@ impl Device {
         // Kernels whose ring is dynamic shared memory past the 48 KB a
         // block gets without asking: allowed once here, where the device
         // has room (the launcher checks `shared_optin` before using them).
+        let staging = Staging::new(ctx.clone());
         let shared_optin = ctx
             .attribute(
                 driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -370,6 +374,7 @@ impl Device {
             sync_wait_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             gaps: HostGaps::new(std::env::var("DS4_CUDA_HOST_PROFILE").is_ok_and(|v| v == "1")),
+            staging,
         })
     }
 
@@ -638,29 +643,76 @@ impl Device {
         m: &DevMem<T>,
         n: usize,
     ) -> Result<Vec<T>> {
-        let mut host = vec![T::default(); n];
-        if n > 0 {
-            if n > m.len() {
-                return Err(EngineError::Device(format!(
-                    "reading {n} values of a block of {}",
-                    m.len()
-                )));
-            }
-            // Wait for the queued work first: a copy into pageable memory
-            // waits for it inside the copy, where `sync_wait_ns` would not
-            // see the host waiting for the device.
-            self.sync()?;
-            self.bind()?;
-            // SAFETY: `host` holds n elements and `m` at least n; queued
-            // after every write to `m`, then waited for.
-            self.gaps
-                .call(host_gaps::DTOH_COPY, || unsafe {
-                    driver::memcpy_dtoh_async(&mut host, m.ptr(), self.stream.cu_stream())
-                })
-                .map_err(|e| dev_err("device-to-host copy", e))?;
+        let mut parts = self.download_parts(m, &[n])?;
+        Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// The first `Σ lens` elements of `m` on the host as consecutive parts
+    /// of `lens[i]` elements (waits for the stream). The device writes into
+    /// the page-locked staging block ([`Staging`]), piece by piece where
+    /// the whole is larger, and each piece is copied into the parts (never
+    /// zeroed first): one host copy of every value.
+    pub fn download_parts<T: DeviceRepr + Default + Clone>(
+        &self,
+        m: &DevMem<T>,
+        lens: &[usize],
+    ) -> Result<Vec<Vec<T>>> {
+        let n: usize = lens.iter().sum();
+        if n > m.len() {
+            return Err(EngineError::Device(format!(
+                "reading {n} values of a block of {}",
+                m.len()
+            )));
         }
+        let size = std::mem::size_of::<T>().max(1);
+        let mut parts: Vec<Vec<T>> = lens.iter().map(|&l| Vec::with_capacity(l)).collect();
+        if n == 0 {
+            return Ok(parts);
+        }
+        // Wait for the queued work first: the copies below wait for it
+        // inside the driver, where `sync_wait_ns` would not see the host
+        // waiting for the device.
         self.sync()?;
-        Ok(host)
+        self.bind()?;
+        self.staging.with(n * size, |block, bytes| {
+            let per = (bytes / size).max(1);
+            // The part being filled and how far.
+            let (mut part, mut filled) = (0, 0);
+            let mut at = 0;
+            while at < n {
+                let count = per.min(n - at);
+                // SAFETY: the block holds `bytes` ≥ count · size bytes and
+                // `m` at least `n` elements; the copy is waited for before
+                // the block is read.
+                self.gaps
+                    .call(host_gaps::DTOH_COPY, || unsafe {
+                        driver_sys::cuMemcpyDtoHAsync_v2(
+                            block.cast::<c_void>(),
+                            m.ptr() + (at * size) as u64,
+                            count * size,
+                            self.stream.cu_stream(),
+                        )
+                        .result()
+                    })
+                    .map_err(|e| dev_err("device-to-host copy", e))?;
+                self.sync()?;
+                // SAFETY: the block is initialised (zeroed when allocated,
+                // then written by the copy just waited for), page-aligned
+                // and holds `count` values of `T`.
+                let mut piece = unsafe { std::slice::from_raw_parts(block.cast::<T>(), count) };
+                while !piece.is_empty() {
+                    while filled == lens[part] {
+                        (part, filled) = (part + 1, 0);
+                    }
+                    let take = (lens[part] - filled).min(piece.len());
+                    parts[part].extend_from_slice(&piece[..take]);
+                    (piece, filled) = (&piece[take..], filled + take);
+                }
+                at += count;
+            }
+            Ok(())
+        })?;
+        Ok(parts)
     }
 
     /// Copy `n` elements `src[from ..]` → `dst[to ..]` on the stream.

@@ -48,6 +48,7 @@ mod ops;
 mod recurrent;
 mod select;
 mod signature;
+mod staging;
 mod stored;
 mod weights;
 mod window_rows;

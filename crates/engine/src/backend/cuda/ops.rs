@@ -42,6 +42,10 @@ impl Backend for CudaOps {
         buf::download(&self.dev, x)
     }
 
+    fn download_parts(&self, x: &CudaBuf, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        buf::download_parts(&self.dev, x, lens)
+    }
+
     fn zeros(&self, n: usize) -> Result<CudaBuf> {
         buf::zeros(&self.dev, n)
     }

@@ -52,6 +52,10 @@ impl<B: Backend> Backend for Split<B> {
         self.home().download(x)
     }
 
+    fn download_parts(&self, x: &B::Buf, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        self.home().download_parts(x, lens)
+    }
+
     fn zeros(&self, n: usize) -> Result<B::Buf> {
         self.home().zeros(n)
     }

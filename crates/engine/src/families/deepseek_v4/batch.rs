@@ -13,7 +13,7 @@ use super::model::{DecoderLayer, DeepseekV4Model};
 use super::state::DeepseekV4State;
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::families::batch_split::{accepts, split_batch, split_logits, wanted_rows};
+use crate::families::batch_split::{accepts, download_logits, split_batch, wanted_rows};
 use crate::model::{BatchCall, ForwardOutput, LogitsRows, Model};
 
 /// One session's part of a batched layer: its rows, caches and rotations.
@@ -114,7 +114,8 @@ impl<B: Backend> DeepseekV4Model<B> {
         // The streams each call wants, one after another, then one head.
         let (wanted, counts) = wanted_rows(ops, &xs, c * h, calls)?;
         let total: usize = counts.iter().sum();
-        let all = self.logits(&wanted, total, &self.hc_head, &self.norm, LogitsRows::All)?;
-        Ok(split_logits(&all.logits, vocab, &counts))
+        let (all, _) =
+            self.logits_on_device(&wanted, total, &self.hc_head, &self.norm, LogitsRows::All)?;
+        download_logits(&self.ops, &all, vocab, &counts)
     }
 }

@@ -466,6 +466,24 @@ impl<B: Backend> DeepseekV4Model<B> {
         norm: &RmsNorm<B>,
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
+        let (logits, n) = self.logits_on_device(streams, t, hc_head, norm, rows)?;
+        Ok(ForwardOutput {
+            logits: self.ops.download(&logits)?,
+            rows: n,
+            vocab: self.cfg.vocab_size,
+        })
+    }
+
+    /// [`Self::logits`] before the read-back: the logits `[n, vocab]` on
+    /// the backend and their row count `n`.
+    pub(super) fn logits_on_device(
+        &self,
+        streams: &B::Buf,
+        t: usize,
+        hc_head: &HcHead<B>,
+        norm: &RmsNorm<B>,
+        rows: LogitsRows,
+    ) -> Result<(B::Buf, usize)> {
         let ops = &self.ops;
         let nd = self.cfg.hc_mult * self.cfg.hidden_size;
         let (s, n) = match rows {
@@ -473,12 +491,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             LogitsRows::Last => (ops.rows(streams, nd, t - 1, 1)?, 1),
         };
         let x = norm.forward(ops, &hc_head.forward(ops, &s, n)?)?;
-        let logits = self.head.forward(ops, &x, n)?;
-        Ok(ForwardOutput {
-            logits: ops.download(&logits)?,
-            rows: n,
-            vocab: self.cfg.vocab_size,
-        })
+        Ok((self.head.forward(ops, &x, n)?, n))
     }
 
     /// A trunk forward of `tokens` after everything `state` covers, with

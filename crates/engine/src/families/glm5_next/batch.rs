@@ -30,7 +30,7 @@ use super::state::{Glm5NextState, LayerCache};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
-    accepts, concat_rows as concat, split_batch, split_logits, split_rows, wanted_rows,
+    accepts, concat_rows as concat, download_logits, split_batch, split_rows, wanted_rows,
 };
 use crate::layers::hyper_connections::HyperConnection;
 use crate::model::ForwardOutput;
@@ -175,7 +175,7 @@ impl<B: Backend> Glm5NextModel<B> {
         let hidden = self.norm.forward(ops, &ops.mean_streams(&xs, n, d)?)?;
         let (wanted, counts) = wanted_rows(ops, &hidden, d, calls)?;
         let total: usize = counts.iter().sum();
-        let all = self.logits(&wanted, total)?;
-        Ok(split_logits(&all.logits, vocab, &counts))
+        let all = self.logits_on_device(&wanted, total)?;
+        download_logits(ops, &all, vocab, &counts)
     }
 }

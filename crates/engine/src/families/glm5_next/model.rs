@@ -139,12 +139,17 @@ impl<B: Backend> Glm5NextModel<B> {
     }
 
     pub(super) fn logits(&self, x: &B::Buf, rows: usize) -> Result<ForwardOutput> {
-        let logits = self.lm_head.forward(&self.ops, x, rows)?;
+        let logits = self.logits_on_device(x, rows)?;
         Ok(ForwardOutput {
             logits: self.ops.download(&logits)?,
             rows,
             vocab: self.cfg.vocab_size,
         })
+    }
+
+    /// [`Self::logits`] before the read-back.
+    pub(super) fn logits_on_device(&self, x: &B::Buf, rows: usize) -> Result<B::Buf> {
+        self.lm_head.forward(&self.ops, x, rows)
     }
 
     /// A trunk forward of `tokens` after everything `state` covers, with

@@ -9,7 +9,7 @@
 use super::model::{Block, LlamaModel, LlamaState};
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::families::batch_split::{split_batch, split_logits, wanted_rows};
+use crate::families::batch_split::{download_logits, split_batch, wanted_rows};
 use crate::layers::attention::AttnPart;
 use crate::layers::embedding::embed_tokens;
 use crate::layers::rope::RopeRows;
@@ -110,11 +110,9 @@ impl<B: Backend> LlamaModel<B> {
         // The rows each call wants, one after another, then one head.
         let (wanted, counts) = wanted_rows(ops, &x, hidden, calls)?;
         let total: usize = counts.iter().sum();
-        let logits = ops.download(&self.head.forward(
-            ops,
-            &self.norm.forward(ops, &wanted)?,
-            total,
-        )?)?;
-        Ok(split_logits(&logits, vocab, &counts))
+        let logits = self
+            .head
+            .forward(ops, &self.norm.forward(ops, &wanted)?, total)?;
+        download_logits(ops, &logits, vocab, &counts)
     }
 }

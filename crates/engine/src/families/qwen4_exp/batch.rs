@@ -28,7 +28,7 @@ use super::state::{LayerCache, Qwen4ExpState};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
-    accepts, concat_rows as concat, split_batch, split_logits, split_rows, wanted_rows,
+    accepts, concat_rows as concat, download_logits, split_batch, split_rows, wanted_rows,
 };
 use crate::layers::hyper_connections::Streams;
 use crate::layers::rope::{MRope, Positions, RopeRows};
@@ -224,7 +224,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let (wanted, counts) = wanted_rows(ops, &normed, c * h, calls)?;
         let total: usize = counts.iter().sum();
         let (x, _) = self.mixer.mix_normed(ops, &wanted, total)?;
-        let logits = ops.download(&self.lm_head.forward(ops, &x, total)?)?;
-        Ok(split_logits(&logits, vocab, &counts))
+        let logits = self.lm_head.forward(ops, &x, total)?;
+        download_logits(ops, &logits, vocab, &counts)
     }
 }

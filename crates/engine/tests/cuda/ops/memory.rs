@@ -82,6 +82,39 @@ fn cuda_memory_ops_match_the_cpu() {
     assert!(z.iter().all(|&v| v == 0.0) && z.len() == 33);
 }
 
+/// Downloads land in a page-locked block of at most 64 MiB, in pieces past
+/// it: sizes below, at and past the block (and its growth from 1 MiB) read
+/// back every value.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_downloads_of_every_size_read_back_every_value() {
+    let g = gpu();
+    let block = (64usize << 20) / 4;
+    for n in [0, 1, 1000, (1 << 18) + 3, block, block + 1, 2 * block + 7] {
+        let x: Vec<f32> = (0..n).map(|i| (i as f32).sqrt() - (i % 7) as f32).collect();
+        let back = g.download(&g.upload(&x).unwrap()).unwrap();
+        assert_eq!(back.len(), n);
+        assert!(bits(&back) == bits(&x), "{n} values");
+    }
+    // Parts (a batch's logits) across the pieces, empty ones included,
+    // against the CPU's split of the same values.
+    let lens = [block - 3, 10, 0, block + 5, 1];
+    let n: usize = lens.iter().sum();
+    let x: Vec<f32> = (0..n).map(|i| (i as f32) * 0.5 - 3.0).collect();
+    let got = g.download_parts(&g.upload(&x).unwrap(), &lens).unwrap();
+    let want = CpuOps.download_parts(&x, &lens).unwrap();
+    assert_eq!(got.len(), lens.len());
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(a.len(), lens[i]);
+        assert!(bits(a) == bits(b), "part {i}");
+    }
+    assert!(
+        g.download_parts(&g.upload(&x).unwrap(), &lens[..2])
+            .is_err(),
+        "parts that do not add up to the buffer are refused"
+    );
+}
+
 fn quantized(dtype: GgmlDType, rows: usize, width: usize, seed: u64) -> HostWeight {
     let t = Tensor::from_vec(rnd(rows * width, seed), (rows, width), &Device::Cpu).unwrap();
     HostWeight::Quant(Arc::new(
