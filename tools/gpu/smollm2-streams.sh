@@ -5,7 +5,7 @@
 # on both kernel sets, then `ds4server bench --streams` runs STREAMS
 # (default 1,8,32,64) batched greedy streams of 128-token prompts on it
 # for each set of KERNELS (default "reference fast"), each checked against
-# its turn alone. Carried with
+# its turn alone (OLD=1: against a baseline binary, below). Carried with
 # `.gpu-synth/ds4server.xz` and `.gpu-tests/cuda.xz` (docs/GPU.md).
 # Usage: bash tools/gpu/smollm2-streams.sh
 set -uo pipefail
@@ -27,7 +27,23 @@ fi
 DS4_SMOLLM2_GGUF=$gguf DS4_CUDA_HOST_PROFILE=${HOST_PROFILE:-0} timeout "${BATCHED_S:-150}" "$bin/cuda" --ignored --exact \
   bench_batched::cuda_bench_smollm2_shaped_batched_steps --nocapture 2>&1 | grep -E "REPORT|test result|panicked" | tee "$OUT/smollm2-batched.log"
 : > "$OUT/smollm2-streams.log"
+# OLD=1: also the binary in .gpu-old/ds4server.xz (a baseline), old and
+# new alternating ROUNDS times (default 2) on the same file and GPU.
+if [ "${OLD:-0}" = 1 ]; then
+  python3 -c "import lzma,shutil;shutil.copyfileobj(lzma.open('.gpu-old/ds4server.xz'),open('$bin/old','wb'))"
+  chmod +x "$bin/old"
+fi
 for set in ${KERNELS:-reference fast}; do
+  if [ "${OLD:-0}" = 1 ]; then
+    for round in $(seq "${ROUNDS:-2}"); do
+      for b in old ds4server; do
+        echo "== round $round: $b bench --kernels $set --streams ${STREAMS:-1,8,32,64}" | tee -a "$OUT/smollm2-streams.log"
+        timeout "${STREAMS_S:-200}" "$bin/$b" bench -m "$gguf" --device cuda --kernels "$set" --streams "${STREAMS:-1,8,32,64}" \
+          --prompts 128 --gen 32 2>&1 | grep -v "^REPORT host_gap" | tee -a "$OUT/smollm2-streams.log"
+      done
+    done
+    continue
+  fi
   echo "== ds4server bench -m smollm2-shaped.gguf --device cuda --kernels $set --streams ${STREAMS:-1,8,32,64} --prompts 128 --gen 32" | tee -a "$OUT/smollm2-streams.log"
   DS4_CUDA_HOST_PROFILE=${HOST_PROFILE:-0} timeout "${STREAMS_S:-200}" "$bin/ds4server" bench -m "$gguf" --device cuda --kernels "$set" --streams "${STREAMS:-1,8,32,64}" \
     --prompts 128 --gen 32 2>&1 | tee -a "$OUT/smollm2-streams.log"
