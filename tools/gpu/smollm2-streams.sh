@@ -26,6 +26,16 @@ fi
 # share split out (tests/cuda/bench_batched.rs).
 DS4_SMOLLM2_GGUF=$gguf DS4_CUDA_HOST_PROFILE=${HOST_PROFILE:-0} timeout "${BATCHED_S:-150}" "$bin/cuda" --ignored --exact \
   bench_batched::cuda_bench_smollm2_shaped_batched_steps --nocapture 2>&1 | grep -E "REPORT|test result|panicked" | tee "$OUT/smollm2-batched.log"
+# NCU=1: the batched test again under Nsight Compute, only its one
+# profiled 64-session step per kernel set (`profiler_range`), per kernel.
+if [ "${NCU:-0}" = 1 ]; then
+  ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  DS4_SMOLLM2_GGUF=$gguf timeout "${NCU_S:-200}" "$ncu" --profile-from-start off --csv \
+    --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size "$bin/cuda" --ignored --exact \
+    bench_batched::cuda_bench_smollm2_shaped_batched_steps > "$OUT/smollm2-batched-ncu.csv" 2>&1
+  python3 tools/gpu/ncu_table.py "$OUT/smollm2-batched-ncu.csv" > "$OUT/smollm2-batched-ncu.table" 2>&1
+  head -30 "$OUT/smollm2-batched-ncu.table"
+fi
 : > "$OUT/smollm2-streams.log"
 # OLD=1: also the binary in .gpu-old/ds4server.xz (a baseline), old and
 # new alternating ROUNDS times (default 2) on the same file and GPU.

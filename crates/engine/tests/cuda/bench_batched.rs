@@ -119,6 +119,15 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
             if n == most {
                 let gaps = g.host_gaps();
                 print_gaps(set, &gaps, "same_thread");
+                // One more step inside the profiler's range: what Nsight
+                // Compute profiles under `--profile-from-start off`
+                // (`tools/gpu/smollm2-streams.sh`, NCU=1); untimed.
+                let toks: Vec<[u32; 1]> = (0..n).map(|i| [50 + i as u32]).collect();
+                g.profiler_range(true).unwrap();
+                for r in m.forward_batch(&mut decode_calls(&toks, &mut states)) {
+                    r.unwrap();
+                }
+                g.profiler_range(false).unwrap();
                 // The same steps as `BatchingModel` runs them for
                 // `bench --streams`: each forward on another thread (the
                 // leader is whichever stream queued first) and each

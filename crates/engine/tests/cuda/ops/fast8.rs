@@ -45,16 +45,17 @@ fn activations(rows: usize, k: usize, seed: u64) -> Vec<f32> {
 
 /// 1 row (`dp4a`), 2–4 and 5–8 rows (`dp4a` with 4 or 8 rows a warp),
 /// 9–128 rows (tiles of 8 rows a warp: whole, partial and several), 129
-/// and 200 rows (tiles of 32); one block, 18 blocks and 33
-/// (a one-row round of 32 and one more); 37 and 70 outputs (partial warp
-/// tiles and 64-output blocks): the CPU fast kernel's bits.
+/// and 200 rows (tiles of 32); one block, 18 blocks, 33 (a one-row round
+/// of 32 and one more) and 129 (four rounds and one more); 37 and 70
+/// outputs (partial warp tiles and 64-output blocks): the CPU fast
+/// kernel's bits.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_fast_block_products_are_the_cpu_fast_bits() {
     let g = fast_gpu();
     assert_eq!(g.kernel_set(), KernelSet::Fast);
     for (fi, (ty, format)) in FORMATS.into_iter().enumerate() {
-        for k in [32usize, 576, 1056] {
+        for k in [32usize, 576, 1056, 4128] {
             for n in [37usize, 70] {
                 let seed = 9000 + 100 * fi as u64 + k as u64 + n as u64;
                 let (cpu, gm) = matrices(&g, ty, format, n, k, seed);
