@@ -332,10 +332,10 @@ impl Device {
                 .map_err(|e| dev_err(&format!("kernel `{name}`"), e))?;
             kernels.insert(name, Kernel { f, params });
         }
+        let staging = Staging::new(ctx.clone());
         // Kernels whose ring is dynamic shared memory past the 48 KB a
         // block gets without asking: allowed once here, where the device
         // has room (the launcher checks `shared_optin` before using them).
-        let staging = Staging::new(ctx.clone());
         let shared_optin = ctx
             .attribute(
                 driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
