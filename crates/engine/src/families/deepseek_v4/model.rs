@@ -457,25 +457,17 @@ impl<B: Backend> DeepseekV4Model<B> {
         crate::layers::embedding::embed_tokens(&self.ops, &self.embed, tokens, self.cfg.vocab_size)
     }
 
-    /// `head(norm(hc_head(streams)))` for the rows asked.
-    pub(super) fn logits(
-        &self,
-        streams: &B::Buf,
-        t: usize,
-        hc_head: &HcHead<B>,
-        norm: &RmsNorm<B>,
-        rows: LogitsRows,
-    ) -> Result<ForwardOutput> {
-        let (logits, n) = self.logits_on_device(streams, t, hc_head, norm, rows)?;
+    /// Logits from [`Self::logits_on_device`], read back.
+    fn read_logits(&self, (logits, rows): (B::Buf, usize)) -> Result<ForwardOutput> {
         Ok(ForwardOutput {
             logits: self.ops.download(&logits)?,
-            rows: n,
+            rows,
             vocab: self.cfg.vocab_size,
         })
     }
 
-    /// [`Self::logits`] before the read-back: the logits `[n, vocab]` on
-    /// the backend and their row count `n`.
+    /// `head(norm(hc_head(streams)))` for the rows asked, on the backend,
+    /// and their count `n` (every row of `streams`, or its last).
     pub(super) fn logits_on_device(
         &self,
         streams: &B::Buf,
@@ -531,7 +523,13 @@ impl<B: Backend> DeepseekV4Model<B> {
             traces.extend(tr);
         }
         state.len = needed;
-        let logits = self.logits(&xs, tokens.len(), &self.hc_head, &self.norm, rows)?;
+        let logits = self.read_logits(self.logits_on_device(
+            &xs,
+            tokens.len(),
+            &self.hc_head,
+            &self.norm,
+            rows,
+        )?)?;
         Ok(TrunkOutput {
             logits,
             streams: xs,
@@ -598,7 +596,8 @@ impl<B: Backend> DeepseekV4Model<B> {
             false,
             [self.scope, MTP_LAYER],
         )?;
-        let logits = self.logits(&x1, n, &mtp.hc_head, &mtp.norm, rows)?;
+        let logits =
+            self.read_logits(self.logits_on_device(&x1, n, &mtp.hc_head, &mtp.norm, rows)?)?;
         Ok((logits, x1))
     }
 
