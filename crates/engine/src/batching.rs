@@ -22,9 +22,13 @@
 //! hands the batch over and waits): the same bits either way, but one warm
 //! thread does the host's part of a step in half the time (run 38).
 //!
-//! The MTP head's calls (`forward_hidden`, verify windows, `mtp_forward`)
-//! and forwards with media run alone, one at a time with the batches (they
-//! keep their bits; they do not share products yet).
+//! An MTP turn's trunk forwards join the batches too: its prefill
+//! (`forward_hidden`) and its verify windows (`forward_window`) are
+//! tickets like a decode step, and the family's batched pass returns each
+//! one's hidden rows and window record ([`BatchWant`]). The MTP head's
+//! draft steps (`mtp_forward`) and forwards with media run alone, one at a
+//! time with the batches (they keep their bits; they do not share
+//! products).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +39,8 @@ use crate::backend::BackendId;
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::model::{
-    BatchCall, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
+    BatchCall, BatchResult, BatchWant, ForwardOutput, LogitsRows, MediaChunk, Model, ModelState,
+    MtpContract, MtpStep, VerifyWindow,
 };
 
 /// The leader waits at most this many `gather` windows in all.
@@ -78,13 +83,16 @@ pub struct BatchStats {
     pub run_ns: u64,
     /// Batches the executor thread ran ([`BatchingModel::with_executor`]).
     pub executed: u64,
+    /// MTP verify windows and MTP prefills (forwards that return hidden
+    /// rows) run in batches with other forwards.
+    pub shared_mtp: u64,
 }
 
 /// A model whose forwards from several threads run as batches (module
 /// docs). Clones share the batches.
 pub struct BatchingModel<'m, M: Model> {
     inner: &'m M,
-    hub: Arc<Hub<M::State>>,
+    hub: Arc<Hub<M::State, BatchResult<M>>>,
 }
 
 impl<M: Model> Clone for BatchingModel<'_, M> {
@@ -105,35 +113,39 @@ struct Ticket<S> {
     len: usize,
     state: *mut S,
     rows: LogitsRows,
+    want: BatchWant,
 }
 
 // SAFETY: a ticket is only dereferenced by the leader while its owner
 // waits in `BatchingModel::forward` (see `Ticket`); the state is `Send`.
 unsafe impl<S: Send> Send for Ticket<S> {}
 
-struct Queue<S> {
+struct Queue<S, O> {
     pending: VecDeque<Ticket<S>>,
-    done: HashMap<u64, Result<ForwardOutput>>,
+    done: HashMap<u64, Result<O>>,
     leading: bool,
     next: u64,
     joined: usize,
 }
 
 /// A batch's tickets and, in order, their results.
-type Ran<S> = (Vec<Ticket<S>>, Vec<Result<ForwardOutput>>);
+type Ran<S, O> = (Vec<Ticket<S>>, Vec<Result<O>>);
+
+/// A hand-off's outcome: the batch run, or the batch back (no executor).
+type Handed<S, O> = std::result::Result<Ran<S, O>, Vec<Ticket<S>>>;
 
 /// The executor's hand-off ([`BatchingModel::with_executor`]): a leader's
 /// batch to run, its results, and whether an executor runs.
-struct Handoff<S> {
+struct Handoff<S, O> {
     job: Option<Vec<Ticket<S>>>,
-    done: Option<Ran<S>>,
+    done: Option<Ran<S, O>>,
     running: bool,
     closed: bool,
 }
 
-struct Hub<S> {
-    queue: Mutex<Queue<S>>,
-    handoff: Mutex<Handoff<S>>,
+struct Hub<S, O> {
+    queue: Mutex<Queue<S, O>>,
+    handoff: Mutex<Handoff<S, O>>,
     /// The executor: a job posted or the executor closed; the leader: its
     /// results posted.
     handed: Condvar,
@@ -152,6 +164,7 @@ struct Hub<S> {
     gather_ns: AtomicU64,
     run_ns: AtomicU64,
     executed: AtomicU64,
+    shared_mtp: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -162,11 +175,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Registration of a session that will call `forward` again soon (a turn
 /// in progress): the leader waits for it. Dropped at the end of the turn.
-pub struct Joined<S> {
-    hub: Arc<Hub<S>>,
+pub struct Joined<S, O> {
+    hub: Arc<Hub<S, O>>,
 }
 
-impl<S> Drop for Joined<S> {
+impl<S, O> Drop for Joined<S, O> {
     fn drop(&mut self) {
         let mut q = lock(&self.hub.queue);
         q.joined = q.joined.saturating_sub(1);
@@ -176,13 +189,13 @@ impl<S> Drop for Joined<S> {
 
 /// Posts an error to the tickets a leader took if its batch panicked, and
 /// hands the lead on, so no follower waits forever.
-struct LeadGuard<'a, S> {
-    hub: &'a Hub<S>,
+struct LeadGuard<'a, S, O> {
+    hub: &'a Hub<S, O>,
     ids: Vec<u64>,
     armed: bool,
 }
 
-impl<S> Drop for LeadGuard<'_, S> {
+impl<S, O> Drop for LeadGuard<'_, S, O> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -229,6 +242,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
                 gather_ns: AtomicU64::new(0),
                 run_ns: AtomicU64::new(0),
                 executed: AtomicU64::new(0),
+                shared_mtp: AtomicU64::new(0),
             }),
         }
     }
@@ -240,7 +254,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
 
     /// Register a session whose turn is running (hold the guard for the
     /// turn): batches wait briefly for its forwards.
-    pub fn join(&self) -> Joined<M::State> {
+    pub fn join(&self) -> Joined<M::State, BatchResult<M>> {
         lock(&self.hub.queue).joined += 1;
         Joined {
             hub: self.hub.clone(),
@@ -255,6 +269,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
             gather_ns: self.hub.gather_ns.load(Ordering::Relaxed),
             run_ns: self.hub.run_ns.load(Ordering::Relaxed),
             executed: self.hub.executed.load(Ordering::Relaxed),
+            shared_mtp: self.hub.shared_mtp.load(Ordering::Relaxed),
         }
     }
 
@@ -265,7 +280,10 @@ impl<'m, M: Model> BatchingModel<'m, M> {
     }
 
     /// The leader's part: gather, take a batch, run it, post the results.
-    fn lead(&self, mut q: MutexGuard<'_, Queue<M::State>>) -> MutexGuard<'_, Queue<M::State>> {
+    fn lead(
+        &self,
+        mut q: MutexGuard<'_, Queue<M::State, BatchResult<M>>>,
+    ) -> MutexGuard<'_, Queue<M::State, BatchResult<M>>> {
         let hub = &*self.hub;
         q.leading = true;
         // Wait while the missing sessions keep arriving: `gather` after the
@@ -322,6 +340,10 @@ impl<'m, M: Model> BatchingModel<'m, M> {
         hub.run_ns
             .fetch_add(nanos(ran_from.elapsed()), Ordering::Relaxed);
         let n = batch.len() as u64;
+        if n > 1 {
+            let mtp = batch.iter().filter(|t| t.want != BatchWant::Logits).count();
+            hub.shared_mtp.fetch_add(mtp as u64, Ordering::Relaxed);
+        }
         hub.batches.fetch_add(1, Ordering::Relaxed);
         hub.forwards.fetch_add(n, Ordering::Relaxed);
         hub.largest.fetch_max(n, Ordering::Relaxed);
@@ -342,8 +364,42 @@ impl<'m, M: Model> BatchingModel<'m, M> {
 }
 
 impl<M: Model> BatchingModel<'_, M> {
+    /// Queue a forward of `tokens` after `state` and wait for its result:
+    /// run by this thread as the leader of a batch, or by another leader.
+    fn queued(
+        &self,
+        tokens: &[u32],
+        state: &mut M::State,
+        rows: LogitsRows,
+        want: BatchWant,
+    ) -> Result<BatchResult<M>> {
+        let hub = &*self.hub;
+        let mut q = lock(&hub.queue);
+        let id = q.next;
+        q.next += 1;
+        q.pending.push_back(Ticket {
+            id,
+            tokens: tokens.as_ptr(),
+            len: tokens.len(),
+            state,
+            rows,
+            want,
+        });
+        hub.arrive.notify_all();
+        loop {
+            if let Some(r) = q.done.remove(&id) {
+                return r;
+            }
+            q = if q.leading {
+                hub.wake.wait(q).unwrap_or_else(|e| e.into_inner())
+            } else {
+                self.lead(q)
+            };
+        }
+    }
+
     /// Run `batch` on this thread.
-    fn run_batch(&self, batch: &[Ticket<M::State>]) -> Vec<Result<ForwardOutput>> {
+    fn run_batch(&self, batch: &[Ticket<M::State>]) -> Vec<Result<BatchResult<M>>> {
         let _exec = lock(&self.hub.exec);
         // SAFETY: see `Ticket`: each owner waits until its result is posted
         // (by the leader, after this returns), and every ticket's state is
@@ -355,6 +411,7 @@ impl<M: Model> BatchingModel<'_, M> {
                     tokens: std::slice::from_raw_parts(t.tokens, t.len),
                     state: &mut *t.state,
                     rows: t.rows,
+                    want: t.want,
                 }
             })
             .collect();
@@ -363,10 +420,7 @@ impl<M: Model> BatchingModel<'_, M> {
 
     /// Hand `batch` to the executor and wait for its results; the batch
     /// back when no executor runs.
-    fn hand_off(
-        &self,
-        batch: Vec<Ticket<M::State>>,
-    ) -> std::result::Result<Ran<M::State>, Vec<Ticket<M::State>>> {
+    fn hand_off(&self, batch: Vec<Ticket<M::State>>) -> Handed<M::State, BatchResult<M>> {
         let hub = &*self.hub;
         let mut h = lock(&hub.handoff);
         if !h.running || h.closed {
@@ -433,8 +487,8 @@ where
     pub fn with_executor<R>(&self, f: impl FnOnce() -> R) -> R {
         /// Closes the executor when `f` returns or unwinds, so the scope
         /// can join it.
-        struct Close<'a, S>(&'a Hub<S>);
-        impl<S> Drop for Close<'_, S> {
+        struct Close<'a, S, O>(&'a Hub<S, O>);
+        impl<S, O> Drop for Close<'_, S, O> {
             fn drop(&mut self) {
                 lock(&self.0.handoff).closed = true;
                 self.0.handed.notify_all();
@@ -492,31 +546,10 @@ impl<M: Model> Model for BatchingModel<'_, M> {
         state: &mut M::State,
         rows: LogitsRows,
     ) -> Result<ForwardOutput> {
-        let hub = &*self.hub;
-        let mut q = lock(&hub.queue);
-        let id = q.next;
-        q.next += 1;
-        q.pending.push_back(Ticket {
-            id,
-            tokens: tokens.as_ptr(),
-            len: tokens.len(),
-            state,
-            rows,
-        });
-        hub.arrive.notify_all();
-        loop {
-            if let Some(r) = q.done.remove(&id) {
-                return r;
-            }
-            q = if q.leading {
-                hub.wake.wait(q).unwrap_or_else(|e| e.into_inner())
-            } else {
-                self.lead(q)
-            };
-        }
+        Ok(self.queued(tokens, state, rows, BatchWant::Logits)?.logits)
     }
 
-    fn forward_batch(&self, calls: &mut [BatchCall<'_, M::State>]) -> Vec<Result<ForwardOutput>> {
+    fn forward_batch(&self, calls: &mut [BatchCall<'_, M::State>]) -> Vec<Result<BatchResult<M>>> {
         self.alone(|m| m.forward_batch(calls))
     }
 
@@ -540,6 +573,9 @@ impl<M: Model> Model for BatchingModel<'_, M> {
         state: &mut M::State,
         rows: LogitsRows,
     ) -> Result<(ForwardOutput, M::Hidden)> {
+        if media.is_empty() {
+            return self.forward_hidden(tokens, state, rows);
+        }
         self.alone(|m| m.forward_hidden_media(tokens, media, state, rows))
     }
 
@@ -553,15 +589,17 @@ impl<M: Model> Model for BatchingModel<'_, M> {
         state: &mut M::State,
         rows: LogitsRows,
     ) -> Result<(ForwardOutput, M::Hidden)> {
-        self.alone(|m| m.forward_hidden(tokens, state, rows))
+        self.queued(tokens, state, rows, BatchWant::Hidden)?
+            .into_hidden()
     }
 
     fn forward_window(
         &self,
         tokens: &[u32],
         state: &mut M::State,
-    ) -> Result<VerifyWindow<<M::State as crate::model::ModelState>::Window, M::Hidden>> {
-        self.alone(|m| m.forward_window(tokens, state))
+    ) -> Result<VerifyWindow<<M::State as ModelState>::Window, M::Hidden>> {
+        self.queued(tokens, state, LogitsRows::All, BatchWant::Window)?
+            .into_window()
     }
 
     fn hidden_from_host(&self, rows: usize, width: usize, data: Vec<f32>) -> Result<M::Hidden> {

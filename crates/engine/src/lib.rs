@@ -18,6 +18,7 @@ pub mod table;
 
 pub use error::EngineError;
 pub use model::{
-    BatchCall, DeviceRows, ForwardOutput, HiddenRows, LogitsRows, MediaChunk, Model, ModelState,
-    MtpContract, MtpHistory, MtpStep, NoMtp, VerifyWindow,
+    BatchCall, BatchOutput, BatchResult, BatchWant, DeviceRows, ForwardOutput, HiddenRows,
+    LogitsRows, MediaChunk, Model, ModelState, MtpContract, MtpHistory, MtpStep, NoMtp,
+    VerifyWindow, forward_alone,
 };

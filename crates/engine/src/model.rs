@@ -31,13 +31,141 @@ impl ForwardOutput {
     }
 }
 
+/// What one call of a batched forward returns besides its logits: the
+/// forward a session alone would have called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchWant {
+    /// [`Model::forward`]: the logits rows.
+    Logits,
+    /// [`Model::forward_hidden`]: also the hidden of every new row.
+    Hidden,
+    /// [`Model::forward_window`]: every logits row, the hidden of every
+    /// row and the window record.
+    Window,
+}
+
 /// One session's part of a batched forward ([`Model::forward_batch`]): the
-/// tokens it processes after everything its state covers, and which logits
-/// rows it wants.
+/// tokens it processes after everything its state covers, which logits
+/// rows it wants and what else ([`BatchWant`]).
 pub struct BatchCall<'a, S> {
     pub tokens: &'a [u32],
     pub state: &'a mut S,
     pub rows: LogitsRows,
+    pub want: BatchWant,
+}
+
+impl<'a, S> BatchCall<'a, S> {
+    /// A [`Model::forward`].
+    pub fn logits(tokens: &'a [u32], state: &'a mut S, rows: LogitsRows) -> Self {
+        Self {
+            tokens,
+            state,
+            rows,
+            want: BatchWant::Logits,
+        }
+    }
+
+    /// A [`Model::forward_hidden`].
+    pub fn hidden(tokens: &'a [u32], state: &'a mut S, rows: LogitsRows) -> Self {
+        Self {
+            tokens,
+            state,
+            rows,
+            want: BatchWant::Hidden,
+        }
+    }
+
+    /// A [`Model::forward_window`] (every logits row).
+    pub fn window(tokens: &'a [u32], state: &'a mut S) -> Self {
+        Self {
+            tokens,
+            state,
+            rows: LogitsRows::All,
+            want: BatchWant::Window,
+        }
+    }
+}
+
+/// One call's result of a batched forward: its logits, and its hidden
+/// rows and window record when its [`BatchWant`] asked for them.
+#[derive(Debug)]
+pub struct BatchOutput<W, H> {
+    pub logits: ForwardOutput,
+    pub hidden: Option<H>,
+    pub record: Option<W>,
+}
+
+/// A batched call's result for model `M`.
+pub type BatchResult<M> =
+    BatchOutput<<<M as Model>::State as ModelState>::Window, <M as Model>::Hidden>;
+
+impl<W, H> BatchOutput<W, H> {
+    /// A [`BatchWant::Logits`] result.
+    pub fn logits(logits: ForwardOutput) -> Self {
+        Self {
+            logits,
+            hidden: None,
+            record: None,
+        }
+    }
+
+    /// What [`Model::forward_hidden`] returns.
+    pub fn into_hidden(self) -> Result<(ForwardOutput, H)> {
+        let hidden = self.hidden.ok_or_else(|| {
+            EngineError::State("a batched forward returned no hidden rows".into())
+        })?;
+        Ok((self.logits, hidden))
+    }
+
+    /// What [`Model::forward_window`] returns.
+    pub fn into_window(self) -> Result<VerifyWindow<W, H>> {
+        let record = self
+            .record
+            .ok_or_else(|| EngineError::State("a batched forward returned no window".into()))?;
+        let (logits, hidden) = BatchOutput {
+            logits: self.logits,
+            hidden: self.hidden,
+            record: None::<W>,
+        }
+        .into_hidden()?;
+        Ok(VerifyWindow {
+            logits,
+            hidden,
+            record,
+        })
+    }
+}
+
+/// `call` through the forward a session alone calls for its
+/// [`BatchWant`] (what [`Model::forward_batch`] does for a call that
+/// cannot share a pass).
+pub fn forward_alone<M: Model + ?Sized>(
+    model: &M,
+    call: &mut BatchCall<'_, M::State>,
+) -> Result<BatchResult<M>> {
+    match call.want {
+        BatchWant::Logits => Ok(BatchOutput::logits(model.forward(
+            call.tokens,
+            call.state,
+            call.rows,
+        )?)),
+        BatchWant::Hidden => {
+            let (logits, hidden) = model.forward_hidden(call.tokens, call.state, call.rows)?;
+            Ok(BatchOutput {
+                logits,
+                hidden: Some(hidden),
+                record: None,
+            })
+        }
+        BatchWant::Window => {
+            let w = model.forward_window(call.tokens, call.state)?;
+            Ok(BatchOutput {
+                logits: w.logits,
+                hidden: Some(w.hidden),
+                record: Some(w.record),
+            })
+        }
+    }
 }
 
 /// Everything a model remembers about the tokens it has processed.
@@ -145,19 +273,18 @@ pub trait Model: Send + Sync {
     ) -> Result<ForwardOutput>;
 
     /// Several sessions' forwards at once (continuous batching): each call's
-    /// result is exactly what [`Model::forward`] of that call alone gives
-    /// (the kernels are row-independent: `shared/specs/backend.md`), so a
-    /// session's bits do not depend on what else runs. The default runs the
-    /// calls one after another; a family whose layers can share the products
-    /// of several sessions' rows overrides it (llama).
+    /// result is exactly what the forward its [`BatchWant`] names gives for
+    /// that call alone ([`forward_alone`]; the kernels are row-independent:
+    /// `shared/specs/backend.md`), so a session's bits do not depend on
+    /// what else runs. Decode steps, prefill chunks, MTP prefills and
+    /// verify windows may share one pass. The default runs the calls one
+    /// after another; a family whose layers can share the products of
+    /// several sessions' rows overrides it.
     fn forward_batch(
         &self,
         calls: &mut [BatchCall<'_, Self::State>],
-    ) -> Vec<Result<ForwardOutput>> {
-        calls
-            .iter_mut()
-            .map(|c| self.forward(c.tokens, c.state, c.rows))
-            .collect()
+    ) -> Vec<Result<BatchResult<Self>>> {
+        calls.iter_mut().map(|c| forward_alone(self, c)).collect()
     }
 
     /// [`Model::forward`] with media: `media.rows` replace the embeddings of

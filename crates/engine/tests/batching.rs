@@ -7,13 +7,19 @@
 //! GLM-5 families have batched passes of their own (the recurrent families
 //! also through `forward_batch` directly: sessions at different points, one
 //! wanting every row, one refused, each state continuing as alone).
+//!
+//! MTP turns batch too: their prefills and verify windows share passes
+//! with the others' forwards, and each turn's tokens, logprobs and logits
+//! are those of the same MTP turn alone; `forward_batch` called directly
+//! with windows and hidden rows returns each call's logits, hidden rows
+//! and a window record whose commit leaves the state of the window alone.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ds4_engine::batching::{BatchConfig, BatchingModel};
 use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
-use ds4_engine::{BatchCall, LogitsRows, Model, ModelState};
+use ds4_engine::{BatchCall, BatchWant, HiddenRows, LogitsRows, Model, ModelState};
 use ds4_sampling::{Sampler, SamplingParams};
 
 /// What a turn produced, every logit-derived value as bits.
@@ -73,7 +79,7 @@ fn jobs(vocab: u32, context: usize) -> Vec<Job> {
     ]
 }
 
-fn run<M: Model>(model: &M, job: &Job) -> Trace {
+fn run<M: Model>(model: &M, job: &Job, mtp_depth: usize) -> Trace {
     let d = model.descriptor();
     let params = SamplingParams {
         temperature: job.temperature,
@@ -97,7 +103,7 @@ fn run<M: Model>(model: &M, job: &Job) -> Trace {
                 logprobs: Some(3),
                 cancel: Default::default(),
             },
-            mtp_depth: Some(0),
+            mtp_depth: Some(mtp_depth),
         },
         &mut on_tokens(|e| {
             let l = e.logprobs.expect("logprobs requested");
@@ -120,10 +126,33 @@ fn run<M: Model>(model: &M, job: &Job) -> Trace {
 }
 
 fn batched_equals_solo<M: Model>(model: M, vocab: u32, expect_batches: bool) {
+    batched_turns_equal_solo(&model, vocab, expect_batches, 0);
+}
+
+/// [`batched_equals_solo`] for MTP turns at `depth`: their prefills and
+/// verify windows shared batches with the other sessions' forwards.
+fn batched_mtp_equals_solo<M: Model>(model: &M, vocab: u32, depth: usize) {
+    assert!(
+        model.mtp_contract().is_some(),
+        "the fixture has an MTP head"
+    );
+    let stats = batched_turns_equal_solo(model, vocab, true, depth);
+    assert!(
+        stats.shared_mtp > 0,
+        "no MTP window or prefill shared a batch: {stats:?}"
+    );
+}
+
+fn batched_turns_equal_solo<M: Model>(
+    model: &M,
+    vocab: u32,
+    expect_batches: bool,
+    mtp_depth: usize,
+) -> ds4_engine::batching::BatchStats {
     let jobs = jobs(vocab, model.context_length());
-    let solo: Vec<Trace> = jobs.iter().map(|j| run(&model, j)).collect();
+    let solo: Vec<Trace> = jobs.iter().map(|j| run(model, j, mtp_depth)).collect();
     let batching = BatchingModel::new(
-        &model,
+        model,
         BatchConfig {
             max_tokens: 64,
             gather: Duration::from_millis(2),
@@ -131,7 +160,7 @@ fn batched_equals_solo<M: Model>(model: M, vocab: u32, expect_batches: bool) {
     );
     for executor in [false, true] {
         let before = batching.stats();
-        let together = together(&batching, &jobs, executor);
+        let together = together(&batching, &jobs, executor, mtp_depth);
         let after = batching.stats();
         assert_eq!(
             after.executed - before.executed,
@@ -145,7 +174,8 @@ fn batched_equals_solo<M: Model>(model: M, vocab: u32, expect_batches: bool) {
         for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
             assert_eq!(
                 a, b,
-                "session {i}: batched differs from alone (executor {executor})"
+                "session {i}: batched differs from alone (executor {executor}, MTP depth \
+                 {mtp_depth})"
             );
             assert_eq!(a.tokens.len(), jobs[i].max_tokens);
         }
@@ -155,6 +185,7 @@ fn batched_equals_solo<M: Model>(model: M, vocab: u32, expect_batches: bool) {
         assert!(stats.largest >= 2, "no forward shared a batch: {stats:?}");
         assert!(stats.batches < stats.forwards, "{stats:?}");
     }
+    stats
 }
 
 /// Every job on a thread of its own through `batching`: the batches run
@@ -164,6 +195,7 @@ fn together<M: Model + Sync>(
     batching: &BatchingModel<'_, M>,
     jobs: &[Job],
     executor: bool,
+    mtp_depth: usize,
 ) -> Vec<Trace>
 where
     M::State: Send,
@@ -181,7 +213,7 @@ where
                         // model, and however the threads are scheduled).
                         let _turn = m.join();
                         ready.wait();
-                        run(&m, j)
+                        run(&m, j, mtp_depth)
                     })
                 })
                 .collect();
@@ -192,6 +224,111 @@ where
         batching.with_executor(run_all)
     } else {
         run_all()
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `forward_batch` called directly with an MTP turn's calls next to a
+/// decode step: two verify windows (after prefills made by `prep`), an
+/// MTP prefill wanting hidden rows (a fresh session) and a plain decode
+/// row. Each call's logits and hidden rows have the bits of the same
+/// forward alone; each window's record commits a prefix of it (as the
+/// decode loop does after a rejection), and every state then continues
+/// with the bits of its solo twin.
+fn direct_windows_equal_solo<M: Model>(model: &M, prep: impl Fn(&M, &mut M::State, usize)) {
+    assert!(
+        model.mtp_contract().is_some(),
+        "the fixture has an MTP head"
+    );
+    let mut states: Vec<M::State> = (0..4).map(|_| model.new_state()).collect();
+    prep(model, &mut states[0], 1);
+    prep(model, &mut states[2], 2);
+    prep(model, &mut states[3], 3);
+    let mut solo: Vec<M::State> = states.iter().map(|s| s.snapshot()).collect();
+    let inputs: [(Vec<u32>, BatchWant); 4] = [
+        (vec![5, 9, 13, 17], BatchWant::Window),
+        (vec![8, 6, 4, 12, 10, 3], BatchWant::Hidden),
+        (vec![7], BatchWant::Logits),
+        (vec![11, 3, 8], BatchWant::Window),
+    ];
+    let mut calls: Vec<BatchCall<'_, M::State>> = states
+        .iter_mut()
+        .zip(&inputs)
+        .map(|(state, (tokens, want))| match want {
+            BatchWant::Window => BatchCall::window(tokens, state),
+            BatchWant::Hidden => BatchCall::hidden(tokens, state, LogitsRows::All),
+            BatchWant::Logits => BatchCall::logits(tokens, state, LogitsRows::Last),
+        })
+        .collect();
+    let batched: Vec<_> = model
+        .forward_batch(&mut calls)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    drop(calls);
+    let hidden_bits = |h: &M::Hidden| bits(&h.to_host().unwrap().2);
+    let mut records = Vec::new();
+    for (i, (b, (tokens, want))) in batched.into_iter().zip(&inputs).enumerate() {
+        let (logits, hidden, record) = match want {
+            BatchWant::Window => {
+                let w = model.forward_window(tokens, &mut solo[i]).unwrap();
+                (w.logits, Some(w.hidden), Some(w.record))
+            }
+            BatchWant::Hidden => {
+                let (l, h) = model
+                    .forward_hidden(tokens, &mut solo[i], LogitsRows::All)
+                    .unwrap();
+                (l, Some(h), None)
+            }
+            BatchWant::Logits => {
+                let l = model
+                    .forward(tokens, &mut solo[i], LogitsRows::Last)
+                    .unwrap();
+                (l, None, None)
+            }
+        };
+        assert_eq!(b.logits.rows, logits.rows, "call {i}");
+        assert_eq!(
+            bits(&b.logits.logits),
+            bits(&logits.logits),
+            "call {i}: batched logits differ"
+        );
+        assert_eq!(b.hidden.is_some(), hidden.is_some(), "call {i}");
+        if let (Some(a), Some(h)) = (&b.hidden, &hidden) {
+            assert_eq!(a.rows(), tokens.len(), "call {i}");
+            assert_eq!(
+                hidden_bits(a),
+                hidden_bits(h),
+                "call {i}: hidden rows differ"
+            );
+        }
+        assert_eq!(b.record.is_some(), record.is_some(), "call {i}");
+        records.push(b.record.zip(record));
+    }
+    // Windows keep 2 of 4 rows and none of 3 (what each layer's record
+    // held from before the window), batched record on the batched state,
+    // solo record on the solo state.
+    for (i, keep) in [(0, 2), (3, 0)] {
+        let (b, a) = records[i].take().unwrap();
+        states[i].commit(&b, keep).unwrap();
+        solo[i].commit(&a, keep).unwrap();
+    }
+    let vocab = model.vocab_size() as u32;
+    for i in 0..4 {
+        assert_eq!(states[i].len(), solo[i].len(), "state {i}");
+        let next = [(i as u32 * 7 + 2) % vocab, 6];
+        let a = model
+            .forward(&next, &mut states[i], LogitsRows::All)
+            .unwrap();
+        let b = model.forward(&next, &mut solo[i], LogitsRows::All).unwrap();
+        assert_eq!(
+            bits(&a.logits),
+            bits(&b.logits),
+            "state {i}: continues differently after the batch"
+        );
     }
 }
 
@@ -278,11 +415,7 @@ fn direct_batch_equals_solo<M: Model>(model: &M, prep: impl Fn(&M, &mut M::State
     let mut calls: Vec<BatchCall<'_, M::State>> = states
         .iter_mut()
         .zip(&inputs)
-        .map(|(state, (tokens, rows))| BatchCall {
-            tokens,
-            state,
-            rows: *rows,
-        })
+        .map(|(state, (tokens, rows))| BatchCall::logits(tokens, state, *rows))
         .collect();
     let batched = model.forward_batch(&mut calls);
     drop(calls);
@@ -290,7 +423,8 @@ fn direct_batch_equals_solo<M: Model>(model: &M, prep: impl Fn(&M, &mut M::State
         let alone = model.forward(tokens, &mut solo[i], *rows);
         match (b, alone) {
             (Ok(b), Ok(a)) => {
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(b.hidden.is_none() && b.record.is_none(), "call {i}");
+                let b = &b.logits;
                 assert_eq!((b.rows, b.vocab), (a.rows, a.vocab), "call {i}");
                 assert_eq!(
                     bits(&b.logits),
@@ -377,4 +511,59 @@ fn glm5_next_batched_sessions_equal_solo() {
         let vocab = model.vocab_size() as u32;
         batched_equals_solo(model, vocab, true);
     }
+}
+
+/// Prefill `3 + 4k` tokens (a session at its own point before a window).
+fn prefill<M: Model>(m: &M, state: &mut M::State, k: usize) {
+    let vocab = m.vocab_size() as u32;
+    let tokens: Vec<u32> = (0..3 + 4 * k as u32)
+        .map(|i| (i * 5 + k as u32) % (vocab - 3) + 3)
+        .collect();
+    m.forward(&tokens, state, LogitsRows::Last).unwrap();
+}
+
+/// The default model with its trained MTP head: MTP turns' prefills and
+/// verify windows in the batches, every session's bits as alone.
+#[test]
+fn default_model_mtp_batched_turns_equal_solo() {
+    let path = ds4_models::default_model_path().expect("default model available");
+    let head = ds4_models::mtp_head_for(&path)
+        .expect("the default model has a head")
+        .expect("the head file checks out");
+    let mut model = ds4_engine::families::llama::load_llama(&path).unwrap();
+    model.attach_mtp_head(&head).unwrap();
+    direct_windows_equal_solo(&model, prefill);
+    batched_mtp_equals_solo(&model, 49152, 2);
+}
+
+#[test]
+fn deepseek_v4_mtp_batched_turns_equal_solo() {
+    let model = ds4_engine::families::deepseek_v4::DeepseekV4Model::from_hf_dir(
+        &fixtures().join("deepseek_v4/tiny_b"),
+    )
+    .unwrap();
+    direct_windows_equal_solo(&model, prefill);
+    let vocab = model.vocab_size() as u32;
+    batched_mtp_equals_solo(&model, vocab, 2);
+}
+
+/// Qwen4-Exp's windows in a batch record each session's PLE and DeltaNet
+/// replays from its own caches: a prefix commit restores what alone does.
+#[test]
+fn qwen4_exp_mtp_batched_turns_equal_solo() {
+    use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
+    let model = Qwen4ExpModel::from_hf_dir(&fixtures().join("qwen4_exp/tiny_a")).unwrap();
+    direct_windows_equal_solo(&model, prefill);
+    let vocab = model.vocab_size() as u32;
+    batched_mtp_equals_solo(&model, vocab, 2);
+}
+
+/// GLM-5's windows in a batch record each session's KDA replays.
+#[test]
+fn glm5_next_mtp_batched_turns_equal_solo() {
+    use ds4_engine::families::glm5_next::Glm5NextModel;
+    let model = Glm5NextModel::from_hf_dir(&fixtures().join("glm5_next/tiny_b")).unwrap();
+    direct_windows_equal_solo(&model, prefill);
+    let vocab = model.vocab_size() as u32;
+    batched_mtp_equals_solo(&model, vocab, 2);
 }

@@ -83,6 +83,8 @@ pub struct Metrics {
     batches: AtomicU64,
     batched_forwards: AtomicU64,
     batch_largest: AtomicU64,
+    /// MTP prefills and verify windows that shared a batch.
+    batched_mtp: AtomicU64,
     /// Nanoseconds the batches' leaders gathered and their forwards ran.
     batch_gather_ns: AtomicU64,
     batch_run_ns: AtomicU64,
@@ -249,6 +251,7 @@ impl Metrics {
         self.batched_forwards
             .store(stats.forwards, Ordering::Relaxed);
         self.batch_largest.store(stats.largest, Ordering::Relaxed);
+        self.batched_mtp.store(stats.shared_mtp, Ordering::Relaxed);
         self.batch_gather_ns
             .store(stats.gather_ns, Ordering::Relaxed);
         self.batch_run_ns.store(stats.run_ns, Ordering::Relaxed);
@@ -444,6 +447,12 @@ impl Metrics {
             "gauge",
             "The most session forwards one batch has held.",
             &one(get(&self.batch_largest)),
+        );
+        metric(
+            "ds4_batched_mtp_forwards_total",
+            "counter",
+            "MTP turns' prefills and verify windows that shared a batch with other forwards.",
+            &one(get(&self.batched_mtp)),
         );
         let seconds = |ns: u64| vec![(String::new(), ns as f64 / 1e9)];
         metric(

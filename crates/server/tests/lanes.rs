@@ -2,7 +2,10 @@
 //! exactly what the same requests answer one at a time on a `--max-batch 1`
 //! server (greedy and sampled, a long prompt prefilled in chunks between
 //! the others' decode steps), a conversation's next turn goes back to the
-//! lane holding it, warm, and shutdown ends every lane.
+//! lane holding it, warm, and shutdown ends every lane. With the default
+//! model's MTP head and `--mtp-depth 2` on both servers, the MTP turns'
+//! verify windows share the batches and every answer is still the one
+//! served alone.
 
 mod common;
 
@@ -159,4 +162,51 @@ async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm(
     // Shutdown waits for every lane, each saving its session, and returns.
     let batched = std::sync::Arc::into_inner(batched).expect("the only owner");
     batched._running.shutdown().await.expect("clean shutdown");
+}
+
+/// Every request as an MTP turn (the trained head, depth 2): greedy and
+/// sampled answers on `--max-batch 4` equal `--max-batch 1`'s bit for bit,
+/// and the turns' prefills and verify windows shared batches.
+#[tokio::test(flavor = "multi_thread")]
+async fn default_model_max_batch_4_mtp_turns_answer_as_alone() {
+    let configure = |lanes: usize| {
+        move |c: &mut ds4_server::ServerConfig| {
+            c.max_batch = lanes;
+            c.prefill_chunk = 32;
+            c.max_batch_tokens = 40;
+            c.mtp_depth = Some(2);
+        }
+    };
+    let alone = common::start_with_mtp_head(configure(1)).await;
+    let mut expected = Vec::new();
+    for body in requests() {
+        let (status, r) = alone.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{r}");
+        expected.push(answer(&r));
+    }
+    let batched = std::sync::Arc::new(common::start_with_mtp_head(configure(4)).await);
+    let tasks: Vec<_> = requests()
+        .into_iter()
+        .map(|body| {
+            let s = batched.clone();
+            tokio::spawn(async move { s.post("/v1/completions", &body).await })
+        })
+        .collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let (status, r) = task.await.expect("request task");
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(answer(&r), expected[i], "request {i}");
+    }
+    let (_, m) = batched.get("/metrics").await;
+    let metrics = m.as_str().expect("metrics text").to_string();
+    let shared: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("ds4_batched_mtp_forwards_total ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no ds4_batched_mtp_forwards_total in {metrics}"));
+    assert!(shared > 0, "no MTP window shared a batch: {metrics}");
 }

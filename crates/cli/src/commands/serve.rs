@@ -53,9 +53,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // No `--mtp-depth`: the model's own default where it drafts by default
     // (the default model's head on the CPU's fast set), else the family's —
     // but not with several lanes: there the other sessions' rows fill the
-    // forwards that drafts would (MTP turns also run alone between the
-    // batches), and the choice must not depend on the load, or a sampled
-    // request's tokens would.
+    // forwards that drafts would (an MTP turn's verify windows join the
+    // batches, but its draft steps run alone between them), and the choice
+    // must not depend on the load, or a sampled request's tokens would.
     let depths = args
         .mtp_depth
         .map(|d| d.resolve(&loaded.model))

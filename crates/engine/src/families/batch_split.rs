@@ -2,28 +2,29 @@
 //! does around its own layers: split the calls into those a forward alone
 //! would refuse (run one by one, each reporting its own error) and those
 //! that share one pass; and, after the pass, gather the rows each call
-//! wants and split the one head's logits back per call.
+//! wants, split the one head's logits back per call and hand each call the
+//! hidden rows and window record it asked for.
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::model::{BatchCall, ForwardOutput, LogitsRows};
+use crate::model::{BatchCall, BatchOutput, BatchWant, ForwardOutput, LogitsRows};
 
 /// Run `calls`: those `joins` accepts together through `together` when at
 /// least two do, every other one through `alone`. An error of the shared
 /// pass is each of its calls' error.
-pub(crate) fn split_batch<S>(
+pub(crate) fn split_batch<S, O>(
     calls: &mut [BatchCall<'_, S>],
     joins: impl Fn(&BatchCall<'_, S>) -> bool,
-    mut alone: impl FnMut(&mut BatchCall<'_, S>) -> Result<ForwardOutput>,
-    together: impl FnOnce(&mut [&mut BatchCall<'_, S>]) -> Result<Vec<ForwardOutput>>,
-) -> Vec<Result<ForwardOutput>> {
+    mut alone: impl FnMut(&mut BatchCall<'_, S>) -> Result<O>,
+    together: impl FnOnce(&mut [&mut BatchCall<'_, S>]) -> Result<Vec<O>>,
+) -> Vec<Result<O>> {
     let ok: Vec<bool> = calls.iter().map(&joins).collect();
     if ok.iter().filter(|&&v| v).count() < 2 {
         return calls.iter_mut().map(alone).collect();
     }
     let mut shared = Vec::new();
     let mut slots = Vec::new();
-    let mut results: Vec<Option<Result<ForwardOutput>>> = Vec::new();
+    let mut results: Vec<Option<Result<O>>> = Vec::new();
     for (i, (c, ok)) in calls.iter_mut().zip(&ok).enumerate() {
         if *ok {
             slots.push(i);
@@ -51,6 +52,43 @@ pub(crate) fn split_batch<S>(
     results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(EngineError::State("a call got no result".into()))))
+        .collect()
+}
+
+/// Each call's result of a shared pass: its logits (from
+/// [`download_logits`]), with `hidden(first, t)` — the hidden of its rows
+/// `first .. first + t` of the pass — when it wants hidden rows, and
+/// `record(i)` — call `i`'s window record — when it is a verify window.
+pub(crate) fn batch_outputs<S, W, H>(
+    logits: Vec<ForwardOutput>,
+    calls: &[&mut BatchCall<'_, S>],
+    mut hidden: impl FnMut(usize, usize) -> Result<H>,
+    mut record: impl FnMut(usize) -> Result<W>,
+) -> Result<Vec<BatchOutput<W, H>>> {
+    let mut at = 0;
+    calls
+        .iter()
+        .zip(logits)
+        .enumerate()
+        .map(|(i, (c, logits))| {
+            let t = c.tokens.len();
+            let first = at;
+            at += t;
+            let wants_hidden = c.want != BatchWant::Logits;
+            Ok(BatchOutput {
+                logits,
+                hidden: if wants_hidden {
+                    Some(hidden(first, t)?)
+                } else {
+                    None
+                },
+                record: if c.want == BatchWant::Window {
+                    Some(record(i)?)
+                } else {
+                    None
+                },
+            })
+        })
         .collect()
 }
 

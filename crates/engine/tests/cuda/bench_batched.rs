@@ -54,11 +54,7 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
             let mut calls: Vec<_> = prompts
                 .iter()
                 .zip(states.iter_mut())
-                .map(|(p, s)| BatchCall {
-                    tokens: p,
-                    state: s,
-                    rows: LogitsRows::Last,
-                })
+                .map(|(p, s)| BatchCall::logits(p, s, LogitsRows::Last))
                 .collect();
             for r in m.forward_batch(&mut calls) {
                 r.unwrap();
@@ -94,7 +90,7 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
                     // The first decode row of session 0 against alone.
                     let a = m.forward(&[tok], &mut alone, LogitsRows::Last).unwrap();
                     assert_eq!(
-                        bits(outs[0].row(0)),
+                        bits(outs[0].logits.row(0)),
                         bits(a.row(0)),
                         "{set}: batched != alone"
                     );
@@ -170,11 +166,7 @@ fn cuda_bench_smollm2_shaped_batched_steps() {
 fn decode_calls<'a, S>(toks: &'a [[u32; 1]], states: &'a mut [S]) -> Vec<BatchCall<'a, S>> {
     toks.iter()
         .zip(states.iter_mut())
-        .map(|(t, s)| BatchCall {
-            tokens: t,
-            state: s,
-            rows: LogitsRows::Last,
-        })
+        .map(|(t, s)| BatchCall::logits(t, s, LogitsRows::Last))
         .collect()
 }
 

@@ -698,7 +698,9 @@ fn cuda_deepseek_v4_pure_units_equal_eager() {
 /// replays step graphs) give each session the tokens and logprobs of its
 /// turn alone, and batches of two or more ran. Every family has a batched
 /// pass of its own (shared row-wise work, per-session attention and
-/// recurrent state).
+/// recurrent state). With an MTP head the same turns run again at depth 2:
+/// their prefills and verify windows share the batches (windows with
+/// their hidden rows and records), with every bit as alone.
 fn batched_sessions_equal_solo<M: Model + Sync>(what: &str, m: &M)
 where
     M::State: Send,
@@ -712,43 +714,57 @@ where
         (prompt(3, 5, v), 0.8, 24),
         (prompt(4, 40.min(long), v), 1.0, 6),
     ];
-    let solo: Vec<_> = jobs
-        .iter()
-        .map(|(p, t, n)| turn(m, &mut LiveSession::new(m), p, 0, *n, *t, 16))
-        .collect();
-    let bm = BatchingModel::new(
-        m,
-        BatchConfig {
-            max_tokens: 64,
-            gather: std::time::Duration::from_millis(2),
-        },
-    );
-    let ready = std::sync::Barrier::new(jobs.len());
-    let together: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = jobs
+    let depths: &[usize] = if m.mtp_contract().is_some() {
+        &[0, 2]
+    } else {
+        &[0]
+    };
+    for &depth in depths {
+        let solo: Vec<_> = jobs
             .iter()
-            .map(|(p, t, n)| {
-                let (bm, ready) = (bm.clone(), &ready);
-                s.spawn(move || {
-                    // All join before any forwards (see tests/batching.rs).
-                    let _turn = bm.join();
-                    ready.wait();
-                    turn(&bm, &mut LiveSession::new(&bm), p, 0, *n, *t, 16)
-                })
-            })
+            .map(|(p, t, n)| turn(m, &mut LiveSession::new(m), p, depth, *n, *t, 16))
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
-        assert_eq!(a.0, b.0, "{what}: session {i}: tokens");
-        assert_eq!(a.1, b.1, "{what}: session {i}: logprobs");
+        let bm = BatchingModel::new(
+            m,
+            BatchConfig {
+                max_tokens: 64,
+                gather: std::time::Duration::from_millis(2),
+            },
+        );
+        let ready = std::sync::Barrier::new(jobs.len());
+        let together: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = jobs
+                .iter()
+                .map(|(p, t, n)| {
+                    let (bm, ready) = (bm.clone(), &ready);
+                    s.spawn(move || {
+                        // All join before any forwards (see tests/batching.rs).
+                        let _turn = bm.join();
+                        ready.wait();
+                        turn(&bm, &mut LiveSession::new(&bm), p, depth, *n, *t, 16)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
+            assert_eq!(a.0, b.0, "{what}: MTP depth {depth}: session {i}: tokens");
+            assert_eq!(a.1, b.1, "{what}: MTP depth {depth}: session {i}: logprobs");
+        }
+        let st = bm.stats();
+        println!(
+            "REPORT batching {what} mtp_depth={depth} batches={} forwards={} largest={} \
+             shared_mtp={}",
+            st.batches, st.forwards, st.largest, st.shared_mtp
+        );
+        assert!(st.largest >= 2, "{what}: {st:?}");
+        if depth > 0 {
+            assert!(
+                st.shared_mtp > 0,
+                "{what}: no MTP window shared a batch: {st:?}"
+            );
+        }
     }
-    let st = bm.stats();
-    println!(
-        "REPORT batching {what} batches={} forwards={} largest={}",
-        st.batches, st.forwards, st.largest
-    );
-    assert!(st.largest >= 2, "{what}: {st:?}");
 }
 
 #[test]

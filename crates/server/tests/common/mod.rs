@@ -22,9 +22,24 @@ pub async fn start() -> TestServer {
 }
 
 pub async fn start_with(configure: impl FnOnce(&mut ServerConfig)) -> TestServer {
+    start_model(false, configure).await
+}
+
+/// [`start_with`] with the default model's trained MTP head attached.
+pub async fn start_with_mtp_head(configure: impl FnOnce(&mut ServerConfig)) -> TestServer {
+    start_model(true, configure).await
+}
+
+async fn start_model(mtp_head: bool, configure: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let path = ds4_models::default_model_path().expect("the default model");
     let tokenizer = Tokenizer::from_gguf(&path).expect("tokenizer");
-    let model = LoadedModel::load(&path).expect("model");
+    let mut model = LoadedModel::load(&path).expect("model");
+    if mtp_head {
+        let head = ds4_models::mtp_head_for(&path)
+            .expect("the default model has a head")
+            .expect("the head file checks out");
+        model.attach_mtp_head(&head).expect("the head attaches");
+    }
     let mut config = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), MODEL_ID);
     configure(&mut config);
     let state = ds4_server::build_state(config, model, tokenizer).expect("state");

@@ -10,11 +10,13 @@
 
 use super::attention::{AttnCache, Rotations};
 use super::model::{DecoderLayer, DeepseekV4Model};
-use super::state::DeepseekV4State;
+use super::state::{DeepseekV4State, WindowMark};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::families::batch_split::{accepts, download_logits, split_batch, wanted_rows};
-use crate::model::{BatchCall, ForwardOutput, LogitsRows, Model};
+use crate::families::batch_split::{
+    accepts, batch_outputs, download_logits, split_batch, wanted_rows,
+};
+use crate::model::{BatchCall, BatchResult, LogitsRows, forward_alone};
 
 /// One session's part of a batched layer: its rows, caches and rotations.
 struct Part<'a, 'r, B: Backend> {
@@ -57,14 +59,15 @@ impl<B: Backend> DecoderLayer<B> {
 }
 
 impl<B: Backend> DeepseekV4Model<B> {
-    /// [`Model::forward_batch`]: calls a forward alone would refuse run one
-    /// by one (each reports its own error); the others share one pass. On
-    /// an error the batch's states are partly advanced, as a failed
-    /// forward leaves one (the decode loops reset such a session).
+    /// [`crate::Model::forward_batch`]: calls a forward alone would refuse
+    /// run one by one (each reports its own error); the others (decode
+    /// steps, prefill chunks, verify windows) share one pass. On an error
+    /// the batch's states are partly advanced, as a failed forward leaves
+    /// one (the decode loops reset such a session).
     pub(super) fn run_batch(
         &self,
         calls: &mut [BatchCall<'_, DeepseekV4State<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<BatchResult<Self>>> {
         split_batch(
             calls,
             |c| {
@@ -75,7 +78,7 @@ impl<B: Backend> DeepseekV4Model<B> {
                     self.cfg.vocab_size,
                 )
             },
-            |c| self.forward(c.tokens, c.state, c.rows),
+            |c| forward_alone(self, c),
             |shared| self.run_together(shared),
         )
     }
@@ -83,9 +86,10 @@ impl<B: Backend> DeepseekV4Model<B> {
     fn run_together(
         &self,
         calls: &mut [&mut BatchCall<'_, DeepseekV4State<B>>],
-    ) -> Result<Vec<ForwardOutput>> {
+    ) -> Result<Vec<BatchResult<Self>>> {
         let ops = &self.ops;
         let (c, h, vocab) = (self.cfg.hc_mult, self.cfg.hidden_size, self.cfg.vocab_size);
+        let bases: Vec<usize> = calls.iter().map(|c| c.state.len).collect();
         let tokens: Vec<u32> = calls
             .iter()
             .flat_map(|c| c.tokens.iter().copied())
@@ -116,6 +120,17 @@ impl<B: Backend> DeepseekV4Model<B> {
         let total: usize = counts.iter().sum();
         let (all, _) =
             self.logits_on_device(&wanted, total, &self.hc_head, &self.norm, LogitsRows::All)?;
-        download_logits(&self.ops, &all, vocab, &counts)
+        // The MTP head reads a window's pre-head streams.
+        batch_outputs(
+            download_logits(&self.ops, &all, vocab, &counts)?,
+            calls,
+            |first, t| self.hidden(ops.rows(&xs, c * h, first, t)?, t),
+            |i| {
+                Ok(WindowMark {
+                    base: bases[i],
+                    rows: calls[i].tokens.len(),
+                })
+            },
+        )
     }
 }

@@ -601,7 +601,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         Ok((logits, x1))
     }
 
-    fn hidden(&self, streams: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
+    pub(super) fn hidden(&self, streams: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
         DeviceRows::new(
             &self.ops,
             streams,
@@ -670,7 +670,7 @@ impl<B: Backend> Model for DeepseekV4Model<B> {
     fn forward_batch(
         &self,
         calls: &mut [crate::model::BatchCall<'_, DeepseekV4State<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<crate::model::BatchResult<Self>>> {
         self.run_batch(calls)
     }
 

@@ -19,29 +19,33 @@
 //!
 //! Every op is row-independent (`shared/specs/backend.md`), so each
 //! session's logits have the bits of its forward alone
-//! (`tests/batching.rs`). Verify windows and the NextN head never come
-//! through here (the batching model runs them alone); calls a forward
+//! (`tests/batching.rs`). Verify windows share the pass too, each KDA
+//! layer recording the window's replay from the session's own recurrence
+//! (as alone); the NextN head never comes through here. Calls a forward
 //! alone would refuse run alone through `split_batch`, each reporting its
 //! own error.
 
 use super::layer::{DecoderLayer, Mixer, mismatch};
 use super::model::Glm5NextModel;
-use super::state::{Glm5NextState, LayerCache};
+use super::state::{Glm5NextState, LayerCache, WindowCapture};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
-    accepts, concat_rows as concat, download_logits, split_batch, split_rows, wanted_rows,
+    accepts, batch_outputs, concat_rows as concat, download_logits, split_batch, split_rows,
+    wanted_rows,
 };
+use crate::layers::delta_rule::DeltaReplay;
 use crate::layers::hyper_connections::HyperConnection;
-use crate::model::ForwardOutput;
-use crate::model::{BatchCall, Model};
+use crate::model::{BatchCall, BatchResult, BatchWant, forward_alone};
 
-/// One session's part of a batched layer: its rows, the layer's cache and
-/// its selection from the layer before (replaced by this layer's).
+/// One session's part of a batched layer: its rows, the layer's cache,
+/// its selection from the layer before (replaced by this layer's) and,
+/// for a verify window on a KDA layer, where its replay goes.
 struct Part<'a, B: Backend> {
     rows: usize,
     cache: &'a mut LayerCache<B>,
     selection: &'a mut Option<B::Selection>,
+    capture: Option<&'a mut Option<DeltaReplay<B>>>,
 }
 
 /// Each part's rows of `x: [Σt, width]`.
@@ -56,7 +60,7 @@ fn split<B: Backend>(
 
 impl<B: Backend> DecoderLayer<B> {
     /// `DecoderLayer::forward` for several sessions' rows (`xs` holds each
-    /// part's streams one after another), without capture or trace.
+    /// part's streams one after another), without trace.
     fn forward_batch(&self, ops: &B, xs: &B::Buf, parts: &mut [Part<'_, B>]) -> Result<B::Buf> {
         let rows: usize = parts.iter().map(|p| p.rows).sum();
         let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
@@ -74,7 +78,8 @@ impl<B: Backend> DecoderLayer<B> {
                     let LayerCache::Kda(c) = &mut *p.cache else {
                         return Err(mismatch());
                     };
-                    os.push(kda.recur(ops, u, g, beta, p.rows, c, None)?);
+                    let capture = p.capture.as_deref_mut();
+                    os.push(kda.recur(ops, u, g, beta, p.rows, c, capture)?);
                     *p.selection = None;
                 }
                 kda.output(ops, &concat(ops, os)?, &z, rows)?
@@ -119,15 +124,15 @@ impl<B: Backend> DecoderLayer<B> {
 }
 
 impl<B: Backend> Glm5NextModel<B> {
-    /// [`Model::forward_batch`]: calls a forward alone would refuse (no
-    /// tokens, past the context, a token outside the vocabulary) run one by
-    /// one, each reporting its own error; the others share one pass. On an
-    /// error the batch's states are partly advanced, as a failed forward
-    /// leaves one (the decode loops reset such a session).
+    /// [`crate::Model::forward_batch`]: calls a forward alone would refuse
+    /// (no tokens, past the context, a token outside the vocabulary) run
+    /// one by one, each reporting its own error; the others share one
+    /// pass. On an error the batch's states are partly advanced, as a
+    /// failed forward leaves one (the decode loops reset such a session).
     pub(super) fn run_batch(
         &self,
         calls: &mut [BatchCall<'_, Glm5NextState<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<BatchResult<Self>>> {
         split_batch(
             calls,
             |c| {
@@ -138,7 +143,7 @@ impl<B: Backend> Glm5NextModel<B> {
                     self.cfg.vocab_size,
                 )
             },
-            |c| self.forward(c.tokens, c.state, c.rows),
+            |c| forward_alone(self, c),
             |shared| self.run_together(shared),
         )
     }
@@ -146,9 +151,12 @@ impl<B: Backend> Glm5NextModel<B> {
     fn run_together(
         &self,
         calls: &mut [&mut BatchCall<'_, Glm5NextState<B>>],
-    ) -> Result<Vec<ForwardOutput>> {
+    ) -> Result<Vec<BatchResult<Self>>> {
         let ops = &self.ops;
         let (n, d, vocab) = (self.cfg.hc_mult, self.cfg.hidden_size, self.cfg.vocab_size);
+        let bases: Vec<usize> = calls.iter().map(|c| c.state.len).collect();
+        // Each verify window's KDA replays, one per KDA layer.
+        let mut replays: Vec<Vec<DeltaReplay<B>>> = calls.iter().map(|_| Vec::new()).collect();
         let tokens: Vec<u32> = calls
             .iter()
             .flat_map(|c| c.tokens.iter().copied())
@@ -156,16 +164,28 @@ impl<B: Backend> Glm5NextModel<B> {
         let mut xs = ops.tile_streams(&self.embed_from(None, &tokens)?, n, d)?;
         let mut selections: Vec<Option<B::Selection>> = calls.iter().map(|_| None).collect();
         for (l, layer) in self.layers.iter().enumerate() {
+            let kda = matches!(layer.mixer, Mixer::Kda(_));
+            let mut slots: Vec<Option<DeltaReplay<B>>> = calls.iter().map(|_| None).collect();
             let mut parts: Vec<Part<'_, B>> = calls
                 .iter_mut()
                 .zip(selections.iter_mut())
-                .map(|(call, selection)| Part {
+                .zip(slots.iter_mut())
+                .map(|((call, selection), slot)| Part {
                     rows: call.tokens.len(),
+                    capture: (kda && call.want == BatchWant::Window).then_some(slot),
                     cache: &mut call.state.layers[l],
                     selection,
                 })
                 .collect();
             xs = layer.forward_batch(ops, &xs, &mut parts)?;
+            drop(parts);
+            for ((call, slot), r) in calls.iter().zip(slots).zip(replays.iter_mut()) {
+                if kda && call.want == BatchWant::Window {
+                    r.push(slot.ok_or_else(|| {
+                        EngineError::State("a KDA layer recorded no window replay".into())
+                    })?);
+                }
+            }
         }
         for call in calls.iter_mut() {
             call.state.len += call.tokens.len();
@@ -176,6 +196,18 @@ impl<B: Backend> Glm5NextModel<B> {
         let (wanted, counts) = wanted_rows(ops, &hidden, d, calls)?;
         let total: usize = counts.iter().sum();
         let all = self.logits_on_device(&wanted, total)?;
-        download_logits(ops, &all, vocab, &counts)
+        // The NextN head reads the final hidden of a window's rows.
+        batch_outputs(
+            download_logits(ops, &all, vocab, &counts)?,
+            calls,
+            |first, t| self.hidden_rows(ops.rows(&hidden, d, first, t)?, t),
+            |i| {
+                Ok(WindowCapture {
+                    base: bases[i],
+                    rows: calls[i].tokens.len(),
+                    kda: std::mem::take(&mut replays[i]),
+                })
+            },
+        )
     }
 }

@@ -288,7 +288,7 @@ impl<B: Backend> Glm5NextModel<B> {
         ))
     }
 
-    fn hidden_rows(&self, buf: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
+    pub(super) fn hidden_rows(&self, buf: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
         DeviceRows::new(&self.ops, buf, rows, self.cfg.hidden_size)
     }
 }
@@ -341,7 +341,7 @@ impl<B: Backend> Model for Glm5NextModel<B> {
     fn forward_batch(
         &self,
         calls: &mut [crate::model::BatchCall<'_, Glm5NextState<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<crate::model::BatchResult<Self>>> {
         self.run_batch(calls)
     }
 

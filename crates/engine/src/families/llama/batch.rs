@@ -6,14 +6,14 @@
 //! have the bits of its forward alone; what the batch saves is reading the
 //! weights once for all sessions (a decode step is bound by that read).
 
-use super::model::{Block, LlamaModel, LlamaState};
+use super::model::{Block, LlamaModel, LlamaState, LlamaWindow};
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::families::batch_split::{download_logits, split_batch, wanted_rows};
+use crate::families::batch_split::{batch_outputs, download_logits, split_batch, wanted_rows};
 use crate::layers::attention::AttnPart;
 use crate::layers::embedding::embed_tokens;
 use crate::layers::rope::RopeRows;
-use crate::model::{BatchCall, ForwardOutput, Model, ModelState};
+use crate::model::{BatchCall, BatchResult, ModelState, forward_alone};
 
 impl<B: Backend> Block<B> {
     /// [`Block::forward`] for several sessions' rows (`x` holds each part's
@@ -39,19 +39,20 @@ impl<B: Backend> Block<B> {
 }
 
 impl<B: Backend> LlamaModel<B> {
-    /// [`Model::forward_batch`]: the calls a forward alone would refuse run
-    /// one by one (each reports its own error); the others share one eager
-    /// pass through the layers — also where the backend replays a single
-    /// session's steps as captured graphs (CUDA), whose bits the eager ops
-    /// have.
+    /// [`crate::Model::forward_batch`]: the calls a forward alone would
+    /// refuse run one by one (each reports its own error); the others —
+    /// decode steps, prefill chunks and verify windows alike — share one
+    /// eager pass through the layers — also where the backend replays a
+    /// single session's steps as captured graphs (CUDA), whose bits the
+    /// eager ops have.
     pub(super) fn run_batch(
         &self,
         calls: &mut [BatchCall<'_, LlamaState<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<BatchResult<Self>>> {
         split_batch(
             calls,
             |c| self.batchable(c),
-            |c| self.forward(c.tokens, c.state, c.rows),
+            |c| forward_alone(self, c),
             |shared| self.run_together(shared),
         )
     }
@@ -71,8 +72,9 @@ impl<B: Backend> LlamaModel<B> {
     fn run_together(
         &self,
         calls: &mut [&mut BatchCall<'_, LlamaState<B>>],
-    ) -> Result<Vec<ForwardOutput>> {
+    ) -> Result<Vec<BatchResult<Self>>> {
         let ops = &self.ops;
+        let starts: Vec<usize> = calls.iter().map(|c| c.state.len()).collect();
         let (hidden, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
         let tokens: Vec<u32> = calls
             .iter()
@@ -113,6 +115,17 @@ impl<B: Backend> LlamaModel<B> {
         let logits = self
             .head
             .forward(ops, &self.norm.forward(ops, &wanted)?, total)?;
-        download_logits(ops, &logits, vocab, &counts)
+        // The MTP head reads the pre-norm hidden of a window's rows.
+        batch_outputs(
+            download_logits(ops, &logits, vocab, &counts)?,
+            calls,
+            |first, t| self.hidden_rows(ops.rows(&x, hidden, first, t)?, t),
+            |i| {
+                Ok(LlamaWindow {
+                    start: starts[i],
+                    rows: calls[i].tokens.len(),
+                })
+            },
+        )
     }
 }

@@ -26,8 +26,8 @@ use crate::load::binder::Binder;
 use crate::load::gguf::GgufFile;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
-    BatchCall, DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState, MtpContract,
-    MtpStep, VerifyWindow,
+    BatchCall, BatchResult, DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState,
+    MtpContract, MtpStep, VerifyWindow,
 };
 use crate::state::kv_cache::{KvCache, KvType};
 
@@ -595,7 +595,7 @@ impl<B: Backend> LlamaModel<B> {
         Ok((out, x))
     }
 
-    fn hidden_rows(&self, buf: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
+    pub(super) fn hidden_rows(&self, buf: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
         DeviceRows::new(&self.ops, buf, rows, self.cfg.hidden_size)
     }
 }
@@ -663,7 +663,7 @@ impl<B: Backend> Model for LlamaModel<B> {
     fn forward_batch(
         &self,
         calls: &mut [BatchCall<'_, LlamaState<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<BatchResult<Self>>> {
         self.run_batch(calls)
     }
 

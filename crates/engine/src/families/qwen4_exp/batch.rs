@@ -18,28 +18,33 @@
 //!
 //! Every op is row-independent (`shared/specs/backend.md`), so each
 //! session's logits have the bits of its forward alone
-//! (`tests/batching.rs`). Media forwards, verify windows and the MTP head
-//! never come through here (the batching model runs them alone); calls a
-//! forward alone would refuse run alone through `split_batch`, each
-//! reporting its own error.
+//! (`tests/batching.rs`). Verify windows share the pass too, each linear
+//! layer recording the window's PLE and DeltaNet replay from the session's
+//! own caches (as alone). Media forwards and the MTP head never come
+//! through here (the batching model runs them alone); calls a forward
+//! alone would refuse run alone through `split_batch`, each reporting its
+//! own error.
 
-use super::model::{DecoderLayer, Mixer, Qwen4ExpModel};
+use super::model::{DecoderLayer, LayerCapture, Mixer, Qwen4ExpModel};
 use super::state::{LayerCache, Qwen4ExpState};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
-    accepts, concat_rows as concat, download_logits, split_batch, split_rows, wanted_rows,
+    accepts, batch_outputs, concat_rows as concat, download_logits, split_batch, split_rows,
+    wanted_rows,
 };
 use crate::layers::hyper_connections::Streams;
 use crate::layers::rope::{MRope, Positions, RopeRows};
-use crate::model::{BatchCall, ForwardOutput, Model};
+use crate::model::{BatchCall, BatchResult, BatchWant, forward_alone};
 
-/// One session's part of a batched layer: its tokens, the layer's cache
-/// and its positions (every cached one and the new rows' tables).
+/// One session's part of a batched layer: its tokens, the layer's cache,
+/// its positions (every cached one and the new rows' tables) and, for a
+/// verify window on a linear layer, the layer's record.
 struct Part<'a, B: Backend> {
     tokens: &'a [u32],
     cache: &'a mut LayerCache<B>,
     pos: Positions<'a, B, MRope>,
+    capture: Option<&'a mut LayerCapture<B>>,
 }
 
 /// Each part's rows of `x: [Σt, width]`.
@@ -58,7 +63,7 @@ fn mismatch() -> EngineError {
 
 impl<B: Backend> DecoderLayer<B> {
     /// `DecoderLayer::forward` for several sessions' rows (`input` holds
-    /// each part's streams one after another), without capture or trace.
+    /// each part's streams one after another), without trace.
     fn forward_batch<'m>(
         &'m self,
         ops: &B,
@@ -69,6 +74,13 @@ impl<B: Backend> DecoderLayer<B> {
         let rows: usize = parts.iter().map(|p| p.tokens.len()).sum();
         let (xs, y, inj) = match &self.mixer {
             Mixer::Gdn(gdn) => {
+                for p in parts.iter_mut() {
+                    if let (Some(cap), LayerCache::Linear { ple: pc, .. }) =
+                        (p.capture.as_deref_mut(), &*p.cache)
+                    {
+                        cap.ple_before = pc.clone();
+                    }
+                }
                 let mut input = input;
                 if let Some(ple) = &self.ple {
                     // Each session's n-gram ids (its id window) and conv
@@ -76,11 +88,14 @@ impl<B: Backend> DecoderLayer<B> {
                     // and gate over every row.
                     let xs = input.into_buf(ops)?;
                     let mut ids = Vec::with_capacity(rows);
+                    let mut ids_rows = Vec::with_capacity(parts.len());
                     for p in parts.iter_mut() {
                         let LayerCache::Linear { ple: Some(pc), .. } = &mut *p.cache else {
                             return Err(mismatch());
                         };
-                        ids.extend(ple.ids(p.tokens, pc, false).0);
+                        let (part_ids, rows_ids) = ple.ids(p.tokens, pc, p.capture.is_some());
+                        ids.extend(part_ids);
+                        ids_rows.push(rows_ids);
                     }
                     let [gv, gvn] = ple.gated(ops, &xs, &ids, rows)?;
                     let (gv, gvn) = (
@@ -88,11 +103,14 @@ impl<B: Backend> DecoderLayer<B> {
                         split(ops, &gvn, rows, parts)?,
                     );
                     let mut adds = Vec::with_capacity(parts.len());
-                    for ((p, gv), gvn) in parts.iter_mut().zip(gv).zip(gvn) {
+                    for (((p, gv), gvn), ids_rows) in
+                        parts.iter_mut().zip(gv).zip(gvn).zip(ids_rows)
+                    {
                         let LayerCache::Linear { ple: Some(pc), .. } = &mut *p.cache else {
                             return Err(mismatch());
                         };
-                        adds.push(ple.conv(ops, gv, gvn, pc, None, Vec::new())?);
+                        let capture = p.capture.as_deref_mut().map(|c| &mut c.ple);
+                        adds.push(ple.conv(ops, gv, gvn, pc, capture, ids_rows)?);
                     }
                     input = Streams::ready(ops.add(&xs, &concat(ops, adds)?)?);
                 }
@@ -108,7 +126,8 @@ impl<B: Backend> DecoderLayer<B> {
                     let LayerCache::Linear { gdn: gc, .. } = &mut *p.cache else {
                         return Err(mismatch());
                     };
-                    os.push(gdn.recur(ops, u, beta, a, gc, None)?);
+                    let capture = p.capture.as_deref_mut().map(|c| &mut c.gdn);
+                    os.push(gdn.recur(ops, u, beta, a, gc, capture)?);
                 }
                 let y = gdn.output(ops, &concat(ops, os)?, &z, rows)?;
                 (xs, y, inj)
@@ -150,15 +169,15 @@ impl<B: Backend> DecoderLayer<B> {
 }
 
 impl<B: Backend> Qwen4ExpModel<B> {
-    /// [`Model::forward_batch`]: calls a forward alone would refuse (no
-    /// tokens, past the context, a token outside the vocabulary) run one by
-    /// one, each reporting its own error; the others share one pass. On an
-    /// error the batch's states are partly advanced, as a failed forward
-    /// leaves one (the decode loops reset such a session).
+    /// [`crate::Model::forward_batch`]: calls a forward alone would refuse
+    /// (no tokens, past the context, a token outside the vocabulary) run
+    /// one by one, each reporting its own error; the others share one
+    /// pass. On an error the batch's states are partly advanced, as a
+    /// failed forward leaves one (the decode loops reset such a session).
     pub(super) fn run_batch(
         &self,
         calls: &mut [BatchCall<'_, Qwen4ExpState<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<BatchResult<Self>>> {
         split_batch(
             calls,
             |c| {
@@ -169,7 +188,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                     self.cfg.vocab_size,
                 )
             },
-            |c| self.forward(c.tokens, c.state, c.rows),
+            |c| forward_alone(self, c),
             |shared| self.run_together(shared),
         )
     }
@@ -177,9 +196,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
     fn run_together(
         &self,
         calls: &mut [&mut BatchCall<'_, Qwen4ExpState<B>>],
-    ) -> Result<Vec<ForwardOutput>> {
+    ) -> Result<Vec<BatchResult<Self>>> {
         let ops = &self.ops;
         let (c, h, vocab) = (self.cfg.hc_count, self.cfg.hidden_size, self.cfg.vocab_size);
+        let bases: Vec<usize> = calls.iter().map(|c| c.state.positions.len()).collect();
+        // Each verify window's records, one per linear layer.
+        let mut caps: Vec<Vec<LayerCapture<B>>> = calls.iter().map(|_| Vec::new()).collect();
         let tokens: Vec<u32> = calls
             .iter()
             .flat_map(|c| c.tokens.iter().copied())
@@ -198,11 +220,16 @@ impl<B: Backend> Qwen4ExpModel<B> {
         }
         let mut xs = Streams::ready(ops.tile_streams(&x, c, h)?);
         for (l, layer) in self.layers.iter().enumerate() {
+            let linear = matches!(layer.mixer, Mixer::Gdn(_));
+            let mut slots: Vec<LayerCapture<B>> =
+                calls.iter().map(|_| LayerCapture::default()).collect();
             let mut parts: Vec<Part<'_, B>> = calls
                 .iter_mut()
                 .zip(&ropes)
-                .map(|(call, rope)| {
+                .zip(slots.iter_mut())
+                .map(|((call, rope), slot)| {
                     let tokens = call.tokens;
+                    let window = call.want == BatchWant::Window;
                     let st = &mut *call.state;
                     Part {
                         tokens,
@@ -212,19 +239,38 @@ impl<B: Backend> Qwen4ExpModel<B> {
                             rope: &self.rope,
                             rows: rope,
                         },
+                        capture: (linear && window).then_some(slot),
                     }
                 })
                 .collect();
             xs = layer.forward_batch(ops, xs, &mut parts, [self.scope, l as u64])?;
+            drop(parts);
+            for ((call, slot), cap) in calls.iter().zip(slots).zip(caps.iter_mut()) {
+                if linear && call.want == BatchWant::Window {
+                    cap.push(slot);
+                }
+            }
         }
         // The final mixer's norm over every row, then the mixer and one
         // head over the rows each call wants (the norm and the mix are per
         // row, as in the head alone).
-        let [_, normed] = xs.normed(ops, &self.mixer)?;
+        let [streams, normed] = xs.normed(ops, &self.mixer)?;
         let (wanted, counts) = wanted_rows(ops, &normed, c * h, calls)?;
         let total: usize = counts.iter().sum();
         let (x, _) = self.mixer.mix_normed(ops, &wanted, total)?;
         let logits = self.lm_head.forward(ops, &x, total)?;
-        download_logits(ops, &logits, vocab, &counts)
+        // The MTP head reads a window's pre-mixer streams.
+        batch_outputs(
+            download_logits(ops, &logits, vocab, &counts)?,
+            calls,
+            |first, t| self.hidden(ops.rows(&streams, c * h, first, t)?, t),
+            |i| {
+                LayerCapture::window(
+                    bases[i],
+                    calls[i].tokens.len(),
+                    std::mem::take(&mut caps[i]),
+                )
+            },
+        )
     }
 }

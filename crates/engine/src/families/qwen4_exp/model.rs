@@ -94,10 +94,30 @@ pub struct LayerTrace {
 }
 
 /// Window record of one linear layer while it runs.
-struct LayerCapture<B: Backend> {
-    gdn: Option<DeltaReplay<B>>,
-    ple_before: Option<PleCache<B>>,
-    ple: Vec<PleCache<B>>,
+pub(super) struct LayerCapture<B: Backend> {
+    pub(super) gdn: Option<DeltaReplay<B>>,
+    pub(super) ple_before: Option<PleCache<B>>,
+    pub(super) ple: Vec<PleCache<B>>,
+}
+
+impl<B: Backend> LayerCapture<B> {
+    /// A verify window's record from its linear layers' captures.
+    pub(super) fn window(base: usize, rows: usize, caps: Vec<Self>) -> Result<WindowCapture<B>> {
+        let layers = caps
+            .into_iter()
+            .map(|c| {
+                let gdn = c.gdn.ok_or_else(|| {
+                    EngineError::State("a linear layer recorded no window replay".into())
+                })?;
+                Ok(LinearCapture {
+                    gdn,
+                    ple_before: c.ple_before,
+                    ple_rows: c.ple,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(WindowCapture { base, rows, layers })
+    }
 }
 
 impl<B: Backend> Default for LayerCapture<B> {
@@ -655,24 +675,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         }
         let (logits, xs) = self.head(xs, tokens.len(), &self.mixer, rows)?;
         let capture = if capture {
-            let layers = caps
-                .into_iter()
-                .map(|c| {
-                    let gdn = c.gdn.ok_or_else(|| {
-                        EngineError::State("a linear layer recorded no window replay".into())
-                    })?;
-                    Ok(LinearCapture {
-                        gdn,
-                        ple_before: c.ple_before,
-                        ple_rows: c.ple,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(WindowCapture {
-                base,
-                rows: tokens.len(),
-                layers,
-            })
+            Some(LayerCapture::window(base, tokens.len(), caps)?)
         } else {
             None
         };
@@ -803,7 +806,7 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
     fn forward_batch(
         &self,
         calls: &mut [crate::model::BatchCall<'_, Qwen4ExpState<B>>],
-    ) -> Vec<Result<ForwardOutput>> {
+    ) -> Vec<Result<crate::model::BatchResult<Self>>> {
         self.run_batch(calls)
     }
 
@@ -908,7 +911,7 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
 
 impl<B: Backend> Qwen4ExpModel<B> {
     /// Streams `[rows, C·H]` as the contract's hidden rows (on the device).
-    fn hidden(&self, streams: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
+    pub(super) fn hidden(&self, streams: B::Buf, rows: usize) -> Result<DeviceRows<B>> {
         let ch = self.cfg.hc_count * self.cfg.hidden_size;
         DeviceRows::new(&self.ops, streams, rows, ch)
     }
