@@ -635,6 +635,11 @@ pub struct BenchArgs {
     /// whether each stream's tokens equal its turn served alone.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["mtp", "nll"])]
     pub streams: Vec<usize>,
+    /// Draft depth of every `--streams` turn (0: plain AR): MTP turns'
+    /// verify windows share the batches with the other streams' rows
+    /// (the model needs an MTP head).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "streams")]
+    pub streams_mtp_depth: usize,
     /// Prompts for `--mtp`, one per line (default: bench/mtp_prompts.txt,
     /// built in).
     #[arg(long, requires = "mtp")]

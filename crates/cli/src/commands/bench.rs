@@ -64,7 +64,12 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let kernels = kernel_set::current().name();
         let probe = super::bench_streams::probe_for(&model);
         let rows = ds4_engine::with_model!(&model, model => super::bench_streams::bench_streams(model, &args, &args.streams, &probe))?;
-        let csv = super::bench_streams::to_csv(&rows, &model.backend().to_string(), kernels);
+        let csv = super::bench_streams::to_csv(
+            &rows,
+            &model.backend().to_string(),
+            kernels,
+            args.streams_mtp_depth,
+        );
         print!("{csv}");
         if let Some(path) = &args.csv {
             std::fs::write(path, &csv).with_context(|| format!("writing {}", path.display()))?;

@@ -9,7 +9,9 @@
 //! time a batch's leader waited for the streams to queue (the gather) and
 //! the time its forward ran (what the batch costs beyond the forward is
 //! the streams' own work between steps), and whether every stream's tokens
-//! are those of its turn served alone (run first, one by one).
+//! are those of its turn served alone (run first, one by one). With
+//! `--streams-mtp-depth N` every turn is an MTP turn of depth N (alone
+//! too): its verify windows join the batches.
 
 use std::fmt::Write as _;
 use std::sync::Barrier;
@@ -35,6 +37,8 @@ pub struct StreamsRow {
     pub decode_batches: u64,
     pub decode_gather: Duration,
     pub decode_run: Duration,
+    /// MTP prefills and verify windows that shared a batch.
+    pub shared_mtp: u64,
     pub identical: bool,
 }
 
@@ -84,7 +88,7 @@ fn turn<M: Model>(
                 logprobs: None,
                 cancel: Default::default(),
             },
-            mtp_depth: Some(0),
+            mtp_depth: Some(args.streams_mtp_depth),
         },
         &mut (),
     )?;
@@ -120,6 +124,9 @@ pub fn bench_streams<M: Model>(
     counts: &[usize],
     probe: &dyn Fn(Option<u64>),
 ) -> anyhow::Result<Vec<StreamsRow>> {
+    if args.streams_mtp_depth > 0 && model.mtp_contract().is_none() {
+        anyhow::bail!("--streams-mtp-depth: the model has no MTP head");
+    }
     let len = args.prompts.first().copied().unwrap_or(128);
     let most = counts.iter().copied().max().unwrap_or(1);
     let prompts: Vec<Vec<u32>> = (0..most)
@@ -174,6 +181,7 @@ pub fn bench_streams<M: Model>(
             decode_batches: stats.batches - at.batches,
             decode_gather: Duration::from_nanos(stats.gather_ns - at.gather_ns),
             decode_run: Duration::from_nanos(stats.run_ns - at.run_ns),
+            shared_mtp: stats.shared_mtp,
             identical: outs.iter().zip(&alone).all(|(o, a)| &o.0 == a),
         });
     }
@@ -193,19 +201,19 @@ pub fn probe_for(loaded: &LoadedModel) -> Box<dyn Fn(Option<u64>) + '_> {
     }
 }
 
-pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str) -> String {
+pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str, mtp_depth: usize) -> String {
     let base = rows.first().map_or(1.0, StreamsRow::aggregate_tps);
     let mut out = String::from(
         "streams,decode_tokens,aggregate_decode_tps,per_stream_tps,vs_one_stream,batches,mean_batch,\
          decode_batches,decode_ms_per_batch,gather_ms_per_batch,forward_ms_per_batch,\
-         identical_to_alone,backend,kernels\n",
+         identical_to_alone,mtp_depth,shared_mtp_forwards,backend,kernels\n",
     );
     for r in rows {
         let agg = r.aggregate_tps();
         let per_batch = |d: Duration| 1e3 * d.as_secs_f64() / r.decode_batches.max(1) as f64;
         let _ = writeln!(
             out,
-            "{},{},{agg:.1},{:.1},{:.2},{},{:.2},{},{:.3},{:.3},{:.3},{},{backend},{kernels}",
+            "{},{},{agg:.1},{:.1},{:.2},{},{:.2},{},{:.3},{:.3},{:.3},{},{mtp_depth},{},{backend},{kernels}",
             r.streams,
             r.decode_tokens,
             agg / r.streams as f64,
@@ -217,6 +225,7 @@ pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str) -> String {
             per_batch(r.decode_gather),
             per_batch(r.decode_run),
             r.identical,
+            r.shared_mtp,
         );
     }
     out

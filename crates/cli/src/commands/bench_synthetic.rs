@@ -308,7 +308,12 @@ fn streams(loaded: &LoadedModel, args: &BenchArgs, kernels: &str) -> anyhow::Res
     let rows = ds4_engine::with_model!(loaded, model => super::bench_streams::bench_streams(model, args, &args.streams, &probe))?;
     print!(
         "{}",
-        super::bench_streams::to_csv(&rows, &loaded.backend().to_string(), kernels)
+        super::bench_streams::to_csv(
+            &rows,
+            &loaded.backend().to_string(),
+            kernels,
+            args.streams_mtp_depth,
+        )
     );
     Ok(())
 }
