@@ -25,10 +25,12 @@
 //! An MTP turn's trunk forwards join the batches too: its prefill
 //! (`forward_hidden`) and its verify windows (`forward_window`) are
 //! tickets like a decode step, and the family's batched pass returns each
-//! one's hidden rows and window record ([`BatchWant`]). The MTP head's
-//! draft steps (`mtp_forward`) and forwards with media run alone, one at a
-//! time with the batches (they keep their bits; they do not share
-//! products).
+//! one's hidden rows and window record ([`BatchWant`]). Its draft steps
+//! (`mtp_forward`) are tickets of their own kind: a batch holds one kind,
+//! the front ticket's (the others keep their places), and a batch of
+//! drafts runs as one [`Model::mtp_forward_batch`], so the sessions' draft
+//! steps meet as their windows do. Forwards with media run alone, one at a
+//! time with the batches.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +42,7 @@ use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::model::{
     BatchCall, BatchResult, BatchWant, ForwardOutput, LogitsRows, MediaChunk, Model, ModelState,
-    MtpContract, MtpStep, VerifyWindow,
+    MtpCall, MtpContract, MtpStep, VerifyWindow,
 };
 
 /// The leader waits at most this many `gather` windows in all.
@@ -86,13 +88,15 @@ pub struct BatchStats {
     /// MTP verify windows and MTP prefills (forwards that return hidden
     /// rows) run in batches with other forwards.
     pub shared_mtp: u64,
+    /// MTP head calls (draft steps) run in batches of two or more.
+    pub shared_drafts: u64,
 }
 
 /// A model whose forwards from several threads run as batches (module
 /// docs). Clones share the batches.
 pub struct BatchingModel<'m, M: Model> {
     inner: &'m M,
-    hub: Arc<Hub<M::State, BatchResult<M>>>,
+    hub: Arc<Hub<M>>,
 }
 
 impl<M: Model> Clone for BatchingModel<'_, M> {
@@ -104,48 +108,72 @@ impl<M: Model> Clone for BatchingModel<'_, M> {
     }
 }
 
-/// A queued forward. The pointers are the waiting caller's: it blocks
-/// until its ticket's result is posted, so they stay valid and unaliased
-/// while the leader uses them.
-struct Ticket<S> {
+/// A queued call. The pointers are the waiting caller's: it blocks until
+/// its ticket's result is posted, so they stay valid and unaliased while
+/// the leader uses them.
+struct Ticket<M: Model> {
     id: u64,
     tokens: *const u32,
     len: usize,
-    state: *mut S,
-    rows: LogitsRows,
-    want: BatchWant,
+    work: Work<M>,
+}
+
+/// What a ticket asks for: a trunk forward, or an MTP head call.
+enum Work<M: Model> {
+    Trunk {
+        state: *mut M::State,
+        rows: LogitsRows,
+        want: BatchWant,
+    },
+    Draft {
+        hidden: *const M::Hidden,
+        history: *mut M::MtpHistory,
+    },
+}
+
+impl<M: Model> Work<M> {
+    fn is_draft(&self) -> bool {
+        matches!(self, Work::Draft { .. })
+    }
+}
+
+/// A ticket's result.
+enum Output<M: Model> {
+    Trunk(BatchResult<M>),
+    Draft(MtpStep<M::Hidden>),
 }
 
 // SAFETY: a ticket is only dereferenced by the leader while its owner
-// waits in `BatchingModel::forward` (see `Ticket`); the state is `Send`.
-unsafe impl<S: Send> Send for Ticket<S> {}
+// waits in `BatchingModel::queue` (see `Ticket`); states, hidden rows and
+// histories are `Send` (hidden rows also `Sync`).
+unsafe impl<M: Model> Send for Ticket<M> {}
 
-struct Queue<S, O> {
-    pending: VecDeque<Ticket<S>>,
-    done: HashMap<u64, Result<O>>,
+struct Queue<M: Model> {
+    pending: VecDeque<Ticket<M>>,
+    done: HashMap<u64, Result<Output<M>>>,
     leading: bool,
     next: u64,
     joined: usize,
 }
 
 /// A batch's tickets and, in order, their results.
-type Ran<S, O> = (Vec<Ticket<S>>, Vec<Result<O>>);
+type Ran<M> = (Vec<Ticket<M>>, Vec<Result<Output<M>>>);
 
 /// A hand-off's outcome: the batch run, or the batch back (no executor).
-type Handed<S, O> = std::result::Result<Ran<S, O>, Vec<Ticket<S>>>;
+type Handed<M> = std::result::Result<Ran<M>, Vec<Ticket<M>>>;
 
 /// The executor's hand-off ([`BatchingModel::with_executor`]): a leader's
 /// batch to run, its results, and whether an executor runs.
-struct Handoff<S, O> {
-    job: Option<Vec<Ticket<S>>>,
-    done: Option<Ran<S, O>>,
+struct Handoff<M: Model> {
+    job: Option<Vec<Ticket<M>>>,
+    done: Option<Ran<M>>,
     running: bool,
     closed: bool,
 }
 
-struct Hub<S, O> {
-    queue: Mutex<Queue<S, O>>,
-    handoff: Mutex<Handoff<S, O>>,
+struct Hub<M: Model> {
+    queue: Mutex<Queue<M>>,
+    handoff: Mutex<Handoff<M>>,
     /// The executor: a job posted or the executor closed; the leader: its
     /// results posted.
     handed: Condvar,
@@ -165,6 +193,7 @@ struct Hub<S, O> {
     run_ns: AtomicU64,
     executed: AtomicU64,
     shared_mtp: AtomicU64,
+    shared_drafts: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,11 +204,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Registration of a session that will call `forward` again soon (a turn
 /// in progress): the leader waits for it. Dropped at the end of the turn.
-pub struct Joined<S, O> {
-    hub: Arc<Hub<S, O>>,
+pub struct Joined<M: Model> {
+    hub: Arc<Hub<M>>,
 }
 
-impl<S, O> Drop for Joined<S, O> {
+impl<M: Model> Drop for Joined<M> {
     fn drop(&mut self) {
         let mut q = lock(&self.hub.queue);
         q.joined = q.joined.saturating_sub(1);
@@ -189,13 +218,13 @@ impl<S, O> Drop for Joined<S, O> {
 
 /// Posts an error to the tickets a leader took if its batch panicked, and
 /// hands the lead on, so no follower waits forever.
-struct LeadGuard<'a, S, O> {
-    hub: &'a Hub<S, O>,
+struct LeadGuard<'a, M: Model> {
+    hub: &'a Hub<M>,
     ids: Vec<u64>,
     armed: bool,
 }
 
-impl<S, O> Drop for LeadGuard<'_, S, O> {
+impl<M: Model> Drop for LeadGuard<'_, M> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -243,6 +272,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
                 run_ns: AtomicU64::new(0),
                 executed: AtomicU64::new(0),
                 shared_mtp: AtomicU64::new(0),
+                shared_drafts: AtomicU64::new(0),
             }),
         }
     }
@@ -254,7 +284,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
 
     /// Register a session whose turn is running (hold the guard for the
     /// turn): batches wait briefly for its forwards.
-    pub fn join(&self) -> Joined<M::State, BatchResult<M>> {
+    pub fn join(&self) -> Joined<M> {
         lock(&self.hub.queue).joined += 1;
         Joined {
             hub: self.hub.clone(),
@@ -270,6 +300,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
             run_ns: self.hub.run_ns.load(Ordering::Relaxed),
             executed: self.hub.executed.load(Ordering::Relaxed),
             shared_mtp: self.hub.shared_mtp.load(Ordering::Relaxed),
+            shared_drafts: self.hub.shared_drafts.load(Ordering::Relaxed),
         }
     }
 
@@ -280,10 +311,7 @@ impl<'m, M: Model> BatchingModel<'m, M> {
     }
 
     /// The leader's part: gather, take a batch, run it, post the results.
-    fn lead(
-        &self,
-        mut q: MutexGuard<'_, Queue<M::State, BatchResult<M>>>,
-    ) -> MutexGuard<'_, Queue<M::State, BatchResult<M>>> {
+    fn lead(&self, mut q: MutexGuard<'_, Queue<M>>) -> MutexGuard<'_, Queue<M>> {
         let hub = &*self.hub;
         q.leading = true;
         // Wait while the missing sessions keep arriving: `gather` after the
@@ -311,15 +339,26 @@ impl<'m, M: Model> BatchingModel<'m, M> {
             }
         }
         let ran_from = Instant::now();
+        // The front ticket's kind: every queued ticket of that kind in
+        // order, up to `max_tokens` rows (the others keep their places).
+        let drafts = q.pending.front().is_some_and(|t| t.work.is_draft());
         let mut batch = Vec::new();
+        let mut rest = VecDeque::with_capacity(q.pending.len());
         let mut rows = 0;
-        while let Some(t) = q.pending.front() {
+        while let Some(t) = q.pending.pop_front() {
+            if t.work.is_draft() != drafts {
+                rest.push_back(t);
+                continue;
+            }
             if !batch.is_empty() && rows + t.len > hub.config.max_tokens {
+                rest.push_back(t);
+                rest.extend(q.pending.drain(..));
                 break;
             }
             rows += t.len;
-            batch.extend(q.pending.pop_front());
+            batch.push(t);
         }
+        q.pending = rest;
         drop(q);
         let mut guard = LeadGuard {
             hub,
@@ -341,8 +380,12 @@ impl<'m, M: Model> BatchingModel<'m, M> {
             .fetch_add(nanos(ran_from.elapsed()), Ordering::Relaxed);
         let n = batch.len() as u64;
         if n > 1 {
-            let mtp = batch.iter().filter(|t| t.want != BatchWant::Logits).count();
-            hub.shared_mtp.fetch_add(mtp as u64, Ordering::Relaxed);
+            let (mtp, drafts) = batch.iter().fold((0, 0), |(m, d), t| match t.work {
+                Work::Trunk { want, .. } => (m + u64::from(want != BatchWant::Logits), d),
+                Work::Draft { .. } => (m, d + 1),
+            });
+            hub.shared_mtp.fetch_add(mtp, Ordering::Relaxed);
+            hub.shared_drafts.fetch_add(drafts, Ordering::Relaxed);
         }
         hub.batches.fetch_add(1, Ordering::Relaxed);
         hub.forwards.fetch_add(n, Ordering::Relaxed);
@@ -373,6 +416,15 @@ impl<M: Model> BatchingModel<'_, M> {
         rows: LogitsRows,
         want: BatchWant,
     ) -> Result<BatchResult<M>> {
+        let work = Work::Trunk { state, rows, want };
+        match self.queue(tokens, work)? {
+            Output::Trunk(out) => Ok(out),
+            Output::Draft(_) => Err(mixed()),
+        }
+    }
+
+    /// Queue `work` on `tokens` and wait for its result.
+    fn queue(&self, tokens: &[u32], work: Work<M>) -> Result<Output<M>> {
         let hub = &*self.hub;
         let mut q = lock(&hub.queue);
         let id = q.next;
@@ -381,9 +433,7 @@ impl<M: Model> BatchingModel<'_, M> {
             id,
             tokens: tokens.as_ptr(),
             len: tokens.len(),
-            state,
-            rows,
-            want,
+            work,
         });
         hub.arrive.notify_all();
         loop {
@@ -398,29 +448,45 @@ impl<M: Model> BatchingModel<'_, M> {
         }
     }
 
-    /// Run `batch` on this thread.
-    fn run_batch(&self, batch: &[Ticket<M::State>]) -> Vec<Result<BatchResult<M>>> {
+    /// Run `batch` (tickets of one kind) on this thread.
+    fn run_batch(&self, batch: &[Ticket<M>]) -> Vec<Result<Output<M>>> {
         let _exec = lock(&self.hub.exec);
         // SAFETY: see `Ticket`: each owner waits until its result is posted
-        // (by the leader, after this returns), and every ticket's state is
-        // a distinct session.
-        let mut calls: Vec<BatchCall<'_, M::State>> = batch
-            .iter()
-            .map(|t| unsafe {
-                BatchCall {
-                    tokens: std::slice::from_raw_parts(t.tokens, t.len),
-                    state: &mut *t.state,
-                    rows: t.rows,
-                    want: t.want,
-                }
-            })
-            .collect();
-        self.inner.forward_batch(&mut calls)
+        // (by the leader, after this returns), and every ticket's state or
+        // history is a distinct session's.
+        let mut calls = Vec::new();
+        let mut drafts = Vec::new();
+        for t in batch {
+            let tokens = unsafe { std::slice::from_raw_parts(t.tokens, t.len) };
+            match t.work {
+                Work::Trunk { state, rows, want } => calls.push(BatchCall {
+                    tokens,
+                    state: unsafe { &mut *state },
+                    rows,
+                    want,
+                }),
+                Work::Draft { hidden, history } => drafts.push(MtpCall {
+                    tokens,
+                    hidden: unsafe { &*hidden },
+                    history: unsafe { &mut *history },
+                }),
+            }
+        }
+        if !calls.is_empty() && !drafts.is_empty() {
+            return batch.iter().map(|_| Err(mixed())).collect();
+        }
+        if drafts.is_empty() {
+            let out = self.inner.forward_batch(&mut calls);
+            out.into_iter().map(|r| r.map(Output::Trunk)).collect()
+        } else {
+            let out = self.inner.mtp_forward_batch(&mut drafts);
+            out.into_iter().map(|r| r.map(Output::Draft)).collect()
+        }
     }
 
     /// Hand `batch` to the executor and wait for its results; the batch
     /// back when no executor runs.
-    fn hand_off(&self, batch: Vec<Ticket<M::State>>) -> Handed<M::State, BatchResult<M>> {
+    fn hand_off(&self, batch: Vec<Ticket<M>>) -> Handed<M> {
         let hub = &*self.hub;
         let mut h = lock(&hub.handoff);
         if !h.running || h.closed {
@@ -487,8 +553,8 @@ where
     pub fn with_executor<R>(&self, f: impl FnOnce() -> R) -> R {
         /// Closes the executor when `f` returns or unwinds, so the scope
         /// can join it.
-        struct Close<'a, S, O>(&'a Hub<S, O>);
-        impl<S, O> Drop for Close<'_, S, O> {
+        struct Close<'a, M: Model>(&'a Hub<M>);
+        impl<M: Model> Drop for Close<'_, M> {
             fn drop(&mut self) {
                 lock(&self.0.handoff).closed = true;
                 self.0.handed.notify_all();
@@ -616,6 +682,23 @@ impl<M: Model> Model for BatchingModel<'_, M> {
         hidden: &M::Hidden,
         history: &mut M::MtpHistory,
     ) -> Result<MtpStep<M::Hidden>> {
-        self.alone(|m| m.mtp_forward(tokens, hidden, history))
+        let work = Work::Draft { hidden, history };
+        match self.queue(tokens, work)? {
+            Output::Draft(step) => Ok(step),
+            Output::Trunk(_) => Err(mixed()),
+        }
     }
+
+    fn mtp_forward_batch(
+        &self,
+        calls: &mut [MtpCall<'_, M::Hidden, M::MtpHistory>],
+    ) -> Vec<Result<MtpStep<M::Hidden>>> {
+        self.alone(|m| m.mtp_forward_batch(calls))
+    }
+}
+
+/// A ticket answered with the other kind's result (a bug, reported
+/// rather than panicking in a session's thread).
+fn mixed() -> EngineError {
+    EngineError::State("a batch mixed trunk forwards and MTP head calls".into())
 }

@@ -19,6 +19,6 @@ pub mod table;
 pub use error::EngineError;
 pub use model::{
     BatchCall, BatchOutput, BatchResult, BatchWant, DeviceRows, ForwardOutput, HiddenRows,
-    LogitsRows, MediaChunk, Model, ModelState, MtpContract, MtpHistory, MtpStep, NoMtp,
+    LogitsRows, MediaChunk, Model, ModelState, MtpCall, MtpContract, MtpHistory, MtpStep, NoMtp,
     VerifyWindow, forward_alone,
 };

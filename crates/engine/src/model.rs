@@ -136,6 +136,14 @@ impl<W, H> BatchOutput<W, H> {
     }
 }
 
+/// One session's part of a batched MTP head call
+/// ([`Model::mtp_forward_batch`]): what [`Model::mtp_forward`] takes.
+pub struct MtpCall<'a, H, Hist> {
+    pub tokens: &'a [u32],
+    pub hidden: &'a H,
+    pub history: &'a mut Hist,
+}
+
 /// `call` through the forward a session alone calls for its
 /// [`BatchWant`] (what [`Model::forward_batch`] does for a call that
 /// cannot share a pass).
@@ -374,6 +382,20 @@ pub trait Model: Send + Sync {
     ) -> Result<MtpStep<Self::Hidden>> {
         let _ = (tokens, hidden, history);
         Err(no_mtp(self.descriptor().name, "mtp_forward"))
+    }
+
+    /// Several sessions' MTP head calls at once (their draft steps):
+    /// each result is exactly [`Model::mtp_forward`] of that call alone.
+    /// The default runs them one after another; a family whose head can
+    /// share its products over several sessions' rows overrides it.
+    fn mtp_forward_batch(
+        &self,
+        calls: &mut [MtpCall<'_, Self::Hidden, Self::MtpHistory>],
+    ) -> Vec<Result<MtpStep<Self::Hidden>>> {
+        calls
+            .iter_mut()
+            .map(|c| self.mtp_forward(c.tokens, c.hidden, c.history))
+            .collect()
     }
 }
 

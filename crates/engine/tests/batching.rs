@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use ds4_engine::batching::{BatchConfig, BatchingModel};
 use ds4_engine::decode::{self, Flow, LiveSession, TurnConfig, TurnRequest, on_tokens};
-use ds4_engine::{BatchCall, BatchWant, HiddenRows, LogitsRows, Model, ModelState};
+use ds4_engine::{
+    BatchCall, BatchWant, HiddenRows, LogitsRows, Model, ModelState, MtpCall, MtpHistory,
+};
 use ds4_sampling::{Sampler, SamplingParams};
 
 /// What a turn produced, every logit-derived value as bits.
@@ -140,6 +142,10 @@ fn batched_mtp_equals_solo<M: Model>(model: &M, vocab: u32, depth: usize) {
     assert!(
         stats.shared_mtp > 0,
         "no MTP window or prefill shared a batch: {stats:?}"
+    );
+    assert!(
+        stats.shared_drafts > 0,
+        "no draft step shared a batch: {stats:?}"
     );
 }
 
@@ -328,6 +334,96 @@ fn direct_windows_equal_solo<M: Model>(model: &M, prep: impl Fn(&M, &mut M::Stat
             bits(&a.logits),
             bits(&b.logits),
             "state {i}: continues differently after the batch"
+        );
+    }
+}
+
+/// `mtp_forward_batch` called directly: four sessions' MTP histories at
+/// different lengths (each filled from its own prompt's trunk hidden, as
+/// an MTP turn's prefill does), three draft steps of one row and one of
+/// three rows in one call, and one refused (hidden rows that do not match
+/// its tokens). Each accepted call's logits and output hidden have the
+/// bits of the same call alone, the refused one gets its own error, and
+/// every history then continues with its solo twin's bits.
+fn direct_drafts_equal_solo<M: Model>(model: &M) {
+    assert!(
+        model.mtp_contract().is_some(),
+        "the fixture has an MTP head"
+    );
+    let vocab = model.vocab_size() as u32;
+    let tok = |i: u32| (i * 11 + 5) % (vocab - 3) + 3;
+    let mut histories = Vec::new();
+    let mut lasts = Vec::new();
+    for k in 0..5u32 {
+        let prompt: Vec<u32> = (0..4 + 3 * k).map(|i| tok(i + 7 * k)).collect();
+        let mut state = model.new_state();
+        let (_, hidden) = model
+            .forward_hidden(&prompt, &mut state, LogitsRows::Last)
+            .unwrap();
+        let n = prompt.len() - 1;
+        let mut h = model.new_mtp_history().unwrap();
+        model
+            .mtp_forward(&prompt[1..], &hidden.narrow(0, n).unwrap(), &mut h)
+            .unwrap();
+        lasts.push(hidden);
+        histories.push(h);
+    }
+    let mut solo = histories.clone();
+    let tokens: Vec<Vec<u32>> = vec![
+        vec![tok(1)],
+        vec![tok(2), tok(3), tok(4)],
+        vec![tok(5)],
+        vec![tok(6)],
+        vec![tok(7)],
+    ];
+    // Call 3's hidden rows: two for one token (refused).
+    let inputs: Vec<M::Hidden> = lasts
+        .iter()
+        .zip(&tokens)
+        .enumerate()
+        .map(|(i, (h, t))| {
+            let rows = if i == 3 { 2 } else { t.len() };
+            h.narrow(h.rows() - rows, rows).unwrap()
+        })
+        .collect();
+    let mut calls: Vec<MtpCall<'_, M::Hidden, M::MtpHistory>> = histories
+        .iter_mut()
+        .zip(&tokens)
+        .zip(&inputs)
+        .map(|((history, tokens), hidden)| MtpCall {
+            tokens,
+            hidden,
+            history,
+        })
+        .collect();
+    let batched = model.mtp_forward_batch(&mut calls);
+    drop(calls);
+    let hidden_bits = |h: &M::Hidden| bits(&h.to_host().unwrap().2);
+    for (i, b) in batched.iter().enumerate() {
+        let a = model.mtp_forward(&tokens[i], &inputs[i], &mut solo[i]);
+        match (b, a) {
+            (Ok(b), Ok(a)) => {
+                assert_eq!(bits(&b.logits), bits(&a.logits), "draft {i}: logits differ");
+                assert_eq!(
+                    hidden_bits(&b.hidden),
+                    hidden_bits(&a.hidden),
+                    "draft {i}: hidden"
+                );
+            }
+            (Err(_), Err(_)) => assert_eq!(i, 3, "draft {i} refused"),
+            (b, a) => panic!("draft {i}: batched {:?}, alone {:?}", b.is_ok(), a.is_ok()),
+        }
+    }
+    for i in 0..5 {
+        assert_eq!(histories[i].len(), solo[i].len(), "history {i}");
+        let next = [tok(20 + i as u32)];
+        let h = lasts[i].narrow(lasts[i].rows() - 1, 1).unwrap();
+        let a = model.mtp_forward(&next, &h, &mut histories[i]).unwrap();
+        let b = model.mtp_forward(&next, &h, &mut solo[i]).unwrap();
+        assert_eq!(
+            bits(&a.logits),
+            bits(&b.logits),
+            "history {i} continues differently"
         );
     }
 }
@@ -533,6 +629,7 @@ fn default_model_mtp_batched_turns_equal_solo() {
     let mut model = ds4_engine::families::llama::load_llama(&path).unwrap();
     model.attach_mtp_head(&head).unwrap();
     direct_windows_equal_solo(&model, prefill);
+    direct_drafts_equal_solo(&model);
     batched_mtp_equals_solo(&model, 49152, 2);
 }
 
@@ -543,6 +640,7 @@ fn deepseek_v4_mtp_batched_turns_equal_solo() {
     )
     .unwrap();
     direct_windows_equal_solo(&model, prefill);
+    direct_drafts_equal_solo(&model);
     let vocab = model.vocab_size() as u32;
     batched_mtp_equals_solo(&model, vocab, 2);
 }
@@ -554,6 +652,7 @@ fn qwen4_exp_mtp_batched_turns_equal_solo() {
     use ds4_engine::families::qwen4_exp::Qwen4ExpModel;
     let model = Qwen4ExpModel::from_hf_dir(&fixtures().join("qwen4_exp/tiny_a")).unwrap();
     direct_windows_equal_solo(&model, prefill);
+    direct_drafts_equal_solo(&model);
     let vocab = model.vocab_size() as u32;
     batched_mtp_equals_solo(&model, vocab, 2);
 }
@@ -564,6 +663,7 @@ fn glm5_next_mtp_batched_turns_equal_solo() {
     use ds4_engine::families::glm5_next::Glm5NextModel;
     let model = Glm5NextModel::from_hf_dir(&fixtures().join("glm5_next/tiny_b")).unwrap();
     direct_windows_equal_solo(&model, prefill);
+    direct_drafts_equal_solo(&model);
     let vocab = model.vocab_size() as u32;
     batched_mtp_equals_solo(&model, vocab, 2);
 }

@@ -83,8 +83,10 @@ pub struct Metrics {
     batches: AtomicU64,
     batched_forwards: AtomicU64,
     batch_largest: AtomicU64,
-    /// MTP prefills and verify windows that shared a batch.
+    /// MTP prefills and verify windows that shared a batch, and MTP
+    /// draft steps that did.
     batched_mtp: AtomicU64,
+    batched_drafts: AtomicU64,
     /// Nanoseconds the batches' leaders gathered and their forwards ran.
     batch_gather_ns: AtomicU64,
     batch_run_ns: AtomicU64,
@@ -252,6 +254,8 @@ impl Metrics {
             .store(stats.forwards, Ordering::Relaxed);
         self.batch_largest.store(stats.largest, Ordering::Relaxed);
         self.batched_mtp.store(stats.shared_mtp, Ordering::Relaxed);
+        self.batched_drafts
+            .store(stats.shared_drafts, Ordering::Relaxed);
         self.batch_gather_ns
             .store(stats.gather_ns, Ordering::Relaxed);
         self.batch_run_ns.store(stats.run_ns, Ordering::Relaxed);
@@ -453,6 +457,12 @@ impl Metrics {
             "counter",
             "MTP turns' prefills and verify windows that shared a batch with other forwards.",
             &one(get(&self.batched_mtp)),
+        );
+        metric(
+            "ds4_batched_mtp_drafts_total",
+            "counter",
+            "MTP turns' draft steps (the head's calls) that shared a batch with other turns' drafts.",
+            &one(get(&self.batched_drafts)),
         );
         let seconds = |ns: u64| vec![(String::new(), ns as f64 / 1e9)];
         metric(

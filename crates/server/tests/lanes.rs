@@ -4,8 +4,8 @@
 //! the others' decode steps), a conversation's next turn goes back to the
 //! lane holding it, warm, and shutdown ends every lane. With the default
 //! model's MTP head and `--mtp-depth 2` on both servers, the MTP turns'
-//! verify windows share the batches and every answer is still the one
-//! served alone.
+//! verify windows and draft steps share the batches and every answer is
+//! still the one served alone.
 
 mod common;
 
@@ -166,7 +166,7 @@ async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm(
 
 /// Every request as an MTP turn (the trained head, depth 2): greedy and
 /// sampled answers on `--max-batch 4` equal `--max-batch 1`'s bit for bit,
-/// and the turns' prefills and verify windows shared batches.
+/// and the turns' prefills, verify windows and draft steps shared batches.
 #[tokio::test(flavor = "multi_thread")]
 async fn default_model_max_batch_4_mtp_turns_answer_as_alone() {
     let configure = |lanes: usize| {
@@ -199,14 +199,14 @@ async fn default_model_max_batch_4_mtp_turns_answer_as_alone() {
     }
     let (_, m) = batched.get("/metrics").await;
     let metrics = m.as_str().expect("metrics text").to_string();
-    let shared: u64 = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("ds4_batched_mtp_forwards_total ")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no ds4_batched_mtp_forwards_total in {metrics}"));
-    assert!(shared > 0, "no MTP window shared a batch: {metrics}");
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    let windows = value("ds4_batched_mtp_forwards_total ");
+    assert!(windows > 0, "no MTP window shared a batch: {metrics}");
+    let drafts = value("ds4_batched_mtp_drafts_total ");
+    assert!(drafts > 0, "no draft step shared a batch: {metrics}");
 }

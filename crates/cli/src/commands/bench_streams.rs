@@ -37,8 +37,10 @@ pub struct StreamsRow {
     pub decode_batches: u64,
     pub decode_gather: Duration,
     pub decode_run: Duration,
-    /// MTP prefills and verify windows that shared a batch.
+    /// MTP prefills and verify windows that shared a batch, and draft
+    /// steps that did.
     pub shared_mtp: u64,
+    pub shared_drafts: u64,
     pub identical: bool,
 }
 
@@ -182,6 +184,7 @@ pub fn bench_streams<M: Model>(
             decode_gather: Duration::from_nanos(stats.gather_ns - at.gather_ns),
             decode_run: Duration::from_nanos(stats.run_ns - at.run_ns),
             shared_mtp: stats.shared_mtp,
+            shared_drafts: stats.shared_drafts,
             identical: outs.iter().zip(&alone).all(|(o, a)| &o.0 == a),
         });
     }
@@ -206,14 +209,14 @@ pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str, mtp_depth: usiz
     let mut out = String::from(
         "streams,decode_tokens,aggregate_decode_tps,per_stream_tps,vs_one_stream,batches,mean_batch,\
          decode_batches,decode_ms_per_batch,gather_ms_per_batch,forward_ms_per_batch,\
-         identical_to_alone,mtp_depth,shared_mtp_forwards,backend,kernels\n",
+         identical_to_alone,mtp_depth,shared_mtp_forwards,shared_drafts,backend,kernels\n",
     );
     for r in rows {
         let agg = r.aggregate_tps();
         let per_batch = |d: Duration| 1e3 * d.as_secs_f64() / r.decode_batches.max(1) as f64;
         let _ = writeln!(
             out,
-            "{},{},{agg:.1},{:.1},{:.2},{},{:.2},{},{:.3},{:.3},{:.3},{},{mtp_depth},{},{backend},{kernels}",
+            "{},{},{agg:.1},{:.1},{:.2},{},{:.2},{},{:.3},{:.3},{:.3},{},{mtp_depth},{},{},{backend},{kernels}",
             r.streams,
             r.decode_tokens,
             agg / r.streams as f64,
@@ -226,6 +229,7 @@ pub fn to_csv(rows: &[StreamsRow], backend: &str, kernels: &str, mtp_depth: usiz
             per_batch(r.decode_run),
             r.identical,
             r.shared_mtp,
+            r.shared_drafts,
         );
     }
     out

@@ -9,14 +9,15 @@ use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::model::{BatchCall, BatchOutput, BatchWant, ForwardOutput, LogitsRows};
 
-/// Run `calls`: those `joins` accepts together through `together` when at
-/// least two do, every other one through `alone`. An error of the shared
+/// Run `calls` (trunk forwards or MTP head calls): those `joins` accepts
+/// together through `together` when at least two do, every other one
+/// through `alone`. An error of the shared
 /// pass is each of its calls' error.
-pub(crate) fn split_batch<S, O>(
-    calls: &mut [BatchCall<'_, S>],
-    joins: impl Fn(&BatchCall<'_, S>) -> bool,
-    mut alone: impl FnMut(&mut BatchCall<'_, S>) -> Result<O>,
-    together: impl FnOnce(&mut [&mut BatchCall<'_, S>]) -> Result<Vec<O>>,
+pub(crate) fn split_batch<C, O>(
+    calls: &mut [C],
+    joins: impl Fn(&C) -> bool,
+    mut alone: impl FnMut(&mut C) -> Result<O>,
+    together: impl FnOnce(&mut [&mut C]) -> Result<Vec<O>>,
 ) -> Vec<Result<O>> {
     let ok: Vec<bool> = calls.iter().map(&joins).collect();
     if ok.iter().filter(|&&v| v).count() < 2 {

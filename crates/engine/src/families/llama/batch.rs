@@ -7,18 +7,22 @@
 //! weights once for all sessions (a decode step is bound by that read).
 
 use super::model::{Block, LlamaModel, LlamaState, LlamaWindow};
+use super::mtp::{LlamaMtpHistory, MtpHead};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::families::batch_split::{batch_outputs, download_logits, split_batch, wanted_rows};
 use crate::layers::attention::AttnPart;
 use crate::layers::embedding::embed_tokens;
 use crate::layers::rope::RopeRows;
-use crate::model::{BatchCall, BatchResult, ModelState, forward_alone};
+use crate::model::{
+    BatchCall, BatchResult, DeviceRows, HiddenRows, Model, ModelState, MtpCall, MtpStep,
+    forward_alone,
+};
 
 impl<B: Backend> Block<B> {
     /// [`Block::forward`] for several sessions' rows (`x` holds each part's
-    /// rows one after another).
-    fn forward_batch(
+    /// rows one after another; the trunk's layers and the MTP head's).
+    pub(super) fn forward_batch(
         &self,
         ops: &B,
         x: B::Buf,
@@ -127,5 +131,73 @@ impl<B: Backend> LlamaModel<B> {
                 })
             },
         )
+    }
+}
+
+/// One session's draft step in a batch of the MTP head's calls.
+type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, LlamaMtpHistory<B>>;
+
+impl<B: Backend> LlamaModel<B> {
+    /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
+    /// run one by one (each reports its own error); the others share one
+    /// pass of the head ([`MtpHead::forward_batch`]).
+    pub(super) fn run_mtp_batch(
+        &self,
+        calls: &mut [DraftCall<'_, B>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        let Some(head) = self.mtp_head() else {
+            return calls
+                .iter_mut()
+                .map(|c| self.mtp_forward(c.tokens, c.hidden, c.history))
+                .collect();
+        };
+        split_batch(
+            calls,
+            |c| self.draft_batchable(c),
+            |c| self.mtp_forward(c.tokens, c.hidden, c.history),
+            |shared| self.drafts_together(head, shared),
+        )
+    }
+
+    /// What [`Model::mtp_forward`] would accept: tokens in range, hidden
+    /// rows that match them, room in the history.
+    fn draft_batchable(&self, c: &DraftCall<'_, B>) -> bool {
+        let n = c.tokens.len();
+        let end = crate::model::MtpHistory::len(&*c.history) + n;
+        n > 0
+            && c.hidden.rows() == n
+            && c.hidden.width() == self.cfg.hidden_size
+            && end <= self.cfg.context_length
+            && end <= self.rope.max_positions()
+            && c.tokens.iter().all(|&x| (x as usize) < self.cfg.vocab_size)
+    }
+
+    fn drafts_together(
+        &self,
+        head: &MtpHead<B>,
+        calls: &mut [&mut DraftCall<'_, B>],
+    ) -> Result<Vec<MtpStep<DeviceRows<B>>>> {
+        let ops = &self.ops;
+        let tokens: Vec<u32> = calls
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let emb = embed_tokens(ops, &self.embed, &tokens, self.cfg.vocab_size)?;
+        let hidden = crate::families::batch_split::concat_rows(
+            ops,
+            calls.iter().map(|c| c.hidden.buf().clone()).collect(),
+        )?;
+        let counts: Vec<usize> = calls.iter().map(|c| c.tokens.len()).collect();
+        let mut histories: Vec<&mut LlamaMtpHistory<B>> =
+            calls.iter_mut().map(|c| &mut *c.history).collect();
+        head.forward_batch(ops, &emb, &hidden, &counts, &self.rope, &mut histories)?
+            .into_iter()
+            .map(|(logits, last)| {
+                Ok(MtpStep {
+                    logits,
+                    hidden: self.hidden_rows(last, 1)?,
+                })
+            })
+            .collect()
     }
 }

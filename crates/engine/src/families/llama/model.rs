@@ -27,7 +27,7 @@ use crate::load::gguf::GgufFile;
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
     BatchCall, BatchResult, DeviceRows, ForwardOutput, HiddenRows, LogitsRows, Model, ModelState,
-    MtpContract, MtpStep, VerifyWindow,
+    MtpCall, MtpContract, MtpStep, VerifyWindow,
 };
 use crate::state::kv_cache::{KvCache, KvType};
 
@@ -745,5 +745,12 @@ impl<B: Backend> Model for LlamaModel<B> {
             logits,
             hidden: self.hidden_rows(last, 1)?,
         })
+    }
+
+    fn mtp_forward_batch(
+        &self,
+        calls: &mut [MtpCall<'_, DeviceRows<B>, LlamaMtpHistory<B>>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        self.run_mtp_batch(calls)
     }
 }

@@ -39,6 +39,7 @@ use super::config::LlamaConfig;
 use super::model::{Block, GGUF_NAMES, GgufWeights};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
+use crate::layers::attention::AttnPart;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::RmsNorm;
 use crate::layers::rope::Rope;
@@ -236,6 +237,87 @@ impl<B: Backend> MtpHead<B> {
             logits[t as usize] = v;
         }
         Ok((logits, last))
+    }
+}
+
+impl<B: Backend> MtpHead<B> {
+    /// [`MtpHead::forward`] for several sessions' rows at once (their
+    /// draft steps): `emb` and `hidden` hold each part's `counts[i]` rows
+    /// one after another. The norms, `eh_proj`, the layer's norms,
+    /// projections and SwiGLU and the subset head run once over every
+    /// row; each session's attention reads its own history at its own
+    /// positions. Every op is row-independent, so each part's logits and
+    /// output `x` have the bits of its call alone. On an error every
+    /// history is as it was.
+    pub(super) fn forward_batch(
+        &self,
+        ops: &B,
+        emb: &B::Buf,
+        hidden: &B::Buf,
+        counts: &[usize],
+        rope: &Rope<B>,
+        histories: &mut [&mut LlamaMtpHistory<B>],
+    ) -> Result<Vec<(Vec<f32>, B::Buf)>> {
+        let h = self.hidden;
+        let n: usize = counts.iter().sum();
+        let e = self.enorm.forward(ops, emb)?;
+        let hn = self.hnorm.forward(ops, hidden)?;
+        let x = self
+            .eh_proj
+            .forward(ops, &ops.concat_cols(&[(&e, h), (&hn, h)], n)?, n)?;
+        let runs: Vec<(usize, usize)> = histories
+            .iter()
+            .zip(counts)
+            .map(|(hist, &t)| (hist.kv.len(), t))
+            .collect();
+        let rope_rows = rope.tables_runs(ops, &runs)?;
+        let mut parts: Vec<AttnPart<'_, B>> = histories
+            .iter_mut()
+            .zip(counts)
+            .map(|(hist, &t)| AttnPart {
+                t,
+                cache: &mut hist.kv,
+            })
+            .collect();
+        let y = self.block.forward_batch(ops, x, &rope_rows, &mut parts, 0);
+        drop(parts);
+        let x = match y {
+            Ok(x) => x,
+            Err(e) => {
+                for hist in histories.iter_mut() {
+                    hist.kv.rollback()?;
+                }
+                return Err(e);
+            }
+        };
+        for (hist, &t) in histories.iter_mut().zip(counts) {
+            hist.kv.advance(t)?;
+        }
+        // Each part's last row, then one subset head over them.
+        let mut at = 0;
+        let lasts: Vec<(usize, usize)> = counts
+            .iter()
+            .map(|&t| {
+                at += t;
+                (at - 1, 1)
+            })
+            .collect();
+        let last = ops.row_runs(&x, h, &lasts)?;
+        let m = lasts.len();
+        let z = self
+            .output
+            .forward(ops, &self.norm.forward(ops, &last)?, m)?;
+        let zs = ops.download_parts(&z, &vec![self.subset.len(); m])?;
+        zs.into_iter()
+            .enumerate()
+            .map(|(i, z)| {
+                let mut logits = vec![f32::NEG_INFINITY; self.vocab];
+                for (&t, &v) in self.subset.iter().zip(&z) {
+                    logits[t as usize] = v;
+                }
+                Ok((logits, ops.rows(&last, h, i, 1)?))
+            })
+            .collect()
     }
 }
 
