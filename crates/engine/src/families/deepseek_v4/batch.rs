@@ -9,14 +9,17 @@
 //! alone (`tests/batching.rs`).
 
 use super::attention::{AttnCache, Rotations};
-use super::model::{DecoderLayer, DeepseekV4Model};
-use super::state::{DeepseekV4State, WindowMark};
+use super::model::{DecoderLayer, DeepseekV4Model, MTP_LAYER, MtpHead};
+use super::state::{DeepseekV4State, MtpState, WindowMark};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
     accepts, batch_outputs, download_logits, split_batch, wanted_rows,
 };
-use crate::model::{BatchCall, BatchResult, LogitsRows, forward_alone};
+use crate::model::{
+    BatchCall, BatchResult, DeviceRows, HiddenRows, LogitsRows, Model, MtpCall, MtpStep,
+    forward_alone,
+};
 
 /// One session's part of a batched layer: its rows, caches and rotations.
 struct Part<'a, 'r, B: Backend> {
@@ -132,5 +135,113 @@ impl<B: Backend> DeepseekV4Model<B> {
                 })
             },
         )
+    }
+}
+
+/// One session's draft step in a batch of the MTP head's calls.
+type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, MtpState<B>>;
+
+impl<B: Backend> DeepseekV4Model<B> {
+    /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
+    /// run one by one (each reports its own error); the others share one
+    /// pass of the head — the e/h projections, the layer's
+    /// hyper-connections and MoE and the head over every session's rows,
+    /// each session's sliding attention on its own cache. On an error the
+    /// histories are partly advanced, as a failed call leaves one.
+    pub(super) fn run_mtp_batch(
+        &self,
+        calls: &mut [DraftCall<'_, B>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        let alone =
+            |c: &mut DraftCall<'_, B>| Model::mtp_forward(self, c.tokens, c.hidden, c.history);
+        let Some(head) = self.mtp.as_deref() else {
+            return calls.iter_mut().map(alone).collect();
+        };
+        let nd = self.cfg.hc_mult * self.cfg.hidden_size;
+        split_batch(
+            calls,
+            |c| {
+                c.hidden.rows() == c.tokens.len()
+                    && c.hidden.width() == nd
+                    && accepts(
+                        c.tokens,
+                        c.history.positions.len(),
+                        self.cfg.context_length,
+                        self.cfg.vocab_size,
+                    )
+            },
+            alone,
+            |shared| self.drafts_together(head, shared),
+        )
+    }
+
+    fn drafts_together(
+        &self,
+        head: &MtpHead<B>,
+        calls: &mut [&mut DraftCall<'_, B>],
+    ) -> Result<Vec<MtpStep<DeviceRows<B>>>> {
+        let ops = &self.ops;
+        let (c, h) = (self.cfg.hc_mult, self.cfg.hidden_size);
+        let tokens: Vec<u32> = calls
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let n = tokens.len();
+        let e = head
+            .e_proj
+            .forward(ops, &head.enorm.forward(ops, &self.embed(&tokens)?)?, n)?;
+        let streams = crate::families::batch_split::concat_rows(
+            ops,
+            calls.iter().map(|c| c.hidden.buf().clone()).collect(),
+        )?;
+        let hs = head
+            .h_proj
+            .forward(ops, &head.hnorm.forward(ops, &streams)?, n * c)?;
+        let x0 = ops.add(&hs, &ops.tile_streams(&e, c, h)?)?;
+        let mut rots = Vec::with_capacity(calls.len());
+        for call in calls.iter_mut() {
+            let t = call.tokens.len();
+            let base = call.history.positions.len() as u32;
+            rots.push(self.ropes.for_rows(ops, base as usize, t)?);
+            call.history
+                .positions
+                .extend((base..base + t as u32).map(|p| [p; 3]));
+        }
+        let mut parts: Vec<Part<'_, '_, B>> = calls
+            .iter_mut()
+            .zip(&rots)
+            .map(|(call, rot)| Part {
+                rows: call.tokens.len(),
+                cache: &mut call.history.cache,
+                rot,
+            })
+            .collect();
+        let x1 =
+            head.layer
+                .forward_batch(ops, &x0, &tokens, &mut parts, [self.scope, MTP_LAYER])?;
+        drop(parts);
+        // Each call's last row, then one head over them.
+        let mut at = 0;
+        let lasts: Vec<(usize, usize)> = calls
+            .iter()
+            .map(|call| {
+                at += call.tokens.len();
+                (at - 1, 1)
+            })
+            .collect();
+        let m = lasts.len();
+        let last = ops.row_runs(&x1, c * h, &lasts)?;
+        let (all, _) =
+            self.logits_on_device(&last, m, &head.hc_head, &head.norm, LogitsRows::All)?;
+        download_logits(ops, &all, self.cfg.vocab_size, &vec![1; m])?
+            .into_iter()
+            .enumerate()
+            .map(|(i, out)| {
+                Ok(MtpStep {
+                    logits: out.logits,
+                    hidden: self.hidden(ops.rows(&last, c * h, i, 1)?, 1)?,
+                })
+            })
+            .collect()
     }
 }

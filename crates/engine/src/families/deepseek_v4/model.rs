@@ -53,7 +53,7 @@ const PURE_MAX_ROWS: usize = 8;
 const UNIT_ATTN_IN: u64 = 1;
 const UNIT_FFN: u64 = 2;
 /// The layer index of the MTP head's layer in unit keys.
-const MTP_LAYER: u64 = u64::MAX;
+pub(super) const MTP_LAYER: u64 = u64::MAX;
 
 #[derive(Debug)]
 pub struct DecoderLayer<B: Backend> {
@@ -275,13 +275,13 @@ impl<B: Backend> DecoderLayer<B> {
 /// The MTP head (see the module docs for its contract).
 #[derive(Debug)]
 pub struct MtpHead<B: Backend> {
-    enorm: RmsNorm<B>,
-    hnorm: RmsNorm<B>,
-    e_proj: Linear<B>,
-    h_proj: Linear<B>,
-    layer: DecoderLayer<B>,
-    hc_head: HcHead<B>,
-    norm: RmsNorm<B>,
+    pub(super) enorm: RmsNorm<B>,
+    pub(super) hnorm: RmsNorm<B>,
+    pub(super) e_proj: Linear<B>,
+    pub(super) h_proj: Linear<B>,
+    pub(super) layer: DecoderLayer<B>,
+    pub(super) hc_head: HcHead<B>,
+    pub(super) norm: RmsNorm<B>,
 }
 
 impl<B: Backend> MtpHead<B> {
@@ -318,7 +318,7 @@ pub struct DeepseekV4Model<B: Backend = CpuOps> {
     pub(super) layers: Vec<DecoderLayer<B>>,
     pub(super) hc_head: HcHead<B>,
     pub(super) ropes: Ropes,
-    mtp: Option<Box<MtpHead<B>>>,
+    pub(super) mtp: Option<Box<MtpHead<B>>>,
     /// This model's identity in pure-unit keys ([`crate::backend::pure_scope`]).
     pub(super) scope: u64,
 }
@@ -739,6 +739,13 @@ impl<B: Backend> Model for DeepseekV4Model<B> {
             logits: logits.last_row().to_vec(),
             hidden: self.hidden(last, 1)?,
         })
+    }
+
+    fn mtp_forward_batch(
+        &self,
+        calls: &mut [crate::model::MtpCall<'_, DeviceRows<B>, MtpState<B>>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        self.run_mtp_batch(calls)
     }
 }
 
