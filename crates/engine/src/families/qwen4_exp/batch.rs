@@ -20,13 +20,15 @@
 //! session's logits have the bits of its forward alone
 //! (`tests/batching.rs`). Verify windows share the pass too, each linear
 //! layer recording the window's PLE and DeltaNet replay from the session's
-//! own caches (as alone). Media forwards and the MTP head never come
-//! through here (the batching model runs them alone); calls a forward
-//! alone would refuse run alone through `split_batch`, each reporting its
-//! own error.
+//! own caches (as alone). The MTP head's draft steps have a batched pass
+//! of their own (below: the head's projections, its QSA layer's shared
+//! work and the mixer and head over every session's rows). Media forwards
+//! never come through here (the batching model runs them alone); calls a
+//! forward alone would refuse run alone through `split_batch`, each
+//! reporting its own error.
 
-use super::model::{DecoderLayer, LayerCapture, Mixer, Qwen4ExpModel};
-use super::state::{LayerCache, Qwen4ExpState};
+use super::model::{DecoderLayer, LayerCapture, MTP_LAYER, Mixer, MtpHead, Qwen4ExpModel};
+use super::state::{LayerCache, MtpState, Qwen4ExpState};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
@@ -35,7 +37,10 @@ use crate::families::batch_split::{
 };
 use crate::layers::hyper_connections::Streams;
 use crate::layers::rope::{MRope, Positions, RopeRows};
-use crate::model::{BatchCall, BatchResult, BatchWant, forward_alone};
+use crate::model::{
+    BatchCall, BatchResult, BatchWant, DeviceRows, HiddenRows, Model, MtpCall, MtpStep,
+    forward_alone,
+};
 
 /// One session's part of a batched layer: its tokens, the layer's cache,
 /// its positions (every cached one and the new rows' tables) and, for a
@@ -272,5 +277,128 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 )
             },
         )
+    }
+}
+
+/// One session's draft step in a batch of the MTP head's calls.
+type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, MtpState<B>>;
+
+impl<B: Backend> Qwen4ExpModel<B> {
+    /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
+    /// run one by one (each reports its own error); the others share one
+    /// pass of the head — its norms and projections, its QSA layer's
+    /// hyper-connections, projections and MoE, the mixer and the head over
+    /// every session's rows; each session's positions, indexer and
+    /// attention on its own history. On an error the histories are partly
+    /// advanced, as a failed call leaves one.
+    pub(super) fn run_mtp_batch(
+        &self,
+        calls: &mut [DraftCall<'_, B>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        let alone =
+            |c: &mut DraftCall<'_, B>| Model::mtp_forward(self, c.tokens, c.hidden, c.history);
+        let Some(head) = self.mtp.as_deref() else {
+            return calls.iter_mut().map(alone).collect();
+        };
+        let ch = self.cfg.hc_count * self.cfg.hidden_size;
+        split_batch(
+            calls,
+            |c| {
+                c.hidden.rows() == c.tokens.len()
+                    && c.hidden.width() == ch
+                    && accepts(
+                        c.tokens,
+                        c.history.positions.len(),
+                        self.cfg.context_length,
+                        self.cfg.vocab_size,
+                    )
+            },
+            alone,
+            |shared| self.drafts_together(head, shared),
+        )
+    }
+
+    fn drafts_together(
+        &self,
+        head: &MtpHead<B>,
+        calls: &mut [&mut DraftCall<'_, B>],
+    ) -> Result<Vec<MtpStep<DeviceRows<B>>>> {
+        let ops = &self.ops;
+        let (c, h) = (self.cfg.hc_count, self.cfg.hidden_size);
+        let tokens: Vec<u32> = calls
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
+        let n = tokens.len();
+        let e = head
+            .fc_e
+            .forward(ops, &head.pre_e.forward(ops, &self.embed(&tokens)?)?, n)?;
+        let streams = concat(ops, calls.iter().map(|c| c.hidden.buf().clone()).collect())?;
+        let fh = head
+            .fc_h
+            .forward(ops, &head.pre_h.forward(ops, &streams)?, n * c)?;
+        let x0 = ops.add(&fh, &ops.tile_streams(&e, c, h)?)?;
+        // Each history's rows at its next positions (as alone: the
+        // history's length onwards) and their tables.
+        let mut ropes: Vec<RopeRows<B>> = Vec::with_capacity(calls.len());
+        for call in calls.iter_mut() {
+            let st = &mut *call.history;
+            let base = st.positions.len();
+            let first = base as u32;
+            st.positions
+                .extend((first..first + call.tokens.len() as u32).map(|p| [p; 3]));
+            ropes.push(self.rope.tables(ops, &st.positions[base..])?);
+        }
+        let mut parts: Vec<Part<'_, B>> = calls
+            .iter_mut()
+            .zip(&ropes)
+            .map(|(call, rope)| {
+                let tokens = call.tokens;
+                let st = &mut *call.history;
+                Part {
+                    tokens,
+                    cache: &mut st.cache,
+                    pos: Positions {
+                        all: &st.positions,
+                        rope: &self.rope,
+                        rows: rope,
+                    },
+                    capture: None,
+                }
+            })
+            .collect();
+        let x1 = head.layer.forward_batch(
+            ops,
+            Streams::ready(x0),
+            &mut parts,
+            [self.scope, MTP_LAYER],
+        )?;
+        drop(parts);
+        // Each call's last row through the mixer and one head.
+        let [streams, normed] = x1.normed(ops, &head.mixer)?;
+        let mut at = 0;
+        let lasts: Vec<(usize, usize)> = calls
+            .iter()
+            .map(|call| {
+                at += call.tokens.len();
+                (at - 1, 1)
+            })
+            .collect();
+        let m = lasts.len();
+        let (x, _) = head
+            .mixer
+            .mix_normed(ops, &ops.row_runs(&normed, c * h, &lasts)?, m)?;
+        let logits = self.lm_head.forward(ops, &x, m)?;
+        let last = ops.row_runs(&streams, c * h, &lasts)?;
+        download_logits(ops, &logits, self.cfg.vocab_size, &vec![1; m])?
+            .into_iter()
+            .enumerate()
+            .map(|(i, out)| {
+                Ok(MtpStep {
+                    logits: out.logits,
+                    hidden: self.hidden(ops.rows(&last, c * h, i, 1)?, 1)?,
+                })
+            })
+            .collect()
     }
 }

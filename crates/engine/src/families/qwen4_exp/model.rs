@@ -65,7 +65,7 @@ const PURE_MAX_ROWS: usize = 8;
 /// Which pure unit of a layer a key names.
 const UNIT_MOE: u64 = 1;
 /// The layer index of the MTP head's layer in unit keys.
-const MTP_LAYER: u64 = u64::MAX;
+pub(super) const MTP_LAYER: u64 = u64::MAX;
 
 #[derive(Debug)]
 pub(super) enum Mixer<B: Backend> {
@@ -316,12 +316,12 @@ impl<B: Backend> DecoderLayer<B> {
 /// The MTP head (see the module docs for its contract).
 #[derive(Debug)]
 pub struct MtpHead<B: Backend> {
-    pre_e: ZcNorm<B>,
-    pre_h: ZcNorm<B>,
-    fc_e: Linear<B>,
-    fc_h: Linear<B>,
-    layer: DecoderLayer<B>,
-    mixer: GatedResidual<B>,
+    pub(super) pre_e: ZcNorm<B>,
+    pub(super) pre_h: ZcNorm<B>,
+    pub(super) fc_e: Linear<B>,
+    pub(super) fc_h: Linear<B>,
+    pub(super) layer: DecoderLayer<B>,
+    pub(super) mixer: GatedResidual<B>,
 }
 
 /// A trunk forward with everything the decode loops and tests may need.
@@ -355,7 +355,7 @@ pub struct Qwen4ExpModel<B: Backend = CpuOps> {
     pub(super) layers: Vec<DecoderLayer<B>>,
     pub(super) mixer: Box<GatedResidual<B>>,
     pub(super) rope: MRope,
-    mtp: Option<Box<MtpHead<B>>>,
+    pub(super) mtp: Option<Box<MtpHead<B>>>,
     /// This model's identity in pure-unit keys ([`crate::backend::pure_scope`]).
     pub(super) scope: u64,
 }
@@ -906,6 +906,13 @@ impl<B: Backend> Model for Qwen4ExpModel<B> {
             logits: out.logits.last_row().to_vec(),
             hidden: self.hidden(last, 1)?,
         })
+    }
+
+    fn mtp_forward_batch(
+        &self,
+        calls: &mut [crate::model::MtpCall<'_, DeviceRows<B>, MtpState<B>>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        self.run_mtp_batch(calls)
     }
 }
 
