@@ -27,7 +27,7 @@
 
 use super::layer::{DecoderLayer, Mixer, mismatch};
 use super::model::Glm5NextModel;
-use super::state::{Glm5NextState, LayerCache, WindowCapture};
+use super::state::{Glm5NextState, LayerCache, MtpState, WindowCapture};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
@@ -36,7 +36,10 @@ use crate::families::batch_split::{
 };
 use crate::layers::delta_rule::DeltaReplay;
 use crate::layers::hyper_connections::HyperConnection;
-use crate::model::{BatchCall, BatchResult, BatchWant, forward_alone};
+use crate::model::{
+    BatchCall, BatchResult, BatchWant, DeviceRows, HiddenRows, Model, MtpCall, MtpStep,
+    forward_alone,
+};
 
 /// One session's part of a batched layer: its rows, the layer's cache,
 /// its selection from the layer before (replaced by this layer's) and,
@@ -207,6 +210,65 @@ impl<B: Backend> Glm5NextModel<B> {
                     rows: calls[i].tokens.len(),
                     kda: std::mem::take(&mut replays[i]),
                 })
+            },
+        )
+    }
+}
+
+/// One session's draft step in a batch of the NextN head's calls.
+type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, MtpState<B>>;
+
+impl<B: Backend> Glm5NextModel<B> {
+    /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
+    /// run one by one (each reports its own error); the others share one
+    /// pass of the NextN head ([`super::mtp::NextN::forward_batch`]).
+    pub(super) fn run_mtp_batch(
+        &self,
+        calls: &mut [DraftCall<'_, B>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        let alone =
+            |c: &mut DraftCall<'_, B>| Model::mtp_forward(self, c.tokens, c.hidden, c.history);
+        let Some(head) = self.mtp.as_deref() else {
+            return calls.iter_mut().map(alone).collect();
+        };
+        let d = self.cfg.hidden_size;
+        split_batch(
+            calls,
+            |c| {
+                c.hidden.rows() == c.tokens.len()
+                    && c.hidden.width() == d
+                    && accepts(
+                        c.tokens,
+                        c.history.positions.len(),
+                        self.cfg.context_length,
+                        self.cfg.vocab_size,
+                    )
+            },
+            alone,
+            |shared| {
+                let ops = &self.ops;
+                let tokens: Vec<u32> = shared
+                    .iter()
+                    .flat_map(|c| c.tokens.iter().copied())
+                    .collect();
+                let emb = self.embed_from(head.embed.as_ref(), &tokens)?;
+                let hidden = concat(ops, shared.iter().map(|c| c.hidden.buf().clone()).collect())?;
+                let counts: Vec<usize> = shared.iter().map(|c| c.tokens.len()).collect();
+                let mut states: Vec<&mut MtpState<B>> =
+                    shared.iter_mut().map(|c| &mut *c.history).collect();
+                let out =
+                    head.forward_batch(ops, &emb, &hidden, &counts, &mut states, &self.lm_head)?;
+                let m = counts.len();
+                download_logits(ops, &out.logits, self.cfg.vocab_size, &vec![1; m])?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, l)| {
+                        Ok(MtpStep {
+                            logits: l.logits,
+                            hidden: self.hidden_rows(ops.rows(&out.hidden, d, i, 1)?, 1)?,
+                        })
+                    })
+                    .collect()
             },
         )
     }

@@ -33,10 +33,10 @@ pub struct Glm5NextModel<B: Backend = CpuOps> {
     pub(super) cfg: Box<Glm5NextConfig>,
     /// `[V, D]`.
     embed: B::Table,
-    lm_head: Linear<B>,
+    pub(super) lm_head: Linear<B>,
     pub(super) layers: Vec<DecoderLayer<B>>,
     pub(super) norm: RmsNorm<B>,
-    mtp: Option<Box<NextN<B>>>,
+    pub(super) mtp: Option<Box<NextN<B>>>,
 }
 
 /// A trunk forward with everything tests and the decode loops may need.
@@ -409,5 +409,12 @@ impl<B: Backend> Model for Glm5NextModel<B> {
             logits: logits.last_row().to_vec(),
             hidden: self.hidden_rows(last, 1)?,
         })
+    }
+
+    fn mtp_forward_batch(
+        &self,
+        calls: &mut [crate::model::MtpCall<'_, DeviceRows<B>, MtpState<B>>],
+    ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        self.run_mtp_batch(calls)
     }
 }

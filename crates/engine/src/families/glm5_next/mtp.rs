@@ -42,6 +42,7 @@ use super::layer::{indexer_spec, mla_spec};
 use super::state::{MlaCache, MtpState};
 use crate::backend::Backend;
 use crate::error::Result;
+use crate::families::batch_split::{concat_rows, split_rows};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::mla::Mla;
 use crate::layers::norms::RmsNorm;
@@ -179,5 +180,80 @@ impl<B: Backend> NextN<B> {
             .unwrap_or(lm_head)
             .forward(ops, &normed, m)?;
         Ok(NextNOutput { logits, hidden: x })
+    }
+
+    /// [`NextN::forward`] for several sessions' rows at once (their draft
+    /// steps; `emb` and `hidden` hold each part's `counts[i]` rows one
+    /// after another), each part's last row only: the norms, `eh_proj`,
+    /// the MLA query and latent projections, the FFN and the head run once
+    /// over every row; each session's latent append, indexer and attention
+    /// on its own cache. Every op is row-independent, so each part's
+    /// logits row and `x` row have the bits of its call alone. On an error
+    /// the states are partly advanced, as a failed call leaves one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_batch(
+        &self,
+        ops: &B,
+        emb: &B::Buf,
+        hidden: &B::Buf,
+        counts: &[usize],
+        states: &mut [&mut MtpState<B>],
+        lm_head: &Linear<B>,
+    ) -> Result<NextNOutput<B>> {
+        let d = self.eh_proj.out_dim();
+        let n: usize = counts.iter().sum();
+        let e = self.enorm.forward(ops, emb)?;
+        let hn = self.hnorm.forward(ops, hidden)?;
+        let x = self
+            .eh_proj
+            .forward(ops, &ops.concat_cols(&[(&e, d), (&hn, d)], n)?, n)?;
+        let a = self.input_norm.forward(ops, &x)?;
+        let (qr, q) = self.mla.queries(ops, &a, n)?;
+        let latents = self.mla.latents(ops, &a, n)?;
+        let split = |x: &B::Buf| split_rows(ops, x, n, counts.iter().copied());
+        let (ar, qrr, qs, ls) = (split(&a)?, split(&qr)?, split(&q)?, split(&latents)?);
+        let mut ys = Vec::with_capacity(counts.len());
+        for ((((state, &t), ai), qri), (qi, li)) in states
+            .iter_mut()
+            .zip(counts)
+            .zip(&ar)
+            .zip(&qrr)
+            .zip(qs.iter().zip(&ls))
+        {
+            let cache = &mut state.cache;
+            cache.latent.append(ops, li)?;
+            let ic = cache.indexer.as_mut().ok_or_else(|| {
+                crate::error::EngineError::State("the NextN cache has no indexer".into())
+            })?;
+            let sel = self.indexer.forward(ops, ai, qri, t, ic)?;
+            ys.push(self.mla.attend(ops, qi, t, cache.latent.buf(), &sel)?);
+        }
+        let x = ops.add(&x, &concat_rows(ops, ys)?)?;
+        let (f, _) = self
+            .ffn
+            .forward(ops, &self.post_norm.forward(ops, &x)?, n)?;
+        let x = ops.add(&x, &f)?;
+        let mut at = 0;
+        let mut lasts = Vec::with_capacity(counts.len());
+        for (state, &t) in states.iter_mut().zip(counts) {
+            let base = state.positions.len() as u32;
+            state
+                .positions
+                .extend((base..base + t as u32).map(|p| [p; 3]));
+            at += t;
+            lasts.push((at - 1, 1));
+        }
+        let m = lasts.len();
+        let last = ops.row_runs(&x, d, &lasts)?;
+        let normed = self.shared_norm.forward(ops, &last)?;
+        let logits = self
+            .head
+            .as_ref()
+            .unwrap_or(lm_head)
+            .forward(ops, &normed, m)?;
+        Ok(NextNOutput {
+            logits,
+            hidden: last,
+        })
     }
 }
