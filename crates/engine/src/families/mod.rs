@@ -8,6 +8,7 @@
 
 pub(crate) mod batch_split;
 pub mod deepseek_v4;
+pub(crate) mod draft_batch;
 pub mod glm5_next;
 pub mod llama;
 #[cfg(feature = "cuda")]

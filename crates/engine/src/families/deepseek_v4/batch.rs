@@ -16,10 +16,8 @@ use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
     accepts, batch_outputs, download_logits, split_batch, wanted_rows,
 };
-use crate::model::{
-    BatchCall, BatchResult, DeviceRows, HiddenRows, LogitsRows, Model, MtpCall, MtpStep,
-    forward_alone,
-};
+use crate::families::draft_batch;
+use crate::model::{BatchCall, BatchResult, DeviceRows, LogitsRows, Model, MtpStep, forward_alone};
 
 /// One session's part of a batched layer: its rows, caches and rotations.
 struct Part<'a, 'r, B: Backend> {
@@ -138,8 +136,7 @@ impl<B: Backend> DeepseekV4Model<B> {
     }
 }
 
-/// One session's draft step in a batch of the MTP head's calls.
-type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, MtpState<B>>;
+type DraftCall<'a, B> = draft_batch::DraftCall<'a, B, MtpState<B>>;
 
 impl<B: Backend> DeepseekV4Model<B> {
     /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
@@ -157,19 +154,14 @@ impl<B: Backend> DeepseekV4Model<B> {
         let Some(head) = self.mtp.as_deref() else {
             return calls.iter_mut().map(alone).collect();
         };
-        let nd = self.cfg.hc_mult * self.cfg.hidden_size;
+        let (nd, context, vocab) = (
+            self.cfg.hc_mult * self.cfg.hidden_size,
+            self.cfg.context_length,
+            self.cfg.vocab_size,
+        );
         split_batch(
             calls,
-            |c| {
-                c.hidden.rows() == c.tokens.len()
-                    && c.hidden.width() == nd
-                    && accepts(
-                        c.tokens,
-                        c.history.positions.len(),
-                        self.cfg.context_length,
-                        self.cfg.vocab_size,
-                    )
-            },
+            |c| draft_batch::draft_accepts(c, nd, context, vocab),
             alone,
             |shared| self.drafts_together(head, shared),
         )
@@ -182,21 +174,16 @@ impl<B: Backend> DeepseekV4Model<B> {
     ) -> Result<Vec<MtpStep<DeviceRows<B>>>> {
         let ops = &self.ops;
         let (c, h) = (self.cfg.hc_mult, self.cfg.hidden_size);
-        let tokens: Vec<u32> = calls
-            .iter()
-            .flat_map(|c| c.tokens.iter().copied())
-            .collect();
-        let n = tokens.len();
-        let e = head
-            .e_proj
-            .forward(ops, &head.enorm.forward(ops, &self.embed(&tokens)?)?, n)?;
-        let streams = crate::families::batch_split::concat_rows(
+        let inputs = draft_batch::draft_inputs(ops, calls)?;
+        let n = inputs.tokens.len();
+        let e = head.e_proj.forward(
             ops,
-            calls.iter().map(|c| c.hidden.buf().clone()).collect(),
+            &head.enorm.forward(ops, &self.embed(&inputs.tokens)?)?,
+            n,
         )?;
         let hs = head
             .h_proj
-            .forward(ops, &head.hnorm.forward(ops, &streams)?, n * c)?;
+            .forward(ops, &head.hnorm.forward(ops, &inputs.hidden)?, n * c)?;
         let x0 = ops.add(&hs, &ops.tile_streams(&e, c, h)?)?;
         let mut rots = Vec::with_capacity(calls.len());
         for call in calls.iter_mut() {
@@ -216,32 +203,24 @@ impl<B: Backend> DeepseekV4Model<B> {
                 rot,
             })
             .collect();
-        let x1 =
-            head.layer
-                .forward_batch(ops, &x0, &tokens, &mut parts, [self.scope, MTP_LAYER])?;
+        let x1 = head.layer.forward_batch(
+            ops,
+            &x0,
+            &inputs.tokens,
+            &mut parts,
+            [self.scope, MTP_LAYER],
+        )?;
         drop(parts);
         // Each call's last row, then one head over them.
-        let mut at = 0;
-        let lasts: Vec<(usize, usize)> = calls
-            .iter()
-            .map(|call| {
-                at += call.tokens.len();
-                (at - 1, 1)
-            })
-            .collect();
-        let m = lasts.len();
+        let lasts = draft_batch::last_rows(&inputs.counts);
         let last = ops.row_runs(&x1, c * h, &lasts)?;
-        let (all, _) =
-            self.logits_on_device(&last, m, &head.hc_head, &head.norm, LogitsRows::All)?;
-        download_logits(ops, &all, self.cfg.vocab_size, &vec![1; m])?
-            .into_iter()
-            .enumerate()
-            .map(|(i, out)| {
-                Ok(MtpStep {
-                    logits: out.logits,
-                    hidden: self.hidden(ops.rows(&last, c * h, i, 1)?, 1)?,
-                })
-            })
-            .collect()
+        let (all, _) = self.logits_on_device(
+            &last,
+            lasts.len(),
+            &head.hc_head,
+            &head.norm,
+            LogitsRows::All,
+        )?;
+        draft_batch::draft_steps(ops, &all, self.cfg.vocab_size, &last, c * h)
     }
 }

@@ -34,12 +34,10 @@ use crate::families::batch_split::{
     accepts, batch_outputs, concat_rows as concat, download_logits, split_batch, split_rows,
     wanted_rows,
 };
+use crate::families::draft_batch;
 use crate::layers::delta_rule::DeltaReplay;
 use crate::layers::hyper_connections::HyperConnection;
-use crate::model::{
-    BatchCall, BatchResult, BatchWant, DeviceRows, HiddenRows, Model, MtpCall, MtpStep,
-    forward_alone,
-};
+use crate::model::{BatchCall, BatchResult, BatchWant, DeviceRows, Model, MtpStep, forward_alone};
 
 /// One session's part of a batched layer: its rows, the layer's cache,
 /// its selection from the layer before (replaced by this layer's) and,
@@ -215,8 +213,7 @@ impl<B: Backend> Glm5NextModel<B> {
     }
 }
 
-/// One session's draft step in a batch of the NextN head's calls.
-type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, MtpState<B>>;
+type DraftCall<'a, B> = draft_batch::DraftCall<'a, B, MtpState<B>>;
 
 impl<B: Backend> Glm5NextModel<B> {
     /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
@@ -231,44 +228,30 @@ impl<B: Backend> Glm5NextModel<B> {
         let Some(head) = self.mtp.as_deref() else {
             return calls.iter_mut().map(alone).collect();
         };
-        let d = self.cfg.hidden_size;
+        let (d, context, vocab) = (
+            self.cfg.hidden_size,
+            self.cfg.context_length,
+            self.cfg.vocab_size,
+        );
         split_batch(
             calls,
-            |c| {
-                c.hidden.rows() == c.tokens.len()
-                    && c.hidden.width() == d
-                    && accepts(
-                        c.tokens,
-                        c.history.positions.len(),
-                        self.cfg.context_length,
-                        self.cfg.vocab_size,
-                    )
-            },
+            |c| draft_batch::draft_accepts(c, d, context, vocab),
             alone,
             |shared| {
                 let ops = &self.ops;
-                let tokens: Vec<u32> = shared
-                    .iter()
-                    .flat_map(|c| c.tokens.iter().copied())
-                    .collect();
-                let emb = self.embed_from(head.embed.as_ref(), &tokens)?;
-                let hidden = concat(ops, shared.iter().map(|c| c.hidden.buf().clone()).collect())?;
-                let counts: Vec<usize> = shared.iter().map(|c| c.tokens.len()).collect();
+                let inputs = draft_batch::draft_inputs(ops, shared)?;
+                let emb = self.embed_from(head.embed.as_ref(), &inputs.tokens)?;
                 let mut states: Vec<&mut MtpState<B>> =
                     shared.iter_mut().map(|c| &mut *c.history).collect();
-                let out =
-                    head.forward_batch(ops, &emb, &hidden, &counts, &mut states, &self.lm_head)?;
-                let m = counts.len();
-                download_logits(ops, &out.logits, self.cfg.vocab_size, &vec![1; m])?
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, l)| {
-                        Ok(MtpStep {
-                            logits: l.logits,
-                            hidden: self.hidden_rows(ops.rows(&out.hidden, d, i, 1)?, 1)?,
-                        })
-                    })
-                    .collect()
+                let out = head.forward_batch(
+                    ops,
+                    &emb,
+                    &inputs.hidden,
+                    &inputs.counts,
+                    &mut states,
+                    &self.lm_head,
+                )?;
+                draft_batch::draft_steps(ops, &out.logits, vocab, &out.hidden, d)
             },
         )
     }

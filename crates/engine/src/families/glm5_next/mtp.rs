@@ -233,16 +233,13 @@ impl<B: Backend> NextN<B> {
             .ffn
             .forward(ops, &self.post_norm.forward(ops, &x)?, n)?;
         let x = ops.add(&x, &f)?;
-        let mut at = 0;
-        let mut lasts = Vec::with_capacity(counts.len());
         for (state, &t) in states.iter_mut().zip(counts) {
             let base = state.positions.len() as u32;
             state
                 .positions
                 .extend((base..base + t as u32).map(|p| [p; 3]));
-            at += t;
-            lasts.push((at - 1, 1));
         }
+        let lasts = crate::families::draft_batch::last_rows(counts);
         let m = lasts.len();
         let last = ops.row_runs(&x, d, &lasts)?;
         let normed = self.shared_norm.forward(ops, &last)?;

@@ -11,13 +11,11 @@ use super::mtp::{LlamaMtpHistory, MtpHead};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::families::batch_split::{batch_outputs, download_logits, split_batch, wanted_rows};
+use crate::families::draft_batch;
 use crate::layers::attention::AttnPart;
 use crate::layers::embedding::embed_tokens;
 use crate::layers::rope::RopeRows;
-use crate::model::{
-    BatchCall, BatchResult, DeviceRows, HiddenRows, Model, ModelState, MtpCall, MtpStep,
-    forward_alone,
-};
+use crate::model::{BatchCall, BatchResult, DeviceRows, Model, ModelState, MtpStep, forward_alone};
 
 impl<B: Backend> Block<B> {
     /// [`Block::forward`] for several sessions' rows (`x` holds each part's
@@ -134,8 +132,7 @@ impl<B: Backend> LlamaModel<B> {
     }
 }
 
-/// One session's draft step in a batch of the MTP head's calls.
-type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, LlamaMtpHistory<B>>;
+type DraftCall<'a, B> = draft_batch::DraftCall<'a, B, LlamaMtpHistory<B>>;
 
 impl<B: Backend> LlamaModel<B> {
     /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
@@ -145,31 +142,19 @@ impl<B: Backend> LlamaModel<B> {
         &self,
         calls: &mut [DraftCall<'_, B>],
     ) -> Vec<Result<MtpStep<DeviceRows<B>>>> {
+        let alone = |c: &mut DraftCall<'_, B>| self.mtp_forward(c.tokens, c.hidden, c.history);
         let Some(head) = self.mtp_head() else {
-            return calls
-                .iter_mut()
-                .map(|c| self.mtp_forward(c.tokens, c.hidden, c.history))
-                .collect();
+            return calls.iter_mut().map(alone).collect();
         };
+        // The positions the rope tables reach bound the context too.
+        let context = self.cfg.context_length.min(self.rope.max_positions());
+        let (width, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
         split_batch(
             calls,
-            |c| self.draft_batchable(c),
-            |c| self.mtp_forward(c.tokens, c.hidden, c.history),
+            |c| draft_batch::draft_accepts(c, width, context, vocab),
+            alone,
             |shared| self.drafts_together(head, shared),
         )
-    }
-
-    /// What [`Model::mtp_forward`] would accept: tokens in range, hidden
-    /// rows that match them, room in the history.
-    fn draft_batchable(&self, c: &DraftCall<'_, B>) -> bool {
-        let n = c.tokens.len();
-        let end = crate::model::MtpHistory::len(&*c.history) + n;
-        n > 0
-            && c.hidden.rows() == n
-            && c.hidden.width() == self.cfg.hidden_size
-            && end <= self.cfg.context_length
-            && end <= self.rope.max_positions()
-            && c.tokens.iter().all(|&x| (x as usize) < self.cfg.vocab_size)
     }
 
     fn drafts_together(
@@ -178,26 +163,25 @@ impl<B: Backend> LlamaModel<B> {
         calls: &mut [&mut DraftCall<'_, B>],
     ) -> Result<Vec<MtpStep<DeviceRows<B>>>> {
         let ops = &self.ops;
-        let tokens: Vec<u32> = calls
-            .iter()
-            .flat_map(|c| c.tokens.iter().copied())
-            .collect();
-        let emb = embed_tokens(ops, &self.embed, &tokens, self.cfg.vocab_size)?;
-        let hidden = crate::families::batch_split::concat_rows(
-            ops,
-            calls.iter().map(|c| c.hidden.buf().clone()).collect(),
-        )?;
-        let counts: Vec<usize> = calls.iter().map(|c| c.tokens.len()).collect();
+        let inputs = draft_batch::draft_inputs(ops, calls)?;
+        let emb = embed_tokens(ops, &self.embed, &inputs.tokens, self.cfg.vocab_size)?;
         let mut histories: Vec<&mut LlamaMtpHistory<B>> =
             calls.iter_mut().map(|c| &mut *c.history).collect();
-        head.forward_batch(ops, &emb, &hidden, &counts, &self.rope, &mut histories)?
-            .into_iter()
-            .map(|(logits, last)| {
-                Ok(MtpStep {
-                    logits,
-                    hidden: self.hidden_rows(last, 1)?,
-                })
+        head.forward_batch(
+            ops,
+            &emb,
+            &inputs.hidden,
+            &inputs.counts,
+            &self.rope,
+            &mut histories,
+        )?
+        .into_iter()
+        .map(|(logits, last)| {
+            Ok(MtpStep {
+                logits,
+                hidden: self.hidden_rows(last, 1)?,
             })
-            .collect()
+        })
+        .collect()
     }
 }

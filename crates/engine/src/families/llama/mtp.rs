@@ -294,14 +294,7 @@ impl<B: Backend> MtpHead<B> {
             hist.kv.advance(t)?;
         }
         // Each part's last row, then one subset head over them.
-        let mut at = 0;
-        let lasts: Vec<(usize, usize)> = counts
-            .iter()
-            .map(|&t| {
-                at += t;
-                (at - 1, 1)
-            })
-            .collect();
+        let lasts = crate::families::draft_batch::last_rows(counts);
         let last = ops.row_runs(&x, h, &lasts)?;
         let m = lasts.len();
         let z = self

@@ -35,12 +35,10 @@ use crate::families::batch_split::{
     accepts, batch_outputs, concat_rows as concat, download_logits, split_batch, split_rows,
     wanted_rows,
 };
+use crate::families::draft_batch;
 use crate::layers::hyper_connections::Streams;
 use crate::layers::rope::{MRope, Positions, RopeRows};
-use crate::model::{
-    BatchCall, BatchResult, BatchWant, DeviceRows, HiddenRows, Model, MtpCall, MtpStep,
-    forward_alone,
-};
+use crate::model::{BatchCall, BatchResult, BatchWant, DeviceRows, Model, MtpStep, forward_alone};
 
 /// One session's part of a batched layer: its tokens, the layer's cache,
 /// its positions (every cached one and the new rows' tables) and, for a
@@ -280,8 +278,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
     }
 }
 
-/// One session's draft step in a batch of the MTP head's calls.
-type DraftCall<'a, B> = MtpCall<'a, DeviceRows<B>, MtpState<B>>;
+type DraftCall<'a, B> = draft_batch::DraftCall<'a, B, MtpState<B>>;
 
 impl<B: Backend> Qwen4ExpModel<B> {
     /// [`Model::mtp_forward_batch`]: the calls the head alone would refuse
@@ -300,19 +297,14 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let Some(head) = self.mtp.as_deref() else {
             return calls.iter_mut().map(alone).collect();
         };
-        let ch = self.cfg.hc_count * self.cfg.hidden_size;
+        let (ch, context, vocab) = (
+            self.cfg.hc_count * self.cfg.hidden_size,
+            self.cfg.context_length,
+            self.cfg.vocab_size,
+        );
         split_batch(
             calls,
-            |c| {
-                c.hidden.rows() == c.tokens.len()
-                    && c.hidden.width() == ch
-                    && accepts(
-                        c.tokens,
-                        c.history.positions.len(),
-                        self.cfg.context_length,
-                        self.cfg.vocab_size,
-                    )
-            },
+            |c| draft_batch::draft_accepts(c, ch, context, vocab),
             alone,
             |shared| self.drafts_together(head, shared),
         )
@@ -325,18 +317,16 @@ impl<B: Backend> Qwen4ExpModel<B> {
     ) -> Result<Vec<MtpStep<DeviceRows<B>>>> {
         let ops = &self.ops;
         let (c, h) = (self.cfg.hc_count, self.cfg.hidden_size);
-        let tokens: Vec<u32> = calls
-            .iter()
-            .flat_map(|c| c.tokens.iter().copied())
-            .collect();
-        let n = tokens.len();
-        let e = head
-            .fc_e
-            .forward(ops, &head.pre_e.forward(ops, &self.embed(&tokens)?)?, n)?;
-        let streams = concat(ops, calls.iter().map(|c| c.hidden.buf().clone()).collect())?;
+        let inputs = draft_batch::draft_inputs(ops, calls)?;
+        let n = inputs.tokens.len();
+        let e = head.fc_e.forward(
+            ops,
+            &head.pre_e.forward(ops, &self.embed(&inputs.tokens)?)?,
+            n,
+        )?;
         let fh = head
             .fc_h
-            .forward(ops, &head.pre_h.forward(ops, &streams)?, n * c)?;
+            .forward(ops, &head.pre_h.forward(ops, &inputs.hidden)?, n * c)?;
         let x0 = ops.add(&fh, &ops.tile_streams(&e, c, h)?)?;
         // Each history's rows at its next positions (as alone: the
         // history's length onwards) and their tables.
@@ -376,29 +366,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
         drop(parts);
         // Each call's last row through the mixer and one head.
         let [streams, normed] = x1.normed(ops, &head.mixer)?;
-        let mut at = 0;
-        let lasts: Vec<(usize, usize)> = calls
-            .iter()
-            .map(|call| {
-                at += call.tokens.len();
-                (at - 1, 1)
-            })
-            .collect();
-        let m = lasts.len();
-        let (x, _) = head
-            .mixer
-            .mix_normed(ops, &ops.row_runs(&normed, c * h, &lasts)?, m)?;
-        let logits = self.lm_head.forward(ops, &x, m)?;
+        let lasts = draft_batch::last_rows(&inputs.counts);
+        let (x, _) =
+            head.mixer
+                .mix_normed(ops, &ops.row_runs(&normed, c * h, &lasts)?, lasts.len())?;
+        let logits = self.lm_head.forward(ops, &x, lasts.len())?;
         let last = ops.row_runs(&streams, c * h, &lasts)?;
-        download_logits(ops, &logits, self.cfg.vocab_size, &vec![1; m])?
-            .into_iter()
-            .enumerate()
-            .map(|(i, out)| {
-                Ok(MtpStep {
-                    logits: out.logits,
-                    hidden: self.hidden(ops.rows(&last, c * h, i, 1)?, 1)?,
-                })
-            })
-            .collect()
+        draft_batch::draft_steps(ops, &logits, self.cfg.vocab_size, &last, c * h)
     }
 }
