@@ -56,6 +56,33 @@ fn answer(r: &Value) -> Value {
     })
 }
 
+/// Every request of [`requests`] sent one after another: their answers.
+async fn answers_one_at_a_time(server: &common::TestServer) -> Vec<Value> {
+    let mut out = Vec::new();
+    for body in requests() {
+        let (status, r) = server.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{r}");
+        out.push(answer(&r));
+    }
+    out
+}
+
+/// Every request of [`requests`] sent at once: each answers `expected`.
+async fn answers_at_once_equal(server: &std::sync::Arc<common::TestServer>, expected: &[Value]) {
+    let tasks: Vec<_> = requests()
+        .into_iter()
+        .map(|body| {
+            let s = server.clone();
+            tokio::spawn(async move { s.post("/v1/completions", &body).await })
+        })
+        .collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let (status, r) = task.await.expect("request task");
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(answer(&r), expected[i], "request {i}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm() {
     let configure = |lanes: usize| {
@@ -69,26 +96,10 @@ async fn default_model_max_batch_4_answers_each_request_as_alone_and_stays_warm(
         }
     };
     let alone = common::start_with(configure(1)).await;
-    let mut expected = Vec::new();
-    for body in requests() {
-        let (status, r) = alone.post("/v1/completions", &body).await;
-        assert_eq!(status, 200, "{r}");
-        expected.push(answer(&r));
-    }
+    let expected = answers_one_at_a_time(&alone).await;
 
     let batched = std::sync::Arc::new(common::start_with(configure(4)).await);
-    let tasks: Vec<_> = requests()
-        .into_iter()
-        .map(|body| {
-            let s = batched.clone();
-            tokio::spawn(async move { s.post("/v1/completions", &body).await })
-        })
-        .collect();
-    for (i, task) in tasks.into_iter().enumerate() {
-        let (status, r) = task.await.expect("request task");
-        assert_eq!(status, 200, "{r}");
-        assert_eq!(answer(&r), expected[i], "request {i}");
-    }
+    answers_at_once_equal(&batched, &expected).await;
     // A turn ends (its session banked, its lane freed) just after its last
     // bytes are sent: wait for the gauges to settle.
     let mut metrics = String::new();
@@ -178,25 +189,9 @@ async fn default_model_max_batch_4_mtp_turns_answer_as_alone() {
         }
     };
     let alone = common::start_with_mtp_head(configure(1)).await;
-    let mut expected = Vec::new();
-    for body in requests() {
-        let (status, r) = alone.post("/v1/completions", &body).await;
-        assert_eq!(status, 200, "{r}");
-        expected.push(answer(&r));
-    }
+    let expected = answers_one_at_a_time(&alone).await;
     let batched = std::sync::Arc::new(common::start_with_mtp_head(configure(4)).await);
-    let tasks: Vec<_> = requests()
-        .into_iter()
-        .map(|body| {
-            let s = batched.clone();
-            tokio::spawn(async move { s.post("/v1/completions", &body).await })
-        })
-        .collect();
-    for (i, task) in tasks.into_iter().enumerate() {
-        let (status, r) = task.await.expect("request task");
-        assert_eq!(status, 200, "{r}");
-        assert_eq!(answer(&r), expected[i], "request {i}");
-    }
+    answers_at_once_equal(&batched, &expected).await;
     let (_, m) = batched.get("/metrics").await;
     let metrics = m.as_str().expect("metrics text").to_string();
     let value = |name: &str| -> u64 {
