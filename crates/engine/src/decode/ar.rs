@@ -75,6 +75,11 @@ fn run<M: Model>(
     let decode_start = Instant::now();
     let mut out = Emitter::new(&config, observer);
     let mut samplers = StepSamplers::new(sampler);
+    // The session keeps the last logits for the next turn; they are handed
+    // to it once the loop ends (every exit below leaves `logits` the row
+    // of the last token forwarded) rather than copied each step — a copy of
+    // the vocabulary a token per stream (an error resets the session).
+    session.set_last_logits(None);
     let finish_reason = loop {
         if out.cancelled() {
             // Cancelled before this token was sampled: the session covers
@@ -104,19 +109,18 @@ fn run<M: Model>(
         }
         // The forward of the token just emitted: the next step's input, or
         // the turn's one final commit when `exit` is set.
-        session.set_last_logits(None);
         let forward_start = Instant::now();
         logits = model
             .forward(&[token], session.state_mut(), LogitsRows::Last)?
             .logits;
         timings.decode_trunk += forward_start.elapsed();
         session.record(&[token]);
-        session.set_last_logits(Some(logits.clone()));
         timings.decode_tokens += 1;
         if let Some(reason) = exit {
             break reason;
         }
     };
+    session.set_last_logits(Some(logits));
     timings.decode = decode_start.elapsed();
     Ok(out.finish(
         finish_reason,
