@@ -178,24 +178,67 @@ pub(super) fn attention_causal_rows(
         .map(|p| (p.offset + p.t).div_ceil(TILE))
         .max()
         .unwrap_or(1);
-    let table = dev.upload(&table)?;
     let items = rows * q_heads;
     let tiles_out = CudaBuf::uninit(dev, items * max_tiles * (d + 2))?;
-    dev.launch(
-        "attention_causal_tiles_batch_f32",
-        Shape::warps(items * max_tiles),
-        args![
-            tiles_out.ptr(),
-            q.ptr(),
-            table.ptr(),
-            rows,
-            parts.len(),
-            q_heads,
-            kvh,
-            d,
-            max_tiles
-        ],
-    )?;
+    // The table stays alive until the merge has been queued (the stream
+    // reads it in order).
+    let table = match staged_kernel(dev, d) {
+        Some((name, shared)) => {
+            // Then group_first, group_n: each session's rows in groups of
+            // at most STAGED_ROWS.
+            let mut first = Vec::new();
+            let mut count = Vec::new();
+            let mut at = 0;
+            for part in parts {
+                for g in (0..part.t).step_by(STAGED_ROWS) {
+                    first.push((at + g) as u64);
+                    count.push(STAGED_ROWS.min(part.t - g) as u64);
+                }
+                at += part.t;
+            }
+            let groups = first.len();
+            table.extend(first);
+            table.extend(count);
+            let table = dev.upload(&table)?;
+            dev.launch_shared(
+                name,
+                Shape::blocks(groups * kvh * max_tiles, 128),
+                shared,
+                args![
+                    tiles_out.ptr(),
+                    q.ptr(),
+                    table.ptr(),
+                    rows,
+                    parts.len(),
+                    q_heads,
+                    kvh,
+                    d,
+                    max_tiles,
+                    groups
+                ],
+            )?;
+            table
+        }
+        None => {
+            let table = dev.upload(&table)?;
+            dev.launch(
+                "attention_causal_tiles_batch_f32",
+                Shape::warps(items * max_tiles),
+                args![
+                    tiles_out.ptr(),
+                    q.ptr(),
+                    table.ptr(),
+                    rows,
+                    parts.len(),
+                    q_heads,
+                    kvh,
+                    d,
+                    max_tiles
+                ],
+            )?;
+            table
+        }
+    };
     let y = CudaBuf::uninit(dev, items * d)?;
     dev.launch(
         "attention_merge_batch_f32",
@@ -213,6 +256,41 @@ pub(super) fn attention_causal_rows(
     )?;
     Ok(y)
 }
+
+/// The staged batch kernel for heads of `d` dims and its dynamic shared
+/// memory (a tile's keys, rows padded by 4 floats, and its values), or
+/// `None` where the warp kernel runs: dims not a multiple of 4 (the
+/// staging copies float4s), or past 128 (DIMS 4 a lane), or more shared
+/// memory than the device lets the kernel have.
+fn staged_kernel(dev: &Device, d: usize) -> Option<(&'static str, u32)> {
+    let shared = staged_shared(d);
+    let name = if d <= 64 {
+        "attention_causal_staged_batch_d64_f32"
+    } else {
+        "attention_causal_staged_batch_f32"
+    };
+    let room = if shared <= 48 * 1024 {
+        true
+    } else {
+        dev.shared_optin >= STAGED_SHARED_MAX
+    };
+    (d.is_multiple_of(4) && d <= STAGED_DIMS_MAX && room).then_some((name, shared as u32))
+}
+
+/// Bytes of `attention_causal_staged_batch_*`'s shared tile for `d` dims.
+const fn staged_shared(d: usize) -> usize {
+    TILE * (2 * d + 4) * 4
+}
+
+/// Rows of one session an `attention_causal_staged_batch_*` block takes:
+/// its staged tile serves 4 rows' query heads (a decode row's, a verify
+/// window's in one block; a prefill chunk's spread over many).
+const STAGED_ROWS: usize = 4;
+/// Heads past this many dims run the warp kernel.
+const STAGED_DIMS_MAX: usize = 128;
+/// The staged kernel's shared memory at its widest head (allowed at open,
+/// `device::DYNAMIC_SHARED`).
+pub(super) const STAGED_SHARED_MAX: usize = staged_shared(STAGED_DIMS_MAX);
 
 /// `Backend::attention_causal_step`: the cache length from the step, the
 /// grid over the caches' capacity (see the kernels).

@@ -175,6 +175,10 @@ impl Pdl {
 pub(super) const DYNAMIC_SHARED: &[(&str, usize)] = &[
     ("st_matmul_deep_f16", super::stored::DEEP_SMEM),
     ("st_matmul_deep_bf16", super::stored::DEEP_SMEM),
+    (
+        "attention_causal_staged_batch_f32",
+        super::attention::STAGED_SHARED_MAX,
+    ),
 ];
 
 /// Kernel arguments at most (the longest signature has 20).
@@ -638,7 +642,7 @@ impl Device {
     }
 
     /// The first `n` elements of `m` on the host (waits for the stream).
-    pub fn download<T: DeviceRepr + Default + Clone>(
+    pub fn download<T: DeviceRepr + Default + Clone + Send + Sync>(
         &self,
         m: &DevMem<T>,
         n: usize,
@@ -652,7 +656,7 @@ impl Device {
     /// the page-locked staging block ([`Staging`]), piece by piece where
     /// the whole is larger, and each piece is copied into the parts (never
     /// zeroed first): one host copy of every value.
-    pub fn download_parts<T: DeviceRepr + Default + Clone>(
+    pub fn download_parts<T: DeviceRepr + Default + Clone + Send + Sync>(
         &self,
         m: &DevMem<T>,
         lens: &[usize],
@@ -699,15 +703,19 @@ impl Device {
                 // SAFETY: the block is initialised (zeroed when allocated,
                 // then written by the copy just waited for), page-aligned
                 // and holds `count` values of `T`.
-                let mut piece = unsafe { std::slice::from_raw_parts(block.cast::<T>(), count) };
-                while !piece.is_empty() {
+                let piece = unsafe { std::slice::from_raw_parts(block.cast::<T>(), count) };
+                // The piece's runs: (part, start in the piece, values).
+                let (first_part, mut runs) = (part, Vec::new());
+                let mut from = 0;
+                while from < count {
                     while filled == lens[part] {
                         (part, filled) = (part + 1, 0);
                     }
-                    let take = (lens[part] - filled).min(piece.len());
-                    parts[part].extend_from_slice(&piece[..take]);
-                    (piece, filled) = (&piece[take..], filled + take);
+                    let take = (lens[part] - filled).min(count - from);
+                    runs.push((part, from, take));
+                    (from, filled) = (from + take, filled + take);
                 }
+                super::staging::copy_runs(&mut parts[first_part..=part], first_part, &runs, piece);
                 at += count;
             }
             Ok(())

@@ -380,16 +380,25 @@ fn cuda_attention_window_block_and_warp_kernels_have_the_same_bits() {
 /// bits of its `attention_causal` alone, and `append_head_rows` (one launch
 /// for every session's cache heads) the buffers that row copies, column
 /// splits and appends one by one give. Sessions of 1–3 rows after 0–150
-/// cached positions (1–4 tiles of 64 keys), 2 kv heads for 6 query heads.
+/// cached positions (1–4 tiles of 64 keys), 2 kv heads for 6 query heads;
+/// heads of 24, 64 and 128 dims (the staged kernel at two and four dims a
+/// lane) and of 20 (the warp kernel), and a session of 70 rows (a prefill
+/// chunk: many row groups, tiles its first rows do not reach).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_batched_sessions_attend_and_append_as_alone() {
-    use ds4_engine::backend::{CausalRows, HeadRows};
     let g = gpu();
-    let (hq, hkv, d) = (6, 2, 24);
-    let kv = Heads { heads: hkv, dim: d };
     // (offset, t) per session.
-    let sessions = [(0, 1), (150, 1), (63, 3), (64, 2), (7, 1)];
+    batched_attend_and_append_as_alone(&g, 24, &[(0, 1), (150, 1), (63, 3), (64, 2), (7, 1)]);
+    batched_attend_and_append_as_alone(&g, 20, &[(0, 1), (150, 1), (63, 3), (7, 1)]);
+    batched_attend_and_append_as_alone(&g, 64, &[(130, 1), (10, 70), (63, 3), (0, 2)]);
+    batched_attend_and_append_as_alone(&g, 128, &[(200, 1), (1, 5), (64, 3)]);
+}
+
+fn batched_attend_and_append_as_alone(g: &Gpu, d: usize, sessions: &[(usize, usize)]) {
+    use ds4_engine::backend::{CausalRows, HeadRows};
+    let (hq, hkv) = (6, 2);
+    let kv = Heads { heads: hkv, dim: d };
     let rows: usize = sessions.iter().map(|s| s.1).sum();
     // Each session's cache before this forward, per kv head, and this
     // forward's k/v rows for every session ([rows, hkv·d]).
@@ -404,15 +413,15 @@ fn cuda_batched_sessions_attend_and_append_as_alone() {
         .collect();
     let new_k = rnd(rows * hkv * d, 401);
     let new_v = rnd(rows * hkv * d, 402);
-    let (gk_new, gv_new) = (up(&g, &new_k), up(&g, &new_v));
+    let (gk_new, gv_new) = (up(g, &new_k), up(g, &new_v));
     // One by one (what the batch must equal): the session's rows of k and
     // v, split into heads and appended.
     let mut alone: Vec<Vec<<Gpu as Backend>::Buf>> = caches
         .iter()
-        .map(|heads| heads.iter().map(|x| up(&g, x)).collect())
+        .map(|heads| heads.iter().map(|x| up(g, x)).collect())
         .collect();
     let mut at = 0;
-    for (s, &(_, t)) in alone.iter_mut().zip(&sessions) {
+    for (s, &(_, t)) in alone.iter_mut().zip(sessions) {
         for (src, heads) in [(&gk_new, 0..hkv), (&gv_new, hkv..2 * hkv)] {
             let r = g.rows(src, hkv * d, at, t).unwrap();
             let parts = g.split_cols(&r, t, &vec![d; hkv], 1).unwrap();
@@ -425,12 +434,12 @@ fn cuda_batched_sessions_attend_and_append_as_alone() {
     // Batched: one append_head_rows for every session's k and v heads.
     let mut batched: Vec<Vec<<Gpu as Backend>::Buf>> = caches
         .iter()
-        .map(|heads| heads.iter().map(|x| up(&g, x)).collect())
+        .map(|heads| heads.iter().map(|x| up(g, x)).collect())
         .collect();
     {
         let mut targets = Vec::new();
         let mut at = 0;
-        for (s, &(_, t)) in batched.iter_mut().zip(&sessions) {
+        for (s, &(_, t)) in batched.iter_mut().zip(sessions) {
             let (ks, vs) = s.split_at_mut(hkv);
             targets.push(HeadRows {
                 src: &gk_new,
@@ -450,17 +459,17 @@ fn cuda_batched_sessions_attend_and_append_as_alone() {
     }
     for (a, b) in alone.iter().zip(&batched) {
         for (x, y) in a.iter().zip(b) {
-            assert_eq!(bits(&down(&g, x)), bits(&down(&g, y)), "append_head_rows");
+            assert_eq!(bits(&down(g, x)), bits(&down(g, y)), "append_head_rows");
         }
     }
     // Attention: every session's queries in one q, against one by one.
     let q = rnd(rows * hq * d, 403);
-    let gq = up(&g, &q);
+    let gq = up(g, &q);
     let refs: Vec<Vec<&<Gpu as Backend>::Buf>> =
         batched.iter().map(|s| s.iter().collect()).collect();
     let parts: Vec<CausalRows<'_, <Gpu as Backend>::Buf>> = refs
         .iter()
-        .zip(&sessions)
+        .zip(sessions)
         .map(|(r, &(offset, t))| CausalRows {
             t,
             k: &r[..hkv],
@@ -468,12 +477,12 @@ fn cuda_batched_sessions_attend_and_append_as_alone() {
             offset,
         })
         .collect();
-    let together = down(&g, &g.attention_causal_rows(&gq, &parts, hq, kv).unwrap());
+    let together = down(g, &g.attention_causal_rows(&gq, &parts, hq, kv).unwrap());
     let mut at = 0;
-    for (r, &(offset, t)) in refs.iter().zip(&sessions) {
-        let qs = up(&g, &q[at * hq * d..(at + t) * hq * d]);
+    for (r, &(offset, t)) in refs.iter().zip(sessions) {
+        let qs = up(g, &q[at * hq * d..(at + t) * hq * d]);
         let one = down(
-            &g,
+            g,
             &g.attention_causal(&qs, &r[..hkv], &r[hkv..], offset, hq, kv)
                 .unwrap(),
         );

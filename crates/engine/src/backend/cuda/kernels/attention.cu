@@ -313,6 +313,133 @@ extern "C" __global__ void attention_causal_tiles_batch_f32(float* parts, const 
     }
 }
 
+// `tile_partial` for keys and values staged in shared memory: ks [tile
+// keys, d + 4] (rows padded 4 floats so eight lanes' float4 reads of eight
+// rows fall in 32 different banks), vs [tile keys, d]. The same arithmetic
+// in the same order — `dot8_attn` on the staged row, the exact warp max,
+// l and each output dim summed in key order — so the same bits; `DIMS`
+// output dims a lane (heads of at most 32·DIMS dims in one pass).
+template <int DIMS>
+__device__ __forceinline__ void staged_tile_partial(float* part, const float* qh, const float* ks,
+                                                    const float* vs, u64 n, u64 j0, u64 d) {
+    __shared__ float sp_all[ATT_WARPS][ATT_TILE];
+    unsigned lane = threadIdx.x & 31;
+    float* sp = sp_all[(threadIdx.x / 32) % ATT_WARPS];
+    u64 cnt = j0 < n ? (n - j0 < ATT_TILE ? n - j0 : ATT_TILE) : 0;
+    float s[2] = {DS4_NEG_INF, DS4_NEG_INF};
+    for (int h = 0; h < 2; h++) {
+        u64 i = lane + 32 * h;
+        if (i < cnt) s[h] = dot8_attn(qh, ks + i * (d + 4), (int)d);
+    }
+    float m = warp_max(fmaxf(s[0], s[1]));
+    for (int h = 0; h < 2; h++) {
+        u64 i = lane + 32 * h;
+        sp[i] = i < cnt ? expf(s[h] - m) : 0.0f;
+    }
+    __syncwarp();
+    float l = 0.0f;
+    for (u64 i = 0; i < cnt; i++) l += sp[i];
+    for (u64 e0 = 0; e0 < d; e0 += 32 * DIMS) {
+        float acc[DIMS];
+#pragma unroll
+        for (int t = 0; t < DIMS; t++) acc[t] = 0.0f;
+#pragma unroll 4
+        for (u64 i = 0; i < cnt; i++) {
+            float p = sp[i];
+            const float* vj = vs + i * d;
+#pragma unroll
+            for (int t = 0; t < DIMS; t++) {
+                u64 e = e0 + lane + 32 * t;
+                if (e < d) acc[t] += p * vj[e];
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < DIMS; t++) {
+            u64 e = e0 + lane + 32 * t;
+            if (e < d) part[2 + e] = acc[t];
+        }
+    }
+    if (lane == 0) {
+        part[0] = cnt ? m : DS4_NEG_INF;
+        part[1] = l;
+    }
+    __syncwarp();
+}
+
+// `attention_causal_tiles_batch_f32`'s partials, a block per (row group,
+// kv head, tile): the block stages the tile's keys and values once
+// (coalesced, into dynamic shared memory: 64·(2d + 4) floats) and its
+// warps then compute every (row, query head) of the group that reads that
+// kv head — where a warp per (row, head, tile) read its key rows a lane a
+// row, and each kv head's rows once per query head (run 40: 133 registers,
+// 18.75 % occupancy, 88 µs a layer of the SmolLM2 shape's 64-session
+// step). Each partial is `staged_tile_partial`'s, the bits of
+// `tile_partial`'s. The table continues the batch table: after kv,
+// group_first and group_n [n_groups] (a group's first row and its rows,
+// all of one session, in position order). Tiles past a group's session
+// are left unwritten, as the warp kernel leaves them (the merge reads the
+// session's own tiles only).
+template <int DIMS>
+__device__ __forceinline__ void causal_staged_batch(float* parts, const float* q, const u64* table,
+                                                    u64 rows, u64 n_parts, u64 hq, u64 hkv, u64 d,
+                                                    u64 max_tiles, u64 n_groups) {
+    extern __shared__ float4 staged4[];
+    float* ks = (float*)staged4;
+    float* vs = ks + ATT_TILE * (d + 4);
+    const u64 *row_part = table, *row_pos = table + rows, *part_t = table + 2 * rows,
+              *part_off = part_t + n_parts, *kv = part_off + n_parts,
+              *group_first = kv + n_parts * 2 * hkv, *group_n = group_first + n_groups;
+    u64 per_group = hkv * max_tiles, share = hq / hkv, d4 = d / 4;
+    for (u64 b = blockIdx.x; b < n_groups * per_group; b += gridDim.x) {
+        u64 g = b / per_group, kvh = b / max_tiles % hkv, tile = b % max_tiles;
+        u64 r0 = group_first[g], nr = group_n[g];
+        u64 p = row_part[r0], off = part_off[p];
+        if (tile >= (off + part_t[p] + ATT_TILE - 1) / ATT_TILE) continue;
+        u64 j0 = tile * ATT_TILE, n_last = off + row_pos[r0 + nr - 1] + 1;
+        u64 kc = j0 < n_last ? (n_last - j0 < ATT_TILE ? n_last - j0 : ATT_TILE) : 0;
+        const float* kg = (const float*)kv[p * 2 * hkv + kvh] + j0 * d;
+        const float* vg = (const float*)kv[p * 2 * hkv + hkv + kvh] + j0 * d;
+        // The last block's readers are done before its rows are replaced.
+        __syncthreads();
+        if (aligned16(kg, vg)) {
+            for (u64 x = threadIdx.x; x < kc * d4; x += blockDim.x) {
+                u64 i = x / d4, c = x % d4;
+                ((float4*)(ks + i * (d + 4)))[c] = ((const float4*)kg)[x];
+                ((float4*)(vs + i * d))[c] = ((const float4*)vg)[x];
+            }
+        } else {
+            for (u64 x = threadIdx.x; x < kc * d; x += blockDim.x) {
+                ks[x / d * (d + 4) + x % d] = kg[x];
+                vs[x] = vg[x];
+            }
+        }
+        __syncthreads();
+        for (u64 it = threadIdx.x / 32; it < nr * share; it += blockDim.x / 32) {
+            u64 r = r0 + it / share, item = r * hq + kvh * share + it % share;
+            staged_tile_partial<DIMS>(parts + (item * max_tiles + tile) * (d + 2), q + item * d, ks,
+                                      vs, off + row_pos[r] + 1, j0, d);
+        }
+    }
+}
+
+extern "C" __global__ void attention_causal_staged_batch_f32(float* parts, const float* q,
+                                                             const u64* table, u64 rows,
+                                                             u64 n_parts, u64 hq, u64 hkv, u64 d,
+                                                             u64 max_tiles, u64 n_groups) {
+    dep_entry();
+    causal_staged_batch<4>(parts, q, table, rows, n_parts, hq, hkv, d, max_tiles, n_groups);
+}
+
+// The same for heads of at most 64 dims (two output dims a lane).
+extern "C" __global__ void attention_causal_staged_batch_d64_f32(float* parts, const float* q,
+                                                                 const u64* table, u64 rows,
+                                                                 u64 n_parts, u64 hq, u64 hkv,
+                                                                 u64 d, u64 max_tiles,
+                                                                 u64 n_groups) {
+    dep_entry();
+    causal_staged_batch<2>(parts, q, table, rows, n_parts, hq, hkv, d, max_tiles, n_groups);
+}
+
 extern "C" __global__ void attention_merge_batch_f32(float* y, const float* parts,
                                                      const u64* table, u64 rows, u64 n_parts,
                                                      u64 hq, u64 d, u64 max_tiles) {
