@@ -402,6 +402,36 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         }
         out.ok_or_else(|| EngineError::State("row_runs: no runs".into()))
     }
+    /// `x: [Σ counts, width]` cut into consecutive parts of `counts[i]`
+    /// rows, each its own buffer (a batch's rows, session by session). The
+    /// default copies part by part; a device may copy them all in one
+    /// launch.
+    fn split_rows(&self, x: &Self::Buf, width: usize, counts: &[usize]) -> Result<Vec<Self::Buf>> {
+        let mut at = 0;
+        counts
+            .iter()
+            .map(|&t| {
+                let r = self.rows(x, width, at, t);
+                at += t;
+                r
+            })
+            .collect()
+    }
+    /// The rows of `parts` (each `[_, width]`) one after another in one
+    /// buffer (a batch's per-session rows back together). The default
+    /// appends part by part to the first; a device may copy them all in
+    /// one launch.
+    fn concat_rows(&self, parts: Vec<Self::Buf>, width: usize) -> Result<Self::Buf> {
+        let _ = width;
+        let mut it = parts.into_iter();
+        let mut all = it
+            .next()
+            .ok_or_else(|| EngineError::State("concat_rows: no parts".into()))?;
+        for p in it {
+            self.append(&mut all, &p)?;
+        }
+        Ok(all)
+    }
     /// `dst ← [dst | src]` (a cache growing by rows).
     fn append(&self, dst: &mut Self::Buf, src: &Self::Buf) -> Result<()>;
     /// Keep the first `n` values.

@@ -157,16 +157,20 @@ pub(crate) fn accepts(tokens: &[u32], len: usize, context: usize, vocab: usize) 
         && tokens.iter().all(|&t| (t as usize) < vocab)
 }
 
-/// `parts` (rows of one width) one after another.
+/// `parts` (rows of one width) one after another ([`Backend::concat_rows`],
+/// one launch on a device). Its unit is the largest length every part is
+/// a multiple of: a concatenation is the same copy whatever whole unit it
+/// moves, and the parts need not say their width.
 pub(crate) fn concat_rows<B: Backend>(ops: &B, parts: Vec<B::Buf>) -> Result<B::Buf> {
-    let mut it = parts.into_iter();
-    let mut all = it
-        .next()
-        .ok_or_else(|| EngineError::State("an empty batch".into()))?;
-    for p in it {
-        ops.append(&mut all, &p)?;
+    if parts.is_empty() {
+        return Err(EngineError::State("an empty batch".into()));
     }
-    Ok(all)
+    let unit = parts.iter().map(|p| ops.len(p)).fold(0, gcd).max(1);
+    ops.concat_rows(parts, unit)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// `x: [rows, width]` cut into consecutive parts of `counts` rows.
@@ -177,13 +181,6 @@ pub(crate) fn split_rows<B: Backend>(
     counts: impl IntoIterator<Item = usize>,
 ) -> Result<Vec<B::Buf>> {
     let width = ops.len(x) / rows.max(1);
-    let mut at = 0;
-    counts
-        .into_iter()
-        .map(|t| {
-            let r = ops.rows(x, width, at, t);
-            at += t;
-            r
-        })
-        .collect()
+    let counts: Vec<usize> = counts.into_iter().collect();
+    ops.split_rows(x, width, &counts)
 }

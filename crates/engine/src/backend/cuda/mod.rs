@@ -46,6 +46,7 @@ mod norms;
 pub mod nvrtc;
 mod ops;
 mod recurrent;
+mod row_blocks;
 mod select;
 mod signature;
 mod staging;

@@ -8,6 +8,7 @@ use super::select::{self, CudaRouting, CudaSelection};
 use super::weights::{self, CudaExperts, CudaMatrix, CudaTable};
 use super::{
     CudaOps, attention, elementwise, expert_slots, fused, hc_fn, linear, norms, recurrent,
+    row_blocks,
 };
 use crate::backend::composed;
 use crate::backend::{
@@ -385,6 +386,14 @@ impl Backend for CudaOps {
 
     fn row_runs(&self, x: &CudaBuf, width: usize, runs: &[(usize, usize)]) -> Result<CudaBuf> {
         buf::row_runs(&self.dev, x, width, runs)
+    }
+
+    fn split_rows(&self, x: &CudaBuf, width: usize, counts: &[usize]) -> Result<Vec<CudaBuf>> {
+        row_blocks::split_rows(&self.dev, x, width, counts)
+    }
+
+    fn concat_rows(&self, parts: Vec<CudaBuf>, width: usize) -> Result<CudaBuf> {
+        row_blocks::concat_rows(&self.dev, parts, width)
     }
 
     fn append_head_rows(&self, width: usize, targets: &mut [HeadRows<'_, CudaBuf>]) -> Result<()> {

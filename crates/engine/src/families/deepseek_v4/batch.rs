@@ -12,9 +12,9 @@ use super::attention::{AttnCache, Rotations};
 use super::model::{DecoderLayer, DeepseekV4Model, MTP_LAYER, MtpHead};
 use super::state::{DeepseekV4State, MtpState, WindowMark};
 use crate::backend::Backend;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::families::batch_split::{
-    accepts, batch_outputs, download_logits, split_batch, wanted_rows,
+    accepts, batch_outputs, concat_rows, download_logits, split_batch, split_rows, wanted_rows,
 };
 use crate::families::draft_batch;
 use crate::model::{BatchCall, BatchResult, DeviceRows, LogitsRows, Model, MtpStep, forward_alone};
@@ -39,22 +39,16 @@ impl<B: Backend> DecoderLayer<B> {
     ) -> Result<B::Buf> {
         let rows = tokens.len();
         let (normed, mix) = self.attn_half_in(ops, xs, rows, unit)?;
-        let width = ops.len(&normed) / rows.max(1);
-        let mut y: Option<B::Buf> = None;
-        let mut at = 0;
-        for p in parts.iter_mut() {
-            let xi = ops.rows(&normed, width, at, p.rows)?;
-            let (yi, _) = self.attn.forward(ops, &xi, p.rows, p.cache, p.rot)?;
-            y = Some(match y {
-                None => yi,
-                Some(mut all) => {
-                    ops.append(&mut all, &yi)?;
-                    all
-                }
-            });
-            at += p.rows;
+        // Each session's rows apart and its outputs back together: one
+        // launch each on a device (`Backend::split_rows` / `concat_rows`).
+        let xis = split_rows(ops, &normed, rows, parts.iter().map(|p| p.rows))?;
+        let mut ys = Vec::with_capacity(parts.len());
+        for (p, xi) in parts.iter_mut().zip(&xis) {
+            let (yi, _) = self.attn.forward(ops, xi, p.rows, p.cache, p.rot)?;
+            ys.push(yi);
         }
-        let y = y.ok_or_else(|| EngineError::State("an empty batch".into()))?;
+        drop(xis);
+        let y = concat_rows(ops, ys)?;
         self.ffn_half(ops, xs, &y, &mix, tokens, unit)
     }
 }

@@ -149,3 +149,44 @@ fn cuda_embedding_lookup_is_exact() {
         );
     }
 }
+
+/// A batch's rows cut into per-session parts and put back together in one
+/// launch each (`split_rows`, `concat_rows`): every part the CPU's rows,
+/// the concatenation the values in order — parts of 0 to 40 rows (a
+/// prefill chunk's part cut into several row blocks), and a concatenation
+/// whose unit is two rows.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_split_and_concat_rows_in_one_launch_each() {
+    let (g, c) = (gpu(), CpuOps);
+    let width = 24;
+    let counts = [1, 0, 3, 40, 1, 17];
+    let total: usize = counts.iter().sum();
+    let x = rnd(total * width, 7);
+    let gx = up(&g, &x);
+    let before = g.launches();
+    let parts = g.split_rows(&gx, width, &counts).unwrap();
+    assert_eq!(g.launches() - before, 1, "one copy for every part");
+    let want = c.split_rows(&x, width, &counts).unwrap();
+    assert_eq!(parts.len(), counts.len());
+    for (i, (p, w)) in parts.iter().zip(&want).enumerate() {
+        assert_eq!(g.len(p), counts[i] * width);
+        assert!(bits(&down(&g, p)) == bits(w), "part {i}");
+    }
+    let before = g.launches();
+    let back = g.concat_rows(parts, width).unwrap();
+    assert_eq!(g.launches() - before, 1, "one copy for every part");
+    assert!(bits(&down(&g, &back)) == bits(&x));
+    let pairs: Vec<_> = [2usize, 4, 2]
+        .iter()
+        .scan(0, |at, &r| {
+            let p = up(&g, &x[*at * width..(*at + r) * width]);
+            *at += r;
+            Some(p)
+        })
+        .collect();
+    let joined = down(&g, &g.concat_rows(pairs, 2 * width).unwrap());
+    assert!(bits(&joined) == bits(&x[..8 * width]));
+    assert!(g.split_rows(&gx, width, &[total + 1]).is_err());
+    assert!(g.concat_rows(vec![up(&g, &x[..width + 1])], width).is_err());
+}
