@@ -5,7 +5,7 @@
 //! merged in tile order (two launches).
 
 use super::buf::{self, CudaBuf};
-use super::device::{Device, Shape, args};
+use super::device::{Arg, Device, Shape, args};
 use super::graph::CudaStep;
 use super::select::CudaSelection;
 use crate::backend::{EntryKeep, Heads};
@@ -180,12 +180,11 @@ pub(super) fn attention_causal_rows(
         .unwrap_or(1);
     let items = rows * q_heads;
     let tiles_out = CudaBuf::uninit(dev, items * max_tiles * (d + 2))?;
-    // The table stays alive until the merge has been queued (the stream
-    // reads it in order).
-    let table = match staged_kernel(dev, d) {
+    // The staged kernel's launch, or the warp kernel's: the staged one
+    // reads the table's row groups (group_first, group_n: each session's
+    // rows in groups of at most STAGED_ROWS) after the kv addresses.
+    let (name, shape, shared, groups) = match staged_kernel(dev, d) {
         Some((name, shared)) => {
-            // Then group_first, group_n: each session's rows in groups of
-            // at most STAGED_ROWS.
             let mut first = Vec::new();
             let mut count = Vec::new();
             let mut at = 0;
@@ -199,46 +198,33 @@ pub(super) fn attention_causal_rows(
             let groups = first.len();
             table.extend(first);
             table.extend(count);
-            let table = dev.upload(&table)?;
-            dev.launch_shared(
-                name,
-                Shape::blocks(groups * kvh * max_tiles, 128),
-                shared,
-                args![
-                    tiles_out.ptr(),
-                    q.ptr(),
-                    table.ptr(),
-                    rows,
-                    parts.len(),
-                    q_heads,
-                    kvh,
-                    d,
-                    max_tiles,
-                    groups
-                ],
-            )?;
-            table
+            let shape = Shape::blocks(groups * kvh * max_tiles, 128);
+            (name, shape, shared, Some(groups))
         }
-        None => {
-            let table = dev.upload(&table)?;
-            dev.launch(
-                "attention_causal_tiles_batch_f32",
-                Shape::warps(items * max_tiles),
-                args![
-                    tiles_out.ptr(),
-                    q.ptr(),
-                    table.ptr(),
-                    rows,
-                    parts.len(),
-                    q_heads,
-                    kvh,
-                    d,
-                    max_tiles
-                ],
-            )?;
-            table
-        }
+        None => (
+            "attention_causal_tiles_batch_f32",
+            Shape::warps(items * max_tiles),
+            0,
+            None,
+        ),
     };
+    // The table stays alive until the merge has been queued (the stream
+    // reads it in order).
+    let table = dev.upload(&table)?;
+    let mut a = args![
+        tiles_out.ptr(),
+        q.ptr(),
+        table.ptr(),
+        rows,
+        parts.len(),
+        q_heads,
+        kvh,
+        d,
+        max_tiles
+    ]
+    .to_vec();
+    a.extend(groups.map(Arg::from));
+    dev.launch_shared(name, shape, shared, &a)?;
     let y = CudaBuf::uninit(dev, items * d)?;
     dev.launch(
         "attention_merge_batch_f32",

@@ -55,6 +55,49 @@ struct WinKeys {
     __device__ __forceinline__ const float* val(u64 j) const { return key(j); }
 };
 
+// A tile's partial once its p row is in `sp` (this warp's, shared): l = Σ p
+// in key order, each output dim's Σ p·v in key order (`DIMS` dims a lane a
+// pass, `UNROLL` keys unrolled), value row i at `val[i]`; then m and l.
+template <int DIMS, int UNROLL, typename Rows>
+__device__ __forceinline__ void tile_sums(float* part, const float* sp, const Rows& val, u64 cnt,
+                                          float m, u64 d) {
+    unsigned lane = threadIdx.x & 31;
+    float l = 0.0f;
+    for (u64 i = 0; i < cnt; i++) l += sp[i];
+    for (u64 e0 = 0; e0 < d; e0 += 32 * DIMS) {
+        float acc[DIMS];
+#pragma unroll
+        for (int t = 0; t < DIMS; t++) acc[t] = 0.0f;
+#pragma unroll UNROLL
+        for (u64 i = 0; i < cnt; i++) {
+            float p = sp[i];
+            const float* vj = val[i];
+#pragma unroll
+            for (int t = 0; t < DIMS; t++) {
+                u64 e = e0 + lane + 32 * t;
+                if (e < d) acc[t] += p * vj[e];
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < DIMS; t++) {
+            u64 e = e0 + lane + 32 * t;
+            if (e < d) part[2 + e] = acc[t];
+        }
+    }
+    if (lane == 0) {
+        part[0] = cnt ? m : DS4_NEG_INF;
+        part[1] = l;
+    }
+    __syncwarp();
+}
+
+// Staged value rows: row i at `vs + i·d`.
+struct StagedRows {
+    const float* vs;
+    u64 d;
+    __device__ __forceinline__ const float* operator[](u64 i) const { return vs + i * d; }
+};
+
 // One tile's partial (m, l, acc[d]) at `part`. `scaled`: the query is
 // already scaled and dots run in the CPU attention's 8-lane order; else a
 // sequential dot times `scale`.
@@ -96,33 +139,7 @@ __device__ __forceinline__ void tile_partial(float* part, const float* qh, const
         sp[i] = i < cnt ? expf(s[h] - m) : 0.0f;
     }
     __syncwarp();
-    float l = 0.0f;
-    for (u64 i = 0; i < cnt; i++) l += sp[i];
-    for (u64 e0 = 0; e0 < d; e0 += 32 * ATT_DIMS) {
-        float acc[ATT_DIMS];
-#pragma unroll
-        for (int t = 0; t < ATT_DIMS; t++) acc[t] = 0.0f;
-#pragma unroll 8
-        for (u64 i = 0; i < cnt; i++) {
-            float p = sp[i];
-            const float* vj = vp[i];
-#pragma unroll
-            for (int t = 0; t < ATT_DIMS; t++) {
-                u64 e = e0 + lane + 32 * t;
-                if (e < d) acc[t] += p * vj[e];
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < ATT_DIMS; t++) {
-            u64 e = e0 + lane + 32 * t;
-            if (e < d) part[2 + e] = acc[t];
-        }
-    }
-    if (lane == 0) {
-        part[0] = cnt ? m : DS4_NEG_INF;
-        part[1] = l;
-    }
-    __syncwarp();
+    tile_sums<ATT_DIMS, 8>(part, sp, vp, cnt, m, d);
 }
 
 // Threads of a block that computes one tile (`tile_partial_block`), and
@@ -337,33 +354,7 @@ __device__ __forceinline__ void staged_tile_partial(float* part, const float* qh
         sp[i] = i < cnt ? expf(s[h] - m) : 0.0f;
     }
     __syncwarp();
-    float l = 0.0f;
-    for (u64 i = 0; i < cnt; i++) l += sp[i];
-    for (u64 e0 = 0; e0 < d; e0 += 32 * DIMS) {
-        float acc[DIMS];
-#pragma unroll
-        for (int t = 0; t < DIMS; t++) acc[t] = 0.0f;
-#pragma unroll 4
-        for (u64 i = 0; i < cnt; i++) {
-            float p = sp[i];
-            const float* vj = vs + i * d;
-#pragma unroll
-            for (int t = 0; t < DIMS; t++) {
-                u64 e = e0 + lane + 32 * t;
-                if (e < d) acc[t] += p * vj[e];
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < DIMS; t++) {
-            u64 e = e0 + lane + 32 * t;
-            if (e < d) part[2 + e] = acc[t];
-        }
-    }
-    if (lane == 0) {
-        part[0] = cnt ? m : DS4_NEG_INF;
-        part[1] = l;
-    }
-    __syncwarp();
+    tile_sums<DIMS, 4>(part, sp, StagedRows{vs, d}, cnt, m, d);
 }
 
 // `attention_causal_tiles_batch_f32`'s partials, a block per (row group,
