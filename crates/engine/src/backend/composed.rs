@@ -3,7 +3,7 @@
 //! for the calls it does not fuse (a prefill chunk, say), so a fused op's
 //! definition is written once.
 
-use super::{Backend, CausalPart, Epilogue, ScanDims};
+use super::{Backend, CausalPart, Epilogue, ScanDims, ScanPart};
 use crate::error::{EngineError, Result};
 
 /// [`Backend::matmul_many`] part by part: each product with its epilogue.
@@ -107,6 +107,23 @@ pub fn delta_inputs<B: Backend>(
     ops.l2_norm_heads(&mut k, d.dk, 1.0)?;
     let g = ops.softplus_decay(a, neg_a, dt_bias)?;
     Ok([q, k, v, g])
+}
+
+/// [`Backend::delta_rule_scan_parts`] part by part: each part's scan,
+/// the outputs one after another.
+pub fn delta_rule_scan_parts<B: Backend>(
+    ops: &B,
+    d: ScanDims,
+    parts: &mut [ScanPart<'_, B::Buf>],
+) -> Result<B::Buf> {
+    let os = parts
+        .iter_mut()
+        .map(|p| ops.delta_rule_scan(d, p.q, p.k, p.v, p.g, p.beta, p.s))
+        .collect::<Result<Vec<_>>>()?;
+    if os.is_empty() {
+        return Err(EngineError::State("delta_rule_scan_parts: no parts".into()));
+    }
+    ops.concat_rows(os, d.hv * d.dv)
 }
 
 /// [`Backend::inject_streams_norm`] by its parts.

@@ -157,6 +157,17 @@ impl HostWeight {
     }
 }
 
+/// One session's share of [`Backend::delta_rule_scan_parts`]: its scan
+/// inputs (as [`Backend::delta_rule_scan`] takes them) and its state.
+pub struct ScanPart<'a, Buf> {
+    pub q: &'a Buf,
+    pub k: &'a Buf,
+    pub v: &'a Buf,
+    pub g: &'a Buf,
+    pub beta: &'a Buf,
+    pub s: &'a mut Buf,
+}
+
 /// Dimensions of one delta-rule scan: `Hk` key heads of `dk`, `Hv` value
 /// heads of `dv` (value head `j` reads key head `j / (Hv/Hk)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -754,6 +765,18 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         beta: &Self::Buf,
         s: &mut Self::Buf,
     ) -> Result<Self::Buf>;
+    /// [`Backend::delta_rule_scan`] for several sessions at once
+    /// (continuous batching): each part's own inputs and state; returns
+    /// every part's `o` rows one after another. The default scans part by
+    /// part; a device may scan them all in one launch, with each part's
+    /// bits.
+    fn delta_rule_scan_parts(
+        &self,
+        d: ScanDims,
+        parts: &mut [ScanPart<'_, Self::Buf>],
+    ) -> Result<Self::Buf> {
+        composed::delta_rule_scan_parts(self, d, parts)
+    }
 
     /// Kimi delta attention's per-channel log-decay: `f: [rows, H·dim]`,
     /// `a: [H]` (`exp(A_log)`), `dt_bias: [H·dim]`; `x = f + dt_bias`, then

@@ -10,7 +10,7 @@
 //! state after any prefix of rows bit for bit: one state copy per window,
 //! not one per row (the real model's `S` is 3 MiB per layer).
 
-use crate::backend::{Backend, ScanDims};
+use crate::backend::{Backend, ScanDims, ScanPart};
 use crate::error::Result;
 use crate::state::table::{NamedTensor, TableReader};
 
@@ -87,6 +87,31 @@ impl DeltaShape {
         cache: &mut DeltaCache<B>,
     ) -> Result<B::Buf> {
         ops.delta_rule_scan(self.dims, &x.q, &x.k, &x.v, &x.g, &x.beta, &mut cache.s)
+    }
+
+    /// [`DeltaShape::scan`] for several sessions at once (continuous
+    /// batching): session `i`'s inputs `xs[i]` over its own state in
+    /// `caches[i]`, the outputs one after another (one launch on a device,
+    /// [`Backend::delta_rule_scan_parts`]; each session's bits).
+    pub fn scan_parts<B: Backend>(
+        &self,
+        ops: &B,
+        xs: &[&ScanInputs<B>],
+        caches: &mut [&mut DeltaCache<B>],
+    ) -> Result<B::Buf> {
+        let mut parts: Vec<ScanPart<'_, B::Buf>> = xs
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(x, c)| ScanPart {
+                q: &x.q,
+                k: &x.k,
+                v: &x.v,
+                g: &x.g,
+                beta: &x.beta,
+                s: &mut c.s,
+            })
+            .collect();
+        ops.delta_rule_scan_parts(self.dims, &mut parts)
     }
 }
 

@@ -169,27 +169,58 @@ impl<B: Backend> Kda<B> {
         cache: &mut DeltaCache<B>,
         capture: Option<&mut Option<DeltaReplay<B>>>,
     ) -> Result<B::Buf> {
+        let before = capture.is_some().then(|| cache.clone());
+        let inputs = self.scan_inputs(ops, &u, g, beta, rows, cache)?;
+        let o = self.shape.scan(ops, &inputs, cache)?;
+        if let (Some(cap), Some(before)) = (capture, before) {
+            *cap = Some(self.replay(before, u, inputs));
+        }
+        Ok(o)
+    }
+
+    /// [`Kda::recur`]'s inputs: the conv over the session's rows of `u`
+    /// (advancing its window) and the q / k norms, with its `g`, `β`.
+    pub fn scan_inputs(
+        &self,
+        ops: &B,
+        u: &B::Buf,
+        g: B::Buf,
+        beta: B::Buf,
+        rows: usize,
+        cache: &mut DeltaCache<B>,
+    ) -> Result<ScanInputs<B>> {
         let d = self.spec.head_dim;
         let c = self.spec.heads * d;
-        let before = capture.is_some().then(|| cache.clone());
-        let conv = self.shape.conv(ops, &u, cache, &self.conv_w)?;
+        let conv = self.shape.conv(ops, u, cache, &self.conv_w)?;
         let mut parts = ops.split_cols(&conv, rows, &[c, c, c], 1)?;
         let (v, mut k, mut q) = (pop(&mut parts)?, pop(&mut parts)?, pop(&mut parts)?);
         ops.l2_norm_heads(&mut q, d, (d as f32).powf(-0.5))?;
         ops.l2_norm_heads(&mut k, d, 1.0)?;
-        let inputs = ScanInputs { q, k, v, g, beta };
-        let o = self.shape.scan(ops, &inputs, cache)?;
-        if let (Some(cap), Some(before)) = (capture, before) {
-            *cap = Some(DeltaReplay {
-                before,
-                dims: self.shape.dims,
-                kernel: self.shape.kernel,
-                channels: self.shape.channels,
-                u,
-                inputs,
-            });
+        Ok(ScanInputs { q, k, v, g, beta })
+    }
+
+    /// The shape of the layer's scan (for several sessions' scans at once,
+    /// [`DeltaShape::scan_parts`]).
+    pub fn shape(&self) -> &DeltaShape {
+        &self.shape
+    }
+
+    /// A verify window's replay: the cache `before` it, its rows' `u` and
+    /// scan inputs.
+    pub fn replay(
+        &self,
+        before: DeltaCache<B>,
+        u: B::Buf,
+        inputs: ScanInputs<B>,
+    ) -> DeltaReplay<B> {
+        DeltaReplay {
+            before,
+            dims: self.shape.dims,
+            kernel: self.shape.kernel,
+            channels: self.shape.channels,
+            u,
+            inputs,
         }
-        Ok(o)
     }
 
     /// The per-row output: the gated norm of `o` by `z`, then `o_proj`.

@@ -74,16 +74,36 @@ impl<B: Backend> DecoderLayer<B> {
                     split(ops, &g, rows, parts)?,
                     split(ops, &beta, rows, parts)?,
                 );
-                let mut os = Vec::with_capacity(parts.len());
+                // Each session's inputs (its conv window), then every
+                // session's scan over its own state in one op, then each
+                // verify window's replay record.
+                let mut pending = Vec::with_capacity(parts.len());
                 for (((p, u), g), beta) in parts.iter_mut().zip(u).zip(g).zip(beta) {
                     let LayerCache::Kda(c) = &mut *p.cache else {
                         return Err(mismatch());
                     };
-                    let capture = p.capture.as_deref_mut();
-                    os.push(kda.recur(ops, u, g, beta, p.rows, c, capture)?);
+                    let before = p.capture.is_some().then(|| c.clone());
+                    let inputs = kda.scan_inputs(ops, &u, g, beta, p.rows, c)?;
+                    pending.push((inputs, u, before));
                     *p.selection = None;
                 }
-                kda.output(ops, &concat(ops, os)?, &z, rows)?
+                let o = {
+                    let mut caches = Vec::with_capacity(parts.len());
+                    for p in parts.iter_mut() {
+                        let LayerCache::Kda(c) = &mut *p.cache else {
+                            return Err(mismatch());
+                        };
+                        caches.push(c);
+                    }
+                    let inputs: Vec<_> = pending.iter().map(|x| &x.0).collect();
+                    kda.shape().scan_parts(ops, &inputs, &mut caches)?
+                };
+                for (p, (inputs, u, before)) in parts.iter_mut().zip(pending) {
+                    if let (Some(cap), Some(before)) = (p.capture.as_deref_mut(), before) {
+                        *cap = Some(kda.replay(before, u, inputs));
+                    }
+                }
+                kda.output(ops, &o, &z, rows)?
             }
             Mixer::Mla { mla, indexer } => {
                 let (qr, q) = mla.queries(ops, &x, rows)?;

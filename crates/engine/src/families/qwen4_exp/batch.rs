@@ -124,15 +124,35 @@ impl<B: Backend> DecoderLayer<B> {
                     split(ops, &beta, rows, parts)?,
                     split(ops, &a, rows, parts)?,
                 );
-                let mut os = Vec::with_capacity(parts.len());
+                // Each session's inputs (its conv window), then every
+                // session's scan over its own state in one op, then each
+                // verify window's replay record.
+                let mut pending = Vec::with_capacity(parts.len());
                 for (((p, u), beta), a) in parts.iter_mut().zip(u).zip(beta).zip(&a) {
                     let LayerCache::Linear { gdn: gc, .. } = &mut *p.cache else {
                         return Err(mismatch());
                     };
-                    let capture = p.capture.as_deref_mut().map(|c| &mut c.gdn);
-                    os.push(gdn.recur(ops, u, beta, a, gc, capture)?);
+                    let before = p.capture.is_some().then(|| gc.clone());
+                    let inputs = gdn.scan_inputs(ops, &u, beta, a, gc)?;
+                    pending.push((inputs, u, before));
                 }
-                let y = gdn.output(ops, &concat(ops, os)?, &z, rows)?;
+                let o = {
+                    let mut caches = Vec::with_capacity(parts.len());
+                    for p in parts.iter_mut() {
+                        let LayerCache::Linear { gdn: gc, .. } = &mut *p.cache else {
+                            return Err(mismatch());
+                        };
+                        caches.push(gc);
+                    }
+                    let inputs: Vec<_> = pending.iter().map(|x| &x.0).collect();
+                    gdn.shape().scan_parts(ops, &inputs, &mut caches)?
+                };
+                for (p, (inputs, u, before)) in parts.iter_mut().zip(pending) {
+                    if let (Some(cap), Some(before)) = (p.capture.as_deref_mut(), before) {
+                        cap.gdn = Some(gdn.replay(before, u, inputs));
+                    }
+                }
+                let y = gdn.output(ops, &o, &z, rows)?;
                 (xs, y, inj)
             }
             Mixer::Attn(attn) => {

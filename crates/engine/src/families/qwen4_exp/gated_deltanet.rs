@@ -128,13 +128,30 @@ impl<B: Backend> GatedDeltaNet<B> {
         cache: &mut DeltaCache<B>,
         capture: Option<&mut Option<DeltaReplay<B>>>,
     ) -> Result<B::Buf> {
-        let d = self.shape.dims;
         let before = capture.is_some().then(|| cache.clone());
-        // The conv (advancing the window), the q / k / v split, the q and k
-        // head norms and the decays: one op (one launch for a decode step).
+        let inputs = self.scan_inputs(ops, &u, beta, a, cache)?;
+        let o = self.shape.scan(ops, &inputs, cache)?;
+        if let (Some(cap), Some(before)) = (capture, before) {
+            *cap = Some(self.replay(before, u, inputs));
+        }
+        Ok(o)
+    }
+
+    /// [`GatedDeltaNet::recur`]'s inputs: the conv (advancing the window),
+    /// the q / k / v split, the q and k head norms and the decays — one op
+    /// (one launch for a decode step).
+    pub(super) fn scan_inputs(
+        &self,
+        ops: &B,
+        u: &B::Buf,
+        beta: B::Buf,
+        a: &B::Buf,
+        cache: &mut DeltaCache<B>,
+    ) -> Result<ScanInputs<B>> {
+        let d = self.shape.dims;
         let [q, k, v, g] = ops.delta_inputs(
             d,
-            &u,
+            u,
             &mut cache.conv,
             &self.conv_w,
             self.shape.kernel,
@@ -143,19 +160,31 @@ impl<B: Backend> GatedDeltaNet<B> {
             &self.neg_a,
             &self.dt_bias,
         )?;
-        let inputs = ScanInputs { q, k, v, g, beta };
-        let o = self.shape.scan(ops, &inputs, cache)?;
-        if let (Some(cap), Some(before)) = (capture, before) {
-            *cap = Some(DeltaReplay {
-                before,
-                dims: d,
-                kernel: self.shape.kernel,
-                channels: self.shape.channels,
-                u,
-                inputs,
-            });
+        Ok(ScanInputs { q, k, v, g, beta })
+    }
+
+    /// The shape of the layer's scan (for several sessions' scans at once,
+    /// [`DeltaShape::scan_parts`]).
+    pub(super) fn shape(&self) -> &DeltaShape {
+        &self.shape
+    }
+
+    /// A verify window's replay: the cache `before` it, its rows' `u` and
+    /// scan inputs.
+    pub(super) fn replay(
+        &self,
+        before: DeltaCache<B>,
+        u: B::Buf,
+        inputs: ScanInputs<B>,
+    ) -> DeltaReplay<B> {
+        DeltaReplay {
+            before,
+            dims: self.shape.dims,
+            kernel: self.shape.kernel,
+            channels: self.shape.channels,
+            u,
+            inputs,
         }
-        Ok(o)
     }
 
     /// The row-wise output: gated norm of `o` by `z`, then `out_proj`.
