@@ -58,6 +58,24 @@ pub struct DeltaShape {
 }
 
 impl DeltaShape {
+    /// A verify window's replay: the cache `before` it, its rows' raw conv
+    /// inputs `u` and scan inputs.
+    pub fn replay<B: Backend>(
+        &self,
+        before: DeltaCache<B>,
+        u: B::Buf,
+        inputs: ScanInputs<B>,
+    ) -> DeltaReplay<B> {
+        DeltaReplay {
+            before,
+            dims: self.dims,
+            kernel: self.kernel,
+            channels: self.channels,
+            u,
+            inputs,
+        }
+    }
+
     pub fn new_cache<B: Backend>(&self, ops: &B) -> Result<DeltaCache<B>> {
         let d = self.dims;
         Ok(DeltaCache {

@@ -173,7 +173,7 @@ impl<B: Backend> Kda<B> {
         let inputs = self.scan_inputs(ops, &u, g, beta, rows, cache)?;
         let o = self.shape.scan(ops, &inputs, cache)?;
         if let (Some(cap), Some(before)) = (capture, before) {
-            *cap = Some(self.replay(before, u, inputs));
+            *cap = Some(self.shape.replay(before, u, inputs));
         }
         Ok(o)
     }
@@ -203,24 +203,6 @@ impl<B: Backend> Kda<B> {
     /// [`DeltaShape::scan_parts`]).
     pub fn shape(&self) -> &DeltaShape {
         &self.shape
-    }
-
-    /// A verify window's replay: the cache `before` it, its rows' `u` and
-    /// scan inputs.
-    pub fn replay(
-        &self,
-        before: DeltaCache<B>,
-        u: B::Buf,
-        inputs: ScanInputs<B>,
-    ) -> DeltaReplay<B> {
-        DeltaReplay {
-            before,
-            dims: self.shape.dims,
-            kernel: self.shape.kernel,
-            channels: self.shape.channels,
-            u,
-            inputs,
-        }
     }
 
     /// The per-row output: the gated norm of `o` by `z`, then `o_proj`.

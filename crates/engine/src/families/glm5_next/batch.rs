@@ -100,7 +100,7 @@ impl<B: Backend> DecoderLayer<B> {
                 };
                 for (p, (inputs, u, before)) in parts.iter_mut().zip(pending) {
                     if let (Some(cap), Some(before)) = (p.capture.as_deref_mut(), before) {
-                        *cap = Some(kda.replay(before, u, inputs));
+                        *cap = Some(kda.shape().replay(before, u, inputs));
                     }
                 }
                 kda.output(ops, &o, &z, rows)?

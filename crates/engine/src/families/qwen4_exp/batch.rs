@@ -149,7 +149,7 @@ impl<B: Backend> DecoderLayer<B> {
                 };
                 for (p, (inputs, u, before)) in parts.iter_mut().zip(pending) {
                     if let (Some(cap), Some(before)) = (p.capture.as_deref_mut(), before) {
-                        cap.gdn = Some(gdn.replay(before, u, inputs));
+                        cap.gdn = Some(gdn.shape().replay(before, u, inputs));
                     }
                 }
                 let y = gdn.output(ops, &o, &z, rows)?;

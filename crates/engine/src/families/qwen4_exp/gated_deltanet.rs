@@ -132,7 +132,7 @@ impl<B: Backend> GatedDeltaNet<B> {
         let inputs = self.scan_inputs(ops, &u, beta, a, cache)?;
         let o = self.shape.scan(ops, &inputs, cache)?;
         if let (Some(cap), Some(before)) = (capture, before) {
-            *cap = Some(self.replay(before, u, inputs));
+            *cap = Some(self.shape.replay(before, u, inputs));
         }
         Ok(o)
     }
@@ -167,24 +167,6 @@ impl<B: Backend> GatedDeltaNet<B> {
     /// [`DeltaShape::scan_parts`]).
     pub(super) fn shape(&self) -> &DeltaShape {
         &self.shape
-    }
-
-    /// A verify window's replay: the cache `before` it, its rows' `u` and
-    /// scan inputs.
-    pub(super) fn replay(
-        &self,
-        before: DeltaCache<B>,
-        u: B::Buf,
-        inputs: ScanInputs<B>,
-    ) -> DeltaReplay<B> {
-        DeltaReplay {
-            before,
-            dims: self.shape.dims,
-            kernel: self.shape.kernel,
-            channels: self.shape.channels,
-            u,
-            inputs,
-        }
     }
 
     /// The row-wise output: gated norm of `o` by `z`, then `out_proj`.
