@@ -119,9 +119,10 @@ pub(super) fn attention_causal(
 
 /// `Backend::attention_causal_rows` (continuous batching): every
 /// session's queries in place, one table upload, one tiles launch and one
-/// merge for all of them (the kernels `attention_causal_tiles_batch_f32` /
-/// `attention_merge_batch_f32`: each row's tiles and merge are its session's
-/// launch alone's, so the same bits).
+/// merge for all of them (the tiles by `attention_causal_staged_batch_*`
+/// where [`staged_kernel`] allows, else `attention_causal_tiles_batch_f32`,
+/// then `attention_merge_batch_f32`: each row's tiles and merge are its
+/// session's launch alone's, so the same bits).
 pub(super) fn attention_causal_rows(
     dev: &Device,
     q: &CudaBuf,
