@@ -141,20 +141,32 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     );
     #[cfg(feature = "cuda")]
     if let LoadedModel::Qwen4ExpCuda(m) = &loaded {
-        let ops = m.ops();
-        let bw = ops.copy_bandwidth(1 << 30, 10)?;
-        let floor = bytes as f64 / bw;
-        let (launches, host_ms, wait_ms) = step_profile(m)?;
-        println!(
-            "REPORT hbm_copy_tb_s={:.3} roofline_step_ms={:.3} roofline_tok_s={:.1} fraction={:.3} launches_per_step={launches:.0}",
-            bw / 1e12,
-            floor * 1e3,
-            1.0 / floor,
-            floor / step_secs,
-        );
-        println!("REPORT step_host_ms={host_ms:.3} step_wait_ms={wait_ms:.3}");
+        roofline_report(m.as_ref(), m.ops(), bytes, step_secs)?;
         window_profile(m, args)?;
     }
+    Ok(())
+}
+
+/// The step against the HBM roofline (the device's measured copy rate over
+/// the bytes a step reads), its launches, and the host's share of it.
+#[cfg(feature = "cuda")]
+fn roofline_report<M: Model>(
+    m: &M,
+    ops: &ds4_engine::backend::CudaOps,
+    bytes: usize,
+    step_secs: f64,
+) -> anyhow::Result<()> {
+    let bw = ops.copy_bandwidth(1 << 30, 10)?;
+    let floor = bytes as f64 / bw;
+    let (launches, host_ms, wait_ms) = step_profile(m, ops)?;
+    println!(
+        "REPORT hbm_copy_tb_s={:.3} roofline_step_ms={:.3} roofline_tok_s={:.1} fraction={:.3} launches_per_step={launches:.0}",
+        bw / 1e12,
+        floor * 1e3,
+        1.0 / floor,
+        floor / step_secs,
+    );
+    println!("REPORT step_host_ms={host_ms:.3} step_wait_ms={wait_ms:.3}");
     Ok(())
 }
 
@@ -289,6 +301,22 @@ fn bench_stored(
             step.head as f64 / 1e6,
             report.state_bytes as f64 / 1e6
         );
+        #[cfg(feature = "cuda")]
+        {
+            let (bytes, step_secs) = (step.weights + report.state_bytes, 1.0 / report.gen_tps);
+            match &loaded {
+                LoadedModel::DeepseekV4Cuda(m) => {
+                    roofline_report(m.as_ref(), m.ops(), bytes, step_secs)?
+                }
+                LoadedModel::Glm5NextCuda(m) => {
+                    roofline_report(m.as_ref(), m.ops(), bytes, step_secs)?
+                }
+                LoadedModel::Qwen4ExpCuda(m) => {
+                    roofline_report(m.as_ref(), m.ops(), bytes, step_secs)?
+                }
+                _ => {}
+            }
+        }
     }
     println!(
         "REPORT host_peak={}",
@@ -411,27 +439,28 @@ fn window_profile(
 /// (a step's time less its wait for the device) and waiting: a step whose
 /// wait is near zero is bound by the host's launches, not the kernels.
 #[cfg(feature = "cuda")]
-fn step_profile(
-    m: &ds4_engine::families::qwen4_exp::Qwen4ExpModel<ds4_engine::backend::CudaOps>,
+fn step_profile<M: Model>(
+    m: &M,
+    ops: &ds4_engine::backend::CudaOps,
 ) -> anyhow::Result<(f64, f64, f64)> {
     let mut state = m.new_state();
     m.forward(&[1], &mut state, LogitsRows::Last)?;
-    let before = m.ops().launches();
+    let before = ops.launches();
     m.forward(&[2], &mut state, LogitsRows::Last)?;
-    let launches = (m.ops().launches() - before) as f64;
+    let launches = (ops.launches() - before) as f64;
     const STEPS: u32 = 16;
-    let wait = m.ops().sync_wait_ns();
-    let counts = m.ops().host_counts();
-    m.ops().host_gaps();
+    let wait = ops.sync_wait_ns();
+    let counts = ops.host_counts();
+    ops.host_gaps();
     let start = Instant::now();
     for i in 0..STEPS {
         m.forward(&[3 + i], &mut state, LogitsRows::Last)?;
     }
     let total = start.elapsed().as_secs_f64() * 1e3 / f64::from(STEPS);
-    let wait = (m.ops().sync_wait_ns() - wait) as f64 / 1e6 / f64::from(STEPS);
+    let wait = (ops.sync_wait_ns() - wait) as f64 / 1e6 / f64::from(STEPS);
     let per = |now: u64, then: u64| (now - then) as f64 / f64::from(STEPS);
-    let [copies, allocs] = m.ops().host_counts();
-    let gaps = m.ops().host_gaps();
+    let [copies, allocs] = ops.host_counts();
+    let gaps = ops.host_gaps();
     let driver_ms = |keep: fn(&GapRow) -> bool| {
         let calls = gaps.iter().filter(|r| r.after.is_none() && keep(r));
         per(calls.map(|r| r.call_ns).sum(), 0) / 1e6

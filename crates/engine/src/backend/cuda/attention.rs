@@ -18,14 +18,35 @@ const TILE: usize = 64;
 /// (`attention_gathered_tiles_block_f32`).
 const BLOCK_TILE_ROWS: usize = 16;
 /// Queries from which the window attention runs a block per (query, tile,
-/// 32 heads), the tile's shared keys staged once for them
-/// (`attention_window_rows32_f32`), rather than a warp per (query, head,
-/// tile) (`attention_window_tiles_f32`: faster for decode steps and verify
-/// windows, run 37). Both give the same partials.
+/// 32 heads), the tile's shared keys staged for them 32 dims a round
+/// (`attention_window_rows32_f32`), rather than a block per (query, tile,
+/// 8 heads) with the tile's keys staged whole (`attention_window_staged_f32`,
+/// for decode steps and verify windows) or, for heads it cannot stage, a
+/// warp per (query, head, tile) (`attention_window_tiles_f32`). All three
+/// give the same partials.
 const WINDOW_ROWS_FROM: usize = 16;
 /// Threads and heads of an `attention_window_rows32_f32` block.
 const WINDOW_ROWS_THREADS: u32 = 256;
 const WINDOW_ROWS_HEADS: usize = 32;
+/// Heads of an `attention_window_staged_f32` block (a warp each: the
+/// kernel's `WS_HEADS`).
+const WINDOW_STAGED_HEADS: usize = 8;
+/// Dims past which (or not a multiple of 4) the few-query window attention
+/// runs the warp kernel: DeepSeek-V4's heads are 512.
+const WINDOW_STAGED_DIMS_MAX: usize = 512;
+/// `attention_window_staged_f32`'s shared memory at its widest head
+/// (allowed at open, `device::DYNAMIC_SHARED`).
+pub(super) const WINDOW_STAGED_SHARED_MAX: usize = TILE * (WINDOW_STAGED_DIMS_MAX + 4) * 4;
+
+/// The dynamic shared memory of `attention_window_staged_f32` for heads of
+/// `dim` (a tile's key rows padded by 4 floats), or `None` where the warp
+/// kernel runs: dims not a multiple of 4 (the staging copies float4s), past
+/// `WINDOW_STAGED_DIMS_MAX`, or more than the device lets the kernel have.
+fn window_staged_shared(dev: &Device, dim: usize) -> Option<u32> {
+    let shared = TILE * (dim + 4) * 4;
+    let room = shared <= 48 * 1024 || dev.shared_optin >= WINDOW_STAGED_SHARED_MAX;
+    (dim.is_multiple_of(4) && dim <= WINDOW_STAGED_DIMS_MAX && room).then_some(shared as u32)
+}
 
 /// Merge `tiles` partials of `[2 + d]` per item into `[items, d]`.
 fn merge(
@@ -517,20 +538,31 @@ pub(super) fn attention_window(
     let tiles = (span.min(p) + entries_max).div_ceil(TILE).max(1);
     let items = rows * heads;
     let parts = CudaBuf::uninit(dev, items * tiles * (dim + 2))?;
-    let (kernel, shape) = if rows >= WINDOW_ROWS_FROM {
+    let (kernel, shape, shared) = if rows >= WINDOW_ROWS_FROM {
         (
             "attention_window_rows32_f32",
             Shape::blocks(
                 rows * tiles * heads.div_ceil(WINDOW_ROWS_HEADS),
                 WINDOW_ROWS_THREADS,
             ),
+            0,
+        )
+    } else if let Some(shared) = window_staged_shared(dev, dim) {
+        (
+            "attention_window_staged_f32",
+            Shape::blocks(
+                rows * tiles * heads.div_ceil(WINDOW_STAGED_HEADS),
+                32 * WINDOW_STAGED_HEADS as u32,
+            ),
+            shared,
         )
     } else {
-        ("attention_window_tiles_f32", Shape::warps(items * tiles))
+        ("attention_window_tiles_f32", Shape::warps(items * tiles), 0)
     };
-    dev.launch(
+    dev.launch_shared(
         kernel,
         shape,
+        shared,
         args![
             parts.ptr(),
             q.ptr(),

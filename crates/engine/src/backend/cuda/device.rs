@@ -179,6 +179,10 @@ pub(super) const DYNAMIC_SHARED: &[(&str, usize)] = &[
         "attention_causal_staged_batch_f32",
         super::attention::STAGED_SHARED_MAX,
     ),
+    (
+        "attention_window_staged_f32",
+        super::attention::WINDOW_STAGED_SHARED_MAX,
+    ),
 ];
 
 /// Kernel arguments at most (the longest signature has 20).

@@ -13,7 +13,8 @@ use super::{
 use crate::backend::composed;
 use crate::backend::{
     Backend, BackendId, CausalRows, EntryKeep, Epilogue, GateAct, GeluForm, HeadRows, Heads,
-    HostWeight, IndexerShape, PureBody, RopeLayout, RouterSpec, ScanDims, StepBody, Unary,
+    HostWeight, IndexerShape, PureBody, RopeLayout, RouterSpec, ScanDims, ScanPart, StepBody,
+    Unary,
 };
 use crate::error::Result;
 
@@ -347,6 +348,17 @@ impl Backend for CudaOps {
         s: &mut CudaBuf,
     ) -> Result<CudaBuf> {
         recurrent::delta_rule_scan(&self.dev, d, q, k, v, g, beta, s)
+    }
+
+    fn delta_rule_scan_parts(
+        &self,
+        d: ScanDims,
+        parts: &mut [ScanPart<'_, CudaBuf>],
+    ) -> Result<CudaBuf> {
+        match recurrent::delta_rule_scan_parts(&self.dev, d, parts)? {
+            Some(o) => Ok(o),
+            None => composed::delta_rule_scan_parts(self, d, parts),
+        }
     }
 
     fn kda_gate(

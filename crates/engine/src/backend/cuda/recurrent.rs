@@ -5,7 +5,7 @@
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args};
-use crate::backend::ScanDims;
+use crate::backend::{ScanDims, ScanPart};
 use crate::error::{EngineError, Result};
 
 fn shape_err(op: &str, msg: String) -> EngineError {
@@ -197,4 +197,83 @@ pub(super) fn delta_rule_scan(
         ],
     )?;
     Ok(o)
+}
+
+/// `Backend::delta_rule_scan_parts`: every session's scan in one launch
+/// (`delta_rule_scan_parts_dk{64,128}_f32`, a table of each session's
+/// state, inputs, first output row and rows), where a batch made a launch
+/// a session and layer (1,084 of a 64-session qwen4_exp batch, run 41);
+/// other key sizes, a single part, mixed decay kinds or a capture (no
+/// uploads there) are left to the caller to scan part by part (`None`).
+/// Each column's operations are those of the session's scan alone.
+pub(super) fn delta_rule_scan_parts(
+    dev: &Device,
+    d: ScanDims,
+    parts: &mut [ScanPart<'_, CudaBuf>],
+) -> Result<Option<CudaBuf>> {
+    let name = match d.dk {
+        128 => "delta_rule_scan_parts_dk128_f32",
+        64 => "delta_rule_scan_parts_dk64_f32",
+        _ => "",
+    };
+    let dims_ok = d.hk > 0 && d.hv > 0 && d.dv > 0 && d.hv.is_multiple_of(d.hk);
+    // Each part's rows, and whether its decay is per key channel.
+    let shapes: Vec<Option<(usize, bool)>> = parts
+        .iter()
+        .map(|p| {
+            let t = p.beta.len() / d.hv.max(1);
+            let per_channel = p.g.len() == t * d.hv * d.dk && d.dk != 1;
+            let ok = dims_ok
+                && p.beta.len() == t * d.hv
+                && p.q.len() == t * d.hk * d.dk
+                && p.k.len() == p.q.len()
+                && p.v.len() == t * d.hv * d.dv
+                && (per_channel || p.g.len() == t * d.hv)
+                && p.s.len() == d.hv * d.dk * d.dv;
+            ok.then_some((t, per_channel))
+        })
+        .collect();
+    let one_kind = shapes
+        .iter()
+        .all(|s| s.is_some_and(|(_, pc)| Some(pc) == shapes[0].map(|s| s.1)));
+    if name.is_empty() || parts.len() < 2 || !one_kind || dev.pool.capturing() {
+        return Ok(None);
+    }
+    let total: usize = shapes.iter().flatten().map(|s| s.0).sum();
+    let per_channel = shapes[0].is_some_and(|s| s.1);
+    let o = CudaBuf::uninit(dev, total * d.hv * d.dv)?;
+    let mut table: Vec<u64> = Vec::with_capacity(8 * parts.len());
+    let mut at = 0;
+    for (p, shape) in parts.iter_mut().zip(&shapes) {
+        let t = shape.map_or(0, |s| s.0);
+        table.extend([
+            p.s.own_ptr(dev)?,
+            p.q.ptr(),
+            p.k.ptr(),
+            p.v.ptr(),
+            p.g.ptr(),
+            p.beta.ptr(),
+            at as u64,
+            t as u64,
+        ]);
+        at += t;
+    }
+    if total == 0 {
+        return Ok(Some(o));
+    }
+    let table = dev.upload(&table)?;
+    dev.launch(
+        name,
+        Shape::elements_in(parts.len() * d.hv * d.dv, SCAN_THREADS),
+        args![
+            o.ptr(),
+            table.ptr(),
+            parts.len(),
+            d.hk,
+            d.hv,
+            d.dv,
+            per_channel as i32
+        ],
+    )?;
+    Ok(Some(o))
 }

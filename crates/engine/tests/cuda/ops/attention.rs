@@ -375,6 +375,44 @@ fn cuda_attention_window_block_and_warp_kernels_have_the_same_bits() {
     });
 }
 
+/// The few-query window attention with the tile's keys staged whole
+/// (`attention_window_staged_f32`, dims a multiple of 4 up to 512: a block
+/// per (query, tile, 8 heads)) against the prefill kernel
+/// (`attention_window_rows32_f32`): `rows_invariant`'s single rows and
+/// first chunk take the first, the whole call of 40 or 18 queries the
+/// second, so their bits are compared (and both with the CPU's values).
+/// 70 heads (groups of 8 with a last of 6) of 128 dims, and DeepSeek-V4's
+/// 512-dim heads (132 KB of staged keys a block); windows and entries that
+/// fill, part-fill and miss tiles of 64.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_attention_window_staged_and_block_kernels_have_the_same_bits() {
+    window_case(WindowCase {
+        heads: 70,
+        dim: 128,
+        span: 90,
+        window_first: 3,
+        p: 140,
+        query_first: 100,
+        rows: 40,
+        n_entries: 70,
+        top: 60,
+        seed: 170,
+    });
+    window_case(WindowCase {
+        heads: 12,
+        dim: 512,
+        span: 128,
+        window_first: 0,
+        p: 150,
+        query_first: 130,
+        rows: 18,
+        n_entries: 40,
+        top: 33,
+        seed: 190,
+    });
+}
+
 /// Continuous batching's two ops on the GPU: `attention_causal_rows` (every
 /// session's queries in place, one launch) gives each session's rows the
 /// bits of its `attention_causal` alone, and `append_head_rows` (one launch

@@ -142,3 +142,91 @@ fn delta_rule_case(d: ScanDims) {
         }
     }
 }
+
+/// Continuous batching's scan: `delta_rule_scan_parts` (every session's
+/// scan in one launch for keys of 64 and 128) gives each session the output
+/// and state of its `delta_rule_scan` alone, bit for bit — sessions of 1,
+/// 3 and 17 rows (a decode step, a verify window, a prefill chunk), per
+/// head and per channel decays; keys of 16 (part by part) too.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_delta_rule_scan_parts_equal_each_scan_alone() {
+    use ds4_engine::backend::ScanPart;
+    let g = gpu();
+    for dk in [64, 128, 16] {
+        let d = ScanDims {
+            hk: 2,
+            hv: 4,
+            dk,
+            dv: 12,
+        };
+        for per_channel in [false, true] {
+            let rows = [1usize, 3, 17, 1];
+            let gl = if per_channel { d.hv * d.dk } else { d.hv };
+            // Each session's inputs and state, on the device.
+            let inputs: Vec<[_; 5]> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| {
+                    let s = 100 + 10 * i as u64;
+                    let k: Vec<f32> = rnd(t * d.hk * d.dk, s + 1)
+                        .iter()
+                        .map(|v| 0.3 * v)
+                        .collect();
+                    let beta: Vec<f32> =
+                        rnd(t * d.hv, s + 3).iter().map(|x| 0.5 + 0.4 * x).collect();
+                    let decay: Vec<f32> = rnd(t * gl, s + 4)
+                        .iter()
+                        .map(|x| -0.1 - 0.05 * x.abs())
+                        .collect();
+                    [
+                        up(&g, &rnd(t * d.hk * d.dk, s)),
+                        up(&g, &k),
+                        up(&g, &rnd(t * d.hv * d.dv, s + 2)),
+                        up(&g, &decay),
+                        up(&g, &beta),
+                    ]
+                })
+                .collect();
+            let states: Vec<Vec<f32>> = (0..rows.len())
+                .map(|i| rnd(d.hv * d.dk * d.dv, 200 + i as u64))
+                .collect();
+            let mut alone_o = Vec::new();
+            let mut alone_s = Vec::new();
+            for (x, s0) in inputs.iter().zip(&states) {
+                let mut s = up(&g, s0);
+                let o = g
+                    .delta_rule_scan(d, &x[0], &x[1], &x[2], &x[3], &x[4], &mut s)
+                    .unwrap();
+                alone_o.extend(down(&g, &o));
+                alone_s.push(down(&g, &s));
+            }
+            let mut batch_states: Vec<_> = states.iter().map(|s| up(&g, s)).collect();
+            let before = g.launches();
+            let o = {
+                let mut parts: Vec<ScanPart<'_, _>> = inputs
+                    .iter()
+                    .zip(batch_states.iter_mut())
+                    .map(|(x, s)| ScanPart {
+                        q: &x[0],
+                        k: &x[1],
+                        v: &x[2],
+                        g: &x[3],
+                        beta: &x[4],
+                        s,
+                    })
+                    .collect();
+                g.delta_rule_scan_parts(d, &mut parts).unwrap()
+            };
+            let launches = g.launches() - before;
+            let case = format!("dk {dk}, per channel {per_channel}");
+            if dk != 16 {
+                assert_eq!(launches, 1, "{case}: one launch for every session");
+            }
+            assert!(bits(&down(&g, &o)) == bits(&alone_o), "{case}: outputs");
+            for (i, s) in batch_states.iter().enumerate() {
+                assert!(bits(&down(&g, s)) == bits(&alone_s[i]), "{case}: state {i}");
+            }
+        }
+    }
+}

@@ -522,6 +522,75 @@ extern "C" __global__ void attention_window_tiles_f32(
     }
 }
 
+// The window attention's tile partials for a few queries (decode steps,
+// verify windows), a block per (query row, tile, WS_HEADS heads): the block
+// stages the tile's key rows whole (K = V, rows padded by 4 floats so a
+// quarter warp's float4 reads of 8 rows fall in 32 banks; dynamic shared
+// memory, 64·(dim + 4) floats) with coalesced loads all in flight at
+// once, and warp w then computes head h0 + w's partial from them exactly
+// as `tile_partial` with `scaled` = 0 does from global memory: lane i's
+// score the sequential dot times `scale`, the exact warp max, l and each
+// output dim's Σ p·v in key order (`tile_sums`). So the bits are
+// `attention_window_tiles_f32`'s, which read the same 64 key rows once
+// per head a lane a row (64 heads of 512 dims: 47–55 µs a decode layer,
+// run 38's table), and which still run for dims not a multiple of 4 or
+// past `WINDOW_STAGED_DIMS_MAX`. (Run 37's blocks of 8 heads staging 32
+// dims a round waited on L2 once a round; these wait once a tile.)
+#define WS_HEADS 8
+extern "C" __global__ void attention_window_staged_f32(
+    float* parts, const float* q, const float* window, const float* entries, u64 n_entries,
+    const u32* idx, const u32* counts, u64 cap, u64 rows, u64 heads, u64 dim, u64 query_first,
+    u64 window_first, u64 span, int mode, u64 ratio, float scale, u64 tiles) {
+    dep_entry();
+    extern __shared__ float4 staged4[];
+    float* ks = (float*)staged4;
+    __shared__ float sp_all[WS_HEADS][ATT_TILE];
+    __shared__ const float* kp[ATT_TILE];
+    u32 warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    u64 groups = (heads + WS_HEADS - 1) / WS_HEADS, d4 = dim / 4, stride = dim + 4;
+    bool vec = aligned16(window, entries);
+    for (u64 blk = blockIdx.x; blk < rows * tiles * groups; blk += gridDim.x) {
+        u64 r = blk / (tiles * groups), tile = blk / groups % tiles;
+        u64 h = blk % groups * WS_HEADS + warp;
+        WinRow row = window_keys(r, window, entries, n_entries, idx, counts, cap, dim, query_first,
+                                 window_first, span, mode, ratio);
+        u64 j0 = tile * ATT_TILE;
+        u64 cnt = j0 < row.n ? (row.n - j0 < ATT_TILE ? row.n - j0 : ATT_TILE) : 0;
+        // The last item's readers are done before its rows are replaced.
+        __syncthreads();
+        if (threadIdx.x < cnt) kp[threadIdx.x] = row.keys.key(j0 + threadIdx.x);
+        __syncthreads();
+        if (vec) {
+            for (u64 x = threadIdx.x; x < cnt * d4; x += blockDim.x) {
+                u64 i = x / d4, c = x % d4;
+                ((float4*)(ks + i * stride))[c] = ((const float4*)kp[i])[c];
+            }
+        } else {
+            for (u64 x = threadIdx.x; x < cnt * dim; x += blockDim.x) {
+                u64 i = x / dim, c = x % dim;
+                ks[i * stride + c] = kp[i][c];
+            }
+        }
+        __syncthreads();
+        if (h >= heads) continue;
+        u64 item = r * heads + h;
+        float* sp = sp_all[warp];
+        float s[2] = {DS4_NEG_INF, DS4_NEG_INF};
+        for (int t = 0; t < 2; t++) {
+            u64 i = lane + 32 * t;
+            if (i < cnt) s[t] = dot_seq(q + item * dim, ks + i * stride, (int)dim) * scale;
+        }
+        float m = warp_max(fmaxf(s[0], s[1]));
+        for (int t = 0; t < 2; t++) {
+            u64 i = lane + 32 * t;
+            sp[i] = i < cnt ? expf(s[t] - m) : 0.0f;
+        }
+        __syncwarp();
+        tile_sums<ATT_DIMS, 8>(parts + (item * tiles + tile) * (dim + 2), sp,
+                               StagedRows{ks, stride}, cnt, m, dim);
+    }
+}
+
 // The window attention's tile partials with a block per (query row, tile,
 // group of HB heads): the window's keys are shared by all heads (one K = V
 // row a key), so the block stages the tile's keys once, WR_QK dims at a

@@ -187,14 +187,14 @@ extern "C" __global__ void delta_rule_scan_f32(float* o, float* s, const float* 
 // bit for bit (which one runs depends on dk alone).
 // Keys per chunk of the register scans' dot and update loops.
 #define SCAN_CHUNK 32
+// Column b of value head j's state through t_len rows (`delta_rule_scan_reg`
+// for one column).
 template <int DK>
-__device__ __forceinline__ void delta_rule_scan_reg(float* o, float* s, const float* q,
-                                                    const float* k, const float* v,
-                                                    const float* g, const float* beta,
-                                                    u64 t_len, u64 hk, u64 hv, u64 dv,
-                                                    int per_channel) {
-    FOR_EACH(i, hv * dv) {
-        u64 j = i / dv, b = i % dv;
+__device__ __forceinline__ void scan_column(float* o, float* s, const float* q, const float* k,
+                                            const float* v, const float* g, const float* beta,
+                                            u64 t_len, u64 hk, u64 hv, u64 dv, int per_channel,
+                                            u64 j, u64 b) {
+    {
         u64 kh = j / (hv / hk);
         float* sj = s + j * DK * dv + b;
         float sc[DK];
@@ -244,6 +244,35 @@ __device__ __forceinline__ void delta_rule_scan_reg(float* o, float* s, const fl
     }
 }
 
+template <int DK>
+__device__ __forceinline__ void delta_rule_scan_reg(float* o, float* s, const float* q,
+                                                    const float* k, const float* v,
+                                                    const float* g, const float* beta,
+                                                    u64 t_len, u64 hk, u64 hv, u64 dv,
+                                                    int per_channel) {
+    FOR_EACH(i, hv * dv) {
+        scan_column<DK>(o, s, q, k, v, g, beta, t_len, hk, hv, dv, per_channel, i / dv, i % dv);
+    }
+}
+
+// Several sessions' scans in one launch (continuous batching): session p's
+// entry is table[8p ..]: its state, q, k, v, g and β (its own buffers),
+// the first row of its output in o, its rows. Each column goes through
+// `scan_column` on its own session's rows and state, so the bits of that
+// session's scan alone.
+template <int DK>
+__device__ __forceinline__ void delta_rule_scan_parts_reg(float* o, const u64* table,
+                                                          u64 n_parts, u64 hk, u64 hv, u64 dv,
+                                                          int per_channel) {
+    FOR_EACH(i, n_parts * hv * dv) {
+        u64 c = i % (hv * dv);
+        const u64* t = table + 8 * (i / (hv * dv));
+        scan_column<DK>(o + t[6] * hv * dv, (float*)t[0], (const float*)t[1], (const float*)t[2],
+                        (const float*)t[3], (const float*)t[4], (const float*)t[5], t[7], hk, hv,
+                        dv, per_channel, c / dv, c % dv);
+    }
+}
+
 extern "C" __global__ void delta_rule_scan_dk128_f32(float* o, float* s, const float* q,
                                                      const float* k, const float* v,
                                                      const float* g, const float* beta,
@@ -260,4 +289,18 @@ extern "C" __global__ void delta_rule_scan_dk64_f32(float* o, float* s, const fl
                                                     int per_channel) {
     dep_entry();
     delta_rule_scan_reg<64>(o, s, q, k, v, g, beta, t_len, hk, hv, dv, per_channel);
+}
+
+extern "C" __global__ void delta_rule_scan_parts_dk128_f32(float* o, const u64* table,
+                                                           u64 n_parts, u64 hk, u64 hv, u64 dv,
+                                                           int per_channel) {
+    dep_entry();
+    delta_rule_scan_parts_reg<128>(o, table, n_parts, hk, hv, dv, per_channel);
+}
+
+extern "C" __global__ void delta_rule_scan_parts_dk64_f32(float* o, const u64* table, u64 n_parts,
+                                                          u64 hk, u64 hv, u64 dv,
+                                                          int per_channel) {
+    dep_entry();
+    delta_rule_scan_parts_reg<64>(o, table, n_parts, hk, hv, dv, per_channel);
 }
