@@ -167,6 +167,8 @@ fn roofline_report<M: Model>(
         floor / step_secs,
     );
     println!("REPORT step_host_ms={host_ms:.3} step_wait_ms={wait_ms:.3}");
+    let (used, total) = ops.device_memory()?;
+    println!("REPORT device_memory used={} of {}", gb(used), gb(total));
     Ok(())
 }
 

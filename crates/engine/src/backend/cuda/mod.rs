@@ -193,6 +193,17 @@ impl CudaOps {
         self.dev.sync()
     }
 
+    /// The device's memory in use and in all, bytes (the driver's count:
+    /// every allocation on the device, this process's pooled buffers
+    /// included — what `nvidia-smi` shows).
+    pub fn device_memory(&self) -> Result<(usize, usize)> {
+        let (free, total) =
+            self.dev.ctx.mem_get_info().map_err(|e| {
+                crate::error::EngineError::Device(format!("device memory info: {e}"))
+            })?;
+        Ok((total.saturating_sub(free), total))
+    }
+
     /// The device copy bandwidth over `bytes` (read + written per second),
     /// the best of `reps` copies: the ceiling a bandwidth-bound step is
     /// measured against.
