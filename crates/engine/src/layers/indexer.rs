@@ -24,7 +24,7 @@ use crate::backend::{Backend, IndexerShape};
 use crate::error::Result;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
-use crate::layers::rope::{PositionTables, Positions};
+use crate::layers::rope::{PositionTables, Positions, RopeRows};
 use crate::load::binder::Binder;
 use crate::state::rows::RowCache;
 
@@ -97,24 +97,56 @@ impl<B: Backend> Indexer<B> {
         cache: &mut IndexerCache<B>,
         pos: &Positions<'_, B, R>,
     ) -> Result<B::Selection> {
-        let (nh, d, ratio) = (self.shape.heads, self.shape.dim, self.shape.ratio);
+        let (q, k) = self.project_rows(ops, x, rows, pos.rows)?;
+        self.select_rows(ops, [&q, &k], rows, cache, pos.all, pos.rope)
+    }
+
+    /// The row-wise half of [`Self::forward`]: the q / k projection of `x`,
+    /// then q's norm and RoPE (`rope`: the tables of `x`'s rows) → `(q,
+    /// raw k)`. A batched forward runs it once over every session's rows.
+    pub fn project_rows(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        rope: &RopeRows<B>,
+    ) -> Result<(B::Buf, B::Buf)> {
+        let (nh, d) = (self.shape.heads, self.shape.dim);
         let qk = self.qk.forward(ops, x, rows)?;
         let mut parts = ops.split_cols(&qk, rows, &[nh * d, d], 1)?;
         let k = parts.pop().expect("two parts");
         let mut q = parts.pop().expect("two parts");
-        cache.raw.append(ops, &k)?;
+        self.q_norm.apply_heads(ops, &mut q)?;
+        rope.apply(ops, &mut q, d)?;
+        Ok((q, k))
+    }
+
+    /// The part of [`Self::forward`] on one session's cache, after
+    /// [`Self::project_rows`] of its rows: append the raw keys `k` (and
+    /// any newly complete block keys, rotated at their first token's
+    /// position in `all`, every cached position and the new rows', by
+    /// `rope`), then select for the queries `q`.
+    pub fn select_rows<R: PositionTables<B>>(
+        &self,
+        ops: &B,
+        [q, k]: [&B::Buf; 2],
+        rows: usize,
+        cache: &mut IndexerCache<B>,
+        all: &[[u32; 3]],
+        rope: &R,
+    ) -> Result<B::Selection> {
+        let (d, ratio) = (self.shape.dim, self.shape.ratio);
+        cache.raw.append(ops, k)?;
         let total = cache.raw.rows();
         let base = total - rows;
         let (first, last) = (cache.blocks.rows(), total / ratio);
         if last > first {
             let mut kb = ops.block_keys(cache.raw.buf(), d, ratio, first, last)?;
             self.k_norm.apply_heads(ops, &mut kb)?;
-            let starts: Vec<[u32; 3]> = (first..last).map(|j| pos.all[j * ratio]).collect();
-            pos.rope.tables(ops, &starts)?.apply(ops, &mut kb, d)?;
+            let starts: Vec<[u32; 3]> = (first..last).map(|j| all[j * ratio]).collect();
+            rope.tables(ops, &starts)?.apply(ops, &mut kb, d)?;
             cache.blocks.append(ops, &kb)?;
         }
-        self.q_norm.apply_heads(ops, &mut q)?;
-        pos.rows.apply(ops, &mut q, d)?;
-        ops.indexer_select(&q, cache.blocks.buf(), base, self.shape)
+        ops.indexer_select(q, cache.blocks.buf(), base, self.shape)
     }
 }

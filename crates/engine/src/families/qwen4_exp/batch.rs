@@ -2,19 +2,23 @@
 //! sessions' rows go through each layer together while each session's own
 //! state is touched only by its own rows.
 //!
-//! Shared over every session's rows (one weight read for all): the token
-//! embedding, the hyper-connection mixes, combines and norms, the Gated
-//! DeltaNet projections (`in_proj_qkv/z/b/a`), its gated norm and
-//! `out_proj`, the gated attention's q / k / v projections and `o_proj`,
-//! the whole MoE half (router, experts, shared expert), the final mixer
-//! and the head over the rows each call wants.
+//! Shared over every session's rows (one weight read for all, one launch
+//! for the row-wise ops): the token embedding, the hyper-connection mixes,
+//! combines and norms, the Gated DeltaNet projections
+//! (`in_proj_qkv/z/b/a`), its gated norm and `out_proj`, the QSA
+//! indexer's projection, q norm and RoPE, the gated attention's q / k / v
+//! projections, q / k norms, RoPE, output gate and `o_proj`, the whole MoE
+//! half (router, experts, shared expert), the final mixer and the head over
+//! the rows each call wants. The RoPE tables of every new row are built
+//! once (a row's table depends on its position alone).
 //!
-//! Per session, on its rows: its M-RoPE positions and tables (a text token
-//! continues after the largest position so far, so a session that saw an
-//! image keeps its offset), the PLE n-gram ids and value conv (its gather,
-//! projections, norms and gate are shared), the DeltaNet conv window
-//! and recurrence, the QSA indexer and its block keys, the q / k norms and
-//! RoPE, the KV cache append and the gathered attention.
+//! Per session, on its rows: its M-RoPE positions (a text token continues
+//! after the largest position so far, so a session that saw an image keeps
+//! its offset), the PLE n-gram ids and value conv (its gather,
+//! projections, norms and gate are shared), the DeltaNet conv window and
+//! recurrence (the scans of every session as one op), the indexer's keys,
+//! block keys and selection, the KV cache append and the gathered
+//! attention.
 //!
 //! Every op is row-independent (`shared/specs/backend.md`), so each
 //! session's logits have the bits of its forward alone
@@ -37,17 +41,27 @@ use crate::families::batch_split::{
 };
 use crate::families::draft_batch;
 use crate::layers::hyper_connections::Streams;
-use crate::layers::rope::{MRope, Positions, RopeRows};
+use crate::layers::rope::{MRope, RopeRows};
 use crate::model::{BatchCall, BatchResult, BatchWant, DeviceRows, Model, MtpStep, forward_alone};
 
 /// One session's part of a batched layer: its tokens, the layer's cache,
-/// its positions (every cached one and the new rows' tables) and, for a
-/// verify window on a linear layer, the layer's record.
+/// its positions (every cached one and the new rows') and, for a verify
+/// window on a linear layer, the layer's record. (The new rows' RoPE
+/// tables are the batch's, every part's rows at once.)
 struct Part<'a, B: Backend> {
     tokens: &'a [u32],
     cache: &'a mut LayerCache<B>,
-    pos: Positions<'a, B, MRope>,
+    positions: &'a [[u32; 3]],
     capture: Option<&'a mut LayerCapture<B>>,
+}
+
+/// A batch's RoPE: the model's tables (for the indexer's block keys) and
+/// the tables of every new row, the parts' rows one after another (a
+/// table row depends on its position alone, so each part's rows are its
+/// tables alone).
+struct BatchRope<'a, B: Backend> {
+    tables: &'a MRope,
+    rows: RopeRows<B>,
 }
 
 /// Each part's rows of `x: [Σt, width]`.
@@ -72,6 +86,7 @@ impl<B: Backend> DecoderLayer<B> {
         ops: &B,
         input: Streams<'_, B>,
         parts: &mut [Part<'_, B>],
+        rope: &BatchRope<'_, B>,
         unit: [u64; 2],
     ) -> Result<Streams<'m, B>> {
         let rows: usize = parts.iter().map(|p| p.tokens.len()).sum();
@@ -157,29 +172,40 @@ impl<B: Backend> DecoderLayer<B> {
             }
             Mixer::Attn(attn) => {
                 let (xs, x, inj) = input.mix(ops, &self.attn_hc, rows)?;
-                // Each session's selection first (its indexer), as alone.
-                let xr = split(ops, &x, rows, parts)?;
+                // Each session's selection first (its indexer), as alone:
+                // the indexer's projection, q norm and RoPE over every row,
+                // then each session's keys and selection on its own cache.
+                let (iq, ik) = attn.indexer.project_rows(ops, &x, rows, &rope.rows)?;
+                let (iq, ik) = (split(ops, &iq, rows, parts)?, split(ops, &ik, rows, parts)?);
                 let mut sels = Vec::with_capacity(parts.len());
-                for (p, xi) in parts.iter_mut().zip(&xr) {
+                for ((p, iq), ik) in parts.iter_mut().zip(&iq).zip(&ik) {
                     let LayerCache::Attn(ac) = &mut *p.cache else {
                         return Err(mismatch());
                     };
-                    sels.push(attn.select(ops, xi, p.tokens.len(), ac, &p.pos)?);
+                    let (t, ic) = (p.tokens.len(), &mut ac.indexer);
+                    let sel =
+                        attn.indexer
+                            .select_rows(ops, [iq, ik], t, ic, p.positions, rope.tables);
+                    sels.push(sel?);
                 }
+                // The projections, the q / gate split, the q / k norms and
+                // RoPE over every row; each session's cache append and
+                // attention; the gate over every row.
                 let [qg, k, v] = attn.project(ops, &x, rows)?;
-                let (qg, k, v) = (
-                    split(ops, &qg, rows, parts)?,
+                let [q, gate, k] = attn.attend_rows(ops, &qg, k, rows, &rope.rows)?;
+                let (q, k, v) = (
+                    split(ops, &q, rows, parts)?,
                     split(ops, &k, rows, parts)?,
                     split(ops, &v, rows, parts)?,
                 );
-                let mut ys = Vec::with_capacity(parts.len());
-                for ((((p, qg), k), v), sel) in parts.iter_mut().zip(qg).zip(k).zip(v).zip(&sels) {
+                let mut os = Vec::with_capacity(parts.len());
+                for ((((p, q), k), v), sel) in parts.iter_mut().zip(&q).zip(&k).zip(&v).zip(&sels) {
                     let LayerCache::Attn(ac) = &mut *p.cache else {
                         return Err(mismatch());
                     };
-                    ys.push(attn.attend(ops, [qg, k, v], p.tokens.len(), ac, &p.pos, sel)?);
+                    os.push(attn.attend_cached(ops, [q, k, v], ac, sel)?);
                 }
-                let y = attn.output(ops, &concat(ops, ys)?, rows)?;
+                let y = attn.output(ops, &attn.gated(ops, &concat(ops, os)?, &gate)?, rows)?;
                 (xs, y, inj)
             }
         };
@@ -232,15 +258,19 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let x = self.embed(&tokens)?;
         // Each session's text positions (after the largest so far, as
         // alone) and their tables.
-        let mut ropes: Vec<RopeRows<B>> = Vec::with_capacity(calls.len());
+        let mut every = Vec::with_capacity(tokens.len());
         for call in calls.iter_mut() {
             let st = &mut *call.state;
             let base = st.positions.len();
             let next = st.next_text_position();
             st.positions
                 .extend((0..call.tokens.len() as u32).map(|i| [next + i; 3]));
-            ropes.push(self.rope.tables(ops, &st.positions[base..])?);
+            every.extend_from_slice(&st.positions[base..]);
         }
+        let rope = BatchRope {
+            tables: &self.rope,
+            rows: self.rope.tables(ops, &every)?,
+        };
         let mut xs = Streams::ready(ops.tile_streams(&x, c, h)?);
         for (l, layer) in self.layers.iter().enumerate() {
             let linear = matches!(layer.mixer, Mixer::Gdn(_));
@@ -248,25 +278,20 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 calls.iter().map(|_| LayerCapture::default()).collect();
             let mut parts: Vec<Part<'_, B>> = calls
                 .iter_mut()
-                .zip(&ropes)
                 .zip(slots.iter_mut())
-                .map(|((call, rope), slot)| {
+                .map(|(call, slot)| {
                     let tokens = call.tokens;
                     let window = call.want == BatchWant::Window;
                     let st = &mut *call.state;
                     Part {
                         tokens,
                         cache: &mut st.layers[l],
-                        pos: Positions {
-                            all: &st.positions,
-                            rope: &self.rope,
-                            rows: rope,
-                        },
+                        positions: &st.positions,
                         capture: (linear && window).then_some(slot),
                     }
                 })
                 .collect();
-            xs = layer.forward_batch(ops, xs, &mut parts, [self.scope, l as u64])?;
+            xs = layer.forward_batch(ops, xs, &mut parts, &rope, [self.scope, l as u64])?;
             drop(parts);
             for ((call, slot), cap) in calls.iter().zip(slots).zip(caps.iter_mut()) {
                 if linear && call.want == BatchWant::Window {
@@ -350,29 +375,28 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let x0 = ops.add(&fh, &ops.tile_streams(&e, c, h)?)?;
         // Each history's rows at its next positions (as alone: the
         // history's length onwards) and their tables.
-        let mut ropes: Vec<RopeRows<B>> = Vec::with_capacity(calls.len());
+        let mut every = Vec::with_capacity(n);
         for call in calls.iter_mut() {
             let st = &mut *call.history;
             let base = st.positions.len();
             let first = base as u32;
             st.positions
                 .extend((first..first + call.tokens.len() as u32).map(|p| [p; 3]));
-            ropes.push(self.rope.tables(ops, &st.positions[base..])?);
+            every.extend_from_slice(&st.positions[base..]);
         }
+        let rope = BatchRope {
+            tables: &self.rope,
+            rows: self.rope.tables(ops, &every)?,
+        };
         let mut parts: Vec<Part<'_, B>> = calls
             .iter_mut()
-            .zip(&ropes)
-            .map(|(call, rope)| {
+            .map(|call| {
                 let tokens = call.tokens;
                 let st = &mut *call.history;
                 Part {
                     tokens,
                     cache: &mut st.cache,
-                    pos: Positions {
-                        all: &st.positions,
-                        rope: &self.rope,
-                        rows: rope,
-                    },
+                    positions: &st.positions,
                     capture: None,
                 }
             })
@@ -381,6 +405,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             ops,
             Streams::ready(x0),
             &mut parts,
+            &rope,
             [self.scope, MTP_LAYER],
         )?;
         drop(parts);

@@ -23,7 +23,7 @@ use crate::error::Result;
 use crate::layers::indexer::Indexer;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::ZcNorm;
-use crate::layers::rope::{MRope, Positions};
+use crate::layers::rope::{MRope, Positions, RopeRows};
 use crate::load::binder::Binder;
 
 #[derive(Debug)]
@@ -130,35 +130,68 @@ impl<B: Backend> GatedAttention<B> {
     pub(super) fn attend(
         &self,
         ops: &B,
-        [qg, mut k, v]: [B::Buf; 3],
+        [qg, k, v]: [B::Buf; 3],
         rows: usize,
         cache: &mut AttnCache<B>,
         pos: &Positions<'_, B, MRope>,
         selected: &B::Selection,
     ) -> Result<B::Buf> {
+        let [q, gate, k] = self.attend_rows(ops, &qg, k, rows, pos.rows)?;
+        let o = self.attend_cached(ops, [&q, &k, &v], cache, selected)?;
+        self.gated(ops, &o, &gate)
+    }
+
+    /// The row-wise half of [`Self::attend`] (a batched forward runs it
+    /// once over every session's rows): `qg` split into q and the gate,
+    /// then the q / k norms and RoPE (`rope`: the rows' tables) → `[q,
+    /// gate, k]`.
+    pub(super) fn attend_rows(
+        &self,
+        ops: &B,
+        qg: &B::Buf,
+        mut k: B::Buf,
+        rows: usize,
+        rope: &RopeRows<B>,
+    ) -> Result<[B::Buf; 3]> {
         let (hq, d) = (self.hq, self.d);
-        let mut parts = ops.split_cols(&qg, rows, &[d, d], hq)?;
+        let mut parts = ops.split_cols(qg, rows, &[d, d], hq)?;
         let gate = parts.pop().expect("two parts");
         let mut q = parts.pop().expect("two parts");
         self.k_norm.apply_heads(ops, &mut k)?;
-        pos.rows.apply(ops, &mut k, d)?;
-        cache.k.append(ops, &k)?;
-        cache.v.append(ops, &v)?;
+        rope.apply(ops, &mut k, d)?;
         self.q_norm.apply_heads(ops, &mut q)?;
-        pos.rows.apply(ops, &mut q, d)?;
-        let o = ops.attention_gathered(
-            &q,
+        rope.apply(ops, &mut q, d)?;
+        Ok([q, gate, k])
+    }
+
+    /// One session's part of [`Self::attend`]: its rows' k and v appended
+    /// to its cache, then the gathered attention of its queries over it.
+    pub(super) fn attend_cached(
+        &self,
+        ops: &B,
+        [q, k, v]: [&B::Buf; 3],
+        cache: &mut AttnCache<B>,
+        selected: &B::Selection,
+    ) -> Result<B::Buf> {
+        cache.k.append(ops, k)?;
+        cache.v.append(ops, v)?;
+        ops.attention_gathered(
+            q,
             cache.k.buf(),
             cache.v.buf(),
             selected,
-            hq,
+            self.hq,
             Heads {
                 heads: self.hkv,
-                dim: d,
+                dim: self.d,
             },
             None,
-        )?;
-        ops.mul(&o, &ops.sigmoid(&gate)?)
+        )
+    }
+
+    /// The attention output gated row by row: `o · sigmoid(gate)`.
+    pub(super) fn gated(&self, ops: &B, o: &B::Buf, gate: &B::Buf) -> Result<B::Buf> {
+        ops.mul(o, &ops.sigmoid(gate)?)
     }
 
     /// The row-wise output projection.
