@@ -54,7 +54,32 @@ pub struct Rotations<'a, B: Backend> {
     pub compress_inverse: RopeRows<B>,
 }
 
+/// A batch's tables `[rotation, inverse]` at the main and the compressed
+/// frequencies for every session's rows at its own positions, one after
+/// another (a table row depends on its position alone: each session's
+/// rows read its own tables).
+#[derive(Debug)]
+pub struct RowTables<B: Backend> {
+    pub main: [RopeRows<B>; 2],
+    pub compress: [RopeRows<B>; 2],
+}
+
 impl Ropes {
+    /// The tables of rows at `positions` (a batch's rows).
+    pub fn for_positions<B: Backend>(&self, ops: &B, positions: &[usize]) -> Result<RowTables<B>> {
+        let at = || positions.iter().copied();
+        Ok(RowTables {
+            main: [
+                self.main.tables(ops, at(), false)?,
+                self.main.tables(ops, at(), true)?,
+            ],
+            compress: [
+                self.compress.tables(ops, at(), false)?,
+                self.compress.tables(ops, at(), true)?,
+            ],
+        })
+    }
+
     /// The tables of rows `base .. base + rows`.
     pub fn for_rows<B: Backend>(
         &self,
@@ -238,18 +263,42 @@ impl<B: Backend> Attention<B> {
         cache: &mut AttnCache<B>,
         rot: &Rotations<'_, B>,
     ) -> Result<(B::Buf, Option<B::Selection>)> {
-        let (d, r) = (self.dim, self.rope_dim);
-        let base = cache.window.len();
-        if rot.base != base {
-            return Err(EngineError::State(format!(
-                "rotation tables from token {} for a cache of {base}",
-                rot.base
-            )));
+        let [tables, inverse] = self.kind_tables(
+            [&rot.main, &rot.main_inverse],
+            [&rot.compress, &rot.compress_inverse],
+        );
+        let [qr, q, kv] = self.project_rows(ops, x, rows, tables)?;
+        let (o, selection) = self.attend_cached(ops, [x, &qr, &q, &kv], rows, cache, rot)?;
+        let y = self.output_rows(ops, o, rows, inverse)?;
+        cache.trim(ops)?;
+        Ok((y, selection))
+    }
+
+    /// Of a forward's tables `[rotation, inverse]` at the main and the
+    /// compressed frequencies, the pair this layer's kind rotates by.
+    pub(super) fn kind_tables<'t>(
+        &self,
+        main: [&'t RopeRows<B>; 2],
+        compress: [&'t RopeRows<B>; 2],
+    ) -> [&'t RopeRows<B>; 2] {
+        match self.kind {
+            AttnKind::Sliding => main,
+            AttnKind::Csa | AttnKind::Hca => compress,
         }
-        let (tables, inverse) = match self.kind {
-            AttnKind::Sliding => (&rot.main, &rot.main_inverse),
-            AttnKind::Csa | AttnKind::Hca => (&rot.compress, &rot.compress_inverse),
-        };
+    }
+
+    /// The row-wise half of [`Self::forward`] before the caches (a batched
+    /// forward runs it once over every session's rows): `[qr, q, kv]`, the
+    /// normed query latent, the normed and rotated query heads, and the
+    /// normed and rotated K = V row (`tables`: the rows' rotation).
+    pub(super) fn project_rows(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        rows: usize,
+        tables: &RopeRows<B>,
+    ) -> Result<[B::Buf; 3]> {
+        let (d, r) = (self.dim, self.rope_dim);
         let qr = self
             .q_norm
             .forward(ops, &self.wq_a.forward(ops, x, rows)?)?;
@@ -260,13 +309,36 @@ impl<B: Backend> Attention<B> {
             .kv_norm
             .forward(ops, &self.wkv.forward(ops, x, rows)?)?;
         tables.apply_trailing(ops, &mut kv, d, r)?;
-        cache.window.append(ops, &kv)?;
+        Ok([qr, q, kv])
+    }
+
+    /// One session's part of [`Self::forward`], on its rows of `x` and of
+    /// [`Self::project_rows`]: the K = V rows appended to its window, its
+    /// compressor and indexer, then the window attention of its queries →
+    /// the attention output (still rotated) and the CSA selection.
+    pub(super) fn attend_cached(
+        &self,
+        ops: &B,
+        [x, qr, q, kv]: [&B::Buf; 4],
+        rows: usize,
+        cache: &mut AttnCache<B>,
+        rot: &Rotations<'_, B>,
+    ) -> Result<(B::Buf, Option<B::Selection>)> {
+        let d = self.dim;
+        let base = cache.window.len();
+        if rot.base != base {
+            return Err(EngineError::State(format!(
+                "rotation tables from token {} for a cache of {base}",
+                rot.base
+            )));
+        }
+        cache.window.append(ops, kv)?;
 
         if let (Some(c), Some(cc)) = (&self.compressor, cache.compressor.as_mut()) {
             c.forward(ops, x, rows, cc, &rot.freqs.compress)?;
         }
         let selection = match (&self.indexer, cache.indexer.as_mut()) {
-            (Some(ix), Some(ic)) => Some(ix.select(ops, x, &qr, rows, ic, rot)?),
+            (Some(ix), Some(ic)) => Some(ix.select(ops, x, qr, rows, ic, rot)?),
             _ => None,
         };
         let empty = ops.zeros(0)?;
@@ -280,8 +352,8 @@ impl<B: Backend> Attention<B> {
             (AttnKind::Csa, Some(cc), Some(sel)) => (cc.entries.buf(), EntryKeep::Selected(sel)),
             _ => (&empty, EntryKeep::None),
         };
-        let mut o = ops.attention_window(
-            &q,
+        let o = ops.attention_window(
+            q,
             self.heads,
             d,
             base,
@@ -292,16 +364,25 @@ impl<B: Backend> Attention<B> {
             keep,
             &self.sinks,
         )?;
-        // K = V carried the rotation into the output: undo it at the
-        // query's position.
-        inverse.apply_trailing(ops, &mut o, d, r)?;
+        Ok((o, selection))
+    }
+
+    /// The row-wise half of [`Self::forward`] after the caches (a batched
+    /// forward runs it once over every session's rows): K = V carried the
+    /// rotation into the output, undone at the query's position
+    /// (`inverse`), then the grouped `wo_a` and `wo_b`.
+    pub(super) fn output_rows(
+        &self,
+        ops: &B,
+        mut o: B::Buf,
+        rows: usize,
+        inverse: &RopeRows<B>,
+    ) -> Result<B::Buf> {
+        inverse.apply_trailing(ops, &mut o, self.dim, self.rope_dim)?;
         // Group i's columns of `o` through its block of `wo_a`, joined.
         let wo_a: Vec<&B::Matrix> = self.wo_a.iter().map(Linear::matrix).collect();
-        let y = self
-            .wo_b
-            .forward(ops, &ops.matmul_grouped(&o, rows, &wo_a)?, rows)?;
-        cache.trim(ops)?;
-        Ok((y, selection))
+        self.wo_b
+            .forward(ops, &ops.matmul_grouped(&o, rows, &wo_a)?, rows)
     }
 }
 
@@ -357,7 +438,7 @@ impl<B: Backend> AttnCache<B> {
         n.saturating_sub(self.span - 1)
     }
 
-    fn trim(&mut self, ops: &B) -> Result<()> {
+    pub(super) fn trim(&mut self, ops: &B) -> Result<()> {
         let keep = self.window_from(self.len().saturating_sub(STEP_BACK));
         self.window.trim(ops, keep)
     }

@@ -1,14 +1,17 @@
 //! Continuous batching for DeepSeek-V4 ([`Model::forward_batch`]): several
 //! sessions' rows go through each layer together — the hyper-connection
-//! mixes and combines, the norms and the whole MoE (routing, shared and
-//! routed experts: one expert read for every session's rows) over all of
-//! them, then one head over the rows each call wants — while each session
-//! runs its own attention (its projections, compressor, indexer and sparse
-//! attention) over its own caches at its own positions. Every op is
-//! row-independent, so each session's logits have the bits of its forward
-//! alone (`tests/batching.rs`).
+//! mixes and combines, the norms, the attention's query and K = V
+//! projections, norms and rotations and its output's inverse rotation and
+//! projections (each row rotated at its own position: the batch's tables,
+//! every session's rows one after another), and the whole MoE (routing,
+//! shared and routed experts: one weight read for every session's rows)
+//! over all of them, then one head over the rows each call wants — while
+//! each session runs its window append, compressor, indexer and sparse
+//! attention over its own caches. Every op is row-independent, so each
+//! session's logits have the bits of its forward alone
+//! (`tests/batching.rs`).
 
-use super::attention::{AttnCache, Rotations};
+use super::attention::{AttnCache, Rotations, RowTables};
 use super::model::{DecoderLayer, DeepseekV4Model, MTP_LAYER, MtpHead};
 use super::state::{DeepseekV4State, MtpState, WindowMark};
 use crate::backend::Backend;
@@ -35,20 +38,34 @@ impl<B: Backend> DecoderLayer<B> {
         xs: &B::Buf,
         tokens: &[u32],
         parts: &mut [Part<'_, '_, B>],
+        tables: &RowTables<B>,
         unit: [u64; 2],
     ) -> Result<B::Buf> {
         let rows = tokens.len();
         let (normed, mix) = self.attn_half_in(ops, xs, rows, unit)?;
-        // Each session's rows apart and its outputs back together: one
-        // launch each on a device (`Backend::split_rows` / `concat_rows`).
-        let xis = split_rows(ops, &normed, rows, parts.iter().map(|p| p.rows))?;
-        let mut ys = Vec::with_capacity(parts.len());
-        for (p, xi) in parts.iter_mut().zip(&xis) {
-            let (yi, _) = self.attn.forward(ops, xi, p.rows, p.cache, p.rot)?;
-            ys.push(yi);
+        let attn = &self.attn;
+        let [rotate, inverse] = attn.kind_tables(
+            [&tables.main[0], &tables.main[1]],
+            [&tables.compress[0], &tables.compress[1]],
+        );
+        // The query and K = V projections, norms and rotations over every
+        // row; each session's caches, compressor, indexer and attention on
+        // its own rows (split and joined in one launch each on a device:
+        // `Backend::split_rows` / `concat_rows`); the output's inverse
+        // rotation and projections over every row.
+        let [qr, q, kv] = attn.project_rows(ops, &normed, rows, rotate)?;
+        let split = |b: &B::Buf| split_rows(ops, b, rows, parts.iter().map(|p| p.rows));
+        let (xis, qrs, qs, kvs) = (split(&normed)?, split(&qr)?, split(&q)?, split(&kv)?);
+        let mut os = Vec::with_capacity(parts.len());
+        for ((((p, xi), qri), qi), kvi) in parts.iter_mut().zip(&xis).zip(&qrs).zip(&qs).zip(&kvs) {
+            let (oi, _) = attn.attend_cached(ops, [xi, qri, qi, kvi], p.rows, p.cache, p.rot)?;
+            os.push(oi);
         }
-        drop(xis);
-        let y = concat_rows(ops, ys)?;
+        drop((xis, qrs, qs, kvs));
+        let y = attn.output_rows(ops, concat_rows(ops, os)?, rows, inverse)?;
+        for p in parts.iter_mut() {
+            p.cache.trim(ops)?;
+        }
         self.ffn_half(ops, xs, &y, &mix, tokens, unit)
     }
 }
@@ -95,6 +112,11 @@ impl<B: Backend> DeepseekV4Model<B> {
             .iter()
             .map(|call| self.ropes.for_rows(ops, call.state.len, call.tokens.len()))
             .collect::<Result<_>>()?;
+        let positions: Vec<usize> = calls
+            .iter()
+            .flat_map(|c| c.state.len..c.state.len + c.tokens.len())
+            .collect();
+        let tables = self.ropes.for_positions(ops, &positions)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let mut parts: Vec<Part<'_, '_, B>> = calls
                 .iter_mut()
@@ -105,7 +127,14 @@ impl<B: Backend> DeepseekV4Model<B> {
                     rot,
                 })
                 .collect();
-            xs = layer.forward_batch(ops, &xs, &tokens, &mut parts, [self.scope, l as u64])?;
+            xs = layer.forward_batch(
+                ops,
+                &xs,
+                &tokens,
+                &mut parts,
+                &tables,
+                [self.scope, l as u64],
+            )?;
         }
         for call in calls.iter_mut() {
             call.state.len += call.tokens.len();
@@ -180,10 +209,12 @@ impl<B: Backend> DeepseekV4Model<B> {
             .forward(ops, &head.hnorm.forward(ops, &inputs.hidden)?, n * c)?;
         let x0 = ops.add(&hs, &ops.tile_streams(&e, c, h)?)?;
         let mut rots = Vec::with_capacity(calls.len());
+        let mut positions = Vec::with_capacity(n);
         for call in calls.iter_mut() {
             let t = call.tokens.len();
             let base = call.history.positions.len() as u32;
             rots.push(self.ropes.for_rows(ops, base as usize, t)?);
+            positions.extend(base as usize..base as usize + t);
             call.history
                 .positions
                 .extend((base..base + t as u32).map(|p| [p; 3]));
@@ -197,11 +228,13 @@ impl<B: Backend> DeepseekV4Model<B> {
                 rot,
             })
             .collect();
+        let tables = self.ropes.for_positions(ops, &positions)?;
         let x1 = head.layer.forward_batch(
             ops,
             &x0,
             &inputs.tokens,
             &mut parts,
+            &tables,
             [self.scope, MTP_LAYER],
         )?;
         drop(parts);
