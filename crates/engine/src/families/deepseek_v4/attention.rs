@@ -267,8 +267,8 @@ impl<B: Backend> Attention<B> {
             [&rot.main, &rot.main_inverse],
             [&rot.compress, &rot.compress_inverse],
         );
-        let [qr, q, kv] = self.project_rows(ops, x, rows, tables)?;
-        let (o, selection) = self.attend_cached(ops, [x, &qr, &q, &kv], rows, cache, rot)?;
+        let rows_of = self.project_rows(ops, x, rows, [tables, &rot.compress])?;
+        let (o, selection) = self.attend_cached(ops, x, &rows_of, rows, cache, rot)?;
         let y = self.output_rows(ops, o, rows, inverse)?;
         cache.trim(ops)?;
         Ok((y, selection))
@@ -288,28 +288,34 @@ impl<B: Backend> Attention<B> {
     }
 
     /// The row-wise half of [`Self::forward`] before the caches (a batched
-    /// forward runs it once over every session's rows): `[qr, q, kv]`, the
-    /// normed query latent, the normed and rotated query heads, and the
-    /// normed and rotated K = V row (`tables`: the rows' rotation).
+    /// forward runs it once over every session's rows): the normed and
+    /// rotated query heads, the normed and rotated K = V row, and the
+    /// indexer's rotated queries and head weights. `[rotate, compress]`:
+    /// the rows' rotation at this layer kind's frequencies, and at the
+    /// compressed ones (the indexer's).
     pub(super) fn project_rows(
         &self,
         ops: &B,
         x: &B::Buf,
         rows: usize,
-        tables: &RopeRows<B>,
-    ) -> Result<[B::Buf; 3]> {
+        [rotate, compress]: [&RopeRows<B>; 2],
+    ) -> Result<AttnRows<B>> {
         let (d, r) = (self.dim, self.rope_dim);
         let qr = self
             .q_norm
             .forward(ops, &self.wq_a.forward(ops, x, rows)?)?;
         let mut q = self.wq_b.forward(ops, &qr, rows)?;
         ops.rms_norm_heads(&mut q, d, &self.ones, self.eps)?;
-        tables.apply_trailing(ops, &mut q, d, r)?;
+        rotate.apply_trailing(ops, &mut q, d, r)?;
         let mut kv = self
             .kv_norm
             .forward(ops, &self.wkv.forward(ops, x, rows)?)?;
-        tables.apply_trailing(ops, &mut kv, d, r)?;
-        Ok([qr, q, kv])
+        rotate.apply_trailing(ops, &mut kv, d, r)?;
+        let index = match &self.indexer {
+            Some(ix) => Some(ix.project_rows(ops, x, &qr, rows, compress)?),
+            None => None,
+        };
+        Ok(AttnRows { q, kv, index })
     }
 
     /// One session's part of [`Self::forward`], on its rows of `x` and of
@@ -319,7 +325,8 @@ impl<B: Backend> Attention<B> {
     pub(super) fn attend_cached(
         &self,
         ops: &B,
-        [x, qr, q, kv]: [&B::Buf; 4],
+        x: &B::Buf,
+        AttnRows { q, kv, index }: &AttnRows<B>,
         rows: usize,
         cache: &mut AttnCache<B>,
         rot: &Rotations<'_, B>,
@@ -337,8 +344,8 @@ impl<B: Backend> Attention<B> {
         if let (Some(c), Some(cc)) = (&self.compressor, cache.compressor.as_mut()) {
             c.forward(ops, x, rows, cc, &rot.freqs.compress)?;
         }
-        let selection = match (&self.indexer, cache.indexer.as_mut()) {
-            (Some(ix), Some(ic)) => Some(ix.select(ops, x, qr, rows, ic, rot)?),
+        let selection = match (&self.indexer, cache.indexer.as_mut(), index) {
+            (Some(ix), Some(ic), Some(iq)) => Some(ix.select(ops, x, iq, rows, ic, rot)?),
             _ => None,
         };
         let empty = ops.zeros(0)?;
@@ -386,15 +393,67 @@ impl<B: Backend> Attention<B> {
     }
 }
 
+/// The rows [`Attention::project_rows`] makes for the caches' part: the
+/// query heads, the K = V row and the indexer's `[queries, head weights]`
+/// (CSA layers).
+pub(super) struct AttnRows<B: Backend> {
+    pub q: B::Buf,
+    pub kv: B::Buf,
+    pub index: Option<[B::Buf; 2]>,
+}
+
+impl<B: Backend> AttnRows<B> {
+    /// Each session's rows, the sessions of `counts` rows one after
+    /// another (one launch a buffer on a device: `Backend::split_rows`).
+    pub(super) fn split(&self, ops: &B, rows: usize, counts: &[usize]) -> Result<Vec<Self>> {
+        let split = |b: &B::Buf| {
+            let width = ops.len(b) / rows.max(1);
+            ops.split_rows(b, width, counts)
+        };
+        let (qs, kvs) = (split(&self.q)?, split(&self.kv)?);
+        let index: Vec<Option<[B::Buf; 2]>> = match &self.index {
+            Some([iq, iw]) => split(iq)?
+                .into_iter()
+                .zip(split(iw)?)
+                .map(|(q, w)| Some([q, w]))
+                .collect(),
+            None => counts.iter().map(|_| None).collect(),
+        };
+        Ok(qs
+            .into_iter()
+            .zip(kvs)
+            .zip(index)
+            .map(|((q, kv), index)| Self { q, kv, index })
+            .collect())
+    }
+}
+
 impl<B: Backend> LightningIndexer<B> {
-    /// Compress the new tokens into the indexer's entries, then pick the
-    /// entries of every new query (tokens `base ..`).
-    #[allow(clippy::too_many_arguments)]
-    fn select(
+    /// The row-wise part of the selection: `[q, w]`, the indexer's queries
+    /// from the query latent `qr` (rotated at the compressed frequencies,
+    /// `compress`) and its head weights from `x`.
+    fn project_rows(
         &self,
         ops: &B,
         x: &B::Buf,
         qr: &B::Buf,
+        rows: usize,
+        compress: &RopeRows<B>,
+    ) -> Result<[B::Buf; 2]> {
+        let mut q = self.wq_b.forward(ops, qr, rows)?;
+        compress.apply_trailing(ops, &mut q, self.dim, self.rope_dim)?;
+        let w = self.weights.forward(ops, x, rows)?;
+        Ok([q, w])
+    }
+
+    /// Compress one session's new tokens into its indexer's entries, then
+    /// pick the entries of every new query (tokens `base ..`) from its rows
+    /// of [`Self::project_rows`].
+    fn select(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        [q, w]: &[B::Buf; 2],
         rows: usize,
         cache: &mut CompressorCache<B>,
         rot: &Rotations<'_, B>,
@@ -402,14 +461,10 @@ impl<B: Backend> LightningIndexer<B> {
         let base = rot.base;
         self.compressor
             .forward(ops, x, rows, cache, &rot.freqs.compress)?;
-        let mut q = self.wq_b.forward(ops, qr, rows)?;
-        rot.compress
-            .apply_trailing(ops, &mut q, self.dim, self.rope_dim)?;
-        let w = self.weights.forward(ops, x, rows)?;
         let n = cache.entries.rows();
         let scores = ops.index_scores(
-            &q,
-            &w,
+            q,
+            w,
             cache.entries.buf(),
             rows,
             self.heads,

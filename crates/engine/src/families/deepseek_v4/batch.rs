@@ -1,12 +1,13 @@
 //! Continuous batching for DeepSeek-V4 ([`Model::forward_batch`]): several
 //! sessions' rows go through each layer together — the hyper-connection
 //! mixes and combines, the norms, the attention's query and K = V
-//! projections, norms and rotations and its output's inverse rotation and
-//! projections (each row rotated at its own position: the batch's tables,
-//! every session's rows one after another), and the whole MoE (routing,
-//! shared and routed experts: one weight read for every session's rows)
-//! over all of them, then one head over the rows each call wants — while
-//! each session runs its window append, compressor, indexer and sparse
+//! projections, norms and rotations, the indexer's queries and head
+//! weights, the output's inverse rotation and projections (each row
+//! rotated at its own position: the batch's tables, every session's rows
+//! one after another), and the whole MoE (routing, shared and routed
+//! experts: one weight read for every session's rows) over all of them,
+//! then one head over the rows each call wants — while each session runs
+//! its window append, compressors, indexer scores and selection and sparse
 //! attention over its own caches. Every op is row-independent, so each
 //! session's logits have the bits of its forward alone
 //! (`tests/batching.rs`).
@@ -48,20 +49,25 @@ impl<B: Backend> DecoderLayer<B> {
             [&tables.main[0], &tables.main[1]],
             [&tables.compress[0], &tables.compress[1]],
         );
-        // The query and K = V projections, norms and rotations over every
-        // row; each session's caches, compressor, indexer and attention on
-        // its own rows (split and joined in one launch each on a device:
+        // The query and K = V projections, norms and rotations and the
+        // indexer's queries and head weights over every row; each
+        // session's caches, compressors, selection and attention on its own
+        // rows (split and joined in one launch a buffer on a device:
         // `Backend::split_rows` / `concat_rows`); the output's inverse
         // rotation and projections over every row.
-        let [qr, q, kv] = attn.project_rows(ops, &normed, rows, rotate)?;
-        let split = |b: &B::Buf| split_rows(ops, b, rows, parts.iter().map(|p| p.rows));
-        let (xis, qrs, qs, kvs) = (split(&normed)?, split(&qr)?, split(&q)?, split(&kv)?);
+        let counts: Vec<usize> = parts.iter().map(|p| p.rows).collect();
+        let projected = attn.project_rows(ops, &normed, rows, [rotate, &tables.compress[0]])?;
+        let (xis, each) = (
+            split_rows(ops, &normed, rows, counts.iter().copied())?,
+            projected.split(ops, rows, &counts)?,
+        );
+        drop(projected);
         let mut os = Vec::with_capacity(parts.len());
-        for ((((p, xi), qri), qi), kvi) in parts.iter_mut().zip(&xis).zip(&qrs).zip(&qs).zip(&kvs) {
-            let (oi, _) = attn.attend_cached(ops, [xi, qri, qi, kvi], p.rows, p.cache, p.rot)?;
+        for ((p, xi), pi) in parts.iter_mut().zip(&xis).zip(&each) {
+            let (oi, _) = attn.attend_cached(ops, xi, pi, p.rows, p.cache, p.rot)?;
             os.push(oi);
         }
-        drop((xis, qrs, qs, kvs));
+        drop((xis, each));
         let y = attn.output_rows(ops, concat_rows(ops, os)?, rows, inverse)?;
         for p in parts.iter_mut() {
             p.cache.trim(ops)?;
