@@ -139,6 +139,44 @@ impl<B: Backend> PooledIndexer<B> {
         rows: usize,
         cache: &mut PooledIndexerCache<B>,
     ) -> Result<B::Selection> {
+        let projected = self.project_rows(ops, x, qr, rows)?;
+        self.select_rows(ops, &projected, rows, cache)
+    }
+
+    /// The row-wise half of [`Self::forward`] (a batched forward runs it
+    /// once over every session's rows): `[k, g, q, w]`, the normed keys,
+    /// the pooling gates, the queries and the head weights of `x`'s rows
+    /// (`qr` their query residual).
+    pub fn project_rows(
+        &self,
+        ops: &B,
+        x: &B::Buf,
+        qr: &B::Buf,
+        rows: usize,
+    ) -> Result<[B::Buf; 4]> {
+        let k = ops.layer_norm(
+            &self.wk.forward(ops, x, rows)?,
+            self.spec.dim,
+            &self.k_norm_w,
+            &self.k_norm_b,
+            1e-6,
+        )?;
+        let g = self.gate.forward(ops, x, rows)?;
+        let q = self.wq_b.forward(ops, qr, rows)?;
+        let w = self.weights.forward(ops, x, rows)?;
+        Ok([k, g, q, w])
+    }
+
+    /// One session's part of [`Self::forward`], on its rows of
+    /// [`Self::project_rows`]: its keys and gates appended (and any newly
+    /// complete pool keys), then the selection of its `rows` queries.
+    pub fn select_rows(
+        &self,
+        ops: &B,
+        [k, g, q, w]: &[B::Buf; 4],
+        rows: usize,
+        cache: &mut PooledIndexerCache<B>,
+    ) -> Result<B::Selection> {
         let PooledIndexerSpec {
             heads,
             dim,
@@ -146,15 +184,8 @@ impl<B: Backend> PooledIndexer<B> {
             pool_topk,
             tail,
         } = self.spec;
-        let k = ops.layer_norm(
-            &self.wk.forward(ops, x, rows)?,
-            dim,
-            &self.k_norm_w,
-            &self.k_norm_b,
-            1e-6,
-        )?;
-        cache.keys.append(ops, &k)?;
-        cache.gates.append(ops, &self.gate.forward(ops, x, rows)?)?;
+        cache.keys.append(ops, k)?;
+        cache.gates.append(ops, g)?;
         let total = cache.keys.rows();
         let base = total - rows;
         let (first, last) = (cache.pools.rows(), total / pool);
@@ -167,11 +198,9 @@ impl<B: Backend> PooledIndexer<B> {
             let pooled = ops.softmax_pool(&kv, &ops.add(&g, &ape)?, pool, dim)?;
             cache.pools.append(ops, &pooled)?;
         }
-        let q = self.wq_b.forward(ops, qr, rows)?;
-        let w = self.weights.forward(ops, x, rows)?;
         let scores = ops.index_scores(
-            &q,
-            &w,
+            q,
+            w,
             cache.pools.buf(),
             rows,
             heads,

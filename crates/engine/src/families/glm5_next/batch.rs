@@ -7,15 +7,17 @@
 //! norms, KDA's projections, gates and gated output (`layers::kda`'s
 //! `project` / `output`), MLA's query and latent projections, the query
 //! absorption and the value / output projections (`layers::mla`'s
-//! `queries`, `latents`, `absorb`, `output`), the whole FFN (dense
+//! `queries`, `latents`, `absorb`, `output`), the pooled indexer's keys,
+//! gates, queries and head weights (`project_rows`), the whole FFN (dense
 //! SwiGLU, or router, routed and shared experts), and the final mean,
 //! norm and head over the rows each call wants.
 //!
 //! Per session, on its rows: KDA's conv window, q / k norms and
-//! recurrence (`recur`), the MLA latent append, the pooled indexer over
-//! its own cache (or, on a shared-indexer layer, the session's selection
-//! from the layer before) and the gathered attention over its own latents
-//! (`attend_latent`). NoPE: nothing else depends on positions.
+//! recurrence (`recur`), the MLA latent append, the pooled indexer's
+//! appends, pools and selection over its own cache (`select_rows`; or, on
+//! a shared-indexer layer, the session's selection from the layer before)
+//! and the gathered attention over its own latents (`attend_latent`).
+//! NoPE: nothing else depends on positions.
 //!
 //! Every op is row-independent (`shared/specs/backend.md`), so each
 //! session's logits have the bits of its forward alone
@@ -109,23 +111,35 @@ impl<B: Backend> DecoderLayer<B> {
                 let (qr, q) = mla.queries(ops, &x, rows)?;
                 let latents = mla.latents(ops, &x, rows)?;
                 let q = mla.absorb(ops, &q, rows)?;
-                let (xr, qr, q, latents) = (
-                    split(ops, &x, rows, parts)?,
-                    split(ops, &qr, rows, parts)?,
+                // The indexer's keys, gates, queries and head weights over
+                // every row; each session's pools and selection on its own.
+                let index: Vec<Option<[B::Buf; 4]>> = match indexer {
+                    Some(ix) => {
+                        let [k, g, iq, w] = ix.project_rows(ops, &x, &qr, rows)?;
+                        let (k, g) = (split(ops, &k, rows, parts)?, split(ops, &g, rows, parts)?);
+                        let (iq, w) = (split(ops, &iq, rows, parts)?, split(ops, &w, rows, parts)?);
+                        k.into_iter()
+                            .zip(g)
+                            .zip(iq)
+                            .zip(w)
+                            .map(|(((k, g), q), w)| Some([k, g, q, w]))
+                            .collect()
+                    }
+                    None => parts.iter().map(|_| None).collect(),
+                };
+                let (q, latents) = (
                     split(ops, &q, rows, parts)?,
                     split(ops, &latents, rows, parts)?,
                 );
                 let mut os = Vec::with_capacity(parts.len());
-                for ((((p, xi), qri), qi), li) in
-                    parts.iter_mut().zip(&xr).zip(&qr).zip(&q).zip(&latents)
-                {
+                for (((p, ixi), qi), li) in parts.iter_mut().zip(&index).zip(&q).zip(&latents) {
                     let LayerCache::Mla(c) = &mut *p.cache else {
                         return Err(mismatch());
                     };
                     c.latent.append(ops, li)?;
-                    let sel = match (indexer, c.indexer.as_mut()) {
-                        (Some(ix), Some(ic)) => ix.forward(ops, xi, qri, p.rows, ic)?,
-                        (None, None) => p.selection.clone().ok_or_else(|| {
+                    let sel = match (indexer, c.indexer.as_mut(), ixi) {
+                        (Some(ix), Some(ic), Some(ixi)) => ix.select_rows(ops, ixi, p.rows, ic)?,
+                        (None, None, None) => p.selection.clone().ok_or_else(|| {
                             EngineError::State(
                                 "a shared-indexer layer got no selection from the layer before"
                                     .into(),
