@@ -526,8 +526,11 @@ extern "C" __global__ void attention_window_tiles_f32(
 // verify windows), a block per (query row, tile, WS_HEADS heads): the block
 // stages the tile's key rows whole (K = V, rows padded by 4 floats so a
 // quarter warp's float4 reads of 8 rows fall in 32 banks; dynamic shared
-// memory, 64·(dim + 4) floats) with coalesced loads all in flight at
-// once, and warp w then computes head h0 + w's partial from them exactly
+// memory, 64·(dim + 4) floats) with coalesced loads (each thread's pieces
+// one after another: run 43 measured 37.7 / 32.1 µs a decode layer,
+// waiting on them; the patch `docs/gpu-logs/44-not-run-window-staged-
+// cp-async.patch` asks for every piece at once), and warp w then computes
+// head h0 + w's partial from them exactly
 // as `tile_partial` with `scaled` = 0 does from global memory: lane i's
 // score the sequential dot times `scale`, the exact warp max, l and each
 // output dim's Σ p·v in key order (`tile_sums`). So the bits are
@@ -535,7 +538,7 @@ extern "C" __global__ void attention_window_tiles_f32(
 // per head a lane a row (64 heads of 512 dims: 47–55 µs a decode layer,
 // run 38's table), and which still run for dims not a multiple of 4 or
 // past `WINDOW_STAGED_DIMS_MAX`. (Run 37's blocks of 8 heads staging 32
-// dims a round waited on L2 once a round; these wait once a tile.)
+// dims a round waited on L2 once a round.)
 #define WS_HEADS 8
 extern "C" __global__ void attention_window_staged_f32(
     float* parts, const float* q, const float* window, const float* entries, u64 n_entries,
