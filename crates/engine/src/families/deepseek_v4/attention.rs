@@ -25,6 +25,7 @@ use std::sync::Arc;
 use super::config::{AttnKind, DeepseekV4Config};
 use crate::backend::{Backend, EntryKeep, HostWeight};
 use crate::error::{EngineError, Result};
+use crate::families::batch_split::split_rows;
 use crate::layers::compressor::{Compressor, CompressorCache, STEP_BACK};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::RmsNorm;
@@ -406,10 +407,7 @@ impl<B: Backend> AttnRows<B> {
     /// Each session's rows, the sessions of `counts` rows one after
     /// another (one launch a buffer on a device: `Backend::split_rows`).
     pub(super) fn split(&self, ops: &B, rows: usize, counts: &[usize]) -> Result<Vec<Self>> {
-        let split = |b: &B::Buf| {
-            let width = ops.len(b) / rows.max(1);
-            ops.split_rows(b, width, counts)
-        };
+        let split = |b: &B::Buf| split_rows(ops, b, rows, counts.iter().copied());
         let (qs, kvs) = (split(&self.q)?, split(&self.kv)?);
         let index: Vec<Option<[B::Buf; 2]>> = match &self.index {
             Some([iq, iw]) => split(iq)?
