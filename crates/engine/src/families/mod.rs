@@ -211,6 +211,12 @@ impl AutoDepth {
     }
 }
 
+/// The error of a CUDA device asked of a build without the backend.
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> EngineError {
+    EngineError::Unsupported("this build has no CUDA backend (build with `--features cuda`)".into())
+}
+
 impl LoadedModel {
     /// Load the model at `path` (a `.gguf` file or a Hugging Face directory)
     /// on the CPU, choosing the family from its metadata ([`detect`]).
@@ -294,10 +300,11 @@ impl LoadedModel {
         Ok((model, src.ledger().clone()))
     }
 
-    /// `family` (deepseek_v4) with random weights in a checkpoint's real
-    /// stored types ([`crate::load::synthetic::stored`]: antirez/ds4's q2 /
-    /// q4 recipe), without the MTP head, on `device`, bound by the family's
-    /// own loader; also every tensor's type and bytes, by name.
+    /// `family` (deepseek_v4 or glm5_next) with random weights in a
+    /// checkpoint's real stored types ([`crate::load::synthetic::stored`]:
+    /// antirez/ds4's q2 / q4 recipe), without the MTP head, on `device`,
+    /// bound by the family's own loader; also every tensor's type and
+    /// bytes, by name.
     pub fn synthetic_stored(
         family: &str,
         config: &serde_json::Value,
@@ -305,49 +312,80 @@ impl LoadedModel {
         recipe: crate::load::synthetic::stored::Ds4Recipe,
         device: Device,
     ) -> Result<(Self, crate::load::synthetic::stored::StoredLedger)> {
-        if family != deepseek_v4::DESCRIPTOR.name {
-            return Err(EngineError::Unsupported(format!(
-                "{}: stored-type synthetic weights are for deepseek_v4, not `{family}`",
+        use crate::load::synthetic::stored::{StoredFamily, StoredSource};
+        let kind = StoredFamily::of(family).ok_or_else(|| {
+            EngineError::Unsupported(format!(
+                "{}: stored-type synthetic weights are for deepseek_v4 and glm5_next, not `{family}`",
                 recipe.name()
-            )));
-        }
+            ))
+        })?;
         let path = std::path::PathBuf::from(format!("synthetic:{family}:{}", recipe.name()));
-        let cfg = deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
-        let mut src = crate::load::synthetic::stored::StoredSource::new(
-            seed,
-            recipe,
-            cfg.n_routed_experts,
-            family,
-        );
-        let model = match device {
-            Device::Cpu => {
-                LoadedModel::DeepseekV4(Box::new(deepseek_v4::DeepseekV4Model::load_synthetic(
-                    &mut src,
-                    cfg,
-                    crate::backend::CpuOps,
-                )?))
+        let (model, src) = match kind {
+            StoredFamily::DeepseekV4 => {
+                let cfg = deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
+                let mut src =
+                    StoredSource::for_family(kind, seed, recipe, cfg.n_routed_experts, family);
+                let model = match device {
+                    Device::Cpu => LoadedModel::DeepseekV4(Box::new(
+                        deepseek_v4::DeepseekV4Model::load_synthetic(
+                            &mut src,
+                            cfg,
+                            crate::backend::CpuOps,
+                        )?,
+                    )),
+                    #[cfg(feature = "cuda")]
+                    Device::Cuda(n) => LoadedModel::DeepseekV4Cuda(Box::new(
+                        deepseek_v4::DeepseekV4Model::load_synthetic(
+                            &mut src,
+                            cfg,
+                            crate::backend::CudaOps::new(n)?,
+                        )?,
+                    )),
+                    #[cfg(feature = "cuda")]
+                    Device::CudaGroup(shards) => LoadedModel::DeepseekV4CudaGroup(Box::new(
+                        deepseek_v4::DeepseekV4Model::load_synthetic(
+                            &mut src,
+                            cfg,
+                            on_cuda::group(shards)?,
+                        )?,
+                    )),
+                    #[cfg(not(feature = "cuda"))]
+                    Device::Cuda(_) | Device::CudaGroup(_) => return Err(no_cuda()),
+                };
+                (model, src)
             }
-            #[cfg(feature = "cuda")]
-            Device::Cuda(n) => {
-                LoadedModel::DeepseekV4Cuda(Box::new(deepseek_v4::DeepseekV4Model::load_synthetic(
-                    &mut src,
-                    cfg,
-                    crate::backend::CudaOps::new(n)?,
-                )?))
-            }
-            #[cfg(feature = "cuda")]
-            Device::CudaGroup(shards) => LoadedModel::DeepseekV4CudaGroup(Box::new(
-                deepseek_v4::DeepseekV4Model::load_synthetic(
-                    &mut src,
-                    cfg,
-                    on_cuda::group(shards)?,
-                )?,
-            )),
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) | Device::CudaGroup(_) => {
-                return Err(EngineError::Unsupported(
-                    "this build has no CUDA backend (build with `--features cuda`)".into(),
-                ));
+            StoredFamily::Glm5Next => {
+                let cfg = glm5_next::Glm5NextConfig::from_hf(&path, config)?;
+                let mut src =
+                    StoredSource::for_family(kind, seed, recipe, cfg.n_routed_experts, family);
+                let model = match device {
+                    Device::Cpu => {
+                        LoadedModel::Glm5Next(Box::new(glm5_next::Glm5NextModel::load_synthetic(
+                            &mut src,
+                            cfg,
+                            crate::backend::CpuOps,
+                        )?))
+                    }
+                    #[cfg(feature = "cuda")]
+                    Device::Cuda(n) => LoadedModel::Glm5NextCuda(Box::new(
+                        glm5_next::Glm5NextModel::load_synthetic(
+                            &mut src,
+                            cfg,
+                            crate::backend::CudaOps::new(n)?,
+                        )?,
+                    )),
+                    #[cfg(feature = "cuda")]
+                    Device::CudaGroup(shards) => LoadedModel::Glm5NextCudaGroup(Box::new(
+                        glm5_next::Glm5NextModel::load_synthetic(
+                            &mut src,
+                            cfg,
+                            on_cuda::group(shards)?,
+                        )?,
+                    )),
+                    #[cfg(not(feature = "cuda"))]
+                    Device::Cuda(_) | Device::CudaGroup(_) => return Err(no_cuda()),
+                };
+                (model, src)
             }
         };
         Ok((model, src.into_ledger()))

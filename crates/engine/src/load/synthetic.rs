@@ -19,7 +19,8 @@
 //! output at the input's scale, and activations stay finite over 48 layers.
 //!
 //! [`stored`] makes weights in a checkpoint's real stored types instead
-//! (DeepSeek-V4-Flash in antirez/ds4's q2 / q4 recipes), on the host.
+//! (DeepSeek-V4-Flash and GLM-5.3-Flash in antirez/ds4's q2 / q4 recipes),
+//! on the host.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -258,6 +259,8 @@ pub fn shape_config(family: &str, shape: &str) -> Result<serde_json::Value> {
         ("qwen4_exp", "tiny") => QWEN4_EXP_TINY.to_string(),
         ("deepseek_v4", "full") => DEEPSEEK_V4_FULL.to_string(),
         ("deepseek_v4", "tiny") => DEEPSEEK_V4_TINY.to_string(),
+        ("glm5_next", "full") => GLM5_NEXT_FULL.to_string(),
+        ("glm5_next", "tiny") => GLM5_NEXT_TINY.to_string(),
         (_, path) if path.ends_with(".json") => {
             std::fs::read_to_string(path).map_err(|e| EngineError::File {
                 path: PathBuf::from(path),
@@ -266,7 +269,7 @@ pub fn shape_config(family: &str, shape: &str) -> Result<serde_json::Value> {
         }
         (f, s) => {
             return Err(EngineError::Unsupported(format!(
-                "no synthetic shape `{s}` for family `{f}` (qwen4_exp, deepseek_v4: full, tiny, or a config.json path)"
+                "no synthetic shape `{s}` for family `{f}` (qwen4_exp, deepseek_v4, glm5_next: full, tiny, or a config.json path)"
             )));
         }
     };
@@ -359,6 +362,66 @@ const DEEPSEEK_V4_TINY: &str = r#"{
     "beta_fast": 32, "beta_slow": 1}
 }"#;
 
+/// GLM-5.3-Flash (~310 B parameters) as its conditional-generation
+/// `config.json` nests it (`text_config`; the vision tower's fields left
+/// out), with `shared/research/arch-ds4-glm5.md` Part B1's values: vocabulary
+/// 154880, 4096 wide, dense MLP 12288, experts 2048; 45 layers; MLA 64
+/// heads, q rank 1536, kv rank 512, NoPE heads of 256; DSA indexer 32 × 128,
+/// top 2048 in pools of 16; KDA 64 × 128, conv 4, gate bound −5; 288
+/// experts top 8, one shared, scaling 2.5; 4 streams. The schedules are
+/// the class defaults (`Glm5NextTextConfig.__post_init__`): KDA on layers
+/// `i % 4 ≠ 3`, MLA on the other 11; three dense layers, then sparse;
+/// every MLA layer its own (full) indexer. Context: GLM's 202752.
+const GLM5_NEXT_FULL: &str = r#"{
+  "architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+  "tie_word_embeddings": false,
+  "text_config": {
+    "model_type": "glm5_next_text", "vocab_size": 154880, "hidden_size": 4096,
+    "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 45,
+    "rms_norm_eps": 1e-05, "hidden_act": "silu", "attention_bias": false,
+    "max_position_embeddings": 202752, "tie_word_embeddings": false,
+    "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 256, "qk_rope_head_dim": 0, "v_head_dim": 256,
+    "index_topk": 2048, "index_kpool": 16, "index_n_heads": 32, "index_head_dim": 128,
+    "index_kpool_always_select_tail": true,
+    "linear_num_heads": 64, "linear_head_dim": 128, "linear_conv_kernel_dim": 4,
+    "linear_lower_bound": -5.0,
+    "n_routed_experts": 288, "num_experts_per_tok": 8, "n_shared_experts": 1,
+    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+    "swiglu_limit": 10.0, "hc_mult": 4, "hc_eps": 1e-06, "hc_sinkhorn_iters": 20
+  }
+}"#;
+
+/// The tiny fixture's model (`tests/fixtures/glm5_next/tiny_a`: its six
+/// layers' KDA / MLA, dense / sparse and full / shared indexer schedules,
+/// 8 experts top 3 in 4 groups keeping 2) at widths whose stored matrices
+/// are whole blocks, as DeepSeek's tiny shape is: hidden, dense and expert
+/// width 256 (ds4's K / IQ expert types), every other input a multiple of
+/// 32 (Q8_0). The fixture's own 16-wide config loads too, in F16.
+const GLM5_NEXT_TINY: &str = r#"{
+  "architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+  "tie_word_embeddings": false,
+  "text_config": {
+    "model_type": "glm5_next_text", "vocab_size": 512, "hidden_size": 256,
+    "intermediate_size": 256, "moe_intermediate_size": 256, "num_hidden_layers": 6,
+    "layer_types": ["linear_attention", "indexed_attention", "indexed_attention",
+      "linear_attention", "linear_attention", "indexed_attention"],
+    "mlp_layer_types": ["dense", "dense", "sparse", "sparse", "sparse", "sparse"],
+    "indexer_types": ["full", "full", "shared", "full", "full", "full"],
+    "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 64,
+    "kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 0, "v_head_dim": 32,
+    "index_topk": 16, "index_kpool": 8, "index_n_heads": 4, "index_head_dim": 32,
+    "index_kpool_always_select_tail": true,
+    "linear_num_heads": 2, "linear_head_dim": 32, "linear_conv_kernel_dim": 4,
+    "linear_lower_bound": -5.0,
+    "n_routed_experts": 8, "num_experts_per_tok": 3, "n_group": 4, "topk_group": 2,
+    "n_shared_experts": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+    "swiglu_limit": 10.0, "hc_mult": 4, "hc_eps": 1e-06, "hc_sinkhorn_iters": 20,
+    "rms_norm_eps": 1e-05, "max_position_embeddings": 4096, "eos_token_id": 1,
+    "pad_token_id": 0
+  }
+}"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,6 +482,44 @@ mod tests {
             ),
             (43, 4096, 256, 64)
         );
+        for s in ["full", "tiny"] {
+            let j = shape_config("glm5_next", s).unwrap();
+            let c =
+                crate::families::glm5_next::Glm5NextConfig::from_hf(std::path::Path::new(s), &j)
+                    .unwrap();
+            assert_eq!(c.layer_kinds.len(), c.num_layers);
+        }
+        let gpu20: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../../tools/gpu/glm5_next_full_20_layers.json"
+        ))
+        .unwrap();
+        let c = crate::families::glm5_next::Glm5NextConfig::from_hf(
+            std::path::Path::new("glm5_next_full_20_layers.json"),
+            &gpu20,
+        )
+        .unwrap();
+        let full = crate::families::glm5_next::Glm5NextConfig::from_hf(
+            std::path::Path::new("full"),
+            &shape_config("glm5_next", "full").unwrap(),
+        )
+        .unwrap();
+        // The full shape, cut after 20 layers (same schedules).
+        assert_eq!(c.num_layers, 20);
+        assert_eq!(c.layer_kinds[..], full.layer_kinds[..20]);
+        assert_eq!(c.mlp_kinds[..], full.mlp_kinds[..20]);
+        let cut = crate::families::glm5_next::Glm5NextConfig {
+            num_layers: 20,
+            layer_kinds: c.layer_kinds.clone(),
+            mlp_kinds: c.mlp_kinds.clone(),
+            indexer_kinds: c.indexer_kinds.clone(),
+            ..full
+        };
+        assert_eq!(c, cut);
+        let full = crate::families::deepseek_v4::DeepseekV4Config::from_hf(
+            std::path::Path::new("full"),
+            &shape_config("deepseek_v4", "full").unwrap(),
+        )
+        .unwrap();
         assert!(matches!(
             full.compress_rope.scaling,
             crate::layers::rope::RopeScaling::Yarn { .. }

@@ -1,16 +1,22 @@
 //! Synthetic weights in a checkpoint's real stored types: random but valid
 //! GGML blocks (and 16-bit floats), so a benchmark at full size moves the
 //! bytes and runs the kernels a real file would (`bench --synthetic
-//! deepseek_v4 --weights ds4-q2|ds4-q4`).
+//! deepseek_v4|glm5_next --weights ds4-q2|ds4-q4`).
 //!
-//! The type of each tensor follows antirez/ds4's recipe for
-//! DeepSeek-V4-Flash ([`ds4_type`], `shared/research/serving-anchors.md`
-//! §1.2, from `ds4.c`'s `weights_validate_layout`): routed experts IQ2_XXS
-//! gate/up + Q2_K down (q2) or Q4_K (q4); the attention projections, the
-//! shared expert and the output head Q8_0; the embedding, the
-//! hyper-connection projections, compressors, indexer and router F16;
-//! norms, hyper-connection scale/base, attention sinks and the router bias
-//! F32; the hash-routing table as integer ids.
+//! The type of each tensor follows antirez/ds4's recipes, one type function
+//! per family ([`StoredFamily`]; `shared/research/serving-anchors.md` §0 and
+//! §1.2). DeepSeek-V4-Flash ([`ds4_type`], from `ds4.c`'s
+//! `weights_validate_layout`): routed experts IQ2_XXS gate/up + Q2_K down
+//! (q2) or Q4_K (q4); the attention projections, the shared expert and the
+//! output head Q8_0; the embedding, the hyper-connection projections,
+//! compressors, indexer and router F16; norms, hyper-connection
+//! scale/base, attention sinks and the router bias F32; the hash-routing
+//! table as integer ids. GLM-5.3-Flash ([`glm5::glm5_type`]), which ds4
+//! ships in the same policy: the same expert types; the MLA and KDA
+//! projections, the dense layers' MLPs, the shared expert and the head
+//! Q8_0; the embedding, hyper-connection projections, the DSA indexer's
+//! projections and the router F16; norms, conv1d, `dt_bias`, `A_log`,
+//! hyper-connection scale/base, the router bias and the pool `ape` F32.
 //!
 //! Every byte is a pure function of (seed, tensor name, index) through
 //! [`super::hash64`] (SplitMix64), so the weights do not depend on how many
@@ -18,7 +24,7 @@
 //! the tensor's stream (`W` per type). The quants (and IQ2_XXS's grid
 //! indices, sign patterns and sub-block scales) are those random bytes as
 //! they are, all valid; the scale fields are set so activations stay
-//! bounded over the 43 layers:
+//! bounded over the 43 (45) layers:
 //!
 //! * `d` (every block type) is chosen so a weight's mean square is
 //!   `1/in` (a row's output keeps its input's scale), measured once per
@@ -30,7 +36,7 @@
 //!
 //! F16 matrices are `sqrt(3/in)·uniform`, small F16/F32 parameters
 //! `0.05·uniform`, norm weights `1 + 0.05·uniform` (DeepSeek's RMSNorm
-//! multiplies by its weight). Tensors are made on the host in parallel
+//! and GLM-5's RMSNorms multiply by their weight). Tensors are made on the host in parallel
 //! chunks (`std::thread::scope` over the available cores) and handed to the
 //! backend as [`HostWeight::Quant`].
 
@@ -49,6 +55,9 @@ use crate::families::deepseek_v4::DeepseekV4Config;
 use crate::families::deepseek_v4::config::{AttnKind, MlpKind};
 use crate::load::binder::WeightSource;
 use crate::quant::{QuantTensor, WeightBytes, WeightType};
+
+#[path = "synthetic_stored_glm5.rs"]
+pub mod glm5;
 
 /// One of antirez/ds4's DeepSeek-V4-Flash quantizations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +138,40 @@ pub fn ds4_type(recipe: Ds4Recipe, name: &str) -> WeightType {
     }
 }
 
+/// Whose tensor names a [`StoredSource`] types, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoredFamily {
+    /// [`ds4_type`]. A matrix whose rows are not whole blocks of its type
+    /// is refused ([`stored_tensor`] errs): every DeepSeek shape here (the
+    /// tiny one included) is made of whole blocks, and a refusal keeps a
+    /// shape from silently benchmarking other types than ds4's.
+    DeepseekV4,
+    /// [`glm5::glm5_type`], with a block type whose block does not divide
+    /// a row's width falling back to F16 ([`glm5::fit`]): custom and tiny
+    /// GLM shapes have such widths, and F16 is what ds4 keeps its other
+    /// unquantized matrices in.
+    Glm5Next,
+}
+
+impl StoredFamily {
+    /// The family registered as `name`.
+    pub fn of(name: &str) -> Option<Self> {
+        match name {
+            "deepseek_v4" => Some(StoredFamily::DeepseekV4),
+            "glm5_next" => Some(StoredFamily::Glm5Next),
+            _ => None,
+        }
+    }
+
+    /// The stored type of `name` with shape `dims` under `recipe`.
+    pub fn type_of(self, recipe: Ds4Recipe, name: &str, dims: &[usize]) -> WeightType {
+        match self {
+            StoredFamily::DeepseekV4 => ds4_type(recipe, name),
+            StoredFamily::Glm5Next => glm5::fit(glm5::glm5_type(recipe, name), dims),
+        }
+    }
+}
+
 /// How large a tensor's values are.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Magnitude {
@@ -146,7 +189,7 @@ const SMALL: f32 = 0.05;
 fn magnitude(name: &str, dims: &[usize]) -> Magnitude {
     if name.ends_with("norm.weight") {
         Magnitude::AroundOne(SMALL)
-    } else if dims.len() >= 2 && !name.ends_with(".ape") {
+    } else if dims.len() >= 2 && !name.ends_with(".ape") && !name.ends_with("_ape") {
         Magnitude::Matrix
     } else {
         Magnitude::Small(SMALL)
@@ -397,6 +440,7 @@ fn stored_bytes(ty: WeightType, dims: &[usize]) -> usize {
 #[derive(Debug)]
 pub struct StoredSource {
     seed: u64,
+    family: StoredFamily,
     recipe: Ds4Recipe,
     /// Routed experts (the range of the hash-routing ids).
     experts: usize,
@@ -405,9 +449,22 @@ pub struct StoredSource {
 }
 
 impl StoredSource {
+    /// A DeepSeek-V4 source ([`Self::for_family`]).
     pub fn new(seed: u64, recipe: Ds4Recipe, experts: usize, label: &str) -> Self {
+        Self::for_family(StoredFamily::DeepseekV4, seed, recipe, experts, label)
+    }
+
+    /// A source typing `family`'s tensor names.
+    pub fn for_family(
+        family: StoredFamily,
+        seed: u64,
+        recipe: Ds4Recipe,
+        experts: usize,
+        label: &str,
+    ) -> Self {
         Self {
             seed,
+            family,
             recipe,
             experts,
             label: PathBuf::from(format!("synthetic:{label}:{}", recipe.name())),
@@ -424,7 +481,7 @@ impl StoredSource {
     }
 
     fn make(&mut self, name: &str, shape: &[usize], as_f32: bool) -> Result<HostWeight> {
-        let ty = ds4_type(self.recipe, name);
+        let ty = self.family.type_of(self.recipe, name, shape);
         let w = stored_tensor(tensor_seed(self.seed, name), ty, name, shape)?;
         let n: usize = shape.iter().product();
         let bytes = stored_bytes(ty, shape);
@@ -642,7 +699,17 @@ pub enum Read {
 /// The ledger a [`StoredSource`] would fill for `cfg` under `recipe`,
 /// without making any weight.
 pub fn deepseek_v4_dry_ledger(cfg: &DeepseekV4Config, recipe: Ds4Recipe) -> StoredLedger {
-    deepseek_v4_manifest(cfg)
+    dry_ledger(deepseek_v4_manifest(cfg), StoredFamily::DeepseekV4, recipe)
+}
+
+/// The ledger of a family's tensor list (`(name, dims, how)`), typed as a
+/// [`StoredSource`] of `family` would type it.
+fn dry_ledger(
+    manifest: Vec<(String, Vec<usize>, Read)>,
+    family: StoredFamily,
+    recipe: Ds4Recipe,
+) -> StoredLedger {
+    manifest
         .into_iter()
         .map(|(name, dims, how)| {
             let n: usize = dims.iter().product();
@@ -654,7 +721,7 @@ pub fn deepseek_v4_dry_ledger(cfg: &DeepseekV4Config, recipe: Ds4Recipe) -> Stor
                     held: 4 * n,
                 },
                 Read::Stored | Read::F32 => {
-                    let ty = ds4_type(recipe, &name);
+                    let ty = family.type_of(recipe, &name, &dims);
                     let bytes = stored_bytes(ty, &dims);
                     StoredEntry {
                         ty: ty.name(),

@@ -21,7 +21,7 @@ use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::RmsNorm;
-use crate::load::binder::Binder;
+use crate::load::binder::{Binder, WeightSource};
 use crate::load::checkpoint::HfCheckpoint;
 use crate::model::{
     DeviceRows, ForwardOutput, LogitsRows, Model, MtpContract, MtpStep, VerifyWindow,
@@ -70,7 +70,6 @@ impl<B: Backend> Glm5NextModel<B> {
         let mut st = HfCheckpoint::open(dir)?;
         let config_path = st.config_path();
         let cfg = Glm5NextConfig::from_hf(&config_path, st.config())?;
-        let (v, h, n_layers) = (cfg.vocab_size, cfg.hidden_size, cfg.num_layers);
         let prefix = if st.has("model.language_model.embed_tokens.weight") {
             "model.language_model"
         } else {
@@ -78,9 +77,29 @@ impl<B: Backend> Glm5NextModel<B> {
         };
         // The vision tower is not part of the text model.
         st.ignore_prefix("model.visual.");
-        let has_mtp = st.has(&format!("{prefix}.layers.{n_layers}.eh_proj.weight"));
+        let has_mtp = st.has(&format!(
+            "{prefix}.layers.{}.eh_proj.weight",
+            cfg.num_layers
+        ));
+        let model = Self::load_from(st.source(), cfg, prefix, has_mtp, ops)?;
+        st.finish(&[])?;
+        Ok(model)
+    }
+
+    /// Bind every weight from `src`: the trunk under `prefix` (`model` or
+    /// `model.language_model`), `lm_head.weight` at the top level (unless
+    /// tied), and the NextN head (`{prefix}.layers.{L}.*`) when `with_mtp`.
+    /// The caller checks that `src` has nothing left over.
+    pub(super) fn load_from(
+        src: &mut dyn WeightSource,
+        cfg: Glm5NextConfig,
+        prefix: &str,
+        with_mtp: bool,
+        ops: B,
+    ) -> Result<Self> {
+        let (v, h, n_layers) = (cfg.vocab_size, cfg.hidden_size, cfg.num_layers);
         let (embed, lm_head, layers, norm, mtp) = {
-            let mut root = Binder::new(st.source(), &ops);
+            let mut root = Binder::new(src, &ops);
             let mut w = root.pp(prefix);
             let embed_w = w.raw("embed_tokens.weight", &[v, h])?;
             let embed = w.ops().table(embed_w.clone(), v, h)?;
@@ -88,7 +107,7 @@ impl<B: Backend> Glm5NextModel<B> {
                 .map(|l| DecoderLayer::load(&mut w.pp(&format!("layers.{l}")), &cfg, l))
                 .collect::<Result<Vec<_>>>()?;
             let norm = RmsNorm::load(&mut w, "norm.weight", h, cfg.rms_norm_eps)?;
-            let mtp = if has_mtp {
+            let mtp = if with_mtp {
                 Some(Box::new(NextN::load(
                     &mut w.pp(&format!("layers.{n_layers}")),
                     &cfg,
@@ -103,7 +122,6 @@ impl<B: Backend> Glm5NextModel<B> {
             };
             (embed, lm_head, layers, norm, mtp)
         };
-        st.finish(&[])?;
         Ok(Self {
             ops,
             cfg: Box::new(cfg),
@@ -113,6 +131,17 @@ impl<B: Backend> Glm5NextModel<B> {
             norm,
             mtp,
         })
+    }
+
+    /// Bind random weights from `src` (`load::synthetic::stored`: ds4's
+    /// stored types under the text-only names, `model.*` and `lm_head`),
+    /// without the NextN head (`bench --synthetic glm5_next`).
+    pub fn load_synthetic(
+        src: &mut crate::load::synthetic::stored::StoredSource,
+        cfg: Glm5NextConfig,
+        ops: B,
+    ) -> Result<Self> {
+        Self::load_from(src, cfg, "model", false, ops)
     }
 
     pub fn config(&self) -> &Glm5NextConfig {
