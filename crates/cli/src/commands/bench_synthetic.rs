@@ -2,9 +2,10 @@
 //! [--weights q4_1|ds4-q2|ds4-q4] [--dry-run]`: prefill and decode of a
 //! family at its real configuration with random weights
 //! (`ds4_engine::load::synthetic`: 4-bit projections and expert stacks,
-//! generated on the device on CUDA; or, for deepseek_v4, antirez/ds4's real
-//! stored types per tensor group, `load::synthetic::stored`, made on the
-//! host), against the memory roofline.
+//! generated on the device on CUDA; or, for deepseek_v4 and glm5_next,
+//! antirez/ds4's real stored types per tensor group,
+//! `load::synthetic::stored`, made on the host), against the memory
+//! roofline.
 //!
 //! With ds4's recipes the bench reports the weight bytes per stored type
 //! (against ds4's published file sizes), and with `--prompts 512,2048`
@@ -19,11 +20,22 @@
 //! recurrent states and windows) at the decode context. On CUDA that is
 //! set against a device copy measured in the same run (bytes read +
 //! written per second), as `bench.rs` in the CUDA tests does.
+//!
+//! GLM-5.3-Flash's full shape (`--shape full`, 313.3 B parameters) is
+//! 95.9 GB (89.3 GiB) as stored at ds4-q2 and 181.5 GB (169.0 GiB) at
+//! ds4-q4 (`--dry-run`), more than an 80 GB H100 holds; a decode step
+//! reads 11.9 GB (q2) / 14.3 GB (q4) of it (8 of 288 experts), plus the
+//! state. `tools/gpu/glm5_next_full_20_layers.json` (its first 20 layers:
+//! the three dense ones first, KDA / MLA in the full model's 3:1 pattern)
+//! is 128.1 B parameters, 40.5 GB (37.7 GiB) at ds4-q2 with 5.8 GB read per
+//! step, and fits one; at ds4-q4 it is 75.2 GB (70.0 GiB), too close to a
+//! 78 GiB card for the state and workspaces.
 
 use std::time::Instant;
 
 use ds4_engine::decode::prefill;
 use ds4_engine::families::LoadedModel;
+use ds4_engine::load::synthetic::stored::glm5::glm5_next_dry_ledger;
 use ds4_engine::load::synthetic::stored::{
     Ds4Recipe, StoredLedger, deepseek_v4_dry_ledger, making_secs, type_totals,
 };
@@ -60,11 +72,11 @@ pub enum Weights {
     Ds4(Ds4Recipe),
 }
 
-/// `--weights`, or the family's default (`ds4-q2` for deepseek_v4, Q4_1
-/// otherwise).
+/// `--weights`, or the family's default (`ds4-q2` for deepseek_v4 and
+/// glm5_next, Q4_1 otherwise).
 pub fn weights_of(family: &str, weights: Option<&str>) -> anyhow::Result<Weights> {
     Ok(match weights {
-        None if family == "deepseek_v4" => Weights::Ds4(Ds4Recipe::Q2),
+        None if STORED_FAMILIES.contains(&family) => Weights::Ds4(Ds4Recipe::Q2),
         None | Some("q4_1") => Weights::Q4_1,
         Some(s) => Weights::Ds4(
             Ds4Recipe::parse(s)
@@ -73,6 +85,9 @@ pub fn weights_of(family: &str, weights: Option<&str>) -> anyhow::Result<Weights
     })
 }
 
+/// The families ds4's recipes apply to.
+const STORED_FAMILIES: [&str; 2] = ["deepseek_v4", "glm5_next"];
+
 pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     let config = shape_config(family, &args.shape)?;
     let weights = weights_of(family, args.weights.as_deref())?;
@@ -80,7 +95,9 @@ pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
         return bench_stored(family, &config, recipe, args);
     }
     if args.dry_run {
-        anyhow::bail!("--dry-run counts the bytes of --weights ds4-q2 / ds4-q4 (deepseek_v4)");
+        anyhow::bail!(
+            "--dry-run counts the bytes of --weights ds4-q2 / ds4-q4 (deepseek_v4, glm5_next)"
+        );
     }
     let (device, kernels) = crate::model_source::device_and_kernels(&args.model)?;
     let start = Instant::now();
@@ -181,8 +198,9 @@ fn gb(bytes: usize) -> String {
     )
 }
 
-/// The bytes per stored type and in all, against ds4's file of `recipe`.
-fn print_types(ledger: &StoredLedger, recipe: Ds4Recipe) {
+/// The bytes per stored type and in all, against ds4's file of `recipe`
+/// where its size is known (DeepSeek-V4-Flash's).
+fn print_types(ledger: &StoredLedger, recipe: Ds4Recipe, family: &str) {
     let (mut stored, mut held, mut params) = (0usize, 0usize, 0usize);
     for (ty, (n, b, h)) in type_totals(ledger) {
         println!(
@@ -196,13 +214,17 @@ fn print_types(ledger: &StoredLedger, recipe: Ds4Recipe) {
     for e in ledger.values().filter(|e| e.ty != "I32") {
         params += e.dims.iter().product::<usize>();
     }
+    let file = if family == "deepseek_v4" {
+        format!("ds4's file: about {}", recipe.published_size())
+    } else {
+        "no published size of ds4's file here".into()
+    };
     println!(
-        "REPORT weights_total recipe={} params={:.3}B stored={} held={} (ds4's file: about {}; held: as the loader keeps it, vectors as f32)",
+        "REPORT weights_total recipe={} params={:.3}B stored={} held={} ({file}; held: as the loader keeps it, vectors as f32)",
         recipe.name(),
         params as f64 / 1e9,
         gb(stored),
         gb(held),
-        recipe.published_size()
     );
 }
 
@@ -214,7 +236,47 @@ fn host_peak_bytes() -> Option<usize> {
     Some(kb * 1024)
 }
 
-/// deepseek_v4 in ds4's stored types: the bytes per type, then (unless
+/// The routing a step's bytes depend on: `(k, E, vocab)` of the parsed
+/// configuration (GLM nests its fields in `text_config`).
+fn routing_of(family: &str, config: &serde_json::Value) -> anyhow::Result<(usize, usize, usize)> {
+    let path = std::path::PathBuf::from(format!("synthetic:{family}"));
+    Ok(if family == "glm5_next" {
+        let c = ds4_engine::families::glm5_next::Glm5NextConfig::from_hf(&path, config)?;
+        (c.num_experts_per_tok, c.n_routed_experts, c.vocab_size)
+    } else {
+        let c = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
+        (c.num_experts_per_tok, c.n_routed_experts, c.vocab_size)
+    })
+}
+
+/// The ledger of a dry run: the family's tensor list typed by the recipe.
+fn dry_ledger(
+    family: &str,
+    config: &serde_json::Value,
+    recipe: Ds4Recipe,
+) -> anyhow::Result<StoredLedger> {
+    let path = std::path::PathBuf::from(format!("synthetic:{family}"));
+    Ok(if family == "glm5_next" {
+        let cfg = ds4_engine::families::glm5_next::Glm5NextConfig::from_hf(&path, config)?;
+        glm5_next_dry_ledger(&cfg, recipe)
+    } else {
+        let cfg = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
+        deepseek_v4_dry_ledger(&cfg, recipe)
+    })
+}
+
+/// The weights a decode step reads from a stored ledger (as held; ids
+/// excluded).
+fn stored_step_bytes(ledger: &StoredLedger, (k, e, vocab): (usize, usize, usize)) -> StepBytes {
+    let held: Ledger = ledger
+        .iter()
+        .filter(|(_, e)| e.ty != "I32")
+        .map(|(n, e)| (n.clone(), e.held))
+        .collect();
+    step_bytes(&held, k, e, vocab)
+}
+
+/// deepseek_v4 or glm5_next in ds4's stored types: the bytes per type, then (unless
 /// `--dry-run`) the load, a prefill of each `--prompts` length (or
 /// `--ctx-start`) from an empty state and `--gen` greedy decode steps.
 fn bench_stored(
@@ -223,21 +285,32 @@ fn bench_stored(
     recipe: Ds4Recipe,
     args: &BenchArgs,
 ) -> anyhow::Result<()> {
-    if family != "deepseek_v4" {
+    if !STORED_FAMILIES.contains(&family) {
         anyhow::bail!(
-            "--weights {}: ds4's recipes are for deepseek_v4, not {family}",
+            "--weights {}: ds4's recipes are for deepseek_v4 and glm5_next, not {family}",
             recipe.name()
         );
     }
+    let routing = routing_of(family, config)?;
     if args.dry_run {
-        let path = std::path::PathBuf::from(format!("synthetic:{family}"));
-        let cfg = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
         println!(
             "REPORT dry_run synthetic={family} shape={} recipe={} (no weight made)",
             args.shape,
             recipe.name()
         );
-        print_types(&deepseek_v4_dry_ledger(&cfg, recipe), recipe);
+        let ledger = dry_ledger(family, config, recipe)?;
+        print_types(&ledger, recipe, family);
+        if family == "glm5_next" {
+            // The weights a decode step reads (the state is not counted).
+            let step = stored_step_bytes(&ledger, routing);
+            println!(
+                "REPORT dry_run step_weights_mb={:.1} (dense {:.1}, experts {:.1}, head {:.1}; state not counted)",
+                step.weights as f64 / 1e6,
+                step.dense as f64 / 1e6,
+                step.experts as f64 / 1e6,
+                step.head as f64 / 1e6
+            );
+        }
         return Ok(());
     }
     let (device, kernels) = crate::model_source::device_and_kernels(&args.model)?;
@@ -254,16 +327,10 @@ fn bench_stored(
         making_secs(),
         host_peak_bytes().map_or("?".into(), gb)
     );
-    print_types(&ledger, recipe);
+    print_types(&ledger, recipe, family);
     if !args.streams.is_empty() {
         return streams(&loaded, args, kernels.name());
     }
-    let held: Ledger = ledger
-        .iter()
-        .filter(|(_, e)| e.ty != "I32")
-        .map(|(n, e)| (n.clone(), e.held))
-        .collect();
-    let count = |key: &str| config.get(key).and_then(|v| v.as_u64()).unwrap_or(1) as usize;
     let lens = if args.prompts.is_empty() {
         vec![args.ctx_start]
     } else {
@@ -272,12 +339,7 @@ fn bench_stored(
     for len in lens {
         let report =
             ds4_engine::with_model!(&loaded, model => run_at(model, args, len, load_secs))?;
-        let step = step_bytes(
-            &held,
-            count("num_experts_per_tok"),
-            count("n_routed_experts"),
-            count("vocab_size"),
-        );
+        let step = stored_step_bytes(&ledger, routing);
         println!(
             "REPORT prefill_tokens={} prefill_tok_s={:.1} decode_tokens={} decode_tok_s={:.2} step_ms={:.3}",
             report.prefill_tokens,
@@ -723,6 +785,89 @@ mod tests {
         assert_eq!(gu, 8 * 512 * 66, "IQ2_XXS: 66 bytes per 256");
         assert_eq!(ledger["head.weight"].bytes, s.head);
         assert!(s.experts > 0 && s.dense > 0);
+    }
+
+    /// glm5_next in ds4-q2's stored types on the CPU at the tiny shape:
+    /// the bench path runs; two loads decode the same greedy tokens and
+    /// logits; a verify window's rows equal the single steps' rows (bit
+    /// for bit); the
+    /// step's bytes count the routed experts at k / E (3 of 8).
+    #[test]
+    fn glm5_synthetic_stored_tiny_bench_runs_on_the_cpu() {
+        let cli = crate::args::Cli::parse_from([
+            "ds4server",
+            "bench",
+            "--synthetic",
+            "glm5_next",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--gen",
+            "4",
+        ]);
+        let crate::args::Command::Bench(args) = cli.command else {
+            panic!("not a bench command");
+        };
+        assert_eq!(
+            weights_of("glm5_next", args.weights.as_deref()).unwrap(),
+            Weights::Ds4(Ds4Recipe::Q2)
+        );
+        let config = shape_config("glm5_next", "tiny").unwrap();
+        let load = || {
+            LoadedModel::synthetic_stored(
+                "glm5_next",
+                &config,
+                3,
+                Ds4Recipe::Q2,
+                ds4_engine::families::Device::Cpu,
+            )
+            .unwrap()
+        };
+        let prompt = bench_prompt(&args, 24, 512);
+        // Prefill, then 6 greedy steps: the tokens and every step's logits.
+        let decode = |m: &ds4_engine::families::glm5_next::Glm5NextModel| {
+            let mut state = m.new_state();
+            let out = prefill(m, &mut state, &prompt, args.chunk, &mut |_| {}).unwrap();
+            let mut token = argmax(out.row(out.rows - 1));
+            let snapshot = state.snapshot();
+            let (mut tokens, mut rows) = (vec![token], Vec::new());
+            for _ in 0..6 {
+                let out = m.forward(&[token], &mut state, LogitsRows::Last).unwrap();
+                assert!(out.logits.iter().all(|v| v.is_finite()));
+                rows.push(out.logits.clone());
+                token = argmax(out.row(0));
+                tokens.push(token);
+            }
+            (tokens, rows, snapshot)
+        };
+        let (a, ledger) = load();
+        let (b, _) = load();
+        let (LoadedModel::Glm5Next(a), LoadedModel::Glm5Next(b)) = (&a, &b) else {
+            panic!("not the CPU glm5_next model");
+        };
+        let report = run_at(&**a, &args, 16, 0.0).unwrap();
+        assert!(report.gen_tps > 0.0 && report.verify_secs.len() == 4);
+        let (ta, ra, snapshot) = decode(a);
+        let (tb, rb, _) = decode(b);
+        assert_eq!(ta, tb, "two loads, the same greedy tokens");
+        assert_eq!(ra, rb, "two loads, the same logits");
+        // The greedy tokens fed as one verify window of 6 rows.
+        let mut state = snapshot;
+        let w = a.forward_window(&ta[..6], &mut state).unwrap();
+        for (i, row) in ra.iter().enumerate() {
+            // Bit for bit: the CPU runs a window's rows as it runs steps.
+            assert_eq!(w.logits.row(i), &row[..], "window row {i} against its step");
+        }
+        let s = stored_step_bytes(&ledger, (3, 8, 512));
+        let experts: usize = ledger
+            .iter()
+            .filter(|(n, _)| n.contains(".experts."))
+            .map(|(_, e)| e.held)
+            .sum();
+        assert_eq!(s.experts, experts / 8 * 3);
+        assert_eq!(s.head, ledger["lm_head.weight"].bytes);
+        assert_eq!(ledger["lm_head.weight"].ty, "Q8_0");
     }
 
     /// The synthetic source and the bench path on the CPU at the tiny

@@ -362,7 +362,7 @@ const DEEPSEEK_V4_TINY: &str = r#"{
     "beta_fast": 32, "beta_slow": 1}
 }"#;
 
-/// GLM-5.3-Flash (~310 B parameters) as its conditional-generation
+/// GLM-5.3-Flash (313 B parameters) as its conditional-generation
 /// `config.json` nests it (`text_config`; the vision tower's fields left
 /// out), with `shared/research/arch-ds4-glm5.md` Part B1's values: vocabulary
 /// 154880, 4096 wide, dense MLP 12288, experts 2048; 45 layers; MLA 64

@@ -434,9 +434,11 @@ fn stored_bytes(ty: WeightType, dims: &[usize]) -> usize {
     ty.row_bytes(cols).map_or(0, |r| r * rows)
 }
 
-/// Random weights in ds4's stored types for the tensors a loader asks for
-/// (upstream names; the fused expert layout `experts.gate_up_proj`
-/// `[E, 2I, H]` / `experts.down_proj` `[E, H, I]`; no MTP head).
+/// Random weights in ds4's stored types for the tensors a loader asks for,
+/// typed by [`StoredFamily`] (DeepSeek's upstream names or GLM-5's
+/// text-only ones; the fused expert layout `experts.gate_up_proj`
+/// `[E, 2I, H]` / `experts.down_proj` `[E, H, I]`; no MTP head: the
+/// families' `load_synthetic` do not ask for one).
 #[derive(Debug)]
 pub struct StoredSource {
     seed: u64,
