@@ -590,9 +590,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub mtp: bool,
     /// Random weights at a family's real configuration instead of a model
-    /// file (`qwen4_exp`): prefill `--ctx-start` random tokens, decode
-    /// `--gen`, verify windows of 1..4 rows, and the bytes a decode step
-    /// reads against the measured device copy bandwidth (on CUDA).
+    /// file (`qwen4_exp`, `deepseek_v4`, `glm5_next`): prefill
+    /// `--ctx-start` random tokens, decode `--gen`, verify windows of 1..4
+    /// rows, and the bytes a decode step reads against the measured device
+    /// copy bandwidth (on CUDA).
     #[arg(long, value_name = "FAMILY")]
     pub synthetic: Option<String>,
     /// The `--synthetic` configuration: `full` (the real one), `tiny` (the
@@ -603,8 +604,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// The stored types of the `--synthetic` weights: `ds4-q2` / `ds4-q4`
-    /// (antirez/ds4's DeepSeek-V4-Flash recipes, per tensor group; the
-    /// default for deepseek_v4 is `ds4-q2`) or `q4_1` (every projection
+    /// (antirez/ds4's DeepSeek-V4-Flash and GLM-5.3-Flash recipes, per
+    /// tensor group; the default for deepseek_v4 and glm5_next is
+    /// `ds4-q2`) or `q4_1` (every projection
     /// Q4_1 made on the device, small parameters f32: qwen4_exp's default).
     #[arg(long, value_name = "RECIPE", requires = "synthetic")]
     pub weights: Option<String>,
