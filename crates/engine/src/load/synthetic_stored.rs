@@ -24,7 +24,7 @@
 //! the tensor's stream (`W` per type). The quants (and IQ2_XXS's grid
 //! indices, sign patterns and sub-block scales) are those random bytes as
 //! they are, all valid; the scale fields are set so activations stay
-//! bounded over the 43 (45) layers:
+//! bounded over DeepSeek's 43 layers (GLM-5's 45):
 //!
 //! * `d` (every block type) is chosen so a weight's mean square is
 //!   `1/in` (a row's output keeps its input's scale), measured once per
@@ -35,9 +35,10 @@
 //!   sub-block scales are random in 8..=15 / 32..=63.
 //!
 //! F16 matrices are `sqrt(3/in)·uniform`, small F16/F32 parameters
-//! `0.05·uniform`, norm weights `1 + 0.05·uniform` (DeepSeek's RMSNorm
-//! and GLM-5's RMSNorms multiply by their weight). Tensors are made on the host in parallel
-//! chunks (`std::thread::scope` over the available cores) and handed to the
+//! (GLM-5's pool `ape` among them) `0.05·uniform`, norm weights
+//! `1 + 0.05·uniform` (DeepSeek's and GLM-5's RMSNorms multiply by their
+//! weight). Tensors are made on the host in parallel chunks
+//! (`std::thread::scope` over the available cores) and handed to the
 //! backend as [`HostWeight::Quant`].
 
 use std::collections::BTreeMap;
@@ -59,7 +60,8 @@ use crate::quant::{QuantTensor, WeightBytes, WeightType};
 #[path = "synthetic_stored_glm5.rs"]
 pub mod glm5;
 
-/// One of antirez/ds4's DeepSeek-V4-Flash quantizations.
+/// One of antirez/ds4's DeepSeek-V4-Flash quantizations (GLM-5.3-Flash's
+/// follow the same policy, [`glm5`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ds4Recipe {
     /// `…IQ2XXS-w2Q2K-AProjQ8-SExpQ8-OutQ8-chat-v2-imatrix.gguf`.
