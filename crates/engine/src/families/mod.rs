@@ -320,71 +320,47 @@ impl LoadedModel {
             ))
         })?;
         let path = std::path::PathBuf::from(format!("synthetic:{family}:{}", recipe.name()));
+        // `$load` with `$ops` the backend of `device`, as the family's
+        // CPU / CUDA / CUDA-group variant.
+        macro_rules! on_device {
+            ($cpu:ident, $cuda:ident, $group:ident, |$ops:ident| $load:expr) => {
+                match device {
+                    Device::Cpu => {
+                        let $ops = crate::backend::CpuOps;
+                        LoadedModel::$cpu(Box::new($load))
+                    }
+                    #[cfg(feature = "cuda")]
+                    Device::Cuda(n) => {
+                        let $ops = crate::backend::CudaOps::new(n)?;
+                        LoadedModel::$cuda(Box::new($load))
+                    }
+                    #[cfg(feature = "cuda")]
+                    Device::CudaGroup(shards) => {
+                        let $ops = on_cuda::group(shards)?;
+                        LoadedModel::$group(Box::new($load))
+                    }
+                    #[cfg(not(feature = "cuda"))]
+                    Device::Cuda(_) | Device::CudaGroup(_) => return Err(no_cuda()),
+                }
+            };
+        }
         let (model, src) = match kind {
             StoredFamily::DeepseekV4 => {
                 let cfg = deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
                 let mut src =
                     StoredSource::for_family(kind, seed, recipe, cfg.n_routed_experts, family);
-                let model = match device {
-                    Device::Cpu => LoadedModel::DeepseekV4(Box::new(
-                        deepseek_v4::DeepseekV4Model::load_synthetic(
-                            &mut src,
-                            cfg,
-                            crate::backend::CpuOps,
-                        )?,
-                    )),
-                    #[cfg(feature = "cuda")]
-                    Device::Cuda(n) => LoadedModel::DeepseekV4Cuda(Box::new(
-                        deepseek_v4::DeepseekV4Model::load_synthetic(
-                            &mut src,
-                            cfg,
-                            crate::backend::CudaOps::new(n)?,
-                        )?,
-                    )),
-                    #[cfg(feature = "cuda")]
-                    Device::CudaGroup(shards) => LoadedModel::DeepseekV4CudaGroup(Box::new(
-                        deepseek_v4::DeepseekV4Model::load_synthetic(
-                            &mut src,
-                            cfg,
-                            on_cuda::group(shards)?,
-                        )?,
-                    )),
-                    #[cfg(not(feature = "cuda"))]
-                    Device::Cuda(_) | Device::CudaGroup(_) => return Err(no_cuda()),
-                };
+                let model = on_device!(DeepseekV4, DeepseekV4Cuda, DeepseekV4CudaGroup, |ops| {
+                    deepseek_v4::DeepseekV4Model::load_synthetic(&mut src, cfg, ops)?
+                });
                 (model, src)
             }
             StoredFamily::Glm5Next => {
                 let cfg = glm5_next::Glm5NextConfig::from_hf(&path, config)?;
                 let mut src =
                     StoredSource::for_family(kind, seed, recipe, cfg.n_routed_experts, family);
-                let model = match device {
-                    Device::Cpu => {
-                        LoadedModel::Glm5Next(Box::new(glm5_next::Glm5NextModel::load_synthetic(
-                            &mut src,
-                            cfg,
-                            crate::backend::CpuOps,
-                        )?))
-                    }
-                    #[cfg(feature = "cuda")]
-                    Device::Cuda(n) => LoadedModel::Glm5NextCuda(Box::new(
-                        glm5_next::Glm5NextModel::load_synthetic(
-                            &mut src,
-                            cfg,
-                            crate::backend::CudaOps::new(n)?,
-                        )?,
-                    )),
-                    #[cfg(feature = "cuda")]
-                    Device::CudaGroup(shards) => LoadedModel::Glm5NextCudaGroup(Box::new(
-                        glm5_next::Glm5NextModel::load_synthetic(
-                            &mut src,
-                            cfg,
-                            on_cuda::group(shards)?,
-                        )?,
-                    )),
-                    #[cfg(not(feature = "cuda"))]
-                    Device::Cuda(_) | Device::CudaGroup(_) => return Err(no_cuda()),
-                };
+                let model = on_device!(Glm5Next, Glm5NextCuda, Glm5NextCudaGroup, |ops| {
+                    glm5_next::Glm5NextModel::load_synthetic(&mut src, cfg, ops)?
+                });
                 (model, src)
             }
         };
