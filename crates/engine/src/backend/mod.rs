@@ -68,6 +68,11 @@ pub type StepBody<'a, S, B> = dyn FnMut(&S) -> Result<Vec<B>> + 'a;
 /// inputs, returning outputs.
 pub type PureBody<'a, B> = dyn FnMut(&[&B]) -> Result<Vec<B>> + 'a;
 
+/// Rows up to which the families run their pure units through
+/// [`Backend::run_pure`] (decode steps and verify windows); a prefill chunk
+/// runs eagerly rather than keep a graph per chunk length.
+pub const PURE_MAX_ROWS: usize = 8;
+
 /// A new model identity for pure-unit keys ([`Backend::run_pure`]): a
 /// replayed unit reads the weights of the model that captured it, so no two
 /// models (of any family) may share a key; every model takes one at load.

@@ -693,6 +693,17 @@ fn cuda_deepseek_v4_pure_units_equal_eager() {
     }
 }
 
+/// GLM-5's pure units (each layer's mixer input and its combine + FFN
+/// half, KDA and MLA layers, dense and sparse FFNs alike).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_glm5_next_pure_units_equal_eager() {
+    let g = gpu();
+    let dir = fixtures().join("glm5_next").join("tiny_a");
+    let gm = Glm5NextModel::load(&dir, g.clone()).unwrap();
+    pure_units_equal_eager("glm5_next tiny_a", &g, &gm);
+}
+
 /// Continuous batching on the GPU: four concurrent turns through one
 /// `BatchingModel` (their forwards as eager batches, where a turn alone
 /// replays step graphs) give each session the tokens and logprobs of its

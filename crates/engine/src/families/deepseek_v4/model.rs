@@ -31,6 +31,7 @@ use super::attention::{Attention, AttnCache, Ropes, Rotations};
 use super::config::{AttnKind, DeepseekV4Config, MlpKind};
 use super::moe::Moe;
 use super::state::{DeepseekV4State, MtpState, WindowMark};
+use crate::backend::PURE_MAX_ROWS;
 use crate::backend::{Backend, CpuOps, RopeLayout};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
@@ -45,10 +46,6 @@ use crate::model::{
 };
 use crate::state::mtp::MtpCache;
 
-/// Rows up to which a layer's pure units run through
-/// [`Backend::run_pure`] (decode steps and verify windows; a prefill chunk
-/// runs eagerly rather than keep a graph per chunk length).
-const PURE_MAX_ROWS: usize = 8;
 /// Which pure unit of a layer a key names.
 const UNIT_ATTN_IN: u64 = 1;
 const UNIT_FFN: u64 = 2;

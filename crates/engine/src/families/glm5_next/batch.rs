@@ -27,7 +27,7 @@
 //! alone would refuse run alone through `split_batch`, each reporting its
 //! own error.
 
-use super::layer::{DecoderLayer, Mixer, mismatch};
+use super::layer::{DecoderLayer, Mixer, mismatch, no_mix};
 use super::model::Glm5NextModel;
 use super::state::{Glm5NextState, LayerCache, MtpState, WindowCapture};
 use crate::backend::Backend;
@@ -153,7 +153,7 @@ impl<B: Backend> DecoderLayer<B> {
                 mla.output(ops, &concat(ops, os)?, rows)?
             }
         };
-        let (xs, _) = self.ffn_half(ops, xs, &y, mix, rows)?;
+        let (xs, _) = self.ffn_half(ops, xs, &y, &mix.ok_or_else(no_mix)?, rows)?;
         Ok(xs)
     }
 }

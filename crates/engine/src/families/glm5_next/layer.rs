@@ -10,11 +10,17 @@
 //! whose selection comes from its own pooled indexer
 //! ([`crate::layers::pooled_indexer`]) or, on a shared-indexer layer, from
 //! the MLA layer right before it.
+//!
+//! Up to [`PURE_MAX_ROWS`] rows (decode steps, verify windows) the mixer's
+//! input (`attn_hc` mix + `input_layernorm`) and the whole FFN half are
+//! pure units ([`Backend::run_pure`]: one replayed graph each on a device,
+//! the same ops and bits), as DeepSeek-V4's layers run them; the mixer
+//! itself, with its caches, stays eager.
 
 use super::config::{Glm5NextConfig, IndexerKind, LayerKind};
 use super::ffn::Ffn;
 use super::state::{LayerCache, MlaCache};
-use crate::backend::Backend;
+use crate::backend::{Backend, PURE_MAX_ROWS};
 use crate::error::{EngineError, Result};
 use crate::layers::delta_rule::DeltaReplay;
 use crate::layers::hyper_connections::{HyperConnection, Mhc};
@@ -44,6 +50,10 @@ pub struct DecoderLayer<B: Backend> {
     pub(super) attn_hc: Mhc<B>,
     ffn_hc: Mhc<B>,
 }
+
+/// Which pure unit of a layer a key names.
+const UNIT_ATTN_IN: u64 = 1;
+const UNIT_FFN: u64 = 2;
 
 /// What one layer did, on the host (only when a trace is asked for).
 #[derive(Debug, Clone)]
@@ -170,7 +180,8 @@ impl<B: Backend> DecoderLayer<B> {
 
     /// `xs: [rows, N·D]` → `[rows, N·D]`. `prev` is the previous layer's
     /// selection (what a shared-indexer layer reuses). Returns the streams,
-    /// this layer's selection (MLA) and, with `trace`, what it did.
+    /// this layer's selection (MLA) and, with `trace`, what it did. `unit`
+    /// names this layer in its model (the keys of its pure units).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -181,9 +192,11 @@ impl<B: Backend> DecoderLayer<B> {
         prev: Option<&B::Selection>,
         capture: Option<&mut Option<DeltaReplay<B>>>,
         trace: bool,
+        unit: [u64; 2],
     ) -> Result<LayerOutput<B>> {
-        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
-        let x = self.input_norm.forward(ops, &x)?;
+        // A trace reads the routing, which a replayed unit does not return.
+        let pure = !trace && rows <= PURE_MAX_ROWS;
+        let (x, mix) = self.mixer_input(ops, xs, rows, pure.then_some(unit))?;
         let mut selection = None;
         let y = match (&self.mixer, cache) {
             (Mixer::Kda(kda), LayerCache::Kda(c)) => kda.forward(ops, &x, rows, c, capture)?,
@@ -205,7 +218,11 @@ impl<B: Backend> DecoderLayer<B> {
             }
             _ => return Err(mismatch()),
         };
-        let (xs, routing) = self.ffn_half(ops, xs, &y, mix, rows)?;
+        let (xs, routing) = if pure {
+            (self.ffn_half_pure(ops, xs, &y, &mix, rows, unit)?, None)
+        } else {
+            self.ffn_half(ops, xs, &y, &mix, rows)?
+        };
         let tr = if trace {
             Some(LayerTrace {
                 streams: ops.download(&xs)?,
@@ -227,6 +244,56 @@ impl<B: Backend> DecoderLayer<B> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
+    /// The mixer's input, `input_layernorm(attn_hc mix(xs))`, and the mix's
+    /// weights: one pure unit keyed by `unit` when given.
+    fn mixer_input(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        rows: usize,
+        unit: Option<[u64; 2]>,
+    ) -> Result<(B::Buf, B::Buf)> {
+        let body = |ops: &B, xs: &B::Buf| -> Result<(B::Buf, B::Buf)> {
+            let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
+            Ok((self.input_norm.forward(ops, &x)?, mix.ok_or_else(no_mix)?))
+        };
+        let Some(unit) = unit else {
+            return body(ops, xs);
+        };
+        let key = [unit[0], unit[1], UNIT_ATTN_IN, rows as u64];
+        let mut pure = |inp: &[&B::Buf]| {
+            let (x, mix) = body(ops, inp[0])?;
+            Ok(vec![x, mix])
+        };
+        let [x, mix]: [B::Buf; 2] =
+            ops.run_pure(&key, &[xs], &mut pure)?
+                .try_into()
+                .map_err(|_| {
+                    EngineError::State("the mixer-input unit returned other than two".into())
+                })?;
+        Ok((x, mix))
+    }
+
+    /// [`Self::ffn_half`] as one pure unit keyed by `unit` (its routing
+    /// stays on the device).
+    fn ffn_half_pure(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        y: &B::Buf,
+        mix: &B::Buf,
+        rows: usize,
+        unit: [u64; 2],
+    ) -> Result<B::Buf> {
+        let key = [unit[0], unit[1], UNIT_FFN, rows as u64];
+        let mut pure =
+            |inp: &[&B::Buf]| Ok(vec![self.ffn_half(ops, inp[0], inp[1], inp[2], rows)?.0]);
+        ops.run_pure(&key, &[xs, y, mix], &mut pure)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| EngineError::State("the FFN unit returned nothing".into()))
+    }
+
     /// The mixer's write-back (`y`, with the attention mix's weights `mix`)
     /// into `xs`, then the FFN half, over `rows` rows (one session's, or a
     /// batch's: every op here is per row); → the layer's output streams and
@@ -236,10 +303,10 @@ impl<B: Backend> DecoderLayer<B> {
         ops: &B,
         xs: &B::Buf,
         y: &B::Buf,
-        mix: Option<B::Buf>,
+        mix: &B::Buf,
         rows: usize,
     ) -> Result<(B::Buf, Option<B::Routing>)> {
-        let xs = self.attn_hc.combine(ops, xs, y, &mix.ok_or_else(no_mix)?)?;
+        let xs = self.attn_hc.combine(ops, xs, y, mix)?;
         let (x, mix) = self.ffn_hc.mix(ops, &xs, rows)?;
         let x = self.post_norm.forward(ops, &x)?;
         let (y, routing) = self.ffn.forward(ops, &x, rows)?;
@@ -254,6 +321,6 @@ pub(super) fn mismatch() -> EngineError {
     EngineError::State("layer cache does not match the layer kind".into())
 }
 
-fn no_mix() -> EngineError {
+pub(super) fn no_mix() -> EngineError {
     EngineError::State("an mHC block returned no mixing weights".into())
 }

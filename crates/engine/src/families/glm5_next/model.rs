@@ -37,6 +37,8 @@ pub struct Glm5NextModel<B: Backend = CpuOps> {
     pub(super) layers: Vec<DecoderLayer<B>>,
     pub(super) norm: RmsNorm<B>,
     pub(super) mtp: Option<Box<NextN<B>>>,
+    /// This model's identity in pure-unit keys ([`crate::backend::pure_scope`]).
+    pub(super) scope: u64,
 }
 
 /// A trunk forward with everything tests and the decode loops may need.
@@ -130,6 +132,7 @@ impl<B: Backend> Glm5NextModel<B> {
             layers,
             norm,
             mtp,
+            scope: crate::backend::pure_scope(),
         })
     }
 
@@ -236,7 +239,7 @@ impl<B: Backend> Glm5NextModel<B> {
         let mut replays = Vec::new();
         let mut traces = Vec::new();
         let mut prev = None;
-        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+        for (l, (layer, cache)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             let mut cap = None;
             let is_kda = matches!(cache, LayerCache::Kda(_));
             let want = capture && is_kda;
@@ -248,6 +251,7 @@ impl<B: Backend> Glm5NextModel<B> {
                 prev.as_ref(),
                 want.then_some(&mut cap),
                 trace,
+                [self.scope, l as u64],
             )?;
             xs = out.streams;
             prev = out.selection;

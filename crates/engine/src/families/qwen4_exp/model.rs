@@ -44,6 +44,7 @@ use super::ple::Ple;
 use super::state::{
     AttnCache, LayerCache, LinearCapture, MtpState, PleCache, Qwen4ExpState, WindowCapture,
 };
+use crate::backend::PURE_MAX_ROWS;
 use crate::backend::{Backend, CpuOps};
 use crate::error::{EngineError, Result};
 use crate::families::FamilyDescriptor;
@@ -58,10 +59,6 @@ use crate::model::{
     DeviceRows, ForwardOutput, LogitsRows, MediaChunk, Model, MtpContract, MtpStep, VerifyWindow,
 };
 
-/// Rows up to which a layer's pure units run through
-/// [`Backend::run_pure`] (decode steps and verify windows; a prefill chunk
-/// runs eagerly rather than keep a graph per chunk length).
-const PURE_MAX_ROWS: usize = 8;
 /// Which pure unit of a layer a key names.
 const UNIT_MOE: u64 = 1;
 /// The layer index of the MTP head's layer in unit keys.
