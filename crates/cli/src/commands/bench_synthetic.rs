@@ -37,7 +37,7 @@ use ds4_engine::decode::prefill;
 use ds4_engine::families::LoadedModel;
 use ds4_engine::load::synthetic::stored::glm5::glm5_next_dry_ledger;
 use ds4_engine::load::synthetic::stored::{
-    Ds4Recipe, StoredLedger, deepseek_v4_dry_ledger, making_secs, type_totals,
+    Ds4Recipe, StoredFamily, StoredLedger, deepseek_v4_dry_ledger, making_secs, type_totals,
 };
 use ds4_engine::load::synthetic::{Ledger, hash64, shape_config};
 use ds4_engine::{LogitsRows, Model, ModelState};
@@ -76,7 +76,7 @@ pub enum Weights {
 /// glm5_next, Q4_1 otherwise).
 pub fn weights_of(family: &str, weights: Option<&str>) -> anyhow::Result<Weights> {
     Ok(match weights {
-        None if STORED_FAMILIES.contains(&family) => Weights::Ds4(Ds4Recipe::Q2),
+        None if StoredFamily::of(family).is_some() => Weights::Ds4(Ds4Recipe::Q2),
         None | Some("q4_1") => Weights::Q4_1,
         Some(s) => Weights::Ds4(
             Ds4Recipe::parse(s)
@@ -84,9 +84,6 @@ pub fn weights_of(family: &str, weights: Option<&str>) -> anyhow::Result<Weights
         ),
     })
 }
-
-/// The families ds4's recipes apply to.
-const STORED_FAMILIES: [&str; 2] = ["deepseek_v4", "glm5_next"];
 
 pub fn bench_synthetic(family: &str, args: &BenchArgs) -> anyhow::Result<()> {
     let config = shape_config(family, &args.shape)?;
@@ -200,7 +197,7 @@ fn gb(bytes: usize) -> String {
 
 /// The bytes per stored type and in all, against ds4's file of `recipe`
 /// where its size is known (DeepSeek-V4-Flash's).
-fn print_types(ledger: &StoredLedger, recipe: Ds4Recipe, family: &str) {
+fn print_types(ledger: &StoredLedger, recipe: Ds4Recipe, kind: StoredFamily) {
     let (mut stored, mut held, mut params) = (0usize, 0usize, 0usize);
     for (ty, (n, b, h)) in type_totals(ledger) {
         println!(
@@ -214,7 +211,7 @@ fn print_types(ledger: &StoredLedger, recipe: Ds4Recipe, family: &str) {
     for e in ledger.values().filter(|e| e.ty != "I32") {
         params += e.dims.iter().product::<usize>();
     }
-    let file = if family == "deepseek_v4" {
+    let file = if kind == StoredFamily::DeepseekV4 {
         format!("ds4's file: about {}", recipe.published_size())
     } else {
         "no published size of ds4's file here".into()
@@ -238,30 +235,39 @@ fn host_peak_bytes() -> Option<usize> {
 
 /// The routing a step's bytes depend on: `(k, E, vocab)` of the parsed
 /// configuration (GLM nests its fields in `text_config`).
-fn routing_of(family: &str, config: &serde_json::Value) -> anyhow::Result<(usize, usize, usize)> {
-    let path = std::path::PathBuf::from(format!("synthetic:{family}"));
-    Ok(if family == "glm5_next" {
-        let c = ds4_engine::families::glm5_next::Glm5NextConfig::from_hf(&path, config)?;
-        (c.num_experts_per_tok, c.n_routed_experts, c.vocab_size)
-    } else {
-        let c = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
-        (c.num_experts_per_tok, c.n_routed_experts, c.vocab_size)
+fn routing_of(
+    kind: StoredFamily,
+    config: &serde_json::Value,
+) -> anyhow::Result<(usize, usize, usize)> {
+    let path = std::path::PathBuf::from(format!("synthetic:{}", kind.name()));
+    Ok(match kind {
+        StoredFamily::Glm5Next => {
+            let c = ds4_engine::families::glm5_next::Glm5NextConfig::from_hf(&path, config)?;
+            (c.num_experts_per_tok, c.n_routed_experts, c.vocab_size)
+        }
+        StoredFamily::DeepseekV4 => {
+            let c = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
+            (c.num_experts_per_tok, c.n_routed_experts, c.vocab_size)
+        }
     })
 }
 
 /// The ledger of a dry run: the family's tensor list typed by the recipe.
 fn dry_ledger(
-    family: &str,
+    kind: StoredFamily,
     config: &serde_json::Value,
     recipe: Ds4Recipe,
 ) -> anyhow::Result<StoredLedger> {
-    let path = std::path::PathBuf::from(format!("synthetic:{family}"));
-    Ok(if family == "glm5_next" {
-        let cfg = ds4_engine::families::glm5_next::Glm5NextConfig::from_hf(&path, config)?;
-        glm5_next_dry_ledger(&cfg, recipe)
-    } else {
-        let cfg = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
-        deepseek_v4_dry_ledger(&cfg, recipe)
+    let path = std::path::PathBuf::from(format!("synthetic:{}", kind.name()));
+    Ok(match kind {
+        StoredFamily::Glm5Next => {
+            let cfg = ds4_engine::families::glm5_next::Glm5NextConfig::from_hf(&path, config)?;
+            glm5_next_dry_ledger(&cfg, recipe)
+        }
+        StoredFamily::DeepseekV4 => {
+            let cfg = ds4_engine::families::deepseek_v4::DeepseekV4Config::from_hf(&path, config)?;
+            deepseek_v4_dry_ledger(&cfg, recipe)
+        }
     })
 }
 
@@ -285,32 +291,30 @@ fn bench_stored(
     recipe: Ds4Recipe,
     args: &BenchArgs,
 ) -> anyhow::Result<()> {
-    if !STORED_FAMILIES.contains(&family) {
+    let Some(kind) = StoredFamily::of(family) else {
         anyhow::bail!(
             "--weights {}: ds4's recipes are for deepseek_v4 and glm5_next, not {family}",
             recipe.name()
         );
-    }
-    let routing = routing_of(family, config)?;
+    };
+    let routing = routing_of(kind, config)?;
     if args.dry_run {
         println!(
             "REPORT dry_run synthetic={family} shape={} recipe={} (no weight made)",
             args.shape,
             recipe.name()
         );
-        let ledger = dry_ledger(family, config, recipe)?;
-        print_types(&ledger, recipe, family);
-        if family == "glm5_next" {
-            // The weights a decode step reads (the state is not counted).
-            let step = stored_step_bytes(&ledger, routing);
-            println!(
-                "REPORT dry_run step_weights_mb={:.1} (dense {:.1}, experts {:.1}, head {:.1}; state not counted)",
-                step.weights as f64 / 1e6,
-                step.dense as f64 / 1e6,
-                step.experts as f64 / 1e6,
-                step.head as f64 / 1e6
-            );
-        }
+        let ledger = dry_ledger(kind, config, recipe)?;
+        print_types(&ledger, recipe, kind);
+        // The weights a decode step reads (the state is not counted).
+        let step = stored_step_bytes(&ledger, routing);
+        println!(
+            "REPORT dry_run step_weights_mb={:.1} (dense {:.1}, experts {:.1}, head {:.1}; state not counted)",
+            step.weights as f64 / 1e6,
+            step.dense as f64 / 1e6,
+            step.experts as f64 / 1e6,
+            step.head as f64 / 1e6
+        );
         return Ok(());
     }
     let (device, kernels) = crate::model_source::device_and_kernels(&args.model)?;
@@ -327,7 +331,7 @@ fn bench_stored(
         making_secs(),
         host_peak_bytes().map_or("?".into(), gb)
     );
-    print_types(&ledger, recipe, family);
+    print_types(&ledger, recipe, kind);
     if !args.streams.is_empty() {
         return streams(&loaded, args, kernels.name());
     }
@@ -790,8 +794,8 @@ mod tests {
     /// glm5_next in ds4-q2's stored types on the CPU at the tiny shape:
     /// the bench path runs; two loads decode the same greedy tokens and
     /// logits; a verify window's rows equal the single steps' rows (bit
-    /// for bit); the
-    /// step's bytes count the routed experts at k / E (3 of 8).
+    /// for bit); the step's bytes count the routed experts at k / E (3 of
+    /// 8).
     #[test]
     fn glm5_synthetic_stored_tiny_bench_runs_on_the_cpu() {
         let cli = crate::args::Cli::parse_from([

@@ -165,6 +165,14 @@ impl StoredFamily {
         }
     }
 
+    /// The name it is registered as ([`Self::of`]'s inverse).
+    pub fn name(self) -> &'static str {
+        match self {
+            StoredFamily::DeepseekV4 => "deepseek_v4",
+            StoredFamily::Glm5Next => "glm5_next",
+        }
+    }
+
     /// The stored type of `name` with shape `dims` under `recipe`.
     pub fn type_of(self, recipe: Ds4Recipe, name: &str, dims: &[usize]) -> WeightType {
         match self {
