@@ -216,6 +216,17 @@ pub struct RopeRows<B: Backend> {
 }
 
 impl<B: Backend> RopeRows<B> {
+    /// These tables' shape with `cos` and `sin` read from other buffers
+    /// (a pure unit's copies of them, [`Backend::run_pure`]).
+    pub fn on(&self, cos: &B::Buf, sin: &B::Buf) -> Self {
+        Self {
+            cos: cos.clone(),
+            sin: sin.clone(),
+            half: self.half,
+            layout: self.layout,
+        }
+    }
+
     /// Rotate every `head_dim` head of `x: [rows, heads·head_dim]` in place.
     pub fn apply(&self, ops: &B, x: &mut B::Buf, head_dim: usize) -> Result<()> {
         ops.rope(x, head_dim, &self.cos, &self.sin, self.half, self.layout)

@@ -43,36 +43,35 @@ impl<B: Backend> DecoderLayer<B> {
         unit: [u64; 2],
     ) -> Result<B::Buf> {
         let rows = tokens.len();
-        let (normed, mix) = self.attn_half_in(ops, xs, rows, unit)?;
         let attn = &self.attn;
         let [rotate, inverse] = attn.kind_tables(
             [&tables.main[0], &tables.main[1]],
             [&tables.compress[0], &tables.compress[1]],
         );
-        // The query and K = V projections, norms and rotations and the
-        // indexer's queries and head weights over every row; each
+        // The mix, norm, query and K = V projections, norms and rotations
+        // and the indexer's queries and head weights over every row; each
         // session's caches, compressors, selection and attention on its own
         // rows (split and joined in one launch a buffer on a device:
         // `Backend::split_rows` / `concat_rows`); the output's inverse
-        // rotation and projections over every row.
+        // rotation and projections and the MoE half over every row.
         let counts: Vec<usize> = parts.iter().map(|p| p.rows).collect();
-        let projected = attn.project_rows(ops, &normed, rows, [rotate, &tables.compress[0]])?;
+        let (normed, mix, projected) =
+            self.attn_rows_in(ops, xs, rows, [rotate, &tables.compress[0]], unit)?;
         let (xis, each) = (
             split_rows(ops, &normed, rows, counts.iter().copied())?,
             projected.split(ops, rows, &counts)?,
         );
-        drop(projected);
+        drop((normed, projected));
         let mut os = Vec::with_capacity(parts.len());
         for ((p, xi), pi) in parts.iter_mut().zip(&xis).zip(&each) {
             let (oi, _) = attn.attend_cached(ops, xi, pi, p.rows, p.cache, p.rot)?;
             os.push(oi);
         }
         drop((xis, each));
-        let y = attn.output_rows(ops, concat_rows(ops, os)?, rows, inverse)?;
         for p in parts.iter_mut() {
             p.cache.trim(ops)?;
         }
-        self.ffn_half(ops, xs, &y, &mix, tokens, unit)
+        self.out_and_ffn(ops, xs, concat_rows(ops, os)?, &mix, inverse, tokens, unit)
     }
 }
 

@@ -27,7 +27,7 @@
 
 use std::path::Path;
 
-use super::attention::{Attention, AttnCache, Ropes, Rotations};
+use super::attention::{Attention, AttnCache, AttnRows, Ropes, Rotations};
 use super::config::{AttnKind, DeepseekV4Config, MlpKind};
 use super::moe::Moe;
 use super::state::{DeepseekV4State, MtpState, WindowMark};
@@ -39,6 +39,7 @@ use crate::layers::hyper_connections::{HyperConnection, Mhc};
 use crate::layers::linear::{BindLinear, Linear};
 use crate::layers::norms::RmsNorm;
 use crate::layers::rope::RopeFreqs;
+use crate::layers::rope::RopeRows;
 use crate::load::binder::{Binder, WeightSource};
 use crate::load::safetensors::SafetensorsDir;
 use crate::model::{
@@ -46,9 +47,11 @@ use crate::model::{
 };
 use crate::state::mtp::MtpCache;
 
-/// Which pure unit of a layer a key names.
-const UNIT_ATTN_IN: u64 = 1;
-const UNIT_FFN: u64 = 2;
+/// Which pure unit of a layer a key names (the numbers of stop 66's
+/// units, which ended at the attention's projections' input and began at
+/// its output, are not reused).
+const UNIT_ATTN_ROWS: u64 = 3;
+const UNIT_OUT_FFN: u64 = 4;
 /// The layer index of the MTP head's layer in unit keys.
 pub(super) const MTP_LAYER: u64 = u64::MAX;
 
@@ -185,71 +188,112 @@ impl<B: Backend> DecoderLayer<B> {
             };
             return Ok((xs, Some(tr)));
         }
-        let (normed, mix) = self.attn_half_in(ops, xs, rows, unit)?;
-        let (y, _) = self.attn.forward(ops, &normed, rows, cache, rot)?;
-        Ok((self.ffn_half(ops, xs, &y, &mix, tokens, unit)?, None))
+        let [rotate, inverse] = self.attn.kind_tables(
+            [&rot.main, &rot.main_inverse],
+            [&rot.compress, &rot.compress_inverse],
+        );
+        let (normed, mix, projected) =
+            self.attn_rows_in(ops, xs, rows, [rotate, &rot.compress], unit)?;
+        let (o, _) = self
+            .attn
+            .attend_cached(ops, &normed, &projected, rows, cache, rot)?;
+        drop((normed, projected));
+        cache.trim(ops)?;
+        let xs = self.out_and_ffn(ops, xs, o, &mix, inverse, tokens, unit)?;
+        Ok((xs, None))
     }
 
-    /// The attention's input: `attn_norm(mix(xs))` and the mix's combine
-    /// weights. Pure (one replayed unit on a device) up to
-    /// [`PURE_MAX_ROWS`] rows.
-    pub(super) fn attn_half_in(
+    /// The attention's input and the row-wise half of its projections:
+    /// `attn_norm(mix(xs))`, the mix's combine weights, and
+    /// [`Attention::project_rows`] of the normed rows (`tables`: the
+    /// rotation at this layer kind's frequencies and at the compressed
+    /// ones, for the rows' positions). Pure (one replayed unit on a device,
+    /// the tables among its inputs) up to [`PURE_MAX_ROWS`] rows: what is
+    /// left eager between this unit and [`Self::out_and_ffn`] is the part
+    /// that reads and writes the caches ([`Attention::attend_cached`]).
+    pub(super) fn attn_rows_in(
         &self,
         ops: &B,
         xs: &B::Buf,
         rows: usize,
+        [rotate, compress]: [&RopeRows<B>; 2],
         unit: [u64; 2],
-    ) -> Result<(B::Buf, B::Buf)> {
-        let body = |ops: &B, xs: &B::Buf| -> Result<(B::Buf, B::Buf)> {
+    ) -> Result<(B::Buf, B::Buf, AttnRows<B>)> {
+        let body = |ops: &B, xs: &B::Buf, tables: [&RopeRows<B>; 2]| {
             let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
             let mix = mix.ok_or_else(|| EngineError::State("mHC gave no combine".into()))?;
-            Ok((self.attn_norm.forward(ops, &x)?, mix))
+            let normed = self.attn_norm.forward(ops, &x)?;
+            let projected = self.attn.project_rows(ops, &normed, rows, tables)?;
+            Ok::<_, EngineError>((normed, mix, projected))
         };
         if rows > PURE_MAX_ROWS {
-            return body(ops, xs);
+            return body(ops, xs, [rotate, compress]);
         }
-        let key = [unit[0], unit[1], UNIT_ATTN_IN, rows as u64];
+        let key = [unit[0], unit[1], UNIT_ATTN_ROWS, rows as u64];
         let mut pure = |inp: &[&B::Buf]| {
-            let (normed, mix) = body(ops, inp[0])?;
-            Ok(vec![normed, mix])
+            let (r, c) = (rotate.on(inp[1], inp[2]), compress.on(inp[3], inp[4]));
+            let (normed, mix, AttnRows { q, kv, index }) = body(ops, inp[0], [&r, &c])?;
+            let mut outs = vec![normed, mix, q, kv];
+            outs.extend(index.into_iter().flatten());
+            Ok(outs)
         };
-        let outs = ops.run_pure(&key, &[xs], &mut pure)?;
-        let [normed, mix]: [B::Buf; 2] = outs.try_into().map_err(|_| {
-            EngineError::State("the attention-input unit returned other than two".into())
-        })?;
-        Ok((normed, mix))
+        let inputs = [xs, &rotate.cos, &rotate.sin, &compress.cos, &compress.sin];
+        let outs = ops.run_pure(&key, &inputs, &mut pure)?;
+        let n = outs.len();
+        let wrong = || EngineError::State(format!("the attention-rows unit returned {n} buffers"));
+        let mut outs = outs.into_iter();
+        let (Some(normed), Some(mix), Some(q), Some(kv)) =
+            (outs.next(), outs.next(), outs.next(), outs.next())
+        else {
+            return Err(wrong());
+        };
+        let index = match (outs.next(), outs.next(), outs.next()) {
+            (None, None, None) => None,
+            (Some(iq), Some(iw), None) => Some([iq, iw]),
+            _ => return Err(wrong()),
+        };
+        Ok((normed, mix, AttnRows { q, kv, index }))
     }
 
-    /// The attention's combine and the whole MoE half: `xs` after the
-    /// layer. Pure (one replayed unit on a device) up to [`PURE_MAX_ROWS`]
-    /// rows, except on hash layers (their experts come from the token ids,
-    /// host values a replay would not see).
-    pub(super) fn ffn_half(
+    /// The attention's output rows ([`Attention::output_rows`]: the
+    /// inverse rotation at the rows' positions, `wo_a`, `wo_b`), its
+    /// combine and the whole MoE half: `xs` after the layer. Pure (one
+    /// replayed unit on a device, the inverse tables among its inputs) up
+    /// to [`PURE_MAX_ROWS`] rows, except on hash layers (their experts come
+    /// from the token ids, host values a replay would not see).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn out_and_ffn(
         &self,
         ops: &B,
         xs: &B::Buf,
-        y: &B::Buf,
+        o: B::Buf,
         mix: &B::Buf,
+        inverse: &RopeRows<B>,
         tokens: &[u32],
         unit: [u64; 2],
     ) -> Result<B::Buf> {
         let rows = tokens.len();
         if rows > PURE_MAX_ROWS || self.moe.is_hash() {
-            return Ok(self.ffn_half_routed(ops, xs, y, mix, tokens)?.0);
+            let y = self.attn.output_rows(ops, o, rows, inverse)?;
+            return Ok(self.ffn_half_routed(ops, xs, &y, mix, tokens)?.0);
         }
-        let key = [unit[0], unit[1], UNIT_FFN, rows as u64];
+        let key = [unit[0], unit[1], UNIT_OUT_FFN, rows as u64];
         let mut pure = |inp: &[&B::Buf]| {
+            // The unit's own copy of `o` (rotated back in place).
+            let inverse = inverse.on(inp[3], inp[4]);
+            let y = self.attn.output_rows(ops, inp[1].clone(), rows, &inverse)?;
             Ok(vec![
-                self.ffn_half_routed(ops, inp[0], inp[1], inp[2], tokens)?.0,
+                self.ffn_half_routed(ops, inp[0], &y, inp[2], tokens)?.0,
             ])
         };
-        let outs = ops.run_pure(&key, &[xs, y, mix], &mut pure)?;
+        let inputs = [xs, &o, mix, &inverse.cos, &inverse.sin];
+        let outs = ops.run_pure(&key, &inputs, &mut pure)?;
         outs.into_iter()
             .next()
-            .ok_or_else(|| EngineError::State("the MoE unit returned nothing".into()))
+            .ok_or_else(|| EngineError::State("the output and MoE unit returned nothing".into()))
     }
 
-    /// [`Self::ffn_half`]'s ops, with the routing.
+    /// [`Self::out_and_ffn`]'s ops after the output rows, with the routing.
     fn ffn_half_routed(
         &self,
         ops: &B,

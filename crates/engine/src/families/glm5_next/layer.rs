@@ -51,9 +51,23 @@ pub struct DecoderLayer<B: Backend> {
     ffn_hc: Mhc<B>,
 }
 
-/// Which pure unit of a layer a key names.
-const UNIT_ATTN_IN: u64 = 1;
-const UNIT_FFN: u64 = 2;
+/// Which pure unit of a layer a key names (the numbers of stop 66's
+/// units, the mixer's input alone and the FFN half alone, are not reused).
+const UNIT_MIXER_ROWS: u64 = 3;
+const UNIT_OUT_FFN: u64 = 4;
+
+/// The mixer's row-wise inputs ([`DecoderLayer::mixer_rows`]).
+enum MixerRows<B: Backend> {
+    /// `[u, g, β, z]` ([`Kda::project`]).
+    Kda([B::Buf; 4]),
+    /// The absorbed queries, the new latents and, on a layer with its own
+    /// indexer, its `[k, g, q, w]` ([`PooledIndexer::project_rows`]).
+    Mla {
+        q: B::Buf,
+        latents: B::Buf,
+        index: Option<[B::Buf; 4]>,
+    },
+}
 
 /// What one layer did, on the host (only when a trace is asked for).
 #[derive(Debug, Clone)]
@@ -195,34 +209,35 @@ impl<B: Backend> DecoderLayer<B> {
         unit: [u64; 2],
     ) -> Result<LayerOutput<B>> {
         // A trace reads the routing, which a replayed unit does not return.
-        let pure = !trace && rows <= PURE_MAX_ROWS;
-        let (x, mix) = self.mixer_input(ops, xs, rows, pure.then_some(unit))?;
+        let unit = (!trace && rows <= PURE_MAX_ROWS).then_some(unit);
+        let (mix, projected) = self.mixer_rows(ops, xs, rows, unit)?;
         let mut selection = None;
-        let y = match (&self.mixer, cache) {
-            (Mixer::Kda(kda), LayerCache::Kda(c)) => kda.forward(ops, &x, rows, c, capture)?,
-            (Mixer::Mla { mla, indexer }, LayerCache::Mla(c)) => {
-                let (qr, q) = mla.queries(ops, &x, rows)?;
-                c.latent.append(ops, &mla.latents(ops, &x, rows)?)?;
-                let sel = match (indexer, c.indexer.as_mut()) {
-                    (Some(ix), Some(ic)) => ix.forward(ops, &x, &qr, rows, ic)?,
-                    (None, None) => prev.cloned().ok_or_else(|| {
+        let (o, z) = match (&self.mixer, cache, projected) {
+            (Mixer::Kda(kda), LayerCache::Kda(c), MixerRows::Kda([u, g, beta, z])) => {
+                (kda.recur(ops, u, g, beta, rows, c, capture)?, Some(z))
+            }
+            (
+                Mixer::Mla { mla, indexer },
+                LayerCache::Mla(c),
+                MixerRows::Mla { q, latents, index },
+            ) => {
+                c.latent.append(ops, &latents)?;
+                let sel = match (indexer, c.indexer.as_mut(), index) {
+                    (Some(ix), Some(ic), Some(ixr)) => ix.select_rows(ops, &ixr, rows, ic)?,
+                    (None, None, None) => prev.cloned().ok_or_else(|| {
                         EngineError::State(
                             "a shared-indexer layer got no selection from the layer before".into(),
                         )
                     })?,
                     _ => return Err(mismatch()),
                 };
-                let y = mla.attend(ops, &q, rows, c.latent.buf(), &sel)?;
+                let o = mla.attend_latent(ops, &q, c.latent.buf(), &sel)?;
                 selection = Some(sel);
-                y
+                (o, None)
             }
             _ => return Err(mismatch()),
         };
-        let (xs, routing) = if pure {
-            (self.ffn_half_pure(ops, xs, &y, &mix, rows, unit)?, None)
-        } else {
-            self.ffn_half(ops, xs, &y, &mix, rows)?
-        };
+        let (xs, routing) = self.out_and_ffn(ops, xs, &o, z.as_ref(), &mix, rows, unit)?;
         let tr = if trace {
             Some(LayerTrace {
                 streams: ops.download(&xs)?,
@@ -244,54 +259,108 @@ impl<B: Backend> DecoderLayer<B> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
-    /// The mixer's input, `input_layernorm(attn_hc mix(xs))`, and the mix's
-    /// weights: one pure unit keyed by `unit` when given.
-    fn mixer_input(
+    /// The attention mix's weights and the mixer's row-wise inputs from
+    /// `input_layernorm(attn_hc mix(xs))` ([`MixerRows`]): one pure unit
+    /// keyed by `unit` when given. What is left between it and
+    /// [`Self::out_and_ffn`] reads and writes the caches (KDA's conv and
+    /// recurrence; MLA's latent append, the indexer's pools and selection,
+    /// the gathered attention).
+    fn mixer_rows(
         &self,
         ops: &B,
         xs: &B::Buf,
         rows: usize,
         unit: Option<[u64; 2]>,
-    ) -> Result<(B::Buf, B::Buf)> {
-        let body = |ops: &B, xs: &B::Buf| -> Result<(B::Buf, B::Buf)> {
+    ) -> Result<(B::Buf, MixerRows<B>)> {
+        // `[mix, rows…]`: KDA's `[u, g, β, z]`; MLA's absorbed queries and
+        // latents, then the own indexer's `[k, g, q, w]`.
+        let body = |ops: &B, xs: &B::Buf| -> Result<Vec<B::Buf>> {
             let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
-            Ok((self.input_norm.forward(ops, &x)?, mix.ok_or_else(no_mix)?))
+            let x = self.input_norm.forward(ops, &x)?;
+            let mut out = vec![mix.ok_or_else(no_mix)?];
+            match &self.mixer {
+                Mixer::Kda(kda) => out.extend(kda.project(ops, &x, rows)?),
+                Mixer::Mla { mla, indexer } => {
+                    let (qr, q) = mla.queries(ops, &x, rows)?;
+                    out.push(mla.absorb(ops, &q, rows)?);
+                    out.push(mla.latents(ops, &x, rows)?);
+                    if let Some(ix) = indexer {
+                        out.extend(ix.project_rows(ops, &x, &qr, rows)?);
+                    }
+                }
+            }
+            Ok(out)
         };
-        let Some(unit) = unit else {
-            return body(ops, xs);
+        let outs = match unit {
+            None => body(ops, xs)?,
+            Some(unit) => {
+                let key = [unit[0], unit[1], UNIT_MIXER_ROWS, rows as u64];
+                let mut pure = |inp: &[&B::Buf]| body(ops, inp[0]);
+                ops.run_pure(&key, &[xs], &mut pure)?
+            }
         };
-        let key = [unit[0], unit[1], UNIT_ATTN_IN, rows as u64];
-        let mut pure = |inp: &[&B::Buf]| {
-            let (x, mix) = body(ops, inp[0])?;
-            Ok(vec![x, mix])
+        let n = outs.len();
+        let wrong = || EngineError::State(format!("the mixer-rows unit returned {n} buffers"));
+        let mut it = outs.into_iter();
+        let mix = it.next().ok_or_else(wrong)?;
+        let mut rest: Vec<B::Buf> = it.collect();
+        let projected = match &self.mixer {
+            Mixer::Kda(_) => MixerRows::Kda(rest.try_into().map_err(|_| wrong())?),
+            Mixer::Mla { indexer, .. } => {
+                let index = match indexer {
+                    None => None,
+                    Some(_) if rest.len() == 6 => {
+                        Some(rest.split_off(2).try_into().map_err(|_| wrong())?)
+                    }
+                    Some(_) => return Err(wrong()),
+                };
+                let [q, latents]: [B::Buf; 2] = rest.try_into().map_err(|_| wrong())?;
+                MixerRows::Mla { q, latents, index }
+            }
         };
-        let [x, mix]: [B::Buf; 2] =
-            ops.run_pure(&key, &[xs], &mut pure)?
-                .try_into()
-                .map_err(|_| {
-                    EngineError::State("the mixer-input unit returned other than two".into())
-                })?;
-        Ok((x, mix))
+        Ok((mix, projected))
     }
 
-    /// [`Self::ffn_half`] as one pure unit keyed by `unit` (its routing
-    /// stays on the device).
-    fn ffn_half_pure(
+    /// The mixer's output rows (KDA's gated norm and `o_proj` with `z`,
+    /// MLA's value absorption and `o_proj`), then [`Self::ffn_half`]: one
+    /// pure unit keyed by `unit` when given (its routing then stays on the
+    /// device).
+    #[allow(clippy::too_many_arguments)]
+    fn out_and_ffn(
         &self,
         ops: &B,
         xs: &B::Buf,
-        y: &B::Buf,
+        o: &B::Buf,
+        z: Option<&B::Buf>,
         mix: &B::Buf,
         rows: usize,
-        unit: [u64; 2],
-    ) -> Result<B::Buf> {
-        let key = [unit[0], unit[1], UNIT_FFN, rows as u64];
-        let mut pure =
-            |inp: &[&B::Buf]| Ok(vec![self.ffn_half(ops, inp[0], inp[1], inp[2], rows)?.0]);
-        ops.run_pure(&key, &[xs, y, mix], &mut pure)?
+        unit: Option<[u64; 2]>,
+    ) -> Result<(B::Buf, Option<B::Routing>)> {
+        let body = |ops: &B, xs: &B::Buf, o: &B::Buf, z: Option<&B::Buf>, mix: &B::Buf| {
+            let y = match (&self.mixer, z) {
+                (Mixer::Kda(kda), Some(z)) => kda.output(ops, o, z, rows)?,
+                (Mixer::Mla { mla, .. }, None) => mla.output(ops, o, rows)?,
+                _ => return Err(mismatch()),
+            };
+            self.ffn_half(ops, xs, &y, mix, rows)
+        };
+        let Some(unit) = unit else {
+            return body(ops, xs, o, z, mix);
+        };
+        let key = [unit[0], unit[1], UNIT_OUT_FFN, rows as u64];
+        let mut pure = |inp: &[&B::Buf]| {
+            Ok(vec![
+                body(ops, inp[0], inp[1], inp.get(3).copied(), inp[2])?.0,
+            ])
+        };
+        let mut inputs = vec![xs, o, mix];
+        inputs.extend(z);
+        let xs = ops
+            .run_pure(&key, &inputs, &mut pure)?
             .into_iter()
             .next()
-            .ok_or_else(|| EngineError::State("the FFN unit returned nothing".into()))
+            .ok_or_else(|| EngineError::State("the output and FFN unit returned nothing".into()))?;
+        Ok((xs, None))
     }
 
     /// The mixer's write-back (`y`, with the attention mix's weights `mix`)
