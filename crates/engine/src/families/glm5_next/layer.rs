@@ -11,11 +11,12 @@
 //! ([`crate::layers::pooled_indexer`]) or, on a shared-indexer layer, from
 //! the MLA layer right before it.
 //!
-//! Up to [`PURE_MAX_ROWS`] rows (decode steps, verify windows) the mixer's
-//! input (`attn_hc` mix + `input_layernorm`) and the whole FFN half are
-//! pure units ([`Backend::run_pure`]: one replayed graph each on a device,
-//! the same ops and bits), as DeepSeek-V4's layers run them; the mixer
-//! itself, with its caches, stays eager.
+//! Up to [`PURE_MAX_ROWS`] rows (decode steps, verify windows) a layer runs
+//! as two pure units ([`Backend::run_pure`]: one replayed graph each on a
+//! device, the same ops and bits) around the part that reads and writes
+//! the caches: the mixer's rows (mix, `input_layernorm` and the mixer's
+//! row-wise projections) and the mixer's output rows with the whole FFN
+//! half, as DeepSeek-V4's layers run them.
 
 use super::config::{Glm5NextConfig, IndexerKind, LayerKind};
 use super::ffn::Ffn;
