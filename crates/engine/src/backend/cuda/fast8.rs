@@ -1,11 +1,11 @@
 //! The fast kernel set's Q8_0 / Q4_1 products (`kernels/fast8.cu`): each
 //! activation row rounded to int8 blocks of 32 once (`f8_quantize`), then
-//! one launch for up to [`F8_PARTS`] matrices that read it: a warp per
-//! output on `dp4a` for one row (decode) and for a few (verify windows,
-//! small batches: up to [`FEW_ROWS`] rows a warp), tensor-core tiles for
-//! more. The
-//! arithmetic is the CPU fast set's (`cpu/q8_matmul`), so every output has
-//! its bits whatever the row count, kernel or tile.
+//! one launch for up to [`F8_PARTS`] matrices that read it: eight lanes
+//! per output on `dp4a` for one row (decode), a warp per output for a few
+//! (verify windows, small batches: up to [`FEW_ROWS`] rows a warp),
+//! tensor-core tiles for more. The arithmetic is the CPU fast set's
+//! (`cpu/q8_matmul`), so every output has its bits whatever the row count,
+//! kernel or tile.
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args};
@@ -18,7 +18,11 @@ use crate::error::{EngineError, Result};
 pub(super) const F8_PARTS: usize = 4;
 /// Values per rounded activation block.
 const BLOCK: usize = 32;
-/// Outputs per block of a one-row launch (a warp each).
+/// Warps per block of the per-warp launches, and the unit every part's
+/// outputs are rounded up to. The one-row kernel takes four outputs a warp
+/// (a group of eight lanes each) from the same grid: its last three warps
+/// in four return at once (run 45 measured it so; a grid of a quarter the
+/// blocks is the next step).
 const ONE_WARPS: usize = 8;
 /// Rows up to which a launch runs warps per output on `dp4a` (4 or 8 rows
 /// a warp, each weight block read once for them) rather than tensor-core

@@ -129,12 +129,55 @@ __device__ __forceinline__ void f8_round_load(F8Round& r, const u8* qa, const fl
 // cp.async, DeepSeek-V4's 32-layer step 12.62 -> 12.03 ms on an H100,
 // same digest).
 template <int Q4>
+__device__ __forceinline__ void f8_one_sums(const F8Round& cur, int& sumi, float& scale,
+                                            float& mw, float& sb) {
+    u32 a[8] = {cur.a0.x, cur.a0.y, cur.a0.z, cur.a0.w, cur.a1.x, cur.a1.y, cur.a1.z, cur.a1.w};
+    sumi = 0;
+    if (Q4) {
+        u32 c[4] = {cur.w0.x, cur.w0.y, cur.w0.z, cur.w0.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sumi = __dp4a((int)(c[i] & 0x0f0f0f0fu), (int)a[2 * i], sumi);
+            sumi = __dp4a((int)((c[i] >> 4) & 0x0f0f0f0fu), (int)a[2 * i + 1], sumi);
+        }
+        mw = h2f((u16)(cur.dm >> 16));
+        sb = cur.sa;
+    } else {
+        u32 c[8] = {cur.w0.x, cur.w0.y, cur.w0.z, cur.w0.w, cur.w1.x, cur.w1.y, cur.w1.z, cur.w1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) sumi = __dp4a((int)c[i], (int)a[i], sumi);
+        mw = 0.0f, sb = 0.0f;
+    }
+    scale = h2f((u16)(cur.dm & 0xffff)) * cur.da;
+}
+
+// ---- one activation row (decode): a group of eight lanes per output
+// element (four a warp), lane l of a group on blocks b0 + l and b0 + 8 + l
+// of each round of 16, the round's float steps in block order on every
+// lane of the group (the sums and scales passed by shuffles, one shuffle
+// serving the four outputs of a warp: a warp per output spent 64 shuffles
+// on each 32 blocks). The next round's loads are issued before this
+// round's float steps (run 45, with the routed gathers' changes of
+// `kq8.cu`: DeepSeek-V4's 32-layer step 12.08 -> 11.78 ms on an H100, the
+// same digest). Units (`first`, `n`) count outputs: unit g is group g % 4 of
+// warp g / 4; the launch keeps a warp per unit (`cuda/fast8.rs`), so warps
+// past a quarter of the units return at once.
+// Blocks a lane takes each round of `f8_one` (8 · F8_H blocks a round).
+#define F8_H 2
+template <int Q4>
 __device__ __forceinline__ void f8_one(const Fast8& f) {
-    u64 g = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    F8Part p = f8_part(f, g);
+    u32 lane = threadIdx.x & 31, gi = lane / 8, li = lane % 8;
+    u64 w = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    u64 total = f.p[0].first + f.p[0].n;
+#pragma unroll
+    for (int t = 1; t < F8_PARTS; t++)
+        if ((u64)t < f.parts) total = f.p[t].first + f.p[t].n;
+    if (4 * w >= total) return;
+    u64 g = 4 * w + gi;
+    F8Part p = f8_part(f, g < total ? g : 4 * w);
     u64 j = g - p.first;
-    if (j >= p.n) return;
-    u32 lane = threadIdx.x & 31;
+    bool live = g < total && j < p.n;
+    if (!live) j = 0;
     u64 t = blockIdx.y;
     u64 nb = f.k / 32;
     u64 at = t * f.x_stride + p.x_off;
@@ -144,48 +187,44 @@ __device__ __forceinline__ void f8_one(const Fast8& f) {
     const u32* dm = p.dm + j * nb;
     const u8* wq = p.quants + j * nb * (Q4 ? 16 : 32);
     float acc = 0.0f;
-    F8Round cur;
-    if (lane < nb) f8_round_load<Q4>(cur, qa, da, sa, dm, wq, lane);
-    for (u64 b0 = 0; b0 < nb; b0 += 32) {
-        u64 b = b0 + lane;
-        int sumi = 0;
-        float scale = 0.0f, mw = 0.0f, sb = 0.0f;
-        if (b < nb) {
-            u32 a[8] = {cur.a0.x, cur.a0.y, cur.a0.z, cur.a0.w, cur.a1.x, cur.a1.y, cur.a1.z, cur.a1.w};
-            if (Q4) {
-                u32 c[4] = {cur.w0.x, cur.w0.y, cur.w0.z, cur.w0.w};
+    F8Round cur[F8_H];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    sumi = __dp4a((int)(c[i] & 0x0f0f0f0fu), (int)a[2 * i], sumi);
-                    sumi = __dp4a((int)((c[i] >> 4) & 0x0f0f0f0fu), (int)a[2 * i + 1], sumi);
-                }
-                mw = h2f((u16)(cur.dm >> 16));
-                sb = cur.sa;
-            } else {
-                u32 c[8] = {cur.w0.x, cur.w0.y, cur.w0.z, cur.w0.w, cur.w1.x, cur.w1.y, cur.w1.z, cur.w1.w};
+    for (int h = 0; h < F8_H; h++)
+        if (li + 8 * h < nb) f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, li + 8 * h);
+    for (u64 b0 = 0; b0 < nb; b0 += 8 * F8_H) {
+        int sumi[F8_H] = {};
+        float scale[F8_H] = {}, mw[F8_H] = {}, sb[F8_H] = {};
 #pragma unroll
-                for (int i = 0; i < 8; i++) sumi = __dp4a((int)c[i], (int)a[i], sumi);
-            }
-            scale = h2f((u16)(cur.dm & 0xffff)) * cur.da;
-        }
-        if (b + 32 < nb) f8_round_load<Q4>(cur, qa, da, sa, dm, wq, b + 32);
-        u64 live = nb - b0 < 32 ? nb - b0 : 32;
-        if (live == 32) {
+        for (int h = 0; h < F8_H; h++)
+            if (b0 + li + 8 * h < nb) f8_one_sums<Q4>(cur[h], sumi[h], scale[h], mw[h], sb[h]);
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                float si = (float)__shfl_sync(FULL_MASK, sumi, i);
-                acc = fmaf(__shfl_sync(FULL_MASK, scale, i), si, acc);
-                if (Q4) acc = fmaf(__shfl_sync(FULL_MASK, mw, i), __shfl_sync(FULL_MASK, sb, i), acc);
+        for (int h = 0; h < F8_H; h++)
+            if (b0 + 8 * F8_H + li + 8 * h < nb)
+                f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, b0 + 8 * F8_H + li + 8 * h);
+        u64 steps = nb - b0 < 8 * F8_H ? nb - b0 : 8 * F8_H;
+        if (steps == 8 * F8_H) {
+#pragma unroll
+            for (int i = 0; i < 8 * F8_H; i++) {
+                int src = (int)(8 * gi) + (i % 8);
+                float si = (float)__shfl_sync(FULL_MASK, sumi[i / 8], src);
+                acc = fmaf(__shfl_sync(FULL_MASK, scale[i / 8], src), si, acc);
+                if (Q4)
+                    acc = fmaf(__shfl_sync(FULL_MASK, mw[i / 8], src),
+                               __shfl_sync(FULL_MASK, sb[i / 8], src), acc);
             }
         } else {
-            for (u64 i = 0; i < live; i++) {
-                float si = (float)__shfl_sync(FULL_MASK, sumi, (int)i);
-                acc = fmaf(__shfl_sync(FULL_MASK, scale, (int)i), si, acc);
-                if (Q4) acc = fmaf(__shfl_sync(FULL_MASK, mw, (int)i), __shfl_sync(FULL_MASK, sb, (int)i), acc);
+            for (u64 i = 0; i < steps; i++) {
+                int src = (int)(8 * gi) + (int)(i % 8);
+                bool hi = F8_H > 1 && i >= 8;
+                float si = (float)__shfl_sync(FULL_MASK, hi ? sumi[F8_H - 1] : sumi[0], src);
+                acc = fmaf(__shfl_sync(FULL_MASK, hi ? scale[F8_H - 1] : scale[0], src), si, acc);
+                if (Q4)
+                    acc = fmaf(__shfl_sync(FULL_MASK, hi ? mw[F8_H - 1] : mw[0], src),
+                               __shfl_sync(FULL_MASK, hi ? sb[F8_H - 1] : sb[0], src), acc);
             }
         }
     }
-    if (lane == 0) p.y[t * p.y_stride + j] = p.c.apply(acc);
+    if (live && li == 0) p.y[t * p.y_stride + j] = p.c.apply(acc);
 }
 
 extern "C" __global__ void f8_one_q8_0(Fast8 f) {

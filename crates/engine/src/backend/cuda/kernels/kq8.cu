@@ -98,7 +98,16 @@ struct KqQ2K {
         u32 half = p / 4, j = p % 4;
         const u8* qs = b + 16 + 32 * half;
 #pragma unroll
-        for (int i = 0; i < 8; i++) o.w[i] = (kq_ld32(qs + 4 * i) >> (2 * j)) & 0x03030303u;
+        // Q2_K's words lie 4-aligned wherever its rows do (84-byte blocks):
+        // one load each there, the funnel shift's two elsewhere.
+        if (((u64)qs & 3) == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                o.w[i] = (((const u32*)qs)[i] >> (2 * j)) & 0x03030303u;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) o.w[i] = (kq_ld32(qs + 4 * i) >> (2 * j)) & 0x03030303u;
+        }
         u32 s0 = b[2 * p], s1 = b[2 * p + 1];
         o.sc0 = s0 & 15, o.m0 = s0 >> 4, o.sc1 = s1 & 15, o.m1 = s1 >> 4;
     }
@@ -196,7 +205,10 @@ __device__ __forceinline__ u32 kq_sign_bytes(u32 nib) {
 // IQ2_XXS's grid and sign tables, read with a different index on every
 // lane: from constant memory those reads serialize (one address a cycle;
 // run 30 measured the product at 4 % of the copy bandwidth), so the IQ2_XXS
-// kernels copy them into shared memory first (`kq_iq2_tables`).
+// kernels copy them into shared memory first (`kq_iq2_tables`), from
+// global memory (`stored.cu` keeps them there: the copy's 128 threads read
+// 128 addresses at once, where from constant memory they too serialized,
+// once a block of four outputs in the routed gathers).
 #ifdef KQ_HOST
 #define KQ_IQ2_GRID st_iq2xxs_grid
 #define KQ_IQ2_SIGNS st_ksigns_iq2xs
@@ -274,13 +286,13 @@ __device__ __forceinline__ void kq_load_act(const u8* q, u32 (&a)[8]) {
 // blocks, `qa[r]` / `da[r]` row r's bytes and super-block scales (rows
 // past `nr` are skipped). Every lane returns the same accumulators.
 template <class F, int R>
-__device__ __forceinline__ void kq_dot(const u8* wrow, const u8* const (&qa)[R],
-                                       const float* const (&da)[R], int nr, u64 nb,
-                                       float (&acc)[R]) {
+__device__ __forceinline__ void kq_dot_from(const u8* wrow, const u8* const (&qa)[R],
+                                            const float* const (&da)[R], int nr, u64 nb,
+                                            u64 from, float init, float (&acc)[R]) {
     u32 lane = threadIdx.x & 31, g = lane / 8, p = lane % 8;
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (u64 b0 = 0; b0 < nb; b0 += 4) {
+    for (int r = 0; r < R; r++) acc[r] = init;
+    for (u64 b0 = from; b0 < nb; b0 += 4) {
         u64 b = b0 + g;
         bool live = b < nb;
         KqPart o;
@@ -316,6 +328,65 @@ __device__ __forceinline__ void kq_dot(const u8* wrow, const u8* const (&qa)[R],
             }
         }
     }
+}
+
+template <class F, int R>
+__device__ __forceinline__ void kq_dot(const u8* wrow, const u8* const (&qa)[R],
+                                       const float* const (&da)[R], int nr, u64 nb,
+                                       float (&acc)[R]) {
+    kq_dot_from<F, R>(wrow, qa, da, nr, nb, 0, 0.0f, acc);
+}
+
+// `kq_dot` for one activation row with four rounds (16 blocks) at a time:
+// every weight load of the four issued before any of their sums (a warp
+// of a routed product owns one short row: IQ2_XXS gate / up rows are 16
+// blocks, so `kq_dot` waited on memory once a round). The same integer
+// sums and the same float steps in block order, so the same bits.
+template <class F>
+__device__ __forceinline__ float kq_dot1(const u8* wrow, const u8* qa, const float* da,
+                                         u64 nb) {
+    u32 lane = threadIdx.x & 31, g = lane / 8, p = lane % 8;
+    float acc = 0.0f;
+    u64 b0 = 0;
+    for (; b0 + 16 <= nb; b0 += 16) {
+        KqPart o[4];
+        float d[4], dmin[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const u8* blk = wrow + (b0 + 4 * r + g) * F::BB;
+            F::part(blk, p, o[r]);
+            F::scales(blk, d[r], dmin[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            u64 b = b0 + 4 * r + g;
+            u32 a[8];
+            kq_load_act(qa + b * KQ + 32 * p, a);
+            int sumi, summ;
+            kq_lane_sums(o[r], a, sumi, summ);
+            sumi = kq_group_sum(sumi);
+            summ = kq_group_sum(summ);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int si = __shfl_sync(FULL_MASK, sumi, 8 * j);
+                int sm = __shfl_sync(FULL_MASK, summ, 8 * j);
+                float dj = __shfl_sync(FULL_MASK, d[r], 8 * j);
+                float mj = __shfl_sync(FULL_MASK, dmin[r], 8 * j);
+                float av = da[b0 + 4 * r + j];
+                acc = fmaf(dj * av, (float)si, acc);
+                if (F::MIN) acc = fmaf(-(mj * av), (float)sm, acc);
+            }
+        }
+    }
+    if (b0 < nb) {
+        const u8* const qs[1] = {qa};
+        const float* const ds[1] = {da};
+        // The rest from block b0 on, continuing the same accumulator.
+        float rest[1];
+        kq_dot_from<F, 1>(wrow, qs, ds, 1, nb, b0, acc, rest);
+        acc = rest[0];
+    }
+    return acc;
 }
 
 // Rows of a product launch's tile (grid.y walks the tiles).
@@ -376,7 +447,11 @@ __device__ __forceinline__ void kq_gather(float* y, const u8* q, const float* d,
             // an H200, same digest; loads ahead in registers, run 39,
             // halved the occupancy instead).
             prefetch_l2(wrow, row_bytes, lane, 32);
-            kq_dot<F, 1>(wrow, qa, da, 1, nb, acc);
+            // Four rounds at once for IQ2_XXS (its rows are short and its
+            // part small); the wide parts of the K-quants would halve the
+            // occupancy for it.
+            if (F::BB == 66) acc[0] = kq_dot1<F>(wrow, qa[0], da[0], nb);
+            else kq_dot<F, 1>(wrow, qa, da, 1, nb, acc);
             if (lane == 0) y[p * n + j] = acc[0];
         }
     }

@@ -451,8 +451,10 @@ struct StQ8_K {
 // 7-bit sign patterns plus a 4-bit scale; `db = (d·(0.5 + s))·0.25`, value
 // `(db·grid[j])·±1`. Lane l takes byte l of each 8-value grid row and sign
 // bit l. Tables from `quant/dequant/iq2.rs` (ggml's `iq2xxs_grid`,
-// `ksigns_iq2xs`).
-__constant__ u64 st_iq2xxs_grid[256] = {
+// `ksigns_iq2xs`), in global memory rather than constant memory: lanes
+// read them at different indices, which constant memory serializes
+// (`kq8.cu`'s tables copy).
+__device__ u64 st_iq2xxs_grid[256] = {
     0x0808080808080808ull, 0x080808080808082bull, 0x0808080808081919ull, 0x0808080808082b08ull,
     0x0808080808082b2bull, 0x0808080808190819ull, 0x0808080808191908ull, 0x08080808082b0808ull,
     0x08080808082b082bull, 0x08080808082b2b08ull, 0x08080808082b2b2bull, 0x0808080819080819ull,
@@ -518,7 +520,7 @@ __constant__ u64 st_iq2xxs_grid[256] = {
     0x2b2b08080808082bull, 0x2b2b080819190808ull, 0x2b2b08082b081919ull, 0x2b2b081908082b19ull,
     0x2b2b082b08080808ull, 0x2b2b190808192b08ull, 0x2b2b2b0819190808ull, 0x2b2b2b1908081908ull,
 };
-__constant__ u8 st_ksigns_iq2xs[128] = {
+__device__ u8 st_ksigns_iq2xs[128] = {
     0, 129, 130, 3, 132, 5, 6, 135, 136, 9, 10, 139, 12, 141, 142, 15,
     144, 17, 18, 147, 20, 149, 150, 23, 24, 153, 154, 27, 156, 29, 30, 159,
     160, 33, 34, 163, 36, 165, 166, 39, 40, 169, 170, 43, 172, 45, 46, 175,
