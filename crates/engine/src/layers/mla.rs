@@ -131,14 +131,16 @@ impl<B: Backend> Mla<B> {
             nope,
             ..
         } = self.spec;
-        let qh = ops.split_cols(q, rows, &vec![nope; heads], 1)?;
-        let absorbed = qh
-            .iter()
-            .zip(&self.absorb_k)
-            .map(|(q, w)| w.forward(ops, q, rows))
-            .collect::<Result<Vec<_>>>()?;
-        let parts: Vec<(&B::Buf, usize)> = absorbed.iter().map(|b| (b, latent)).collect();
-        let q_lat = ops.concat_cols(&parts, rows)?;
+        // Head h's columns through its own matrix, joined: one grouped
+        // product (a device runs the heads in one launch; the bits of the
+        // split, the per-head products and the join).
+        if self.absorb_k.len() != heads {
+            return Err(EngineError::State(
+                "MLA: per-head absorptions missing".into(),
+            ));
+        }
+        let ws: Vec<&B::Matrix> = self.absorb_k.iter().map(Linear::matrix).collect();
+        let q_lat = ops.matmul_grouped(q, rows, &ws)?;
         // The op scales by 1/√r; the reference scales by 1/√dn.
         ops.affine(&q_lat, (latent as f64 / nope as f64).sqrt() as f32, 0.0)
     }
@@ -170,18 +172,13 @@ impl<B: Backend> Mla<B> {
     /// Per row: the latent outputs `[rows, H·r]` through `W_v` and
     /// `o_proj`; → `[rows, H_model]`.
     pub fn output(&self, ops: &B, o_lat: &B::Buf, rows: usize) -> Result<B::Buf> {
-        let MlaSpec { heads, latent, .. } = self.spec;
-        let oh = ops.split_cols(o_lat, rows, &vec![latent; heads], 1)?;
-        let outs = oh
-            .iter()
-            .zip(&self.absorb_v)
-            .map(|(o, w)| w.forward(ops, o, rows))
-            .collect::<Result<Vec<_>>>()?;
-        if outs.len() != heads {
+        let heads = self.spec.heads;
+        // As in `absorb`: one grouped product over the heads.
+        if self.absorb_v.len() != heads {
             return Err(EngineError::State("MLA: per-head outputs missing".into()));
         }
-        let parts: Vec<(&B::Buf, usize)> = outs.iter().map(|b| (b, self.spec.v)).collect();
-        let y = ops.concat_cols(&parts, rows)?;
+        let ws: Vec<&B::Matrix> = self.absorb_v.iter().map(Linear::matrix).collect();
+        let y = ops.matmul_grouped(o_lat, rows, &ws)?;
         self.o_proj.forward(ops, &y, rows)
     }
 }

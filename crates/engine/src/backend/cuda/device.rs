@@ -16,6 +16,7 @@ use cudarc::nvrtc::Ptx;
 use super::fast8::F8Args;
 use super::graph::Graphs;
 use super::host_gaps::{self, HostGaps};
+use super::linear::GroupedF32Args;
 use super::linear::ManyArgs;
 use super::mem::{DevMem, Pool};
 use super::nvrtc;
@@ -500,6 +501,12 @@ impl Device {
     pub fn launch_fast8(&self, name: &'static str, shape: Shape, value: &F8Args) -> Result<()> {
         // SAFETY: `F8Args` mirrors `Fast8` field for field (`repr(C)`).
         unsafe { self.launch_struct(name, shape, Param::Fast8, value) }
+    }
+
+    pub fn launch_grouped_f32(&self, shape: Shape, value: &GroupedF32Args) -> Result<()> {
+        // SAFETY: `GroupedF32Args` mirrors `GroupedF32` field for field
+        // (`repr(C)`).
+        unsafe { self.launch_struct("matmul_f32_grouped", shape, Param::GroupedF32, value) }
     }
 
     /// Queue kernel `name`, whose one parameter is the struct `want` names,

@@ -168,6 +168,75 @@ pub(super) struct ManyPart {
     chain: ChainFields,
 }
 
+/// Groups one `matmul_f32_grouped` launch takes (`GF32_GROUPS` in
+/// `matmul.cu`).
+const GF32_GROUPS: usize = 64;
+
+/// The `GroupedF32` parameter of `matmul.cu`'s `matmul_f32_grouped`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GroupedF32Args {
+    y: u64,
+    x: u64,
+    rows: u64,
+    n: u64,
+    k: u64,
+    x_stride: u64,
+    y_stride: u64,
+    w: [u64; GF32_GROUPS],
+}
+
+/// [`matmul_grouped`] of f32 matrices of one shape: `matmul_f32_grouped`,
+/// up to [`GF32_GROUPS`] groups a launch (each output `matmul_f32`'s
+/// sequence, so the bits of the split, per-group products and join).
+/// `None` when the parts are not all f32 of one shape.
+fn grouped_f32(
+    dev: &Device,
+    x: &CudaBuf,
+    rows: usize,
+    parts: &[&CudaMatrix],
+) -> Result<Option<CudaBuf>> {
+    let Some(CudaMatrix::F32 { out, inp, .. }) = parts.first().copied() else {
+        return Ok(None);
+    };
+    let (g, n, k) = (parts.len(), *out, *inp);
+    let mut ws = Vec::with_capacity(g);
+    for w in parts {
+        match w {
+            CudaMatrix::F32 { w, out, inp } if *out == n && *inp == k => ws.push(ptr(w)),
+            _ => return Ok(None),
+        }
+    }
+    if x.len() != rows * g * k {
+        return Err(shape_err(
+            "matmul_grouped",
+            format!("{} values are not [{rows}, {g}×{k}]", x.len()),
+        ));
+    }
+    let y = CudaBuf::uninit(dev, rows * g * n)?;
+    if rows == 0 || n == 0 {
+        return Ok(Some(y));
+    }
+    // f32 values: 4 bytes each.
+    for (c, chunk) in ws.chunks(GF32_GROUPS).enumerate() {
+        let g0 = c * GF32_GROUPS;
+        let mut w = [0u64; GF32_GROUPS];
+        w[..chunk.len()].copy_from_slice(chunk);
+        let a = GroupedF32Args {
+            y: y.ptr() + (4 * g0 * n) as u64,
+            x: x.ptr() + (4 * g0 * k) as u64,
+            rows: rows as u64,
+            n: n as u64,
+            k: k as u64,
+            x_stride: (g * k) as u64,
+            y_stride: (g * n) as u64,
+            w,
+        };
+        dev.launch_grouped_f32(columns(n, chunk.len()), &a)?;
+    }
+    Ok(Some(y))
+}
+
 /// The `Many` parameter of `matmul.cu`'s `matmul_*_many` kernels.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -377,6 +446,9 @@ pub(super) fn matmul_grouped(
     rows: usize,
     parts: &[&CudaMatrix],
 ) -> Result<Option<CudaBuf>> {
+    if let Some(y) = grouped_f32(dev, x, rows, parts)? {
+        return Ok(Some(y));
+    }
     let fast: Option<Vec<_>> = parts.iter().map(|w| fast_part(w, &[])).collect();
     if let Some(fast) = fast
         && !fast.is_empty()

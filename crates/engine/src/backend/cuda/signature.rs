@@ -20,6 +20,9 @@ pub(super) enum Param {
     /// The `Fast8` struct of `fast8.cu`, by value
     /// ([`super::device::Device::launch_fast8`]).
     Fast8,
+    /// The `GroupedF32` struct of `matmul.cu`, by value
+    /// ([`super::device::Device::launch_grouped_f32`]).
+    GroupedF32,
 }
 
 impl Param {
@@ -34,6 +37,7 @@ impl Param {
             "float" => Some(Param::F32),
             "Many" => Some(Param::Many),
             "Fast8" => Some(Param::Fast8),
+            "GroupedF32" => Some(Param::GroupedF32),
             _ => None,
         }
     }
