@@ -26,41 +26,48 @@ __device__ __forceinline__ float group8_sum(float a, unsigned mask) {
     return a;
 }
 
-extern "C" __global__ void matmul_f32(float* y, const float* x, u64 rows, const float* w, u64 n,
-                                      u64 k) {
-    dep_entry();
-    u64 j = (u64)blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
-    if (j >= n) return;
+// Output column j (weight row `wr`) of every row: x's rows `x_stride`
+// apart, y's `y_stride` apart.
+__device__ __forceinline__ void mm_f32_column(float* y, const float* x, u64 rows,
+                                              const float* wr, u64 j, u64 k, u64 x_stride,
+                                              u64 y_stride) {
     unsigned lane = threadIdx.x & 7, mask = group_mask();
-    const float* wr = w + j * k;
     u64 k8 = k / 8 * 8;
     for (u64 r0 = 0; r0 < rows; r0 += MM_TILE) {
         u64 nr = rows - r0 < MM_TILE ? rows - r0 : MM_TILE;
-        const float* xr = x + r0 * k;
+        const float* xr = x + r0 * x_stride;
         float acc[MM_TILE] = {};
 #pragma unroll 4
         for (u64 c = lane; c < k8; c += 8) {
             float wv = wr[c];
 #pragma unroll
             for (int t = 0; t < MM_TILE; t++)
-                if (t < nr) acc[t] = fmaf(wv, xr[t * k + c], acc[t]);
+                if (t < nr) acc[t] = fmaf(wv, xr[t * x_stride + c], acc[t]);
         }
 #pragma unroll
         for (int t = 0; t < MM_TILE; t++) {
             float s = group8_sum(acc[t], mask);
             if (lane == 0 && t < nr) {
-                for (u64 i = k8; i < k; i++) s = fmaf(wr[i], xr[t * k + i], s);
-                y[(r0 + t) * n + j] = s;
+                for (u64 i = k8; i < k; i++) s = fmaf(wr[i], xr[t * x_stride + i], s);
+                y[(r0 + t) * y_stride + j] = s;
             }
         }
     }
+}
+
+extern "C" __global__ void matmul_f32(float* y, const float* x, u64 rows, const float* w, u64 n,
+                                      u64 k) {
+    dep_entry();
+    u64 j = (u64)blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
+    if (j >= n) return;
+    mm_f32_column(y, x, rows, w + j * k, j, k, k, n);
 }
 
 // A block-diagonal product of f32 matrices (`Backend::matmul_grouped`):
 // group h's columns of x (`x + h·k`, rows `x_stride` apart) times its own
 // matrix `w[h]` ([n, k]) into group h's columns of y (`y + h·n`, rows
 // `y_stride` apart); grid.y walks the groups of the launch. Each output is
-// `matmul_f32`'s sequence (the same loop), so it has the bits of splitting
+// `matmul_f32`'s sequence (`mm_f32_column`), so it has the bits of splitting
 // the columns, `matmul_f32` per group and joining (MLA's per-head
 // absorption: 64 heads of [512, 256] were 64 launches of 8–16 blocks and
 // two copies each, two thirds of GLM-5's step in run 45).
@@ -86,32 +93,8 @@ extern "C" __global__ void matmul_f32_grouped(GroupedF32 a) {
 #pragma unroll
     for (u32 t = 1; t < GF32_GROUPS; t++)
         if (t == h) w = a.w[t];
-    u64 k = a.k;
-    unsigned lane = threadIdx.x & 7, mask = group_mask();
-    const float* wr = w + j * k;
-    const float* x = a.x + h * k;
-    float* y = a.y + h * a.n;
-    u64 k8 = k / 8 * 8;
-    for (u64 r0 = 0; r0 < a.rows; r0 += MM_TILE) {
-        u64 nr = a.rows - r0 < MM_TILE ? a.rows - r0 : MM_TILE;
-        const float* xr = x + r0 * a.x_stride;
-        float acc[MM_TILE] = {};
-#pragma unroll 4
-        for (u64 c = lane; c < k8; c += 8) {
-            float wv = wr[c];
-#pragma unroll
-            for (int t = 0; t < MM_TILE; t++)
-                if (t < nr) acc[t] = fmaf(wv, xr[t * a.x_stride + c], acc[t]);
-        }
-#pragma unroll
-        for (int t = 0; t < MM_TILE; t++) {
-            float s = group8_sum(acc[t], mask);
-            if (lane == 0 && t < nr) {
-                for (u64 i = k8; i < k; i++) s = fmaf(wr[i], xr[t * a.x_stride + i], s);
-                y[(r0 + t) * a.y_stride + j] = s;
-            }
-        }
-    }
+    mm_f32_column(a.y + h * a.n, a.x + h * a.k, a.rows, w + j * a.k, j, a.k, a.x_stride,
+                  a.y_stride);
 }
 
 // Routed experts: pair p (a (token, slot)) multiplies x row p / x_div by
