@@ -122,22 +122,6 @@ impl<B: Backend> Kda<B> {
         self.shape.new_cache(ops)
     }
 
-    /// `x: [rows, H_model]` → `[rows, H_model]`, advancing `cache`. With
-    /// `capture`, records what [`DeltaReplay::replay`] needs to rebuild the
-    /// cache after any prefix of the rows.
-    pub fn forward(
-        &self,
-        ops: &B,
-        x: &B::Buf,
-        rows: usize,
-        cache: &mut DeltaCache<B>,
-        capture: Option<&mut Option<DeltaReplay<B>>>,
-    ) -> Result<B::Buf> {
-        let [u, g, beta, z] = self.project(ops, x, rows)?;
-        let o = self.recur(ops, u, g, beta, rows, cache, capture)?;
-        self.output(ops, &o, &z, rows)
-    }
-
     /// Everything per row before the recurrence: `[u, g, β, z]` (the raw
     /// `q|k|v` projection, the decay, β and the output gate's input). A
     /// batched forward runs it once over several sessions' rows.
@@ -157,7 +141,9 @@ impl<B: Backend> Kda<B> {
 
     /// The part on one session's state: the conv over its rows of `u`, the
     /// q / k norms and the recurrence with its `g`, `β`, advancing `cache`
-    /// (recording the window with `capture`); → `o`.
+    /// (recording with `capture` what [`DeltaReplay::replay`] needs to
+    /// rebuild the cache after any prefix of the rows); → `o`. A layer runs
+    /// [`Self::project`], this, then [`Self::output`].
     #[allow(clippy::too_many_arguments)]
     pub fn recur(
         &self,
