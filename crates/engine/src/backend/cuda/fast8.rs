@@ -19,11 +19,12 @@ pub(super) const F8_PARTS: usize = 4;
 /// Values per rounded activation block.
 const BLOCK: usize = 32;
 /// Warps per block of the per-warp launches, and the unit every part's
-/// outputs are rounded up to. The one-row kernel takes four outputs a warp
-/// (a group of eight lanes each) from the same grid: its last three warps
-/// in four return at once (run 45 measured it so; a grid of a quarter the
-/// blocks is the next step).
+/// outputs are rounded up to.
 const ONE_WARPS: usize = 8;
+/// Outputs a warp of the one-row kernel takes (a group of eight lanes
+/// each): its grid is that many times smaller than the units (run 45 ran
+/// a warp per unit, three in four returning at once).
+const ONE_ROW_OUTPUTS_A_WARP: usize = 4;
 /// Rows up to which a launch runs warps per output on `dp4a` (4 or 8 rows
 /// a warp, each weight block read once for them) rather than tensor-core
 /// tiles of 16 outputs a warp, which leave a 2-row verify window a
@@ -246,7 +247,12 @@ fn run(
                 (BlockKind::Q8_0, _) => ("f8_rows8_q8_0", 8),
                 (BlockKind::Q4_1, _) => ("f8_rows8_q4_1", 8),
             };
-            let blocks = first / ONE_WARPS;
+            let units_a_warp = if rows_a_warp == 1 {
+                ONE_ROW_OUTPUTS_A_WARP
+            } else {
+                1
+            };
+            let blocks = first.div_ceil(ONE_WARPS * units_a_warp);
             (name, (blocks, rows.div_ceil(rows_a_warp), ONE_WARPS * 32))
         } else {
             let wide = rows > WIDE_TILES_FROM;

@@ -144,8 +144,13 @@ pub(super) fn route_scored(
     if rows == 0 || k == 0 {
         return Ok(r);
     }
-    if fixed.is_none() && spec.groups.is_none() && e <= ROUTE_BLOCK_EXPERTS {
-        // A block per row: the warp kernel's bits (see the kernel).
+    // One group, kept, masks nothing (GLM-5's 288 experts): the same
+    // choices as no limit. (Other all-kept limits stay on the warp kernel,
+    // which the block kernel's test compares against.)
+    let limited = spec.groups.is_some_and(|gk| gk != (1, 1));
+    if fixed.is_none() && !limited && e <= ROUTE_BLOCK_EXPERTS {
+        // A block per row: the warp kernel's bits (see the kernel; run 45
+        // had GLM-5's warp kernel at 40 µs a row).
         return dev
             .launch(
                 "route_scored_block_f32",

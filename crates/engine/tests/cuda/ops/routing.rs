@@ -155,16 +155,16 @@ fn cuda_routers_match_the_cpu() {
     );
 }
 
-/// The scored router's block kernel (no groups, no fixed experts, up to
-/// 512 experts) against its warp kernel, bit for bit: one group that keeps
-/// every expert runs the warp kernel on the same choices. Tied choices
+/// The scored router's block kernel (no groups or one, no fixed experts,
+/// up to 512 experts) against its warp kernel, bit for bit: two groups
+/// that keep both run the warp kernel on the same choices. Tied choices
 /// (lower index first), the best all in one warp's experts, the largest k,
 /// fewer experts than threads, with and without a bias, both scorings.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_route_scored_block_and_warp_kernels_have_the_same_bits() {
     let g = gpu();
-    for (e, k) in [(256, 6), (512, 10), (384, 64), (100, 10)] {
+    for (e, k) in [(256, 6), (512, 10), (384, 64), (100, 10), (288, 8)] {
         let rows = 5;
         let mut logits: Vec<f32> = rnd(rows * e, 140).iter().map(|v| 4.0 * v).collect();
         for r in 0..rows {
@@ -196,10 +196,12 @@ fn cuda_route_scored_block_and_warp_kernels_have_the_same_bits() {
                     g.routing_to_host(&r).unwrap()
                 };
                 let (be, bw) = run(None);
-                let (we, ww) = run(Some((1, 1)));
+                let (oe, ow) = run(Some((1, 1)));
+                let (we, ww) = run(Some((2, 2)));
                 let what = format!("route_scored e={e} k={k} {scoring:?} bias={use_bias}");
                 assert_eq!(be, we, "{what}: experts");
                 assert_eq!(bits(&bw), bits(&ww), "{what}: weights");
+                assert_eq!((be, bits(&bw)), (oe, bits(&ow)), "{what}: one group");
             }
         }
     }

@@ -160,8 +160,8 @@ __device__ __forceinline__ void f8_one_sums(const F8Round& cur, int& sumi, float
 // round's float steps (run 45, with the routed gathers' changes of
 // `kq8.cu`: DeepSeek-V4's 32-layer step 12.08 -> 11.78 ms on an H100, the
 // same digest). Units (`first`, `n`) count outputs: unit g is group g % 4 of
-// warp g / 4; the launch keeps a warp per unit (`cuda/fast8.rs`), so warps
-// past a quarter of the units return at once.
+// warp g / 4; the launch has a quarter of the units' warps (`cuda/fast8.rs`;
+// any warp past them returns at once).
 // Blocks a lane takes each round of `f8_one` (8 · F8_H blocks a round).
 #define F8_H 2
 template <int Q4>
