@@ -288,6 +288,11 @@ const KQM_COLS: usize = 64;
 /// the expert's rows a warp on the tensor cores); fewer (decode) run
 /// `kq8_gather_*`, a pair a warp. Same bits either way.
 const GROUP_FROM_PAIRS: usize = 32;
+/// And only where the stack has at most eight experts a pair:
+/// sparser, the tiles hold about one pair each, and sorting them costs
+/// more than the gather (run 46: GLM-5's K = 3 verify window, 32 pairs over
+/// 288 experts, 16.6 ms against 11.6 for K = 2's 24 pairs by the gather).
+const GROUP_EXPERTS_PER_PAIR_MAX: usize = 8;
 /// Pairs per grouped tile at most (`KQ_GROUP`).
 const KQ_GROUP: usize = 32;
 /// Experts a grouping counts at most (`KQ_GROUP_EXPERTS`).
@@ -497,6 +502,7 @@ pub(super) fn gather(
         let experts_in_stack = w.rows / n.max(1);
         // The tiles' blocks do not loop over outputs.
         if pairs >= GROUP_FROM_PAIRS
+            && experts_in_stack <= pairs * GROUP_EXPERTS_PER_PAIR_MAX
             && experts_in_stack <= KQ_GROUP_EXPERTS
             && n.div_ceil(KQM_COLS) <= MAX_GRID
         {
