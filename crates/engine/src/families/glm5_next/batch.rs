@@ -10,7 +10,9 @@
 //! `queries`, `latents`, `absorb`, `output`), the pooled indexer's keys,
 //! gates, queries and head weights (`project_rows`), the whole FFN (dense
 //! SwiGLU, or router, routed and shared experts), and the final mean,
-//! norm and head over the rows each call wants.
+//! norm and head over the rows each call wants. Up to `PURE_MAX_ROWS` rows
+//! the shared parts of a layer run as the forward alone's two pure units
+//! (`DecoderLayer::mixer_rows`, `out_and_ffn`: on CUDA, replayed graphs).
 //!
 //! Per session, on its rows: KDA's conv window, q / k norms and
 //! recurrence (`recur`), the MLA latent append, the pooled indexer's
@@ -27,10 +29,10 @@
 //! alone would refuse run alone through `split_batch`, each reporting its
 //! own error.
 
-use super::layer::{DecoderLayer, Mixer, mismatch, no_mix};
+use super::layer::{DecoderLayer, Mixer, MixerRows, mismatch};
 use super::model::Glm5NextModel;
 use super::state::{Glm5NextState, LayerCache, MtpState, WindowCapture};
-use crate::backend::Backend;
+use crate::backend::{Backend, PURE_MAX_ROWS};
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::{
     accepts, batch_outputs, concat_rows as concat, download_logits, split_batch, split_rows,
@@ -38,7 +40,6 @@ use crate::families::batch_split::{
 };
 use crate::families::draft_batch;
 use crate::layers::delta_rule::DeltaReplay;
-use crate::layers::hyper_connections::HyperConnection;
 use crate::model::{BatchCall, BatchResult, BatchWant, DeviceRows, Model, MtpStep, forward_alone};
 
 /// One session's part of a batched layer: its rows, the layer's cache,
@@ -63,14 +64,22 @@ fn split<B: Backend>(
 
 impl<B: Backend> DecoderLayer<B> {
     /// `DecoderLayer::forward` for several sessions' rows (`xs` holds each
-    /// part's streams one after another), without trace.
-    fn forward_batch(&self, ops: &B, xs: &B::Buf, parts: &mut [Part<'_, B>]) -> Result<B::Buf> {
+    /// part's streams one after another), without trace: the mixer's
+    /// row-wise inputs and its output rows with the FFN half run over every
+    /// row (as pure units keyed by `unit` up to [`PURE_MAX_ROWS`] rows, as
+    /// a forward alone runs them), each session's cache ops on its own rows.
+    fn forward_batch(
+        &self,
+        ops: &B,
+        xs: &B::Buf,
+        parts: &mut [Part<'_, B>],
+        unit: [u64; 2],
+    ) -> Result<B::Buf> {
         let rows: usize = parts.iter().map(|p| p.rows).sum();
-        let (x, mix) = self.attn_hc.mix(ops, xs, rows)?;
-        let x = self.input_norm.forward(ops, &x)?;
-        let y = match &self.mixer {
-            Mixer::Kda(kda) => {
-                let [u, g, beta, z] = kda.project(ops, &x, rows)?;
+        let unit = (rows <= PURE_MAX_ROWS).then_some(unit);
+        let (mix, projected) = self.mixer_rows(ops, xs, rows, unit)?;
+        let (o, z) = match (&self.mixer, projected) {
+            (Mixer::Kda(kda), MixerRows::Kda([u, g, beta, z])) => {
                 let (u, g, beta) = (
                     split(ops, &u, rows, parts)?,
                     split(ops, &g, rows, parts)?,
@@ -105,17 +114,13 @@ impl<B: Backend> DecoderLayer<B> {
                         *cap = Some(kda.shape().replay(before, u, inputs));
                     }
                 }
-                kda.output(ops, &o, &z, rows)?
+                (o, Some(z))
             }
-            Mixer::Mla { mla, indexer } => {
-                let (qr, q) = mla.queries(ops, &x, rows)?;
-                let latents = mla.latents(ops, &x, rows)?;
-                let q = mla.absorb(ops, &q, rows)?;
-                // The indexer's keys, gates, queries and head weights over
-                // every row; each session's pools and selection on its own.
-                let index: Vec<Option<[B::Buf; 4]>> = match indexer {
-                    Some(ix) => {
-                        let [k, g, iq, w] = ix.project_rows(ops, &x, &qr, rows)?;
+            (Mixer::Mla { mla, indexer }, MixerRows::Mla { q, latents, index }) => {
+                // The indexer's rows split by session: each session's pools
+                // and selection on its own cache.
+                let index: Vec<Option<[B::Buf; 4]>> = match index {
+                    Some([k, g, iq, w]) => {
                         let (k, g) = (split(ops, &k, rows, parts)?, split(ops, &g, rows, parts)?);
                         let (iq, w) = (split(ops, &iq, rows, parts)?, split(ops, &w, rows, parts)?);
                         k.into_iter()
@@ -132,13 +137,13 @@ impl<B: Backend> DecoderLayer<B> {
                     split(ops, &latents, rows, parts)?,
                 );
                 let mut os = Vec::with_capacity(parts.len());
-                for (((p, ixi), qi), li) in parts.iter_mut().zip(&index).zip(&q).zip(&latents) {
+                for (((p, ixi), qi), li) in parts.iter_mut().zip(index).zip(&q).zip(&latents) {
                     let LayerCache::Mla(c) = &mut *p.cache else {
                         return Err(mismatch());
                     };
                     c.latent.append(ops, li)?;
                     let sel = match (indexer, c.indexer.as_mut(), ixi) {
-                        (Some(ix), Some(ic), Some(ixi)) => ix.select_rows(ops, ixi, p.rows, ic)?,
+                        (Some(ix), Some(ic), Some(ixi)) => ix.select_rows(ops, &ixi, p.rows, ic)?,
                         (None, None, None) => p.selection.clone().ok_or_else(|| {
                             EngineError::State(
                                 "a shared-indexer layer got no selection from the layer before"
@@ -150,10 +155,11 @@ impl<B: Backend> DecoderLayer<B> {
                     os.push(mla.attend_latent(ops, qi, c.latent.buf(), &sel)?);
                     *p.selection = Some(sel);
                 }
-                mla.output(ops, &concat(ops, os)?, rows)?
+                (concat(ops, os)?, None)
             }
+            _ => return Err(mismatch()),
         };
-        let (xs, _) = self.ffn_half(ops, xs, &y, &mix.ok_or_else(no_mix)?, rows)?;
+        let (xs, _) = self.out_and_ffn(ops, xs, &o, z.as_ref(), &mix, rows, unit)?;
         Ok(xs)
     }
 }
@@ -212,7 +218,7 @@ impl<B: Backend> Glm5NextModel<B> {
                     selection,
                 })
                 .collect();
-            xs = layer.forward_batch(ops, &xs, &mut parts)?;
+            xs = layer.forward_batch(ops, &xs, &mut parts, [self.scope, l as u64])?;
             drop(parts);
             for ((call, slot), r) in calls.iter().zip(slots).zip(replays.iter_mut()) {
                 if kda && call.want == BatchWant::Window {

@@ -58,7 +58,7 @@ const UNIT_MIXER_ROWS: u64 = 3;
 const UNIT_OUT_FFN: u64 = 4;
 
 /// The mixer's row-wise inputs ([`DecoderLayer::mixer_rows`]).
-enum MixerRows<B: Backend> {
+pub(super) enum MixerRows<B: Backend> {
     /// `[u, g, β, z]` ([`Kda::project`]).
     Kda([B::Buf; 4]),
     /// The absorbed queries, the new latents and, on a layer with its own
@@ -266,7 +266,7 @@ impl<B: Backend> DecoderLayer<B> {
     /// [`Self::out_and_ffn`] reads and writes the caches (KDA's conv and
     /// recurrence; MLA's latent append, the indexer's pools and selection,
     /// the gathered attention).
-    fn mixer_rows(
+    pub(super) fn mixer_rows(
         &self,
         ops: &B,
         xs: &B::Buf,
@@ -327,7 +327,7 @@ impl<B: Backend> DecoderLayer<B> {
     /// pure unit keyed by `unit` when given (its routing then stays on the
     /// device).
     #[allow(clippy::too_many_arguments)]
-    fn out_and_ffn(
+    pub(super) fn out_and_ffn(
         &self,
         ops: &B,
         xs: &B::Buf,
