@@ -311,15 +311,17 @@ __device__ __forceinline__ void kq_dot_from(const u8* wrow, const u8* const (&qa
                 kq_load_act(qa[r] + b * KQ + 32 * p, a);
                 kq_lane_sums(o, a, sumi, summ);
             }
+            // (Formats without minima shuffle neither sums of q nor
+            // minima: the compiler keeps a shuffle of a constant.)
             sumi = kq_group_sum(sumi);
-            summ = kq_group_sum(summ);
+            if (F::MIN) summ = kq_group_sum(summ);
             // The four blocks' float steps, in block order, on every lane.
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int si = __shfl_sync(FULL_MASK, sumi, 8 * j);
-                int sm = __shfl_sync(FULL_MASK, summ, 8 * j);
+                int sm = F::MIN ? __shfl_sync(FULL_MASK, summ, 8 * j) : 0;
                 float dj = __shfl_sync(FULL_MASK, d, 8 * j);
-                float mj = __shfl_sync(FULL_MASK, dmin, 8 * j);
+                float mj = F::MIN ? __shfl_sync(FULL_MASK, dmin, 8 * j) : 0.0f;
                 if (b0 + j < nb) {
                     float a = da[r][b0 + j];
                     acc[r] = fmaf(dj * a, (float)si, acc[r]);
@@ -365,13 +367,13 @@ __device__ __forceinline__ float kq_dot1(const u8* wrow, const u8* qa, const flo
             int sumi, summ;
             kq_lane_sums(o[r], a, sumi, summ);
             sumi = kq_group_sum(sumi);
-            summ = kq_group_sum(summ);
+            if (F::MIN) summ = kq_group_sum(summ);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int si = __shfl_sync(FULL_MASK, sumi, 8 * j);
-                int sm = __shfl_sync(FULL_MASK, summ, 8 * j);
+                int sm = F::MIN ? __shfl_sync(FULL_MASK, summ, 8 * j) : 0;
                 float dj = __shfl_sync(FULL_MASK, d[r], 8 * j);
-                float mj = __shfl_sync(FULL_MASK, dmin[r], 8 * j);
+                float mj = F::MIN ? __shfl_sync(FULL_MASK, dmin[r], 8 * j) : 0.0f;
                 float av = da[b0 + 4 * r + j];
                 acc = fmaf(dj * av, (float)si, acc);
                 if (F::MIN) acc = fmaf(-(mj * av), (float)sm, acc);
