@@ -3,12 +3,16 @@
 # .gpu-synth/{ds4server,cuda}.xz of HEAD and .gpu-synth/old/ds4server.xz of
 # bd3392a (run 46's measured binary). Variant dirs made here first:
 #   for v in f8h4:fast8.cu gq0:kq8.cu; do mkdir -p .gpu-synth/var-${v%%:*}
-#     cp crates/engine/src/backend/cuda/kernels/${v#*:} .gpu-synth/var-${v%%:*}/
+#     git show bd3392a:crates/engine/src/backend/cuda/kernels/${v#*:} > .gpu-synth/var-${v%%:*}/${v#*:}
 #     patch .gpu-synth/var-${v%%:*}/${v#*:} < docs/gpu-logs/46-variant-${v%%:*}.patch; done
+#   mkdir -p .gpu-synth/var-shfl0
+#   git show bd3392a:crates/engine/src/backend/cuda/kernels/kq8.cu > .gpu-synth/var-shfl0/kq8.cu
+# (var-shfl0: the gathers before the shuffles of constant zeros were
+# dropped, to time that change in the same binary.)
 # 1. every CUDA test (GLM-5's batches now run the units; sparse routed
 #    pairs by the gather); 2. GLM-5 20 layers old vs new (K = 3's verify
 #    row) and --streams 1,4,8; 3. DeepSeek-V4 32 layers: the baseline and
-#    the two variants alternated three times. At most 8 files in $OUT.
+#    the three variants alternated three times. At most 8 files in $OUT.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export DS4_CUDA_CACHE=/tmp/ds4-cuda-cache
@@ -31,7 +35,7 @@ for who in new old; do
   timeout 120 "$bin" bench $G --streams 1,4,8 --prompts 128 --gen 32 2>&1 | grep -E "$keep" >> "$O/glm.log"
 done
 for rep in 1 2 3; do
-  for v in base var-f8h4 var-gq0; do
+  for v in base var-shfl0 var-f8h4 var-gq0; do
     echo "== ds4 $v rep $rep $(date +%T)" >> "$O/ds4.log"
     over=(); [ $v = base ] || over=(env "DS4_CUDA_KERNELS=$S/$v")
     timeout 90 "${over[@]}" "$S/ds4server" bench $D 2>&1 | grep -E "$keep" >> "$O/ds4.log"
