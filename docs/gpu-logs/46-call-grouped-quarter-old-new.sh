@@ -20,12 +20,14 @@ if [ "$R" != /work/main ] && [ ! -d /work/main/tests/fixtures ]; then mkdir -p /
 t0=$SECONDS
 (cd "$S" && timeout 150 ./cuda --ignored --test-threads=1 --skip bench > "$O/tests.log" 2>&1)
 echo "tests rc=$? s=$((SECONDS-t0))" >> "$O/tests.log"
+# (As run, the benches had --gen 32 inside B and the ncu steps added
+# --gen 2, which the CLI refused; call 2, 46-call-ncu.sh, ran them.)
 B="--device cuda --kernels fast --weights ds4-q2 --prompts 512"
 ds() { local name=$1; shift; echo "== $name $(date +%T)" >> "$O/ds4.log"
-  timeout 100 "$@" bench --synthetic deepseek_v4 --shape "$R/tools/gpu/deepseek_v4_full_32_layers.json" $B 2>&1 |
+  timeout 100 "$@" bench --synthetic deepseek_v4 --shape "$R/tools/gpu/deepseek_v4_full_32_layers.json" $B --gen 32 2>&1 |
     grep -E "^REPORT (prefill|verify|decode_digest|hbm|step_host_ms)|rror|panic" >> "$O/ds4.log"; }
 glm() { echo "== $1 $(date +%T)" >> "$O/glm.log"
-  timeout 100 "$2" bench --synthetic glm5_next --shape "$R/tools/gpu/glm5_next_full_20_layers.json" $B 2>&1 |
+  timeout 100 "$2" bench --synthetic glm5_next --shape "$R/tools/gpu/glm5_next_full_20_layers.json" $B --gen 32 2>&1 |
     grep -E "^REPORT (prefill|verify|decode_digest|hbm|step_host_ms)|rror|panic" >> "$O/glm.log"; }
 glm new "$S/ds4server"; glm old "$S/old/ds4server"
 ds old "$S/old/ds4server"; ds new "$S/ds4server"
@@ -43,21 +45,21 @@ echo "benches done s=$((SECONDS-t0))" >> "$O/ds4.log"
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "${mem:-0}" -gt 100000 ]; then
   echo "== new full 43 layers $(date +%T)" >> "$O/ds4.log"
-  timeout 150 "$S/ds4server" bench --synthetic deepseek_v4 --shape full $B 2>&1 |
+  timeout 150 "$S/ds4server" bench --synthetic deepseek_v4 --shape full $B --gen 32 2>&1 |
     grep -E "^REPORT (prefill|verify|decode_digest|hbm|step_host_ms|weights_total)|rror|panic" >> "$O/ds4.log"
 fi
 ncu=$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 M=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size
 step() { # NAME FAMILY SHAPE
   DS4_PROFILE_STEP=1 timeout 150 "$ncu" --clock-control none --cache-control none --profile-from-start off --csv \
-    --metrics $M "$S/ds4server" bench --synthetic "$2" --shape "$R/tools/gpu/$3" $B > "$O/ncu-$1.csv" 2> "$O/ncu-$1.err"
+    --metrics $M "$S/ds4server" bench --synthetic "$2" --shape "$R/tools/gpu/$3" $B --gen 2 > "$O/ncu-$1.csv" 2> "$O/ncu-$1.err"
   python3 "$R/tools/gpu/ncu_table.py" "$O/ncu-$1.csv" > "$O/ncu-$1.table" 2>&1; gzip -f "$O/ncu-$1.csv"; }
 # Stall reasons of the step's slow kernels (4-layer shape: ncu's replay
 # saves and restores less memory), one decode step, details page.
 DS4_PROFILE_STEP=1 timeout 150 "$ncu" --profile-from-start off --csv --page details \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis -k "regex:${DETAIL:-kq8_gather|f8_one|st_matmul_deep|hc_fn}" -c 16 \
-  "$S/ds4server" bench --synthetic deepseek_v4 --shape "$R/tools/gpu/deepseek_v4_full_4_layers.json" $B \
+  "$S/ds4server" bench --synthetic deepseek_v4 --shape "$R/tools/gpu/deepseek_v4_full_4_layers.json" $B --gen 2 \
   > "$O/ncu-detail.csv" 2> "$O/ncu-detail.err"; gzip -f "$O/ncu-detail.csv"
 echo "detail done s=$((SECONDS-t0))" >> "$O/ds4.log"
 step glm5-next-20-layers glm5_next glm5_next_full_20_layers.json
