@@ -282,6 +282,33 @@ __device__ __forceinline__ void kq_load_act(const u8* q, u32 (&a)[8]) {
     a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
 }
 
+// A round's float steps: the integer sums of each group of eight lanes
+// (group j on block b0 + j) met, then, in block order on every lane, each
+// block's `acc = fma(d · da, sumi, acc)` and, for the formats with minima,
+// `acc = fma(−(dmin · da), summ, acc)` (with TAIL only the blocks below
+// nb: whole rounds skip the test, which cost 14 registers). Formats
+// without minima shuffle neither their q sums nor minima (constant zeros:
+// the compiler keeps such shuffles, and a divergence check before each).
+template <class F, bool TAIL>
+__device__ __forceinline__ float kq_round_steps(int sumi, int summ, float d, float dmin,
+                                                const float* da, u64 b0, u64 nb, float acc) {
+    sumi = kq_group_sum(sumi);
+    if (F::MIN) summ = kq_group_sum(summ);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int si = __shfl_sync(FULL_MASK, sumi, 8 * j);
+        int sm = F::MIN ? __shfl_sync(FULL_MASK, summ, 8 * j) : 0;
+        float dj = __shfl_sync(FULL_MASK, d, 8 * j);
+        float mj = F::MIN ? __shfl_sync(FULL_MASK, dmin, 8 * j) : 0.0f;
+        if (!TAIL || b0 + j < nb) {
+            float a = da[b0 + j];
+            acc = fmaf(dj * a, (float)si, acc);
+            if (F::MIN) acc = fmaf(-(mj * a), (float)sm, acc);
+        }
+    }
+    return acc;
+}
+
 // One output element for R activation rows: `wrow` the weight row's
 // blocks, `qa[r]` / `da[r]` row r's bytes and super-block scales (rows
 // past `nr` are skipped). Every lane returns the same accumulators.
@@ -311,23 +338,7 @@ __device__ __forceinline__ void kq_dot_from(const u8* wrow, const u8* const (&qa
                 kq_load_act(qa[r] + b * KQ + 32 * p, a);
                 kq_lane_sums(o, a, sumi, summ);
             }
-            // (Formats without minima shuffle neither sums of q nor
-            // minima: the compiler keeps a shuffle of a constant.)
-            sumi = kq_group_sum(sumi);
-            if (F::MIN) summ = kq_group_sum(summ);
-            // The four blocks' float steps, in block order, on every lane.
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int si = __shfl_sync(FULL_MASK, sumi, 8 * j);
-                int sm = F::MIN ? __shfl_sync(FULL_MASK, summ, 8 * j) : 0;
-                float dj = __shfl_sync(FULL_MASK, d, 8 * j);
-                float mj = F::MIN ? __shfl_sync(FULL_MASK, dmin, 8 * j) : 0.0f;
-                if (b0 + j < nb) {
-                    float a = da[r][b0 + j];
-                    acc[r] = fmaf(dj * a, (float)si, acc[r]);
-                    if (F::MIN) acc[r] = fmaf(-(mj * a), (float)sm, acc[r]);
-                }
-            }
+            acc[r] = kq_round_steps<F, true>(sumi, summ, d, dmin, da[r], b0, nb, acc[r]);
         }
     }
 }
@@ -366,18 +377,8 @@ __device__ __forceinline__ float kq_dot1(const u8* wrow, const u8* qa, const flo
             kq_load_act(qa + b * KQ + 32 * p, a);
             int sumi, summ;
             kq_lane_sums(o[r], a, sumi, summ);
-            sumi = kq_group_sum(sumi);
-            if (F::MIN) summ = kq_group_sum(summ);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int si = __shfl_sync(FULL_MASK, sumi, 8 * j);
-                int sm = F::MIN ? __shfl_sync(FULL_MASK, summ, 8 * j) : 0;
-                float dj = __shfl_sync(FULL_MASK, d[r], 8 * j);
-                float mj = F::MIN ? __shfl_sync(FULL_MASK, dmin[r], 8 * j) : 0.0f;
-                float av = da[b0 + 4 * r + j];
-                acc = fmaf(dj * av, (float)si, acc);
-                if (F::MIN) acc = fmaf(-(mj * av), (float)sm, acc);
-            }
+            // Whole rounds: no block past nb.
+            acc = kq_round_steps<F, false>(sumi, summ, d[r], dmin[r], da, b0 + 4 * r, nb, acc);
         }
     }
     if (b0 < nb) {
