@@ -28,6 +28,7 @@ pub(super) const SOURCES: &[(&str, &str)] = &[
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("stored.cu", include_str!("kernels/stored.cu")),
     ("stored_rows.cu", include_str!("kernels/stored_rows.cu")),
+    ("f16w.cu", include_str!("kernels/f16w.cu")),
     ("kq8.cu", include_str!("kernels/kq8.cu")),
     ("kq8_grouped.cu", include_str!("kernels/kq8_grouped.cu")),
     ("kq8_mma.cu", include_str!("kernels/kq8_mma.cu")),

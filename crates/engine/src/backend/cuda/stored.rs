@@ -9,7 +9,11 @@
 //! sequence per output (`cpu::f32_matmul::dot`: eight FMA lanes over
 //! `⌊k/8⌋` steps, the fixed lane sum, the tail) with each weight the value
 //! `quant::dequant` gives it, so it has the CPU's bits, in every row count,
-//! window and routed pair (tests/cuda/ops/stored.rs).
+//! window and routed pair (tests/cuda/ops/stored.rs). The fast set runs
+//! its own products where it has them: the 256-value super-block formats
+//! on int8 activations (`kernels/kq8.cu`), F16 and BF16 with f32
+//! activations a warp an output (`kernels/f16w.cu`), each in one order for
+//! every row count and routed pair (tests/cuda/ops/kq8.rs, f16w.rs).
 //!
 //! Layout: the bytes of every part, joined in row order (`[rows, row
 //! bytes]`, as the file stores them), padded by [`PAD`] bytes (the kernels
@@ -323,6 +327,65 @@ fn fast_kernels(dev: &Device, w: &StoredWeights) -> Option<FastKernels> {
     }
 }
 
+/// The fast set's products over 16-bit float weights (`kernels/f16w.cu`:
+/// a warp an output, its own order of the f32 sums): one activation row,
+/// up to [`FAST16_FEW_MAX`] rows, more rows, routed pairs.
+struct Fast16Kernels {
+    one: &'static str,
+    few: &'static str,
+    rows: &'static str,
+    gather: &'static str,
+}
+
+macro_rules! fast16 {
+    ($s:literal) => {
+        Some(Fast16Kernels {
+            one: concat!("f16w_one_", $s),
+            few: concat!("f16w_few_", $s),
+            rows: concat!("f16w_rows_", $s),
+            gather: concat!("f16w_gather_", $s),
+        })
+    };
+}
+
+/// Warps (outputs) per block of the 16-bit float products (`F16W_WARPS`).
+const FAST16_WARPS: usize = 8;
+/// Rows up to which a product runs a warp an output over tiles of
+/// [`FAST16_TILE`] rows (`f16w_few_*`); more run four outputs a warp
+/// (`f16w_rows_*`: each weight word read once a tile for 32 sums, a
+/// quarter of the blocks). The same sums either way.
+const FAST16_FEW_MAX: usize = 64;
+/// Activation rows per tile of the 16-bit float products.
+const FAST16_TILE: usize = 8;
+/// Outputs a warp of `f16w_rows_*` takes.
+const FAST16_ROWS_OUTPUTS: usize = 4;
+
+/// The fast set's 16-bit float kernels for `w` when this device runs the
+/// fast set and `w`'s rows are whole 16-byte words (k a multiple of 8; the
+/// choice depends on the format and k alone, so every row count of a
+/// product takes the same order).
+fn fast16_kernels(dev: &Device, w: &StoredWeights) -> Option<Fast16Kernels> {
+    if dev.kernel_set() != KernelSet::Fast || !w.cols.is_multiple_of(8) {
+        return None;
+    }
+    match w.ty {
+        WeightType::F16 => fast16!("f16"),
+        WeightType::BF16 => fast16!("bf16"),
+        _ => None,
+    }
+}
+
+/// `f16w.cu` reads 16-byte words of x and w: allocations start on 256
+/// bytes and rows are whole words, so this holds for every buffer the
+/// backend makes; an error rather than a misaligned load otherwise.
+fn fast16_aligned(op: &str, x: &CudaBuf, w: &StoredWeights) -> Result<()> {
+    if x.ptr().is_multiple_of(16) && ptr(&w.data).is_multiple_of(16) {
+        Ok(())
+    } else {
+        Err(err(op, "16-bit float product on unaligned rows".into()))
+    }
+}
+
 /// `rows` activation rows of `k` values rounded to int8 super-blocks: the
 /// buffer holding them, the bytes' and the scales' device addresses.
 fn round_rows(dev: &Device, x: &CudaBuf, rows: usize, k: usize) -> Result<(CudaBuf, u64, u64)> {
@@ -455,6 +518,29 @@ pub(super) fn matmul(
             args![y.ptr(), q, d, rows, ptr(&w.data), n, k],
         );
     }
+    if let Some(f) = fast16_kernels(dev, w) {
+        fast16_aligned("matmul", x, w)?;
+        let (name, outputs_a_warp) = match rows {
+            1 => (f.one, 1),
+            r if r <= FAST16_FEW_MAX => (f.few, 1),
+            _ => (f.rows, FAST16_ROWS_OUTPUTS),
+        };
+        let blocks = n.div_ceil(FAST16_WARPS * outputs_a_warp);
+        if blocks > u32::MAX as usize {
+            return Err(err("matmul", format!("{n} outputs")));
+        }
+        return dev.launch(
+            name,
+            Shape {
+                grid: (
+                    blocks as u32,
+                    rows.div_ceil(FAST16_TILE).clamp(1, MAX_GRID) as u32,
+                ),
+                block: (FAST16_WARPS * 32) as u32,
+            },
+            args![y.ptr(), x.ptr(), rows, ptr(&w.data), n, k],
+        );
+    }
     if let Some(name) = rows_kernel(w, x, rows) {
         return dev.launch(
             name,
@@ -548,6 +634,20 @@ pub(super) fn gather(
             f.gather,
             fast_grid(n, pairs),
             args![y.ptr(), q, d, x_div, experts, pairs, ptr(&w.data), n, k],
+        );
+    }
+    if let Some(f) = fast16_kernels(dev, w) {
+        fast16_aligned("gather", x, w)?;
+        return dev.launch(
+            f.gather,
+            Shape {
+                grid: (
+                    n.div_ceil(FAST16_WARPS) as u32,
+                    pairs.clamp(1, MAX_GRID) as u32,
+                ),
+                block: (FAST16_WARPS * 32) as u32,
+            },
+            args![y.ptr(), x.ptr(), x_div, experts, pairs, ptr(&w.data), n, k],
         );
     }
     let mut a = args![y.ptr(), x.ptr(), x_div, experts, pairs, ptr(&w.data), n, k].to_vec();

@@ -11,6 +11,7 @@
 
 mod attention;
 mod elementwise;
+mod f16w;
 mod fast8;
 mod fused;
 mod grouped;
