@@ -415,11 +415,16 @@ fn streams(loaded: &LoadedModel, args: &BenchArgs, kernels: &str) -> anyhow::Res
 }
 
 /// With `DS4_PROFILE_STEP=1` (and the `cuda` feature), one more decode step
-/// runs inside the profiler's capture range and is then undone, so `ncu
+/// runs inside the profiler's capture range and is kept (the verify times
+/// after it start one token later), so `ncu
 /// --profile-from-start off` profiles exactly one step of any family
 /// (`run.sh`'s `ncu-step`; `tools/gpu/ncu_table.py` sums it per kernel).
 /// `DS4_PROFILE_STEP=N` with N > 1 profiles one forward of N rows instead
 /// (a prefill chunk from the decoded state: what prefill's kernels cost).
+/// Not undone from a snapshot: a snapshot held across the step shares the
+/// caches' storage, so every append would copy its whole cache first
+/// (copy on write), which no decode step does (run 46's profile counted
+/// those copies as the step's).
 fn profile_step<M: Model>(model: &M, state: &mut M::State, token: u32) -> anyhow::Result<()> {
     let rows = match std::env::var("DS4_PROFILE_STEP") {
         Ok(v) => v.trim().parse::<usize>().unwrap_or(0),
@@ -440,11 +445,9 @@ fn profile_step<M: Model>(model: &M, state: &mut M::State, token: u32) -> anyhow
                 }
             })
             .collect();
-        let snapshot = state.snapshot();
         ds4_engine::backend::cuda::profiler_range_current(true)?;
         let out = model.forward(&tokens, state, LogitsRows::Last);
         ds4_engine::backend::cuda::profiler_range_current(false)?;
-        state.restore(&snapshot);
         out?;
         println!("REPORT profiled_forward rows={rows} token={token}");
     }
