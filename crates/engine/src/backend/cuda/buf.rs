@@ -200,9 +200,10 @@ fn copy_vals(
 }
 
 /// Each `src`'s values into its `dst`'s storage (equal lengths; `dst` is
-/// written in place, clones included: a graph's own input buffer), four
-/// pairs a launch, so a pure unit's several inputs cost one launch, not
-/// one copy each.
+/// written in place, clones included: a graph's own input buffer), up to
+/// eight pairs a launch (`copy4_f32`, `copy8_f32` above four), so a pure
+/// unit's several inputs cost one launch, not one copy each (DeepSeek-V4's
+/// units take five inputs and give up to six outputs).
 /// Large buffers, or `DS4_CUDA_COPY_KERNEL=0`, go one copy each
 /// ([`copy_vals`]).
 pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<()> {
@@ -218,8 +219,8 @@ pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<
         }
         return Ok(());
     }
-    for chunk in pairs.chunks(4) {
-        let mut a = [(0u64, 0u64, 0usize); 4];
+    for chunk in pairs.chunks(8) {
+        let mut a = [(0u64, 0u64, 0usize); 8];
         for (slot, (d, s)) in a.iter_mut().zip(chunk) {
             *slot = (d.ptr(), s.ptr(), s.len);
         }
@@ -227,14 +228,26 @@ pub(super) fn copy_many(dev: &Device, pairs: &[(&CudaBuf, &CudaBuf)]) -> Result<
         if total == 0 {
             continue;
         }
-        dev.launch(
-            "copy4_f32",
-            Shape::elements(total),
-            args![
-                a[0].0, a[0].1, a[0].2, a[1].0, a[1].1, a[1].2, a[2].0, a[2].1, a[2].2, a[3].0,
-                a[3].1, a[3].2
-            ],
-        )?;
+        if chunk.len() <= 4 {
+            dev.launch(
+                "copy4_f32",
+                Shape::elements(total),
+                args![
+                    a[0].0, a[0].1, a[0].2, a[1].0, a[1].1, a[1].2, a[2].0, a[2].1, a[2].2, a[3].0,
+                    a[3].1, a[3].2
+                ],
+            )?;
+        } else {
+            dev.launch(
+                "copy8_f32",
+                Shape::elements(total),
+                args![
+                    a[0].0, a[0].1, a[0].2, a[1].0, a[1].1, a[1].2, a[2].0, a[2].1, a[2].2, a[3].0,
+                    a[3].1, a[3].2, a[4].0, a[4].1, a[4].2, a[5].0, a[5].1, a[5].2, a[6].0, a[6].1,
+                    a[6].2, a[7].0, a[7].1, a[7].2
+                ],
+            )?;
+        }
     }
     Ok(())
 }

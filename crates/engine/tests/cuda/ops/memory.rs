@@ -190,3 +190,33 @@ fn cuda_split_and_concat_rows_in_one_launch_each() {
     assert!(g.split_rows(&gx, width, &[total + 1]).is_err());
     assert!(g.concat_rows(vec![up(&g, &x[..width + 1])], width).is_err());
 }
+
+/// A pure unit of seven inputs of uneven lengths (one and four, a copy
+/// launch of eight pairs and one of four, and the outputs likewise):
+/// captured on the first call, replayed on later ones with new values, its
+/// outputs each input's own `x + x` every time.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_pure_units_of_many_buffers_copy_each_in_and_out() {
+    let g = gpu();
+    let lens = [1usize, 5, 33, 300, 1, 64, 9];
+    let key = [0x5eed_u64, 7, 7, 1];
+    for call in 0..3u64 {
+        let host: Vec<Vec<f32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| rnd(n, 100 * call + i as u64))
+            .collect();
+        let bufs: Vec<_> = host.iter().map(|h| up(&g, h)).collect();
+        let refs: Vec<_> = bufs.iter().collect();
+        let mut body = |inp: &[&<ds4_engine::backend::CudaOps as Backend>::Buf]| {
+            inp.iter().map(|x| g.add(x, x)).collect()
+        };
+        let outs = g.run_pure(&key, &refs, &mut body).unwrap();
+        assert_eq!(outs.len(), lens.len(), "call {call}");
+        for (i, (o, h)) in outs.iter().zip(&host).enumerate() {
+            let want: Vec<f32> = h.iter().map(|v| v + v).collect();
+            assert_eq!(bits(&down(&g, o)), bits(&want), "call {call} buffer {i}");
+        }
+    }
+}

@@ -31,6 +31,35 @@ extern "C" __global__ void copy4_f32(float* d0, const float* s0, u64 n0, float* 
     }
 }
 
+// Up to eight whole-buffer copies in one launch (`buf::copy_many`: a pure
+// unit's five inputs, or its six outputs, in one launch rather than two);
+// an unused pair has n = 0.
+extern "C" __global__ void copy8_f32(float* d0, const float* s0, u64 n0, float* d1,
+                                     const float* s1, u64 n1, float* d2, const float* s2, u64 n2,
+                                     float* d3, const float* s3, u64 n3, float* d4,
+                                     const float* s4, u64 n4, float* d5, const float* s5, u64 n5,
+                                     float* d6, const float* s6, u64 n6, float* d7,
+                                     const float* s7, u64 n7) {
+    dep_entry();
+    float* d[8] = {d0, d1, d2, d3, d4, d5, d6, d7};
+    const float* src[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    u64 n[8] = {n0, n1, n2, n3, n4, n5, n6, n7};
+    u64 total = 0;
+#pragma unroll
+    for (int p = 0; p < 8; p++) total += n[p];
+    FOR_EACH(i, total) {
+        u64 at = i;
+#pragma unroll
+        for (int p = 0; p < 8; p++) {
+            if (at < n[p]) {
+                d[p][at] = src[p][at];
+                break;
+            }
+            at -= n[p];
+        }
+    }
+}
+
 // Up to four column parts of src [nrows, w0 + w1 + w2 + w3] into their own
 // buffers in one pass (`split_cols`; an unused part has width 0).
 extern "C" __global__ void split_cols4(float* d0, float* d1, float* d2, float* d3,
