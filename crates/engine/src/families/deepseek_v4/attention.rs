@@ -23,7 +23,7 @@
 use std::sync::Arc;
 
 use super::config::{AttnKind, DeepseekV4Config};
-use crate::backend::{Backend, EntryKeep, HostWeight};
+use crate::backend::{Backend, EntryKeep, Epilogue, HostWeight};
 use crate::error::{EngineError, Result};
 use crate::families::batch_split::split_rows;
 use crate::layers::compressor::{Compressor, CompressorCache, STEP_BACK};
@@ -302,15 +302,22 @@ impl<B: Backend> Attention<B> {
         [rotate, compress]: [&RopeRows<B>; 2],
     ) -> Result<AttnRows<B>> {
         let (d, r) = (self.dim, self.rope_dim);
-        let qr = self
-            .q_norm
-            .forward(ops, &self.wq_a.forward(ops, x, rows)?)?;
+        // `wq_a` and `wkv` read the same rows: one launch for both where
+        // the device can (each output has its own product's bits).
+        let [qa, kv] = Linear::forward_many(
+            ops,
+            x,
+            rows,
+            [
+                (&self.wq_a, Epilogue::Chain(&[])),
+                (&self.wkv, Epilogue::Chain(&[])),
+            ],
+        )?;
+        let qr = self.q_norm.forward(ops, &qa)?;
         let mut q = self.wq_b.forward(ops, &qr, rows)?;
         ops.rms_norm_heads(&mut q, d, &self.ones, self.eps)?;
         rotate.apply_trailing(ops, &mut q, d, r)?;
-        let mut kv = self
-            .kv_norm
-            .forward(ops, &self.wkv.forward(ops, x, rows)?)?;
+        let mut kv = self.kv_norm.forward(ops, &kv)?;
         rotate.apply_trailing(ops, &mut kv, d, r)?;
         let index = match &self.indexer {
             Some(ix) => Some(ix.project_rows(ops, x, &qr, rows, compress)?),
