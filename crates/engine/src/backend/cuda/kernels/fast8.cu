@@ -103,32 +103,21 @@ struct F8Round {
     u32 dm;
     float da, sa;
 };
-// The weight half (no kernel writes weights, so it may be read before
-// `dep_entry`) and the activation half.
-template <int Q4>
-__device__ __forceinline__ void f8_round_load_w(F8Round& r, const u32* dm, const u8* wq, u64 b) {
-    r.dm = dm[b];
-    if (Q4) {
-        r.w0 = ((const uint4*)(wq + b * 16))[0];
-    } else {
-        r.w0 = ((const uint4*)(wq + b * 32))[0];
-        r.w1 = ((const uint4*)(wq + b * 32))[1];
-    }
-}
-template <int Q4>
-__device__ __forceinline__ void f8_round_load_a(F8Round& r, const u8* qa, const float* da,
-                                                const float* sa, u64 b) {
-    r.a0 = ((const uint4*)(qa + b * 32))[0];
-    r.a1 = ((const uint4*)(qa + b * 32))[1];
-    r.da = da[b];
-    if (Q4) r.sa = sa[b];
-}
 template <int Q4>
 __device__ __forceinline__ void f8_round_load(F8Round& r, const u8* qa, const float* da,
                                               const float* sa, const u32* dm, const u8* wq,
                                               u64 b) {
-    f8_round_load_a<Q4>(r, qa, da, sa, b);
-    f8_round_load_w<Q4>(r, dm, wq, b);
+    r.a0 = ((const uint4*)(qa + b * 32))[0];
+    r.a1 = ((const uint4*)(qa + b * 32))[1];
+    r.dm = dm[b];
+    r.da = da[b];
+    if (Q4) {
+        r.w0 = ((const uint4*)(wq + b * 16))[0];
+        r.sa = sa[b];
+    } else {
+        r.w0 = ((const uint4*)(wq + b * 32))[0];
+        r.w1 = ((const uint4*)(wq + b * 32))[1];
+    }
 }
 
 // ---- one activation row (decode): a warp per output element, lane l on
@@ -172,10 +161,7 @@ __device__ __forceinline__ void f8_one_sums(const F8Round& cur, int& sumi, float
 // `kq8.cu`: DeepSeek-V4's 32-layer step 12.08 -> 11.78 ms on an H100, the
 // same digest). Units (`first`, `n`) count outputs: unit g is group g % 4 of
 // warp g / 4; the launch has a quarter of the units' warps (`cuda/fast8.rs`;
-// any warp past them returns at once). The first round's weights are
-// loaded before the kernel waits on the one before (`dep_entry` inside, so
-// a launch's weight reads overlap its predecessor's end; every warp still
-// waits before it reads an activation or returns).
+// any warp past them returns at once).
 // Blocks a lane takes each round of `f8_one` (8 · F8_H blocks a round).
 #define F8_H 2
 template <int Q4>
@@ -186,10 +172,7 @@ __device__ __forceinline__ void f8_one(const Fast8& f) {
 #pragma unroll
     for (int t = 1; t < F8_PARTS; t++)
         if ((u64)t < f.parts) total = f.p[t].first + f.p[t].n;
-    if (4 * w >= total) {
-        dep_entry();
-        return;
-    }
+    if (4 * w >= total) return;
     u64 g = 4 * w + gi;
     F8Part p = f8_part(f, g < total ? g : 4 * w);
     u64 j = g - p.first;
@@ -207,11 +190,7 @@ __device__ __forceinline__ void f8_one(const Fast8& f) {
     F8Round cur[F8_H];
 #pragma unroll
     for (int h = 0; h < F8_H; h++)
-        if (li + 8 * h < nb) f8_round_load_w<Q4>(cur[h], dm, wq, li + 8 * h);
-    dep_entry();
-#pragma unroll
-    for (int h = 0; h < F8_H; h++)
-        if (li + 8 * h < nb) f8_round_load_a<Q4>(cur[h], qa, da, sa, li + 8 * h);
+        if (li + 8 * h < nb) f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, li + 8 * h);
     for (u64 b0 = 0; b0 < nb; b0 += 8 * F8_H) {
         int sumi[F8_H] = {};
         float scale[F8_H] = {}, mw[F8_H] = {}, sb[F8_H] = {};
@@ -248,8 +227,14 @@ __device__ __forceinline__ void f8_one(const Fast8& f) {
     if (live && li == 0) p.y[t * p.y_stride + j] = p.c.apply(acc);
 }
 
-extern "C" __global__ void f8_one_q8_0(Fast8 f) { f8_one<0>(f); }
-extern "C" __global__ void f8_one_q4_1(Fast8 f) { f8_one<1>(f); }
+extern "C" __global__ void f8_one_q8_0(Fast8 f) {
+    dep_entry();
+    f8_one<0>(f);
+}
+extern "C" __global__ void f8_one_q4_1(Fast8 f) {
+    dep_entry();
+    f8_one<1>(f);
+}
 
 // ---- a few activation rows (verify windows, small batches): the one-row
 // kernel's warp per output with R rows a warp, each weight block read once
