@@ -8,9 +8,8 @@
 // block: run 46's DeepSeek-V4 step had its F16 products (router, the
 // compressors' and the indexer's projections) at 197–756 GB/s, 152
 // launches and 2.1 ms of 16.2 under ncu. Here a warp owns an output, so a
-// 256-output router is 256 warps, each lane loading its first eight 16-byte
-// words of weights before it waits on the kernel before (the weights are
-// never written while a kernel runs, so only the activations wait).
+// 256-output router is 256 warps, each lane with eight 16-byte words of
+// weights in flight.
 //
 // The order (the fast set's own, rule 6 of `shared/specs/backend.md`): an
 // output's sum walks 8-value units, lane l the units u ≡ l (mod 32) in
@@ -78,28 +77,21 @@ __device__ __forceinline__ void f16w_unit(float (&acc)[O][R], const uint4 (&q)[O
 }
 
 // Lane l's chains for weight rows wr[o] (o < O) and activation rows xr + t·k
-// (t < nr), AHEAD units a round loaded before any is added. `wait`: the
-// first round's weights are issued, then the kernel waits on the one before
-// (`dep_entry`) before it reads any activation.
+// (t < nr), AHEAD units a round loaded before any is added.
 template <class W, int O, int R, int AHEAD>
 __device__ __forceinline__ void f16w_chains(float (&acc)[O][R], const uint4* const (&wr)[O],
-                                            const float* xr, u64 k, u64 nr, unsigned l,
-                                            bool wait) {
+                                            const float* xr, u64 k, u64 nr, unsigned l) {
     u64 units = k / 8;
     u64 u = l;
-    bool first = true;
     for (; u + 32 * (AHEAD - 1) < units; u += 32 * AHEAD) {
         uint4 q[AHEAD][O];
 #pragma unroll
         for (int a = 0; a < AHEAD; a++)
 #pragma unroll
             for (int o = 0; o < O; o++) q[a][o] = f16w_load(wr[o] + u + 32 * a);
-        if (first && wait) dep_entry();
-        first = false;
 #pragma unroll
         for (int a = 0; a < AHEAD; a++) f16w_unit<W, O, R>(acc, q[a], xr, k, nr, u + 32 * a);
     }
-    if (first && wait) dep_entry();
     for (; u < units; u += 32) {
         uint4 q[O];
 #pragma unroll
@@ -124,7 +116,6 @@ __device__ __forceinline__ void f16w_matmul(float* y, const float* x, u64 rows, 
         u64 j = j0 + o < n ? j0 + o : n - 1;
         wr[o] = (const uint4*)(w + j * 2 * k);
     }
-    bool wait = true;
     for (u64 r0 = (u64)blockIdx.y * R; r0 < rows; r0 += (u64)gridDim.y * R) {
         u64 nr = st_min(R, rows - r0);
         float acc[O][R];
@@ -132,8 +123,7 @@ __device__ __forceinline__ void f16w_matmul(float* y, const float* x, u64 rows, 
         for (int o = 0; o < O; o++)
 #pragma unroll
             for (int t = 0; t < R; t++) acc[o][t] = 0.0f;
-        f16w_chains<W, O, R, AHEAD>(acc, wr, x + r0 * k, k, nr, l, wait);
-        wait = false;
+        f16w_chains<W, O, R, AHEAD>(acc, wr, x + r0 * k, k, nr, l);
 #pragma unroll
         for (int o = 0; o < O; o++)
 #pragma unroll
@@ -142,37 +132,42 @@ __device__ __forceinline__ void f16w_matmul(float* y, const float* x, u64 rows, 
                 if (l == 0 && (u64)t < nr && j0 + o < n) y[(r0 + t) * n + j0 + o] = s;
             }
     }
-    if (wait) dep_entry();
 }
 
 // One activation row (a decode step): a warp an output, eight words a lane
 // in flight.
-extern "C" __global__ void __launch_bounds__(256) f16w_one_f16(float* y, const float* x, u64 rows,
-                                                               const u8* w, u64 n, u64 k) {
+extern "C" __global__ void f16w_one_f16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                        u64 k) {
+    dep_entry();
     f16w_matmul<F16wHalf, 1, 1, 8>(y, x, rows, w, n, k);
 }
-extern "C" __global__ void __launch_bounds__(256) f16w_one_bf16(float* y, const float* x, u64 rows,
-                                                                const u8* w, u64 n, u64 k) {
+extern "C" __global__ void f16w_one_bf16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                         u64 k) {
+    dep_entry();
     f16w_matmul<F16wBf16, 1, 1, 8>(y, x, rows, w, n, k);
 }
-// 2–8 rows (a verify window): a warp an output, the rows a tile.
-extern "C" __global__ void __launch_bounds__(256) f16w_few_f16(float* y, const float* x, u64 rows,
-                                                               const u8* w, u64 n, u64 k) {
+// 2–64 rows (verify windows, small batches): a warp an output over tiles of
+// 8 rows.
+extern "C" __global__ void f16w_few_f16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                        u64 k) {
+    dep_entry();
     f16w_matmul<F16wHalf, 1, 8, 2>(y, x, rows, w, n, k);
 }
-extern "C" __global__ void __launch_bounds__(256) f16w_few_bf16(float* y, const float* x, u64 rows,
-                                                                const u8* w, u64 n, u64 k) {
+extern "C" __global__ void f16w_few_bf16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                         u64 k) {
+    dep_entry();
     f16w_matmul<F16wBf16, 1, 8, 2>(y, x, rows, w, n, k);
 }
 // More rows (prefill): four outputs a warp over tiles of 8 rows, each weight
 // word read once a tile for 32 sums.
-extern "C" __global__ void __launch_bounds__(256) f16w_rows_f16(float* y, const float* x, u64 rows,
-                                                                const u8* w, u64 n, u64 k) {
+extern "C" __global__ void f16w_rows_f16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                         u64 k) {
+    dep_entry();
     f16w_matmul<F16wHalf, 4, 8, 1>(y, x, rows, w, n, k);
 }
-extern "C" __global__ void __launch_bounds__(256) f16w_rows_bf16(float* y, const float* x,
-                                                                 u64 rows, const u8* w, u64 n,
-                                                                 u64 k) {
+extern "C" __global__ void f16w_rows_bf16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+                                          u64 k) {
+    dep_entry();
     f16w_matmul<F16wBf16, 4, 8, 1>(y, x, rows, w, n, k);
 }
 
@@ -183,25 +178,26 @@ template <class W>
 __device__ __forceinline__ void f16w_gather(float* y, const float* x, u64 x_div,
                                             const u32* experts, u64 pairs, const u8* w, u64 n,
                                             u64 k) {
-    dep_entry();
     unsigned l = threadIdx.x & 31, warp = threadIdx.x / 32;
     u64 j = (u64)blockIdx.x * F16W_WARPS + warp;
     if (j >= n) return;
     for (u64 p = blockIdx.y; p < pairs; p += gridDim.y) {
         const uint4* wr[1] = {(const uint4*)(w + ((u64)experts[p] * n + j) * 2 * k)};
         float acc[1][1] = {{0.0f}};
-        f16w_chains<W, 1, 1, 8>(acc, wr, x + (p / x_div) * k, k, 1, l, false);
+        f16w_chains<W, 1, 1, 8>(acc, wr, x + (p / x_div) * k, k, 1, l);
         float s = warp_sum(acc[0][0]);
         if (l == 0) y[p * n + j] = s;
     }
 }
-extern "C" __global__ void __launch_bounds__(256)
-    f16w_gather_f16(float* y, const float* x, u64 x_div, const u32* experts, u64 pairs,
-                    const u8* w, u64 n, u64 k) {
+extern "C" __global__ void f16w_gather_f16(float* y, const float* x, u64 x_div,
+                                           const u32* experts, u64 pairs, const u8* w, u64 n,
+                                           u64 k) {
+    dep_entry();
     f16w_gather<F16wHalf>(y, x, x_div, experts, pairs, w, n, k);
 }
-extern "C" __global__ void __launch_bounds__(256)
-    f16w_gather_bf16(float* y, const float* x, u64 x_div, const u32* experts, u64 pairs,
-                     const u8* w, u64 n, u64 k) {
+extern "C" __global__ void f16w_gather_bf16(float* y, const float* x, u64 x_div,
+                                            const u32* experts, u64 pairs, const u8* w, u64 n,
+                                            u64 k) {
+    dep_entry();
     f16w_gather<F16wBf16>(y, x, x_div, experts, pairs, w, n, k);
 }
