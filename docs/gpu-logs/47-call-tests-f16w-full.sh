@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Run 47 call 1, from the repo root, with .gpu-synth/ds4server.xz of 93d1d59
 # ("base": run 46's next call, not yet run), .gpu-synth/new/ds4server.xz of
-# 53ec2c3 ("new": the fast set's 16-bit float products
+# c486253 ("new": the fast set's 16-bit float products
 # kernels/f16w.cu, copy8_f32, DeepSeek's wq_a + wkv in one launch) and
 # .gpu-synth/cuda.xz (HEAD's CUDA tests).
-# 1. every CUDA test; 2. GLM-5 20 layers new vs base, new --streams 1,4;
-# 3. DeepSeek-V4 32 layers base / new alternated three times;
-# 4. qwen4_exp 24 layers new vs base; 5. with time left and a card of
-# > 100 GB: DeepSeek-V4 full (43 layers) q2, new, prefill
-# 2,048. At most 8 files come back from $OUT.
+# 1. every CUDA test; 2. GLM-5 20 layers new vs base; 3. DeepSeek-V4 32
+# layers base / new alternated twice;
+# 4. qwen4_exp 24 layers new vs base; 5. with time left, on a card of
+# > 100 GB: DeepSeek-V4 full (43 layers) q2, new, prefill 2,048; 6. with
+# time left, GLM-5 new --streams 1,4 (LIMIT: the call's seconds). At most 8 files come back from $OUT.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export DS4_CUDA_CACHE=/tmp/ds4-cuda-cache
@@ -31,9 +31,7 @@ for who in new base; do
   echo "== glm $who $(date +%T)" >> "$L"
   timeout 90 "$(bin $who)" bench $G --prompts 512 --gen 32 2>&1 | grep -E "$keep" >> "$L"
 done
-echo "== glm new --streams 1,4 $(date +%T)" >> "$L"
-timeout 120 "$(bin new)" bench $G --streams 1,4 --prompts 128 --gen 32 2>&1 | grep -E "$keep" >> "$L"
-for rep in 1 2 3; do
+for rep in 1 2; do
   for v in base new; do
     echo "== ds4 32 $v rep $rep $(date +%T)" >> "$L"
     timeout 90 "$(bin $v)" bench $D 2>&1 | grep -E "$keep" >> "$L"
@@ -45,9 +43,13 @@ for who in new base; do
 done
 echo "bench s=$((SECONDS-t0))" >> "$L"
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-if [ $((SECONDS-t0)) -lt 300 ] && [ "${mem:-0}" -gt 100000 ]; then
+if [ $((SECONDS-t0)) -lt ${FULL_BEFORE:-360} ] && [ "${mem:-0}" -gt 100000 ]; then
   F=$O/full.log
   echo "== ds4 full 43 layers new $(date +%T)" >> "$F"
-  timeout $((560-SECONDS+t0)) "$S/new/ds4server" bench --synthetic deepseek_v4 --shape full $B --prompts 2048 --gen 32 2>&1 | grep -E "$keep|REPORT" >> "$F"
+  timeout $((${LIMIT:-540}-SECONDS+t0)) "$S/new/ds4server" bench --synthetic deepseek_v4 --shape full $B --prompts 2048 --gen 32 2>&1 | grep -E "$keep|REPORT" >> "$F"
+fi
+if [ $((SECONDS-t0)) -lt $((${LIMIT:-540}-100)) ]; then
+  echo "== glm new --streams 1,4 $(date +%T)" >> "$L"
+  timeout 100 "$(bin new)" bench $G --streams 1,4 --prompts 128 --gen 32 2>&1 | grep -E "$keep" >> "$L"
 fi
 echo "total s=$((SECONDS-t0))" >> "$L"
