@@ -14,6 +14,7 @@ use ds4_engine::quant::WeightType;
 use ds4_engine::quant::random::random_stored;
 
 use super::kq8::fast_gpu;
+use super::stored::{expert_products, stacks_on};
 use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
 
 const TYPES: [WeightType; 2] = [WeightType::F16, WeightType::BF16];
@@ -147,23 +148,7 @@ fn cuda_fast_f16_experts_are_their_expert_products() {
     let (rows, e, top, h, inter) = (5usize, 4usize, 2usize, 512usize, 136usize);
     for (ti, ty) in TYPES.into_iter().enumerate() {
         let seed = 4400 + 10 * ti as u64;
-        let gu = random_stored(ty, &[e, 2 * inter, h], &vec![2 * inter; e], seed);
-        let dn = random_stored(ty, &[e, h, inter], &vec![h; e], seed + 1);
-        let each = |q: &ds4_engine::quant::QuantTensor, out: usize, inp: usize| -> Vec<_> {
-            (0..e)
-                .map(|i| {
-                    let m = q.row_range(i * out, (i + 1) * out);
-                    g.matrix(HostWeight::Quant(Arc::new(m)), out, inp).unwrap()
-                })
-                .collect()
-        };
-        let (gu_each, dn_each) = (each(&gu, 2 * inter, h), each(&dn, h, inter));
-        let ggu = g
-            .experts(HostWeight::Quant(Arc::new(gu)), e, 2 * inter, h)
-            .unwrap();
-        let gdn = g
-            .experts(HostWeight::Quant(Arc::new(dn)), e, h, inter)
-            .unwrap();
+        let st = stacks_on(&g, ty, e, h, inter, seed);
         let x: Vec<f32> = rnd(rows * h, seed + 2).iter().map(|v| 3.0 * v).collect();
         let logits = rnd(rows * e, seed + 3);
         let route = g
@@ -172,24 +157,10 @@ fn cuda_fast_f16_experts_are_their_expert_products() {
         let (chosen, weights) = g.routing_to_host(&route).unwrap();
         let got = down(
             &g,
-            &g.experts_swiglu(&up(&g, &x), rows, &route, &ggu, &gdn, None)
+            &g.experts_swiglu(&up(&g, &x), rows, &route, &st.ggu, &st.gdn, None)
                 .unwrap(),
         );
-        let mut want = vec![0f32; rows * h];
-        for t in 0..rows {
-            let xt = up(&g, &x[t * h..(t + 1) * h]);
-            for slot in 0..top {
-                let ex = chosen[t * top + slot];
-                let act = g
-                    .swiglu(&g.matmul(&xt, 1, &gu_each[ex]).unwrap(), inter, None)
-                    .unwrap();
-                let y = down(&g, &g.matmul(&act, 1, &dn_each[ex]).unwrap());
-                let wt = weights[t * top + slot];
-                for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
-                    *o += wt * v;
-                }
-            }
-        }
+        let want = expert_products(&g, &st, &x, (rows, h, inter, top), &chosen, &weights, None);
         assert_eq!(bits(&got), bits(&want), "fast {ty} experts");
         println!("REPORT fast16_experts type={ty} ok=true");
     }

@@ -10,6 +10,7 @@ use ds4_engine::backend::{Backend, CudaOps, HostWeight, KernelSet};
 use ds4_engine::quant::WeightType;
 use ds4_engine::quant::random::random_stored;
 
+use super::stored::{expert_products, stacks_on};
 use crate::support::{bits, down, gpu, rnd, up};
 
 const TYPES: [WeightType; 6] = [
@@ -119,23 +120,7 @@ fn cuda_fast_kq8_experts_are_their_expert_products() {
     for (ti, ty) in TYPES.into_iter().enumerate() {
         let r = std::panic::catch_unwind(|| {
             let seed = 700 + 7 * ti as u64;
-            let gu = random_stored(ty, &[e, 2 * inter, h], &vec![2 * inter; e], seed);
-            let dn = random_stored(ty, &[e, h, inter], &vec![h; e], seed + 1);
-            let each = |q: &ds4_engine::quant::QuantTensor, out: usize, inp: usize| -> Vec<_> {
-                (0..e)
-                    .map(|i| {
-                        let m = q.row_range(i * out, (i + 1) * out);
-                        g.matrix(HostWeight::Quant(Arc::new(m)), out, inp).unwrap()
-                    })
-                    .collect()
-            };
-            let (gu_each, dn_each) = (each(&gu, 2 * inter, h), each(&dn, h, inter));
-            let ggu = g
-                .experts(HostWeight::Quant(Arc::new(gu)), e, 2 * inter, h)
-                .unwrap();
-            let gdn = g
-                .experts(HostWeight::Quant(Arc::new(dn)), e, h, inter)
-                .unwrap();
+            let st = stacks_on(&g, ty, e, h, inter, seed);
             for rows in [5usize, 20, 60] {
                 let x = activations(rows, h, seed + 2);
                 let logits = rnd(rows * e, seed + 3);
@@ -145,23 +130,11 @@ fn cuda_fast_kq8_experts_are_their_expert_products() {
                 let (chosen, weights) = g.routing_to_host(&route).unwrap();
                 let got = down(
                     &g,
-                    &g.experts_swiglu(&up(&g, &x), rows, &route, &ggu, &gdn, None)
+                    &g.experts_swiglu(&up(&g, &x), rows, &route, &st.ggu, &st.gdn, None)
                         .unwrap(),
                 );
-                let mut want = vec![0f32; rows * h];
-                for t in 0..rows {
-                    let xt = up(&g, &x[t * h..(t + 1) * h]);
-                    for slot in 0..k {
-                        let ex = chosen[t * k + slot];
-                        let p = g.matmul(&xt, 1, &gu_each[ex]).unwrap();
-                        let act = g.swiglu(&p, inter, None).unwrap();
-                        let y = down(&g, &g.matmul(&act, 1, &dn_each[ex]).unwrap());
-                        let w = weights[t * k + slot];
-                        for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
-                            *o += w * v;
-                        }
-                    }
-                }
+                let want =
+                    expert_products(&g, &st, &x, (rows, h, inter, k), &chosen, &weights, None);
                 assert_eq!(
                     bits(&got),
                     bits(&want),

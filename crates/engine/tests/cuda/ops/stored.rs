@@ -180,17 +180,29 @@ fn cuda_stored_many_rows_are_bit_identical_to_the_cpu() {
 /// Gate/up `[E, 2I, H]` and down `[E, H, I]` stacks of `ty`, each expert a
 /// part of its own (its own scale grid), on both backends; and each
 /// expert's matrices alone on the GPU.
-struct Stacks {
-    ggu: <CudaOps as Backend>::Experts,
-    gdn: <CudaOps as Backend>::Experts,
-    cgu: <CpuOps as Backend>::Experts,
-    cdn: <CpuOps as Backend>::Experts,
-    gu_each: Vec<<CudaOps as Backend>::Matrix>,
-    dn_each: Vec<<CudaOps as Backend>::Matrix>,
+pub(crate) struct Stacks {
+    pub ggu: <CudaOps as Backend>::Experts,
+    pub gdn: <CudaOps as Backend>::Experts,
+    pub cgu: <CpuOps as Backend>::Experts,
+    pub cdn: <CpuOps as Backend>::Experts,
+    pub gu_each: Vec<<CudaOps as Backend>::Matrix>,
+    pub dn_each: Vec<<CudaOps as Backend>::Matrix>,
 }
 
 fn stacks(ty: WeightType, e: usize, h: usize, inter: usize, seed: u64) -> Stacks {
-    let (g, c) = (gpu(), CpuOps);
+    stacks_on(&gpu(), ty, e, h, inter, seed)
+}
+
+/// [`Stacks`] with the GPU side on `g` (either kernel set).
+pub(crate) fn stacks_on(
+    g: &CudaOps,
+    ty: WeightType,
+    e: usize,
+    h: usize,
+    inter: usize,
+    seed: u64,
+) -> Stacks {
+    let c = CpuOps;
     let gu = random_stored(ty, &[e, 2 * inter, h], &vec![2 * inter; e], seed);
     let dn = random_stored(ty, &[e, h, inter], &vec![h; e], seed + 1);
     let each = |q: &QuantTensor, out: usize, inp: usize| -> Vec<_> {
@@ -214,6 +226,37 @@ fn stacks(ty: WeightType, e: usize, h: usize, inter: usize, seed: u64) -> Stacks
         gu_each,
         dn_each,
     }
+}
+
+/// The routed SwiGLU output `[rows, h]` made from each expert's own
+/// matrices on `g`, one (token, slot) at a time: `matmul`, `swiglu`,
+/// `matmul`, and the slots' outputs times their weights added in slot order
+/// on the host (`chosen`, `weights`: `top` a row).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn expert_products(
+    g: &CudaOps,
+    s: &Stacks,
+    x: &[f32],
+    (rows, h, inter, top): (usize, usize, usize, usize),
+    chosen: &[usize],
+    weights: &[f32],
+    limit: Option<f32>,
+) -> Vec<f32> {
+    let mut want = vec![0f32; rows * h];
+    for t in 0..rows {
+        let xt = up(g, &x[t * h..(t + 1) * h]);
+        for slot in 0..top {
+            let ex = chosen[t * top + slot];
+            let gu = g.matmul(&xt, 1, &s.gu_each[ex]).unwrap();
+            let act = g.swiglu(&gu, inter, limit).unwrap();
+            let y = down(g, &g.matmul(&act, 1, &s.dn_each[ex]).unwrap());
+            let w = weights[t * top + slot];
+            for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
+                *o += w * v;
+            }
+        }
+    }
+    want
 }
 
 /// Routed SwiGLU experts over stored stacks: every (token, slot) projection
@@ -248,20 +291,7 @@ fn cuda_stored_experts_are_their_expert_products() {
                     .unwrap(),
             );
             // The same from each expert's own matrices, one pair at a time.
-            let mut want = vec![0f32; rows * h];
-            for t in 0..rows {
-                let xt = up(&g, &x[t * h..(t + 1) * h]);
-                for slot in 0..k {
-                    let ex = chosen[t * k + slot];
-                    let gu = g.matmul(&xt, 1, &s.gu_each[ex]).unwrap();
-                    let act = g.swiglu(&gu, inter, limit).unwrap();
-                    let y = down(&g, &g.matmul(&act, 1, &s.dn_each[ex]).unwrap());
-                    let w = weights[t * k + slot];
-                    for (o, v) in want[t * h..(t + 1) * h].iter_mut().zip(&y) {
-                        *o += w * v;
-                    }
-                }
-            }
+            let want = expert_products(&g, &s, &x, (rows, h, inter, k), &chosen, &weights, limit);
             let what = format!(
                 "stored experts {ty} [{e},{},{h}] limit {limit:?}",
                 2 * inter

@@ -24,7 +24,7 @@
 
 #define F16W_WARPS 8
 
-// The 8 weights of one 16-byte word.
+// The 8 weights of one 16-byte word (also `hc_fn.cu`'s).
 struct F16wHalf {
     static __device__ __forceinline__ void unpack(uint4 q, float (&v)[8]) {
         u32 words[4] = {q.x, q.y, q.z, q.w};

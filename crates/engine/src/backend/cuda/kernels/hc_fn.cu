@@ -37,25 +37,13 @@ struct HcF32 {
 struct HcF16 {
     static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
                                                 float (&v)[8]) {
-        uint4 q = *(const uint4*)((const u16*)w + row * k + u * 8);
-        u32 words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            v[2 * c] = h2f((u16)(words[c] & 0xffffu));
-            v[2 * c + 1] = h2f((u16)(words[c] >> 16));
-        }
+        F16wHalf::unpack(*(const uint4*)((const u16*)w + row * k + u * 8), v);
     }
 };
 struct HcBF16 {
     static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
                                                 float (&v)[8]) {
-        uint4 q = *(const uint4*)((const u16*)w + row * k + u * 8);
-        u32 words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            v[2 * c] = __uint_as_float(words[c] << 16);
-            v[2 * c + 1] = __uint_as_float(words[c] & 0xffff0000u);
-        }
+        F16wBf16::unpack(*(const uint4*)((const u16*)w + row * k + u * 8), v);
     }
 };
 
