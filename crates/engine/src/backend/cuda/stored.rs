@@ -375,6 +375,13 @@ fn fast16_kernels(dev: &Device, w: &StoredWeights) -> Option<Fast16Kernels> {
     }
 }
 
+/// Blocks of `f16w.cu`'s kernels for `n` outputs (their blocks do not loop
+/// over outputs, so every output needs its warp in the grid).
+fn fast16_blocks(op: &str, n: usize, outputs_a_warp: usize) -> Result<u32> {
+    u32::try_from(n.div_ceil(FAST16_WARPS * outputs_a_warp))
+        .map_err(|_| err(op, format!("{n} outputs")))
+}
+
 /// `f16w.cu` reads 16-byte words of x and w: allocations start on 256
 /// bytes and rows are whole words, so this holds for every buffer the
 /// backend makes; an error rather than a misaligned load otherwise.
@@ -525,15 +532,11 @@ pub(super) fn matmul(
             r if r <= FAST16_FEW_MAX => (f.few, 1),
             _ => (f.rows, FAST16_ROWS_OUTPUTS),
         };
-        let blocks = n.div_ceil(FAST16_WARPS * outputs_a_warp);
-        if blocks > u32::MAX as usize {
-            return Err(err("matmul", format!("{n} outputs")));
-        }
         return dev.launch(
             name,
             Shape {
                 grid: (
-                    blocks as u32,
+                    fast16_blocks("matmul", n, outputs_a_warp)?,
                     rows.div_ceil(FAST16_TILE).clamp(1, MAX_GRID) as u32,
                 ),
                 block: (FAST16_WARPS * 32) as u32,
@@ -642,7 +645,7 @@ pub(super) fn gather(
             f.gather,
             Shape {
                 grid: (
-                    n.div_ceil(FAST16_WARPS) as u32,
+                    fast16_blocks("gather", n, 1)?,
                     pairs.clamp(1, MAX_GRID) as u32,
                 ),
                 block: (FAST16_WARPS * 32) as u32,

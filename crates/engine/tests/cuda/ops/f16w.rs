@@ -14,7 +14,7 @@ use ds4_engine::quant::WeightType;
 use ds4_engine::quant::random::random_stored;
 
 use super::kq8::fast_gpu;
-use super::stored::{expert_products, stacks_on};
+use super::stored::{routed_and_expert_products, stacks_on};
 use crate::support::{bits, check, down, gpu, rnd, rows_invariant, up};
 
 const TYPES: [WeightType; 2] = [WeightType::F16, WeightType::BF16];
@@ -151,16 +151,8 @@ fn cuda_fast_f16_experts_are_their_expert_products() {
         let st = stacks_on(&g, ty, e, h, inter, seed);
         let x: Vec<f32> = rnd(rows * h, seed + 2).iter().map(|v| 3.0 * v).collect();
         let logits = rnd(rows * e, seed + 3);
-        let route = g
-            .route_softmax_topk(&up(&g, &logits), rows, e, top, true)
-            .unwrap();
-        let (chosen, weights) = g.routing_to_host(&route).unwrap();
-        let got = down(
-            &g,
-            &g.experts_swiglu(&up(&g, &x), rows, &route, &st.ggu, &st.gdn, None)
-                .unwrap(),
-        );
-        let want = expert_products(&g, &st, &x, (rows, h, inter, top), &chosen, &weights, None);
+        let [got, want] =
+            routed_and_expert_products(&g, &st, &x, &logits, (rows, e, top, h, inter));
         assert_eq!(bits(&got), bits(&want), "fast {ty} experts");
         println!("REPORT fast16_experts type={ty} ok=true");
     }

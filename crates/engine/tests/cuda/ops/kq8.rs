@@ -10,7 +10,7 @@ use ds4_engine::backend::{Backend, CudaOps, HostWeight, KernelSet};
 use ds4_engine::quant::WeightType;
 use ds4_engine::quant::random::random_stored;
 
-use super::stored::{expert_products, stacks_on};
+use super::stored::{routed_and_expert_products, stacks_on};
 use crate::support::{bits, down, gpu, rnd, up};
 
 const TYPES: [WeightType; 6] = [
@@ -124,17 +124,8 @@ fn cuda_fast_kq8_experts_are_their_expert_products() {
             for rows in [5usize, 20, 60] {
                 let x = activations(rows, h, seed + 2);
                 let logits = rnd(rows * e, seed + 3);
-                let route = g
-                    .route_softmax_topk(&up(&g, &logits), rows, e, k, true)
-                    .unwrap();
-                let (chosen, weights) = g.routing_to_host(&route).unwrap();
-                let got = down(
-                    &g,
-                    &g.experts_swiglu(&up(&g, &x), rows, &route, &st.ggu, &st.gdn, None)
-                        .unwrap(),
-                );
-                let want =
-                    expert_products(&g, &st, &x, (rows, h, inter, k), &chosen, &weights, None);
+                let [got, want] =
+                    routed_and_expert_products(&g, &st, &x, &logits, (rows, e, k, h, inter));
                 assert_eq!(
                     bits(&got),
                     bits(&want),

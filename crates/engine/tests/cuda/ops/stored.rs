@@ -228,6 +228,29 @@ pub(crate) fn stacks_on(
     }
 }
 
+/// `[got, want]` for `top` of `e` experts a row routed by softmax over
+/// `logits`: `experts_swiglu` over the stacks, and [`expert_products`]
+/// from each expert's own matrices (no limit).
+pub(crate) fn routed_and_expert_products(
+    g: &CudaOps,
+    s: &Stacks,
+    x: &[f32],
+    logits: &[f32],
+    (rows, e, top, h, inter): (usize, usize, usize, usize, usize),
+) -> [Vec<f32>; 2] {
+    let route = g
+        .route_softmax_topk(&up(g, logits), rows, e, top, true)
+        .unwrap();
+    let (chosen, weights) = g.routing_to_host(&route).unwrap();
+    let got = down(
+        g,
+        &g.experts_swiglu(&up(g, x), rows, &route, &s.ggu, &s.gdn, None)
+            .unwrap(),
+    );
+    let want = expert_products(g, s, x, (rows, h, inter, top), &chosen, &weights, None);
+    [got, want]
+}
+
 /// The routed SwiGLU output `[rows, h]` made from each expert's own
 /// matrices on `g`, one (token, slot) at a time: `matmul`, `swiglu`,
 /// `matmul`, and the slots' outputs times their weights added in slot order
