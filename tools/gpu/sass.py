@@ -9,7 +9,9 @@ import ctypes, sys, subprocess, os, re
 root = os.environ.get("NVRTC_ROOT", "/tmp/nvd/nvidia/cu13")
 os.makedirs("/tmp/sass", exist_ok=True)
 kd = sys.argv[1]
-order = ["common.cuh","memory.cu","elementwise.cu","matmul.cu","norms.cu","recurrent.cu","attention.cu","compression.cu","routing.cu","hyper.cu","synthetic.cu"]
+# The backend's own source order (nvrtc.rs SOURCES), so this never goes stale.
+nvrtc_rs = os.path.join(os.path.dirname(os.path.abspath(kd)), "nvrtc.rs")
+order = re.findall(r'\("([\w.]+\.cuh?)", include_str!', open(nvrtc_rs).read())
 text = "".join(f"// ---- {n}\n" + open(os.path.join(kd, n)).read() for n in order)
 lib = ctypes.CDLL(root + "/lib/libnvrtc.so.13")
 prog = ctypes.c_void_p()

@@ -125,6 +125,8 @@ impl Shape {
 struct Kernel {
     f: CudaFunction,
     params: Vec<Param>,
+    /// Its `__launch_bounds__` threads, where it declares them.
+    max_threads: Option<u32>,
 }
 
 /// The environment variable choosing programmatic dependent launch:
@@ -241,6 +243,17 @@ impl std::fmt::Debug for Device {
     }
 }
 
+/// A block of `block` threads for kernel `name` compiled for at most
+/// `max_threads` (its `__launch_bounds__`), or the typed error.
+fn within_bounds(name: &str, max_threads: Option<u32>, block: u32) -> Result<()> {
+    match max_threads {
+        Some(max) if block > max => Err(EngineError::Device(format!(
+            "kernel `{name}` is compiled for at most {max} threads a block, launched with {block}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// `cuLaunchKernelEx` with programmatic stream serialization: the kernel
 /// may start before the one queued before it completes, and its
 /// `dep_entry` (`kernels/common.cuh`) holds it until that one has.
@@ -335,11 +348,18 @@ impl Device {
         signature::check_waits(&text).map_err(EngineError::Device)?;
         let pdl = Pdl::for_device(major, std::env::var(PDL_ENV).ok().as_deref());
         let mut kernels = HashMap::new();
-        for (name, params) in signature::parse(&text).map_err(EngineError::Device)? {
+        for (name, sig) in signature::parse(&text).map_err(EngineError::Device)? {
             let f = module
                 .load_function(&name)
                 .map_err(|e| dev_err(&format!("kernel `{name}`"), e))?;
-            kernels.insert(name, Kernel { f, params });
+            kernels.insert(
+                name,
+                Kernel {
+                    f,
+                    params: sig.params,
+                    max_threads: sig.max_threads,
+                },
+            );
         }
         let staging = Staging::new(ctx.clone());
         // Kernels whose ring is dynamic shared memory past the 48 KB a
@@ -458,22 +478,26 @@ impl Device {
         // come from live allocations of this context, and every op queues
         // on this one stream, so buffers outlive the kernels that use them
         // (recycled and freed memory is reused in stream order).
-        unsafe { self.launch_raw(name, &k.f, shape, shared, &mut params[..args.len()]) }
+        unsafe { self.launch_raw(name, k, shape, shared, &mut params[..args.len()]) }
     }
 
-    /// The driver launch of `f` on the stream, timed when profiling.
+    /// The driver launch of kernel `k` on the stream, timed when profiling.
+    /// A block wider than its `__launch_bounds__` is a typed error here
+    /// rather than the driver's refusal.
     ///
     /// # Safety
-    /// `params` must point at values of the types `f` declares, and every
+    /// `params` must point at values of the types `k` declares, and every
     /// device pointer among them at a live allocation of this context.
     unsafe fn launch_raw(
         &self,
         name: &'static str,
-        f: &CudaFunction,
+        k: &Kernel,
         shape: Shape,
         shared: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        within_bounds(name, k.max_threads, shape.block)?;
+        let f = &k.f;
         self.bind()?;
         // SAFETY: as the caller promises.
         self.gaps
@@ -537,7 +561,7 @@ impl Device {
         let mut params = [value as *const T as *mut c_void];
         // SAFETY: the kernel's one parameter is the struct `T` mirrors (the
         // caller's promise); the driver copies the parameter at launch.
-        unsafe { self.launch_raw(name, &k.f, shape, 0, &mut params) }
+        unsafe { self.launch_raw(name, k, shape, 0, &mut params) }
     }
 
     /// Room for `n` elements from the pool, to be fully written by the
@@ -811,7 +835,16 @@ pub(super) fn ptr<T>(s: &CudaSlice<T>) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::Pdl;
+    use super::{Pdl, within_bounds};
+
+    #[test]
+    fn blocks_wider_than_a_kernels_launch_bounds_are_refused() {
+        within_bounds("k", Some(256), 256).unwrap();
+        within_bounds("k", Some(256), 128).unwrap();
+        within_bounds("k", None, 1024).unwrap();
+        let e = within_bounds("f16w_one_f16", Some(256), 512).unwrap_err();
+        assert!(e.to_string().contains("`f16w_one_f16`") && e.to_string().contains("512"));
+    }
 
     #[test]
     fn dependent_launch_needs_hopper_and_can_be_limited_or_turned_off() {

@@ -53,32 +53,88 @@ impl Param {
     }
 }
 
-/// Every `extern "C" __global__ void name(…)` of `text`, by name. A
-/// parameter of a type this backend does not pass is an error (it would be
-/// unlaunchable).
-pub(super) fn parse(text: &str) -> Result<HashMap<String, Vec<Param>>, String> {
-    const MARK: &str = "extern \"C\" __global__ void ";
+/// A kernel as its source declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Signature {
+    pub params: Vec<Param>,
+    /// The threads a block may have at most, where the kernel declares
+    /// `__launch_bounds__(threads, …)`: the compiler allocates its registers
+    /// for that many, so a launch of more would fail in the driver.
+    pub max_threads: Option<u32>,
+}
+
+const KERNEL: &str = "extern \"C\" __global__ void ";
+const BOUNDS: &str = "__launch_bounds__(";
+
+/// One kernel's head: its name, its launch bound, its parameter list and
+/// the text from that list's `)` on.
+struct Head<'a> {
+    name: String,
+    max_threads: Option<u32>,
+    params: &'a str,
+    rest: &'a str,
+}
+
+/// The kernel head at the start of `text` (just past [`KERNEL`]):
+/// `[__launch_bounds__(threads[, blocks])] name(params)`. The bound must be
+/// integer literals, so the launcher can check it.
+fn head(text: &str) -> Result<Head<'_>, String> {
+    let (max_threads, text) = match text.trim_start().strip_prefix(BOUNDS) {
+        Some(after) => {
+            let close = after.find(')').ok_or("an unclosed `__launch_bounds__`")?;
+            let threads = after[..close].split(',').next().unwrap_or("").trim();
+            let threads = threads.parse::<u32>().map_err(|_| {
+                format!(
+                    "`__launch_bounds__({})`: threads must be a literal",
+                    &after[..close]
+                )
+            })?;
+            (Some(threads), &after[close + 1..])
+        }
+        None => (None, text),
+    };
+    let open = text.find('(').ok_or("a kernel without parameters")?;
+    let close = text.find(')').ok_or("an unclosed parameter list")?;
+    if close < open {
+        return Err(format!("a kernel head `{}`", &text[..close]));
+    }
+    Ok(Head {
+        name: text[..open].trim().to_string(),
+        max_threads,
+        params: &text[open + 1..close],
+        rest: &text[close..],
+    })
+}
+
+/// Every `extern "C" __global__ void [__launch_bounds__(…)] name(…)` of
+/// `text`, by name. A parameter of a type this backend does not pass is an
+/// error (it would be unlaunchable).
+pub(super) fn parse(text: &str) -> Result<HashMap<String, Signature>, String> {
     let mut out = HashMap::new();
     let mut rest = text;
-    while let Some(at) = rest.find(MARK) {
-        rest = &rest[at + MARK.len()..];
-        let open = rest.find('(').ok_or("a kernel without parameters")?;
-        let close = rest.find(')').ok_or("an unclosed parameter list")?;
-        let name = rest[..open].trim().to_string();
+    while let Some(at) = rest.find(KERNEL) {
+        let h = head(&rest[at + KERNEL.len()..])?;
         let mut params = Vec::new();
-        for p in rest[open + 1..close].split(',') {
+        for p in h.params.split(',') {
             let p = p.trim();
             // The type is everything before the parameter's name.
             let cut = p
                 .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .ok_or_else(|| format!("kernel `{name}`: parameter `{p}`"))?;
+                .ok_or_else(|| format!("kernel `{}`: parameter `{p}`", h.name))?;
             let ty = &p[..=cut];
             params.push(
-                Param::of(ty).ok_or_else(|| format!("kernel `{name}`: parameter type `{ty}`"))?,
+                Param::of(ty)
+                    .ok_or_else(|| format!("kernel `{}`: parameter type `{ty}`", h.name))?,
             );
         }
-        out.insert(name, params);
-        rest = &rest[close..];
+        out.insert(
+            h.name,
+            Signature {
+                params,
+                max_threads: h.max_threads,
+            },
+        );
+        rest = h.rest;
     }
     Ok(out)
 }
@@ -88,28 +144,18 @@ pub(super) fn parse(text: &str) -> Result<HashMap<String, Vec<Param>>, String> {
 /// (`kernels/common.cuh`): every `extern "C" __global__` kernel's first
 /// statement must be `dep_entry();`.
 pub(super) fn check_waits(text: &str) -> Result<(), String> {
-    const KERNEL: &str = "extern \"C\" __global__ void ";
     let mut rest = text;
     while let Some(at) = rest.find(KERNEL) {
-        let name_at = at + KERNEL.len();
-        let name = rest[name_at..]
-            .split('(')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        let close = name_at
-            + rest[name_at..]
-                .find(')')
-                .ok_or("an unclosed parameter list")?;
-        let open = close
-            + rest[close..]
-                .find('{')
-                .ok_or_else(|| format!("kernel `{name}`: no body"))?;
-        let after = &rest[open + 1..];
+        let h = head(&rest[at + KERNEL.len()..])?;
+        let open = h
+            .rest
+            .find('{')
+            .ok_or_else(|| format!("kernel `{}`: no body", h.name))?;
+        let after = &h.rest[open + 1..];
         if !after.trim_start().starts_with("dep_entry();") {
             return Err(format!(
-                "kernel `{name}` does not begin with `dep_entry();`"
+                "kernel `{}` does not begin with `dep_entry();`",
+                h.name
             ));
         }
         rest = after;
@@ -128,14 +174,35 @@ mod tests {
         let sigs = parse(&text).unwrap();
         assert!(sigs.len() >= 40, "{} kernels", sigs.len());
         assert_eq!(
-            sigs["copy2d"],
+            sigs["copy2d"].params,
             vec![Param::U64; 8],
             "pointers and sizes are u64"
         );
-        assert_eq!(sigs["route_softmax_topk_f32"][5], Param::I32);
-        assert_eq!(sigs["affine_f32"][2], Param::F32);
-        assert_eq!(sigs["topk_select"][6], Param::U32);
-        assert_eq!(sigs["matmul_q4_1_many"], vec![Param::Many]);
+        assert_eq!(sigs["route_softmax_topk_f32"].params[5], Param::I32);
+        assert_eq!(sigs["affine_f32"].params[2], Param::F32);
+        assert_eq!(sigs["topk_select"].params[6], Param::U32);
+        assert_eq!(sigs["matmul_q4_1_many"].params, vec![Param::Many]);
+        assert_eq!(sigs["copy2d"].max_threads, None);
+    }
+
+    #[test]
+    fn launch_bounds_are_read_and_must_be_literals() {
+        let text = "extern \"C\" __global__ void __launch_bounds__(256, 1) k(float* y, u64 n) {\n    dep_entry();\n}\n\
+                    extern \"C\" __global__ void plain(u32 n) { dep_entry(); }";
+        let sigs = parse(text).unwrap();
+        assert_eq!(
+            sigs["k"],
+            Signature {
+                params: vec![Param::U64, Param::U64],
+                max_threads: Some(256)
+            }
+        );
+        assert_eq!(sigs["plain"].max_threads, None);
+        check_waits(text).unwrap();
+        let named = "extern \"C\" __global__ void __launch_bounds__(WARPS * 32) k(u64 n) {}";
+        assert!(parse(named).unwrap_err().contains("literal"));
+        let early = "extern \"C\" __global__ void __launch_bounds__(128) k(u64 n) { return; }";
+        assert!(check_waits(early).unwrap_err().contains("`k`"));
     }
 
     #[test]

@@ -23,6 +23,7 @@
 // start on 16 bytes.
 
 #define F16W_WARPS 8
+static_assert(F16W_WARPS * 32 == 256, "the launch bounds below are F16W_WARPS * 32");
 
 // The 8 weights of one 16-byte word (also `hc_fn.cu`'s).
 struct F16wHalf {
@@ -135,13 +136,21 @@ __device__ __forceinline__ void f16w_matmul(float* y, const float* x, u64 rows, 
 }
 
 // One activation row (a decode step): a warp an output, eight words a lane
-// in flight.
-extern "C" __global__ void f16w_one_f16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+// in flight. `__launch_bounds__(256, 1)` (256 = F16W_WARPS · 32, the only
+// block `stored.rs` launches): without it ptxas keeps the kernel at 38
+// registers by issuing each weight word just before its unit's FMAs, so a
+// lane waited on memory once a unit rather than once a round of eight
+// (the SASS read here: at most 4 loads in a row; with the bound 115
+// registers and all 24 of a round's loads first). A decode row's products
+// are small grids (8–128 blocks), latency-bound rather than short of
+// warps: run 47 had them at ~8 µs a launch from 0.5 MB to 17 MB. The
+// bound changes registers and schedule only, not an operation: same bits.
+extern "C" __global__ void __launch_bounds__(256, 1) f16w_one_f16(float* y, const float* x, u64 rows, const u8* w, u64 n,
                                         u64 k) {
     dep_entry();
     f16w_matmul<F16wHalf, 1, 1, 8>(y, x, rows, w, n, k);
 }
-extern "C" __global__ void f16w_one_bf16(float* y, const float* x, u64 rows, const u8* w, u64 n,
+extern "C" __global__ void __launch_bounds__(256, 1) f16w_one_bf16(float* y, const float* x, u64 rows, const u8* w, u64 n,
                                          u64 k) {
     dep_entry();
     f16w_matmul<F16wBf16, 1, 1, 8>(y, x, rows, w, n, k);
@@ -174,6 +183,7 @@ extern "C" __global__ void f16w_rows_bf16(float* y, const float* x, u64 rows, co
 // Routed products: y[p, j] = x[p / x_div] · w[experts[p]·n + j] for pairs
 // along grid.y, a warp an output: each sum `f16w_matmul`'s, so a routed
 // projection has the bits of a product by that expert's matrix.
+// Launch-bounded as `f16w_one_*`, for the same reason.
 template <class W>
 __device__ __forceinline__ void f16w_gather(float* y, const float* x, u64 x_div,
                                             const u32* experts, u64 pairs, const u8* w, u64 n,
@@ -189,13 +199,13 @@ __device__ __forceinline__ void f16w_gather(float* y, const float* x, u64 x_div,
         if (l == 0) y[p * n + j] = s;
     }
 }
-extern "C" __global__ void f16w_gather_f16(float* y, const float* x, u64 x_div,
+extern "C" __global__ void __launch_bounds__(256, 1) f16w_gather_f16(float* y, const float* x, u64 x_div,
                                            const u32* experts, u64 pairs, const u8* w, u64 n,
                                            u64 k) {
     dep_entry();
     f16w_gather<F16wHalf>(y, x, x_div, experts, pairs, w, n, k);
 }
-extern "C" __global__ void f16w_gather_bf16(float* y, const float* x, u64 x_div,
+extern "C" __global__ void __launch_bounds__(256, 1) f16w_gather_bf16(float* y, const float* x, u64 x_div,
                                             const u32* experts, u64 pairs, const u8* w, u64 n,
                                             u64 k) {
     dep_entry();
