@@ -23,6 +23,18 @@ impl<B: Backend> RowCache<B> {
         })
     }
 
+    /// A cache holding `buf` (`[n, width]`) as its storage.
+    pub fn from_rows(ops: &B, buf: B::Buf, width: usize) -> Result<Self> {
+        let len = ops.len(&buf);
+        let rows = len / width.max(1);
+        if rows * width != len {
+            return Err(EngineError::State(format!(
+                "{len} values are not rows of {width}"
+            )));
+        }
+        Ok(Self { buf, width, rows })
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }

@@ -78,10 +78,10 @@ impl<B: Backend> Tail<B> {
             return Ok(());
         }
         let k = k.min(self.len());
+        // The kept rows' copy becomes the storage itself (one copy, where
+        // appending it to a new cache copied them a second time).
         let kept = self.range(ops, k, self.len())?;
-        let mut rows = RowCache::new(ops, self.width())?;
-        rows.append(ops, &kept)?;
-        self.rows = rows;
+        self.rows = RowCache::from_rows(ops, kept, self.width())?;
         self.first = k;
         Ok(())
     }
@@ -144,6 +144,19 @@ mod tests {
         t.trim(&ops, 150).unwrap();
         assert_eq!((t.first(), t.len()), (128, 200));
         assert_eq!(t.range(&ops, 128, 129).unwrap(), vec![256.0, 257.0]);
+        assert_eq!(
+            t.buf().len(),
+            2 * 72,
+            "the storage holds the kept rows only"
+        );
+        // Appends after a trim land after the kept rows.
+        t.append(&ops, &vec![-1.0, -2.0]).unwrap();
+        assert_eq!(t.len(), 201);
+        assert_eq!(
+            t.range(&ops, 199, 201).unwrap(),
+            vec![398.0, 399.0, -1.0, -2.0]
+        );
+        t.truncate(&ops, 200).unwrap();
         assert!(t.truncate(&ops, 100).is_err());
         t.truncate(&ops, 130).unwrap();
         assert_eq!(t.len(), 130);

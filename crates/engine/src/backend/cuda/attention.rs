@@ -28,9 +28,9 @@ const WINDOW_ROWS_FROM: usize = 16;
 /// Threads and heads of an `attention_window_rows32_f32` block.
 const WINDOW_ROWS_THREADS: u32 = 256;
 const WINDOW_ROWS_HEADS: usize = 32;
-/// Heads of an `attention_window_staged_f32` block (a warp each: the
-/// kernel's `WS_HEADS`).
-const WINDOW_STAGED_HEADS: usize = 8;
+/// The heads an `attention_window_staged_f32` block may take (a warp
+/// each; the kernel's `WS_HEADS` is the most), [`Device::window_heads`].
+pub(super) const WINDOW_STAGED_HEADS: [usize; 4] = [1, 2, 4, 8];
 /// Dims past which (or not a multiple of 4) the few-query window attention
 /// runs the warp kernel: DeepSeek-V4's heads are 512.
 const WINDOW_STAGED_DIMS_MAX: usize = 512;
@@ -551,8 +551,8 @@ pub(super) fn attention_window(
         (
             "attention_window_staged_f32",
             Shape::blocks(
-                rows * tiles * heads.div_ceil(WINDOW_STAGED_HEADS),
-                32 * WINDOW_STAGED_HEADS as u32,
+                rows * tiles * heads.div_ceil(dev.window_heads()),
+                32 * dev.window_heads() as u32,
             ),
             shared,
         )

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, result as driver,
@@ -224,6 +224,15 @@ pub(super) struct Device {
     /// the process's set at open, changeable for side-by-side runs and
     /// tests ([`Device::set_kernel_set`]).
     fast: AtomicBool,
+    /// Heads a block of the few-query window attention takes
+    /// (`attention::WINDOW_STAGED_HEADS`): `DS4_CUDA_WINDOW_HEADS` at open
+    /// (8 unless set), changeable for side-by-side runs and tests
+    /// ([`Device::set_window_heads`]). A head's partial has the same bits
+    /// whichever block computes it; fewer heads a block make more blocks
+    /// (a DeepSeek-V4 decode row's 64 heads over 2–5 tiles are 16–40
+    /// blocks of 8 heads, 27 µs a layer in run 47's table), each staging
+    /// its tile's keys again.
+    window_heads: AtomicUsize,
     /// Kernels launched so far (for launch-count reports).
     pub launches: AtomicU64,
     /// Nanoseconds the host has waited in [`Device::sync`] (so a report
@@ -240,6 +249,31 @@ pub(super) struct Device {
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.name, self.arch)
+    }
+}
+
+/// The environment variable choosing the heads of a few-query window
+/// attention block ([`Device::set_window_heads`]).
+pub const WINDOW_HEADS_ENV: &str = "DS4_CUDA_WINDOW_HEADS";
+
+fn window_heads_valid(heads: usize) -> Result<usize> {
+    if super::attention::WINDOW_STAGED_HEADS.contains(&heads) {
+        Ok(heads)
+    } else {
+        Err(EngineError::Device(format!(
+            "a window attention block takes 1, 2, 4 or 8 heads, not {heads}"
+        )))
+    }
+}
+
+fn window_heads_from_env() -> Result<usize> {
+    match std::env::var(WINDOW_HEADS_ENV) {
+        Err(_) => Ok(8),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| EngineError::Device(format!("{WINDOW_HEADS_ENV}={v}: not a number")))
+            .and_then(window_heads_valid),
     }
 }
 
@@ -399,6 +433,7 @@ impl Device {
             pdl_supported: major >= 9,
             shared_optin,
             fast: AtomicBool::new(crate::backend::kernel_set::current() == KernelSet::Fast),
+            window_heads: AtomicUsize::new(window_heads_from_env()?),
             launches: AtomicU64::new(0),
             sync_wait_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
@@ -434,6 +469,19 @@ impl Device {
     /// caller drops them).
     pub fn set_kernel_set(&self, set: KernelSet) {
         self.fast.store(set == KernelSet::Fast, Ordering::Relaxed);
+    }
+
+    /// Heads a few-query window attention block takes.
+    pub fn window_heads(&self) -> usize {
+        self.window_heads.load(Ordering::Relaxed)
+    }
+
+    /// Choose the heads a few-query window attention block takes (one of
+    /// `attention::WINDOW_STAGED_HEADS`): the same bits, other blocks.
+    pub fn set_window_heads(&self, heads: usize) -> Result<()> {
+        self.window_heads
+            .store(window_heads_valid(heads)?, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Queue kernel `name` on the stream.

@@ -180,6 +180,23 @@ impl CudaOps {
         self.dev.graphs.set_enabled(graphs);
     }
 
+    /// Heads a few-query window attention block takes (`DS4_CUDA_WINDOW_HEADS`
+    /// at open, 8 unless set).
+    pub fn window_heads(&self) -> usize {
+        self.dev.window_heads()
+    }
+
+    /// Choose the heads (1, 2, 4 or 8) a few-query window attention block
+    /// takes: the same bits in other blocks, for side-by-side runs and
+    /// tests. Captured steps are dropped (they keep their launches).
+    pub fn set_window_heads(&self, heads: usize) -> Result<()> {
+        self.dev.set_window_heads(heads)?;
+        let graphs = self.dev.graphs.enabled();
+        self.dev.graphs.set_enabled(false);
+        self.dev.graphs.set_enabled(graphs);
+        Ok(())
+    }
+
     /// Steps captured and replayed so far.
     pub fn graph_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;

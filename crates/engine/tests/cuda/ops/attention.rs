@@ -532,3 +532,50 @@ fn batched_attend_and_append_as_alone(g: &Gpu, d: usize, sessions: &[(usize, usi
         at += t;
     }
 }
+
+/// The few-query window attention (`attention_window_staged_f32`) has the
+/// same bits with 1, 2, 4 or 8 heads a block (`CudaOps::set_window_heads`):
+/// a head's partial is the same warp's work whichever block holds it.
+/// DeepSeek-V4's 512-dim heads, 20 heads (a last group part full), one and
+/// three queries, every entry mode, windows and entries that fill and
+/// part-fill tiles of 64.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
+fn cuda_attention_window_heads_a_block_keep_the_bits() {
+    let g = gpu();
+    let (heads, dim, span, p, n_entries) = (20, 512, 128, 150, 70);
+    let window = up(&g, &rnd(p * dim, 211));
+    let entries = up(&g, &rnd(n_entries * dim, 212));
+    let sinks = up(&g, &rnd(heads, 213));
+    let before = g.window_heads();
+    for rows in [1, 3] {
+        let q = up(&g, &rnd(rows * heads * dim, 214 + rows as u64));
+        let scores = up(&g, &rnd(rows * n_entries, 220 + rows as u64));
+        let limits: Vec<usize> = (0..rows).map(|r| 60 + r).collect();
+        let sel = g
+            .select_topk(&scores, rows, n_entries, &limits, 50)
+            .unwrap();
+        for mode in 0..3 {
+            let run = |h: usize| {
+                g.set_window_heads(h).unwrap();
+                let keep = match mode {
+                    0 => EntryKeep::None,
+                    1 => EntryKeep::Causal { ratio: 2 },
+                    _ => EntryKeep::Selected(&sel),
+                };
+                let y = g
+                    .attention_window(
+                        &q, heads, dim, 140, &window, 0, span, &entries, keep, &sinks,
+                    )
+                    .unwrap();
+                bits(&down(&g, &y))
+            };
+            let eight = run(8);
+            for h in [1, 2, 4] {
+                assert_eq!(run(h), eight, "{rows} rows, mode {mode}: {h} heads a block");
+            }
+        }
+    }
+    assert!(g.set_window_heads(3).is_err());
+    g.set_window_heads(before).unwrap();
+}

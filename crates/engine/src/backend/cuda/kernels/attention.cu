@@ -538,7 +538,9 @@ extern "C" __global__ void attention_window_tiles_f32(
 // per head a lane a row (64 heads of 512 dims: 47–55 µs a decode layer,
 // run 38's table), and which still run for dims not a multiple of 4 or
 // past `WINDOW_STAGED_DIMS_MAX`. (Run 37's blocks of 8 heads staging 32
-// dims a round waited on L2 once a round.)
+// dims a round waited on L2 once a round.) A block has blockDim.x / 32
+// heads, at most WS_HEADS (`attention.rs` chooses: a warp's partial is the
+// same whichever block holds it, so the bits do not depend on it).
 #define WS_HEADS 8
 extern "C" __global__ void attention_window_staged_f32(
     float* parts, const float* q, const float* window, const float* entries, u64 n_entries,
@@ -550,18 +552,19 @@ extern "C" __global__ void attention_window_staged_f32(
     __shared__ float sp_all[WS_HEADS][ATT_TILE];
     __shared__ const float* kp[ATT_TILE];
     u32 warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    u64 groups = (heads + WS_HEADS - 1) / WS_HEADS, d4 = dim / 4, stride = dim + 4;
+    u64 hb = blockDim.x / 32;
+    u64 groups = (heads + hb - 1) / hb, d4 = dim / 4, stride = dim + 4;
     bool vec = aligned16(window, entries);
     for (u64 blk = blockIdx.x; blk < rows * tiles * groups; blk += gridDim.x) {
         u64 r = blk / (tiles * groups), tile = blk / groups % tiles;
-        u64 h = blk % groups * WS_HEADS + warp;
+        u64 h = blk % groups * hb + warp;
         WinRow row = window_keys(r, window, entries, n_entries, idx, counts, cap, dim, query_first,
                                  window_first, span, mode, ratio);
         u64 j0 = tile * ATT_TILE;
         u64 cnt = j0 < row.n ? (row.n - j0 < ATT_TILE ? row.n - j0 : ATT_TILE) : 0;
         // The last item's readers are done before its rows are replaced.
         __syncthreads();
-        if (threadIdx.x < cnt) kp[threadIdx.x] = row.keys.key(j0 + threadIdx.x);
+        for (u64 i = threadIdx.x; i < cnt; i += blockDim.x) kp[i] = row.keys.key(j0 + i);
         __syncthreads();
         if (vec) {
             // Every 16-byte piece asked for at once (cp.async), then one
