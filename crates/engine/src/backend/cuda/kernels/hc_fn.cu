@@ -25,25 +25,53 @@
 #define HC_FN_WARPS (HC_FN_THREADS / 32)
 
 // The 8 weights of unit `u` of weight row `row` (k values a row).
+// `Raw` is a unit as loaded (`load`), `unpack` its 8 values: the one-output
+// kernel loads its first round's weights before the norm's sum.
 struct HcF32 {
+    // 16 registers a unit: loaded early, a round spills (ptxas: 212 bytes).
+    enum { EARLY = 0 };
+    struct Raw {
+        float4 a, b;
+    };
+    static __device__ __forceinline__ Raw load(const void* w, u64 row, u64 k, u64 u) {
+        const float4* p = (const float4*)((const float*)w + row * k + u * 8);
+        return Raw{p[0], p[1]};
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, float (&v)[8]) {
+        v[0] = r.a.x; v[1] = r.a.y; v[2] = r.a.z; v[3] = r.a.w;
+        v[4] = r.b.x; v[5] = r.b.y; v[6] = r.b.z; v[7] = r.b.w;
+    }
     static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
                                                 float (&v)[8]) {
-        const float4* p = (const float4*)((const float*)w + row * k + u * 8);
-        float4 a = p[0], b = p[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        unpack(load(w, row, k, u), v);
     }
 };
 struct HcF16 {
+    enum { EARLY = 1 };
+    typedef uint4 Raw;
+    static __device__ __forceinline__ Raw load(const void* w, u64 row, u64 k, u64 u) {
+        return *(const uint4*)((const u16*)w + row * k + u * 8);
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, float (&v)[8]) {
+        F16wHalf::unpack(r, v);
+    }
     static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
                                                 float (&v)[8]) {
-        F16wHalf::unpack(*(const uint4*)((const u16*)w + row * k + u * 8), v);
+        unpack(load(w, row, k, u), v);
     }
 };
 struct HcBF16 {
+    enum { EARLY = 1 };
+    typedef uint4 Raw;
+    static __device__ __forceinline__ Raw load(const void* w, u64 row, u64 k, u64 u) {
+        return *(const uint4*)((const u16*)w + row * k + u * 8);
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, float (&v)[8]) {
+        F16wBf16::unpack(r, v);
+    }
     static __device__ __forceinline__ void unit(const void* w, u64 row, u64 k, u64 u,
                                                 float (&v)[8]) {
-        F16wBf16::unpack(*(const uint4*)((const u16*)w + row * k + u * 8), v);
+        unpack(load(w, row, k, u), v);
     }
 };
 
@@ -97,6 +125,22 @@ __device__ __forceinline__ void hc_fn(float* y, const float* x, u64 rows, const 
     u64 units = k / 8;
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const float* xr = x + r * k;
+        // One output of 16-bit weights: the first round of this block's
+        // first output's weights loaded now, so their memory latency passes under the
+        // norm's sum and its block reduction (a decode row's 24 blocks each
+        // walk a 16,384-value row in one round: the weights were waited for
+        // only after the reduction). The same values reach the same
+        // products: same bits.
+        typename W::Raw first[AHEAD];
+        u64 j_first = (u64)blockIdx.x * OUTS;
+        constexpr bool early = OUTS == 1 && W::EARLY;
+        if (early && j_first < n) {
+#pragma unroll
+            for (int a = 0; a < AHEAD; a++) {
+                u64 u = threadIdx.x + (u64)a * HC_FN_THREADS;
+                if (u < units) first[a] = W::load(w, j_first, k, u);
+            }
+        }
         float ss[1] = {0.0f};
         for (u64 u0 = threadIdx.x; u0 < units; u0 += HC_FN_THREADS * AHEAD) {
             float xv[AHEAD][8];
@@ -125,11 +169,13 @@ __device__ __forceinline__ void hc_fn(float* y, const float* x, u64 rows, const 
                 // same order).
                 for (u64 u0 = threadIdx.x; u0 < units; u0 += HC_FN_THREADS * AHEAD) {
                     float wv[AHEAD][8], xv[AHEAD][8];
+                    bool loaded = early && j0 == j_first && u0 == threadIdx.x;
 #pragma unroll
                     for (int a = 0; a < AHEAD; a++) {
                         u64 u = u0 + (u64)a * HC_FN_THREADS;
                         if (u < units) {
-                            W::unit(w, j0, k, u, wv[a]);
+                            if (loaded) W::unpack(first[a], wv[a]);
+                            else W::unit(w, j0, k, u, wv[a]);
                             hc_x_unit(xr, u, xv[a]);
                         }
                     }
