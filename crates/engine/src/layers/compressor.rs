@@ -139,11 +139,6 @@ impl<B: Backend> Compressor<B> {
 
     /// `[n·2m, d]` kv and gate slots of entries `e0 .. e1`: window `w−1`'s
     /// first half-channels (empty for `w = 0`) then window `w`'s second.
-    /// Each side is one source — the first halves' rows, the second
-    /// halves', and for window 0 the empty window (kv 0, gate −∞) — read as
-    /// two runs of rows a window by one [`Backend::row_runs`] (on CUDA one
-    /// launch, where four row copies a window were ~480 launches a layer of
-    /// a 256-row prefill chunk).
     fn overlap_slots(
         &self,
         ops: &B,
@@ -152,45 +147,94 @@ impl<B: Backend> Compressor<B> {
         e1: usize,
     ) -> Result<(B::Buf, B::Buf)> {
         let (m, d) = (self.ratio, self.dim);
-        let from = e0.saturating_sub(1) * m;
-        let span = e1 * m - from;
-        let kvp = ops.split_cols(&cache.kv.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
-        let gp = ops.split_cols(&cache.gate.range(ops, from, e1 * m)?, span, &[d, d], 1)?;
-        let empty = e0 == 0;
-        let kv_src = Self::slot_source(ops, kvp, empty.then(|| ops.zeros(m * d)))?;
-        let gate_src = Self::slot_source(
-            ops,
-            gp,
-            empty.then(|| ops.upload(&vec![f32::NEG_INFINITY; m * d])),
-        )?;
-        let mut runs = Vec::with_capacity(2 * (e1 - e0));
-        for w in e0..e1 {
-            runs.push(if w == 0 {
-                (2 * span, m)
-            } else {
-                ((w - 1) * m - from, m)
-            });
-            runs.push((span + w * m - from, m));
+        if e0 == 0 {
+            return Ok((
+                slots_with_empty(ops, &cache.kv, m, d, e0, e1, 0.0)?,
+                slots_with_empty(ops, &cache.gate, m, d, e0, e1, f32::NEG_INFINITY)?,
+            ));
         }
         Ok((
-            ops.row_runs(&kv_src, d, &runs)?,
-            ops.row_runs(&gate_src, d, &runs)?,
+            slots_in_place(ops, &cache.kv, m, d, e0, e1)?,
+            slots_in_place(ops, &cache.gate, m, d, e0, e1)?,
         ))
     }
+}
 
-    /// `[first halves; second halves; empty window]` (the last only when
-    /// given) as one buffer of rows.
-    fn slot_source(ops: &B, halves: Vec<B::Buf>, empty: Option<Result<B::Buf>>) -> Result<B::Buf> {
-        let mut halves = halves.into_iter();
-        let (Some(mut src), Some(second)) = (halves.next(), halves.next()) else {
-            return Err(EngineError::State("compressor overlap: two halves".into()));
-        };
-        ops.append(&mut src, &second)?;
-        if let Some(empty) = empty {
-            ops.append(&mut src, &empty?)?;
-        }
-        Ok(src)
+/// [`Compressor::overlap_slots`]' one side for entries `e0 ≥ 1`, read from
+/// the tail as it is: its `[·, 2d]` rows are rows of `d` (token `t`'s first
+/// half row `2(t − first)`, its second `2(t − first) + 1`), picked by one
+/// [`Backend::row_runs`]. The same values as [`slots_with_empty`] with no
+/// copies before (on CUDA one launch a side where the range, the column
+/// split and the joins were eight: 14 launches an entry of each CSA
+/// compressor, every 4 tokens).
+fn slots_in_place<B: Backend>(
+    ops: &B,
+    tail: &Tail<B>,
+    m: usize,
+    d: usize,
+    e0: usize,
+    e1: usize,
+) -> Result<B::Buf> {
+    let first = tail.first();
+    if e0 == 0 || (e0 - 1) * m < first {
+        return Err(EngineError::State(format!(
+            "compressor overlap: entry {e0} needs token {} of a cache from {first}",
+            e0.saturating_sub(1) * m
+        )));
     }
+    if e1 * m > tail.len() {
+        return Err(EngineError::State(format!(
+            "compressor overlap: entries to {e1} need {} tokens of {}",
+            e1 * m,
+            tail.len()
+        )));
+    }
+    let row = |t: usize, half: usize| (2 * (t - first) + half, 1);
+    let mut runs = Vec::with_capacity(2 * m * (e1 - e0));
+    for w in e0..e1 {
+        runs.extend((w * m - m..w * m).map(|t| row(t, 0)));
+        runs.extend((w * m..w * m + m).map(|t| row(t, 1)));
+    }
+    ops.row_runs(tail.buf(), d, &runs)
+}
+
+/// [`Compressor::overlap_slots`]' one side from a joined source: the
+/// first halves' rows, the second halves', and for window 0 the empty
+/// window (every value `empty`: kv 0, gate −∞), read as two runs of rows a
+/// window by one [`Backend::row_runs`]. Used where window 0 is among the
+/// entries (the empty window is no row of the tail).
+fn slots_with_empty<B: Backend>(
+    ops: &B,
+    tail: &Tail<B>,
+    m: usize,
+    d: usize,
+    e0: usize,
+    e1: usize,
+    empty: f32,
+) -> Result<B::Buf> {
+    let from = e0.saturating_sub(1) * m;
+    let span = e1 * m - from;
+    let mut halves = ops
+        .split_cols(&tail.range(ops, from, e1 * m)?, span, &[d, d], 1)?
+        .into_iter();
+    let (Some(mut src), Some(second)) = (halves.next(), halves.next()) else {
+        return Err(EngineError::State("compressor overlap: two halves".into()));
+    };
+    ops.append(&mut src, &second)?;
+    let with_empty = e0 == 0;
+    if with_empty {
+        ops.append(&mut src, &ops.upload(&vec![empty; m * d])?)?;
+    }
+    let mut runs = Vec::with_capacity(2 * (e1 - e0));
+    for w in e0..e1 {
+        runs.push(if w == 0 {
+            (2 * span, m)
+        } else {
+            ((w - 1) * m - from, m)
+        });
+        runs.push((span + w * m - from, m));
+    }
+    ops.row_runs(&src, d, &runs)
 }
 
 impl<B: Backend> CompressorCache<B> {
@@ -271,5 +315,37 @@ impl<B: Backend> CompressorCache<B> {
             .import(ops, r, &format!("{p}.raw_gate"), from, n)?;
         self.entries
             .import(ops, r, &format!("{p}.entries"), n / self.ratio)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::CpuOps;
+
+    /// The tail read in place gives the joined source's slots value for
+    /// value: windows of 4 and 3 tokens, channels of 5, a tail whose first
+    /// rows were trimmed (first = 64), one and several entries at once.
+    #[test]
+    fn overlap_slots_in_place_equal_the_joined_source() {
+        let ops = CpuOps;
+        for (m, d) in [(4, 5), (3, 2)] {
+            let mut tail = Tail::new(&ops, 2 * d).unwrap();
+            let rows = 200;
+            let x: Vec<f32> = (0..rows * 2 * d).map(|i| (i as f32).sin()).collect();
+            tail.append(&ops, &x).unwrap();
+            tail.trim(&ops, 100).unwrap();
+            assert_eq!(tail.first(), 64);
+            let low = 64usize.div_ceil(m) + 1;
+            for (e0, e1) in [(low, low + 1), (low, low + 5), (rows / m - 2, rows / m)] {
+                let joined = slots_with_empty(&ops, &tail, m, d, e0, e1, 0.0).unwrap();
+                let in_place = slots_in_place(&ops, &tail, m, d, e0, e1).unwrap();
+                assert_eq!(in_place.len(), (e1 - e0) * 2 * m * d);
+                assert_eq!(in_place, joined, "m {m}, entries {e0}..{e1}");
+            }
+            // Entry `low − 1` needs a dropped row (or its window's): refused.
+            assert!(slots_in_place(&ops, &tail, m, d, low - 2, low).is_err());
+            assert!(slots_in_place(&ops, &tail, m, d, low, rows / m + 1).is_err());
+        }
     }
 }

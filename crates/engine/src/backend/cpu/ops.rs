@@ -574,6 +574,30 @@ impl Backend for CpuOps {
         }
         Ok(x[a..b].to_vec())
     }
+    fn row_runs(&self, x: &Vec<f32>, width: usize, runs: &[(usize, usize)]) -> Result<Vec<f32>> {
+        if runs.is_empty() {
+            return Err(EngineError::State("row_runs: no runs".into()));
+        }
+        // One buffer, each run's rows copied in (the default made a buffer
+        // a run: the compressor's slots are 2m runs of one row a window).
+        let total: usize = runs.iter().map(|&(_, count)| count * width).sum();
+        let mut out = Vec::with_capacity(total);
+        for &(first, count) in runs {
+            let (a, b) = (first * width, (first + count) * width);
+            if b > x.len() {
+                return Err(shape_err(
+                    "row_runs",
+                    format!(
+                        "rows {first}..{} of a {}-row buffer",
+                        first + count,
+                        x.len() / width.max(1)
+                    ),
+                ));
+            }
+            out.extend_from_slice(&x[a..b]);
+        }
+        Ok(out)
+    }
 
     fn append(&self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
         dst.extend_from_slice(src);
@@ -1885,6 +1909,22 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// `row_runs` is its runs' `rows` one after another (empty and single
+    /// rows among them); a run past the buffer and no runs are errors.
+    #[test]
+    fn row_runs_join_their_runs_rows() {
+        let ops = CpuOps;
+        let x = data(7 * 3, 0.5);
+        let runs = [(5, 2), (0, 1), (3, 0), (1, 3), (6, 1)];
+        let mut want = Vec::new();
+        for &(first, count) in &runs {
+            want.extend(ops.rows(&x, 3, first, count).unwrap());
+        }
+        assert_eq!(ops.row_runs(&x, 3, &runs).unwrap(), want);
+        assert!(ops.row_runs(&x, 3, &[(6, 2)]).is_err());
+        assert!(ops.row_runs(&x, 3, &[]).is_err());
     }
 
     /// `matmul_many` over block matrices (one pool dispatch for all the
