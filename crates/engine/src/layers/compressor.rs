@@ -164,9 +164,10 @@ impl<B: Backend> Compressor<B> {
 /// the tail as it is: its `[·, 2d]` rows are rows of `d` (token `t`'s first
 /// half row `2(t − first)`, its second `2(t − first) + 1`), picked by one
 /// [`Backend::row_runs`]. The same values as [`slots_with_empty`] with no
-/// copies before (on CUDA one launch a side where the range, the column
-/// split and the joins were eight: 14 launches an entry of each CSA
-/// compressor, every 4 tokens).
+/// copies before: on CUDA one launch a side, where the range, the column
+/// split, the joins and the runs were 10 launches for the two sides (run
+/// 47's profiled step), on every entry of each CSA compressor (every 4
+/// tokens).
 fn slots_in_place<B: Backend>(
     ops: &B,
     tail: &Tail<B>,

@@ -561,18 +561,7 @@ impl Backend for CpuOps {
     }
 
     fn rows(&self, x: &Vec<f32>, width: usize, first: usize, count: usize) -> Result<Vec<f32>> {
-        let (a, b) = (first * width, (first + count) * width);
-        if b > x.len() {
-            return Err(shape_err(
-                "rows",
-                format!(
-                    "rows {first}..{} of a {}-row buffer",
-                    first + count,
-                    x.len() / width.max(1)
-                ),
-            ));
-        }
-        Ok(x[a..b].to_vec())
+        Ok(x[row_span("rows", x, width, first, count)?].to_vec())
     }
     fn row_runs(&self, x: &Vec<f32>, width: usize, runs: &[(usize, usize)]) -> Result<Vec<f32>> {
         if runs.is_empty() {
@@ -583,18 +572,7 @@ impl Backend for CpuOps {
         let total: usize = runs.iter().map(|&(_, count)| count * width).sum();
         let mut out = Vec::with_capacity(total);
         for &(first, count) in runs {
-            let (a, b) = (first * width, (first + count) * width);
-            if b > x.len() {
-                return Err(shape_err(
-                    "row_runs",
-                    format!(
-                        "rows {first}..{} of a {}-row buffer",
-                        first + count,
-                        x.len() / width.max(1)
-                    ),
-                ));
-            }
-            out.extend_from_slice(&x[a..b]);
+            out.extend_from_slice(&x[row_span("row_runs", x, width, first, count)?]);
         }
         Ok(out)
     }
@@ -1891,6 +1869,29 @@ impl Backend for CpuOps {
     ) -> Result<Vec<f32>> {
         causal_over_batch(parts, q_heads, kv)
     }
+}
+
+/// The values of rows `first .. first + count` of `x: [_, width]`, or the
+/// shape error `op` reports.
+fn row_span(
+    op: &str,
+    x: &[f32],
+    width: usize,
+    first: usize,
+    count: usize,
+) -> Result<std::ops::Range<usize>> {
+    let (a, b) = (first * width, (first + count) * width);
+    if b > x.len() {
+        return Err(shape_err(
+            op,
+            format!(
+                "rows {first}..{} of a {}-row buffer",
+                first + count,
+                x.len() / width.max(1)
+            ),
+        ));
+    }
+    Ok(a..b)
 }
 
 #[cfg(test)]
