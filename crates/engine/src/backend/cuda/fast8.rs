@@ -21,10 +21,28 @@ const BLOCK: usize = 32;
 /// Warps per block of the per-warp launches, and the unit every part's
 /// outputs are rounded up to.
 const ONE_WARPS: usize = 8;
-/// Outputs a warp of the one-row kernel takes (a group of eight lanes
-/// each): its grid is that many times smaller than the units (run 45 ran
-/// a warp per unit, three in four returning at once).
-const ONE_ROW_OUTPUTS_A_WARP: usize = 4;
+/// Lanes per output the one-row kernels come in (`f8_one<Q4, G>`: 32 / G
+/// outputs a warp; run 45 ran a warp per unit, three in four returning at
+/// once).
+pub(super) const ONE_ROW_LANES: [usize; 3] = [8, 16, 32];
+/// Warps that fill an H100 / H200 at the one-row kernels' registers (132
+/// SMs, 16 warps of 128 registers each).
+const ONE_ROW_FULL_WARPS: usize = 2048;
+
+/// Lanes per output for a one-row launch of `outputs` outputs: the
+/// device's setting, else the fewest that make [`ONE_ROW_FULL_WARPS`]
+/// warps (each lane keeps four blocks of its output in flight; with eight
+/// lanes, run 47's 4,096-output products had 1,024 warps and read 1.9 TB/s
+/// of an H200's 4.2).
+fn one_row_lanes(dev: &Device, outputs: usize) -> usize {
+    match dev.f8_lanes() {
+        0 => ONE_ROW_LANES
+            .into_iter()
+            .find(|&g| outputs * g / 32 >= ONE_ROW_FULL_WARPS)
+            .unwrap_or(32),
+        g => g,
+    }
+}
 /// Rows up to which a launch runs warps per output on `dp4a` (4 or 8 rows
 /// a warp, each weight block read once for them) rather than tensor-core
 /// tiles of 16 outputs a warp, which leave a 2-row verify window a
@@ -239,19 +257,20 @@ fn run(
             continue;
         }
         let (name, shape) = if per_warp {
-            let (name, rows_a_warp) = match (kind, rows) {
-                (BlockKind::Q8_0, 1) => ("f8_one_q8_0", 1),
-                (BlockKind::Q4_1, 1) => ("f8_one_q4_1", 1),
-                (BlockKind::Q8_0, 2..=4) => ("f8_rows4_q8_0", 4),
-                (BlockKind::Q4_1, 2..=4) => ("f8_rows4_q4_1", 4),
-                (BlockKind::Q8_0, _) => ("f8_rows8_q8_0", 8),
-                (BlockKind::Q4_1, _) => ("f8_rows8_q4_1", 8),
+            let lanes = one_row_lanes(dev, first);
+            let (name, rows_a_warp) = match (kind, rows, lanes) {
+                (BlockKind::Q8_0, 1, 8) => ("f8_one_q8_0", 1),
+                (BlockKind::Q4_1, 1, 8) => ("f8_one_q4_1", 1),
+                (BlockKind::Q8_0, 1, 16) => ("f8_one16_q8_0", 1),
+                (BlockKind::Q4_1, 1, 16) => ("f8_one16_q4_1", 1),
+                (BlockKind::Q8_0, 1, _) => ("f8_one32_q8_0", 1),
+                (BlockKind::Q4_1, 1, _) => ("f8_one32_q4_1", 1),
+                (BlockKind::Q8_0, 2..=4, _) => ("f8_rows4_q8_0", 4),
+                (BlockKind::Q4_1, 2..=4, _) => ("f8_rows4_q4_1", 4),
+                (BlockKind::Q8_0, _, _) => ("f8_rows8_q8_0", 8),
+                (BlockKind::Q4_1, _, _) => ("f8_rows8_q4_1", 8),
             };
-            let units_a_warp = if rows_a_warp == 1 {
-                ONE_ROW_OUTPUTS_A_WARP
-            } else {
-                1
-            };
+            let units_a_warp = if rows_a_warp == 1 { 32 / lanes } else { 1 };
             let blocks = first.div_ceil(ONE_WARPS * units_a_warp);
             (name, (blocks, rows.div_ceil(rows_a_warp), ONE_WARPS * 32))
         } else {

@@ -112,10 +112,19 @@ impl Graphs {
     /// Turn graphs on or off (off also drops the captured ones).
     pub fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Relaxed);
-        if !on && let Ok(mut c) = self.cache.lock() {
+        if !on {
+            self.drop_captured();
+        }
+    }
+
+    /// Drop every captured graph (steps and pure units), so the next ones
+    /// are captured anew: after a setting that changes what a launch is
+    /// (the kernel set, the window heads, the one-row lanes).
+    pub fn drop_captured(&self) {
+        if let Ok(mut c) = self.cache.lock() {
             c.clear();
         }
-        if !on && let Ok(mut c) = self.pure.lock() {
+        if let Ok(mut c) = self.pure.lock() {
             c.clear();
         }
     }

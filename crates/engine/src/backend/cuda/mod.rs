@@ -157,10 +157,11 @@ impl CudaOps {
     }
 
     /// Choose which launches overlap the kernel before them (a device
-    /// without it stays off): for side-by-side runs and tests. Turn graphs
-    /// off and on after it so that steps are captured anew.
+    /// without it stays off): for side-by-side runs and tests. Captured
+    /// steps are dropped, so the next ones are captured with it.
     pub fn set_dependent_launch(&self, mode: Pdl) {
-        self.dev.set_pdl(mode)
+        self.dev.set_pdl(mode);
+        self.dev.graphs.drop_captured();
     }
 
     /// The kernel set this device's products run (the process's set,
@@ -175,9 +176,7 @@ impl CudaOps {
     /// its id and must not be continued.
     pub fn set_kernel_set(&self, set: KernelSet) {
         self.dev.set_kernel_set(set);
-        let graphs = self.dev.graphs.enabled();
-        self.dev.graphs.set_enabled(false);
-        self.dev.graphs.set_enabled(graphs);
+        self.dev.graphs.drop_captured();
     }
 
     /// Heads a few-query window attention block takes (`DS4_CUDA_WINDOW_HEADS`
@@ -191,9 +190,22 @@ impl CudaOps {
     /// tests. Captured steps are dropped (they keep their launches).
     pub fn set_window_heads(&self, heads: usize) -> Result<()> {
         self.dev.set_window_heads(heads)?;
-        let graphs = self.dev.graphs.enabled();
-        self.dev.graphs.set_enabled(false);
-        self.dev.graphs.set_enabled(graphs);
+        self.dev.graphs.drop_captured();
+        Ok(())
+    }
+
+    /// Lanes per output of the one-row Q8_0 / Q4_1 products
+    /// (`DS4_CUDA_F8_LANES` at open; 0: by each launch's outputs).
+    pub fn f8_lanes(&self) -> usize {
+        self.dev.f8_lanes()
+    }
+
+    /// Fix the lanes per output of the one-row Q8_0 / Q4_1 products (8, 16
+    /// or 32; 0: by each launch's outputs): the same bits, other launches,
+    /// for side-by-side runs and tests. Captured steps are dropped.
+    pub fn set_f8_lanes(&self, lanes: usize) -> Result<()> {
+        self.dev.set_f8_lanes(lanes)?;
+        self.dev.graphs.drop_captured();
         Ok(())
     }
 

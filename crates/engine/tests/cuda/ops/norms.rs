@@ -87,10 +87,9 @@ fn grouped(g: &CudaOps, c: &CpuOps, rows: usize, width: usize, group: usize) {
     });
 }
 
-/// The per-head, L2 and gated norms and RoPE.
-fn grouped_tail(g: &CudaOps, c: &CpuOps, rows: usize) {
-    // Per-head in place.
-    let (dim, heads) = (24, 3);
+/// `rms_norm_heads` and `l2_norm_heads` of `heads` heads of `dim` against
+/// the CPU, row-invariant, and in place on a clone only.
+fn per_head(g: &CudaOps, c: &CpuOps, rows: usize, dim: usize, heads: usize) {
     let xh = rnd(rows * heads * dim, 54);
     let sh = rnd(dim, 55);
     let gsh = up(g, &sh);
@@ -121,6 +120,19 @@ fn grouped_tail(g: &CudaOps, c: &CpuOps, rows: usize) {
     rows_invariant("l2_norm_heads", rows, |r| {
         l2(&xh[r.start * heads * dim..r.end * heads * dim])
     });
+}
+
+/// The per-head, L2 and gated norms and RoPE.
+fn grouped_tail(g: &CudaOps, c: &CpuOps, rows: usize) {
+    // Per-head in place: short heads, and heads of a whole batch of
+    // NORM_BATCH loads a lane and a tail (544 = 32 · 16 + 32).
+    for (dim, heads) in [(24, 3), (544, 2)] {
+        per_head(g, c, rows, dim, heads);
+    }
+    let (dim, heads) = (24, 3);
+    let xh = rnd(rows * heads * dim, 54);
+    let sh = rnd(dim, 55);
+    let gsh = up(g, &sh);
     // Gated.
     let z = rnd(rows * heads * dim, 56);
     for act in [GateAct::Sigmoid, GateAct::Silu] {

@@ -151,30 +151,46 @@ __device__ __forceinline__ void f8_one_sums(const F8Round& cur, int& sumi, float
     scale = h2f((u16)(cur.dm & 0xffff)) * cur.da;
 }
 
-// ---- one activation row (decode): a group of eight lanes per output
-// element (four a warp), lane l of a group on blocks b0 + l and b0 + 8 + l
-// of each round of 16, the round's float steps in block order on every
-// lane of the group (the sums and scales passed by shuffles, one shuffle
-// serving the four outputs of a warp: a warp per output spent 64 shuffles
-// on each 32 blocks). The next round's loads are issued before this
-// round's float steps (run 45, with the routed gathers' changes of
-// `kq8.cu`: DeepSeek-V4's 32-layer step 12.08 -> 11.78 ms on an H100, the
-// same digest). Units (`first`, `n`) count outputs: unit g is group g % 4 of
-// warp g / 4; the launch has a quarter of the units' warps (`cuda/fast8.rs`;
-// any warp past them returns at once).
-// Blocks a lane takes each round of `f8_one` (8 · F8_H blocks a round).
-#define F8_H 2
+// One block's float step of `f8_one`: lane `src`'s sums and scales.
 template <int Q4>
+__device__ __forceinline__ float f8_one_step(float acc, int sumi, float scale, float mw,
+                                             float sb, int src) {
+    float si = (float)__shfl_sync(FULL_MASK, sumi, src);
+    acc = fmaf(__shfl_sync(FULL_MASK, scale, src), si, acc);
+    if (Q4) acc = fmaf(__shfl_sync(FULL_MASK, mw, src), __shfl_sync(FULL_MASK, sb, src), acc);
+    return acc;
+}
+
+// ---- one activation row (decode): a group of G lanes per output element
+// (32 / G a warp), lane l of a group on blocks b0 + l + G·h (h < F8_H) of
+// each round of G · F8_H, the round's float steps in block order on every
+// lane of the group (the sums and scales passed by shuffles, one shuffle
+// serving the 32 / G outputs of a warp). The next round's loads are issued
+// before this round's float steps (run 45: DeepSeek-V4's 32-layer step
+// 12.08 -> 11.78 ms on an H100, the same digest). The group's width only
+// spreads the loads: every output's integer sums and its chain of float
+// steps in block order are the same for every G, so the same bits.
+// G = 8 with two blocks a lane a round (run 47, H200) left a product of
+// 4,096 outputs at 1.9 TB/s: 1,024 warps, 16 KB of weights in flight an SM.
+// Now a lane keeps four blocks in flight and `cuda/fast8.rs` widens the
+// group for fewer outputs (16 or 32 lanes), so a launch has warps enough to
+// fill the GPU whatever its width. Units (`first`, `n`) count outputs: unit
+// g is group g % (32 / G) of warp g / (32 / G); any warp past them returns
+// at once.
+// Blocks a lane takes each round of `f8_one` (G · F8_H blocks a round).
+#define F8_H 4
+template <int Q4, int G>
 __device__ __forceinline__ void f8_one(const Fast8& f) {
-    u32 lane = threadIdx.x & 31, gi = lane / 8, li = lane % 8;
+    constexpr u32 OUTS = 32 / G;
+    u32 lane = threadIdx.x & 31, gi = lane / G, li = lane % G;
     u64 w = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     u64 total = f.p[0].first + f.p[0].n;
 #pragma unroll
     for (int t = 1; t < F8_PARTS; t++)
         if ((u64)t < f.parts) total = f.p[t].first + f.p[t].n;
-    if (4 * w >= total) return;
-    u64 g = 4 * w + gi;
-    F8Part p = f8_part(f, g < total ? g : 4 * w);
+    if (OUTS * w >= total) return;
+    u64 g = OUTS * w + gi;
+    F8Part p = f8_part(f, g < total ? g : OUTS * w);
     u64 j = g - p.first;
     bool live = g < total && j < p.n;
     if (!live) j = 0;
@@ -190,50 +206,66 @@ __device__ __forceinline__ void f8_one(const Fast8& f) {
     F8Round cur[F8_H];
 #pragma unroll
     for (int h = 0; h < F8_H; h++)
-        if (li + 8 * h < nb) f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, li + 8 * h);
-    for (u64 b0 = 0; b0 < nb; b0 += 8 * F8_H) {
+        if (li + G * h < nb) f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, li + G * h);
+    for (u64 b0 = 0; b0 < nb; b0 += G * F8_H) {
         int sumi[F8_H] = {};
         float scale[F8_H] = {}, mw[F8_H] = {}, sb[F8_H] = {};
 #pragma unroll
         for (int h = 0; h < F8_H; h++)
-            if (b0 + li + 8 * h < nb) f8_one_sums<Q4>(cur[h], sumi[h], scale[h], mw[h], sb[h]);
+            if (b0 + li + G * h < nb) f8_one_sums<Q4>(cur[h], sumi[h], scale[h], mw[h], sb[h]);
 #pragma unroll
         for (int h = 0; h < F8_H; h++)
-            if (b0 + 8 * F8_H + li + 8 * h < nb)
-                f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, b0 + 8 * F8_H + li + 8 * h);
-        u64 steps = nb - b0 < 8 * F8_H ? nb - b0 : 8 * F8_H;
-        if (steps == 8 * F8_H) {
+            if (b0 + G * F8_H + li + G * h < nb)
+                f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, b0 + G * F8_H + li + G * h);
+        // A round's steps in block order; a row's last round stops at nb
+        // (the same count on every lane: the shuffles stay converged).
+        u64 steps = nb - b0 < G * F8_H ? nb - b0 : G * F8_H;
+        // (Inner loops unrolled by eight: fully unrolled, 16 lanes spilled
+        // at two blocks an SM.)
+        if (steps == G * F8_H) {
 #pragma unroll
-            for (int i = 0; i < 8 * F8_H; i++) {
-                int src = (int)(8 * gi) + (i % 8);
-                float si = (float)__shfl_sync(FULL_MASK, sumi[i / 8], src);
-                acc = fmaf(__shfl_sync(FULL_MASK, scale[i / 8], src), si, acc);
-                if (Q4)
-                    acc = fmaf(__shfl_sync(FULL_MASK, mw[i / 8], src),
-                               __shfl_sync(FULL_MASK, sb[i / 8], src), acc);
-            }
+            for (int h = 0; h < F8_H; h++)
+#pragma unroll 8
+                for (int i = 0; i < G; i++)
+                    acc = f8_one_step<Q4>(acc, sumi[h], scale[h], mw[h], sb[h], (int)(G * gi) + i);
         } else {
-            for (u64 i = 0; i < steps; i++) {
-                int src = (int)(8 * gi) + (int)(i % 8);
-                bool hi = F8_H > 1 && i >= 8;
-                float si = (float)__shfl_sync(FULL_MASK, hi ? sumi[F8_H - 1] : sumi[0], src);
-                acc = fmaf(__shfl_sync(FULL_MASK, hi ? scale[F8_H - 1] : scale[0], src), si, acc);
-                if (Q4)
-                    acc = fmaf(__shfl_sync(FULL_MASK, hi ? mw[F8_H - 1] : mw[0], src),
-                               __shfl_sync(FULL_MASK, hi ? sb[F8_H - 1] : sb[0], src), acc);
-            }
+#pragma unroll
+            for (int h = 0; h < F8_H; h++)
+#pragma unroll 8
+                for (int i = 0; i < G; i++)
+                    if ((u64)(G * h + i) < steps)
+                        acc = f8_one_step<Q4>(acc, sumi[h], scale[h], mw[h], sb[h],
+                                              (int)(G * gi) + i);
         }
     }
     if (live && li == 0) p.y[t * p.y_stride + j] = p.c.apply(acc);
 }
 
-extern "C" __global__ void f8_one_q8_0(Fast8 f) {
+// The one-row kernels, by lanes per output (`cuda/fast8.rs` picks): two
+// blocks of eight warps an SM (at most 128 registers; 16 lanes took 147).
+extern "C" __global__ void __launch_bounds__(256, 2) f8_one_q8_0(Fast8 f) {
     dep_entry();
-    f8_one<0>(f);
+    f8_one<0, 8>(f);
 }
-extern "C" __global__ void f8_one_q4_1(Fast8 f) {
+extern "C" __global__ void __launch_bounds__(256, 2) f8_one_q4_1(Fast8 f) {
     dep_entry();
-    f8_one<1>(f);
+    f8_one<1, 8>(f);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) f8_one16_q8_0(Fast8 f) {
+    dep_entry();
+    f8_one<0, 16>(f);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) f8_one16_q4_1(Fast8 f) {
+    dep_entry();
+    f8_one<1, 16>(f);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) f8_one32_q8_0(Fast8 f) {
+    dep_entry();
+    f8_one<0, 32>(f);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) f8_one32_q4_1(Fast8 f) {
+    dep_entry();
+    f8_one<1, 32>(f);
 }
 
 // ---- a few activation rows (verify windows, small batches): the one-row
