@@ -1,11 +1,12 @@
 //! The fast kernel set's Q8_0 / Q4_1 products (`kernels/fast8.cu`): each
-//! activation row rounded to int8 blocks of 32 once (`f8_quantize`), then
-//! one launch for up to [`F8_PARTS`] matrices that read it: eight lanes
-//! per output on `dp4a` for one row (decode), a warp per output for a few
-//! (verify windows, small batches: up to [`FEW_ROWS`] rows a warp),
-//! tensor-core tiles for more. The arithmetic is the CPU fast set's
-//! (`cpu/q8_matmul`), so every output has its bits whatever the row count,
-//! kernel or tile.
+//! activation row rounded to int8 blocks of 32 once (`f8_quantize`; one
+//! row of an ungrouped launch is rounded by each block of the one-row
+//! kernels itself, the same rounding), then one launch for up to
+//! [`F8_PARTS`] matrices that read it: 8, 16 or 32 lanes per output on
+//! `dp4a` for one row (decode), a warp per output for a few (verify
+//! windows, small batches: up to [`FEW_ROWS`] rows a warp), tensor-core
+//! tiles for more. The arithmetic is the CPU fast set's (`cpu/q8_matmul`),
+//! so every output has its bits whatever the row count, kernel or tile.
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args};
@@ -25,6 +26,10 @@ const ONE_WARPS: usize = 8;
 /// outputs a warp; run 45 ran a warp per unit, three in four returning at
 /// once).
 pub(super) const ONE_ROW_LANES: [usize; 3] = [8, 16, 32];
+/// Values of a row the one-row kernels round themselves at most
+/// (`F8_OWN_K` in `fast8.cu`: their shared memory); longer rows are rounded
+/// by `f8_quantize` first.
+const ONE_ROW_OWN_ROUNDING_MAX: usize = 8_192;
 /// Warps that fill an H100 / H200 at the one-row kernels' registers (132
 /// SMs, 16 warps of 128 registers each).
 const ONE_ROW_FULL_WARPS: usize = 2048;
@@ -82,6 +87,7 @@ pub(super) struct F8Args {
     q: u64,
     d: u64,
     s: u64,
+    x: u64,
     rows: u64,
     k: u64,
     x_stride: u64,
@@ -215,15 +221,25 @@ fn run(
     if rows == 0 || k == 0 {
         return Ok(());
     }
-    let (_rounded, [q, d, s]) = round_rows(dev, x, rows, x_stride, kind)?;
     // Warps per output (`dp4a`) for few rows; 64-output tiles for more.
     let per_warp =
         rows <= 4 || (rows <= FEW_ROWS && parts.iter().all(|p| p.out < FEW_ROWS_TILES_FROM));
+    // One row of an ungrouped launch: each block of the one-row kernels
+    // rounds it into shared memory itself (the same rounding), so no
+    // `f8_quantize` launch and no trip of the bytes through memory.
+    let own = rows == 1 && !grouped && k <= ONE_ROW_OWN_ROUNDING_MAX;
+    let (_rounded, [q, d, s]) = if own {
+        (None, [0; 3])
+    } else {
+        let (buf, at) = round_rows(dev, x, rows, x_stride, kind)?;
+        (Some(buf), at)
+    };
     for (c, chunk) in parts.chunks(F8_PARTS).enumerate() {
         let mut a = F8Args {
             q,
             d,
             s,
+            x: if own { x.ptr() } else { 0 },
             rows: rows as u64,
             k: k as u64,
             x_stride: x_stride as u64,

@@ -77,14 +77,16 @@ fn cuda_fast_block_products_are_the_cpu_fast_bits() {
 /// One row at every group width (`DS4_CUDA_F8_LANES` = 8, 16, 32 lanes an
 /// output, each lane four blocks a round): the CPU fast kernel's bits
 /// whatever the width, through whole rounds and a row's partial last one
-/// (1, 18, 33, 129 and 256 blocks), in a single launch of several parts.
+/// (1, 18, 33, 129 and 256 blocks), in a single launch of several parts;
+/// rows of up to 8,192 values rounded by the product's blocks themselves,
+/// 8,224 by `f8_quantize` first.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
 fn cuda_fast_one_row_lanes_keep_the_cpu_bits() {
     let g = fast_gpu();
     let before = g.f8_lanes();
     for (fi, (ty, format)) in FORMATS.into_iter().enumerate() {
-        for k in [32usize, 576, 1056, 4128, 8192] {
+        for k in [32usize, 576, 1056, 4128, 8192, 8224] {
             let seed = 9300 + 100 * fi as u64 + k as u64;
             let n = [37usize, 70, 300];
             let mats: Vec<_> = n

@@ -28,6 +28,29 @@ __device__ __forceinline__ u32 f8_pos(u32 e, int q4) {
     return q4 ? 8 * (e / 8) + 4 * (e % 2) + (e % 8) / 2 : e;
 }
 
+// Round one block of 32 values (lane l holds value l) into q (32 bytes, in
+// `f8_pos` order), *d and *s: every kernel that rounds activations does it
+// through this, so a row rounded anywhere has the same bytes and scales.
+__device__ __forceinline__ void f8_round_block(float v, u32 lane, int q4, u8* q, float* d,
+                                               float* s) {
+    float t = fabsf(v);
+    // amax with the CPU fold's NaN rule: any NaN makes it NaN.
+    bool nan = __any_sync(FULL_MASK, t != t);
+    float a = warp_max(t != t ? 0.0f : t);
+    float amax = nan ? __int_as_float(0x7fc00000) : a;
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    float r = rintf(v * id);
+    int qi = (r != r) ? 0 : (int)fminf(fmaxf(r, -127.0f), 127.0f);
+    int sum = qi;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+    q[f8_pos(lane, q4)] = (u8)(qi & 0xff);
+    if (lane == 0) {
+        *d = db;
+        *s = db * (float)sum;
+    }
+}
+
 // Round `blocks` blocks of 32 values of x (contiguous rows) into q (bytes,
 // in `f8_pos` order), d and s (one f32 each): a warp per block, lane l on
 // value l.
@@ -37,25 +60,8 @@ extern "C" __global__ void f8_quantize(u8* q, float* d, float* s, const float* x
     u32 lane = threadIdx.x & 31;
     u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 b = warp; b < blocks; b += warps) {
-        float v = x[b * 32 + lane];
-        float t = fabsf(v);
-        // amax with the CPU fold's NaN rule: any NaN makes it NaN.
-        bool nan = __any_sync(FULL_MASK, t != t);
-        float a = warp_max(t != t ? 0.0f : t);
-        float amax = nan ? __int_as_float(0x7fc00000) : a;
-        float db = amax / 127.0f;
-        float id = db != 0.0f ? 1.0f / db : 0.0f;
-        float r = rintf(v * id);
-        int qi = (r != r) ? 0 : (int)fminf(fmaxf(r, -127.0f), 127.0f);
-        int sum = qi;
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-        q[b * 32 + f8_pos(lane, q4)] = (u8)(qi & 0xff);
-        if (lane == 0) {
-            d[b] = db;
-            s[b] = db * (float)sum;
-        }
-    }
+    for (u64 b = warp; b < blocks; b += warps)
+        f8_round_block(x[b * 32 + lane], lane, q4, q + b * 32, d + b, s + b);
 }
 
 // Parts of one launch (`F8Args` in `cuda/fast8.rs`, field for field): each
@@ -78,6 +84,9 @@ struct Fast8 {
     const u8* q;     // [rows, x_stride] activation bytes
     const float* d;  // [rows, x_stride / 32] block scales
     const float* s;  // [rows, x_stride / 32] d · Σ q
+    // The unrounded row when the one-row kernels round it themselves (then
+    // q, d and s are unused: `f8_one`), else null.
+    const float* x;
     u64 rows;
     u64 k;
     u64 x_stride;
@@ -179,6 +188,15 @@ __device__ __forceinline__ float f8_one_step(float acc, int sumi, float scale, f
 // at once.
 // Blocks a lane takes each round of `f8_one` (G · F8_H blocks a round).
 #define F8_H 4
+// Values of a row the one-row kernels round themselves at most
+// (`ONE_ROW_OWN_ROUNDING_MAX` in `cuda/fast8.rs`; longer rows would take
+// more trips to memory than a launch of their own): a separate `f8_quantize`
+// launch before each product was 193 of run 47's 2,421 launches a
+// DeepSeek-V4 step (2.6 µs each under ncu).
+#define F8_OWN_K 8192
+// Blocks of the row a warp loads at once while rounding it (8 warps: a row
+// of 4,096 values in one trip to memory, 8,192 in two).
+#define F8_OWN_AHEAD 16
 template <int Q4, int G>
 __device__ __forceinline__ void f8_one(const Fast8& f) {
     constexpr u32 OUTS = 32 / G;
@@ -188,6 +206,31 @@ __device__ __forceinline__ void f8_one(const Fast8& f) {
 #pragma unroll
     for (int t = 1; t < F8_PARTS; t++)
         if ((u64)t < f.parts) total = f.p[t].first + f.p[t].n;
+    // The row rounded by the block itself (`f.x` set, one row of at most
+    // F8_OWN_K values): into shared memory, a warp a block in turn, the
+    // same `f8_round_block` as `f8_quantize`, before any warp returns.
+    __shared__ __align__(16) u8 own_q[F8_OWN_K];
+    __shared__ float own_d[F8_OWN_K / 32], own_s[F8_OWN_K / 32];
+    if (f.x) {
+        // F8_OWN_AHEAD values a lane loaded before the first is rounded
+        // (a rounding's vote and shuffles kept each load after the last
+        // block's: one memory latency a block).
+        u64 warps = blockDim.x / 32, nbk = f.k / 32;
+        for (u64 b0 = threadIdx.x / 32; b0 < nbk; b0 += F8_OWN_AHEAD * warps) {
+            float v[F8_OWN_AHEAD];
+#pragma unroll
+            for (int i = 0; i < F8_OWN_AHEAD; i++) {
+                u64 b = b0 + i * warps;
+                v[i] = b < nbk ? f.x[b * 32 + lane] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < F8_OWN_AHEAD; i++) {
+                u64 b = b0 + i * warps;
+                if (b < nbk) f8_round_block(v[i], lane, Q4, own_q + b * 32, own_d + b, own_s + b);
+            }
+        }
+        __syncthreads();
+    }
     if (OUTS * w >= total) return;
     u64 g = OUTS * w + gi;
     F8Part p = f8_part(f, g < total ? g : OUTS * w);
@@ -197,9 +240,9 @@ __device__ __forceinline__ void f8_one(const Fast8& f) {
     u64 t = blockIdx.y;
     u64 nb = f.k / 32;
     u64 at = t * f.x_stride + p.x_off;
-    const u8* qa = f.q + at;
-    const float* da = f.d + at / 32;
-    const float* sa = f.s + at / 32;
+    const u8* qa = f.x ? own_q : f.q + at;
+    const float* da = f.x ? own_d : f.d + at / 32;
+    const float* sa = f.x ? own_s : f.s + at / 32;
     const u32* dm = p.dm + j * nb;
     const u8* wq = p.quants + j * nb * (Q4 ? 16 : 32);
     float acc = 0.0f;
