@@ -233,12 +233,6 @@ pub(super) struct Device {
     /// blocks of 8 heads, 27 µs a layer in run 47's table), each staging
     /// its tile's keys again.
     window_heads: AtomicUsize,
-    /// Lanes per output of the one-row Q8_0 / Q4_1 products (8, 16 or 32;
-    /// 0: by the launch's outputs, `fast8::one_row_lanes`):
-    /// `DS4_CUDA_F8_LANES` at open, changeable for side-by-side runs and
-    /// tests ([`Device::set_f8_lanes`]). An output's bits do not depend on
-    /// its group's width.
-    f8_lanes: AtomicUsize,
     /// Kernels launched so far (for launch-count reports).
     pub launches: AtomicU64,
     /// Nanoseconds the host has waited in [`Device::sync`] (so a report
@@ -272,31 +266,14 @@ fn window_heads_valid(heads: usize) -> Result<usize> {
     }
 }
 
-/// The environment variable fixing the lanes per output of the one-row
-/// Q8_0 / Q4_1 products ([`Device::set_f8_lanes`]).
-pub const F8_LANES_ENV: &str = "DS4_CUDA_F8_LANES";
-
-fn f8_lanes_valid(lanes: usize) -> Result<usize> {
-    if super::fast8::ONE_ROW_LANES.contains(&lanes) || lanes == 0 {
-        Ok(lanes)
-    } else {
-        Err(EngineError::Device(format!(
-            "a one-row Q8_0 / Q4_1 product takes 8, 16 or 32 lanes an output (or 0: by its \
-             outputs), not {lanes}"
-        )))
-    }
-}
-
-/// Setting `name` of the environment: `default` when unset, else a number
-/// `valid` accepts.
-fn usize_from_env(name: &str, default: usize, valid: fn(usize) -> Result<usize>) -> Result<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
+fn window_heads_from_env() -> Result<usize> {
+    match std::env::var(WINDOW_HEADS_ENV) {
+        Err(_) => Ok(8),
         Ok(v) => v
             .trim()
             .parse::<usize>()
-            .map_err(|_| EngineError::Device(format!("{name}={v}: not a number")))
-            .and_then(valid),
+            .map_err(|_| EngineError::Device(format!("{WINDOW_HEADS_ENV}={v}: not a number")))
+            .and_then(window_heads_valid),
     }
 }
 
@@ -456,12 +433,7 @@ impl Device {
             pdl_supported: major >= 9,
             shared_optin,
             fast: AtomicBool::new(crate::backend::kernel_set::current() == KernelSet::Fast),
-            window_heads: AtomicUsize::new(usize_from_env(
-                WINDOW_HEADS_ENV,
-                8,
-                window_heads_valid,
-            )?),
-            f8_lanes: AtomicUsize::new(usize_from_env(F8_LANES_ENV, 0, f8_lanes_valid)?),
+            window_heads: AtomicUsize::new(window_heads_from_env()?),
             launches: AtomicU64::new(0),
             sync_wait_ns: AtomicU64::new(0),
             copies: AtomicU64::new(0),
@@ -509,20 +481,6 @@ impl Device {
     pub fn set_window_heads(&self, heads: usize) -> Result<()> {
         self.window_heads
             .store(window_heads_valid(heads)?, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Lanes per output of the one-row Q8_0 / Q4_1 products (0: by the
-    /// launch's outputs).
-    pub fn f8_lanes(&self) -> usize {
-        self.f8_lanes.load(Ordering::Relaxed)
-    }
-
-    /// Fix the lanes per output of the one-row Q8_0 / Q4_1 products (8, 16
-    /// or 32; 0: by the launch's outputs): the same bits, other launches.
-    pub fn set_f8_lanes(&self, lanes: usize) -> Result<()> {
-        self.f8_lanes
-            .store(f8_lanes_valid(lanes)?, Ordering::Relaxed);
         Ok(())
     }
 

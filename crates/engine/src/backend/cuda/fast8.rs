@@ -1,12 +1,11 @@
 //! The fast kernel set's Q8_0 / Q4_1 products (`kernels/fast8.cu`): each
-//! activation row rounded to int8 blocks of 32 once (`f8_quantize`; one
-//! row of an ungrouped launch is rounded by each block of the one-row
-//! kernels itself, the same rounding), then one launch for up to
-//! [`F8_PARTS`] matrices that read it: 8, 16 or 32 lanes per output on
-//! `dp4a` for one row (decode), a warp per output for a few (verify
-//! windows, small batches: up to [`FEW_ROWS`] rows a warp), tensor-core
-//! tiles for more. The arithmetic is the CPU fast set's (`cpu/q8_matmul`),
-//! so every output has its bits whatever the row count, kernel or tile.
+//! activation row rounded to int8 blocks of 32 once (`f8_quantize`), then
+//! one launch for up to [`F8_PARTS`] matrices that read it: eight lanes
+//! per output on `dp4a` for one row (decode), a warp per output for a few
+//! (verify windows, small batches: up to [`FEW_ROWS`] rows a warp),
+//! tensor-core tiles for more. The arithmetic is the CPU fast set's
+//! (`cpu/q8_matmul`), so every output has its bits whatever the row count,
+//! kernel or tile.
 
 use super::buf::CudaBuf;
 use super::device::{Device, Shape, args};
@@ -22,32 +21,10 @@ const BLOCK: usize = 32;
 /// Warps per block of the per-warp launches, and the unit every part's
 /// outputs are rounded up to.
 const ONE_WARPS: usize = 8;
-/// Lanes per output the one-row kernels come in (`f8_one<Q4, G>`: 32 / G
-/// outputs a warp; run 45 ran a warp per unit, three in four returning at
-/// once).
-pub(super) const ONE_ROW_LANES: [usize; 3] = [8, 16, 32];
-/// Values of a row the one-row kernels round themselves at most
-/// (`F8_OWN_K` in `fast8.cu`: their shared memory); longer rows are rounded
-/// by `f8_quantize` first.
-const ONE_ROW_OWN_ROUNDING_MAX: usize = 8_192;
-/// Warps that fill an H100 / H200 at the one-row kernels' registers (132
-/// SMs, 16 warps of 128 registers each).
-const ONE_ROW_FULL_WARPS: usize = 2048;
-
-/// Lanes per output for a one-row launch of `outputs` outputs: the
-/// device's setting, else the fewest that make [`ONE_ROW_FULL_WARPS`]
-/// warps (each lane keeps four blocks of its output in flight; with eight
-/// lanes, run 47's 4,096-output products had 1,024 warps and read 1.9 TB/s
-/// of an H200's 4.2).
-fn one_row_lanes(dev: &Device, outputs: usize) -> usize {
-    match dev.f8_lanes() {
-        0 => ONE_ROW_LANES
-            .into_iter()
-            .find(|&g| outputs * g / 32 >= ONE_ROW_FULL_WARPS)
-            .unwrap_or(32),
-        g => g,
-    }
-}
+/// Outputs a warp of the one-row kernel takes (a group of eight lanes
+/// each): its grid is that many times smaller than the units (run 45 ran
+/// a warp per unit, three in four returning at once).
+const ONE_ROW_OUTPUTS_A_WARP: usize = 4;
 /// Rows up to which a launch runs warps per output on `dp4a` (4 or 8 rows
 /// a warp, each weight block read once for them) rather than tensor-core
 /// tiles of 16 outputs a warp, which leave a 2-row verify window a
@@ -87,7 +64,6 @@ pub(super) struct F8Args {
     q: u64,
     d: u64,
     s: u64,
-    x: u64,
     rows: u64,
     k: u64,
     x_stride: u64,
@@ -221,25 +197,15 @@ fn run(
     if rows == 0 || k == 0 {
         return Ok(());
     }
+    let (_rounded, [q, d, s]) = round_rows(dev, x, rows, x_stride, kind)?;
     // Warps per output (`dp4a`) for few rows; 64-output tiles for more.
     let per_warp =
         rows <= 4 || (rows <= FEW_ROWS && parts.iter().all(|p| p.out < FEW_ROWS_TILES_FROM));
-    // One row of an ungrouped launch: each block of the one-row kernels
-    // rounds it into shared memory itself (the same rounding), so no
-    // `f8_quantize` launch and no trip of the bytes through memory.
-    let own = rows == 1 && !grouped && k <= ONE_ROW_OWN_ROUNDING_MAX;
-    let (_rounded, [q, d, s]) = if own {
-        (None, [0; 3])
-    } else {
-        let (buf, at) = round_rows(dev, x, rows, x_stride, kind)?;
-        (Some(buf), at)
-    };
     for (c, chunk) in parts.chunks(F8_PARTS).enumerate() {
         let mut a = F8Args {
             q,
             d,
             s,
-            x: if own { x.ptr() } else { 0 },
             rows: rows as u64,
             k: k as u64,
             x_stride: x_stride as u64,
@@ -273,20 +239,19 @@ fn run(
             continue;
         }
         let (name, shape) = if per_warp {
-            let lanes = one_row_lanes(dev, first);
-            let (name, rows_a_warp) = match (kind, rows, lanes) {
-                (BlockKind::Q8_0, 1, 8) => ("f8_one_q8_0", 1),
-                (BlockKind::Q4_1, 1, 8) => ("f8_one_q4_1", 1),
-                (BlockKind::Q8_0, 1, 16) => ("f8_one16_q8_0", 1),
-                (BlockKind::Q4_1, 1, 16) => ("f8_one16_q4_1", 1),
-                (BlockKind::Q8_0, 1, _) => ("f8_one32_q8_0", 1),
-                (BlockKind::Q4_1, 1, _) => ("f8_one32_q4_1", 1),
-                (BlockKind::Q8_0, 2..=4, _) => ("f8_rows4_q8_0", 4),
-                (BlockKind::Q4_1, 2..=4, _) => ("f8_rows4_q4_1", 4),
-                (BlockKind::Q8_0, _, _) => ("f8_rows8_q8_0", 8),
-                (BlockKind::Q4_1, _, _) => ("f8_rows8_q4_1", 8),
+            let (name, rows_a_warp) = match (kind, rows) {
+                (BlockKind::Q8_0, 1) => ("f8_one_q8_0", 1),
+                (BlockKind::Q4_1, 1) => ("f8_one_q4_1", 1),
+                (BlockKind::Q8_0, 2..=4) => ("f8_rows4_q8_0", 4),
+                (BlockKind::Q4_1, 2..=4) => ("f8_rows4_q4_1", 4),
+                (BlockKind::Q8_0, _) => ("f8_rows8_q8_0", 8),
+                (BlockKind::Q4_1, _) => ("f8_rows8_q4_1", 8),
             };
-            let units_a_warp = if rows_a_warp == 1 { 32 / lanes } else { 1 };
+            let units_a_warp = if rows_a_warp == 1 {
+                ONE_ROW_OUTPUTS_A_WARP
+            } else {
+                1
+            };
             let blocks = first.div_ceil(ONE_WARPS * units_a_warp);
             (name, (blocks, rows.div_ceil(rows_a_warp), ONE_WARPS * 32))
         } else {

@@ -119,7 +119,7 @@ impl Graphs {
 
     /// Drop every captured graph (steps and pure units), so the next ones
     /// are captured anew: after a setting that changes what a launch is
-    /// (the kernel set, the window heads, the one-row lanes).
+    /// (the kernel set, the window heads, dependent launches).
     pub fn drop_captured(&self) {
         if let Ok(mut c) = self.cache.lock() {
             c.clear();

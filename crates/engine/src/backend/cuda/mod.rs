@@ -194,21 +194,6 @@ impl CudaOps {
         Ok(())
     }
 
-    /// Lanes per output of the one-row Q8_0 / Q4_1 products
-    /// (`DS4_CUDA_F8_LANES` at open; 0: by each launch's outputs).
-    pub fn f8_lanes(&self) -> usize {
-        self.dev.f8_lanes()
-    }
-
-    /// Fix the lanes per output of the one-row Q8_0 / Q4_1 products (8, 16
-    /// or 32; 0: by each launch's outputs): the same bits, other launches,
-    /// for side-by-side runs and tests. Captured steps are dropped.
-    pub fn set_f8_lanes(&self, lanes: usize) -> Result<()> {
-        self.dev.set_f8_lanes(lanes)?;
-        self.dev.graphs.drop_captured();
-        Ok(())
-    }
-
     /// Steps captured and replayed so far.
     pub fn graph_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;

@@ -74,54 +74,6 @@ fn cuda_fast_block_products_are_the_cpu_fast_bits() {
     }
 }
 
-/// One row at every group width (`DS4_CUDA_F8_LANES` = 8, 16, 32 lanes an
-/// output, each lane four blocks a round): the CPU fast kernel's bits
-/// whatever the width, through whole rounds and a row's partial last one
-/// (1, 18, 33, 129 and 256 blocks), in a single launch of several parts;
-/// rows of up to 8,192 values rounded by the product's blocks themselves,
-/// 8,224 by `f8_quantize` first.
-#[test]
-#[ignore = "needs an NVIDIA GPU: run with --ignored (docs/GPU.md)"]
-fn cuda_fast_one_row_lanes_keep_the_cpu_bits() {
-    let g = fast_gpu();
-    let before = g.f8_lanes();
-    for (fi, (ty, format)) in FORMATS.into_iter().enumerate() {
-        for k in [32usize, 576, 1056, 4128, 8192, 8224] {
-            let seed = 9300 + 100 * fi as u64 + k as u64;
-            let n = [37usize, 70, 300];
-            let mats: Vec<_> = n
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| matrices(&g, ty, format, n, k, seed + i as u64))
-                .collect();
-            let x = activations(1, k, seed + 9);
-            let xb = up(&g, &x);
-            for lanes in [8usize, 16, 32, 0] {
-                g.set_f8_lanes(lanes).unwrap();
-                let parts: Vec<(&<CudaOps as Backend>::Matrix, Epilogue<'_>)> = mats
-                    .iter()
-                    .map(|(_, gm)| (gm, Epilogue::Chain(&[])))
-                    .collect();
-                let many = g.matmul_many(&xb, 1, &parts).unwrap();
-                for (i, ((cpu, gm), y)) in mats.iter().zip(&many).enumerate() {
-                    let mut want = vec![0f32; n[i]];
-                    cpu.matmul(&x, 1, &mut want);
-                    let one = down(&g, &g.matmul(&xb, 1, gm).unwrap());
-                    assert_eq!(bits(&one), bits(&want), "{ty} [{},{k}] lanes {lanes}", n[i]);
-                    assert_eq!(
-                        bits(&down(&g, y)),
-                        bits(&want),
-                        "{ty} part {i} lanes {lanes}"
-                    );
-                }
-            }
-        }
-        println!("REPORT fast8_one_row_lanes type={ty} ok=true");
-    }
-    assert!(g.set_f8_lanes(12).is_err());
-    g.set_f8_lanes(before).unwrap();
-}
-
 /// Several matrices read one rounding in one launch (`matmul_many`): each
 /// output is its own `matmul_unary`'s (chains applied as stored) or its
 /// `matmul` then `swiglu`, for one row and for tiles.

@@ -28,29 +28,6 @@ __device__ __forceinline__ u32 f8_pos(u32 e, int q4) {
     return q4 ? 8 * (e / 8) + 4 * (e % 2) + (e % 8) / 2 : e;
 }
 
-// Round one block of 32 values (lane l holds value l) into q (32 bytes, in
-// `f8_pos` order), *d and *s: every kernel that rounds activations does it
-// through this, so a row rounded anywhere has the same bytes and scales.
-__device__ __forceinline__ void f8_round_block(float v, u32 lane, int q4, u8* q, float* d,
-                                               float* s) {
-    float t = fabsf(v);
-    // amax with the CPU fold's NaN rule: any NaN makes it NaN.
-    bool nan = __any_sync(FULL_MASK, t != t);
-    float a = warp_max(t != t ? 0.0f : t);
-    float amax = nan ? __int_as_float(0x7fc00000) : a;
-    float db = amax / 127.0f;
-    float id = db != 0.0f ? 1.0f / db : 0.0f;
-    float r = rintf(v * id);
-    int qi = (r != r) ? 0 : (int)fminf(fmaxf(r, -127.0f), 127.0f);
-    int sum = qi;
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-    q[f8_pos(lane, q4)] = (u8)(qi & 0xff);
-    if (lane == 0) {
-        *d = db;
-        *s = db * (float)sum;
-    }
-}
-
 // Round `blocks` blocks of 32 values of x (contiguous rows) into q (bytes,
 // in `f8_pos` order), d and s (one f32 each): a warp per block, lane l on
 // value l.
@@ -60,8 +37,25 @@ extern "C" __global__ void f8_quantize(u8* q, float* d, float* s, const float* x
     u32 lane = threadIdx.x & 31;
     u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 b = warp; b < blocks; b += warps)
-        f8_round_block(x[b * 32 + lane], lane, q4, q + b * 32, d + b, s + b);
+    for (u64 b = warp; b < blocks; b += warps) {
+        float v = x[b * 32 + lane];
+        float t = fabsf(v);
+        // amax with the CPU fold's NaN rule: any NaN makes it NaN.
+        bool nan = __any_sync(FULL_MASK, t != t);
+        float a = warp_max(t != t ? 0.0f : t);
+        float amax = nan ? __int_as_float(0x7fc00000) : a;
+        float db = amax / 127.0f;
+        float id = db != 0.0f ? 1.0f / db : 0.0f;
+        float r = rintf(v * id);
+        int qi = (r != r) ? 0 : (int)fminf(fmaxf(r, -127.0f), 127.0f);
+        int sum = qi;
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+        q[b * 32 + f8_pos(lane, q4)] = (u8)(qi & 0xff);
+        if (lane == 0) {
+            d[b] = db;
+            s[b] = db * (float)sum;
+        }
+    }
 }
 
 // Parts of one launch (`F8Args` in `cuda/fast8.rs`, field for field): each
@@ -84,9 +78,6 @@ struct Fast8 {
     const u8* q;     // [rows, x_stride] activation bytes
     const float* d;  // [rows, x_stride / 32] block scales
     const float* s;  // [rows, x_stride / 32] d · Σ q
-    // The unrounded row when the one-row kernels round it themselves (then
-    // q, d and s are unused: `f8_one`), else null.
-    const float* x;
     u64 rows;
     u64 k;
     u64 x_stride;
@@ -160,155 +151,89 @@ __device__ __forceinline__ void f8_one_sums(const F8Round& cur, int& sumi, float
     scale = h2f((u16)(cur.dm & 0xffff)) * cur.da;
 }
 
-// One block's float step of `f8_one`: lane `src`'s sums and scales.
-template <int Q4>
-__device__ __forceinline__ float f8_one_step(float acc, int sumi, float scale, float mw,
-                                             float sb, int src) {
-    float si = (float)__shfl_sync(FULL_MASK, sumi, src);
-    acc = fmaf(__shfl_sync(FULL_MASK, scale, src), si, acc);
-    if (Q4) acc = fmaf(__shfl_sync(FULL_MASK, mw, src), __shfl_sync(FULL_MASK, sb, src), acc);
-    return acc;
-}
-
-// ---- one activation row (decode): a group of G lanes per output element
-// (32 / G a warp), lane l of a group on blocks b0 + l + G·h (h < F8_H) of
-// each round of G · F8_H, the round's float steps in block order on every
+// ---- one activation row (decode): a group of eight lanes per output
+// element (four a warp), lane l of a group on blocks b0 + l and b0 + 8 + l
+// of each round of 16, the round's float steps in block order on every
 // lane of the group (the sums and scales passed by shuffles, one shuffle
-// serving the 32 / G outputs of a warp). The next round's loads are issued
-// before this round's float steps (run 45: DeepSeek-V4's 32-layer step
-// 12.08 -> 11.78 ms on an H100, the same digest). The group's width only
-// spreads the loads: every output's integer sums and its chain of float
-// steps in block order are the same for every G, so the same bits.
-// G = 8 with two blocks a lane a round (run 47, H200) left a product of
-// 4,096 outputs at 1.9 TB/s: 1,024 warps, 16 KB of weights in flight an SM.
-// Now a lane keeps four blocks in flight and `cuda/fast8.rs` widens the
-// group for fewer outputs (16 or 32 lanes), so a launch has warps enough to
-// fill the GPU whatever its width. Units (`first`, `n`) count outputs: unit
-// g is group g % (32 / G) of warp g / (32 / G); any warp past them returns
-// at once.
-// Blocks a lane takes each round of `f8_one` (G · F8_H blocks a round).
-#define F8_H 4
-// Values of a row the one-row kernels round themselves at most
-// (`ONE_ROW_OWN_ROUNDING_MAX` in `cuda/fast8.rs`; longer rows would take
-// more trips to memory than a launch of their own): a separate `f8_quantize`
-// launch before each product was 193 of run 47's 2,421 launches a
-// DeepSeek-V4 step (2.6 µs each under ncu).
-#define F8_OWN_K 8192
-// Blocks of the row a warp loads at once while rounding it (8 warps: a row
-// of 4,096 values in one trip to memory, 8,192 in two).
-#define F8_OWN_AHEAD 16
-template <int Q4, int G>
+// serving the four outputs of a warp: a warp per output spent 64 shuffles
+// on each 32 blocks). The next round's loads are issued before this
+// round's float steps (run 45, with the routed gathers' changes of
+// `kq8.cu`: DeepSeek-V4's 32-layer step 12.08 -> 11.78 ms on an H100, the
+// same digest). Units (`first`, `n`) count outputs: unit g is group g % 4 of
+// warp g / 4; the launch has a quarter of the units' warps (`cuda/fast8.rs`;
+// any warp past them returns at once).
+// Blocks a lane takes each round of `f8_one` (8 · F8_H blocks a round).
+#define F8_H 2
+template <int Q4>
 __device__ __forceinline__ void f8_one(const Fast8& f) {
-    constexpr u32 OUTS = 32 / G;
-    u32 lane = threadIdx.x & 31, gi = lane / G, li = lane % G;
+    u32 lane = threadIdx.x & 31, gi = lane / 8, li = lane % 8;
     u64 w = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     u64 total = f.p[0].first + f.p[0].n;
 #pragma unroll
     for (int t = 1; t < F8_PARTS; t++)
         if ((u64)t < f.parts) total = f.p[t].first + f.p[t].n;
-    // The row rounded by the block itself (`f.x` set, one row of at most
-    // F8_OWN_K values): into shared memory, a warp a block in turn, the
-    // same `f8_round_block` as `f8_quantize`, before any warp returns.
-    __shared__ __align__(16) u8 own_q[F8_OWN_K];
-    __shared__ float own_d[F8_OWN_K / 32], own_s[F8_OWN_K / 32];
-    if (f.x) {
-        // F8_OWN_AHEAD values a lane loaded before the first is rounded
-        // (a rounding's vote and shuffles kept each load after the last
-        // block's: one memory latency a block).
-        u64 warps = blockDim.x / 32, nbk = f.k / 32;
-        for (u64 b0 = threadIdx.x / 32; b0 < nbk; b0 += F8_OWN_AHEAD * warps) {
-            float v[F8_OWN_AHEAD];
-#pragma unroll
-            for (int i = 0; i < F8_OWN_AHEAD; i++) {
-                u64 b = b0 + i * warps;
-                v[i] = b < nbk ? f.x[b * 32 + lane] : 0.0f;
-            }
-#pragma unroll
-            for (int i = 0; i < F8_OWN_AHEAD; i++) {
-                u64 b = b0 + i * warps;
-                if (b < nbk) f8_round_block(v[i], lane, Q4, own_q + b * 32, own_d + b, own_s + b);
-            }
-        }
-        __syncthreads();
-    }
-    if (OUTS * w >= total) return;
-    u64 g = OUTS * w + gi;
-    F8Part p = f8_part(f, g < total ? g : OUTS * w);
+    if (4 * w >= total) return;
+    u64 g = 4 * w + gi;
+    F8Part p = f8_part(f, g < total ? g : 4 * w);
     u64 j = g - p.first;
     bool live = g < total && j < p.n;
     if (!live) j = 0;
     u64 t = blockIdx.y;
     u64 nb = f.k / 32;
     u64 at = t * f.x_stride + p.x_off;
-    const u8* qa = f.x ? own_q : f.q + at;
-    const float* da = f.x ? own_d : f.d + at / 32;
-    const float* sa = f.x ? own_s : f.s + at / 32;
+    const u8* qa = f.q + at;
+    const float* da = f.d + at / 32;
+    const float* sa = f.s + at / 32;
     const u32* dm = p.dm + j * nb;
     const u8* wq = p.quants + j * nb * (Q4 ? 16 : 32);
     float acc = 0.0f;
     F8Round cur[F8_H];
 #pragma unroll
     for (int h = 0; h < F8_H; h++)
-        if (li + G * h < nb) f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, li + G * h);
-    for (u64 b0 = 0; b0 < nb; b0 += G * F8_H) {
+        if (li + 8 * h < nb) f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, li + 8 * h);
+    for (u64 b0 = 0; b0 < nb; b0 += 8 * F8_H) {
         int sumi[F8_H] = {};
         float scale[F8_H] = {}, mw[F8_H] = {}, sb[F8_H] = {};
 #pragma unroll
         for (int h = 0; h < F8_H; h++)
-            if (b0 + li + G * h < nb) f8_one_sums<Q4>(cur[h], sumi[h], scale[h], mw[h], sb[h]);
+            if (b0 + li + 8 * h < nb) f8_one_sums<Q4>(cur[h], sumi[h], scale[h], mw[h], sb[h]);
 #pragma unroll
         for (int h = 0; h < F8_H; h++)
-            if (b0 + G * F8_H + li + G * h < nb)
-                f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, b0 + G * F8_H + li + G * h);
-        // A round's steps in block order; a row's last round stops at nb
-        // (the same count on every lane: the shuffles stay converged).
-        u64 steps = nb - b0 < G * F8_H ? nb - b0 : G * F8_H;
-        // (Inner loops unrolled by eight: fully unrolled, 16 lanes spilled
-        // at two blocks an SM.)
-        if (steps == G * F8_H) {
+            if (b0 + 8 * F8_H + li + 8 * h < nb)
+                f8_round_load<Q4>(cur[h], qa, da, sa, dm, wq, b0 + 8 * F8_H + li + 8 * h);
+        u64 steps = nb - b0 < 8 * F8_H ? nb - b0 : 8 * F8_H;
+        if (steps == 8 * F8_H) {
 #pragma unroll
-            for (int h = 0; h < F8_H; h++)
-#pragma unroll 8
-                for (int i = 0; i < G; i++)
-                    acc = f8_one_step<Q4>(acc, sumi[h], scale[h], mw[h], sb[h], (int)(G * gi) + i);
+            for (int i = 0; i < 8 * F8_H; i++) {
+                int src = (int)(8 * gi) + (i % 8);
+                float si = (float)__shfl_sync(FULL_MASK, sumi[i / 8], src);
+                acc = fmaf(__shfl_sync(FULL_MASK, scale[i / 8], src), si, acc);
+                if (Q4)
+                    acc = fmaf(__shfl_sync(FULL_MASK, mw[i / 8], src),
+                               __shfl_sync(FULL_MASK, sb[i / 8], src), acc);
+            }
         } else {
-#pragma unroll
-            for (int h = 0; h < F8_H; h++)
-#pragma unroll 8
-                for (int i = 0; i < G; i++)
-                    if ((u64)(G * h + i) < steps)
-                        acc = f8_one_step<Q4>(acc, sumi[h], scale[h], mw[h], sb[h],
-                                              (int)(G * gi) + i);
+            for (u64 i = 0; i < steps; i++) {
+                int src = (int)(8 * gi) + (int)(i % 8);
+                bool hi = F8_H > 1 && i >= 8;
+                float si = (float)__shfl_sync(FULL_MASK, hi ? sumi[F8_H - 1] : sumi[0], src);
+                acc = fmaf(__shfl_sync(FULL_MASK, hi ? scale[F8_H - 1] : scale[0], src), si, acc);
+                if (Q4)
+                    acc = fmaf(__shfl_sync(FULL_MASK, hi ? mw[F8_H - 1] : mw[0], src),
+                               __shfl_sync(FULL_MASK, hi ? sb[F8_H - 1] : sb[0], src), acc);
+            }
         }
     }
     if (live && li == 0) p.y[t * p.y_stride + j] = p.c.apply(acc);
 }
 
-// The one-row kernels, by lanes per output (`cuda/fast8.rs` picks): two
-// blocks of eight warps an SM (at most 128 registers; 16 lanes took 147).
-extern "C" __global__ void __launch_bounds__(256, 2) f8_one_q8_0(Fast8 f) {
+extern "C" __global__ void f8_one_q8_0(Fast8 f) {
     dep_entry();
-    f8_one<0, 8>(f);
+    f8_one<0>(f);
 }
-extern "C" __global__ void __launch_bounds__(256, 2) f8_one_q4_1(Fast8 f) {
+extern "C" __global__ void f8_one_q4_1(Fast8 f) {
     dep_entry();
-    f8_one<1, 8>(f);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) f8_one16_q8_0(Fast8 f) {
-    dep_entry();
-    f8_one<0, 16>(f);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) f8_one16_q4_1(Fast8 f) {
-    dep_entry();
-    f8_one<1, 16>(f);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) f8_one32_q8_0(Fast8 f) {
-    dep_entry();
-    f8_one<0, 32>(f);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) f8_one32_q4_1(Fast8 f) {
-    dep_entry();
-    f8_one<1, 32>(f);
+    f8_one<1>(f);
 }
 
 // ---- a few activation rows (verify windows, small batches): the one-row
